@@ -1,0 +1,122 @@
+"""FusionConfig: the one validated, frozen set of options every layer reads.
+
+Users pass options as ``torch.compile(model, backend="infinifuse", options={...})``;
+``FusionConfig.from_options`` turns that dict into this dataclass or raises a ``ValueError``
+naming the option, what was expected, what was given and every valid option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["FusionConfig"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionConfig:
+    """Options of the ``infinifuse`` backend.
+
+    Attributes:
+        fusion: Fuse embedding lookups and their elementwise consumers into generated
+            Triton kernels. ``False`` compiles the graph unfused (the CUDA-graph cache
+            still applies). ``fusebackend.set_fusion_enabled`` switches at run time.
+        cudagraphs: Capture the compiled graph in CUDA graphs, one per input signature.
+            ``None`` (default) means "when the graph runs on a CUDA device".
+        warmup_iterations: Eager runs on a side stream before a capture (>= 1).
+        max_graphs: Captured graphs kept per compiled graph (LRU); older ones are evicted.
+        batch_buckets: Increasing batch sizes; the leading dim of every non-parameter
+            input is padded up to the next bucket and the outputs sliced back, so many
+            batch sizes share a few captures. Only correct for row-independent models
+            (row i of the output depends only on row i of the inputs).
+        static_outputs: Return views of the captured graph's own output buffers instead
+            of fresh tensors. Zero-copy, but a later call of the same shape OVERWRITES
+            what an earlier call returned; only for callers that consume each output
+            before the next call.
+        validate: On the first run of each input signature, compare the fused graph's
+            outputs with the unfused graph's; a mismatch falls back to the unfused graph.
+        index_checks: Compile fused kernels with a device-side bounds assert on every
+            index (as eager CUDA embedding does). Turning it off skips the assert but the
+            kernel still never reads outside the table (out-of-range rows read as 0).
+    """
+
+    fusion: bool = True
+    cudagraphs: bool | None = None
+    warmup_iterations: int = 1
+    max_graphs: int = 16
+    batch_buckets: tuple[int, ...] | None = None
+    static_outputs: bool = False
+    validate: bool = True
+    index_checks: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("fusion", "static_outputs", "validate", "index_checks"):
+            _expect(isinstance(getattr(self, name), bool), name, "a bool", getattr(self, name))
+        _expect(
+            self.cudagraphs is None or isinstance(self.cudagraphs, bool),
+            "cudagraphs",
+            "a bool or None",
+            self.cudagraphs,
+        )
+        _expect(
+            _is_int(self.warmup_iterations) and self.warmup_iterations >= 1,
+            "warmup_iterations",
+            "an int >= 1",
+            self.warmup_iterations,
+        )
+        _expect(
+            _is_int(self.max_graphs) and self.max_graphs >= 1,
+            "max_graphs",
+            "an int >= 1",
+            self.max_graphs,
+        )
+        if self.batch_buckets is not None:
+            buckets = self.batch_buckets
+            ok = (
+                isinstance(buckets, (list, tuple))
+                and len(buckets) > 0
+                and all(_is_int(b) and b >= 1 for b in buckets)
+                and all(a < b for a, b in zip(buckets, buckets[1:]))
+            )
+            _expect(ok, "batch_buckets", "a strictly increasing list of ints >= 1", buckets)
+            object.__setattr__(self, "batch_buckets", tuple(buckets))
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | FusionConfig | None) -> FusionConfig:
+        """Build a config from ``torch.compile``'s ``options`` dict (or pass one through)."""
+        if options is None:
+            return cls()
+        if isinstance(options, FusionConfig):
+            return options
+        if not isinstance(options, Mapping):
+            raise TypeError(
+                f"infinifuse options must be a dict, got {type(options).__name__}; "
+                f"valid options: {', '.join(valid_option_names())}"
+            )
+        unknown = sorted(set(options) - set(valid_option_names()))
+        if unknown:
+            raise ValueError(
+                f"unknown infinifuse option(s) {unknown}; "
+                f"valid options: {', '.join(valid_option_names())}"
+            )
+        return cls(**options)
+
+    def replace(self, **changes: Any) -> FusionConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def valid_option_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(FusionConfig)]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _expect(ok: bool, name: str, expected: str, given: Any) -> None:
+    if not ok:
+        raise ValueError(
+            f"infinifuse option {name!r} must be {expected}, got {given!r}; "
+            f"valid options: {', '.join(valid_option_names())}"
+        )

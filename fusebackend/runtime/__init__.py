@@ -1,0 +1,1 @@
+"""Runtime: the shape-keyed CUDA-graph cache and the counters. Knows nothing about fusion."""
