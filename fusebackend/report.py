@@ -1,0 +1,156 @@
+"""FusionReport: what the backend decided for each graph, for people; explain()."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["FusionReport", "GraphReport", "GroupReport", "RejectionReport", "explain",
+           "last_report"]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupReport:
+    """One fused group: the nodes it absorbed and the kernel that runs it."""
+
+    name: str
+    kernel_name: str
+    nodes: tuple[str, ...]  # FX node names absorbed (lookups first are marked in lookups)
+    lookups: tuple[str, ...]
+    inputs: tuple[str, ...]  # graph values the kernel reads
+    outputs: tuple[str, ...]  # node names whose values the kernel writes
+    source: str  # generated Triton source
+    backend: str  # "triton" or "torch reference" (no usable Triton for this device)
+
+
+@dataclasses.dataclass(frozen=True)
+class RejectionReport:
+    """A candidate that was not fused, or a consumer where a group stopped growing."""
+
+    node: str
+    reason: str
+
+
+@dataclasses.dataclass
+class GraphReport:
+    """The backend's decisions for one graph Dynamo produced."""
+
+    name: str
+    device: str
+    path: str  # "fused", "unfused (...reason...)"
+    groups: list[GroupReport]
+    rejections: list[RejectionReport]
+    mutated_inputs: list[str]
+    host_inputs: list[str]
+    compile_seconds: float
+    runtime: Any = None  # the graph's GraphCache: live per-signature modes
+
+    def runtime_modes(self) -> list[dict[str, Any]]:
+        return self.runtime.describe() if self.runtime is not None else []
+
+
+@dataclasses.dataclass
+class FusionReport:
+    """Reports of every graph compiled during one ``explain`` call (or the last one)."""
+
+    graphs: list[GraphReport]
+
+    @property
+    def groups(self) -> list[GroupReport]:
+        return [g for graph in self.graphs for g in graph.groups]
+
+    @property
+    def rejections(self) -> list[RejectionReport]:
+        return [r for graph in self.graphs for r in graph.rejections]
+
+    @property
+    def source(self) -> str:
+        """Generated Triton source of every fused group, in order."""
+        return "\n\n".join(g.source for g in self.groups)
+
+    def __str__(self) -> str:
+        if not self.graphs:
+            return "FusionReport: no graph was compiled (was the function already compiled?)"
+        lines = []
+        for graph in self.graphs:
+            lines.append(
+                f"== {graph.name} on {graph.device}: {graph.path}, "
+                f"{len(graph.groups)} fused group(s), compiled in {graph.compile_seconds:.3f}s"
+            )
+            if graph.groups:
+                lines += _table(
+                    ["group", "kernel", "runs on", "lookups", "nodes", "outputs"],
+                    [[g.name, g.kernel_name, g.backend, ", ".join(g.lookups),
+                      ", ".join(g.nodes), ", ".join(g.outputs)] for g in graph.groups],
+                )  # fmt: skip
+            if graph.rejections:
+                lines.append("not fused:")
+                lines += _table(["node", "reason"],
+                                [[r.node, r.reason] for r in graph.rejections])  # fmt: skip
+            for entry in graph.runtime_modes():
+                reason = f" ({entry['reason']})" if entry.get("reason") else ""
+                lines.append(f"  signature {entry['key']}: mode {entry['mode']}{reason}")
+            if graph.mutated_inputs:
+                lines.append(f"mutated inputs: {', '.join(graph.mutated_inputs)}")
+            if graph.host_inputs:
+                lines.append(f"host inputs copied to the device: {', '.join(graph.host_inputs)}")
+        return "\n".join(lines)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [min(60, max(len(str(c)) for c in col)) for col in zip(header, *rows)]
+
+    def fmt(row: list[str]) -> str:
+        cells = [str(c) if len(str(c)) <= w else str(c)[: w - 3] + "..." for c, w in
+                 zip(row, widths)]  # fmt: skip
+        return "  " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    return [fmt(header), "  " + "-+-".join("-" * w for w in widths)] + [fmt(r) for r in rows]
+
+
+_REPORTS: list[GraphReport] = []
+_REPORTS_LOCK = threading.Lock()
+_MAX_KEPT = 256  # reports are small, but a recompiling loop must not grow memory forever
+_recorded = 0  # reports ever recorded; explain() counts from it
+
+
+def record(report: GraphReport) -> None:
+    global _recorded
+    with _REPORTS_LOCK:
+        _REPORTS.append(report)
+        del _REPORTS[:-_MAX_KEPT]
+        _recorded += 1
+
+
+def _reports_since(count: int) -> list[GraphReport]:
+    with _REPORTS_LOCK:
+        new = _recorded - count
+        return list(_REPORTS[-new:]) if new else []
+
+
+def last_report() -> FusionReport:
+    """The report of the most recent compilation (one graph), or an empty report."""
+    with _REPORTS_LOCK:
+        return FusionReport(_REPORTS[-1:])
+
+
+def explain(
+    fn: Callable[..., Any], *args: Any, options: dict[str, Any] | None = None, **kwargs: Any
+) -> FusionReport:
+    """Compile ``fn`` with infinifuse, run it once on the arguments and report.
+
+    Returns the report of every graph Dynamo produced during that call: the fused
+    groups (nodes absorbed, kernel name, inputs, outputs, generated source) and every
+    candidate not fused, with its reason. ``options`` are the backend's options.
+    """
+    import torch
+
+    from fusebackend.backend import infinifuse
+
+    with _REPORTS_LOCK:
+        start = _recorded
+    compiled = torch.compile(fn, backend=infinifuse, options=options)
+    compiled(*args, **kwargs)
+    return FusionReport(_reports_since(start))
