@@ -1,0 +1,27 @@
+"""fusebackend: the ``infinifuse`` torch.compile backend.
+
+    import torch
+    compiled = torch.compile(model, backend="infinifuse")   # no import needed
+    import fusebackend
+    fusebackend.explain(model, ids)      # what was fused, what was not, and why
+    fusebackend.stats()                  # CUDA-graph cache and fusion counters
+
+Public API: ``FusionConfig`` (the options), ``explain``, ``last_report``, ``FusionReport``,
+``stats``, ``reset_stats``, ``set_fusion_enabled``, ``clear_cache``.
+"""
+
+from fusebackend.config import FusionConfig
+from fusebackend.report import FusionReport, explain, last_report
+from fusebackend.runtime.stats import clear_cache, reset_stats, set_fusion_enabled, stats
+
+__all__ = [
+    "FusionConfig",
+    "FusionReport",
+    "clear_cache",
+    "explain",
+    "last_report",
+    "reset_stats",
+    "set_fusion_enabled",
+    "stats",
+]
+__version__ = "0.1.0"

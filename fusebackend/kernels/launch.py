@@ -169,14 +169,20 @@ def embedding_chain(
         args += [out, *_broadcast_strides(out, group_shape)]
     args += [*lead, rows, width]
 
-    block_d = min(triton_next_power_of_2(width), _MAX_BLOCK_D)
-    block_r = min(triton_next_power_of_2(rows), max(1, _TILE_ELEMENTS // block_d))
-    num_warps = 8 if block_r * block_d >= 4096 else 4
+    block_r, block_d, num_warps = launch_config(rows, width)
     grid = ((rows + block_r - 1) // block_r, (width + block_d - 1) // block_d)
     kernel = _compiled_kernel(spec, rank, index_checks)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         kernel[grid](*args, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps)
     return outputs
+
+
+def launch_config(rows: int, width: int) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_D, num_warps) for a group of ``rows`` x ``width`` elements."""
+    block_d = min(triton_next_power_of_2(width), _MAX_BLOCK_D)
+    block_r = min(triton_next_power_of_2(rows), max(1, _TILE_ELEMENTS // block_d))
+    num_warps = 8 if block_r * block_d >= 4096 else 4
+    return block_r, block_d, num_warps
 
 
 def triton_next_power_of_2(n: int) -> int:

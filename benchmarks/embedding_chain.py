@@ -1,0 +1,158 @@
+"""Fused embedding-chain kernel vs copy bandwidth, eager and Inductor (one GPU run).
+
+Chain (issue 2): gelu(tok(ids) * sqrt(D) + pos(pos_ids)) * 0.5 + bias, fp16,
+B=16, T=2048, D=2048 by default. Bytes counted: the rows read from both tables plus the
+output written (indices and bias are negligible). The copy ceiling is a large
+device-to-device copy in the same run, counting bytes read plus bytes written.
+
+    python benchmarks/embedding_chain.py --out benchmarks/results/embedding_chain_h100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import statistics
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Chain(nn.Module):
+    def __init__(self, vocab: int, max_pos: int, dim: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(max_pos, dim)
+        self.bias = nn.Parameter(torch.randn(dim) * 0.1)
+        self.scale = math.sqrt(dim)
+
+    def forward(self, ids: torch.Tensor, pos_ids: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.tok(ids) * self.scale + self.pos(pos_ids)) * 0.5 + self.bias
+
+
+def median_ms(fn, reps: int = 3) -> float:
+    """Median over ``reps`` rounds of triton's do_bench (itself a median of many runs)."""
+    import triton.testing
+
+    return statistics.median(
+        triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median") for _ in range(reps)
+    )
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    return float((out - ref).norm() / ref.norm())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--dim", type=int, default=2048)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--sweep", action="store_true", help="also time launch configs")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    import triton
+
+    import fusebackend.kernels.launch as launch
+
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    B, T, D = args.batch, args.seq, args.dim
+    model = Chain(args.vocab, T, D).to(device, torch.float16).eval()
+    ids = torch.randint(0, args.vocab, (B, T), device=device)
+    pos_ids = torch.arange(T, device=device)[None]
+    element = 2  # fp16 bytes
+    moved = 3 * B * T * D * element  # token rows + position rows + output
+
+    big = torch.empty(512 * 1024 * 1024 // element, dtype=torch.float16, device=device).normal_()
+    dst = torch.empty_like(big)
+    copy_ms = median_ms(lambda: dst.copy_(big))
+    copy_gbs = 2 * big.numel() * element / copy_ms / 1e6
+    del big, dst
+
+    results: dict[str, dict] = {}
+    with torch.no_grad():
+        ref = model(ids, pos_ids)
+        ref64 = model.double()(ids, pos_ids)
+        model.half()
+
+        def record(name: str, fn) -> None:
+            out = fn()
+            ms = median_ms(fn)
+            results[name] = {
+                "ms": ms,
+                "gb_per_s": moved / ms / 1e6,
+                "fraction_of_copy": moved / ms / 1e6 / copy_gbs,
+                "rel_error_vs_fp64": rel_error(out, ref64),
+                "rel_error_vs_eager": rel_error(out, ref),
+            }
+            print(f"{name:40s} {ms:8.3f} ms {results[name]['gb_per_s']:8.1f} GB/s "
+                  f"{results[name]['fraction_of_copy']:6.1%} of copy")  # fmt: skip
+
+        record("eager", lambda: model(ids, pos_ids))
+        for checks in (True, False):
+            fused = torch.compile(model, backend="infinifuse",
+                                  options={"cudagraphs": False, "index_checks": checks})  # fmt: skip
+            fused(ids, pos_ids)
+            record(f"infinifuse (index_checks={checks})", lambda: fused(ids, pos_ids))
+            torch._dynamo.reset()
+        inductor = torch.compile(model)
+        inductor(ids, pos_ids)
+        record("inductor (default mode)", lambda: inductor(ids, pos_ids))
+        torch._dynamo.reset()
+
+        sweep = []
+        if args.sweep:
+            fused = torch.compile(model, backend="infinifuse", options={"cudagraphs": False})
+            default_config = launch.launch_config
+            for tile in (2048, 4096, 8192, 16384):
+                for max_d in (512, 1024, 2048):
+                    for warps in (4, 8, 16):
+                        def config(rows, width, tile=tile, max_d=max_d, warps=warps):
+                            block_d = min(launch.triton_next_power_of_2(width), max_d)
+                            block_r = min(launch.triton_next_power_of_2(rows),
+                                          max(1, tile // block_d))  # fmt: skip
+                            return block_r, block_d, warps
+
+                        launch.launch_config = config
+                        ms = median_ms(lambda: fused(ids, pos_ids), reps=1)
+                        sweep.append({"tile": tile, "max_block_d": max_d, "num_warps": warps,
+                                      "ms": ms, "fraction_of_copy": moved / ms / 1e6 / copy_gbs})
+                        print(f"sweep tile={tile} max_d={max_d} warps={warps}: {ms:.3f} ms")
+            launch.launch_config = default_config
+
+    fused_ms = results["infinifuse (index_checks=True)"]["ms"]
+    report = {
+        "benchmark": "embedding_chain",
+        "chain": "gelu(tok(ids) * sqrt(D) + pos(pos_ids)) * 0.5 + bias",
+        "shape": {"B": B, "T": T, "D": D, "vocab": args.vocab, "dtype": "float16"},
+        "bytes_moved": moved,
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "copy_gb_per_s": copy_gbs,
+        "results": results,
+        "targets": {
+            "fused_fraction_of_copy": moved / fused_ms / 1e6 / copy_gbs,
+            "fused_fraction_target": 0.90,
+            "fused_vs_inductor_time_ratio": fused_ms / results["inductor (default mode)"]["ms"],
+            "fused_vs_inductor_target": 1.0,
+        },
+        "launch_config_sweep": sweep,
+    }
+    with open(args.out, "w") as handle:
+        json.dump(report, handle, indent=2)
+    print(json.dumps(report["targets"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

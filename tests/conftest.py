@@ -1,0 +1,27 @@
+"""Test set-up: run generated Triton kernels through the interpreter when there is no GPU.
+
+TRITON_INTERPRET must be set before torch or triton is imported, hence at the top here.
+"""
+
+import os
+import shutil
+
+
+def _cuda_present() -> bool:
+    # Decided without importing torch: torch must not be imported before the variable is set.
+    return shutil.which("nvidia-smi") is not None or os.path.exists("/dev/nvidiactl")
+
+
+if not _cuda_present():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles from scratch: Dynamo's caches would hide recompiles."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -1,0 +1,120 @@
+"""GPU-only checks of the fused kernels: device results, CUDA-graph capture, no host sync,
+and the device-side index assert. Run on a CUDA machine: pytest -m gpu."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fusebackend
+from fusebackend.kernels import embedding_chain
+from fusebackend.kernels.spec import Const, GroupSpec, InputRef, Instr, Lookup, ValueRef
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+TOL = {torch.float32: (1.3e-6, 1e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2)}
+
+
+class TokPos(nn.Module):
+    def __init__(self, vocab: int, max_pos: int, dim: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(max_pos, dim)
+        self.bias = nn.Parameter(torch.randn(dim))
+        self.scale = math.sqrt(dim)
+
+    def forward(self, ids, pos_ids):
+        return F.gelu(self.tok(ids) * self.scale + self.pos(pos_ids)) * 0.5 + self.bias
+
+
+def _chain_spec(dtype: torch.dtype) -> GroupSpec:
+    # v0 = tab[ids]; v1 = v0 * 2.5; v2 = v1 + bias
+    return GroupSpec(
+        input_dtypes=(torch.int64, dtype, dtype),
+        lookups=(Lookup(0, 1),),
+        instrs=(
+            Instr("mul", "({0} * {1})", (ValueRef(0), Const("2.5")), dtype),
+            Instr("add", "({0} + {1})", (ValueRef(1), InputRef(2)), dtype),
+        ),
+        outputs=(2,),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_compiled_chain_on_device_matches_eager(dtype, index_dtype):
+    model = TokPos(1000, 64, 131).cuda().to(dtype).eval()
+    ids = torch.randint(0, 1000, (3, 37), device="cuda", dtype=index_dtype)
+    pos = torch.arange(37, device="cuda", dtype=index_dtype)[None]
+    with torch.no_grad():
+        report = fusebackend.explain(model, ids, pos, options={"cudagraphs": False})
+        compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": False})
+        out = compiled(ids, pos)
+        ref = model(ids, pos)
+    assert report.groups and report.groups[0].backend == "triton"
+    assert len(report.groups[0].lookups) == 2
+    assert out.device.type == "cuda"
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
+
+
+def test_kernel_is_capturable_in_cuda_graph_without_host_sync():
+    dtype = torch.float16
+    spec = _chain_spec(dtype)
+    table = torch.randn(5000, 257, device="cuda", dtype=dtype)
+    bias = torch.randn(257, device="cuda", dtype=dtype)
+    static_ids = torch.randint(0, 5000, (4, 9), device="cuda")
+    embedding_chain(spec, [static_ids, table, bias])  # compile outside the capture
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            embedding_chain(spec, [static_ids, table, bias])  # any host sync raises here
+            with torch.cuda.graph(graph, stream=stream):
+                (static_out,) = embedding_chain(spec, [static_ids, table, bias])
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    for _ in range(3):
+        new_ids = torch.randint(0, 5000, (4, 9), device="cuda")
+        static_ids.copy_(new_ids)
+        graph.replay()
+        expected = table[new_ids] * 2.5 + bias
+        torch.testing.assert_close(static_out, expected, rtol=1e-2, atol=1e-2)
+
+
+def test_out_of_range_index_is_a_device_side_assert():
+    # A device-side assert poisons the CUDA context, so it runs in its own process.
+    code = textwrap.dedent(
+        """
+        import torch
+        from fusebackend.kernels import embedding_chain
+        from fusebackend.kernels.spec import Const, GroupSpec, InputRef, Instr, Lookup, ValueRef
+        f32 = torch.float32
+        spec = GroupSpec((torch.int64, f32, f32), (Lookup(0, 1),), (
+            Instr("mul", "({0} * {1})", (ValueRef(0), Const("2.5")), f32),
+            Instr("add", "({0} + {1})", (ValueRef(1), InputRef(2)), f32)), (2,))
+        table = torch.randn(10, 8, device="cuda")
+        bias = torch.randn(8, device="cuda")
+        ids = torch.tensor([[1, 2, 10]], device="cuda")
+        out = embedding_chain(spec, [ids, table, bias])[0]
+        torch.cuda.synchronize()
+        print("NO ERROR", out.sum().item())
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode != 0, proc.stdout
+    assert "NO ERROR" not in proc.stdout
+    assert "assert" in (proc.stderr + proc.stdout).lower()
