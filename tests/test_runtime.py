@@ -1,0 +1,738 @@
+"""CPU tests of the runtime: keys, LRU, counters, the fallback chain, controls, buckets,
+mutations, output ownership and threads.
+
+Capture is driven without a GPU by replacing ``cudagraph_cache.capture_graph`` with
+``FakeGraph``: fixed input buffers and fixed output buffers overwritten on every replay,
+which is exactly the part of CUDA-graph semantics the cache has to get right.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+import weakref
+
+import pytest
+import torch
+
+from fusebackend.config import FusionConfig
+from fusebackend.runtime import cudagraph_cache as cc
+from fusebackend.runtime.cudagraph_cache import EAGER, FUSION, GRAPH_REPLAY, GraphCache
+from fusebackend.runtime.stats import (
+    clear_cache,
+    fusion_enabled,
+    reset_stats,
+    set_fusion_enabled,
+    stats,
+)
+
+# A CUDA device object on a machine without CUDA: with cudagraphs=True the cache takes the
+# capture path, and capture_graph (faked or refusing CPU inputs) is the only CUDA boundary.
+FAKE_CUDA = torch.device("cuda", 0)
+
+STATS_KEYS = {
+    "enabled",
+    "fusion_scheduler_available",
+    "cache_size",
+    "cache_hits",
+    "cache_misses",
+    "recordings",
+    "fusion_attempts",
+    "fusion_successes",
+    "fusion_fallbacks",
+    "cached_shapes",
+    "fusion_modes",
+    "evictions",
+    "rerecords",
+    "capture_failures",
+    "graph_pool_bytes",
+    "fallback_reasons",
+}
+COUNTER_KEYS = {
+    "cache_hits",
+    "cache_misses",
+    "recordings",
+    "fusion_attempts",
+    "fusion_successes",
+    "fusion_fallbacks",
+    "evictions",
+    "rerecords",
+    "capture_failures",
+}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_runtime():
+    set_fusion_enabled(True)
+    clear_cache()
+    reset_stats()
+    yield
+    set_fusion_enabled(True)
+    clear_cache()
+    reset_stats()
+
+
+class FakeGraph:
+    """CPU stand-in for a captured graph: replay recomputes into the same output buffers."""
+
+    def __init__(self, fn, inputs):
+        self.fn = fn
+        self.inputs = list(inputs)
+        self.outputs = fn(*self.inputs)
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+        # Give other threads the GIL here, as a GPU would run the graph asynchronously: a
+        # cache that let another call refill the static inputs now would be caught.
+        time.sleep(0)
+        for buf, new in zip(self.outputs, self.fn(*self.inputs), strict=True):
+            if isinstance(buf, torch.Tensor) and buf is not new:
+                buf.copy_(new)
+
+
+@pytest.fixture
+def fake_capture(monkeypatch):
+    """Replace capture with FakeGraph; returns weak references to the graphs made."""
+    graphs: list[weakref.ref[FakeGraph]] = []
+
+    def capture(fn, inputs, *, device, warmup_iterations):
+        assert device == FAKE_CUDA
+        for _ in range(warmup_iterations):
+            fn(*inputs)
+        graph = FakeGraph(fn, inputs)
+        graphs.append(weakref.ref(graph))
+        return graph, graph.outputs
+
+    monkeypatch.setattr(cc, "capture_graph", capture)
+    return graphs
+
+
+class Counting:
+    """A callable that counts its calls."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.calls = 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.fn(*args)
+
+
+def mul_add(x, y):
+    return (x * y + 1,)
+
+
+def make(unfused=mul_add, fused=mul_add, device=None, **options) -> GraphCache:
+    return GraphCache(
+        unfused=unfused,
+        fused=fused,
+        config=FusionConfig(**options),
+        device=device,
+        name="t",
+    )
+
+
+def counters() -> dict[str, int]:
+    s = stats()
+    return {k: s[k] for k in COUNTER_KEYS}
+
+
+# ----------------------------------------------------------------------------------- keys
+
+
+def test_key_same_metadata_same_key_other_metadata_other_key():
+    cache = make()
+    x = torch.randn(4, 8)
+    key = cache.key_for(x, 3)
+    assert isinstance(key, tuple)
+    assert cache.key_for(torch.randn(4, 8), 3) == key  # values do not matter
+    assert hash(cache.key_for(torch.randn(4, 8), 3)) == hash(key)
+    variants = {
+        "shape": (torch.randn(5, 8), 3),
+        "dtype": (x.double(), 3),
+        "stride": (torch.randn(8, 4).t(), 3),
+        "device": (torch.empty(4, 8, device="meta"), 3),
+        "int value": (x, 4),
+        "scalar type": (x, 3.0),
+    }
+    keys = {name: cache.key_for(*args) for name, args in variants.items()}
+    for name, other in keys.items():
+        assert other != key, name
+    assert len(set(keys.values())) == len(keys)
+
+
+def test_static_inputs_are_not_in_the_key_and_fusion_switch_is():
+    cache = GraphCache(
+        unfused=mul_add,
+        fused=mul_add,
+        config=FusionConfig(),
+        device=None,
+        static_input_indices=frozenset({1}),
+    )
+    x = torch.randn(4, 8)
+    key = cache.key_for(x, torch.randn(8))
+    assert cache.key_for(x, torch.randn(3, 8).double()) == key
+    set_fusion_enabled(False)
+    assert cache.key_for(x, torch.randn(8)) != key
+
+
+# ------------------------------------------------------------------------------------ LRU
+
+
+def test_lru_evicts_least_recently_used_and_counts():
+    cache = make(max_graphs=2)
+    a, b, c = (torch.randn(n) for n in (1, 2, 3))
+    cache(a, a)
+    cache(b, b)
+    cache(a, a)  # a is now the most recent
+    cache(c, c)  # evicts b
+    s = stats()
+    assert s["evictions"] == 1
+    assert s["cache_size"] == 2
+    assert s["cached_shapes"] == [((1,), (1,)), ((3,), (3,))]
+    assert cache.mode_for(b, b) is None
+    cache(b, b)  # miss again, evicts a
+    s = stats()
+    assert (s["cache_misses"], s["cache_hits"], s["evictions"]) == (4, 1, 2)
+    assert cache.mode_for(a, a) is None
+
+
+# ---------------------------------------------------------------------------------- stats
+
+
+def test_stats_exact_keys_and_counters_move_only_on_events():
+    s = stats()
+    assert set(s) == STATS_KEYS
+    assert all(s[k] == 0 for k in COUNTER_KEYS)
+    assert s["enabled"] is True
+    assert s["graph_pool_bytes"] == 0
+    assert s["fusion_scheduler_available"] == (
+        torch.cuda.is_available() and cc._stats._triton_importable()
+    )
+
+    fused = Counting(mul_add)
+    cache = make(fused=fused)
+    x = torch.randn(2, 3)
+    cache(x, x)
+    assert counters() == {
+        **dict.fromkeys(COUNTER_KEYS, 0),
+        "cache_misses": 1,
+        "fusion_attempts": 1,
+        "fusion_successes": 1,
+    }
+    cache(x, x)
+    cache(torch.randn(2, 3), x)
+    c = counters()
+    assert (c["cache_hits"], c["cache_misses"], c["fusion_attempts"]) == (2, 1, 1)
+    assert fused.calls == 3
+    s = stats()
+    assert s["cache_size"] == 1
+    assert s["cached_shapes"] == [((2, 3), (2, 3))]
+    assert list(s["fusion_modes"].values()) == [FUSION]
+    (label,) = s["fusion_modes"]
+    assert "float32[2, 3]" in label and "fused" in label
+    assert s["fallback_reasons"] == {}
+
+    reset_stats()
+    assert all(v == 0 for v in counters().values())
+    assert stats()["cache_size"] == 1  # reset_stats keeps the entries
+    cache(x, x)
+    assert counters()["cache_hits"] == 1
+
+
+def test_dead_cache_leaves_stats():
+    cache = make()
+    cache(torch.randn(2), torch.randn(2))
+    assert stats()["cache_size"] == 1
+    del cache
+    gc.collect()
+    assert stats()["cache_size"] == 0
+
+
+def test_describe_lists_entries():
+    cache = make(fused=lambda x, y: (x * y,))  # wrong numbers: falls back
+    cache(torch.randn(2), torch.randn(2))
+    cache(torch.randn(2), torch.randn(2))
+    (row,) = cache.describe()
+    assert row["mode"] == EAGER
+    assert row["captured"] is False
+    assert row["hits"] == 1
+    assert "does not match" in row["reason"]
+    assert "float32[2]" in row["key"]
+
+
+# --------------------------------------------------------------------------- fallback chain
+
+
+def test_fused_that_raises_falls_back_to_eager_logged_once(caplog):
+    def broken(x, y):
+        raise RuntimeError("triton compile boom")
+
+    fused = Counting(broken)
+    cache = make(fused=fused)
+    x, y = torch.randn(3), torch.randn(3)
+    with caplog.at_level(logging.WARNING, logger=cc.__name__):
+        for _ in range(3):
+            (out,) = cache(x, y)
+            torch.testing.assert_close(out, x * y + 1)
+    assert fused.calls == 1
+    assert cache.mode_for(x, y) == EAGER
+    s = stats()
+    assert (s["fusion_attempts"], s["fusion_successes"], s["fusion_fallbacks"]) == (1, 0, 1)
+    (reason,) = s["fallback_reasons"].values()
+    assert "triton compile boom" in reason and "RuntimeError" in reason
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "triton compile boom" in warnings[0].getMessage()
+
+
+def test_validation_catches_wrong_numbers():
+    fused = Counting(lambda x, y: (x * y + 1.5,))
+    cache = make(fused=fused)
+    x, y = torch.randn(3), torch.randn(3)
+    (out,) = cache(x, y)
+    torch.testing.assert_close(out, x * y + 1)  # the first call already returns the truth
+    (out,) = cache(x, y)
+    torch.testing.assert_close(out, x * y + 1)
+    assert fused.calls == 1
+    assert cache.mode_for(x, y) == EAGER
+    s = stats()
+    assert (s["fusion_attempts"], s["fusion_successes"], s["fusion_fallbacks"]) == (1, 0, 1)
+    assert "does not match" in next(iter(s["fallback_reasons"].values()))
+
+
+def test_without_validation_wrong_numbers_are_not_caught():
+    cache = make(fused=lambda x, y: (x * y + 1.5,), validate=False)
+    x, y = torch.randn(3), torch.randn(3)
+    (out,) = cache(x, y)
+    torch.testing.assert_close(out, x * y + 1.5)
+    assert cache.mode_for(x, y) == FUSION
+    assert stats()["fusion_successes"] == 1
+
+
+def _fp16_chain_rounding_each_op(x, y):
+    return (((x * y) + 1) * 3,)
+
+
+def _fp16_chain_fp32_rounded_once(x, y):
+    return ((((x.float() * y.float()) + 1) * 3).half(),)
+
+
+@pytest.mark.parametrize(
+    ("fused", "keeps_fusion"),
+    [
+        (_fp16_chain_fp32_rounded_once, True),  # what a fused kernel legitimately produces
+        (lambda x, y: ((((x * y) + 1) * 3) * 1.1,), False),  # 10% off
+        (lambda x, y: ((((x * y) + 1) * 3).float(),), False),  # wrong dtype
+    ],
+)
+def test_validation_tolerance_is_per_dtype(fused, keeps_fusion):
+    torch.manual_seed(0)
+    x = torch.randn(64, 127).half()
+    y = torch.randn(64, 127).half()
+    cache = make(unfused=_fp16_chain_rounding_each_op, fused=fused)
+    cache(x, y)
+    assert (cache.mode_for(x, y) == FUSION) is keeps_fusion
+
+
+def test_validation_treats_nan_as_equal():
+    x = torch.tensor([1.0, float("nan"), 2.0])
+    cache = make(unfused=lambda x: (x * 2,), fused=lambda x: (x + x,))
+    cache(x)
+    assert cache.mode_for(x) == FUSION
+
+
+def test_capture_failures_walk_the_chain_to_eager_and_never_retry(monkeypatch):
+    attempts = []
+
+    def failing_capture(fn, inputs, *, device, warmup_iterations):
+        attempts.append(fn)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(cc, "capture_graph", failing_capture)
+    fused = Counting(mul_add)
+    cache = make(fused=fused, device=FAKE_CUDA, cudagraphs=True, max_graphs=1)
+    x, y = torch.randn(3), torch.randn(3)
+    (out,) = cache(x, y)
+    torch.testing.assert_close(out, x * y + 1)
+    assert attempts == [fused, mul_add]  # fused capture, then unfused capture
+    assert cache.mode_for(x, y) == EAGER
+    s = stats()
+    assert (s["capture_failures"], s["recordings"], s["fusion_fallbacks"]) == (2, 0, 1)
+    (reason,) = s["fallback_reasons"].values()
+    assert "fusion -> graph_replay" in reason and "graph_replay -> eager" in reason
+    assert "not permitted when stream is capturing" in reason
+
+    cache(x, y)
+    other = torch.randn(5)
+    cache(other, other)  # evicts (x, y)'s entry
+    cache(x, y)  # miss: the verdict is remembered, no capture retried
+    assert len(attempts) == 4  # only the new shape tried (twice)
+    assert cache.mode_for(x, y) == EAGER
+    torch.testing.assert_close(cache(x, y)[0], x * y + 1)
+
+
+def test_real_capture_refuses_cpu_tensors_without_touching_cuda():
+    cache = make(fused=None, device=FAKE_CUDA, cudagraphs=True)
+    x, y = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(cache(x, y)[0], x * y + 1)
+    assert cache.mode_for(x, y) == EAGER
+    s = stats()
+    assert s["capture_failures"] == 1
+    assert s["fusion_fallbacks"] == 0  # it never was in "fusion"
+    (reason,) = s["fallback_reasons"].values()
+    assert "graph_replay -> eager" in reason and "cpu tensor" in reason
+
+
+def test_config_fusion_false_ignores_the_fused_callable():
+    fused = Counting(mul_add)
+    cache = make(fused=fused, fusion=False)
+    x = torch.randn(3)
+    cache(x, x)
+    assert fused.calls == 0
+    assert cache.mode_for(x, x) == EAGER
+    assert stats()["fusion_attempts"] == 0
+
+
+# ------------------------------------------------------------------------- captured path
+
+
+def test_captured_entries_replay_and_outputs_are_never_stale(fake_capture):
+    cache = make(device=FAKE_CUDA, cudagraphs=True)
+    x1, y1 = torch.randn(4), torch.randn(4)
+    x2, y2 = torch.randn(4), torch.randn(4)
+    (out1,) = cache(x1, y1)  # miss: direct run, then capture
+    (out2,) = cache(x2, y2)  # hit: replay
+    (out3,) = cache(x1 * 3, y2)
+    torch.testing.assert_close(out1, x1 * y1 + 1)
+    torch.testing.assert_close(out2, x2 * y2 + 1)
+    torch.testing.assert_close(out3, x1 * 3 * y2 + 1)
+    (graph,) = (ref() for ref in fake_capture)
+    assert graph.replays == 2
+    assert cache.mode_for(x1, y1) == FUSION
+    s = stats()
+    assert (s["recordings"], s["cache_hits"], s["cache_misses"]) == (1, 2, 1)
+    assert cache.describe()[0]["captured"] is True
+
+
+def test_static_outputs_returns_the_graph_buffers(fake_capture):
+    cache = make(device=FAKE_CUDA, cudagraphs=True, static_outputs=True)
+    x = torch.randn(4)
+    cache(x, x)
+    (out1,) = cache(x, x)
+    (out2,) = cache(x * 2, x)
+    assert out1 is out2  # the documented hazard: the second call overwrote the first
+    torch.testing.assert_close(out1, x * 2 * x + 1)
+
+
+def test_container_type_is_preserved(fake_capture):
+    direct = make(unfused=lambda x: [x + 1], fused=None)
+    captured = make(unfused=lambda x: [x + 1], fused=None, device=FAKE_CUDA, cudagraphs=True)
+    as_tuple = make(
+        unfused=lambda x: (x + 1, None, 7), fused=None, device=FAKE_CUDA, cudagraphs=True
+    )
+    x = torch.randn(2)
+    for _ in range(2):
+        assert type(direct(x)) is list
+        assert type(captured(x)) is list
+        out = as_tuple(x)
+        assert type(out) is tuple and out[1:] == (None, 7)
+
+
+def test_parameter_address_change_rerecords(fake_capture):
+    w = torch.nn.Parameter(torch.randn(8), requires_grad=False)
+    cache = GraphCache(
+        unfused=lambda x, w: (x * w,),
+        fused=None,
+        config=FusionConfig(cudagraphs=True),
+        device=FAKE_CUDA,
+        static_input_indices=frozenset({1}),
+    )
+    x = torch.randn(8)
+    cache(x, w)
+    cache(x, w)
+    assert stats()["rerecords"] == 0
+    with torch.no_grad():
+        w.mul_(2)  # in place: same address, the graph reads it where it is
+    torch.testing.assert_close(cache(x, w)[0], x * w)
+    assert stats()["rerecords"] == 0
+    w.data = torch.randn(8)
+    torch.testing.assert_close(cache(x, w)[0], x * w)
+    s = stats()
+    assert (s["rerecords"], s["recordings"]) == (1, 2)
+    torch.testing.assert_close(cache(x, w)[0], x * w)  # replays the new graph
+    assert stats()["rerecords"] == 1
+    assert len(fake_capture) == 2 and fake_capture[1]().replays == 1
+
+
+# ------------------------------------------------------------------------------- controls
+
+
+def test_set_fusion_enabled_switches_modes_and_back():
+    fused = Counting(mul_add)
+    unfused = Counting(mul_add)
+    cache = make(unfused=unfused, fused=fused)
+    x = torch.randn(3)
+    cache(x, x)
+    assert cache.mode_for(x, x) == FUSION
+
+    set_fusion_enabled(False)
+    assert fusion_enabled() is False and stats()["enabled"] is False
+    calls = fused.calls
+    cache(x, x)
+    cache(x, x)
+    assert fused.calls == calls
+    assert cache.mode_for(x, x) == EAGER
+    assert sorted(stats()["fusion_modes"].values()) == [EAGER, FUSION]
+
+    set_fusion_enabled(True)
+    before = counters()
+    cache(x, x)
+    after = counters()
+    assert fused.calls == calls + 1
+    assert after["cache_hits"] == before["cache_hits"] + 1  # the fused entry was kept
+    assert after["fusion_attempts"] == before["fusion_attempts"]
+    assert cache.mode_for(x, x) == FUSION
+
+
+def test_fusion_off_captures_the_unfused_graph(fake_capture):
+    fused = Counting(mul_add)
+    cache = make(fused=fused, device=FAKE_CUDA, cudagraphs=True)
+    set_fusion_enabled(False)
+    x = torch.randn(3)
+    cache(x, x)
+    assert cache.mode_for(x, x) == GRAPH_REPLAY
+    assert fused.calls == 0
+    assert stats()["recordings"] == 1
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", None])
+def test_set_fusion_enabled_rejects_non_bool(value):
+    with pytest.raises(TypeError, match="bool"):
+        set_fusion_enabled(value)
+    assert fusion_enabled() is True
+
+
+def test_clear_cache_frees_graphs_and_verdicts(fake_capture, monkeypatch):
+    cache_a = make(device=FAKE_CUDA, cudagraphs=True)
+    cache_b = make(fused=lambda x, y: (x,))  # falls back (mismatch)
+    x = torch.randn(4)
+    cache_a(x, x)
+    cache_b(x, x)
+    assert stats()["cache_size"] == 2
+    assert fake_capture[0]() is not None
+
+    clear_cache()
+    gc.collect()
+    assert stats()["cache_size"] == 0
+    assert cache_a.describe() == [] and cache_b.describe() == []
+    assert fake_capture[0]() is None  # the graph and its buffers are gone
+    misses = stats()["cache_misses"]
+    cache_a(x, x)
+    cache_b(x, x)
+    assert stats()["cache_misses"] == misses + 2
+    assert stats()["fusion_attempts"] == 4  # cache_b's verdict was dropped: fusion retried
+
+
+# --------------------------------------------------------------------------- batch buckets
+
+
+def test_batch_buckets_pad_with_zeros_and_slice_back():
+    seen = []
+
+    def fn(x, table, n):
+        seen.append((x.clone(), n))
+        return (x * 2, x.sum(1), table * 3, n)
+
+    cache = GraphCache(
+        unfused=fn,
+        fused=None,
+        config=FusionConfig(batch_buckets=(4, 8)),
+        device=None,
+        static_input_indices=frozenset({1}),
+        batch_size_input_indices=frozenset({2}),
+    )
+    table = torch.randn(4, 5)  # static, leading dim == bucket: not padded, but its output is
+    x3 = torch.randn(3, 5) + 10
+    out = cache(x3, table, 3)
+    padded, n = seen[-1]
+    assert padded.shape == (4, 5) and n == 4
+    torch.testing.assert_close(padded[:3], x3)
+    assert (padded[3] == 0).all()
+    torch.testing.assert_close(out[0], x3 * 2)
+    torch.testing.assert_close(out[1], x3.sum(1))
+    assert out[2].shape == (3, 5)  # leading dim == bucket: sliced like any batch output
+    assert out[3] == 4
+
+    x2 = torch.randn(2, 5)
+    torch.testing.assert_close(cache(x2, table, 2)[0], x2 * 2)
+    assert seen[-1][0].shape == (4, 5)
+    x4 = torch.randn(4, 5)
+    torch.testing.assert_close(cache(x4, table, 4)[0], x4 * 2)
+    s = stats()
+    assert (s["cache_misses"], s["cache_hits"]) == (1, 2)
+
+    x9 = torch.randn(9, 5)
+    torch.testing.assert_close(cache(x9, table, 9)[0], x9 * 2)
+    assert seen[-1][0].shape == (9, 5)
+    assert stats()["cached_shapes"] == [((4, 5),), ((9, 5),)]
+
+
+def test_batch_buckets_with_capture_are_correct_for_every_batch(fake_capture):
+    cache = make(
+        unfused=lambda ids, scale: (ids * scale, ids.sum(1)),
+        fused=None,
+        device=FAKE_CUDA,
+        cudagraphs=True,
+        batch_buckets=(8,),
+    )
+    for batch in (7, 3, 8, 1, 5):
+        ids = torch.randint(0, 100, (batch, 6))
+        scale = torch.randn(batch, 6)
+        a, b = cache(ids, scale)
+        torch.testing.assert_close(a, ids * scale)
+        torch.testing.assert_close(b, ids.sum(1))
+    assert stats()["recordings"] == 1
+    graph = fake_capture[0]()
+    assert graph.replays == 4
+    # The static buffer of the last call (batch 5) holds zeros past row 5, not rows of the
+    # earlier batch-7 call.
+    assert (graph.inputs[0][5:] == 0).all()
+
+
+# ------------------------------------------------------------------------------- mutation
+
+
+def _add_one_then_double(x, y):
+    x.add_(1)
+    return (x * 2 + y,)
+
+
+@pytest.mark.parametrize("capture", [False, True])
+def test_mutated_inputs_are_written_exactly_once_per_call(fake_capture, capture):
+    options = {"device": FAKE_CUDA, "cudagraphs": True} if capture else {}
+    cache = GraphCache(
+        unfused=_add_one_then_double,
+        fused=_add_one_then_double,
+        config=FusionConfig(
+            warmup_iterations=3, **{k: v for k, v in options.items() if k != "device"}
+        ),
+        device=options.get("device"),
+        mutated_input_indices=frozenset({0}),
+    )
+    x = torch.zeros(4)
+    y = torch.randn(4)
+    for step in range(1, 5):
+        (out,) = cache(x, y)
+        assert (x == step).all(), f"call {step}: x = {x.tolist()}"
+        torch.testing.assert_close(out, 2 * x + y)
+    assert cache.mode_for(x, y) == FUSION
+    assert stats()["recordings"] == (1 if capture else 0)
+
+
+def test_fused_failing_after_a_partial_write_leaves_no_trace():
+    def half_broken(x, y):
+        x.add_(100)
+        raise RuntimeError("launch failed")
+
+    cache = GraphCache(
+        unfused=_add_one_then_double,
+        fused=half_broken,
+        config=FusionConfig(),
+        device=None,
+        mutated_input_indices=frozenset({0}),
+    )
+    x = torch.zeros(3)
+    cache(x, torch.zeros(3))
+    assert (x == 1).all()
+    assert cache.mode_for(x, torch.zeros(3)) == EAGER
+
+
+def test_mutated_parameter_is_not_advanced_by_warmup_or_capture(fake_capture):
+    def step(x, counter):
+        counter.add_(1)
+        return (x + counter,)
+
+    counter = torch.zeros(1)
+    cache = GraphCache(
+        unfused=step,
+        fused=None,
+        config=FusionConfig(cudagraphs=True, warmup_iterations=2),
+        device=FAKE_CUDA,
+        static_input_indices=frozenset({1}),
+        mutated_input_indices=frozenset({1}),
+    )
+    x = torch.zeros(2)
+    for n in range(1, 4):
+        (out,) = cache(x, counter)
+        assert counter.item() == n
+        torch.testing.assert_close(out, torch.full((2,), float(n)))
+
+
+def test_returned_input_is_the_callers_tensor(fake_capture):
+    def inc(x):
+        x.add_(1)
+        return (x,)
+
+    cache = GraphCache(
+        unfused=inc,
+        fused=None,
+        config=FusionConfig(cudagraphs=True),
+        device=FAKE_CUDA,
+        mutated_input_indices=frozenset({0}),
+    )
+    x = torch.zeros(3)
+    cache(x)
+    (out,) = cache(x)
+    assert out is x
+    assert (x == 2).all()
+
+
+# -------------------------------------------------------------------------------- threads
+
+
+def test_two_threads_with_different_shapes_get_their_own_results(fake_capture):
+    cache = make(device=FAKE_CUDA, cudagraphs=True)
+    errors: list[str] = []
+    start = threading.Barrier(2)
+
+    def worker(rows: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        start.wait()
+        for i in range(300):
+            # Alternate between a private shape and one shared with the other thread, so the
+            # two threads also contend for the same entry's static buffers.
+            shape = (rows, 16) if i % 2 else (2, 16)
+            x = torch.randn(shape, generator=gen)
+            y = torch.randn(shape, generator=gen)
+            (out,) = cache(x, y)
+            if not torch.allclose(out, x * y + 1):
+                errors.append(f"rows={rows} call {i}")
+
+    threads = [threading.Thread(target=worker, args=(r, r)) for r in (3, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert stats()["recordings"] == 3
+
+
+# ------------------------------------------------------------------------------ CPU graphs
+
+
+def test_cpu_graph_makes_no_cuda_call(monkeypatch):
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("CUDA called for a CPU graph")
+
+    for name in ("is_available", "current_stream", "Stream", "graph_pool_handle", "Event"):
+        monkeypatch.setattr(torch.cuda, name, no_cuda)
+    cache = make(fused=lambda x, y: (x * y + 1,), cudagraphs=True, batch_buckets=(4,))
+    x = torch.randn(3, 2)
+    for _ in range(2):
+        torch.testing.assert_close(cache(x, x)[0], x * x + 1)
+    assert cache.mode_for(x, x) == FUSION
