@@ -748,7 +748,7 @@ class _PinnedRing:
 
 def _ptrs_equal(args: tuple[Any, ...], ptrs: list[int | None], idx: list[int]) -> bool:
     if _data_ptrs_equal is not None:
-        return _data_ptrs_equal(args, ptrs, idx)
+        return _data_ptrs_equal(list(args), ptrs, idx)  # the binding takes lists, not tuples
     return all(args[i].data_ptr() == ptrs[i] for i in idx)
 
 

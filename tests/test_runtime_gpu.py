@@ -1,0 +1,300 @@
+"""GPU tests of the runtime's CUDA-graph path: capture, replay, re-record, capture failure,
+host inputs without a sync, memory release. Plain callables, not the backend."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusebackend.config import FusionConfig
+from fusebackend.runtime import cudagraph_cache as cc
+from fusebackend.runtime.cudagraph_cache import EAGER, FUSION, GRAPH_REPLAY, GraphCache
+from fusebackend.runtime.stats import clear_cache, reset_stats, set_fusion_enabled, stats
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+VOCAB, DIM = 1000, 64
+
+
+@pytest.fixture(autouse=True)
+def _fresh_runtime():
+    set_fusion_enabled(True)
+    clear_cache()
+    reset_stats()
+    yield
+    torch.cuda.synchronize()
+    set_fusion_enabled(True)
+    clear_cache()
+    reset_stats()
+
+
+@pytest.fixture
+def dev() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+class Counting:
+    def __init__(self, fn):
+        self.fn = fn
+        self.calls = 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.fn(*args)
+
+
+def embed_scale(ids, weight, scale):
+    return (F.embedding(ids, weight) * scale.unsqueeze(-1) + 1,)
+
+
+def embed_scale_other_order(ids, weight, scale):
+    return (weight[ids] * scale[..., None] + 1,)
+
+
+def make_embed_cache(dev, *, fused=embed_scale_other_order, **options) -> GraphCache:
+    return GraphCache(
+        unfused=embed_scale,
+        fused=fused,
+        config=FusionConfig(**options),
+        device=dev,
+        static_input_indices=frozenset({1}),
+        name="embed",
+    )
+
+
+def random_call(dev, batch=4, seq=7, weight=None):
+    ids = torch.randint(0, VOCAB, (batch, seq), device=dev)
+    scale = torch.randn(batch, seq, device=dev)
+    return ids, weight, scale
+
+
+@pytest.mark.gpu
+def test_capture_and_replay_equal_direct_calls(dev):
+    weight = torch.randn(VOCAB, DIM, device=dev)
+    fused = Counting(embed_scale_other_order)
+    cache = make_embed_cache(dev, fused=fused, warmup_iterations=2)
+    for _ in range(6):
+        args = random_call(dev, weight=weight)
+        (out,) = cache(*args)
+        torch.testing.assert_close(out, embed_scale(*args)[0])
+    assert cache.mode_for(*args) == FUSION
+    s = stats()
+    assert (s["recordings"], s["cache_misses"], s["cache_hits"]) == (1, 1, 5)
+    assert s["fusion_successes"] == 1
+    assert s["graph_pool_bytes"] > 0
+    # first run + 2 warm-ups + capture; the 5 hits were replays, not Python calls
+    assert fused.calls == 4
+    assert cache.describe()[0]["captured"] is True
+
+
+@pytest.mark.gpu
+def test_kept_output_unchanged_by_later_calls(dev):
+    weight = torch.randn(VOCAB, DIM, device=dev)
+    cache = make_embed_cache(dev)
+    cache(*random_call(dev, weight=weight))  # miss: capture
+    first = random_call(dev, weight=weight)
+    (kept,) = cache(*first)  # replay
+    expected = embed_scale(*first)[0]
+    for _ in range(5):
+        cache(*random_call(dev, weight=weight))
+    torch.cuda.synchronize()
+    torch.testing.assert_close(kept, expected)
+
+
+@pytest.mark.gpu
+def test_parameter_data_swap_rerecords(dev):
+    emb = torch.nn.Embedding(VOCAB, DIM, device=dev).requires_grad_(False)
+    cache = make_embed_cache(dev)
+    args = random_call(dev, weight=emb.weight)
+    cache(*args)
+    cache(*args)
+    assert stats()["rerecords"] == 0
+    emb.weight.data = torch.randn(VOCAB, DIM, device=dev)
+    args = random_call(dev, weight=emb.weight)
+    torch.testing.assert_close(cache(*args)[0], embed_scale(*args)[0])
+    torch.testing.assert_close(cache(*args)[0], embed_scale(*args)[0])
+    s = stats()
+    assert (s["rerecords"], s["recordings"]) == (1, 2)
+
+
+def syncing(x):
+    positive = int(x.sum().item() > 0)  # host sync: cannot be captured
+    return (x * 2 + positive,)
+
+
+def expected_syncing(x):
+    return x * 2 + int(x.sum().item() > 0)
+
+
+@pytest.mark.gpu
+def test_item_inside_falls_back_to_eager_with_reason(dev):
+    cache = GraphCache(unfused=syncing, fused=None, config=FusionConfig(), device=dev)
+    x = torch.randn(16, device=dev)
+    torch.testing.assert_close(cache(x)[0], expected_syncing(x))
+    assert cache.mode_for(x) == EAGER
+    s = stats()
+    assert s["capture_failures"] == 1
+    (reason,) = s["fallback_reasons"].values()
+    assert "graph_replay -> eager" in reason and "capture failed" in reason
+    for _ in range(3):
+        x = torch.randn(16, device=dev)
+        torch.testing.assert_close(cache(x)[0], expected_syncing(x))
+    assert stats()["capture_failures"] == 1  # never retried
+
+
+@pytest.mark.gpu
+def test_capture_failure_leaves_stream_and_pool_usable(dev):
+    failing = GraphCache(unfused=syncing, fused=None, config=FusionConfig(), device=dev)
+    for n in (8, 9):  # two failed captures in a row
+        failing(torch.randn(n, device=dev))
+    assert stats()["capture_failures"] == 2
+
+    assert not torch.cuda.is_current_stream_capturing()
+    assert torch.cuda.current_stream(dev) == torch.cuda.default_stream(dev)
+    y = torch.arange(10, device=dev, dtype=torch.float32)
+    assert (y * 2).sum().item() == 90.0
+    torch.cuda.synchronize()
+
+    working = GraphCache(
+        unfused=lambda x: (x.sin() + 1,), fused=None, config=FusionConfig(), device=dev
+    )
+    for _ in range(3):
+        x = torch.randn(32, device=dev)
+        torch.testing.assert_close(working(x)[0], x.sin() + 1)
+    assert working.mode_for(x) == GRAPH_REPLAY
+    assert stats()["recordings"] == 1
+
+
+@pytest.mark.gpu
+def test_cpu_host_input_is_captured_and_replayed_without_sync(dev):
+    weight = torch.randn(VOCAB, DIM, device=dev)
+
+    def lookup(ids, weight):
+        return (F.embedding(ids, weight) * 2,)
+
+    cache = GraphCache(
+        unfused=lookup,
+        fused=None,
+        config=FusionConfig(),
+        device=dev,
+        static_input_indices=frozenset({1}),
+        host_inputs={0: dev},
+    )
+    cache(torch.randint(0, VOCAB, (4, 7)), weight)  # miss: capture, syncs allowed here
+    calls = [torch.randint(0, VOCAB, (4, 7)) for _ in range(24)]
+    outs = []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for ids in calls:
+            outs.append(cache(ids, weight)[0])
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for ids, out in zip(calls, outs, strict=True):
+        torch.testing.assert_close(out, lookup(ids.to(dev), weight)[0])
+    assert cache.mode_for(calls[0], weight) == GRAPH_REPLAY
+    s = stats()
+    assert (s["recordings"], s["capture_failures"], s["cache_hits"]) == (1, 0, 24)
+
+
+@pytest.mark.gpu
+def test_clear_cache_returns_allocated_memory_to_baseline(dev):
+    weight = torch.randn(VOCAB, DIM, device=dev)
+    calls = [random_call(dev, batch=b, weight=weight) for b in (1, 2, 3, 5)]
+    torch.cuda.synchronize()
+    gc.collect()
+    baseline = torch.cuda.memory_allocated(dev)
+
+    cache = make_embed_cache(dev)
+    for args in calls:
+        for _ in range(2):
+            out = cache(*args)
+    del out
+    torch.cuda.synchronize()
+    assert stats()["recordings"] == 4
+    assert torch.cuda.memory_allocated(dev) > baseline  # static buffers, graph outputs
+
+    clear_cache()
+    assert stats()["cache_size"] == 0
+    assert torch.cuda.memory_allocated(dev) == baseline
+
+
+@pytest.mark.gpu
+def test_fused_mismatch_falls_back_to_captured_unfused_graph(dev):
+    weight = torch.randn(VOCAB, DIM, device=dev)
+    cache = make_embed_cache(dev, fused=lambda ids, w, s: (F.embedding(ids, w) * 2,))
+    args = random_call(dev, weight=weight)
+    for _ in range(3):
+        torch.testing.assert_close(cache(*args)[0], embed_scale(*args)[0])
+    assert cache.mode_for(*args) == GRAPH_REPLAY
+    s = stats()
+    assert (s["fusion_fallbacks"], s["recordings"], s["fusion_successes"]) == (1, 1, 0)
+
+
+@pytest.mark.gpu
+def test_mutated_input_written_once_per_call(dev):
+    def step(x, y):
+        x.add_(1)
+        return (x * y,)
+
+    cache = GraphCache(
+        unfused=step,
+        fused=step,
+        config=FusionConfig(warmup_iterations=3),
+        device=dev,
+        mutated_input_indices=frozenset({0}),
+    )
+    x = torch.zeros(32, device=dev)
+    y = torch.randn(32, device=dev)
+    for n in range(1, 5):
+        torch.testing.assert_close(cache(x, y)[0], x * y)
+        assert torch.equal(x, torch.full_like(x, n))
+    assert cache.mode_for(x, y) == FUSION
+    assert stats()["recordings"] == 1
+
+
+@pytest.mark.gpu
+def test_batch_buckets_share_one_capture(dev):
+    weight = torch.randn(VOCAB, DIM, device=dev)
+    cache = make_embed_cache(dev, batch_buckets=(8, 16))
+    for batch in (3, 8, 5, 1):
+        args = random_call(dev, batch=batch, weight=weight)
+        (out,) = cache(*args)
+        assert out.shape == (batch, 7, DIM)
+        torch.testing.assert_close(out, embed_scale(*args)[0])
+    assert stats()["recordings"] == 1
+
+
+@pytest.mark.gpu
+def test_two_threads_different_shapes(dev):
+    weight = torch.randn(VOCAB, DIM, device=dev)
+    cache = make_embed_cache(dev)
+    errors: list[str] = []
+
+    def worker(batch: int) -> None:
+        for i in range(50):
+            args = random_call(dev, batch=batch if i % 2 else 2, weight=weight)
+            (out,) = cache(*args)
+            if not torch.allclose(out, embed_scale(*args)[0]):
+                errors.append(f"batch={batch} call {i}")
+
+    threads = [threading.Thread(target=worker, args=(b,)) for b in (3, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert stats()["recordings"] == 3
+
+
+@pytest.mark.gpu
+def test_static_address_check_matches_data_ptrs(dev):
+    # Uses torch's C++ helper on CUDA builds: check it accepts the cache's argument tuple.
+    a, b = torch.randn(4, device=dev), torch.randn(4, device=dev)
+    args = (a, 3, b)
+    ptrs = [a.data_ptr(), None, b.data_ptr()]
+    assert cc._ptrs_equal(args, ptrs, [0, 2])
+    assert not cc._ptrs_equal((a, 3, torch.randn(4, device=dev)), ptrs, [0, 2])
