@@ -419,6 +419,18 @@ def test_captured_entries_replay_and_outputs_are_never_stale(fake_capture):
     assert cache.describe()[0]["captured"] is True
 
 
+def test_captured_inputs_with_odd_strides_and_empty_batches(fake_capture):
+    cache = make(device=FAKE_CUDA, cudagraphs=True)
+    for _ in range(2):
+        x = torch.randn(8, 4).t()  # transposed
+        y = torch.randn(1, 8).expand(4, 8)  # stride 0: its static buffer must be dense
+        torch.testing.assert_close(cache(x, y)[0], x * y + 1)
+        e = torch.randn(0, 3)
+        assert cache(e, e)[0].shape == (0, 3)
+    assert stats()["recordings"] == 2
+    assert stats()["cache_hits"] == 2
+
+
 def test_static_outputs_returns_the_graph_buffers(fake_capture):
     cache = make(device=FAKE_CUDA, cudagraphs=True, static_outputs=True)
     x = torch.randn(4)

@@ -114,7 +114,8 @@ class _Entry:
     fn: Callable[..., Sequence[Any]]
     reason: str | None = None
     graph: Any = None  # torch.cuda.CUDAGraph (or a test double with .replay()), None if direct
-    copies: tuple[tuple[int, Tensor], ...] = ()  # (input index, static device buffer)
+    copy_idx: tuple[int, ...] = ()  # inputs copied into static buffers on each replay
+    copy_bufs: list[Tensor] = dataclasses.field(default_factory=list)  # their buffers
     host_copies: tuple[tuple[int, Tensor, _PinnedRing], ...] = ()
     write_back: tuple[tuple[int, Tensor], ...] = ()  # mutated inputs: (index, static buffer)
     static_idx: list[int] = dataclasses.field(default_factory=list)
@@ -235,8 +236,9 @@ class GraphCache:
         batch: int | None,
         bucket: int | None,
     ) -> Sequence[Any]:
-        for i, buf in entry.copies:
-            buf.copy_(args[i])
+        if entry.copy_bufs:
+            # One call for all inputs (a single multi-tensor kernel where dtypes agree).
+            torch._foreach_copy_(entry.copy_bufs, [args[i] for i in entry.copy_idx])
         for i, buf, ring in entry.host_copies:
             ring.copy(buf, args[i])
         entry.graph.replay()
@@ -439,7 +441,8 @@ class GraphCache:
             mode=mode,
             fn=fn,
             graph=graph,
-            copies=tuple(copies),
+            copy_idx=tuple(i for i, _ in copies),
+            copy_bufs=[buf for _, buf in copies],
             host_copies=tuple(host_copies),
             write_back=tuple((i, buffers[i]) for i in self._mutated if i in buffers),
             static_idx=static_idx,
