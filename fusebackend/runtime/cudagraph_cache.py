@@ -183,8 +183,8 @@ class GraphCache:
         self._entries: OrderedDict[Key, _Entry] = OrderedDict()
         self._verdicts: dict[Key, tuple[str, str]] = {}
         # Held for lookup, misses and the whole copy-in/replay/copy-out of captured entries:
-        # static buffers are shared by every call of a key. Reentrant so that a callable that
-        # calls back into this cache fails loudly instead of deadlocking.
+        # static buffers are shared by every call of a key. Reentrant: a callable that calls
+        # back into this cache (a compiled function calling itself) must not deadlock.
         self._lock = threading.RLock()
         # (number of args, indices of the non-static ones), swapped as one object so that a
         # concurrent call never pairs one arity with the other's indices.
@@ -665,9 +665,10 @@ def _end_capture(graph: Any, index: int, pool: Any) -> Exception | None:
 
     When the capture was invalidated (an illegal call such as a host sync), torch's
     ``capture_end`` raises on ``cudaStreamEndCapture`` (which does end the capture) before it
-    tells the caching allocator to stop routing allocations to the pool and before the pool
-    reference is handed to the graph. Left so, every later capture into the shared pool
-    fails ("already recording") and the pool is never freed.
+    tells the caching allocator to stop routing allocations to the pool and before it marks
+    the capture ended, so the graph's destructor never drops its reference to the pool.
+    Left so, every later capture into the shared pool fails ("already recording to
+    mempool_id") and the pool is never freed.
     """
     try:
         graph.capture_end()
