@@ -94,10 +94,10 @@ class FusionConfig:
                 f"infinifuse options must be a dict, got {type(options).__name__}; "
                 f"valid options: {', '.join(valid_option_names())}"
             )
-        unknown = sorted(set(options) - set(valid_option_names()))
+        unknown = [key for key in options if key not in valid_option_names()]
         if unknown:
             raise ValueError(
-                f"unknown infinifuse option(s) {unknown}; "
+                f"unknown infinifuse option(s) [{', '.join(sorted(map(repr, unknown)))}]; "
                 f"valid options: {', '.join(valid_option_names())}"
             )
         return cls(**options)

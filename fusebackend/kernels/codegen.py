@@ -102,8 +102,12 @@ class _Writer:
                 docs += [f"  stride of row dim {d}" for d in range(self.rank)]
             elif slot in spec.table_slots:
                 params += [f"in{slot}_ptr", f"in{slot}_rows", f"in{slot}_s0", f"in{slot}_s1"]
-                docs += [f"table ({dtype})", "  number of table rows (valid indices: 0..rows-1)",
-                         "  row stride", "  column stride (0 when a 1-wide table broadcasts)"]
+                docs += [
+                    f"table ({dtype})",
+                    "  number of table rows (valid indices: 0..rows-1)",
+                    "  row stride",
+                    "  column stride (0 when a 1-wide table broadcasts)",
+                ]
             else:
                 params += [f"in{slot}_ptr"] + [f"in{slot}_{s}" for s in leads] + [f"in{slot}_sc"]
                 docs += [f"operand ({dtype}), broadcast to the group's shape"]
@@ -121,8 +125,10 @@ class _Writer:
 
     def _math_doc(self) -> str:
         spec = self.spec
-        parts = [f"v{j} = table{lk.table_slot}[indices{lk.index_slot}]"
-                 for j, lk in enumerate(spec.lookups)]
+        parts = [
+            f"v{j} = table{lk.table_slot}[indices{lk.index_slot}]"
+            for j, lk in enumerate(spec.lookups)
+        ]
         for i, instr in enumerate(spec.instrs):
             args = ", ".join(self._describe(op) for op in instr.operands)
             parts.append(f"v{len(spec.lookups) + i} = {instr.name}({args}) -> {instr.dtype}")

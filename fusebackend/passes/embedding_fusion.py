@@ -380,7 +380,7 @@ def rewrite(
                 item = graph.call_function(operator.getitem, (fused, k))
                 item.meta["example_value"] = example_value(out)
                 priority[item] = start + (k + 1) / (len(candidate.outputs) + 1)
-                out.replace_all_uses_with(item, delete_user_cb=lambda u: u not in members)
+                out.replace_all_uses_with(item, delete_user_cb=lambda u, m=members: u not in m)
         for member in reversed(candidate.members):
             graph.erase_node(member)
         fused_nodes.append(fused)
@@ -400,9 +400,15 @@ def reference_module(candidate: Candidate) -> torch.fx.GraphModule:
     for i, node in enumerate(candidate.inputs):
         env[node] = graph.placeholder(f"in{i}_{node.name}")
     for member in candidate.members:
-        if candidate.calls.get(member) is not None and candidate.calls[member].op.name == "cast":
-            source = env[candidate.calls[member].operands[0]]
-            env[member] = graph.call_method("to", (source, example_value(member).dtype))
+        call = candidate.calls.get(member)
+        if call is None:  # a lookup; its other arguments only matter for gradients, or are
+            # max_norm (rejected), and may be graph values (norm_type under dynamic shapes)
+            args = embedding_args(member)
+            env[member] = graph.call_function(F.embedding, (env[args["input"]],
+                                                            env[args["weight"]]))  # fmt: skip
+        elif call.op.name == "cast":  # the target dtype may come from another tensor
+            env[member] = graph.call_method("to", (env[call.operands[0]],
+                                                   example_value(member).dtype))  # fmt: skip
         else:
             env[member] = graph.node_copy(member, lambda n: env[n])
     graph.output(tuple(env[o] for o in candidate.outputs))

@@ -193,75 +193,169 @@ def _both(name: str) -> list[Any]:
 
 
 _U, _B = ("input",), ("input", "other")
-_op(OpDef("add", _B, "float", lambda a, p: f"({a[0]} + {_scaled(a[1], p['alpha'])})"),
-    _sig_alpha, [*_both("add"), operator.add])
-_op(OpDef("sub", _B, "float", lambda a, p: f"({a[0]} - {_scaled(a[1], p['alpha'])})"),
-    _sig_alpha, [*_both("sub"), *_both("subtract"), operator.sub])
-_op(OpDef("mul", _B, "float", _binary("({} * {})")),
-    _sig_binary, [*_both("mul"), *_both("multiply"), operator.mul])
-_op(OpDef("div", _B, "float", _binary("({} / {})"), _reject_rounding_mode),
-    _sig_div, [*_both("div"), *_both("divide"), *_both("true_divide"), operator.truediv])
-_op(OpDef("neg", _U, "float", _unary("(-{})")),
-    _sig_unary, [*_both("neg"), *_both("negative"), operator.neg])
-_op(OpDef("abs", _U, "float", _unary("tl.abs({})")),
-    _sig_unary, [*_both("abs"), *_both("absolute"), operator.abs, builtins.abs])
+_op(
+    OpDef("add", _B, "float", lambda a, p: f"({a[0]} + {_scaled(a[1], p['alpha'])})"),
+    _sig_alpha,
+    [*_both("add"), operator.add],
+)
+_op(
+    OpDef("sub", _B, "float", lambda a, p: f"({a[0]} - {_scaled(a[1], p['alpha'])})"),
+    _sig_alpha,
+    [*_both("sub"), *_both("subtract"), operator.sub],
+)
+_op(
+    OpDef("mul", _B, "float", _binary("({} * {})")),
+    _sig_binary,
+    [*_both("mul"), *_both("multiply"), operator.mul],
+)
+_op(
+    OpDef("div", _B, "float", _binary("({} / {})"), _reject_rounding_mode),
+    _sig_div,
+    [*_both("div"), *_both("divide"), *_both("true_divide"), operator.truediv],
+)
+_op(
+    OpDef("neg", _U, "float", _unary("(-{})")),
+    _sig_unary,
+    [*_both("neg"), *_both("negative"), operator.neg],
+)
+_op(
+    OpDef("abs", _U, "float", _unary("tl.abs({})")),
+    _sig_unary,
+    [*_both("abs"), *_both("absolute"), operator.abs, builtins.abs],
+)
 _op(OpDef("exp", _U, "float", _unary("tl.exp({})")), _sig_unary, _both("exp"))
 _op(OpDef("log", _U, "float", _unary("tl.log({})")), _sig_unary, _both("log"))
 _op(OpDef("sqrt", _U, "float", _unary("tl.sqrt({})")), _sig_unary, _both("sqrt"))
 _op(OpDef("rsqrt", _U, "float", _unary("tl.rsqrt({})")), _sig_unary, _both("rsqrt"))
 _op(OpDef("reciprocal", _U, "float", _unary("(1.0 / {})")), _sig_unary, _both("reciprocal"))
 _op(OpDef("square", _U, "float", _unary("({0} * {0})")), _sig_unary, _both("square"))
-_op(OpDef("pow", ("input",), "float", lambda a, p: _pow(a[0], p["exponent"]), _check_pow),
-    _sig_pow, [*_both("pow"), operator.pow])
-_op(OpDef("sigmoid", _U, "float", _unary("tl.sigmoid({})")),
-    _sig_unary, [*_both("sigmoid"), torch.special.expit])
+_op(
+    OpDef("pow", ("input",), "float", lambda a, p: _pow(a[0], p["exponent"]), _check_pow),
+    _sig_pow,
+    [*_both("pow"), operator.pow],
+)
+_op(
+    OpDef("sigmoid", _U, "float", _unary("tl.sigmoid({})")),
+    _sig_unary,
+    [*_both("sigmoid"), torch.special.expit],
+)
 _op(OpDef("tanh", _U, "float", lambda a, p: _tanh(a[0])), _sig_unary, _both("tanh"))
 _op(OpDef("erf", _U, "float", _unary("tl.erf({})")), _sig_unary, _both("erf"))
 _op(OpDef("sin", _U, "float", _unary("tl.sin({})")), _sig_unary, _both("sin"))
 _op(OpDef("cos", _U, "float", _unary("tl.cos({})")), _sig_unary, _both("cos"))
-_op(OpDef("relu", _U, "float", lambda a, p: _clamp(a[0], "0.0", None), _reject_inplace),
-    _sig_unary_inplace, _both("relu"))
-_op(OpDef("relu6", _U, "float", lambda a, p: _clamp(a[0], "0.0", "6.0"), _reject_inplace),
-    _sig_unary_inplace, [F.relu6, torch._C._nn.relu6])
-_op(OpDef("gelu", _U, "float", lambda a, p: _gelu(a[0], p["approximate"]), _check_gelu),
-    _sig_gelu, [*_both("gelu"), torch._C._nn.gelu])
-_op(OpDef("silu", _U, "float", _unary("({0} * tl.sigmoid({0}))"), _reject_inplace),
-    _sig_unary_inplace, [F.silu, "silu"])
-_op(OpDef("leaky_relu", _U, "float",
-          lambda a, p: f"tl.where({a[0]} > 0, {a[0]}, {a[0]} * {format_scalar(p['negative_slope'])})",
-          _reject_inplace),
-    _sig_leaky_relu, [F.leaky_relu, torch._C._nn.leaky_relu])
-_op(OpDef("hardtanh", _U, "float",
-          lambda a, p: _clamp(a[0], format_scalar(p["min_val"]), format_scalar(p["max_val"])),
-          _reject_inplace),
-    _sig_hardtanh, [F.hardtanh, torch._C._nn.hardtanh])
-_op(OpDef("maximum", _B, "float", _binary(f"tl.maximum({{}}, {{}}, {_NAN_ALL})")),
-    _sig_binary, _both("maximum"))
-_op(OpDef("minimum", _B, "float", _binary(f"tl.minimum({{}}, {{}}, {_NAN_ALL})")),
-    _sig_binary, _both("minimum"))
+_op(
+    OpDef("relu", _U, "float", lambda a, p: _clamp(a[0], "0.0", None), _reject_inplace),
+    _sig_unary_inplace,
+    _both("relu"),
+)
+_op(
+    OpDef("relu6", _U, "float", lambda a, p: _clamp(a[0], "0.0", "6.0"), _reject_inplace),
+    _sig_unary_inplace,
+    [F.relu6, torch._C._nn.relu6],
+)
+_op(
+    OpDef("gelu", _U, "float", lambda a, p: _gelu(a[0], p["approximate"]), _check_gelu),
+    _sig_gelu,
+    [*_both("gelu"), torch._C._nn.gelu],
+)
+_op(
+    OpDef("silu", _U, "float", _unary("({0} * tl.sigmoid({0}))"), _reject_inplace),
+    _sig_unary_inplace,
+    [F.silu, "silu"],
+)
+_op(
+    OpDef(
+        "leaky_relu",
+        _U,
+        "float",
+        lambda a, p: f"tl.where({a[0]} > 0, {a[0]}, {a[0]} * {format_scalar(p['negative_slope'])})",
+        _reject_inplace,
+    ),
+    _sig_leaky_relu,
+    [F.leaky_relu, torch._C._nn.leaky_relu],
+)
+_op(
+    OpDef(
+        "hardtanh",
+        _U,
+        "float",
+        lambda a, p: _clamp(a[0], format_scalar(p["min_val"]), format_scalar(p["max_val"])),
+        _reject_inplace,
+    ),
+    _sig_hardtanh,
+    [F.hardtanh, torch._C._nn.hardtanh],
+)
+_op(
+    OpDef("maximum", _B, "float", _binary(f"tl.maximum({{}}, {{}}, {_NAN_ALL})")),
+    _sig_binary,
+    _both("maximum"),
+)
+_op(
+    OpDef("minimum", _B, "float", _binary(f"tl.minimum({{}}, {{}}, {_NAN_ALL})")),
+    _sig_binary,
+    _both("minimum"),
+)
 # clamp's bounds are optional operands: emit receives None for a missing one.
-_op(OpDef("clamp", ("input", "min", "max"), "float", lambda a, p: _clamp(a[0], a[1], a[2])),
-    _sig_clamp, [*_both("clamp"), *_both("clip")])
-_op(OpDef("clamp_min", ("input", "min"), "float", lambda a, p: _clamp(a[0], a[1], None)),
-    _sig_clamp_min, _both("clamp_min"))
-_op(OpDef("clamp_max", ("input", "max"), "float", lambda a, p: _clamp(a[0], None, a[1])),
-    _sig_clamp_max, _both("clamp_max"))
-_op(OpDef("where", ("condition", "input", "other"), "float",
-          lambda a, p: f"tl.where({a[0]}, {a[1]}, {a[2]})", bool_operands=("condition",)),
-    _sig_where, [torch.where])
+_op(
+    OpDef("clamp", ("input", "min", "max"), "float", lambda a, p: _clamp(a[0], a[1], a[2])),
+    _sig_clamp,
+    [*_both("clamp"), *_both("clip")],
+)
+_op(
+    OpDef("clamp_min", ("input", "min"), "float", lambda a, p: _clamp(a[0], a[1], None)),
+    _sig_clamp_min,
+    _both("clamp_min"),
+)
+_op(
+    OpDef("clamp_max", ("input", "max"), "float", lambda a, p: _clamp(a[0], None, a[1])),
+    _sig_clamp_max,
+    _both("clamp_max"),
+)
+_op(
+    OpDef(
+        "where",
+        ("condition", "input", "other"),
+        "float",
+        lambda a, p: f"tl.where({a[0]}, {a[1]}, {a[2]})",
+        bool_operands=("condition",),
+    ),
+    _sig_where,
+    [torch.where],
+)
 _SPELLINGS["where"] = (OP_TABLE["where"], inspect.signature(_sig_where_method))
 _SPELLINGS[torch.Tensor.where] = _SPELLINGS["where"]
-for _name, _sym in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"),
-                    ("ge", ">=")):
-    _op(OpDef(_name, _B, "bool", _binary(f"({{}} {_sym} {{}})")),
-        _sig_binary, [*_both(_name), getattr(operator, _name)])
+for _name, _sym in (
+    ("eq", "=="),
+    ("ne", "!="),
+    ("lt", "<"),
+    ("le", "<="),
+    ("gt", ">"),
+    ("ge", ">="),
+):
+    _op(
+        OpDef(_name, _B, "bool", _binary(f"({{}} {_sym} {{}})")),
+        _sig_binary,
+        [*_both(_name), getattr(operator, _name)],
+    )
 _op(OpDef("greater", _B, "bool", _binary("({} > {})")), _sig_binary, _both("greater"))
 _op(OpDef("less", _B, "bool", _binary("({} < {})")), _sig_binary, _both("less"))
 # Casts: the target dtype comes from the node's example_value; rounding to it is done by
 # the kernel like every other value's, so the expression only converts bool <-> float.
-_CAST_SPELLINGS = ["to", "float", "half", "bfloat16", "double", "type_as", "type",
-                   torch.Tensor.to, torch.Tensor.float, torch.Tensor.half,
-                   torch.Tensor.bfloat16, torch.Tensor.double, torch.Tensor.type_as]
+_CAST_SPELLINGS = [
+    "to",
+    "float",
+    "half",
+    "bfloat16",
+    "double",
+    "type_as",
+    "type",
+    torch.Tensor.to,
+    torch.Tensor.float,
+    torch.Tensor.half,
+    torch.Tensor.bfloat16,
+    torch.Tensor.double,
+    torch.Tensor.type_as,
+]
 _op(OpDef("cast", _U, "float", _unary("{}")), _sig_cast, _CAST_SPELLINGS)
 
 
