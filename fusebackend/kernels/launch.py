@@ -31,10 +31,12 @@ log = logging.getLogger(__name__)
 _KERNELS: dict[tuple[GroupSpec, int, bool], Any] = {}
 _LOCK = threading.Lock()
 
-# Tiles hold at most this many elements: measured on an H100 (benchmarks/results), 4096
-# fp16 elements per program with 8 warps is enough to stream at copy bandwidth.
+# Tile shape, from the launch-config sweep in benchmarks/embedding_chain.py (H200, fp16,
+# B=16, T=2048, D=2048): 4096-element tiles up to 2048 wide with 4 warps ran in 0.120 ms;
+# 1024-wide tiles with 8 warps took 0.144 ms; 16 warps or 16384-element tiles were slower.
 _TILE_ELEMENTS = 4096
-_MAX_BLOCK_D = 1024
+_MAX_BLOCK_D = 2048
+_NUM_WARPS = 4
 
 
 @functools.cache
@@ -181,8 +183,7 @@ def launch_config(rows: int, width: int) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_D, num_warps) for a group of ``rows`` x ``width`` elements."""
     block_d = min(triton_next_power_of_2(width), _MAX_BLOCK_D)
     block_r = min(triton_next_power_of_2(rows), max(1, _TILE_ELEMENTS // block_d))
-    num_warps = 8 if block_r * block_d >= 4096 else 4
-    return block_r, block_d, num_warps
+    return block_r, block_d, _NUM_WARPS
 
 
 def triton_next_power_of_2(n: int) -> int:

@@ -641,13 +641,21 @@ def capture_graph(
                     pool = _CAPTURE.pools[index] = torch.cuda.graph_pool_handle()
                     _CAPTURE.pool_ids.add(tuple(pool))
                 graph = torch.cuda.CUDAGraph()
+                # A failed capture_end skips the RNG's capture epilogue: the generator stays
+                # "capturing" and every later torch.randn on the device raises "Offset
+                # increment outside graph capture". Its state is restored from this copy.
+                rng = torch.cuda.default_generators[index]
+                rng_before = rng.clone_state()
                 graph.capture_begin(pool=pool, capture_error_mode="thread_local")
                 try:
                     outputs = fn(*inputs)
                 except BaseException:
-                    _end_capture(graph, index, pool)
+                    if _end_capture(graph, index, pool) is not None:
+                        rng.graphsafe_set_state(rng_before)
                     raise
                 error = _end_capture(graph, index, pool)
+                if error is not None:
+                    rng.graphsafe_set_state(rng_before)
                 if error is not None:
                     raise CaptureError(f"capture ended with {type(error).__name__}: {error}")
         finally:
