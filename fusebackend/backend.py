@@ -100,17 +100,17 @@ def infinifuse(
     mutated = mutated_placeholders(gm.graph)
     index_of = {node: i for i, node in enumerate(placeholders)}
     fused_gm, groups, rejections = _fuse(gm, device, config)
+    static = frozenset(i for i, t in enumerate(example_inputs) if _is_parameter_or_buffer(t))
     cache = GraphCache(
         unfused=gm,
         fused=fused_gm,
         config=config,
         device=device,
-        static_input_indices=frozenset(
-            i for i, t in enumerate(example_inputs) if _is_parameter_or_buffer(t)
-        ),
+        static_input_indices=static,
         mutated_input_indices=frozenset(index_of[p] for p in mutated),
-        host_inputs={i: d for i, d in host_inputs.items()},
+        host_inputs=host_inputs,
         name=name,
+        batch_size_input_indices=_batch_size_inputs(placeholders, static),
     )
     if not config.fusion:
         path = "unfused (option fusion=False)"
@@ -170,6 +170,26 @@ def _fuse(
         describe(candidate)
     rewrite(graph, candidates, make_op)
     return torch.fx.GraphModule(gm, graph), reports, rejections
+
+
+def _batch_size_inputs(placeholders: list[torch.fx.Node], static: frozenset[int]) -> frozenset[int]:
+    """Int inputs holding a tensor input's leading (batch) size, under dynamic shapes.
+
+    Dynamo passes a dynamic size as its own SymInt input; with ``batch_buckets`` the runtime
+    pads the tensors and must give the graph the padded size in these inputs too.
+    """
+    leading = set()
+    for i, node in enumerate(placeholders):
+        value = example_value(node)
+        if i not in static and isinstance(value, torch.Tensor) and value.dim() > 0:
+            if isinstance(value.shape[0], torch.SymInt):
+                leading.add(str(value.shape[0].node.expr))
+    return frozenset(
+        i
+        for i, node in enumerate(placeholders)
+        if isinstance(example_value(node), torch.SymInt)
+        and str(example_value(node).node.expr) in leading
+    )
 
 
 def _needs_autograd(example_inputs: Sequence[Any]) -> bool:
