@@ -1,0 +1,172 @@
+"""Shared helpers for the CPU tests: compile with infinifuse, prove fusion, compare to eager.
+
+Tolerances (``TOLERANCES``): fp32 and fp64 use ``torch.testing.assert_close``'s defaults.
+fp16: atol = rtol = 1e-2; the kernel rounds every op to fp16 as eager does, but computes
+each op in fp32 with its own formulas (gelu, tanh, sigmoid), so results can differ by an
+ulp of fp16 (~1e-3 relative) per op and a chain of a few ops stays well inside 1e-2.
+bf16: atol = rtol = 2e-2; a bf16 ulp is 8x an fp16 ulp (7 explicit mantissa bits: up to
+7.8e-3 relative), so one ulp of disagreement after rounding must pass. On CPU it matters
+more: Triton 3.6's interpreter converts fp32 -> bf16 by truncation (round toward zero; see
+triton/runtime/interpreter.py ``cast_impl`` -> ``_convert_float`` with no rounding mode)
+where eager and GPU Triton round to nearest even, so every bf16 value the kernel rounds can
+be one full ulp off eager's. 2e-2 still covers that for the chains tested (measured: at most
+1.0e-2 needed for single values); a *sum* of many such values does not (errors add up), so
+the tests reduce with amax, never sum, after a bf16 group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+from unittest import mock
+
+import torch
+
+import fusebackend
+import fusebackend.backend
+from fusebackend.report import FusionReport
+
+TOLERANCES: dict[torch.dtype, dict[str, float]] = {
+    torch.float32: {},
+    torch.float64: {},
+    torch.float16: {"atol": 1e-2, "rtol": 1e-2},
+    torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2},
+}
+
+FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+INDEX_DTYPES = [torch.int64, torch.int32]
+
+
+def tol(dtype: torch.dtype) -> dict[str, float]:
+    return dict(TOLERANCES.get(dtype, {}))
+
+
+def assert_close(
+    actual: Any,
+    expected: Any,
+    *,
+    equal_nan: bool = False,
+    floor_dtype: torch.dtype | None = None,
+    **override: Any,
+) -> None:
+    """assert_close with the tolerance of ``expected``'s dtype (per tensor, recursively).
+
+    ``floor_dtype``: the computation went through this dtype (e.g. bf16 math cast to fp32 at
+    the end), so the tolerance is never tighter than that dtype's.
+    """
+    if isinstance(expected, (tuple, list)):
+        assert isinstance(actual, (tuple, list)), f"expected a sequence, got {type(actual)}"
+        assert len(actual) == len(expected), f"{len(actual)} outputs, expected {len(expected)}"
+        for a, e in zip(actual, expected):
+            assert_close(a, e, equal_nan=equal_nan, floor_dtype=floor_dtype, **override)
+        return
+    assert isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)
+    assert actual.dtype == expected.dtype, f"dtype {actual.dtype}, expected {expected.dtype}"
+    assert actual.shape == expected.shape, f"shape {actual.shape}, expected {expected.shape}"
+    kwargs = tol(expected.dtype)
+    if floor_dtype is not None and tol(floor_dtype).get("rtol", 0) > kwargs.get("rtol", 0):
+        kwargs = tol(floor_dtype)
+    kwargs.update(override)
+    if expected.dtype == torch.bool:
+        kwargs = {}
+    torch.testing.assert_close(actual, expected, equal_nan=equal_nan, **kwargs)
+
+
+def rand_table(rows: int, dim: int, dtype: torch.dtype = torch.float32, *, g=None) -> torch.Tensor:
+    """A random table whose entries are never zero: |x| in [0.05, 2.05), random sign."""
+    mag = torch.rand(rows, dim, generator=g) * 2.0 + 0.05
+    sign = torch.where(torch.rand(rows, dim, generator=g) < 0.5, -1.0, 1.0)
+    return (mag * sign).to(dtype)
+
+
+def rand_ids(
+    high: int, shape: Sequence[int], dtype: torch.dtype = torch.int64, *, g=None
+) -> torch.Tensor:
+    return torch.randint(0, high, tuple(shape), generator=g).to(dtype)
+
+
+@contextlib.contextmanager
+def count_launches() -> Iterator[list[int]]:
+    """Count fused-kernel launches made by FusedGroupOp (the backend's launcher call)."""
+    calls = [0]
+    real = fusebackend.backend.embedding_chain
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    with mock.patch.object(fusebackend.backend, "embedding_chain", spy):
+        yield calls
+
+
+def compile_fused(fn: Callable[..., Any], options: dict[str, Any] | None = None) -> Any:
+    """torch.compile with infinifuse; first-run validation off, so the fused outputs are
+    what the call returns (a wrong kernel must fail the comparison with eager, not be
+    silently replaced by the unfused graph)."""
+    return torch.compile(
+        fn, backend="infinifuse", fullgraph=True, options={"validate": False, **(options or {})}
+    )
+
+
+def run_fused(
+    fn: Callable[..., Any],
+    *args: Any,
+    options: dict[str, Any] | None = None,
+    expect_fused: bool = True,
+) -> tuple[Any, FusionReport]:
+    """Compile ``fn`` with infinifuse, run it once under no_grad; return (outputs, report).
+
+    With ``expect_fused`` this proves fusion happened and ran: the graph's path is "fused",
+    every group runs on Triton (the interpreter on CPU), the generated kernel was launched,
+    and the runtime kept the signature in "fusion" mode (no fallback to the unfused graph).
+    """
+    previous = fusebackend.last_report().graphs
+    compiled = compile_fused(fn, options)
+    with torch.no_grad(), count_launches() as launches:
+        out = compiled(*args)
+    report = fusebackend.last_report()
+    assert report.graphs, "no graph was compiled"
+    assert not previous or report.graphs[0] is not previous[0], "no new graph was compiled"
+    if expect_fused:
+        assert_fused(report)
+        assert launches[0] >= 1, "the fused kernel was never launched"
+    return out, report
+
+
+def assert_fused(report: FusionReport) -> None:
+    graph = report.graphs[-1]
+    assert graph.path == "fused", f"{graph.path}\n{report}"
+    assert report.groups, str(report)
+    for group in report.groups:
+        assert group.backend == "triton", str(report)
+        assert group.kernel_name in group.source
+    modes = graph.runtime_modes()
+    assert modes, "the compiled graph never ran"
+    for entry in modes:
+        assert entry["mode"] == "fusion", f"fell back: {entry}"
+        assert entry["reason"] is None, entry
+
+
+def eager(fn: Callable[..., Any], *args: Any) -> Any:
+    with torch.no_grad():
+        return fn(*args)
+
+
+def check(
+    fn: Callable[..., Any],
+    *args: Any,
+    options: dict[str, Any] | None = None,
+    equal_nan: bool = False,
+    **override: Any,
+) -> FusionReport:
+    """Compile and run ``fn`` fused, compare every output to eager; return the report."""
+    expected = eager(fn, *args)
+    actual, report = run_fused(fn, *args, options=options)
+    assert_close(actual, expected, equal_nan=equal_nan, **override)
+    return report
+
+
+def single_group(report: FusionReport):
+    assert len(report.groups) == 1, str(report)
+    return report.groups[0]

@@ -1,0 +1,310 @@
+"""The launcher ``fusebackend.kernels.embedding_chain`` called directly with hand-written
+GroupSpecs: index dtypes and layouts, broadcast operands, odd widths, empty inputs, the
+host-side bounds check and the masked gather behind it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import INDEX_DTYPES, assert_close, rand_ids, rand_table
+
+import fusebackend.kernels.launch as launch
+from fusebackend.kernels import (
+    Const,
+    GroupSpec,
+    InputRef,
+    Instr,
+    Lookup,
+    ValueRef,
+    embedding_chain,
+    kernel_source,
+    triton_usable,
+)
+
+N = 29  # table rows
+
+
+def test_interpreter_is_active():
+    # Every test below runs the generated kernel, not a torch fallback.
+    assert triton_usable(torch.device("cpu"))
+
+
+def mul_add_spec(index_dtype, dtype, operand_dtype=None):
+    """v0 = table[ids]; v1 = v0 * operand; v2 = v1 + 0.5  -> outputs (v2,)."""
+    operand_dtype = operand_dtype or dtype
+    return GroupSpec(
+        input_dtypes=(index_dtype, dtype, operand_dtype),
+        lookups=(Lookup(index_slot=0, table_slot=1),),
+        instrs=(
+            Instr("mul", "({0} * {1})", (ValueRef(0), InputRef(2)), dtype),
+            Instr("add", "({0} + {1})", (ValueRef(1), Const("0.5")), dtype),
+        ),
+        outputs=(2,),
+    )
+
+
+def mul_add_eager(ids, table, operand):
+    return F.embedding(ids.long(), table) * operand + 0.5
+
+
+def lookup_spec(index_dtype, dtype):
+    return GroupSpec((index_dtype, dtype), (Lookup(0, 1),), (), (0,))
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=str)
+@pytest.mark.parametrize("dim", [1, 3, 127, 4097])
+def test_lookup_only_odd_widths(dim, index_dtype):
+    torch.manual_seed(dim)
+    table = rand_table(N, dim)
+    ids = rand_ids(N, (2, 3) if dim < 4097 else (3,), index_dtype)
+    (out,) = embedding_chain(lookup_spec(index_dtype, torch.float32), [ids, table])
+    torch.testing.assert_close(out, F.embedding(ids, table), rtol=0, atol=0)
+    assert out.is_contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=str)
+@pytest.mark.parametrize("dim", [1, 3, 127, 4097])
+def test_chain_odd_widths(dim, index_dtype, dtype):
+    torch.manual_seed(dim + 1)
+    table = rand_table(N, dim, dtype)
+    operand = rand_table(1, dim, dtype)[0]
+    ids = rand_ids(N, (2, 5) if dim < 4097 else (2,), index_dtype)
+    (out,) = embedding_chain(mul_add_spec(index_dtype, dtype), [ids, table, operand])
+    assert_close(out, mul_add_eager(ids, table, operand))
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "make_ids",
+    [
+        pytest.param(lambda d: rand_ids(N, (7, 3), d).t(), id="transposed"),
+        pytest.param(lambda d: rand_ids(N, (4, 12), d)[1:, ::3], id="sliced"),
+        pytest.param(lambda d: rand_ids(N, (3, 1), d).expand(3, 4), id="expanded"),
+        pytest.param(lambda d: rand_ids(N, (2, 5, 6), d).permute(2, 0, 1)[::2], id="3d-perm"),
+        pytest.param(lambda d: torch.tensor(11, dtype=d), id="0d"),
+        pytest.param(lambda d: rand_ids(N, (2, 3, 2), d), id="3d"),
+    ],
+)
+def test_index_layouts(make_ids, index_dtype):
+    torch.manual_seed(3)
+    ids = make_ids(index_dtype)
+    table = rand_table(N, 10)
+    operand = rand_table(1, 10)[0]
+    (out,) = embedding_chain(mul_add_spec(index_dtype, torch.float32), [ids, table, operand])
+    expected = mul_add_eager(ids, table, operand)
+    assert out.shape == expected.shape
+    assert_close(out, expected)
+
+
+@pytest.mark.parametrize(
+    "make_operand",
+    [
+        pytest.param(lambda b, t, d: rand_table(1, d)[0], id="[D]"),
+        pytest.param(lambda b, t, d: rand_table(1, d).reshape(1, 1, d), id="[1,1,D]"),
+        pytest.param(lambda b, t, d: torch.tensor(1.75), id="0-d"),
+        pytest.param(lambda b, t, d: rand_table(b, 1).reshape(b, 1, 1), id="[B,1,1]"),
+        pytest.param(lambda b, t, d: rand_table(b * t, 1).reshape(b, t, 1), id="[B,T,1]"),
+        pytest.param(lambda b, t, d: rand_table(b * t, d).reshape(b, t, d), id="[B,T,D]"),
+        pytest.param(lambda b, t, d: rand_table(d, b * t).t().reshape(b, t, d), id="transposed"),
+        pytest.param(
+            lambda b, t, d: rand_table(b * t, 2 * d).reshape(b, t, 2 * d)[..., ::2], id="strided"
+        ),  # fmt: skip
+    ],
+)
+def test_broadcast_operands(make_operand):
+    torch.manual_seed(4)
+    b, t, d = 3, 4, 9
+    table, ids = rand_table(N, d), rand_ids(N, (b, t))
+    operand = make_operand(b, t, d)
+    (out,) = embedding_chain(mul_add_spec(torch.int64, torch.float32), [ids, table, operand])
+    assert_close(out, mul_add_eager(ids, table, operand))
+
+
+def test_operand_of_higher_rank_than_the_lookup():
+    # ids [T] -> [T, D], operand [B, T, D]: the group (and output) takes the operand's shape.
+    torch.manual_seed(5)
+    table, ids, operand = rand_table(N, 6), rand_ids(N, (4,)), rand_table(8, 6).reshape(2, 4, 6)
+    (out,) = embedding_chain(mul_add_spec(torch.int64, torch.float32), [ids, table, operand])
+    assert out.shape == (2, 4, 6)
+    assert_close(out, mul_add_eager(ids, table, operand))
+
+
+def test_width_one_table_broadcasts_against_a_row():
+    # table [N, 1] gathered to [B, T, 1], times an operand [D]: output [B, T, D].
+    torch.manual_seed(6)
+    table, ids, operand = rand_table(N, 1), rand_ids(N, (2, 3)), rand_table(1, 8)[0]
+    (out,) = embedding_chain(mul_add_spec(torch.int64, torch.float32), [ids, table, operand])
+    assert out.shape == (2, 3, 8)
+    assert_close(out, mul_add_eager(ids, table, operand))
+
+
+@pytest.mark.parametrize(
+    "make_table",
+    [
+        pytest.param(lambda: rand_table(12, N).t(), id="transposed"),
+        pytest.param(lambda: rand_table(N, 30)[:, 5:17], id="column-slice"),
+        pytest.param(lambda: rand_table(2 * N, 12)[::2], id="row-stride"),
+    ],
+)
+def test_non_contiguous_tables(make_table):
+    torch.manual_seed(7)
+    table = make_table()
+    assert table.shape == (N, 12) and not table.is_contiguous()
+    ids = rand_ids(N, (3, 4))
+    operand = rand_table(1, 12)[0]
+    (out,) = embedding_chain(mul_add_spec(torch.int64, torch.float32), [ids, table, operand])
+    assert_close(out, mul_add_eager(ids, table, operand))
+
+
+def test_two_lookups_with_broadcast_position_ids():
+    # token ids [B, T] and position ids [1, T], two tables, gelu of the sum; two outputs.
+    torch.manual_seed(8)
+    tok, pos = rand_table(N, 16, torch.float16), rand_table(10, 16, torch.float16)
+    ids, positions = rand_ids(N, (3, 6), torch.int32), torch.randperm(10)[:6].unsqueeze(0)
+    gelu = "(0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476)))"
+    spec = GroupSpec(
+        input_dtypes=(torch.int32, torch.float16, torch.int64, torch.float16),
+        lookups=(Lookup(0, 1), Lookup(2, 3)),
+        instrs=(
+            Instr("add", "({0} + {1})", (ValueRef(0), ValueRef(1)), torch.float16),
+            Instr("gelu", gelu, (ValueRef(2),), torch.float16),
+        ),
+        outputs=(3, 2),
+    )
+    y, x = embedding_chain(spec, [ids, tok, positions, pos])
+    x_ref = F.embedding(ids, tok) + F.embedding(positions, pos)
+    assert_close(x, x_ref)
+    assert_close(y, F.gelu(x_ref))
+    assert y.dtype == x.dtype == torch.float16
+
+
+def test_outputs_of_different_dtypes_and_a_lookup_output():
+    # v0 = table[ids] (fp16, written out), v1 = v0 cast to fp32, v2 = v1 / 3 (fp32), v3 = v2 > 0
+    torch.manual_seed(9)
+    table, ids = rand_table(N, 5, torch.float16), rand_ids(N, (4,))
+    spec = GroupSpec(
+        input_dtypes=(torch.int64, torch.float16),
+        lookups=(Lookup(0, 1),),
+        instrs=(
+            Instr("cast", "{0}", (ValueRef(0),), torch.float32),
+            Instr("div", "({0} / {1})", (ValueRef(1), Const("3.0")), torch.float32),
+            Instr("gt", "({0} > {1})", (ValueRef(2), Const("0.0")), torch.bool),
+        ),
+        outputs=(2, 0, 3),
+    )
+    third, gathered, positive = embedding_chain(spec, [ids, table])
+    assert (third.dtype, gathered.dtype, positive.dtype) == (
+        torch.float32,
+        torch.float16,
+        torch.bool,
+    )
+    torch.testing.assert_close(gathered, table[ids], rtol=0, atol=0)
+    torch.testing.assert_close(third, table[ids].float() / 3.0)
+    torch.testing.assert_close(positive, table[ids] > 0)
+
+
+def test_float64_chain_computes_in_float64():
+    torch.manual_seed(10)
+    table, ids = rand_table(N, 7, torch.float64), rand_ids(N, (2, 3))
+    operand = rand_table(1, 7, torch.float64)[0] * 1e-9
+    (out,) = embedding_chain(mul_add_spec(torch.int64, torch.float64), [ids, table, operand])
+    torch.testing.assert_close(out, mul_add_eager(ids, table, operand))  # fp64 tolerance
+    assert "tl.float64" in kernel_source(mul_add_spec(torch.int64, torch.float64), 2, debug=True)[1]
+
+
+# --- empty inputs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 4), (2, 0, 5)])
+def test_empty_indices(shape, index_dtype):
+    table = rand_table(N, 6)
+    ids = torch.empty(shape, dtype=index_dtype)
+    operand = rand_table(1, 6)[0]
+    (out,) = embedding_chain(mul_add_spec(index_dtype, torch.float32), [ids, table, operand])
+    assert out.shape == (*shape, 6)
+    assert out.dtype == torch.float32
+
+
+def test_empty_indices_skip_the_bounds_check():
+    # Nothing is gathered, so an empty index tensor is valid even for an empty table.
+    table = torch.empty(0, 6)
+    (out,) = embedding_chain(
+        lookup_spec(torch.int64, torch.float32), [torch.empty(0).long(), table]
+    )
+    assert out.shape == (0, 6)
+
+
+# --- bounds ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=str)
+@pytest.mark.parametrize("bad", [N, N + 100, -1, -N])
+def test_out_of_range_raises_index_error(bad, index_dtype):
+    table = rand_table(N, 4)
+    ids = rand_ids(N, (2, 3), index_dtype)
+    ids[1, 2] = bad
+    operand = rand_table(1, 4)[0]
+    with pytest.raises(IndexError, match=f"embedding index {bad} is outside"):
+        embedding_chain(mul_add_spec(index_dtype, torch.float32), [ids, table, operand])
+    with pytest.raises(IndexError):  # eager agrees
+        F.embedding(ids, table)
+
+
+def test_out_of_range_in_the_second_lookup_raises():
+    tok, pos = rand_table(N, 4), rand_table(5, 4)
+    spec = GroupSpec(
+        (torch.int64, torch.float32, torch.int64, torch.float32),
+        (Lookup(0, 1), Lookup(2, 3)),
+        (Instr("add", "({0} + {1})", (ValueRef(0), ValueRef(1)), torch.float32),),
+        (2,),
+    )
+    ids = rand_ids(5, (2, 3))  # valid for both tables
+    positions = torch.tensor([[0, 1, 5]])  # 5 is valid for tok, not for pos
+    with pytest.raises(IndexError, match="table of shape \\(5, 4\\)"):
+        embedding_chain(spec, [ids, tok, positions, pos])
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=str)
+def test_masked_gather_reads_zero_without_the_host_check(monkeypatch, index_dtype):
+    # With the host check bypassed and the device assert off, an out-of-range row must read
+    # as 0 (masked load), not whatever lies past the table. The table is a view into a larger
+    # buffer whose next rows are 1000s, so a read past the end would be visible.
+    monkeypatch.setattr(launch, "check_indices", lambda spec, inputs: None)
+    torch.manual_seed(11)
+    backing = torch.full((N + 8, 4), 1000.0)
+    backing[:N] = rand_table(N, 4)
+    backing[N - 1] = rand_table(1, 4)[0]
+    table = backing[:N]
+    ids = rand_ids(N, (3, 4), index_dtype)
+    bad = [(0, 0, N), (1, 2, N + 3), (2, 3, -1), (2, 1, -3)]
+    for i, j, value in bad:
+        ids[i, j] = value
+    operand = torch.full((4,), 2.0)
+    (out,) = embedding_chain(
+        mul_add_spec(index_dtype, torch.float32), [ids, table, operand], index_checks=False
+    )
+    expected = F.embedding(ids.clamp(0, N - 1).long(), table) * 2.0 + 0.5
+    for i, j, _ in bad:
+        expected[i, j] = 0.5  # 0 * 2 + 0.5
+    assert_close(out, expected)
+    assert (out < 500).all()
+
+
+# --- generated source -----------------------------------------------------------------
+
+
+def test_kernel_source_is_readable_and_names_the_kernel():
+    spec = mul_add_spec(torch.int64, torch.float16)
+    name, source = kernel_source(spec, 2, debug=True)
+    assert name.startswith("_embedding_chain_kernel_")
+    assert f"def {name}(" in source
+    assert "@triton.jit(debug=True)" in source
+    assert "tl.device_assert" in source
+    assert "v2 = add(v1, 0.5) -> torch.float16" in source  # the math docstring
+    assert ".to(tl.float16).to(tl.float32)" in source  # fp16 rounding after each op
+    name2, source2 = kernel_source(spec, 2, debug=False)
+    assert "@triton.jit(debug=False)" in source2
+    assert kernel_source(spec, 1, debug=True)[0] != name  # rank is part of the name

@@ -1,0 +1,437 @@
+"""The fusion pass through the backend: what is not fused and why (rejections with reasons),
+extra outputs, mutations, the fusion=False option, and option errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from helpers import (
+    assert_close,
+    check,
+    compile_fused,
+    eager,
+    rand_ids,
+    rand_table,
+    run_fused,
+    single_group,
+)
+
+import fusebackend
+
+V, D = 31, 12
+
+
+def _reasons(report) -> list[str]:
+    return [r.reason for r in report.rejections]
+
+
+def _has_reason(report, *parts: str) -> bool:
+    return any(all(p in reason for p in parts) for reason in _reasons(report))
+
+
+def _tables(n: int = 1, dim: int = D):
+    return [rand_table(V, dim) for _ in range(n)]
+
+
+# --- rejections -------------------------------------------------------------------------
+
+
+def test_max_norm_is_rejected_and_still_renormalises_the_weight():
+    torch.manual_seed(0)
+    emb = nn.Embedding(V, D, max_norm=1.0)
+    with torch.no_grad():
+        emb.weight.copy_(rand_table(V, D) * 3)  # every row's norm is above 1
+    reference = nn.Embedding(V, D, max_norm=1.0)
+    reference.load_state_dict(emb.state_dict())
+    ids = rand_ids(V, (3, 5))
+
+    out, report = run_fused(lambda ids: emb(ids) * 2.0, ids, expect_fused=False)
+    expected = eager(lambda ids: reference(ids) * 2.0, ids)
+    assert report.groups == []
+    assert _has_reason(report, "max_norm mutates the weight"), str(report)
+    assert_close(out, expected)
+    assert_close(emb.weight, reference.weight)  # rows renormalised in place, as in eager
+    assert not torch.equal(emb.weight, rand_table(V, D))
+
+
+def test_reduction_consumer_is_rejected_with_the_reason():
+    torch.manual_seed(1)
+    (table,) = _tables()
+    ids = rand_ids(V, (2, 4))
+
+    def fn(ids, table):
+        return F.embedding(ids, table).sum(-1)
+
+    out, report = run_fused(fn, ids, table, expect_fused=False)
+    assert report.groups == []
+    assert report.graphs[0].path == "unfused (nothing to fuse)"
+    assert _has_reason(report, "no elementwise consumer", "is a reduction (sum)"), str(report)
+    assert_close(out, eager(fn, ids, table))
+
+
+def test_operand_computed_from_the_group_is_rejected():
+    torch.manual_seed(2)
+    (table,) = _tables()
+    ids = rand_ids(V, (2, 4))
+
+    def fn(ids, table):
+        x = F.embedding(ids, table)
+        return x / x.amax(-1, keepdim=True)
+
+    out, report = run_fused(fn, ids, table, expect_fused=False)
+    assert report.groups == []
+    assert _has_reason(report, "computed from the group's own values"), str(report)
+    assert _has_reason(report, "is a reduction (amax)"), str(report)
+    assert_close(out, eager(fn, ids, table))
+
+
+def test_lone_embedding_is_reported():
+    torch.manual_seed(3)
+    (table,) = _tables()
+    ids = rand_ids(V, (2, 4))
+    fn = lambda ids, table: F.embedding(ids, table)  # noqa: E731
+    out, report = run_fused(fn, ids, table, expect_fused=False)
+    assert report.groups == []
+    assert _has_reason(report, "no elementwise consumer"), str(report)
+    assert_close(out, eager(fn, ids, table))
+
+
+def test_non_elementwise_consumer_is_reported():
+    torch.manual_seed(4)
+    (table,) = _tables()
+    proj = rand_table(D, 5)
+    ids = rand_ids(V, (2, 4))
+
+    def fn(ids, table, proj):
+        return F.embedding(ids, table) @ proj
+
+    out, report = run_fused(fn, ids, table, proj, expect_fused=False)
+    assert _has_reason(report, "not an elementwise op in the table"), str(report)
+    assert_close(out, eager(fn, ids, table, proj))
+
+
+@pytest.mark.parametrize(
+    "name, fn, reason",
+    [
+        (
+            "integer-operand",
+            lambda x, ids: x * ids.unsqueeze(-1),
+            "integer tensor operand",
+        ),
+        (
+            "div-rounding-mode",
+            lambda x, ids: torch.div(x, 0.3, rounding_mode="floor"),
+            "div with rounding_mode='floor' is not fused",
+        ),
+        (
+            "pow-tensor-exponent",
+            lambda x, ids: torch.pow(x, ids.unsqueeze(-1).float()),
+            "pow with a tensor exponent",
+        ),
+        ("reflected-pow", lambda x, ids: 2.0**x, "pow with a tensor exponent"),
+        ("integer-result", lambda x, ids: x.to(torch.int32), "result dtype torch.int32"),
+    ],
+)
+def test_unsupported_consumers_are_rejected_with_reasons(name, fn, reason):
+    torch.manual_seed(5)
+    (table,) = _tables()
+    ids = rand_ids(V, (2, 4))
+
+    def f(ids, table):
+        return fn(F.embedding(ids, table), ids)
+
+    out, report = run_fused(f, ids, table, expect_fused=False)
+    assert report.groups == []
+    assert _has_reason(report, reason), str(report)
+    assert_close(out, eager(f, ids, table))
+
+
+def test_rejected_consumer_stops_growth_but_keeps_the_group():
+    # The group keeps the ops before the rejected one and hands its value to it.
+    torch.manual_seed(6)
+    (table,) = _tables()
+    ids = rand_ids(V, (3, 4))
+
+    def fn(ids, table):
+        x = F.embedding(ids, table) * 2.0 + 1.0
+        return torch.div(x, 0.7, rounding_mode="trunc")
+
+    report = check(fn, ids, table)
+    group = single_group(report)
+    assert len(group.nodes) == 3
+    assert _has_reason(report, "rounding_mode='trunc'"), str(report)
+
+
+# --- extra outputs ----------------------------------------------------------------------
+
+
+def test_value_used_outside_the_group_becomes_an_extra_output():
+    torch.manual_seed(7)
+    (table,) = _tables()
+    ids = rand_ids(V, (3, 5))
+
+    def fn(ids, table):
+        x = F.embedding(ids, table) * 1.5
+        y = torch.sigmoid(x) - 0.5
+        return y, torch.softmax(x, dim=-1)  # x is read by softmax, outside the group
+
+    report = check(fn, ids, table)
+    group = single_group(report)
+    assert len(group.outputs) == 2, str(report)
+    assert len(group.nodes) == 4
+    assert _has_reason(report, "is a reduction (softmax)"), str(report)
+
+
+def test_two_independent_groups_in_one_graph():
+    torch.manual_seed(8)
+    t1, t2 = _tables(2)
+    ids = rand_ids(V, (2, 6))
+
+    def fn(ids, t1, t2):
+        a = F.embedding(ids, t1) * 2.0
+        s = a.sum(-1, keepdim=True)
+        return F.embedding(ids.flip(0), t2) + s
+
+    report = check(fn, ids, t1, t2)
+    assert len(report.groups) == 2, str(report)
+    assert all(len(g.lookups) == 1 for g in report.groups)
+
+
+def test_lookup_feeding_a_reduction_that_feeds_the_other_group():
+    # emb1's value feeds a reduction that another group reads; emb1 must not join that
+    # group later as an operand (it would make the fused node depend on itself).
+    torch.manual_seed(9)
+    t1, t2 = _tables(2)
+    ids = rand_ids(V, (2, 3))
+
+    def fn(ids, t1, t2):
+        a = F.embedding(ids, t1)
+        s = a.sum(-1, keepdim=True)
+        b = F.embedding(ids, t2) * s
+        return a + b
+
+    expected = eager(fn, ids, t1, t2)
+    out, report = run_fused(fn, ids, t1, t2)
+    assert_close(out, expected)
+
+
+def test_group_reading_an_earlier_groups_output():
+    # y = group 1's output; z's group (emb2 * s, s a reduction of y) then reads y: the second
+    # fused node takes the first one's output as an input.
+    torch.manual_seed(20)
+    t1, t2 = _tables(2)
+    ids = rand_ids(V, (2, 3))
+
+    def fn(ids, t1, t2):
+        y = F.embedding(ids, t1) * 2.0
+        s = y.amax(-1, keepdim=True)
+        z = F.embedding(ids, t2) * s
+        return y + z
+
+    report = check(fn, ids, t1, t2)
+    assert len(report.groups) == 2, str(report)
+    second = report.groups[1]
+    assert len(second.nodes) == 3  # emb2, mul, add
+
+
+# --- mutation ---------------------------------------------------------------------------
+
+
+def test_inplace_op_inside_the_group_span_is_not_fused_across():
+    torch.manual_seed(10)
+    (table,) = _tables()
+    ids = rand_ids(V, (2, 4))
+    x = rand_table(8, D).reshape(2, 4, D)
+
+    def fn(ids, table, x):
+        e = F.embedding(ids, table)
+        x.mul_(2.0)
+        return e + x
+
+    x_eager = x.clone()
+    expected = eager(fn, ids, table, x_eager)
+    out, report = run_fused(fn, ids, table, x, expect_fused=False)
+    assert report.groups == []
+    assert _has_reason(report, "the in-place op", "lies inside the group"), str(report)
+    assert_close(out, expected)
+    assert_close(x, x_eager)  # mutated exactly once
+
+
+def test_inplace_op_on_the_lookup_is_not_read_stale():
+    # e.mul_ lies between the lookup and the add: fusing the add would read e before the
+    # multiplication.
+    torch.manual_seed(11)
+    (table,) = _tables()
+    ids = rand_ids(V, (2, 4))
+
+    def fn(ids, table):
+        e = F.embedding(ids, table)
+        e.mul_(2.0)
+        return e + 1.0
+
+    out, report = run_fused(fn, ids, table, expect_fused=False)
+    assert_close(out, eager(fn, ids, table))
+    assert _has_reason(report, "in-place op"), str(report)
+
+
+def test_inplace_op_after_the_group_mutates_its_output():
+    torch.manual_seed(12)
+    (table,) = _tables()
+    ids = rand_ids(V, (2, 4))
+
+    def fn(ids, table):
+        e = F.embedding(ids, table) * 2.0
+        f = e - 0.5
+        e.add_(1.0)
+        return e, f
+
+    report = check(fn, ids, table)
+    assert len(single_group(report).nodes) == 3
+    assert _has_reason(report, "is an in-place op"), str(report)
+
+
+def test_mutated_float_input_is_still_mutated_and_reported():
+    torch.manual_seed(13)
+    (table,) = _tables()
+    ids = rand_ids(V, (2, 4))
+    x = rand_table(8, D).reshape(2, 4, D)
+
+    def fn(ids, table, x):
+        x.mul_(2.0)
+        return F.embedding(ids, table) + x
+
+    x_eager = x.clone()
+    expected = eager(fn, ids, table, x_eager)
+    out, report = run_fused(fn, ids, table, x)
+    assert_close(out, expected)
+    assert_close(x, x_eager)  # exactly once: x * 2, not x * 4
+    assert len(report.graphs[0].mutated_inputs) == 1, str(report)
+    assert "x" in report.graphs[0].mutated_inputs[0]
+    assert "mutated inputs:" in str(report)
+
+
+def test_mutated_index_input_is_reported():
+    torch.manual_seed(14)
+    (table,) = _tables()
+    ids = rand_ids(V - 1, (2, 4))
+
+    def fn(ids, table):
+        ids.add_(1)
+        return F.embedding(ids, table) * 3.0
+
+    ids_eager = ids.clone()
+    expected = eager(fn, ids_eager, table)
+    out, report = run_fused(fn, ids, table)
+    assert_close(out, expected)
+    assert torch.equal(ids, ids_eager)
+    assert len(report.graphs[0].mutated_inputs) == 1 and "ids" in report.graphs[0].mutated_inputs[0]
+
+
+def test_table_mutated_before_and_after_the_group():
+    torch.manual_seed(15)
+    t1, t2 = _tables(2)
+    ids = rand_ids(V, (2, 4))
+
+    def fn(ids, t1, t2):
+        t1.mul_(0.5)  # before: the group must read the new values
+        y = F.embedding(ids, t1) + F.embedding(ids, t2)
+        t2.add_(1.0)  # after: the group must have read the old values
+        return y
+
+    t1_eager, t2_eager = t1.clone(), t2.clone()
+    expected = eager(fn, ids, t1_eager, t2_eager)
+    out, report = run_fused(fn, ids, t1, t2)
+    assert_close(out, expected)
+    assert_close(t1, t1_eager)
+    assert_close(t2, t2_eager)
+    assert len(single_group(report).lookups) == 2
+    assert len(report.graphs[0].mutated_inputs) == 2
+
+
+# --- options ------------------------------------------------------------------------------
+
+
+def test_fusion_false_gives_no_groups_and_correct_results():
+    torch.manual_seed(16)
+    t1, t2 = _tables(2)
+    ids = rand_ids(V, (3, 4))
+
+    def fn(ids, t1, t2):
+        return F.gelu(F.embedding(ids, t1) + F.embedding(ids, t2)) * 2.0
+
+    expected = eager(fn, ids, t1, t2)
+    out, report = run_fused(fn, ids, t1, t2, options={"fusion": False}, expect_fused=False)
+    assert report.groups == [] and report.rejections == []
+    assert report.graphs[0].path == "unfused (option fusion=False)"
+    assert [e["mode"] for e in report.graphs[0].runtime_modes()] == ["eager"]
+    assert_close(out, expected)
+
+
+def test_explain_passes_options_through():
+    torch.manual_seed(17)
+    (table,) = _tables()
+    ids = rand_ids(V, (2, 2))
+    fn = lambda ids, t: F.embedding(ids, t) * 2.0  # noqa: E731
+    with torch.no_grad():
+        assert fusebackend.explain(fn, ids, table, options={"fusion": False}).groups == []
+        torch._dynamo.reset()
+        assert len(fusebackend.explain(fn, ids, table).groups) == 1
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"fuse": False}, r"unknown infinifuse option\(s\) \['fuse'\]"),
+        ({"index_checks": "no"}, "'index_checks' must be a bool"),
+        ({"batch_buckets": [4, 2]}, "'batch_buckets' must be a strictly increasing"),
+    ],
+)
+def test_bad_options_name_the_option(options, match):
+    compiled = compile_fused(lambda ids, t: F.embedding(ids, t) * 2.0, options)
+    with pytest.raises(Exception, match=match):
+        with torch.no_grad():
+            compiled(rand_ids(V, (2,)), rand_table(V, D))
+
+
+def test_index_checks_false_still_fuses_and_is_correct():
+    torch.manual_seed(18)
+    (table,) = _tables()
+    ids = rand_ids(V, (2, 5))
+    report = check(
+        lambda ids, t: F.embedding(ids, t) - 1.0, ids, table, options={"index_checks": False}
+    )
+    assert "@triton.jit(debug=False)" in single_group(report).source
+
+
+def test_out_of_range_index_raises_index_error_through_the_backend():
+    (table,) = _tables()
+    ids = rand_ids(V, (2, 5))
+    compiled = compile_fused(lambda ids, t: F.embedding(ids, t) * 2.0)
+    with torch.no_grad():
+        compiled(ids, table)
+        ids[1, 1] = V
+        with pytest.raises(IndexError):
+            compiled(ids, table)
+
+
+def test_index_mutated_between_two_lookups_of_it():
+    # The second lookup reads the incremented ids; it must not join the first group (which
+    # runs before the add_), but it can start a group of its own after it.
+    torch.manual_seed(19)
+    (table,) = _tables()
+    ids = rand_ids(V - 1, (2, 4))
+
+    def fn(ids, table):
+        y = F.embedding(ids, table) * 2.0
+        ids.add_(1)
+        return y + F.embedding(ids, table)
+
+    ids_eager = ids.clone()
+    expected = eager(fn, ids_eager, table)
+    out, report = run_fused(fn, ids, table)
+    assert_close(out, expected)
+    assert torch.equal(ids, ids_eager)
+    assert len(report.groups) == 2, str(report)
+    assert _has_reason(report, "the in-place op", "lies inside the group"), str(report)
