@@ -68,7 +68,9 @@ class _Writer:
             "import triton.language as tl",
             "",
             "",
-            f"@triton.jit(debug={self.debug})",
+            # Row counts change with every batch size and sequence length; specialising on
+            # them (==1, %16) would compile a new binary per size for no gain.
+            f"@triton.jit(debug={self.debug}, do_not_specialize={self._unspecialized()!r})",
             f"def {name}(",
         ]
         header += [f"    {p},  # {d}" for p, d in zip(params, docs)]
@@ -122,6 +124,9 @@ class _Writer:
         params += ["BLOCK_R: tl.constexpr", "BLOCK_D: tl.constexpr"]
         docs += ["rows per program", "columns per program"]
         return params, docs
+
+    def _unspecialized(self) -> list[str]:
+        return [f"size{d}" for d in range(self.rank)] + ["R"]
 
     def _math_doc(self) -> str:
         spec = self.spec

@@ -175,7 +175,10 @@ def embedding_chain(
     grid = ((rows + block_r - 1) // block_r, (width + block_d - 1) // block_d)
     kernel = _compiled_kernel(spec, rank, index_checks)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        kernel[grid](*args, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps)
+        # Debug mode (for the index assert) would also add overflow checks to every 32-bit
+        # integer op; the index math that matters is 64-bit, so those are turned off.
+        kernel[grid](*args, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps,
+                     sanitize_overflow=False)  # fmt: skip
     return outputs
 
 
