@@ -482,3 +482,21 @@ def test_patterns(name, fn, nodes, lookups, outputs):
     report = check(fn, ids, tok, pos)
     group = single_group(report)
     assert (len(group.nodes), len(group.lookups), len(group.outputs)) == (nodes, lookups, outputs)
+
+
+def test_explain_collects_every_graph_of_a_graph_break():
+    torch.manual_seed(14)
+    table = rand_table(V, 6)
+    ids = rand_ids(V, (2, 3))
+
+    def fn(ids, table):
+        a = F.embedding(ids, table) * 2.0
+        torch._dynamo.graph_break()
+        return F.gelu(F.embedding(ids, table) + a)
+
+    with torch.no_grad():
+        report = fusebackend.explain(fn, ids, table, options={"validate": False})
+    assert len(report.graphs) == 2, str(report)
+    assert [g.path for g in report.graphs] == ["fused", "fused"]
+    assert [len(g.nodes) for g in report.groups] == [2, 3]
+    assert report.source.count("@triton.jit") == 2

@@ -350,6 +350,32 @@ def test_table_mutated_before_and_after_the_group():
     assert len(report.graphs[0].mutated_inputs) == 2
 
 
+@pytest.mark.parametrize(
+    "cast",
+    [
+        pytest.param(lambda y: y.float(), id="float"),
+        pytest.param(lambda y: y.to(torch.float32), id="to"),
+        pytest.param(lambda y: y.type_as(y), id="type_as"),
+    ],
+)
+def test_noop_cast_alias_mutated_later(cast):
+    # On an fp32 tensor .float() / .to(float32) / .type_as(same dtype) return the tensor
+    # itself, so an in-place op on the result also changes the original. A group that
+    # writes the cast result to its own buffer breaks that.
+    torch.manual_seed(21)
+    (table,) = _tables()
+    ids = rand_ids(V, (2, 3))
+
+    def fn(ids, table):
+        y = F.embedding(ids, table)
+        z = cast(y)
+        z.mul_(2.0)
+        return y + 1.0
+
+    out, report = run_fused(fn, ids, table, expect_fused=False)
+    assert_close(out, eager(fn, ids, table))
+
+
 # --- options ------------------------------------------------------------------------------
 
 
