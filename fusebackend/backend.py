@@ -21,7 +21,6 @@ from fusebackend.config import FusionConfig
 from fusebackend.kernels import GroupSpec, embedding_chain, kernel_source, triton_usable
 from fusebackend.passes.embedding_fusion import (
     Candidate,
-    describe,
     find_groups,
     reference_module,
     rewrite,
@@ -166,8 +165,6 @@ def _fuse(
         )
         return op
 
-    for candidate in candidates:
-        describe(candidate)
     rewrite(graph, candidates, make_op)
     return torch.fx.GraphModule(gm, graph), reports, rejections
 

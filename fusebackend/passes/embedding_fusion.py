@@ -25,7 +25,6 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-import networkx as nx
 import torch
 import torch.fx
 import torch.nn.functional as F
@@ -172,6 +171,13 @@ class _Grower:
         reason = self._check_result(user, call)
         if reason:
             return f"consumer {user.name}: {reason}"
+        if call.op.name == "cast" and self.p.mutations and isinstance(call.operands[0],
+                                                                      torch.fx.Node):  # fmt: skip
+            source = example_value(call.operands[0])
+            if isinstance(source, torch.Tensor) and source.dtype == example_value(user).dtype:
+                # eager returns the input itself: the graph mutates tensors in place, and a
+                # kernel output would be a copy that misses those writes
+                return f"consumer {user.name}: a same-dtype cast aliases its input"
         new_lookups: list[torch.fx.Node] = []
         for name, operand in zip(call.op.operands, call.operands):
             reason = self._check_operand(call, name, operand, new_lookups)
@@ -180,6 +186,10 @@ class _Grower:
         for value in call.params.values():
             if _contains_node(value):
                 return f"consumer {user.name}: a tensor argument in a non-operand position"
+        outside = self.p.path_outside({*self.members, user, *new_lookups})
+        if outside is not None:
+            return (f"consumer {user.name}: {outside.name} is computed from the group's own "
+                    "values and feeds the group (a cycle)")  # fmt: skip
         span = [user, *new_lookups, *self.members]
         mutation = self.p.mutation_between(span)
         if mutation is not None:
@@ -223,8 +233,6 @@ class _Grower:
                 return f"operand {operand.name} is a symbolic scalar"
             if value.device != self.device:
                 return f"operand {operand.name} on {value.device}, group on {self.device}"
-            if self.p.depends_on(operand, self.members):
-                return f"operand {operand.name} is computed from the group's own values"
             if is_embedding(operand) and operand not in self.p.assigned:
                 reason = _check_lookup(operand)
                 if reason is None:
@@ -271,8 +279,17 @@ class _FusionPass:
         self.mutations = [n for n in graph.nodes if is_mutation(n)]
         self.assigned: set[torch.fx.Node] = set()
 
-    def depends_on(self, node: torch.fx.Node, members: set[torch.fx.Node]) -> bool:
-        return not members.isdisjoint(nx.ancestors(self.digraph, node))
+    def path_outside(self, group: set[torch.fx.Node]) -> torch.fx.Node | None:
+        """A node outside ``group`` that depends on it and feeds it, or None.
+
+        Such a node would have to run both after and before the fused kernel. Checked for
+        the whole group at each step: a lookup joining as an operand can close a cycle
+        through operands the group already had.
+        """
+        below = _reach(self.digraph.successors, group)
+        above = _reach(self.digraph.predecessors, group)
+        both = below & above
+        return min(both, key=self.position.__getitem__) if both else None
 
     def mutation_between(self, nodes: Sequence[torch.fx.Node]) -> str | None:
         positions = [self.position[n] for n in nodes]
@@ -303,12 +320,38 @@ class _FusionPass:
         return groups, rejections
 
 
+def _reach(neighbours: Any, sources: set[torch.fx.Node]) -> set[torch.fx.Node]:
+    """Nodes reachable from ``sources`` (excluded) through ``neighbours``."""
+    seen: set[torch.fx.Node] = set()
+    stack = [n for source in sources for n in neighbours(source) if n not in sources]
+    while stack:
+        node = stack.pop()
+        if node in seen or node in sources:
+            continue
+        seen.add(node)
+        stack.extend(neighbours(node))
+    return seen
+
+
 def find_groups(graph: torch.fx.Graph) -> tuple[list[Candidate], list[Rejection]]:
     """Every fusable group in ``graph`` and every candidate not fused, with reasons."""
     return _FusionPass(graph).run()
 
 
 # --- description for the kernel generator ----------------------------------------------
+
+
+def _scalar_for(call: OpCall, value: Any) -> Any:
+    """Comparisons run in the tensor operand's dtype in eager, the scalar rounded to it
+    (``x == 0.1`` is True where an fp16 x holds fp16(0.1)); arithmetic keeps it in fp32."""
+    if call.op.result != "bool":
+        return value
+    for operand in call.operands:
+        if isinstance(operand, torch.fx.Node):
+            dtype = example_value(operand).dtype
+            if dtype.is_floating_point:
+                return torch.tensor(value, dtype=dtype).item()
+    return value
 
 
 def describe(candidate: Candidate) -> None:
@@ -333,7 +376,12 @@ def describe(candidate: Candidate) -> None:
         values[node] = j
     instrs = []
     for node in candidate.elementwise:
-        call = candidate.calls[node]
+        # Re-match from the node's current arguments: an earlier group's rewrite may have
+        # replaced an operand by that group's output.
+        row = lookup_op(node.op, node.target)
+        call = bind_op(row[0], row[1], node.args, dict(node.kwargs))
+        assert isinstance(call, OpCall), call
+        candidate.calls[node] = call
         operands: list[Any] = []
         for operand in call.operands:
             if operand is None:
@@ -343,7 +391,7 @@ def describe(candidate: Candidate) -> None:
             elif isinstance(operand, torch.fx.Node):
                 operands.append(InputRef(slot(operand, "tensor")))
             else:
-                operands.append(Const(format_scalar(operand)))
+                operands.append(Const(format_scalar(_scalar_for(call, operand))))
         placeholders = [None if op is None else f"{{{i}}}" for i, op in enumerate(operands)]
         template = call.emit(placeholders)
         instrs.append(Instr(call.op.name, template, tuple(operands), example_value(node).dtype))
@@ -361,7 +409,7 @@ def describe(candidate: Candidate) -> None:
 def rewrite(
     graph: torch.fx.Graph, candidates: Sequence[Candidate], make_op: Any
 ) -> list[torch.fx.Node]:
-    """Replace each described group by ``make_op(candidate)`` called on its inputs.
+    """Describe each group and replace it by ``make_op(candidate)`` called on its inputs.
 
     Returns the new fused nodes. The graph is re-sorted so that every node keeps its place
     relative to the mutations around it (see ``resort_stably``).
@@ -369,6 +417,7 @@ def rewrite(
     priority: dict[torch.fx.Node, float] = {n: float(i) for i, n in enumerate(graph.nodes)}
     fused_nodes = []
     for candidate in candidates:
+        describe(candidate)
         first = candidate.members[0]
         start = priority[first]
         with graph.inserting_before(first):
