@@ -18,7 +18,13 @@ import torch
 import torch.fx
 
 from fusebackend.config import FusionConfig
-from fusebackend.kernels import GroupSpec, embedding_chain, kernel_source, triton_usable
+from fusebackend.kernels import (
+    GroupSpec,
+    KernelOptions,
+    embedding_chain,
+    kernel_source,
+    triton_usable,
+)
 from fusebackend.passes.embedding_fusion import (
     Candidate,
     find_groups,
@@ -50,18 +56,18 @@ class FusedGroupOp:
         kernel_name: str,
         reference: torch.fx.GraphModule,
         device: torch.device,
-        index_checks: bool,
+        options: KernelOptions,
     ) -> None:
         self.spec = spec
         self.reference = reference
-        self.index_checks = index_checks
+        self.options = options
         self.use_triton = triton_usable(device)
         self.__name__ = kernel_name  # FX's generated code calls the node after this name
         self.__qualname__ = kernel_name
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.use_triton:
-            return embedding_chain(self.spec, inputs, index_checks=self.index_checks)
+            return embedding_chain(self.spec, inputs, options=self.options)
         return tuple(self.reference(*inputs))
 
     def __repr__(self) -> str:
@@ -147,10 +153,11 @@ def _fuse(
     def make_op(candidate: Candidate) -> FusedGroupOp:
         assert candidate.spec is not None
         rank = max(example_value(m).dim() for m in candidate.members) - 1
-        kernel_name, source = kernel_source(candidate.spec, rank, debug=config.index_checks)
+        options = KernelOptions(config.index_checks, config.round_intermediates)
+        kernel_name, source = kernel_source(candidate.spec, rank, options)
         group_device = example_value(candidate.lookups[0]).device
         op = FusedGroupOp(candidate.spec, kernel_name, reference_module(candidate),
-                          group_device, config.index_checks)  # fmt: skip
+                          group_device, options)  # fmt: skip
         reports.append(
             GroupReport(
                 name=f"group{len(reports)}",

@@ -39,6 +39,10 @@ class FusionConfig:
         index_checks: Compile fused kernels with a device-side bounds assert on every
             index (as eager CUDA embedding does). Turning it off skips the assert but the
             kernel still never reads outside the table (out-of-range rows read as 0).
+        round_intermediates: Round every intermediate value of a fused chain to the dtype
+            eager gives it, so a chain rounds where eager rounds. ``False`` rounds only the
+            kernel's outputs, as Inductor does: closer to the exact result and faster
+            (two fewer conversions per op in half precision).
     """
 
     fusion: bool = True
@@ -49,9 +53,10 @@ class FusionConfig:
     static_outputs: bool = False
     validate: bool = True
     index_checks: bool = True
+    round_intermediates: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("fusion", "static_outputs", "validate", "index_checks"):
+        for name in ("fusion", "static_outputs", "validate", "index_checks", "round_intermediates"):
             _expect(isinstance(getattr(self, name), bool), name, "a bool", getattr(self, name))
         _expect(
             self.cudagraphs is None or isinstance(self.cudagraphs, bool),

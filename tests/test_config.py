@@ -19,6 +19,7 @@ ALL_OPTIONS = [
     "static_outputs",
     "validate",
     "index_checks",
+    "round_intermediates",
 ]
 
 
@@ -32,6 +33,7 @@ def test_defaults():
     assert cfg.static_outputs is False
     assert cfg.validate is True
     assert cfg.index_checks is True
+    assert cfg.round_intermediates is True
 
 
 def test_valid_option_names_are_the_fields():
@@ -58,6 +60,7 @@ def test_from_options_sets_every_option():
         "static_outputs": True,
         "validate": False,
         "index_checks": False,
+        "round_intermediates": False,
     }
     cfg = FusionConfig.from_options(options)
     for name, value in options.items():
@@ -66,7 +69,9 @@ def test_from_options_sets_every_option():
     assert isinstance(cfg.batch_buckets, tuple)  # lists are frozen into tuples
 
 
-@pytest.mark.parametrize("name", ["fusion", "static_outputs", "validate", "index_checks"])
+@pytest.mark.parametrize(
+    "name", ["fusion", "static_outputs", "validate", "index_checks", "round_intermediates"]
+)
 @pytest.mark.parametrize("bad", [1, 0, "yes", None, 1.0])
 def test_bool_options_reject_non_bools(name, bad):
     with pytest.raises(ValueError, match=rf"'{name}' must be a bool") as info:

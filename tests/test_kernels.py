@@ -15,6 +15,7 @@ from fusebackend.kernels import (
     GroupSpec,
     InputRef,
     Instr,
+    KernelOptions,
     Lookup,
     ValueRef,
     embedding_chain,
@@ -211,7 +212,7 @@ def test_float64_chain_computes_in_float64():
     operand = rand_table(1, 7, torch.float64)[0] * 1e-9
     (out,) = embedding_chain(mul_add_spec(torch.int64, torch.float64), [ids, table, operand])
     torch.testing.assert_close(out, mul_add_eager(ids, table, operand))  # fp64 tolerance
-    assert "tl.float64" in kernel_source(mul_add_spec(torch.int64, torch.float64), 2, debug=True)[1]
+    assert "tl.float64" in kernel_source(mul_add_spec(torch.int64, torch.float64), 2)[1]
 
 
 # --- empty inputs ---------------------------------------------------------------------
@@ -298,13 +299,33 @@ def test_masked_gather_reads_zero_without_the_host_check(monkeypatch, index_dtyp
 
 def test_kernel_source_is_readable_and_names_the_kernel():
     spec = mul_add_spec(torch.int64, torch.float16)
-    name, source = kernel_source(spec, 2, debug=True)
+    name, source = kernel_source(spec, 2, KernelOptions(index_checks=True))
     assert name.startswith("_embedding_chain_kernel_")
     assert f"def {name}(" in source
     assert "@triton.jit(debug=True," in source
     assert "tl.device_assert" in source
     assert "v2 = add(v1, 0.5) -> torch.float16" in source  # the math docstring
     assert ".to(tl.float16).to(tl.float32)" in source  # fp16 rounding after each op
-    name2, source2 = kernel_source(spec, 2, debug=False)
+    name2, source2 = kernel_source(spec, 2, KernelOptions(index_checks=False))
     assert "@triton.jit(debug=False," in source2
-    assert kernel_source(spec, 1, debug=True)[0] != name  # rank is part of the name
+    # rank is part of the name
+    assert kernel_source(spec, 1, KernelOptions(index_checks=True))[0] != name
+
+
+def test_round_intermediates_off_rounds_only_outputs_and_stays_close():
+    torch.manual_seed(41)
+    spec = mul_add_spec(torch.int64, torch.float16)
+    rounded = kernel_source(spec, 2, KernelOptions(round_intermediates=True))[1]
+    unrounded = kernel_source(spec, 2, KernelOptions(round_intermediates=False))[1]
+    # v1 (the product) is rounded to fp16 only when intermediates are rounded
+    assert "v1 = v1.to(tl.float16)" in rounded
+    assert "v1 = v1.to(tl.float16)" not in unrounded
+    ids = torch.randint(0, N, (3, 5))
+    table = torch.randn(N, 7, dtype=torch.float16)
+    operand = torch.randn(7, dtype=torch.float16)
+    options = KernelOptions(round_intermediates=False)
+    (out,) = embedding_chain(spec, [ids, table, operand], options=options)
+    exact = F.embedding(ids, table.double()) * operand.double() + 0.5
+    torch.testing.assert_close(out, mul_add_eager(ids, table, operand), rtol=1e-2, atol=1e-2)
+    # one rounding instead of two: never further from the exact result than fp16 allows
+    assert (out.double() - exact).abs().max() <= exact.abs().max() * 2**-10

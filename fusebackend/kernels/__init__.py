@@ -5,13 +5,22 @@ on first use.
 """
 
 from fusebackend.kernels.launch import embedding_chain, kernel_source, triton_usable
-from fusebackend.kernels.spec import Const, GroupSpec, InputRef, Instr, Lookup, ValueRef
+from fusebackend.kernels.spec import (
+    Const,
+    GroupSpec,
+    InputRef,
+    Instr,
+    KernelOptions,
+    Lookup,
+    ValueRef,
+)
 
 __all__ = [
     "Const",
     "GroupSpec",
     "InputRef",
     "Instr",
+    "KernelOptions",
     "Lookup",
     "ValueRef",
     "embedding_chain",

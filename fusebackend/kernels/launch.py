@@ -2,7 +2,7 @@
 
 Triton's JIT reads a kernel's source from its file, so each generated module is written
 to a per-user cache directory (named by a hash of its source) and imported from there.
-Kernels are cached in-process by (GroupSpec, rank, debug); Triton caches the binaries per
+Kernels are cached in-process by (GroupSpec, rank, KernelOptions); Triton caches the binaries per
 argument specialisation (dtypes, 16-byte alignment, strides equal to 1).
 """
 
@@ -22,13 +22,13 @@ from typing import Any
 import torch
 
 from fusebackend.kernels.codegen import generate_source
-from fusebackend.kernels.spec import GroupSpec, InputRef, ValueRef
+from fusebackend.kernels.spec import GroupSpec, InputRef, KernelOptions, ValueRef
 
 __all__ = ["embedding_chain", "kernel_source", "triton_usable", "value_shapes"]
 
 log = logging.getLogger(__name__)
 
-_KERNELS: dict[tuple[GroupSpec, int, bool], Any] = {}
+_KERNELS: dict[tuple[GroupSpec, int, KernelOptions], Any] = {}
 _LOCK = threading.Lock()
 
 # Tile shape, from the launch-config sweep in benchmarks/embedding_chain.py (H200, fp16,
@@ -62,19 +62,21 @@ def triton_usable(device: torch.device) -> bool:
     return device.type == "cpu" and interpreter_enabled()
 
 
-def kernel_source(spec: GroupSpec, rank: int, *, debug: bool) -> tuple[str, str]:
+def kernel_source(
+    spec: GroupSpec, rank: int, options: KernelOptions | None = None
+) -> tuple[str, str]:
     """(kernel name, generated source): what ``embedding_chain`` compiles."""
-    return generate_source(spec, rank, debug=debug)
+    return generate_source(spec, rank, options or KernelOptions())
 
 
-def _compiled_kernel(spec: GroupSpec, rank: int, debug: bool) -> Any:
-    key = (spec, rank, debug)
+def _compiled_kernel(spec: GroupSpec, rank: int, options: KernelOptions) -> Any:
+    key = (spec, rank, options)
     kernel = _KERNELS.get(key)
     if kernel is not None:
         return kernel
     with _LOCK:
         if key not in _KERNELS:
-            name, source = generate_source(spec, rank, debug=debug)
+            name, source = generate_source(spec, rank, options)
             _KERNELS[key] = getattr(_import_source(name, source), name)
         return _KERNELS[key]
 
@@ -137,13 +139,21 @@ def _broadcast_strides(t: torch.Tensor, shape: torch.Size) -> tuple[int, ...]:
 
 
 def embedding_chain(
-    spec: GroupSpec, inputs: Sequence[torch.Tensor], *, index_checks: bool = True
+    spec: GroupSpec,
+    inputs: Sequence[torch.Tensor],
+    *,
+    index_checks: bool = True,
+    options: KernelOptions | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Run a fused group: gather the lookups, apply the chain, return the outputs.
 
     ``inputs`` are the group's external tensors in slot order (indices, tables and
     elementwise operands). Outputs are new contiguous tensors, one per ``spec.outputs``.
+    ``options`` (default: ``KernelOptions(index_checks=index_checks)``) says how the kernel
+    is built.
     """
+    if options is None:
+        options = KernelOptions(index_checks=index_checks)
     shapes = value_shapes(spec, inputs)
     group_shape = torch.broadcast_shapes(*shapes)
     rank = len(group_shape) - 1
@@ -173,7 +183,7 @@ def embedding_chain(
 
     block_r, block_d, num_warps = launch_config(rows, width)
     grid = ((rows + block_r - 1) // block_r, (width + block_d - 1) // block_d)
-    kernel = _compiled_kernel(spec, rank, index_checks)
+    kernel = _compiled_kernel(spec, rank, options)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         # Debug mode (for the index assert) would also add overflow checks to every 32-bit
         # integer op; the index math that matters is 64-bit, so those are turned off.

@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-__all__ = ["Const", "GroupSpec", "InputRef", "Instr", "Lookup", "ValueRef"]
+__all__ = ["Const", "GroupSpec", "InputRef", "Instr", "KernelOptions", "Lookup", "ValueRef"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,3 +80,19 @@ class GroupSpec:
     @property
     def table_slots(self) -> frozenset[int]:
         return frozenset(lookup.table_slot for lookup in self.lookups)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelOptions:
+    """How a group's kernel is built (part of the compiled-kernel cache key).
+
+    Attributes:
+        index_checks: build in Triton's debug mode so ``tl.device_assert`` checks every
+            index on the device (eager CUDA embedding does the same).
+        round_intermediates: round every intermediate value to the dtype eager gives it
+            (bit-for-bit eager's rounding for one-op chains); False rounds only the outputs,
+            as Inductor does, which is closer to exact and saves two conversions per op.
+    """
+
+    index_checks: bool = True
+    round_intermediates: bool = True

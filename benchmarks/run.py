@@ -1,0 +1,277 @@
+"""Benchmark suite: eager, Dynamo alone, Inductor, reduce-overhead and infinifuse (fusion on
+and off) on an embedding chain and transformers models built from configs (random weights).
+
+    python benchmarks/run.py --out-dir benchmarks/results                 # full, one GPU
+    python benchmarks/run.py --out-dir benchmarks/results --only llama    # a part
+    python benchmarks/run.py --out-dir benchmarks/results --only gpt2 --merge   # add rows
+    python benchmarks/run.py --out-dir /tmp/suite --quick                 # tiny, CPU is fine
+
+Writes suite.json (environment, every row, targets), suite.md and suite.png under
+--out-dir and prints the targets. Each (workload, backend) starts from a fresh state
+(``torch._dynamo.reset()``, ``fusebackend.clear_cache()``, ``fusebackend.reset_stats()``)
+and is guarded: a failure is recorded in its row and the suite goes on. Compile caches:
+Inductor's are disabled and each row gets an empty Triton cache directory, so every first
+call is a cold compile (``--warm-caches`` keeps both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+if not torch.cuda.is_available():
+    # Without a GPU, infinifuse's kernels run in Triton's interpreter. Must be set before
+    # Triton is first imported (fusebackend and transformers' model classes import it).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import fusebackend  # noqa: E402
+from suite import measure, report, workloads  # noqa: E402  (benchmarks/ is sys.path[0])
+
+
+class Progress:
+    """tqdm when installed, else one printed line per step."""
+
+    def __init__(self, total: int) -> None:
+        try:
+            from tqdm import tqdm
+
+            self.bar: Any = tqdm(total=total, desc="suite", unit="row", dynamic_ncols=True)
+        except ImportError:
+            self.bar = None
+        self.total, self.done = total, 0
+
+    def start(self, label: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(label)
+        else:
+            print(f"[{self.done + 1}/{self.total}] {label} ...", flush=True)
+
+    def write(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            print(line, flush=True)
+
+    def step(self) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def environment(device: torch.device, quick: bool) -> dict[str, Any]:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    try:
+        import transformers
+
+        transformers_version = transformers.__version__
+    except ImportError:
+        transformers_version = None
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+        else f"cpu ({platform.processor() or platform.machine()})",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton_version,
+        "transformers": transformers_version,
+        "fusebackend": fusebackend.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "quick": quick,
+        "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
+        "argv": sys.argv[1:],
+    }  # fmt: skip
+
+
+def _error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().replace("\n", " ")
+    return text[:600]
+
+
+def _line(row: dict[str, Any]) -> str:
+    where = f"{row['workload']:>14s} {row['backend']:<20s}"
+    if row["status"] != "ok":
+        return f"{where} {row['status']}: {row.get('error', '')[:160]}"
+    return (f"{where} per call {row['per_call_ms']:9.3f} ms  first {row['first_call_s']:7.2f} s"
+            f"  err {row['rel_error']:.1e}{'' if row['error_ok'] else ' (> tol)'}"
+            f"  mode {row['mode']}")  # fmt: skip
+
+
+def run_suite(args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
+    selected = workloads.select(workloads.workloads(args.quick, device), args.only)
+    backends = [b.strip() for b in args.backends.split(",")] if args.backends else list(
+        measure.BACKENDS
+    )
+    unknown = [b for b in backends if b not in measure.BACKENDS]
+    if unknown:
+        raise SystemExit(f"--backends: unknown {unknown}; backends: {', '.join(measure.BACKENDS)}")
+    try:
+        import transformers  # noqa: F401
+
+        have_transformers = True
+    except ImportError:
+        have_transformers = False
+
+    if not args.warm_caches:
+        import torch._inductor.config as inductor_config
+
+        if hasattr(inductor_config, "force_disable_caches"):
+            inductor_config.force_disable_caches = True
+    cache_root = Path(tempfile.mkdtemp(prefix="suite-triton-cache-"))
+
+    rows: list[dict[str, Any]] = []
+    progress = Progress(len(selected) * len(backends))
+    try:
+        with torch.no_grad():
+            for workload in selected:
+                rows += _run_workload(workload, backends, device, args, have_transformers,
+                                      cache_root, progress)  # fmt: skip
+    finally:
+        progress.close()
+        shutil.rmtree(cache_root, ignore_errors=True)
+    return rows
+
+
+def _run_workload(
+    workload: workloads.Workload,
+    backends: list[str],
+    device: torch.device,
+    args: argparse.Namespace,
+    have_transformers: bool,
+    cache_root: Path,
+    progress: Progress,
+) -> list[dict[str, Any]]:
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    base = {"workload": workload.name, "description": workload.description,
+            "dtype": str(workload.dtype).removeprefix("torch."), "date": date}  # fmt: skip
+    rows: list[dict[str, Any]] = []
+
+    def skip_all(status: str, why: str) -> list[dict[str, Any]]:
+        for backend in backends:
+            rows.append({**base, "backend": backend, "status": status, "error": why})
+            progress.write(_line(rows[-1]))
+            progress.step()
+        return rows
+
+    if workload.needs_transformers and not have_transformers:
+        return skip_all("skipped", "transformers not installed")
+    measure.fresh_state(device)
+    progress.start(f"{workload.name}: build + eager reference")
+    try:
+        calls = 1 + measure.WARMUP + workload.rounds * workload.loop
+        case = workload.build(device, calls)
+        refs = measure.references(case, device)
+    except Exception as exc:  # noqa: BLE001  (recorded; the suite goes on)
+        traceback.print_exc()
+        return skip_all("error", f"building the workload: {_error_text(exc)}")
+    base["shape"] = case.shape
+
+    for backend in backends:
+        progress.start(f"{workload.name} / {backend}")
+        row: dict[str, Any] = {**base, "backend": backend}
+        if backend in measure.CUDA_ONLY and device.type != "cuda":
+            row.update(status="skipped", error="no CUDA")
+        else:
+            if not args.warm_caches:  # read by Triton at each compile
+                os.environ["TRITON_CACHE_DIR"] = str(cache_root / f"{workload.name}-{backend}")
+            measure.fresh_state(device)
+            start = time.perf_counter()
+            try:
+                row.update(measure.measure(workload, case, backend, device, refs))
+                row["status"] = "ok"
+            except Exception as exc:  # noqa: BLE001  (recorded; the suite goes on)
+                row.update(status="error", error=_error_text(exc),
+                           traceback=traceback.format_exc()[-3000:])  # fmt: skip
+                if backend.startswith("infinifuse"):
+                    row.update(measure.infinifuse_state())
+            row["row_seconds"] = time.perf_counter() - start
+            measure.fresh_state(device)
+        rows.append(row)
+        progress.write(_line(row))
+        progress.step()
+    del case, refs
+    measure.fresh_state(device)
+    return rows
+
+
+def merge(previous: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Previous rows, with this run's rows replacing those of the same (workload, backend)."""
+    new = {(r["workload"], r["backend"]) for r in rows}
+    kept = [r for r in previous.get("rows", []) if (r["workload"], r["backend"]) not in new]
+    return kept + rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", default="benchmarks/results")
+    parser.add_argument("--quick", action="store_true", help="tiny configs (CPU smoke test)")
+    parser.add_argument("--only", help="comma-separated workload names or prefixes "
+                        "(chain, llama, bert, gpt2, gpt2-sweep, ...)")  # fmt: skip
+    parser.add_argument("--backends", help=f"comma-separated subset of {','.join(measure.BACKENDS)}")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep rows of an existing suite.json that this run does not redo")  # fmt: skip
+    parser.add_argument("--warm-caches", action="store_true",
+                        help="keep Inductor's and Triton's compile caches (warm first calls)")  # fmt: skip
+    parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if args.list:
+        for w in workloads.workloads(args.quick, device):
+            print(f"{w.name:14s} {w.description}")
+        return {}
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    rows = run_suite(args, device)
+    json_path = out_dir / "suite.json"
+    env = environment(device, args.quick)
+    env["suite_seconds"] = time.perf_counter() - start
+    result: dict[str, Any] = {"environment": env}
+    if args.merge and json_path.exists():
+        previous = json.loads(json_path.read_text())
+        rows = merge(previous, rows)
+        result["merged_with"] = previous.get("environment")
+    result["rows"] = rows
+    result["targets"] = report.compute_targets(rows)
+    json_path.write_text(json.dumps(result, indent=2, default=str))
+    (out_dir / "suite.md").write_text(report.markdown(result))
+    plot_note = report.plot(result, out_dir / "suite.png")
+
+    print(f"\nsuite: {len(rows)} rows in {env['suite_seconds']:.0f} s -> {out_dir}/suite.json, "
+          f"suite.md" + ("" if plot_note else ", suite.png"))  # fmt: skip
+    if plot_note:
+        print(plot_note)
+    print("targets:")
+    for t in result["targets"]:
+        value = "-" if t["value"] is None else f"{t['value']:.3g}"
+        print(f"  [{t['status']:>12s}] {t['name']}: {value} (limit {t['limit']}; {t['note']})")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,1 @@
+"""The benchmark suite behind ``benchmarks/run.py``: workloads, measurement, report."""

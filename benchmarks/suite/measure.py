@@ -1,0 +1,239 @@
+"""Measuring one (workload, backend): first call, per-call latency, memory, error, mode.
+
+Per-call latency is wall time with the CPU included: a loop of calls between two
+``torch.cuda.synchronize()``, divided by its length; the figure is the median over rounds.
+First call: the first call after ``torch._dynamo.reset()`` (compile, and for infinifuse the
+CUDA-graph capture, included). Errors are ``||out - ref|| / ||ref||`` in float64 against
+eager on the same inputs and state, on the first call and on the last warm-up call (the
+replayed path for every CUDA-graph backend).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import fusebackend
+
+from .workloads import Case, Workload
+
+__all__ = ["BACKENDS", "CUDA_ONLY", "TOLERANCE", "fresh_state", "measure", "references"]
+
+BACKENDS = ("eager", "dynamo", "inductor", "reduce-overhead", "infinifuse", "infinifuse-nofusion")
+CUDA_ONLY = frozenset({"inductor", "reduce-overhead"})  # Inductor on CPU needs a C++ toolchain
+TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-4}
+
+# Calls after the first before timing. cudagraph trees (reduce-overhead) run a warm-up on
+# the 1st call of a shape, record on the 2nd and replay from the 3rd; infinifuse captures
+# on the 1st. Three make every backend's last warm-up call a steady-state one.
+WARMUP = 3
+
+
+def make_fn(model: torch.nn.Module, backend: str) -> Callable[..., Any]:
+    if backend == "eager":
+        return model
+    if backend == "dynamo":
+        return torch.compile(model, backend="eager")
+    if backend == "inductor":
+        return torch.compile(model)
+    if backend == "reduce-overhead":
+        return torch.compile(model, mode="reduce-overhead")
+    if backend == "infinifuse":
+        return torch.compile(model, backend="infinifuse")
+    if backend == "infinifuse-nofusion":
+        return torch.compile(model, backend="infinifuse", options={"fusion": False})
+    raise ValueError(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}")
+
+
+def fresh_state(device: torch.device) -> None:
+    """Forget every compiled graph, captured graph and counter."""
+    torch._dynamo.reset()
+    try:  # dynamo's reset clears cudagraph trees in recent torch; older ones need this
+        from torch._inductor import cudagraph_trees
+
+        cudagraph_trees.reset_cudagraph_trees()
+    except Exception:  # noqa: BLE001  (absent or already reset: nothing to free)
+        pass
+    fusebackend.clear_cache()
+    fusebackend.reset_stats()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    if out.shape != ref.shape:
+        raise ValueError(f"output shape {tuple(out.shape)} != eager's {tuple(ref.shape)}")
+    denominator = ref.norm().item()
+    return (out - ref).norm().item() / denominator if denominator else (out - ref).norm().item()
+
+
+def _worst(errors: list[float]) -> float:
+    """The largest error; NaN if any is NaN (``max`` would skip it depending on order)."""
+    return float("nan") if any(e != e for e in errors) else max(errors)
+
+
+def _grab(case: Case, out: Any) -> torch.Tensor:
+    # Cloned at once: reduce-overhead's outputs are overwritten by its next call.
+    return case.main_output(out).detach().clone()
+
+
+def references(case: Case, device: torch.device) -> list[torch.Tensor]:
+    """Eager outputs: per call 0..WARMUP (steady workloads) or per length (sweeps)."""
+    model = case.model
+    if case.sweep is not None:
+        return [_grab(case, model(**kwargs)) for kwargs in case.sweep]
+    case.prepare()
+    refs = [_grab(case, model(**case.kwargs)) for _ in range(WARMUP + 1)]
+    sync(device)
+    return refs
+
+
+def infinifuse_state() -> dict[str, Any]:
+    """Modes reached and the counters worth keeping, from ``fusebackend.stats()``."""
+    stats = fusebackend.stats()
+    keep = ("cache_size", "cache_hits", "cache_misses", "recordings", "fusion_attempts",
+            "fusion_successes", "fusion_fallbacks", "evictions", "rerecords",
+            "capture_failures", "graph_pool_bytes")  # fmt: skip
+    reasons = sorted(set(stats["fallback_reasons"].values()))
+    return {
+        "mode": ",".join(sorted(set(stats["fusion_modes"].values()))) or "none",
+        "stats": {k: stats[k] for k in keep},
+        "fallback_reasons": [r[:400] for r in reasons[:5]],
+    }
+
+
+def measure(
+    workload: Workload, case: Case, backend: str, device: torch.device, refs: list[torch.Tensor]
+) -> dict[str, Any]:
+    """One row. The caller resets state before and after."""
+    fn = make_fn(case.model, backend)
+    step = (
+        torch.compiler.cudagraph_mark_step_begin
+        if backend == "reduce-overhead" and hasattr(torch.compiler, "cudagraph_mark_step_begin")
+        else None
+    )
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        mem_before = torch.cuda.memory_allocated(device)
+    if case.sweep is not None:
+        row = _sweep(case, fn, step, device, refs, workload.loop)
+    else:
+        row = _steady(case, fn, step, device, refs, workload.rounds, workload.loop)
+    if cuda:
+        row["peak_mem_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        row["mem_before_mb"] = mem_before / 2**20
+    tolerance = TOLERANCE.get(workload.dtype, 1e-4)
+    row["tolerance"] = tolerance
+    row["error_ok"] = row["rel_error"] <= tolerance  # NaN compares False
+    if backend.startswith("infinifuse"):
+        row.update(infinifuse_state())
+    else:
+        row["mode"] = "n/a"
+    return row
+
+
+def _call(fn: Callable[..., Any], kwargs: dict[str, Any], step: Callable | None) -> Any:
+    if step is not None:
+        step()
+    return fn(**kwargs)
+
+
+def _steady(
+    case: Case,
+    fn: Callable[..., Any],
+    step: Callable | None,
+    device: torch.device,
+    refs: list[torch.Tensor],
+    rounds: int,
+    loop: int,
+) -> dict[str, Any]:
+    kwargs = case.kwargs
+    case.prepare()
+    sync(device)
+    start = time.perf_counter()
+    first = _grab(case, _call(fn, kwargs, step))
+    sync(device)
+    first_call_s = time.perf_counter() - start
+    for _ in range(WARMUP):
+        out = None  # the previous output must not be alive during the next call
+        out = _call(fn, kwargs, step)
+    last_warm = _grab(case, out)
+    sync(device)
+    warm_s = time.perf_counter() - start
+    out = None
+    errors = [rel_error(first, refs[0]), rel_error(last_warm, refs[WARMUP])]
+    del first, last_warm
+
+    per_round = []
+    for _ in range(rounds):
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(loop):
+            out = None
+            out = _call(fn, kwargs, step)
+        sync(device)
+        per_round.append((time.perf_counter() - start) / loop * 1e3)
+    out = None
+    return {
+        "first_call_s": first_call_s,
+        "warm_s": warm_s,
+        "per_call_ms": statistics.median(per_round),
+        "per_call_ms_rounds": per_round,
+        "timed_calls": rounds * loop,
+        "rel_error": _worst(errors),
+        "rel_error_first_call": errors[0],
+        "rel_error_warm_call": errors[1],
+    }
+
+
+def _sweep(
+    case: Case,
+    fn: Callable[..., Any],
+    step: Callable | None,
+    device: torch.device,
+    refs: list[torch.Tensor],
+    calls_per_length: int,
+) -> dict[str, Any]:
+    """First pass over every length (the headline), timing each length's last call too."""
+    assert case.sweep is not None
+    outputs, last_call_ms = [], []
+    sync(device)
+    start = time.perf_counter()
+    for kwargs in case.sweep:
+        for i in range(calls_per_length):
+            last = i == calls_per_length - 1
+            if last:
+                sync(device)  # a few syncs in a pass of seconds: noise below 0.1 %
+                call_start = time.perf_counter()
+            out = None
+            out = _call(fn, kwargs, step)
+            if last:
+                sync(device)
+                last_call_ms.append((time.perf_counter() - call_start) * 1e3)
+                outputs.append(_grab(case, out))
+    sync(device)
+    first_pass_s = time.perf_counter() - start
+    out = None
+    errors = [rel_error(o, r) for o, r in zip(outputs, refs)]
+    return {
+        "first_call_s": first_pass_s,  # the whole first pass, compiles included
+        "warm_s": None,
+        "per_call_ms": statistics.median(last_call_ms),  # median over lengths, warm call
+        "per_call_ms_rounds": last_call_ms,
+        "timed_calls": len(last_call_ms),
+        "rel_error": _worst(errors),
+        "rel_error_per_length": errors,
+    }

@@ -1,0 +1,272 @@
+"""Workloads of the suite. Each builds a model with random weights and its inputs on a device.
+
+Nothing is downloaded: transformers models are built from their configs (``from_config``).
+Full sizes are for one GPU; ``quick`` sizes are tiny so the whole suite runs on a CPU, where
+infinifuse's kernels run in Triton's interpreter.
+
+Decode workloads use transformers' ``StaticCache``, allocated up front
+(``early_initialization``): the cache tensors keep their addresses (``mark_static_address``)
+and every decode call has the same shapes, which is what CUDA graphs need; ``prepare``
+empties the cache and prefills a context eagerly (outside any compiled function), so every
+backend starts its first decode call from the same state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["Case", "Workload", "select", "workloads"]
+
+
+class Chain(nn.Module):
+    """The embedding chain of ``benchmarks/embedding_chain.py`` (issue 2)."""
+
+    def __init__(self, vocab: int, max_pos: int, dim: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(max_pos, dim)
+        self.bias = nn.Parameter(torch.randn(dim) * 0.1)
+        self.scale = math.sqrt(dim)
+
+    def forward(self, ids: torch.Tensor, pos_ids: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.tok(ids) * self.scale + self.pos(pos_ids)) * 0.5 + self.bias
+
+
+@dataclasses.dataclass
+class Case:
+    """A built workload: the model, the keyword arguments of every call, its main output."""
+
+    model: nn.Module
+    kwargs: dict[str, Any]  # the same for every call; decode state advances in the cache
+    main_output: Callable[[Any], torch.Tensor]  # the tensor compared with eager's
+    prepare: Callable[[], None] = lambda: None  # restores the state before a first call
+    sweep: list[dict[str, Any]] | None = None  # per-length kwargs of a sweep workload
+    shape: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    dtype: torch.dtype
+    build: Callable[[torch.device, int], Case]  # (device, calls the case must allow)
+    rounds: int  # timed rounds; the per-call figure is the median over rounds
+    loop: int  # calls per timed round
+    needs_transformers: bool = True
+
+
+def _logits(out: Any) -> torch.Tensor:
+    return out.logits
+
+
+def _last_hidden(out: Any) -> torch.Tensor:
+    return out.last_hidden_state
+
+
+def _chain(batch: int, seq: int, dim: int, vocab: int, dtype: torch.dtype) -> Callable:
+    def build(device: torch.device, calls: int) -> Case:
+        torch.manual_seed(0)
+        model = Chain(vocab, max(seq, 16), dim).to(device, dtype).eval()
+        ids = torch.randint(0, vocab, (batch, seq), device=device)
+        pos_ids = torch.arange(seq, device=device)[None]
+        return Case(model, {"ids": ids, "pos_ids": pos_ids}, lambda out: out,
+                    shape=f"B={batch} T={seq} D={dim}")  # fmt: skip
+
+    return build
+
+
+def _causal_lm(config: Any, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    # Built on the target device: random init of 1.1B parameters on a CPU takes ~10 s.
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config)
+    return model.to(dtype).eval()
+
+
+def static_cache(model: nn.Module, batch: int, max_len: int) -> Any:
+    """A StaticCache with its tensors allocated now (static addresses, fixed shapes)."""
+    from transformers import StaticCache
+
+    config = model.config
+    cache = StaticCache(config=config, max_cache_len=max_len)
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    param = next(model.parameters())
+    # Lazily-allocated layers would be allocated inside the first compiled call, where
+    # transformers skips mark_static_address: the decode graph would then take the cache
+    # tensors as ordinary inputs, copied into the CUDA graph's buffers on every replay.
+    cache.early_initialization(batch, heads, head_dim, param.dtype, param.device)
+    return cache
+
+
+def _decode(make_config: Callable[[], Any], context: int, dtype: torch.dtype) -> Callable:
+    def build(device: torch.device, calls: int) -> Case:
+        model = _causal_lm(make_config(), device, dtype)
+        vocab = model.config.vocab_size
+        cache = static_cache(model, 1, context + calls + 8)
+        generator = torch.Generator().manual_seed(1)
+        prompt = torch.randint(0, vocab, (1, context), generator=generator).to(device)
+        token = torch.randint(0, vocab, (1, 1), generator=generator).to(device)
+
+        def prepare() -> None:
+            cache.reset()  # zeroes in place: addresses (and captured graphs) stay valid
+            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+
+        kwargs = {"input_ids": token, "past_key_values": cache, "use_cache": True}
+        return Case(model, kwargs, _logits, prepare,
+                    shape=f"batch 1, 1 token, StaticCache {context}+{calls} of "
+                          f"{context + calls + 8}")  # fmt: skip
+
+    return build
+
+
+def _prefill(make_config: Callable[[], Any], seq: int, dtype: torch.dtype) -> Callable:
+    def build(device: torch.device, calls: int) -> Case:
+        model = _causal_lm(make_config(), device, dtype)
+        generator = torch.Generator().manual_seed(1)
+        ids = torch.randint(0, model.config.vocab_size, (1, seq), generator=generator)
+        kwargs = {"input_ids": ids.to(device), "use_cache": False}
+        return Case(model, kwargs, _logits, shape=f"batch 1 x {seq} tokens, no cache")
+
+    return build
+
+
+def _bert(make_config: Callable[[], Any], batch: int, seq: int, dtype: torch.dtype) -> Callable:
+    def build(device: torch.device, calls: int) -> Case:
+        from transformers import AutoModel
+
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModel.from_config(make_config())
+        model = model.to(dtype).eval()
+        generator = torch.Generator().manual_seed(1)
+        ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=generator)
+        return Case(model, {"input_ids": ids.to(device)}, _last_hidden,
+                    shape=f"{batch} x {seq}")  # fmt: skip
+
+    return build
+
+
+def _sweep(make_config: Callable[[], Any], lengths: list[int], dtype: torch.dtype) -> Callable:
+    def build(device: torch.device, calls: int) -> Case:
+        model = _causal_lm(make_config(), device, dtype)
+        generator = torch.Generator().manual_seed(1)
+        per_length = [
+            {
+                "input_ids": torch.randint(0, model.config.vocab_size, (1, n),
+                                           generator=generator).to(device),  # fmt: skip
+                "use_cache": False,
+            }
+            for n in lengths
+        ]
+        return Case(model, per_length[0], _logits, sweep=per_length,
+                    shape=f"batch 1, {len(lengths)} lengths {lengths[0]}..{lengths[-1]}, "
+                          "no cache")  # fmt: skip
+
+    return build
+
+
+def _llama_config(quick: bool) -> Callable[[], Any]:
+    def make() -> Any:
+        from transformers import LlamaConfig
+
+        if quick:
+            return LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                               max_position_embeddings=256)  # fmt: skip
+        # TinyLlama-1.1B's shape.
+        return LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                           num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+                           max_position_embeddings=2048, rms_norm_eps=1e-5)  # fmt: skip
+
+    return make
+
+
+def _gpt2_config(quick: bool) -> Callable[[], Any]:
+    def make() -> Any:
+        from transformers import GPT2Config
+
+        if quick:
+            return GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=512, n_positions=256)
+        return GPT2Config()  # GPT-2 small, 124M
+
+    return make
+
+
+def _bert_config(quick: bool) -> Callable[[], Any]:
+    def make() -> Any:
+        from transformers import BertConfig
+
+        if quick:
+            return BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              intermediate_size=128, vocab_size=512,
+                              max_position_embeddings=128)  # fmt: skip
+        return BertConfig()  # BERT-base
+
+    return make
+
+
+def workloads(quick: bool, device: torch.device) -> list[Workload]:
+    """The suite, in run order. fp16 on a GPU; fp32 on a CPU (CPU fp16 kernels are slow)."""
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    if quick:
+        sweep_lengths = [8, 12, 16, 20]
+        return [
+            Workload("chain-decode", "embedding chain, decode", dtype,
+                     _chain(1, 1, 64, 1000, dtype), 3, 3, needs_transformers=False),
+            Workload("chain-prefill", "embedding chain, prefill", dtype,
+                     _chain(2, 16, 64, 1000, dtype), 3, 3, needs_transformers=False),
+            Workload("llama-decode", "tiny Llama, decode", dtype,
+                     _decode(_llama_config(True), 8, dtype), 3, 2),
+            Workload("llama-prefill", "tiny Llama, prefill", dtype,
+                     _prefill(_llama_config(True), 16, dtype), 3, 2),
+            Workload("bert", "tiny BERT", dtype,
+                     _bert(_bert_config(True), 2, 16, dtype), 3, 2),
+            Workload("gpt2-decode", "tiny GPT-2, decode", dtype,
+                     _decode(_gpt2_config(True), 8, dtype), 3, 2),
+            Workload("gpt2-prefill", "tiny GPT-2, prefill", dtype,
+                     _prefill(_gpt2_config(True), 16, dtype), 3, 2),
+            Workload("gpt2-sweep", f"tiny GPT-2, {len(sweep_lengths)} lengths x 3 calls",
+                     dtype, _sweep(_gpt2_config(True), sweep_lengths, dtype), 1, 3),
+        ]  # fmt: skip
+    # Loop lengths keep the whole suite under ~8 min on an H200: Inductor compiles of the
+    # 22-layer model take 20-25 s each and dominate; timed loops are ~1-3 s per row.
+    sweep_lengths = [16 + 20 * i for i in range(24)]  # 16..476: 24 distinct shapes
+    return [
+        Workload("chain-decode", "gelu(tok*sqrt(D)+pos)*0.5+bias, decode", dtype,
+                 _chain(1, 1, 2048, 32000, dtype), 5, 100, needs_transformers=False),
+        Workload("chain-prefill", "gelu(tok*sqrt(D)+pos)*0.5+bias, prefill", dtype,
+                 _chain(16, 2048, 2048, 32000, dtype), 5, 10, needs_transformers=False),
+        Workload("llama-decode", "TinyLlama-1.1B shape (22 layers), decode", dtype,
+                 _decode(_llama_config(False), 64, dtype), 5, 20),
+        Workload("llama-prefill", "TinyLlama-1.1B shape (22 layers), prefill", dtype,
+                 _prefill(_llama_config(False), 512, dtype), 5, 4),
+        Workload("bert", "BERT-base", dtype, _bert(_bert_config(False), 8, 128, dtype), 5, 10),
+        Workload("gpt2-decode", "GPT-2 124M, decode", dtype,
+                 _decode(_gpt2_config(False), 64, dtype), 5, 20),
+        Workload("gpt2-prefill", "GPT-2 124M, prefill", dtype,
+                 _prefill(_gpt2_config(False), 512, dtype), 5, 10),
+        Workload("gpt2-sweep", f"GPT-2 124M, {len(sweep_lengths)} lengths x 3 calls", dtype,
+                 _sweep(_gpt2_config(False), sweep_lengths, dtype), 1, 3),
+    ]  # fmt: skip
+
+
+def select(all_workloads: list[Workload], only: str | None) -> list[Workload]:
+    """Workloads named by ``only``: comma-separated names or prefixes ("llama", "gpt2-sweep")."""
+    if not only:
+        return all_workloads
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    names = [w.name for w in all_workloads]
+    for item in wanted:
+        if not any(n == item or n.startswith(item + "-") or n.startswith(item) for n in names):
+            raise SystemExit(f"--only: no workload matches {item!r}; workloads: {', '.join(names)}")
+    return [w for w in all_workloads if any(w.name == i or w.name.startswith(i) for i in wanted)]
