@@ -36,8 +36,9 @@ if not torch.cuda.is_available():
     # Triton is first imported (fusebackend and transformers' model classes import it).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import fusebackend  # noqa: E402
 from suite import measure, report, workloads  # noqa: E402  (benchmarks/ is sys.path[0])
+
+import fusebackend  # noqa: E402
 
 
 class Progress:
