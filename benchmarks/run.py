@@ -26,10 +26,16 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+
+# Models are built from configs; nothing may be fetched (the GPU machine has no network).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# force_disable_caches also turns off Dynamo's profile-guided dynamism and says so each time.
+warnings.filterwarnings("ignore", message=".*force disabled by torch.compiler.config")
 
 if not torch.cuda.is_available():
     # Without a GPU, infinifuse's kernels run in Triton's interpreter. Must be set before
@@ -89,7 +95,8 @@ def environment(device: torch.device, quick: bool) -> dict[str, Any]:
     except ImportError:
         transformers_version = None
     return {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
         else f"cpu ({platform.processor() or platform.machine()})",
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -101,7 +108,7 @@ def environment(device: torch.device, quick: bool) -> dict[str, Any]:
         "quick": quick,
         "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
         "argv": sys.argv[1:],
-    }  # fmt: skip
+    }
 
 
 def _error_text(exc: BaseException) -> str:
@@ -113,15 +120,17 @@ def _line(row: dict[str, Any]) -> str:
     where = f"{row['workload']:>14s} {row['backend']:<20s}"
     if row["status"] != "ok":
         return f"{where} {row['status']}: {row.get('error', '')[:160]}"
-    return (f"{where} per call {row['per_call_ms']:9.3f} ms  first {row['first_call_s']:7.2f} s"
-            f"  err {row['rel_error']:.1e}{'' if row['error_ok'] else ' (> tol)'}"
-            f"  mode {row['mode']}")  # fmt: skip
+    return (
+        f"{where} per call {row['per_call_ms']:9.3f} ms  first {row['first_call_s']:7.2f} s"
+        f"  err {row['rel_error']:.1e}{'' if row['error_ok'] else ' (> tol)'}"
+        f"  mode {row['mode']}"
+    )
 
 
 def run_suite(args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
     selected = workloads.select(workloads.workloads(args.quick, device), args.only)
-    backends = [b.strip() for b in args.backends.split(",")] if args.backends else list(
-        measure.BACKENDS
+    backends = (
+        [b.strip() for b in args.backends.split(",")] if args.backends else list(measure.BACKENDS)
     )
     unknown = [b for b in backends if b not in measure.BACKENDS]
     if unknown:
@@ -139,16 +148,24 @@ def run_suite(args: argparse.Namespace, device: torch.device) -> list[dict[str, 
         if hasattr(inductor_config, "force_disable_caches"):
             inductor_config.force_disable_caches = True
     cache_root = Path(tempfile.mkdtemp(prefix="suite-triton-cache-"))
+    triton_cache_dir = os.environ.get("TRITON_CACHE_DIR")
 
     rows: list[dict[str, Any]] = []
     progress = Progress(len(selected) * len(backends))
     try:
         with torch.no_grad():
+            progress.start("process warm-up")
+            measure.warm_process(device, backends)
             for workload in selected:
-                rows += _run_workload(workload, backends, device, args, have_transformers,
-                                      cache_root, progress)  # fmt: skip
+                rows += _run_workload(
+                    workload, backends, device, args, have_transformers, cache_root, progress
+                )
     finally:
         progress.close()
+        if triton_cache_dir is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = triton_cache_dir
         shutil.rmtree(cache_root, ignore_errors=True)
     return rows
 
@@ -163,13 +180,18 @@ def _run_workload(
     progress: Progress,
 ) -> list[dict[str, Any]]:
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    base = {"workload": workload.name, "description": workload.description,
-            "dtype": str(workload.dtype).removeprefix("torch."), "date": date}  # fmt: skip
+    base = {
+        "workload": workload.name,
+        "description": workload.description,
+        "dtype": str(workload.dtype).removeprefix("torch."),
+        "date": date,
+    }
     rows: list[dict[str, Any]] = []
 
     def skip_all(status: str, why: str) -> list[dict[str, Any]]:
         for backend in backends:
-            rows.append({**base, "backend": backend, "status": status, "error": why})
+            rows.append({**base, "backend": backend, "status": status, "error": why,
+                         "phase": "build"})  # fmt: skip
             progress.write(_line(rows[-1]))
             progress.step()
         return rows
@@ -186,6 +208,11 @@ def _run_workload(
         traceback.print_exc()
         return skip_all("error", f"building the workload: {_error_text(exc)}")
     base["shape"] = case.shape
+    progress.start(f"{workload.name}: Dynamo warm-up trace")
+    try:
+        measure.prewarm(case, device)
+    except Exception:  # noqa: BLE001  (the dynamo row will record the failure)
+        measure.fresh_state(device)
 
     for backend in backends:
         progress.start(f"{workload.name} / {backend}")
@@ -201,8 +228,9 @@ def _run_workload(
                 row.update(measure.measure(workload, case, backend, device, refs))
                 row["status"] = "ok"
             except Exception as exc:  # noqa: BLE001  (recorded; the suite goes on)
-                row.update(status="error", error=_error_text(exc),
-                           traceback=traceback.format_exc()[-3000:])  # fmt: skip
+                row.update(
+                    status="error", error=_error_text(exc), traceback=traceback.format_exc()[-3000:]
+                )
                 if backend.startswith("infinifuse"):
                     row.update(measure.infinifuse_state())
             row["row_seconds"] = time.perf_counter() - start
@@ -226,14 +254,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", default="benchmarks/results")
     parser.add_argument("--quick", action="store_true", help="tiny configs (CPU smoke test)")
-    parser.add_argument("--only", help="comma-separated workload names or prefixes "
-                        "(chain, llama, bert, gpt2, gpt2-sweep, ...)")  # fmt: skip
-    parser.add_argument("--backends", help=f"comma-separated subset of {','.join(measure.BACKENDS)}")
+    parser.add_argument(
+        "--only",
+        help="comma-separated workload names or prefixes "
+        "(chain, llama, bert, gpt2, gpt2-sweep, ...)",
+    )
+    parser.add_argument(
+        "--backends", help=f"comma-separated subset of {','.join(measure.BACKENDS)}"
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--merge", action="store_true",
-                        help="keep rows of an existing suite.json that this run does not redo")  # fmt: skip
-    parser.add_argument("--warm-caches", action="store_true",
-                        help="keep Inductor's and Triton's compile caches (warm first calls)")  # fmt: skip
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep rows of an existing suite.json that this run does not redo",
+    )
+    parser.add_argument(
+        "--warm-caches",
+        action="store_true",
+        help="keep Inductor's and Triton's compile caches (warm first calls)",
+    )
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
     return parser.parse_args(argv)
 
@@ -263,8 +302,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (out_dir / "suite.md").write_text(report.markdown(result))
     plot_note = report.plot(result, out_dir / "suite.png")
 
-    print(f"\nsuite: {len(rows)} rows in {env['suite_seconds']:.0f} s -> {out_dir}/suite.json, "
-          f"suite.md" + ("" if plot_note else ", suite.png"))  # fmt: skip
+    print(
+        f"\nsuite: {len(rows)} rows in {env['suite_seconds']:.0f} s -> {out_dir}/suite.json, "
+        f"suite.md" + ("" if plot_note else ", suite.png")
+    )
     if plot_note:
         print(plot_note)
     print("targets:")

@@ -10,10 +10,11 @@ replayed path for every CUDA-graph backend).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -22,7 +23,16 @@ import fusebackend
 
 from .workloads import Case, Workload
 
-__all__ = ["BACKENDS", "CUDA_ONLY", "TOLERANCE", "fresh_state", "measure", "references"]
+__all__ = [
+    "BACKENDS",
+    "CUDA_ONLY",
+    "TOLERANCE",
+    "fresh_state",
+    "measure",
+    "prewarm",
+    "references",
+    "warm_process",
+]
 
 BACKENDS = ("eager", "dynamo", "inductor", "reduce-overhead", "infinifuse", "infinifuse-nofusion")
 CUDA_ONLY = frozenset({"inductor", "reduce-overhead"})  # Inductor on CPU needs a C++ toolchain
@@ -100,12 +110,57 @@ def references(case: Case, device: torch.device) -> list[torch.Tensor]:
     return refs
 
 
+def warm_process(device: torch.device, backends: list[str]) -> None:
+    """Pay the process's one-time costs (imports, Inductor's compile workers, Triton's
+    driver) on a toy function, so the first row of each backend does not carry them."""
+    x = torch.randn(8, 8, device=device)
+    table = torch.randn(16, 8, device=device)
+    ids = torch.randint(0, 16, (4,), device=device)
+
+    def toy(x: torch.Tensor, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        # An embedding with an elementwise consumer: infinifuse generates and compiles a kernel.
+        return torch.nn.functional.embedding(ids, table) * 2.0 + torch.relu(x[:4])
+
+    for backend in backends:
+        if backend == "eager" or (backend in CUDA_ONLY and device.type != "cuda"):
+            continue
+        fresh_state(device)
+        try:
+            make_fn(toy, backend)(x, ids, table)
+        except Exception:  # noqa: BLE001  (the real rows will record the failure)
+            pass
+    sync(device)
+    fresh_state(device)
+
+
+def prewarm(case: Case, device: torch.device) -> None:
+    """One throwaway Dynamo trace of the model: the first trace of a model's code pays for
+    caches that outlive ``torch._dynamo.reset()`` (source inspection, lazy imports), which
+    made the first compiled row's first call ~2x slower than the next (CPU, tiny Llama:
+    1.47 s vs 0.67 s)."""
+    fn = torch.compile(case.model, backend="eager")
+    case.prepare()
+    fn(**(case.sweep[0] if case.sweep is not None else case.kwargs))
+    sync(device)
+    fresh_state(device)
+
+
 def infinifuse_state() -> dict[str, Any]:
     """Modes reached and the counters worth keeping, from ``fusebackend.stats()``."""
     stats = fusebackend.stats()
-    keep = ("cache_size", "cache_hits", "cache_misses", "recordings", "fusion_attempts",
-            "fusion_successes", "fusion_fallbacks", "evictions", "rerecords",
-            "capture_failures", "graph_pool_bytes")  # fmt: skip
+    keep = (
+        "cache_size",
+        "cache_hits",
+        "cache_misses",
+        "recordings",
+        "fusion_attempts",
+        "fusion_successes",
+        "fusion_fallbacks",
+        "evictions",
+        "rerecords",
+        "capture_failures",
+        "graph_pool_bytes",
+    )
     reasons = sorted(set(stats["fallback_reasons"].values()))
     return {
         "mode": ",".join(sorted(set(stats["fusion_modes"].values()))) or "none",
@@ -145,6 +200,19 @@ def measure(
     return row
 
 
+@contextlib.contextmanager
+def _gc_off() -> Iterator[None]:
+    """No garbage collection while timing, as timeit does: one collection inside a short
+    loop would be that round's outlier, not a cost of the backend."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _call(fn: Callable[..., Any], kwargs: dict[str, Any], step: Callable | None) -> Any:
     if step is not None:
         step()
@@ -178,14 +246,16 @@ def _steady(
     del first, last_warm
 
     per_round = []
-    for _ in range(rounds):
-        sync(device)
-        start = time.perf_counter()
-        for _ in range(loop):
-            out = None
-            out = _call(fn, kwargs, step)
-        sync(device)
-        per_round.append((time.perf_counter() - start) / loop * 1e3)
+    gc.collect()
+    with _gc_off():
+        for _ in range(rounds):
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(loop):
+                out = None
+                out = _call(fn, kwargs, step)
+            sync(device)
+            per_round.append((time.perf_counter() - start) / loop * 1e3)
     out = None
     return {
         "first_call_s": first_call_s,
@@ -213,17 +283,17 @@ def _sweep(
     sync(device)
     start = time.perf_counter()
     for kwargs in case.sweep:
-        for i in range(calls_per_length):
-            last = i == calls_per_length - 1
-            if last:
-                sync(device)  # a few syncs in a pass of seconds: noise below 0.1 %
-                call_start = time.perf_counter()
+        for _ in range(calls_per_length - 1):
             out = None
             out = _call(fn, kwargs, step)
-            if last:
-                sync(device)
-                last_call_ms.append((time.perf_counter() - call_start) * 1e3)
-                outputs.append(_grab(case, out))
+        sync(device)  # a few syncs in a pass of seconds: noise below 0.1 %
+        with _gc_off():
+            call_start = time.perf_counter()
+            out = None
+            out = _call(fn, kwargs, step)
+            sync(device)
+            last_call_ms.append((time.perf_counter() - call_start) * 1e3)
+        outputs.append(_grab(case, out))
     sync(device)
     first_pass_s = time.perf_counter() - start
     out = None

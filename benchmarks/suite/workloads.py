@@ -76,8 +76,12 @@ def _chain(batch: int, seq: int, dim: int, vocab: int, dtype: torch.dtype) -> Ca
         model = Chain(vocab, max(seq, 16), dim).to(device, dtype).eval()
         ids = torch.randint(0, vocab, (batch, seq), device=device)
         pos_ids = torch.arange(seq, device=device)[None]
-        return Case(model, {"ids": ids, "pos_ids": pos_ids}, lambda out: out,
-                    shape=f"B={batch} T={seq} D={dim}")  # fmt: skip
+        return Case(
+            model,
+            {"ids": ids, "pos_ids": pos_ids},
+            lambda out: out,
+            shape=f"B={batch} T={seq} D={dim}",
+        )
 
     return build
 
@@ -89,7 +93,7 @@ def _causal_lm(config: Any, device: torch.device, dtype: torch.dtype) -> nn.Modu
     # Built on the target device: random init of 1.1B parameters on a CPU takes ~10 s.
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config)
-    return model.to(dtype).eval()
+    return model.to(device=device, dtype=dtype).eval()  # no-op moves if built in place
 
 
 def static_cache(model: nn.Module, batch: int, max_len: int) -> Any:
@@ -122,9 +126,13 @@ def _decode(make_config: Callable[[], Any], context: int, dtype: torch.dtype) ->
             model(input_ids=prompt, past_key_values=cache, use_cache=True)
 
         kwargs = {"input_ids": token, "past_key_values": cache, "use_cache": True}
-        return Case(model, kwargs, _logits, prepare,
-                    shape=f"batch 1, 1 token, StaticCache {context}+{calls} of "
-                          f"{context + calls + 8}")  # fmt: skip
+        return Case(
+            model,
+            kwargs,
+            _logits,
+            prepare,
+            shape=f"batch 1, 1 token, StaticCache {context}+{calls} of {context + calls + 8}",
+        )
 
     return build
 
@@ -147,11 +155,10 @@ def _bert(make_config: Callable[[], Any], batch: int, seq: int, dtype: torch.dty
         torch.manual_seed(0)
         with torch.device(device):
             model = AutoModel.from_config(make_config())
-        model = model.to(dtype).eval()
+        model = model.to(device=device, dtype=dtype).eval()
         generator = torch.Generator().manual_seed(1)
         ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=generator)
-        return Case(model, {"input_ids": ids.to(device)}, _last_hidden,
-                    shape=f"{batch} x {seq}")  # fmt: skip
+        return Case(model, {"input_ids": ids.to(device)}, _last_hidden, shape=f"{batch} x {seq}")
 
     return build
 
@@ -162,15 +169,20 @@ def _sweep(make_config: Callable[[], Any], lengths: list[int], dtype: torch.dtyp
         generator = torch.Generator().manual_seed(1)
         per_length = [
             {
-                "input_ids": torch.randint(0, model.config.vocab_size, (1, n),
-                                           generator=generator).to(device),  # fmt: skip
+                "input_ids": torch.randint(
+                    0, model.config.vocab_size, (1, n), generator=generator
+                ).to(device),
                 "use_cache": False,
             }
             for n in lengths
         ]
-        return Case(model, per_length[0], _logits, sweep=per_length,
-                    shape=f"batch 1, {len(lengths)} lengths {lengths[0]}..{lengths[-1]}, "
-                          "no cache")  # fmt: skip
+        return Case(
+            model,
+            per_length[0],
+            _logits,
+            sweep=per_length,
+            shape=f"batch 1, {len(lengths)} lengths {lengths[0]}..{lengths[-1]}, no cache",
+        )
 
     return build
 
@@ -180,13 +192,26 @@ def _llama_config(quick: bool) -> Callable[[], Any]:
         from transformers import LlamaConfig
 
         if quick:
-            return LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
-                               max_position_embeddings=256)  # fmt: skip
+            return LlamaConfig(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                vocab_size=512,
+                max_position_embeddings=256,
+            )
         # TinyLlama-1.1B's shape.
-        return LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-                           num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
-                           max_position_embeddings=2048, rms_norm_eps=1e-5)  # fmt: skip
+        return LlamaConfig(
+            hidden_size=2048,
+            intermediate_size=5632,
+            num_hidden_layers=22,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            vocab_size=32000,
+            max_position_embeddings=2048,
+            rms_norm_eps=1e-5,
+        )
 
     return make
 
@@ -196,7 +221,16 @@ def _gpt2_config(quick: bool) -> Callable[[], Any]:
         from transformers import GPT2Config
 
         if quick:
-            return GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=512, n_positions=256)
+            # bos/eos inside the tiny vocabulary: transformers warns about the default 50256.
+            return GPT2Config(
+                n_embd=64,
+                n_layer=2,
+                n_head=4,
+                vocab_size=512,
+                n_positions=256,
+                bos_token_id=0,
+                eos_token_id=0,
+            )
         return GPT2Config()  # GPT-2 small, 124M
 
     return make
@@ -207,9 +241,14 @@ def _bert_config(quick: bool) -> Callable[[], Any]:
         from transformers import BertConfig
 
         if quick:
-            return BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                              intermediate_size=128, vocab_size=512,
-                              max_position_embeddings=128)  # fmt: skip
+            return BertConfig(
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=128,
+                vocab_size=512,
+                max_position_embeddings=128,
+            )
         return BertConfig()  # BERT-base
 
     return make
@@ -221,43 +260,130 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
     if quick:
         sweep_lengths = [8, 12, 16, 20]
         return [
-            Workload("chain-decode", "embedding chain, decode", dtype,
-                     _chain(1, 1, 64, 1000, dtype), 3, 3, needs_transformers=False),
-            Workload("chain-prefill", "embedding chain, prefill", dtype,
-                     _chain(2, 16, 64, 1000, dtype), 3, 3, needs_transformers=False),
-            Workload("llama-decode", "tiny Llama, decode", dtype,
-                     _decode(_llama_config(True), 8, dtype), 3, 2),
-            Workload("llama-prefill", "tiny Llama, prefill", dtype,
-                     _prefill(_llama_config(True), 16, dtype), 3, 2),
-            Workload("bert", "tiny BERT", dtype,
-                     _bert(_bert_config(True), 2, 16, dtype), 3, 2),
-            Workload("gpt2-decode", "tiny GPT-2, decode", dtype,
-                     _decode(_gpt2_config(True), 8, dtype), 3, 2),
-            Workload("gpt2-prefill", "tiny GPT-2, prefill", dtype,
-                     _prefill(_gpt2_config(True), 16, dtype), 3, 2),
-            Workload("gpt2-sweep", f"tiny GPT-2, {len(sweep_lengths)} lengths x 3 calls",
-                     dtype, _sweep(_gpt2_config(True), sweep_lengths, dtype), 1, 3),
-        ]  # fmt: skip
+            Workload(
+                "chain-decode",
+                "embedding chain, decode",
+                dtype,
+                _chain(1, 1, 64, 1000, dtype),
+                3,
+                3,
+                needs_transformers=False,
+            ),
+            Workload(
+                "chain-prefill",
+                "embedding chain, prefill",
+                dtype,
+                _chain(2, 16, 64, 1000, dtype),
+                3,
+                3,
+                needs_transformers=False,
+            ),
+            Workload(
+                "llama-decode",
+                "tiny Llama, decode",
+                dtype,
+                _decode(_llama_config(True), 8, dtype),
+                3,
+                2,
+            ),
+            Workload(
+                "llama-prefill",
+                "tiny Llama, prefill",
+                dtype,
+                _prefill(_llama_config(True), 16, dtype),
+                3,
+                2,
+            ),
+            Workload("bert", "tiny BERT", dtype, _bert(_bert_config(True), 2, 16, dtype), 3, 2),
+            Workload(
+                "gpt2-decode",
+                "tiny GPT-2, decode",
+                dtype,
+                _decode(_gpt2_config(True), 8, dtype),
+                3,
+                2,
+            ),
+            Workload(
+                "gpt2-prefill",
+                "tiny GPT-2, prefill",
+                dtype,
+                _prefill(_gpt2_config(True), 16, dtype),
+                3,
+                2,
+            ),
+            Workload(
+                "gpt2-sweep",
+                f"tiny GPT-2, {len(sweep_lengths)} lengths x 3 calls",
+                dtype,
+                _sweep(_gpt2_config(True), sweep_lengths, dtype),
+                1,
+                3,
+            ),
+        ]
     # Loop lengths keep the whole suite under ~8 min on an H200: Inductor compiles of the
     # 22-layer model take 20-25 s each and dominate; timed loops are ~1-3 s per row.
     sweep_lengths = [16 + 20 * i for i in range(24)]  # 16..476: 24 distinct shapes
     return [
-        Workload("chain-decode", "gelu(tok*sqrt(D)+pos)*0.5+bias, decode", dtype,
-                 _chain(1, 1, 2048, 32000, dtype), 5, 100, needs_transformers=False),
-        Workload("chain-prefill", "gelu(tok*sqrt(D)+pos)*0.5+bias, prefill", dtype,
-                 _chain(16, 2048, 2048, 32000, dtype), 5, 10, needs_transformers=False),
-        Workload("llama-decode", "TinyLlama-1.1B shape (22 layers), decode", dtype,
-                 _decode(_llama_config(False), 64, dtype), 5, 20),
-        Workload("llama-prefill", "TinyLlama-1.1B shape (22 layers), prefill", dtype,
-                 _prefill(_llama_config(False), 512, dtype), 5, 4),
+        Workload(
+            "chain-decode",
+            "gelu(tok*sqrt(D)+pos)*0.5+bias, decode",
+            dtype,
+            _chain(1, 1, 2048, 32000, dtype),
+            5,
+            100,
+            needs_transformers=False,
+        ),
+        Workload(
+            "chain-prefill",
+            "gelu(tok*sqrt(D)+pos)*0.5+bias, prefill",
+            dtype,
+            _chain(16, 2048, 2048, 32000, dtype),
+            5,
+            10,
+            needs_transformers=False,
+        ),
+        Workload(
+            "llama-decode",
+            "TinyLlama-1.1B shape (22 layers), decode",
+            dtype,
+            _decode(_llama_config(False), 64, dtype),
+            5,
+            20,
+        ),
+        Workload(
+            "llama-prefill",
+            "TinyLlama-1.1B shape (22 layers), prefill",
+            dtype,
+            _prefill(_llama_config(False), 512, dtype),
+            5,
+            4,
+        ),
         Workload("bert", "BERT-base", dtype, _bert(_bert_config(False), 8, 128, dtype), 5, 10),
-        Workload("gpt2-decode", "GPT-2 124M, decode", dtype,
-                 _decode(_gpt2_config(False), 64, dtype), 5, 20),
-        Workload("gpt2-prefill", "GPT-2 124M, prefill", dtype,
-                 _prefill(_gpt2_config(False), 512, dtype), 5, 10),
-        Workload("gpt2-sweep", f"GPT-2 124M, {len(sweep_lengths)} lengths x 3 calls", dtype,
-                 _sweep(_gpt2_config(False), sweep_lengths, dtype), 1, 3),
-    ]  # fmt: skip
+        Workload(
+            "gpt2-decode",
+            "GPT-2 124M, decode",
+            dtype,
+            _decode(_gpt2_config(False), 64, dtype),
+            5,
+            20,
+        ),
+        Workload(
+            "gpt2-prefill",
+            "GPT-2 124M, prefill",
+            dtype,
+            _prefill(_gpt2_config(False), 512, dtype),
+            5,
+            10,
+        ),
+        Workload(
+            "gpt2-sweep",
+            f"GPT-2 124M, {len(sweep_lengths)} lengths x 3 calls",
+            dtype,
+            _sweep(_gpt2_config(False), sweep_lengths, dtype),
+            1,
+            3,
+        ),
+    ]
 
 
 def select(all_workloads: list[Workload], only: str | None) -> list[Workload]:
@@ -267,6 +393,6 @@ def select(all_workloads: list[Workload], only: str | None) -> list[Workload]:
     wanted = [w.strip() for w in only.split(",") if w.strip()]
     names = [w.name for w in all_workloads]
     for item in wanted:
-        if not any(n == item or n.startswith(item + "-") or n.startswith(item) for n in names):
+        if not any(name.startswith(item) for name in names):
             raise SystemExit(f"--only: no workload matches {item!r}; workloads: {', '.join(names)}")
-    return [w for w in all_workloads if any(w.name == i or w.name.startswith(i) for i in wanted)]
+    return [w for w in all_workloads if any(w.name.startswith(item) for item in wanted)]

@@ -1,0 +1,219 @@
+"""Smoke tests of the examples and of the benchmark suite at tiny sizes (CPU is enough).
+
+The examples run in this process (their ``main`` takes argv); the suite runs in a
+subprocess because it sets process-wide state (Inductor's cache switch, Triton's cache
+directory, warning filters). Tests that need transformers skip without it (CI installs only
+torch, triton, numpy, networkx, pytest and hypothesis). No test asserts a time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(relative: str) -> ModuleType:
+    path = ROOT / relative
+    name = "_example_" + path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _has_transformers() -> bool:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_bert_embeddings_example_fuses_three_tables(capsys):
+    example = _load("examples/bert_embeddings.py")
+    argv = ["--device", "cpu", "--batch", "2", "--seq", "5", "--hidden", "24", "--vocab", "97"]
+    error = example.main(argv)
+    out = capsys.readouterr().out
+    assert "three-table group" in out, out
+    assert "lookups per group: [3]" in out, out
+    # fp32: the kernel computes in fp32 like eager; only summation order may differ.
+    assert error <= 1e-5, out
+
+
+def test_bert_embeddings_example_module_matches_without_compile():
+    example = _load("examples/bert_embeddings.py")
+    model = example.BertStyleEmbeddings(vocab=31, hidden=8).eval()
+    ids = torch.randint(0, 31, (2, 3))
+    with torch.no_grad():
+        default_types = model(ids)
+        zeros = model(ids, torch.zeros_like(ids))
+    torch.testing.assert_close(default_types, zeros)
+
+
+def test_llama_generate_example_matches_eager():
+    pytest.importorskip("transformers")
+    example = _load("examples/llama_generate.py")
+    argv = ["--device", "cpu", "--layers", "1", "--prompt-len", "6", "--new-tokens", "4"]
+    result = example.main(argv)
+    assert result["tokens"].shape == (1, 4)
+    assert result["tokens_match"], result
+    assert result["rel_error"] <= 1e-4, result
+    assert result["cache"] == "StaticCache"
+    stats = result["stats"]
+    # One prefill and one decode signature, each compiled once, no failed run.
+    assert stats["cache_misses"] == 2, stats
+    assert stats["fusion_fallbacks"] == 0, stats["fallback_reasons"]
+    assert len(stats["fusion_modes"]) == 2, stats
+
+
+def test_llama_generate_example_no_fusion_and_dynamic_cache():
+    pytest.importorskip("transformers")
+    example = _load("examples/llama_generate.py")
+    argv = [
+        "--device",
+        "cpu",
+        "--layers",
+        "1",
+        "--prompt-len",
+        "5",
+        "--new-tokens",
+        "3",
+        "--no-fusion",
+        "--cache",
+        "dynamic",
+    ]
+    result = example.main(argv)
+    assert result["backend"] == "infinifuse (fusion off)"
+    assert result["cache"] == "DynamicCache"
+    assert result["tokens_match"], result
+    assert set(result["stats"]["fusion_modes"].values()) <= {"eager", "graph_replay"}
+
+
+def _run_suite(out_dir: Path, *args: str) -> dict:
+    env = dict(os.environ)
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "run.py"),
+        "--out-dir",
+        str(out_dir),
+        "--quick",
+        *args,
+    ]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads((out_dir / "suite.json").read_text())
+
+
+def test_suite_quick_writes_rows_targets_and_merges(tmp_path):
+    report = _run_suite(tmp_path, "--only", "chain-decode,llama-decode")
+    env = report["environment"]
+    for key in ("device", "torch", "triton", "transformers", "date", "quick"):
+        assert key in env, env
+    assert env["quick"] is True
+
+    rows = {(r["workload"], r["backend"]): r for r in report["rows"]}
+    backends = (
+        "eager",
+        "dynamo",
+        "inductor",
+        "reduce-overhead",
+        "infinifuse",
+        "infinifuse-nofusion",
+    )
+    assert set(rows) == {(w, b) for w in ("chain-decode", "llama-decode") for b in backends}
+    cuda = torch.cuda.is_available()
+    for (workload, backend), row in rows.items():
+        if workload == "llama-decode" and not _has_transformers():
+            assert row["status"] == "skipped", row
+            continue
+        if backend in ("inductor", "reduce-overhead") and not cuda:
+            assert row["status"] == "skipped" and row["error"] == "no CUDA", row
+            continue
+        assert row["status"] == "ok", row
+        for key in ("per_call_ms", "first_call_s", "rel_error", "tolerance", "mode"):
+            assert key in row, (key, row)
+        assert row["error_ok"], row
+        assert row["tolerance"] == (1e-2 if cuda else 1e-4)
+        if backend.startswith("infinifuse"):
+            assert row["mode"] != "n/a" and "stats" in row, row
+        else:
+            assert row["mode"] == "n/a", row
+    # The chain is the fusion pattern itself: on CPU its kernel runs in the interpreter.
+    assert "fusion" in rows["chain-decode", "infinifuse"]["mode"].split(",")
+    assert rows["chain-decode", "infinifuse-nofusion"]["mode"] in ("eager", "graph_replay")
+
+    targets = {t["name"]: t for t in report["targets"]}
+    assert len(targets) == 6
+    first_call = targets["TinyLlama-shape decode, first call: infinifuse / Dynamo alone"]
+    if _has_transformers():
+        assert first_call["status"] in ("met", "missed") and first_call["value"] > 0
+    else:
+        assert first_call["status"] == "not measured"
+    sweep = targets["GPT-2 24-length sweep, first pass: infinifuse / Dynamo alone"]
+    assert sweep["status"] == "not measured"  # not selected
+    assert targets[next(n for n in targets if n.startswith("every row"))]["status"] == "met"
+
+    markdown = (tmp_path / "suite.md").read_text()
+    assert "| chain-decode |" in markdown and "## Targets" in markdown
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (tmp_path / "suite.png").stat().st_size > 0
+
+    # A second part merges into the same directory: its rows are added, the others kept.
+    merged = _run_suite(tmp_path, "--only", "chain-prefill", "--backends", "eager", "--merge")
+    keys = {(r["workload"], r["backend"]) for r in merged["rows"]}
+    assert ("chain-prefill", "eager") in keys and ("chain-decode", "infinifuse") in keys
+
+
+def test_suite_targets_logic():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from suite.report import compute_targets
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def row(workload, backend, status="ok", first=1.0, per_call=1.0, error=0.0):
+        return {
+            "workload": workload,
+            "backend": backend,
+            "status": status,
+            "first_call_s": first,
+            "per_call_ms": per_call,
+            "rel_error": error,
+            "tolerance": 1e-2,
+            "error_ok": error <= 1e-2,
+        }
+
+    rows = [
+        row("llama-decode", "infinifuse", first=3.0, per_call=5.0),
+        row("llama-decode", "dynamo", first=2.5),
+        row("llama-decode", "reduce-overhead", first=20.0, per_call=2.0),
+        row("gpt2-sweep", "infinifuse", status="error"),
+        row("gpt2-sweep", "dynamo"),
+        row("bert", "inductor", error=0.5),
+    ]
+    computed = compute_targets(rows)
+    targets = {(t["workload"], t["metric"], t["baseline"]): t for t in computed[:-1]}
+    decode_dynamo = targets["llama-decode", "first_call_s", "dynamo"]
+    assert decode_dynamo["status"] == "met" and decode_dynamo["value"] == pytest.approx(1.2)
+    assert targets["llama-decode", "first_call_s", "reduce-overhead"]["status"] == "met"  # 0.15
+    per_call = targets["llama-decode", "per_call_ms", "reduce-overhead"]
+    assert per_call["status"] == "missed" and per_call["value"] == pytest.approx(2.5)
+    # The backend under test failing is a miss; a missing baseline is a gap.
+    assert targets["gpt2-sweep", "first_call_s", "dynamo"]["status"] == "missed"
+    assert targets["gpt2-sweep", "first_call_s", "reduce-overhead"]["status"] == "not measured"
+    errors = computed[-1]
+    assert errors["status"] == "missed" and "bert/inductor" in errors["note"]
