@@ -461,3 +461,67 @@ def test_index_mutated_between_two_lookups_of_it():
     assert torch.equal(ids, ids_eager)
     assert len(report.groups) == 2, str(report)
     assert _has_reason(report, "the in-place op", "lies inside the group"), str(report)
+
+
+# --- regressions found on transformers models -------------------------------------------
+
+
+def test_bitwise_and_or_are_not_mistaken_for_in_place_ops():
+    # Llama's causal mask has `result & to`: operator.and_ ends in "_" like an in-place op
+    torch.manual_seed(30)
+    (table,) = _tables()
+    ids = rand_ids(V, (2, 5))
+    mask_a = torch.rand(2, 5, 1) > 0.3
+    mask_b = torch.rand(2, 5, 1) > 0.3
+
+    def fn(ids, table, mask_a, mask_b):
+        x = F.embedding(ids, table) * 2.0
+        keep = (mask_a & mask_b) | (mask_a ^ mask_b)
+        return x + 1.0, keep
+
+    out, report = run_fused(fn, ids, table, mask_a, mask_b)
+    assert len(single_group(report).nodes) == 3, str(report)
+    assert not _has_reason(report, "in-place"), str(report)
+    assert_close(out, eager(fn, ids, table, mask_a, mask_b))
+
+
+def test_same_dtype_cast_is_an_alias_and_fuses_beside_a_mutation():
+    # `inputs_embeds.to(torch.float32)` on an fp32 model, in a graph that also updates a
+    # cache in place: the cast returns its input in eager, and the group keeps it so
+    torch.manual_seed(31)
+    (table,) = _tables()
+    ids = rand_ids(V, (2, 5))
+    cache = torch.randn(2, 5)
+
+    def fn(ids, table, cache):
+        x = F.embedding(ids, table)
+        h = x.to(torch.float32)
+        y = h * 0.5 + 1.0
+        cache.add_(1.0)
+        return x, h, y
+
+    eager_cache = cache.clone()
+    expected = eager(fn, ids, table, eager_cache)
+    out, report = run_fused(fn, ids, table, cache)
+    group = single_group(report)
+    assert "h" in group.nodes and "y" in group.nodes, str(report)
+    assert_close(out, expected)
+    assert_close(cache, eager_cache)  # the mutation happened once
+
+
+def test_a_consumer_is_never_claimed_by_two_groups():
+    # GPT-2: `a + b.to(a.device)` where a and b are lookups; b's cast is an alias
+    torch.manual_seed(32)
+    wte, wpe = _tables(2)
+    ids = rand_ids(V, (1, 8))
+
+    def fn(ids, wte, wpe):
+        pos = torch.arange(ids.shape[1])[None]
+        a = F.embedding(ids, wte)
+        b = F.embedding(pos, wpe)
+        return a + b.to(a.device)
+
+    out, report = run_fused(fn, ids, wte, wpe)
+    owners = [g.name for g in report.groups for node in g.nodes if node == "add"]
+    assert len(owners) == 1, str(report)
+    assert_close(out, eager(fn, ids, wte, wpe))

@@ -65,6 +65,9 @@ class Candidate:
     spec: GroupSpec | None = None
     inputs: list[torch.fx.Node] = dataclasses.field(default_factory=list)
     outputs: list[torch.fx.Node] = dataclasses.field(default_factory=list)
+    # member -> index of the kernel output holding its value; aliases (same-dtype casts)
+    # share their source's output, as they share its tensor in eager
+    output_slot: dict[torch.fx.Node, int] = dataclasses.field(default_factory=dict)
 
     @property
     def elementwise(self) -> list[torch.fx.Node]:
@@ -160,6 +163,8 @@ class _Grower:
         """The nodes to add for ``user`` (itself plus new lookups), or why not."""
         if user.op == "output":
             return "graph output"
+        if user in self.p.assigned:
+            return f"consumer {user.name} belongs to another group"
         if is_mutation(user):
             return f"consumer {user.name} is an in-place op"
         row = lookup_op(user.op, user.target)
@@ -171,13 +176,9 @@ class _Grower:
         reason = self._check_result(user, call)
         if reason:
             return f"consumer {user.name}: {reason}"
-        if call.op.name == "cast" and self.p.mutations and isinstance(call.operands[0],
-                                                                      torch.fx.Node):  # fmt: skip
-            source = example_value(call.operands[0])
-            if isinstance(source, torch.Tensor) and source.dtype == example_value(user).dtype:
-                # eager returns the input itself: the graph mutates tensors in place, and a
-                # kernel output would be a copy that misses those writes
-                return f"consumer {user.name}: a same-dtype cast aliases its input"
+        if _is_alias_cast(call, user) and call.operands[0] not in self.members:
+            # eager returns the external tensor itself; a kernel output would be a copy
+            return f"consumer {user.name}: a same-dtype cast of a tensor outside the group"
         new_lookups: list[torch.fx.Node] = []
         for name, operand in zip(call.op.operands, call.operands):
             reason = self._check_operand(call, name, operand, new_lookups)
@@ -245,6 +246,15 @@ class _Grower:
         if dtype not in (*_FLOATING, torch.bool):
             return f"integer tensor operand {name} ({dtype}) is not fused"
         return None
+
+
+def _is_alias_cast(call: OpCall, node: torch.fx.Node) -> bool:
+    """A cast to the dtype (and device) it already has: eager returns the input itself."""
+    source = call.operands[0]
+    if call.op.name != "cast" or not isinstance(source, torch.fx.Node):
+        return False
+    before, after = example_value(source), example_value(node)
+    return isinstance(before, torch.Tensor) and before.dtype == after.dtype
 
 
 def _is_real_number(value: Any) -> bool:
@@ -382,6 +392,9 @@ def describe(candidate: Candidate) -> None:
         call = bind_op(row[0], row[1], node.args, dict(node.kwargs))
         assert isinstance(call, OpCall), call
         candidate.calls[node] = call
+        if _is_alias_cast(call, node):
+            values[node] = values[call.operands[0]]
+            continue
         operands: list[Any] = []
         for operand in call.operands:
             if operand is None:
@@ -398,9 +411,13 @@ def describe(candidate: Candidate) -> None:
         values[node] = len(lookups) + len(instrs) - 1
     members = set(candidate.members)
     outputs = [m for m in candidate.members if any(u not in members for u in m.users)]
+    distinct: list[int] = []
+    for member in outputs:
+        if values[member] not in distinct:
+            distinct.append(values[member])
+        candidate.output_slot[member] = distinct.index(values[member])
     candidate.inputs, candidate.outputs = inputs, outputs
-    candidate.spec = GroupSpec(tuple(dtypes), tuple(lookups), tuple(instrs),
-                               tuple(values[m] for m in outputs))  # fmt: skip
+    candidate.spec = GroupSpec(tuple(dtypes), tuple(lookups), tuple(instrs), tuple(distinct))
 
 
 # --- rewrite --------------------------------------------------------------------------
@@ -420,15 +437,20 @@ def rewrite(
         describe(candidate)
         first = candidate.members[0]
         start = priority[first]
+        holders = _output_holders(candidate)
         with graph.inserting_before(first):
             fused = graph.call_function(make_op(candidate), tuple(candidate.inputs))
-            fused.meta["example_value"] = tuple(example_value(o) for o in candidate.outputs)
+            fused.meta["example_value"] = tuple(example_value(h) for h in holders)
             priority[fused] = start
-            members = set(candidate.members)
-            for k, out in enumerate(candidate.outputs):
+            items = []
+            for k, holder in enumerate(holders):
                 item = graph.call_function(operator.getitem, (fused, k))
-                item.meta["example_value"] = example_value(out)
-                priority[item] = start + (k + 1) / (len(candidate.outputs) + 1)
+                item.meta["example_value"] = example_value(holder)
+                priority[item] = start + (k + 1) / (len(holders) + 1)
+                items.append(item)
+            members = set(candidate.members)
+            for out in candidate.outputs:
+                item = items[candidate.output_slot[out]]
                 out.replace_all_uses_with(item, delete_user_cb=lambda u, m=members: u not in m)
         for member in reversed(candidate.members):
             graph.erase_node(member)
@@ -436,6 +458,14 @@ def rewrite(
     resort_stably(graph, priority)
     graph.lint()
     return fused_nodes
+
+
+def _output_holders(candidate: Candidate) -> list[torch.fx.Node]:
+    """For each kernel output, the first member whose value it holds."""
+    holders: dict[int, torch.fx.Node] = {}
+    for member in candidate.outputs:
+        holders.setdefault(candidate.output_slot[member], member)
+    return [holders[k] for k in range(len(holders))]
 
 
 def reference_module(candidate: Candidate) -> torch.fx.GraphModule:
@@ -460,5 +490,5 @@ def reference_module(candidate: Candidate) -> torch.fx.GraphModule:
                                                    example_value(member).dtype))  # fmt: skip
         else:
             env[member] = graph.node_copy(member, lambda n: env[n])
-    graph.output(tuple(env[o] for o in candidate.outputs))
+    graph.output(tuple(env[h] for h in _output_holders(candidate)))
     return torch.fx.GraphModule(torch.nn.Module(), graph)

@@ -68,6 +68,8 @@ def is_mutation(node: torch.fx.Node) -> bool:
             return True
         if node.kwargs.get("inplace") is True or node.kwargs.get("out") is not None:
             return True
+        if getattr(node.target, "__module__", None) in ("_operator", "operator"):
+            return False  # operator.and_/or_/not_ are pure; the in-place ones are above
         name = getattr(node.target, "__name__", "")
         return name.endswith("_") and not name.endswith("__")
     return node.op == "call_module"  # an opaque module may mutate anything
