@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -130,7 +131,7 @@ def infinifuse(
         mutated_inputs=[p.name for p in mutated],
         host_inputs=[placeholders[i].name for i in host_inputs],
         compile_seconds=time.perf_counter() - start,
-        runtime=cache,
+        runtime_ref=weakref.ref(cache),
     )
     record(report)
     log.info("%s: %s, %d group(s), %d not fused", name, path, len(groups), len(rejections))

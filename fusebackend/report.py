@@ -45,10 +45,18 @@ class GraphReport:
     mutated_inputs: list[str]
     host_inputs: list[str]
     compile_seconds: float
-    runtime: Any = None  # the graph's GraphCache: live per-signature modes
+    # A weak reference to the graph's GraphCache: a report must not keep captured graphs
+    # alive after the compiled model is gone (reports are kept for last_report/explain).
+    runtime_ref: Any = None
+
+    @property
+    def runtime(self) -> Any:
+        """The graph's GraphCache while it is alive, else None."""
+        return self.runtime_ref() if self.runtime_ref is not None else None
 
     def runtime_modes(self) -> list[dict[str, Any]]:
-        return self.runtime.describe() if self.runtime is not None else []
+        runtime = self.runtime
+        return runtime.describe() if runtime is not None else []
 
 
 @dataclasses.dataclass

@@ -288,6 +288,7 @@ class _FusionPass:
         self.position = {node: i for i, node in enumerate(graph.nodes)}
         self.mutations = [n for n in graph.nodes if is_mutation(n)]
         self.assigned: set[torch.fx.Node] = set()
+        self.group_of: dict[torch.fx.Node, frozenset[torch.fx.Node]] = {}  # accepted groups
 
     def path_outside(self, group: set[torch.fx.Node]) -> torch.fx.Node | None:
         """A node outside ``group`` that depends on it and feeds it, or None.
@@ -296,10 +297,29 @@ class _FusionPass:
         the whole group at each step: a lookup joining as an operand can close a cycle
         through operands the group already had.
         """
-        below = _reach(self.digraph.successors, group)
-        above = _reach(self.digraph.predecessors, group)
+        below = self._reach(self.digraph.successors, group)
+        above = self._reach(self.digraph.predecessors, group)
         both = below & above
         return min(both, key=self.position.__getitem__) if both else None
+
+    def _reach(self, neighbours: Any, sources: set[torch.fx.Node]) -> set[torch.fx.Node]:
+        """Nodes reachable from ``sources`` (excluded) through ``neighbours``.
+
+        A group found earlier will be one kernel: reaching any of its members reaches all
+        of them, so a path through it (into one member, out of another) counts as a path.
+        """
+        seen: set[torch.fx.Node] = set()
+        stack = [n for source in sources for n in neighbours(source)]
+        while stack:
+            node = stack.pop()
+            if node in seen or node in sources:
+                continue
+            seen.add(node)
+            stack.extend(neighbours(node))
+            for member in self.group_of.get(node, ()):
+                if member not in seen:
+                    stack.append(member)
+        return seen
 
     def mutation_between(self, nodes: Sequence[torch.fx.Node]) -> str | None:
         positions = [self.position[n] for n in nodes]
@@ -325,22 +345,11 @@ class _FusionPass:
                 rejections.append(Rejection(node.name, f"no elementwise consumer ({stops})"))
                 continue
             self.assigned.update(candidate.members)
+            members = frozenset(candidate.members)
+            self.group_of.update(dict.fromkeys(members, members))
             groups.append(candidate)
             rejections.extend(s for s in candidate.stops if s.reason != "graph output")
         return groups, rejections
-
-
-def _reach(neighbours: Any, sources: set[torch.fx.Node]) -> set[torch.fx.Node]:
-    """Nodes reachable from ``sources`` (excluded) through ``neighbours``."""
-    seen: set[torch.fx.Node] = set()
-    stack = [n for source in sources for n in neighbours(source) if n not in sources]
-    while stack:
-        node = stack.pop()
-        if node in seen or node in sources:
-            continue
-        seen.add(node)
-        stack.extend(neighbours(node))
-    return seen
 
 
 def find_groups(graph: torch.fx.Graph) -> tuple[list[Candidate], list[Rejection]]:

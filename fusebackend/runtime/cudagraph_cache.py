@@ -182,6 +182,8 @@ class GraphCache:
         self._unfused_mode = GRAPH_REPLAY if self._capture else EAGER
         self._entries: OrderedDict[Key, _Entry] = OrderedDict()
         self._verdicts: dict[Key, tuple[str, str]] = {}
+        self._warned = False  # this cache's one warning (fallback or eviction) was issued
+        self._evicting = False
         # Held for lookup, misses and the whole copy-in/replay/copy-out of captured entries:
         # static buffers are shared by every call of a key. Reentrant: a callable that calls
         # back into this cache (a compiled function calling itself) must not deadlock.
@@ -212,7 +214,26 @@ class GraphCache:
                     return self._rerecord(key, entry, args, user_args, batch, bucket)
                 return self._replay(entry, args, user_args, batch, bucket)
         # Direct entries share no buffers between calls: run outside the lock.
-        return self._direct(entry.fn, args, user_args, batch, bucket)
+        if entry.mode != FUSION:
+            return self._direct(entry.fn, args, user_args, batch, bucket)
+        try:
+            return self._direct(entry.fn, args, user_args, batch, bucket)
+        except Exception as exc:
+            if self._mutated:  # the fused graph may have written half its mutations
+                raise
+            # The unfused graph tells the model's own errors (it fails too: the fused error,
+            # which names the bad value, is raised) from a failing fused kernel (fall back,
+            # once, with the reason).
+            try:
+                outputs = self._direct(self._unfused, args, user_args, batch, bucket)
+            except Exception:
+                raise exc from None
+            with self._lock:
+                why = f"fused graph raised {type(exc).__name__}: {_one_line(exc)}"
+                mode, reason = self._fall_back(key, FUSION, self._unfused_mode, why, entry.reason)
+                entry.mode, entry.fn, entry.reason = mode, self._unfused, reason
+                self._remember(key, mode, reason)
+            return outputs
 
     def _key(self, args: tuple[Any, ...]) -> Key:
         nargs, dynamic = self._layout
@@ -292,7 +313,7 @@ class GraphCache:
             outputs, failure = self._first_fused_run(args, user_args)
             if failure is not None:
                 mode, reason = self._fall_back(key, FUSION, self._unfused_mode, failure, reason)
-            if outputs is not None and bucket is not None:
+            if bucket is not None:
                 outputs = _slice(outputs, batch, bucket)
         if outputs is None:
             fn = self._fused if mode == FUSION else self._unfused
@@ -315,13 +336,27 @@ class GraphCache:
         dev_args = self._to_device(args) if self._host else args
         mutated = [i for i in self._mutated if i < len(args) and isinstance(args[i], Tensor)]
         fused_args = _with_clones(dev_args, mutated)
+        # The reference run must draw the same random numbers (dropout in the graph) and
+        # leave the generators where one run of the model would.
+        rng = _RngState(self._device)
         try:
             outputs = self._fused(*fused_args)
         except Exception as exc:
-            return None, f"fused graph raised {type(exc).__name__}: {_one_line(exc)}"
+            # Run the unfused graph: if it raises too, the error is the model's own (an
+            # out-of-range index, a shape error) and reaches the caller as eager's would,
+            # without being counted or logged as a fusion failure.
+            rng.restore()
+            ref_args = _with_clones(dev_args, mutated)
+            try:
+                expected = self._unfused(*ref_args)
+            except Exception:
+                raise exc from None  # the fused error names the bad value (kernels' checks)
+            self._write_back(ref_args, user_args)
+            return expected, f"fused graph raised {type(exc).__name__}: {_one_line(exc)}"
         winner, failure = fused_args, None
         if self._config.validate:
             ref_args = _with_clones(dev_args, mutated)
+            rng.restore()
             expected = self._unfused(*ref_args)
             failure = _mismatch(outputs, expected, "output")
             for i in mutated:
@@ -353,18 +388,31 @@ class GraphCache:
             entry = _Entry(mode, self._fused if mode == FUSION else self._unfused)
         entry.reason = reason
         if reason is not None:
-            if len(self._verdicts) >= _MAX_VERDICTS:
-                del self._verdicts[next(iter(self._verdicts))]
-            self._verdicts[key] = (mode, reason)
+            self._remember(key, mode, reason)
         return entry
+
+    def _warn_once(self) -> int:
+        """WARNING for this cache's first noteworthy event, INFO after that."""
+        if self._warned:
+            return logging.INFO
+        self._warned = True
+        return logging.WARNING
+
+    def _remember(self, key: Key, mode: str, reason: str) -> None:
+        """Keep a key's fallback verdict, so it never retries (bounded: oldest dropped)."""
+        if key not in self._verdicts and len(self._verdicts) >= _MAX_VERDICTS:
+            del self._verdicts[next(iter(self._verdicts))]
+        self._verdicts[key] = (mode, reason)
 
     def _fall_back(
         self, key: Key, old: str, new: str, why: str, previous: str | None
     ) -> tuple[str, str]:
         if old == FUSION:
             COUNTERS.fusion_fallbacks += 1
-        # Verdicts are remembered per key, so this warning is issued once per key.
-        log.warning("%s: %s -> %s for %s: %s", self.name, old, new, self._label(key), why)
+        # One warning per cache (a fault on every one of 300 shapes is one warning, not 600);
+        # later events are logged at INFO. Every reason stays in stats()["fallback_reasons"].
+        level = self._warn_once()
+        log.log(level, "%s: %s -> %s for %s: %s", self.name, old, new, self._label(key), why)
         step = f"{old} -> {new}: {why}"
         return new, step if previous is None else f"{previous}; {step}"
 
@@ -457,6 +505,16 @@ class GraphCache:
         while len(self._entries) > self._config.max_graphs:
             old_key, _ = self._entries.popitem(last=False)
             COUNTERS.evictions += 1
+            if not self._evicting:
+                self._evicting = True
+                log.log(
+                    self._warn_once(),
+                    "%s: more than max_graphs=%d input signatures; the oldest are evicted "
+                    "and re-captured when they return (raise max_graphs, or use batch_buckets "
+                    "for varying batch sizes)",
+                    self.name,
+                    self._config.max_graphs,
+                )
             log.debug(
                 "%s: evicted %s (max_graphs=%d)",
                 self.name,
@@ -762,6 +820,21 @@ def _ptrs_equal(args: tuple[Any, ...], ptrs: list[int | None], idx: list[int]) -
     if _data_ptrs_equal is not None:
         return _data_ptrs_equal(list(args), ptrs, idx)  # the binding takes lists, not tuples
     return all(args[i].data_ptr() == ptrs[i] for i in idx)
+
+
+class _RngState:
+    """The CPU generator's state and, for a CUDA graph, that device's, to replay draws."""
+
+    def __init__(self, device: torch.device | None) -> None:
+        self.device = device
+        self.cpu = torch.get_rng_state()
+        on_cuda = device is not None and torch.cuda.is_available()
+        self.cuda = torch.cuda.get_rng_state(device) if on_cuda else None
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda, self.device)
 
 
 def _with_clones(args: tuple[Any, ...], indices: Iterable[int]) -> list[Any]:
