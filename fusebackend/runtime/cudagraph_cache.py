@@ -38,6 +38,7 @@ import dataclasses
 import itertools
 import logging
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -655,9 +656,25 @@ class _CaptureState:
         # Every pool handed out since the last release, including retired ones whose graphs
         # may still be alive: pool_bytes() counts them all.
         self.pool_ids: set[tuple[int, int]] = set()
+        # Live graphs captured into each device's current pool. The allocator drops a pool
+        # whose last graph died and then asserts ("use_count > 0") if its id is reused, so a
+        # pool with no live graph (all evicted or cleared, or only failed captures) is
+        # replaced by a fresh one. Measured on an H200 (torch 2.11): reusing it broke every
+        # later capture on the device.
+        self.pool_users: dict[int, weakref.WeakSet] = {}
 
 
 _CAPTURE = _CaptureState()
+
+
+def _live_pool(index: int) -> Any:
+    """The device's shared pool, or a fresh one when no live graph holds the current one."""
+    pool = _CAPTURE.pools.get(index)
+    if pool is None or not _CAPTURE.pool_users.get(index):
+        pool = _CAPTURE.pools[index] = torch.cuda.graph_pool_handle()
+        _CAPTURE.pool_ids.add(tuple(pool))
+        _CAPTURE.pool_users[index] = weakref.WeakSet()
+    return pool
 
 
 def capture_graph(
@@ -694,28 +711,28 @@ def capture_graph(
             with torch.cuda.stream(stream):
                 for _ in range(warmup_iterations):
                     fn(*inputs)
-                pool = _CAPTURE.pools.get(index)
-                if pool is None:
-                    pool = _CAPTURE.pools[index] = torch.cuda.graph_pool_handle()
-                    _CAPTURE.pool_ids.add(tuple(pool))
+                pool = _live_pool(index)
                 graph = torch.cuda.CUDAGraph()
-                # A failed capture_end skips the RNG's capture epilogue: the generator stays
-                # "capturing" and every later torch.randn on the device raises "Offset
-                # increment outside graph capture". Its state is restored from this copy.
+                # A failed capture can leave the generator "capturing" (capture_end raised
+                # before the RNG epilogue; on torch 2.11 also after a body that raised), and
+                # every later torch.randn on the device raises "Offset increment outside
+                # graph capture". Its state is put back from this copy on any failure.
                 rng = torch.cuda.default_generators[index]
                 rng_before = rng.clone_state()
-                graph.capture_begin(pool=pool, capture_error_mode="thread_local")
                 try:
-                    outputs = fn(*inputs)
+                    graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+                    try:
+                        outputs = fn(*inputs)
+                    except BaseException:
+                        _end_capture(graph, index, pool)
+                        raise
+                    error = _end_capture(graph, index, pool)
+                    if error is not None:
+                        raise CaptureError(f"capture ended with {type(error).__name__}: {error}")
                 except BaseException:
-                    if _end_capture(graph, index, pool) is not None:
-                        rng.graphsafe_set_state(rng_before)
-                    raise
-                error = _end_capture(graph, index, pool)
-                if error is not None:
                     rng.graphsafe_set_state(rng_before)
-                if error is not None:
-                    raise CaptureError(f"capture ended with {type(error).__name__}: {error}")
+                    raise
+                _CAPTURE.pool_users[index].add(graph)
         finally:
             caller.wait_stream(stream)
     for j, out in enumerate(outputs):
@@ -760,6 +777,7 @@ def release_pools() -> None:
     with _CAPTURE.lock:
         _CAPTURE.pools.clear()
         _CAPTURE.pool_ids.clear()
+        _CAPTURE.pool_users.clear()
         clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
         # Warm-up on the side stream gives it its own cuBLAS workspace, which otherwise
         # stays allocated (and counted by memory_allocated) forever.
