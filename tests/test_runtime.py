@@ -748,3 +748,16 @@ def test_cpu_graph_makes_no_cuda_call(monkeypatch):
     for _ in range(2):
         torch.testing.assert_close(cache(x, x)[0], x * x + 1)
     assert cache.mode_for(x, x) == FUSION
+
+
+def test_cpu_scalar_inputs_are_captured_and_keyed_by_value(fake_capture):
+    # Under dynamic=True a Python float reaches the graph as a CPU 0-d tensor; a captured
+    # graph keeps its capture-time value, so the value is part of the signature.
+    cache = make(device=FAKE_CUDA, cudagraphs=True)
+    x1, x2, x3 = torch.randn(4), torch.randn(4), torch.randn(4)
+    torch.testing.assert_close(cache(x1, torch.tensor(2.0, dtype=torch.float64))[0], x1 * 2 + 1)
+    torch.testing.assert_close(cache(x2, torch.tensor(3.0, dtype=torch.float64))[0], x2 * 3 + 1)
+    torch.testing.assert_close(cache(x3, torch.tensor(2.0, dtype=torch.float64))[0], x3 * 2 + 1)
+    s = stats()
+    assert (s["recordings"], s["cache_misses"], s["cache_hits"]) == (2, 2, 1)
+    assert set(s["fusion_modes"].values()) == {FUSION}

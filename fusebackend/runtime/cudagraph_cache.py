@@ -191,7 +191,7 @@ class GraphCache:
         self._lock = threading.RLock()
         # (number of args, indices of the non-static ones), swapped as one object so that a
         # concurrent call never pairs one arity with the other's indices.
-        self._layout: tuple[int, tuple[int, ...]] = (-1, ())
+        self._layout: tuple[int, tuple[int, ...], tuple[int, ...]] = (-1, (), ())
         _stats.register_cache(self)
 
     # ----------------------------------------------------------------------------- hot path
@@ -237,10 +237,21 @@ class GraphCache:
             return outputs
 
     def _key(self, args: tuple[Any, ...]) -> Key:
-        nargs, dynamic = self._layout
+        nargs, dynamic, scalars = self._layout
         if nargs != len(args):
             dynamic = tuple(i for i in range(len(args)) if i not in self._static)
-            self._layout = (len(args), dynamic)
+            # CPU 0-d tensors (a Python float under dynamic shapes becomes one) are read on
+            # the host at launch, so a captured graph keeps the value it had: their values
+            # are part of the key. Dynamo guards device and rank, so the set is fixed.
+            scalars = tuple(
+                i
+                for i in dynamic
+                if self._capture
+                and isinstance(args[i], Tensor)
+                and args[i].dim() == 0
+                and args[i].device.type == "cpu"
+            )
+            self._layout = (len(args), dynamic, scalars)
         items = args if len(dynamic) == len(args) else [args[i] for i in dynamic]
         return (
             self._fused is not None and _stats.fusion_enabled(),
@@ -248,6 +259,7 @@ class GraphCache:
                 (a.shape, a.stride(), a.dtype, a.device) if isinstance(a, Tensor) else (type(a), a)
                 for a in items
             ],
+            *[(float, args[i].item()) for i in scalars],
         )
 
     def _replay(
@@ -454,6 +466,8 @@ class GraphCache:
             if i in self._static:
                 static_idx.append(i)
                 static_ptrs[i] = a.data_ptr()
+            elif a.dim() == 0 and a.device.type == "cpu":
+                continue  # read on the host at capture, baked in: its value is in the key
             elif i in self._host and a.device.type == "cpu":
                 buf = torch.empty_like(a, device=self._host[i])
                 ring = _PinnedRing(a)
@@ -692,7 +706,9 @@ def capture_graph(
     tests replace it to drive the runtime without a GPU.
     """
     for i, x in enumerate(inputs):
-        if isinstance(x, Tensor) and x.device.type != "cuda":
+        # CPU 0-d tensors are baked in by value, which GraphCache keys on; any other CPU
+        # tensor would silently keep its capture-time contents.
+        if isinstance(x, Tensor) and x.device.type != "cuda" and x.dim() != 0:
             raise CaptureError(
                 f"input {i} is a {x.device.type} tensor: a CUDA graph would replay the value "
                 f"it had during capture"
