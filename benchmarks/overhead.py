@@ -20,28 +20,18 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import statistics
 import time
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+# The chain model of issue 2, shared with the kernel benchmark (run as scripts: this
+# directory is on sys.path).
+from embedding_chain import Chain  # noqa: E402
 
 import fusebackend
 from fusebackend.backend import infinifuse
-
-
-class Chain(nn.Module):
-    def __init__(self, vocab: int, max_pos: int, dim: int) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab, dim)
-        self.pos = nn.Embedding(max_pos, dim)
-        self.bias = nn.Parameter(torch.randn(dim) * 0.1)
-        self.scale = math.sqrt(dim)
-
-    def forward(self, ids: torch.Tensor, pos_ids: torch.Tensor) -> torch.Tensor:
-        return F.gelu(self.tok(ids) * self.scale + self.pos(pos_ids)) * 0.5 + self.bias
 
 
 def loop_us(fn, calls: int) -> float:
