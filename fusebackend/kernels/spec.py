@@ -11,6 +11,7 @@ instruction ``i`` defines value ``len(lookups) + i``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -73,11 +74,13 @@ class GroupSpec:
             return self.input_dtypes[self.lookups[index].table_slot]
         return self.instrs[index - len(self.lookups)].dtype
 
-    @property
+    # Cached: the launcher asks for every input on every call. (cached_property writes the
+    # instance __dict__ directly, so it works on a frozen dataclass; eq and hash use fields.)
+    @functools.cached_property
     def index_slots(self) -> frozenset[int]:
         return frozenset(lookup.index_slot for lookup in self.lookups)
 
-    @property
+    @functools.cached_property
     def table_slots(self) -> frozenset[int]:
         return frozenset(lookup.table_slot for lookup in self.lookups)
 

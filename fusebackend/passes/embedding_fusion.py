@@ -130,7 +130,7 @@ class _Grower:
         self.p = pass_
         self.device = example_value(seed).device
         self.members: set[torch.fx.Node] = {seed}
-        self.lookups = [seed]
+        self.seed = seed
         self.calls: dict[torch.fx.Node, OpCall] = {}
         self.stops: list[Rejection] = []
 
@@ -144,8 +144,7 @@ class _Grower:
                     seen.add(user)
                     heapq.heappush(heap, (self.p.position[user], user))
 
-        for lookup in self.lookups:
-            push_users(lookup)
+        push_users(self.seed)
         while heap:
             _, user = heapq.heappop(heap)
             result = self._try_absorb(user)
@@ -196,7 +195,6 @@ class _Grower:
         if mutation is not None:
             return f"consumer {user.name}: the in-place op {mutation} lies inside the group"
         self.calls[user] = call
-        self.lookups += new_lookups
         return [user, *new_lookups]
 
     def _check_result(self, user: torch.fx.Node, call: OpCall) -> str | None:
