@@ -180,9 +180,9 @@ def main() -> None:
         if args.sweep:
             fused = torch.compile(model, backend="infinifuse", options={"cudagraphs": False})
             default_config = launch.launch_config
-            for tile in (2048, 4096, 8192, 16384):
-                for max_d in (512, 1024, 2048):
-                    for warps in (4, 8, 16):
+            for tile in (1024, 2048, 4096, 8192):
+                for max_d in (1024, 2048):
+                    for warps in (1, 2, 4, 8):
 
                         def config(rows, width, tile=tile, max_d=max_d, warps=warps):
                             block_d = min(launch.triton_next_power_of_2(width), max_d)

@@ -93,6 +93,7 @@ class _Writer:
                 f"tl.store(out{k}_ptr + {self._offset(f'out{k}')}, "
                 f"v{value}.to({out_dtype}), mask=mask)"
             )
+        self._index_asserts()
         return name, "\n".join(header + self.lines) + "\n"
 
     # -- pieces ------------------------------------------------------------------------
@@ -179,12 +180,19 @@ class _Writer:
             ".to(tl.int64)"
         )
         self.emit(f"ok{j} = (idx{j} >= 0) & (idx{j} < {tab}_rows)")
-        self.emit(f'tl.device_assert(ok{j} | ~row_mask, "embedding index out of range")')
-        self.emit("# rows with a bad index are never read: with the assert off they read as 0")
+        self.emit("# rows with a bad index are never read (they read as 0); the assert is at the end")
         self.emit(
             f"v{j} = tl.load({tab}_ptr + idx{j}[:, None] * {tab}_s0 + cols[None, :] * {tab}_s1,"
             f" mask=mask & ok{j}[:, None], other=0.0).to({self.compute})"
         )
+
+    def _index_asserts(self) -> None:
+        # Last, after the stores: Triton lowers an assert to a branch plus a barrier of the
+        # whole program, which placed between the gather and the stores stalled the loads.
+        # The context is lost once an assert fires, so what was stored before no longer
+        # matters; the masked gather has already kept every read inside the table.
+        for j in range(len(self.spec.lookups)):
+            self.emit(f'tl.device_assert(ok{j} | ~row_mask, "embedding index out of range")')
 
     def _operand(self, operand: object) -> str | None:
         if operand is None:

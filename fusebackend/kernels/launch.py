@@ -31,12 +31,16 @@ log = logging.getLogger(__name__)
 _KERNELS: dict[tuple[GroupSpec, int, KernelOptions], Any] = {}
 _LOCK = threading.Lock()
 
-# Tile shape, from the launch-config sweep in benchmarks/embedding_chain.py (H200, fp16,
-# B=16, T=2048, D=2048): 4096-element tiles up to 2048 wide with 4 warps ran in 0.120 ms;
-# 1024-wide tiles with 8 warps took 0.144 ms; 16 warps or 16384-element tiles were slower.
-_TILE_ELEMENTS = 4096
+# Launch configs, from benchmarks/diag/diag_index_assert.py (H200, fp16 chain, index checks
+# on; device time in a CUDA graph). Programs cover ~1024 elements: one row up to 2048 wide,
+# several rows of a narrow table. 16x2048x2048: 0.109 ms with 2 warps vs 0.141 ms for the
+# earlier 4096-element tiles with 4 warps (0.117 ms with 4 warps); 16 x 512 x 768 0.017 vs
+# 0.019 ms. Small groups (decode steps) are latency-bound and gain from more threads per
+# row: 1 x 1 x 2048 2.4 us with 4 warps vs 3.0 us with 2, 64 x 4 x 4096 (1M elements)
+# 3.6 vs 3.9 us; 4 x 2048 x 4096 (33M) 55.9 us with 2 warps vs 58.0 us with 4.
+_TILE_ELEMENTS = 1024
 _MAX_BLOCK_D = 2048
-_NUM_WARPS = 4
+_SMALL_GROUP_ELEMENTS = 1 << 21  # up to here 4 warps per program, above it 2
 
 
 @functools.cache
@@ -196,7 +200,8 @@ def launch_config(rows: int, width: int) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_D, num_warps) for a group of ``rows`` x ``width`` elements."""
     block_d = min(triton_next_power_of_2(width), _MAX_BLOCK_D)
     block_r = min(triton_next_power_of_2(rows), max(1, _TILE_ELEMENTS // block_d))
-    return block_r, block_d, _NUM_WARPS
+    num_warps = 4 if rows * width <= _SMALL_GROUP_ELEMENTS else 2
+    return block_r, block_d, num_warps
 
 
 def triton_next_power_of_2(n: int) -> int:

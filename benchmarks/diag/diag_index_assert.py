@@ -1,0 +1,121 @@
+"""What does the device-side index assert cost, and where should it go? (one GPU run)
+
+Compiles the chain of benchmarks/embedding_chain.py with infinifuse (index checks on),
+then swaps the compiled kernel for variants of its generated source that differ only in
+the index assert, and times each the same way as the benchmark (device time inside a CUDA
+graph) under a few launch configs:
+
+    assert_end      the assert after the stores (codegen's current choice)
+    assert_gather   the assert right after the gather
+    scalar_assert   one scalar assert per program: count of bad rows == 0
+    no_assert       debug build without any assert (what the build mode alone costs)
+    release         the index_checks=False kernel (no debug build)
+
+    python benchmarks/diag/diag_index_assert.py --out /tmp/diag_index_assert.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from embedding_chain import Chain, device_ms  # noqa: E402
+
+import fusebackend.kernels.launch as launch  # noqa: E402
+
+ASSERT = re.compile(r"^ *tl\.device_assert\((ok\d+) \| ~row_mask, (\"[^\"]*\")\)\n", re.M)
+
+
+def variants(source: str) -> dict[str, str]:
+    asserts = ASSERT.findall(source)
+    assert asserts, "no index assert in the generated source"
+    bare = ASSERT.sub("", source)
+    after_gather = bare
+    for ok, message in asserts:
+        # right after the line that defines ok{j}
+        line = re.search(rf"^( *){ok} = .*\n", after_gather, re.M)
+        indent = line.group(1)
+        insert = f"{indent}tl.device_assert({ok} | ~row_mask, {message})\n"
+        after_gather = after_gather[: line.end()] + insert + after_gather[line.end() :]
+    scalar = bare.rstrip("\n") + "\n"
+    for ok, message in asserts:
+        scalar += (
+            f"    tl.device_assert(tl.sum((~{ok} & row_mask).to(tl.int32), axis=0) == 0, "
+            f"{message})\n"
+        )
+    return {
+        "assert_end": source,
+        "assert_gather": after_gather,
+        "scalar_assert": scalar,
+        "no_assert": bare,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--dim", type=int, default=2048)
+    parser.add_argument("--configs", default="4096x4,2048x4,8192x4,4096x8,8192x8",
+                        help="launch configs to try, as TILExWARPS,...")  # fmt: skip
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    B, T, D = args.batch, args.seq, args.dim
+    model = Chain(32000, T, D).cuda().half().eval()
+    ids = torch.randint(0, 32000, (B, T), device="cuda")
+    pos_ids = torch.arange(T, device="cuda")[None]
+    moved = 3 * B * T * D * 2
+
+    results = []
+    with torch.no_grad():
+        ref = model(ids, pos_ids)
+        checked = torch.compile(model, backend="infinifuse", options={"cudagraphs": False})
+        checked(ids, pos_ids)
+        release = torch.compile(
+            model, backend="infinifuse", options={"cudagraphs": False, "index_checks": False}
+        )
+        release(ids, pos_ids)
+        keys = {key[2].index_checks: key for key in launch._KERNELS}
+        key = keys[True]
+        release_kernel = launch._KERNELS[keys[False]]
+        name, source = launch.kernel_source(*key)
+        kernels = {
+            label: getattr(launch._import_source(name, text), name)
+            for label, text in variants(source).items()
+        }
+        kernels["release"] = release_kernel
+        default_config = launch.launch_config
+        configs = [tuple(map(int, c.split("x"))) for c in args.configs.split(",")]
+        for tile, warps in configs:
+
+            def config(rows, width, tile=tile, warps=warps):
+                block_d = min(launch.triton_next_power_of_2(width), 2048)
+                block_r = min(launch.triton_next_power_of_2(rows), max(1, tile // block_d))
+                return block_r, block_d, warps
+
+            launch.launch_config = config
+            for label, kernel in kernels.items():
+                launch._KERNELS[key] = kernel
+                out = checked(ids, pos_ids)
+                torch.cuda.synchronize()
+                ok = torch.equal(out, ref) or bool((out - ref).abs().max() < 1e-2)
+                ms = device_ms(lambda: checked(ids, pos_ids), reps=5)
+                row = {"shape": [B, T, D], "tile": tile, "warps": warps, "variant": label, "ms": ms,
+                       "gb_per_s": moved / ms / 1e6, "matches_eager": ok}  # fmt: skip
+                results.append(row)
+                print(f"{B}x{T}x{D} tile={tile:5d} warps={warps:2d} {label:14s} {ms:.4f} ms  ok={ok}")
+        launch.launch_config = default_config
+    with open(args.out, "w") as handle:
+        json.dump({"device": torch.cuda.get_device_name(), "results": results}, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()
