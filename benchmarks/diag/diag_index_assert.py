@@ -108,10 +108,19 @@ def main() -> None:
                 torch.cuda.synchronize()
                 ok = torch.equal(out, ref) or bool((out - ref).abs().max() < 1e-2)
                 ms = device_ms(lambda: checked(ids, pos_ids), reps=5)
-                row = {"shape": [B, T, D], "tile": tile, "warps": warps, "variant": label, "ms": ms,
-                       "gb_per_s": moved / ms / 1e6, "matches_eager": ok}  # fmt: skip
+                row = {
+                    "shape": [B, T, D],
+                    "tile": tile,
+                    "warps": warps,
+                    "variant": label,
+                    "ms": ms,
+                    "gb_per_s": moved / ms / 1e6,
+                    "matches_eager": ok,
+                }
                 results.append(row)
-                print(f"{B}x{T}x{D} tile={tile:5d} warps={warps:2d} {label:14s} {ms:.4f} ms  ok={ok}")
+                print(
+                    f"{B}x{T}x{D} tile={tile:5d} warps={warps:2d} {label:14s} {ms:.4f} ms  ok={ok}"
+                )
         launch.launch_config = default_config
     with open(args.out, "w") as handle:
         json.dump({"device": torch.cuda.get_device_name(), "results": results}, handle, indent=2)

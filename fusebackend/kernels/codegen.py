@@ -180,7 +180,9 @@ class _Writer:
             ".to(tl.int64)"
         )
         self.emit(f"ok{j} = (idx{j} >= 0) & (idx{j} < {tab}_rows)")
-        self.emit("# rows with a bad index are never read (they read as 0); the assert is at the end")
+        self.emit(
+            "# rows with a bad index are never read (they read as 0); the assert is at the end"
+        )
         self.emit(
             f"v{j} = tl.load({tab}_ptr + idx{j}[:, None] * {tab}_s0 + cols[None, :] * {tab}_s1,"
             f" mask=mask & ok{j}[:, None], other=0.0).to({self.compute})"
