@@ -34,7 +34,7 @@ from fusebackend.passes.embedding_fusion import (
 )
 from fusebackend.passes.graph import example_value, mutated_placeholders
 from fusebackend.passes.host_inputs import hoist_host_to_device
-from fusebackend.report import GraphReport, GroupReport, RejectionReport, record
+from fusebackend.report import GraphReport, GroupReport, record
 from fusebackend.runtime.cudagraph_cache import GraphCache
 
 __all__ = ["FusedGroupOp", "infinifuse"]
@@ -127,7 +127,7 @@ def infinifuse(
         device=str(device or "cpu"),
         path=path,
         groups=groups,
-        rejections=[RejectionReport(r.node, r.reason) for r in rejections],
+        rejections=list(rejections),
         mutated_inputs=[p.name for p in mutated],
         host_inputs=[placeholders[i].name for i in host_inputs],
         compile_seconds=time.perf_counter() - start,

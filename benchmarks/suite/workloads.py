@@ -14,29 +14,17 @@ backend starts its first decode call from the same state.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+# The embedding chain of issue 2, shared with the kernel benchmark (benchmarks/ is on
+# sys.path: run.py is started as a script).
+from embedding_chain import Chain  # noqa: E402
 
 __all__ = ["Case", "Workload", "select", "workloads"]
-
-
-class Chain(nn.Module):
-    """The embedding chain of ``benchmarks/embedding_chain.py`` (issue 2)."""
-
-    def __init__(self, vocab: int, max_pos: int, dim: int) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab, dim)
-        self.pos = nn.Embedding(max_pos, dim)
-        self.bias = nn.Parameter(torch.randn(dim) * 0.1)
-        self.scale = math.sqrt(dim)
-
-    def forward(self, ids: torch.Tensor, pos_ids: torch.Tensor) -> torch.Tensor:
-        return F.gelu(self.tok(ids) * self.scale + self.pos(pos_ids)) * 0.5 + self.bias
 
 
 @dataclasses.dataclass

@@ -32,8 +32,9 @@ import torch.nn.functional as F
 from fusebackend.kernels.spec import Const, GroupSpec, InputRef, Instr, Lookup, ValueRef
 from fusebackend.passes.graph import build_digraph, example_value, is_mutation, resort_stably
 from fusebackend.passes.ops import OpCall, bind_op, format_scalar, lookup_op
+from fusebackend.report import RejectionReport
 
-__all__ = ["Candidate", "Rejection", "find_groups", "embedding_args", "is_embedding"]
+__all__ = ["Candidate", "find_groups", "embedding_args", "is_embedding"]
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +47,6 @@ _REDUCTIONS = {
 }  # fmt: skip
 
 
-@dataclasses.dataclass(frozen=True)
-class Rejection:
-    """A node the pass considered and did not fuse, with the reason."""
-
-    node: str
-    reason: str
-
-
 @dataclasses.dataclass
 class Candidate:
     """A group found by the pass, before and after the rewrite."""
@@ -61,7 +54,7 @@ class Candidate:
     lookups: list[torch.fx.Node]
     members: list[torch.fx.Node]  # lookups and elementwise nodes, in graph order
     calls: dict[torch.fx.Node, OpCall]  # elementwise members -> their matched op
-    stops: list[Rejection]  # consumers where growth stopped
+    stops: list[RejectionReport]  # consumers where growth stopped
     spec: GroupSpec | None = None
     inputs: list[torch.fx.Node] = dataclasses.field(default_factory=list)
     outputs: list[torch.fx.Node] = dataclasses.field(default_factory=list)
@@ -132,7 +125,7 @@ class _Grower:
         self.members: set[torch.fx.Node] = {seed}
         self.seed = seed
         self.calls: dict[torch.fx.Node, OpCall] = {}
-        self.stops: list[Rejection] = []
+        self.stops: list[RejectionReport] = []
 
     def grow(self) -> Candidate:
         seen: set[torch.fx.Node] = set()
@@ -149,7 +142,7 @@ class _Grower:
             _, user = heapq.heappop(heap)
             result = self._try_absorb(user)
             if isinstance(result, str):
-                self.stops.append(Rejection(user.name, result))
+                self.stops.append(RejectionReport(user.name, result))
                 continue
             for node in result:
                 self.members.add(node)
@@ -327,20 +320,20 @@ class _FusionPass:
                 return mutation.name
         return None
 
-    def run(self) -> tuple[list[Candidate], list[Rejection]]:
+    def run(self) -> tuple[list[Candidate], list[RejectionReport]]:
         groups: list[Candidate] = []
-        rejections: list[Rejection] = []
+        rejections: list[RejectionReport] = []
         for node in list(self.graph.nodes):
             if not is_embedding(node) or node in self.assigned:
                 continue
             reason = _check_lookup(node)
             if reason:
-                rejections.append(Rejection(node.name, reason))
+                rejections.append(RejectionReport(node.name, reason))
                 continue
             candidate = _Grower(self, node).grow()
             if not candidate.elementwise:
                 stops = "; ".join(s.reason for s in candidate.stops) or "unused"
-                rejections.append(Rejection(node.name, f"no elementwise consumer ({stops})"))
+                rejections.append(RejectionReport(node.name, f"no elementwise consumer ({stops})"))
                 continue
             self.assigned.update(candidate.members)
             members = frozenset(candidate.members)
@@ -350,7 +343,7 @@ class _FusionPass:
         return groups, rejections
 
 
-def find_groups(graph: torch.fx.Graph) -> tuple[list[Candidate], list[Rejection]]:
+def find_groups(graph: torch.fx.Graph) -> tuple[list[Candidate], list[RejectionReport]]:
     """Every fusable group in ``graph`` and every candidate not fused, with reasons."""
     return _FusionPass(graph).run()
 
