@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import INDEX_DTYPES, assert_close, rand_ids, rand_table
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fusebackend.kernels.launch as launch
 from fusebackend.kernels import (
@@ -329,3 +331,19 @@ def test_round_intermediates_off_rounds_only_outputs_and_stays_close():
     torch.testing.assert_close(out, mul_add_eager(ids, table, operand), rtol=1e-2, atol=1e-2)
     # one rounding instead of two: never further from the exact result than fp16 allows
     assert (out.double() - exact).abs().max() <= exact.abs().max() * 2**-10
+
+
+_shapes = st.lists(st.lists(st.sampled_from([0, 1, 2, 3, 5]), max_size=4), min_size=1, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(shapes=_shapes)
+def test_broadcast_shapes_agrees_with_torch(shapes):
+    # The launcher's fast broadcast must give eager's shape, and refuse what eager refuses.
+    try:
+        expected = torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match="cannot be broadcast"):
+            launch.broadcast_shapes(*shapes)
+        return
+    assert launch.broadcast_shapes(*shapes) == expected

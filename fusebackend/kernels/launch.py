@@ -115,8 +115,28 @@ def value_shapes(spec: GroupSpec, inputs: Sequence[torch.Tensor]) -> list[torch.
                 operand_shapes.append(shapes[operand.index])
             elif isinstance(operand, InputRef):
                 operand_shapes.append(inputs[operand.slot].shape)
-        shapes.append(torch.broadcast_shapes(*operand_shapes))
+        shapes.append(broadcast_shapes(*operand_shapes))
     return shapes
+
+
+def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
+    """Eager's broadcasting of concrete shapes, for the per-call path.
+
+    ``torch.broadcast_shapes`` goes through the symbolic-shape reference implementation:
+    about 40 us a call on a CPU, and the launcher broadcast 6 times per call of a
+    two-lookup chain (most of its 160 us CPU time). This loop takes ~1 us.
+    """
+    rank = max((len(shape) for shape in shapes), default=0)
+    out = [1] * rank
+    for shape in shapes:
+        for dim, size in enumerate(shape, rank - len(shape)):
+            if size != 1:
+                if out[dim] != 1 and out[dim] != size:
+                    raise RuntimeError(
+                        f"shapes {[tuple(s) for s in shapes]} cannot be broadcast together"
+                    )
+                out[dim] = size
+    return torch.Size(out)
 
 
 def check_indices(spec: GroupSpec, inputs: Sequence[torch.Tensor]) -> None:
@@ -159,7 +179,7 @@ def embedding_chain(
     if options is None:
         options = KernelOptions(index_checks=index_checks)
     shapes = value_shapes(spec, inputs)
-    group_shape = torch.broadcast_shapes(*shapes)
+    group_shape = broadcast_shapes(*shapes)
     rank = len(group_shape) - 1
     lead, width = group_shape[:-1], group_shape[-1]
     rows = lead.numel()
