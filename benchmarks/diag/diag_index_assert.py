@@ -12,6 +12,11 @@ graph) under a few launch configs:
     release         the index_checks=False kernel (no debug build)
 
     python benchmarks/diag/diag_index_assert.py --out /tmp/diag_index_assert.json
+
+``--family hints`` times cache-eviction hints instead (same kernel, assert at the end):
+stores ``evict_first`` (outputs are not read again here), the token-table gather
+``evict_first`` (rows rarely repeat), the position-table gather ``evict_last`` (every batch
+row reads the same rows).
 """
 
 from __future__ import annotations
@@ -57,6 +62,25 @@ def variants(source: str) -> dict[str, str]:
     }
 
 
+def hint_variants(source: str) -> dict[str, str]:
+    def stores_first(text: str) -> str:
+        return re.sub(
+            r"(tl\.store\(.*), mask=mask\)", r'\1, mask=mask, eviction_policy="evict_first")', text
+        )
+
+    def gather(text: str, table: str, policy: str) -> str:
+        pattern = rf"(= tl\.load\({table}_ptr \+ idx\d+.*other=0\.0)\)"
+        return re.sub(pattern, rf'\1, eviction_policy="{policy}")', text)
+
+    both = gather(gather(source, "in1", "evict_first"), "in3", "evict_last")
+    return {
+        "base": source,
+        "stores_first": stores_first(source),
+        "gathers": both,
+        "all_hints": stores_first(both),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16)
@@ -64,6 +88,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=2048)
     parser.add_argument("--configs", default="4096x4,2048x4,8192x4,4096x8,8192x8",
                         help="launch configs to try, as TILExWARPS,...")  # fmt: skip
+    parser.add_argument("--family", choices=("assert", "hints"), default="assert")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -89,7 +114,9 @@ def main() -> None:
         name, source = launch.kernel_source(*key)
         kernels = {
             label: getattr(launch._import_source(name, text), name)
-            for label, text in variants(source).items()
+            for label, text in (variants if args.family == "assert" else hint_variants)(
+                source
+            ).items()
         }
         kernels["release"] = release_kernel
         default_config = launch.launch_config
