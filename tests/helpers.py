@@ -17,6 +17,7 @@ the tests reduce with amax, never sum, after a bf16 group.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from unittest import mock
@@ -170,3 +171,24 @@ def check(
 def single_group(report: FusionReport):
     assert len(report.groups) == 1, str(report)
     return report.groups[0]
+
+
+def runtime_modes() -> list[str]:
+    """The runtime mode of every signature of the last graph (fusion, graph_replay, eager)."""
+    return [e["mode"] for e in fusebackend.last_report().graphs[-1].runtime_modes()]
+
+
+def one_fallback_reason() -> str:
+    """The only fallback reason in the stats (fails when there is none or several)."""
+    reasons = fusebackend.stats()["fallback_reasons"]
+    assert len(reasons) == 1, reasons
+    return next(iter(reasons.values()))
+
+
+def backend_warnings(caplog) -> list[str]:
+    """Messages of the warnings the backend logged (``caplog`` fixture)."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("fusebackend")
+    ]

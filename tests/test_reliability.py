@@ -28,7 +28,17 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import assert_close, assert_fused, eager, rand_ids, rand_table, run_fused
+from helpers import (
+    assert_close,
+    assert_fused,
+    backend_warnings,
+    eager,
+    one_fallback_reason,
+    rand_ids,
+    rand_table,
+    run_fused,
+    runtime_modes,
+)
 
 import fusebackend
 import fusebackend.backend
@@ -152,24 +162,6 @@ def _compile(fn, **options):
     return torch.compile(fn, backend="infinifuse", options=options)
 
 
-def _modes() -> list[str]:
-    return [e["mode"] for e in fusebackend.last_report().graphs[-1].runtime_modes()]
-
-
-def _one_reason() -> str:
-    reasons = fusebackend.stats()["fallback_reasons"]
-    assert len(reasons) == 1, reasons
-    return next(iter(reasons.values()))
-
-
-def _warnings(caplog) -> list[str]:
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if r.levelno >= logging.WARNING and r.name.startswith(LOGGER)
-    ]
-
-
 # ======================================================================================
 # 1. Bad inputs
 # ======================================================================================
@@ -199,7 +191,7 @@ def test_out_of_range_index_raises_index_error_like_eager(bad, when):
         # The error leaves nothing behind: the next valid call runs fused and is right.
         out = compiled(good, table)
     assert_close(out, eager(chain, good, table))
-    assert _modes() == ["fusion"], str(fusebackend.last_report())
+    assert runtime_modes() == ["fusion"], str(fusebackend.last_report())
 
 
 def test_out_of_range_index_on_a_first_call_is_not_reported_as_a_fusion_fallback(caplog):
@@ -213,7 +205,7 @@ def test_out_of_range_index_on_a_first_call_is_not_reported_as_a_fusion_fallback
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger=LOGGER):
         with pytest.raises(IndexError):
             compiled(ids, table)
-    assert _warnings(caplog) == []
+    assert backend_warnings(caplog) == []
     assert fusebackend.stats()["fusion_fallbacks"] == 0
 
 
@@ -478,8 +470,8 @@ def _run_with_fault(path, request, *, options=None, calls=3):
 
 def _expect_fallback(path: str, text: str, *parts: str) -> str:
     mode = "graph_replay" if path == "captured" else "eager"
-    assert _modes() == [mode], text
-    reason = _one_reason()
+    assert runtime_modes() == [mode], text
+    reason = one_fallback_reason()
     assert reason.startswith(f"fusion -> {mode}"), reason
     for part in parts:
         assert part in reason, reason
@@ -545,8 +537,8 @@ def test_kernel_launch_error_on_a_later_call_falls_back(monkeypatch):
         for _ in range(2):
             ids = rand_ids(V, (3, 4))
             assert_close(compiled(ids), eager(model, ids))
-    assert _modes() == ["eager"]
-    assert "launch failure (injected)" in _one_reason()
+    assert runtime_modes() == ["eager"]
+    assert "launch failure (injected)" in one_fallback_reason()
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -595,8 +587,8 @@ def test_capture_failing_halfway_falls_back(which, fake_capture):
             assert_close(compiled(ids), eager(model.inner, ids))
             assert model.calls.item() == n  # warm-up and failed captures left no trace
     mode = "graph_replay" if which == "fused" else "eager"
-    assert _modes() == [mode]
-    reason = _one_reason()
+    assert runtime_modes() == [mode]
+    reason = one_fallback_reason()
     assert "fusion -> graph_replay: capture failed: CaptureError" in reason, reason
     assert "invalidated (injected)" in reason
     assert (which == "both") == ("graph_replay -> eager" in reason)
@@ -613,8 +605,8 @@ def test_out_of_memory_during_capture_falls_back(fake_capture, request):
 
     fake_capture.fail = oom
     _, text = _run_with_fault("captured", request)
-    assert _modes() == ["eager"], text
-    reason = _one_reason()
+    assert runtime_modes() == ["eager"], text
+    reason = one_fallback_reason()
     assert "capture failed: OutOfMemoryError" in reason and "2.00 GiB" in reason, reason
     assert "graph_replay -> eager" in reason
     assert fusebackend.stats()["capture_failures"] == 2
@@ -656,7 +648,7 @@ def test_300_shapes_keep_the_cache_bounded_and_warn_at_most_once(
     assert (s["cache_misses"], s["recordings"], s["evictions"]) == (300, 300, 296)
     assert fake_capture.live() <= 4  # evicted graphs and their buffers are freed
     assert set(s["fusion_modes"].values()) == {"fusion"}
-    assert len(_warnings(caplog)) <= 1, _warnings(caplog)
+    assert len(backend_warnings(caplog)) <= 1, backend_warnings(caplog)
     assert [w for w in caught if "fusebackend" in str(w.filename)] == []
 
 
@@ -677,8 +669,9 @@ def test_a_fault_on_every_shape_is_logged_once_not_300_times(
     assert s["capture_failures"] == 600  # fused and unfused capture of each shape
     assert set(s["fusion_modes"].values()) == {"eager"}
     assert all(len(c._verdicts) <= cc._MAX_VERDICTS for c in runtime_stats._live_caches())
-    assert len(_warnings(caplog)) <= 1, (
-        f"{len(_warnings(caplog))} warnings, first: " + (_warnings(caplog)[:1] or [""])[0]
+    assert len(backend_warnings(caplog)) <= 1, (
+        f"{len(backend_warnings(caplog))} warnings, first: "
+        + (backend_warnings(caplog)[:1] or [""])[0]
     )
 
 
@@ -700,8 +693,8 @@ def test_random_op_in_the_graph_does_not_fail_validation(caplog):
         out, after_compiled = compiled(ids, table), torch.rand(3)
     assert_close(out, expected)
     assert_close(after_compiled, after_eager)  # the RNG advanced as in eager
-    assert _modes() == ["fusion"], str(fusebackend.last_report())
-    assert _warnings(caplog) == []
+    assert runtime_modes() == ["fusion"], str(fusebackend.last_report())
+    assert backend_warnings(caplog) == []
 
 
 # ======================================================================================

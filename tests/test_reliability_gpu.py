@@ -19,7 +19,13 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import assert_close, rand_table
+from helpers import (
+    assert_close,
+    backend_warnings,
+    one_fallback_reason,
+    rand_table,
+    runtime_modes,
+)
 from test_fuzz import run_fuzz
 
 import fusebackend
@@ -68,24 +74,6 @@ def _model(dtype=torch.float32) -> TokPos:
 
 def _ids(*shape, device="cuda"):
     return torch.randint(0, V, shape, device=device)
-
-
-def _modes() -> list[str]:
-    return [e["mode"] for e in fusebackend.last_report().graphs[-1].runtime_modes()]
-
-
-def _one_reason() -> str:
-    reasons = fusebackend.stats()["fallback_reasons"]
-    assert len(reasons) == 1, reasons
-    return next(iter(reasons.values()))
-
-
-def _warnings(caplog) -> list[str]:
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if r.levelno >= logging.WARNING and r.name.startswith(LOGGER)
-    ]
 
 
 def _run_script(code: str) -> subprocess.CompletedProcess:
@@ -144,11 +132,8 @@ def test_out_of_range_index_through_torch_compile_is_a_device_side_assert(when, 
 # --- 1. device mismatches ----------------------------------------------------------------
 
 
-def test_cpu_indices_with_gpu_weights_fail_like_eager_naming_both_devices():
-    # test_backend_gpu.py::test_model_without_the_move_fails_like_eager covers nn.Module;
-    # here the table is a graph input.
-    table = torch.randn(V, D, device="cuda")
-    ids = _ids(2, 9, device="cpu")
+def _fails_like_eager_naming(ids, table, *names):
+    """Compiled ``embedding(ids, table) * 2`` raises eager's exception class, naming ``names``."""
 
     def fn(ids, table):
         return F.embedding(ids, table) * 2.0
@@ -158,23 +143,21 @@ def test_cpu_indices_with_gpu_weights_fail_like_eager_naming_both_devices():
     with torch.no_grad(), pytest.raises(type(eager_error.value)) as error:
         torch.compile(fn, backend="infinifuse")(ids, table)
     message = str(error.value)
-    assert "cpu" in message and "cuda" in message, message
+    assert all(name in message for name in names), message
+
+
+def test_cpu_indices_with_gpu_weights_fail_like_eager_naming_both_devices():
+    # test_backend_gpu.py::test_model_without_the_move_fails_like_eager covers nn.Module;
+    # here the table is a graph input.
+    _fails_like_eager_naming(
+        _ids(2, 9, device="cpu"), torch.randn(V, D, device="cuda"), "cpu", "cuda"
+    )
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_indices_on_another_gpu_fail_like_eager_naming_both_devices():
     table = torch.randn(V, D, device="cuda:0")
-    ids = _ids(2, 9, device="cuda:1")
-
-    def fn(ids, table):
-        return F.embedding(ids, table) * 2.0
-
-    with torch.no_grad(), pytest.raises(RuntimeError) as eager_error:
-        fn(ids, table)
-    with torch.no_grad(), pytest.raises(type(eager_error.value)) as error:
-        torch.compile(fn, backend="infinifuse")(ids, table)
-    message = str(error.value)
-    assert "cuda:0" in message and "cuda:1" in message, message
+    _fails_like_eager_naming(_ids(2, 9, device="cuda:1"), table, "cuda:0", "cuda:1")
 
 
 # --- 1. changed weights, subnormals, NaN/Inf, mixed dtypes ------------------------------
@@ -244,7 +227,7 @@ def test_nan_and_inf_through_a_two_table_chain(dtype):
         actual = torch.compile(fn, backend="infinifuse", options={"validate": False})(ids, tok, pos)
     assert expected[1].isnan().any() and expected[1].isinf().any()
     assert_close(actual, expected, equal_nan=True)
-    assert _modes() == ["fusion"]
+    assert runtime_modes() == ["fusion"]
 
 
 def test_bf16_and_fp64_in_one_group():
@@ -264,7 +247,7 @@ def test_bf16_and_fp64_in_one_group():
             ids, tok, scale
         )
     assert_close(actual, expected, floor_dtype=torch.bfloat16)
-    assert _modes() == ["fusion"] and fusebackend.last_report().groups
+    assert runtime_modes() == ["fusion"] and fusebackend.last_report().groups
 
 
 # --- 2. faults on the real CUDA-graph path ----------------------------------------------
@@ -293,8 +276,8 @@ def test_out_of_memory_halfway_through_a_real_capture_falls_back(monkeypatch):
         for _ in range(3):
             ids = _ids(3, 11)
             torch.testing.assert_close(compiled(ids), model(ids))
-    assert _modes() == ["graph_replay"]
-    reason = _one_reason()
+    assert runtime_modes() == ["graph_replay"]
+    reason = one_fallback_reason()
     assert "capture failed: OutOfMemoryError" in reason and "4.00 GiB" in reason, reason
     assert "mode graph_replay (fusion -> graph_replay" in str(fusebackend.last_report())
     s = fusebackend.stats()
@@ -323,8 +306,8 @@ def test_triton_compile_error_falls_back_to_graph_replay(monkeypatch):
         for _ in range(3):
             ids = _ids(2, 7)
             torch.testing.assert_close(compiled(ids), model(ids))
-    assert _modes() == ["graph_replay"]
-    assert "fused graph raised CompilationError" in _one_reason()
+    assert runtime_modes() == ["graph_replay"]
+    assert "fused graph raised CompilationError" in one_fallback_reason()
     assert fusebackend.stats()["recordings"] == 1
 
 
@@ -341,8 +324,8 @@ def test_wrong_fused_kernel_is_caught_by_validation_on_the_gpu(monkeypatch):
         for _ in range(3):
             ids = _ids(2, 7)
             torch.testing.assert_close(compiled(ids), model(ids))
-    assert _modes() == ["graph_replay"]
-    assert "does not match the unfused graph" in _one_reason()
+    assert runtime_modes() == ["graph_replay"]
+    assert "does not match the unfused graph" in one_fallback_reason()
 
 
 # --- 3. never stale ------------------------------------------------------------------------
@@ -442,7 +425,7 @@ def test_300_shapes_keep_memory_bounded_and_warn_at_most_once(caplog):
     grown = torch.cuda.memory_allocated() - baseline
     assert grown < 2 * 4 * entry + 2**20, grown
     assert s["graph_pool_bytes"] < 64 * 2**20, s["graph_pool_bytes"]
-    assert len(_warnings(caplog)) <= 1, _warnings(caplog)[:3]
+    assert len(backend_warnings(caplog)) <= 1, backend_warnings(caplog)[:3]
     assert [w for w in caught if "fusebackend" in str(w.filename)] == []
 
 
