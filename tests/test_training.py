@@ -155,3 +155,25 @@ def test_grad_enabled_without_trainable_inputs_still_fuses():
     out = compiled(ids)
     assert_fused(fusebackend.last_report())
     assert_close(out, model(ids))
+
+
+def test_inference_mode_fuses_and_then_training_still_gets_gradients():
+    # inference_mode is the usual serving context; its outputs are inference tensors. The
+    # same compiled model must still train afterwards (a grad-mode guard recompiles).
+    torch.manual_seed(6)
+    model = Embeddings()
+    compiled = torch.compile(model, backend="infinifuse", options={"validate": False})
+    ids = rand_ids(V, (3, 7))
+    with torch.inference_mode():
+        out = compiled(ids)
+        expected = model(ids)
+    assert_fused(fusebackend.last_report())
+    assert out.is_inference() and not out.requires_grad
+    assert_close(out, expected)
+
+    reference = copy.deepcopy(model)
+    _train_step(model, ids, compiled)
+    assert fusebackend.last_report().graphs[-1].path.startswith(GRAD_REASON)
+    _train_step(reference, ids)
+    for (name, p), p_ref in zip(model.named_parameters(), reference.parameters()):
+        assert_close(p.grad, p_ref.grad, msg=lambda m, name=name: f"{name}: {m}")
