@@ -68,6 +68,13 @@ class TokPos(nn.Module):
         return F.gelu(self.tok(ids) * 1.5 + self.pos(positions))
 
 
+class MovesIds(TokPos):
+    """TokPos that moves its ids to the weight's device inside forward, as models do."""
+
+    def forward(self, ids):
+        return super().forward(ids.to(self.tok.weight.device))
+
+
 def _model(dtype=torch.float32) -> TokPos:
     return TokPos(dtype).cuda().eval()
 
@@ -158,6 +165,26 @@ def test_cpu_indices_with_gpu_weights_fail_like_eager_naming_both_devices():
 def test_indices_on_another_gpu_fail_like_eager_naming_both_devices():
     table = torch.randn(V, D, device="cuda:0")
     _fails_like_eager_naming(_ids(2, 9, device="cuda:1"), table, "cuda:0", "cuda:1")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_model_on_the_second_gpu_fuses_and_captures_there():
+    # The weight's device is the source of truth, whatever the current device is: kernels
+    # launch and graphs are captured on cuda:1 while cuda:0 stays current.
+    torch.manual_seed(11)
+    model = MovesIds().to("cuda:1").eval()
+    assert torch.cuda.current_device() == 0
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="infinifuse")
+        for device in ("cuda:1", "cpu", "cuda:1", "cpu"):
+            ids = _ids(3, 11, device=device)
+            out = compiled(ids)
+            assert out.device == torch.device("cuda:1")
+            assert_close(out, model(ids))
+    stats = fusebackend.stats()
+    assert set(stats["fusion_modes"].values()) == {"fusion"}, stats
+    assert stats["recordings"] == 2, stats  # one per signature: ids on cuda:1, ids on the CPU
+    assert fusebackend.last_report().groups[0].backend == "triton"
 
 
 # --- 1. changed weights, subnormals, NaN/Inf, mixed dtypes ------------------------------
