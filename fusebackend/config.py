@@ -25,15 +25,18 @@ class FusionConfig:
         cudagraphs: Capture the compiled graph in CUDA graphs, one per input signature.
             ``None`` (default) means "when the graph runs on a CUDA device".
         warmup_iterations: Eager runs on a side stream before a capture (>= 1).
-        max_graphs: Captured graphs kept per compiled graph (LRU); older ones are evicted.
-        batch_buckets: Increasing batch sizes; the leading dim of every non-parameter
-            input is padded up to the next bucket and the outputs sliced back, so many
-            batch sizes share a few captures. Only correct for row-independent models
-            (row i of the output depends only on row i of the inputs).
+        max_graphs: Entries (input signatures, captured or not) kept per compiled graph
+            (LRU); older ones are evicted.
+        batch_buckets: Increasing batch sizes; the batch is the leading dim of the first
+            non-parameter tensor input, inputs with that leading dim are padded up to the
+            next bucket and the outputs sliced back, so many batch sizes share a few
+            captures; batches above the largest bucket run unpadded. Only correct for
+            row-independent models (row i of the output depends only on row i of the
+            inputs).
         static_outputs: Return views of the captured graph's own output buffers instead
-            of fresh tensors. Zero-copy, but a later call of the same shape OVERWRITES
-            what an earlier call returned; only for callers that consume each output
-            before the next call.
+            of fresh tensors. Zero-copy, but a later call OVERWRITES what an earlier call
+            returned (any shape: the captured graphs share one memory pool); only for
+            callers that consume each output before the next call.
         validate: On the first run of each input signature, compare the fused graph's
             outputs with the unfused graph's; a mismatch falls back to the unfused graph.
         index_checks: Compile fused kernels with a device-side bounds assert on every

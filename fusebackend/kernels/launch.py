@@ -123,8 +123,9 @@ def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
     """Eager's broadcasting of concrete shapes, for the per-call path.
 
     ``torch.broadcast_shapes`` goes through the symbolic-shape reference implementation:
-    about 40 us a call on a CPU, and the launcher broadcast 6 times per call of a
-    two-lookup chain (most of its 160 us CPU time). This loop takes ~1 us.
+    24.5 us a call for three shapes on a CPU against 1.7 us for this loop, and the launcher
+    broadcasts 6 times per call of a two-lookup chain (an uncaptured call of that chain
+    with a no-op kernel went from 164 to 87 us).
     """
     rank = max((len(shape) for shape in shapes), default=0)
     out = [1] * rank
