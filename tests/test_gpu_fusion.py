@@ -68,6 +68,34 @@ def test_compiled_chain_on_device_matches_eager(dtype, index_dtype):
     torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
 
 
+@pytest.mark.parametrize(
+    "batch, seq, dim",
+    [
+        (2, 5, 24),  # several rows per program, 4 warps
+        (3, 7, 2500),  # two column blocks (BLOCK_D is at most 2048)
+        (3, 1100, 700),  # 2.3M elements: above launch.py's small-group limit, 2 warps
+        (1, 2100, 4100),  # 8.6M elements, three column blocks, 2 warps
+    ],
+)
+def test_every_launch_config_regime_matches_eager(batch, seq, dim):
+    from fusebackend.kernels import launch
+
+    rows = batch * seq
+    block_r, block_d, warps = launch.launch_config(rows, dim)
+    expect_small = rows * dim <= launch._SMALL_GROUP_ELEMENTS
+    assert warps == (4 if expect_small else 2)
+    assert block_d <= 2048 and block_r >= 1
+    model = TokPos(1000, seq, dim).cuda().half().eval()
+    ids = torch.randint(0, 1000, (batch, seq), device="cuda")
+    pos = torch.arange(seq, device="cuda")[None]
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": False})
+        out = compiled(ids, pos)
+        ref = model(ids, pos)
+    assert fusebackend.last_report().groups[0].backend == "triton"
+    torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
+
+
 def test_kernel_is_capturable_in_cuda_graph_without_host_sync():
     dtype = torch.float16
     spec = _chain_spec(dtype)
