@@ -179,6 +179,11 @@ class GraphCache:
         self._capture = device is not None and (
             config.cudagraphs is True or (config.cudagraphs is None and torch.cuda.is_available())
         )
+        # Device whose replays are ordered across streams (None: test doubles without CUDA).
+        self._replay_device: int | None = None
+        if self._capture and torch.cuda.is_available():
+            index = device.index
+            self._replay_device = index if index is not None else torch.cuda.current_device()
         # Where a key goes when the fused graph is not (or no longer) an option.
         self._unfused_mode = GRAPH_REPLAY if self._capture else EAGER
         self._entries: OrderedDict[Key, _Entry] = OrderedDict()
@@ -270,6 +275,22 @@ class GraphCache:
         batch: int | None,
         bucket: int | None,
     ) -> Sequence[Any]:
+        if self._replay_device is None:
+            return self._enqueue_replay(entry, args, user_args, batch, bucket)
+        with _CAPTURE.replay_lock:
+            _wait_for_last_replay(self._replay_device)
+            return self._enqueue_replay(entry, args, user_args, batch, bucket)
+
+    def _enqueue_replay(
+        self,
+        entry: _Entry,
+        args: tuple[Any, ...],
+        user_args: tuple[Any, ...],
+        batch: int | None,
+        bucket: int | None,
+    ) -> Sequence[Any]:
+        """Copy the inputs in, replay, write mutations back, clone the outputs: all queued
+        on the caller's current stream."""
         if entry.copy_bufs:
             # One call for all inputs (a single multi-tensor kernel where dtypes agree).
             torch._foreach_copy_(entry.copy_bufs, [args[i] for i in entry.copy_idx])
@@ -676,9 +697,34 @@ class _CaptureState:
         # replaced by a fresh one. Measured on an H200 (torch 2.11): reusing it broke every
         # later capture on the device.
         self.pool_users: dict[int, weakref.WeakSet] = {}
+        # The stream of each device's last replay, and the lock that makes "wait for it,
+        # then queue this replay" one step (see _wait_for_last_replay).
+        self.replay_streams: dict[int, tuple[int, int, int]] = {}
+        self.replay_lock = threading.Lock()
 
 
 _CAPTURE = _CaptureState()
+
+
+def _wait_for_last_replay(index: int) -> None:
+    """Make the caller's stream wait for the device's last replay if it ran on another stream.
+
+    The graphs of a device share one memory pool, and each entry its static buffers, so a
+    replay must not overlap the one before it. On one stream they queue in order; a thread
+    replaying on its own stream would otherwise copy its inputs over buffers that a replay
+    still queued on another stream has yet to read. Free when the stream does not change.
+    """
+    # (stream id, device, device type), as torch.cuda.current_stream reads it, without
+    # building a Stream object on every call.
+    current = torch._C._cuda_getCurrentStream(index)
+    last = _CAPTURE.replay_streams.get(index)
+    if last is not None and last != current:
+        _stream(current).wait_stream(_stream(last))
+    _CAPTURE.replay_streams[index] = current
+
+
+def _stream(data: tuple[int, int, int]) -> torch.cuda.Stream:
+    return torch.cuda.Stream(stream_id=data[0], device_index=data[1], device_type=data[2])
 
 
 def _live_pool(index: int) -> Any:
