@@ -761,3 +761,29 @@ def test_cpu_scalar_inputs_are_captured_and_keyed_by_value(fake_capture):
     s = stats()
     assert (s["recordings"], s["cache_misses"], s["cache_hits"]) == (2, 2, 1)
     assert set(s["fusion_modes"].values()) == {FUSION}
+
+
+def test_replay_waits_for_the_last_replay_only_when_the_stream_changes(monkeypatch):
+    # The GPU test (test_runtime_gpu.py::test_replays_on_two_streams_never_overlap) shows
+    # why; this pins the bookkeeping down on any machine: streams are read as
+    # (id, device, type) tuples and a Stream is built only to wait.
+    current = {"stream": (7, 0, 1)}
+    waits: list[tuple[int, int]] = []
+
+    class FakeStream:
+        def __init__(self, data):
+            self.id = data[0]
+
+        def wait_stream(self, other):
+            waits.append((self.id, other.id))
+
+    monkeypatch.setattr(
+        torch._C, "_cuda_getCurrentStream", lambda index: current["stream"], raising=False
+    )
+    monkeypatch.setattr(cc, "_stream", FakeStream)
+    monkeypatch.setattr(cc._CAPTURE, "replay_streams", {})
+    for stream_id in (7, 7, 9, 9, 7, 11):
+        current["stream"] = (stream_id, 0, 1)
+        cc._wait_for_last_replay(0)
+    assert waits == [(9, 7), (7, 9), (11, 7)]
+    assert cc._CAPTURE.replay_streams == {0: (11, 0, 1)}
