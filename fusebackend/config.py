@@ -36,7 +36,8 @@ class FusionConfig:
         static_outputs: Return views of the captured graph's own output buffers instead
             of fresh tensors. Zero-copy, but a later call OVERWRITES what an earlier call
             returned (any shape: the captured graphs share one memory pool); only for
-            callers that consume each output before the next call.
+            callers whose use of each output is queued before the next call (on the same
+            stream; another stream's call does not wait for later reads).
         validate: On the first run of each input signature, compare the fused graph's
             outputs with the unfused graph's; a mismatch falls back to the unfused graph.
         index_checks: Compile fused kernels with a device-side bounds assert on every
