@@ -20,8 +20,20 @@ import torch  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    """Each test compiles from scratch: Dynamo's caches would hide recompiles."""
+def _fresh_dynamo_and_runtime():
+    """Each test compiles from scratch (Dynamo's caches would hide recompiles) and starts
+    with an empty runtime: no captured graphs, zeroed stats, fusion switched on."""
+    import fusebackend
+
+    def reset_runtime():
+        fusebackend.set_fusion_enabled(True)
+        fusebackend.clear_cache()
+        fusebackend.reset_stats()
+
     torch._dynamo.reset()
+    reset_runtime()
     yield
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # a test's queued replays finish before its graphs are freed
+    reset_runtime()
     torch._dynamo.reset()

@@ -192,3 +192,10 @@ def backend_warnings(caplog) -> list[str]:
         for r in caplog.records
         if r.levelno >= logging.WARNING and r.name.startswith("fusebackend")
     ]
+
+
+def is_fused_graph(fn) -> bool:
+    """Is ``fn`` (a callable the runtime was handed) a graph with a fused group in it?"""
+    return isinstance(fn, torch.fx.GraphModule) and any(
+        isinstance(n.target, fusebackend.backend.FusedGroupOp) for n in fn.graph.nodes
+    )

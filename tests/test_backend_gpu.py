@@ -34,16 +34,6 @@ class Embedder(nn.Module):
         return x.half()
 
 
-@pytest.fixture(autouse=True)
-def _clean():
-    fusebackend.clear_cache()
-    fusebackend.reset_stats()
-    fusebackend.set_fusion_enabled(True)
-    yield
-    fusebackend.set_fusion_enabled(True)
-    fusebackend.clear_cache()
-
-
 def _ids(*shape, device="cuda"):
     return torch.randint(0, 1000, shape, device=device)
 

@@ -60,14 +60,6 @@ LIMIT = {torch.bfloat16: 2.5, torch.float16: 4.0, torch.float32: 8.0, torch.floa
 NARROWNESS = {torch.float64: 0, torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
 
 
-@pytest.fixture(autouse=True)
-def _fresh_runtime():
-    fusebackend.clear_cache()
-    fusebackend.reset_stats()
-    yield
-    fusebackend.clear_cache()
-
-
 # --- the program -------------------------------------------------------------------------
 
 

@@ -33,6 +33,7 @@ from helpers import (
     assert_fused,
     backend_warnings,
     eager,
+    is_fused_graph,
     one_fallback_reason,
     rand_ids,
     rand_table,
@@ -49,17 +50,6 @@ from fusebackend.runtime import stats as runtime_stats
 V, P, D = 13, 16, 8  # vocabulary (odd), positions, row width
 FAKE_CUDA = torch.device("cuda", 0)
 LOGGER = "fusebackend"
-
-
-@pytest.fixture(autouse=True)
-def _fresh_runtime():
-    fusebackend.set_fusion_enabled(True)
-    fusebackend.clear_cache()
-    fusebackend.reset_stats()
-    yield
-    fusebackend.set_fusion_enabled(True)
-    fusebackend.clear_cache()
-    fusebackend.reset_stats()
 
 
 # --- the CUDA-graph path on CPU --------------------------------------------------------
@@ -123,12 +113,6 @@ def _options(path: str, request, **options) -> dict:
         request.getfixturevalue("fake_capture")
         options.setdefault("cudagraphs", True)
     return options
-
-
-def _is_fused_graph(fn) -> bool:
-    return isinstance(fn, torch.fx.GraphModule) and any(
-        isinstance(n.target, fusebackend.backend.FusedGroupOp) for n in fn.graph.nodes
-    )
 
 
 # --- models ------------------------------------------------------------------------------
@@ -573,7 +557,7 @@ class Counter(nn.Module):
 def test_capture_failing_halfway_falls_back(which, fake_capture):
     # The capture runs the graph partway (the mutated buffer is written) and then fails.
     def fail(fn, inputs):
-        if which == "both" or _is_fused_graph(fn):
+        if which == "both" or is_fused_graph(fn):
             fn(*inputs)
             raise cc.CaptureError("capture ended with RuntimeError: invalidated (injected)")
 

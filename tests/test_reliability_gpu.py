@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from helpers import (
     assert_close,
     backend_warnings,
+    is_fused_graph,
     one_fallback_reason,
     rand_table,
     runtime_modes,
@@ -41,18 +42,6 @@ pytestmark = [
 V, P, D = 1000, 64, 96
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOGGER = "fusebackend"
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    fusebackend.set_fusion_enabled(True)
-    fusebackend.clear_cache()
-    fusebackend.reset_stats()
-    yield
-    torch.cuda.synchronize()
-    fusebackend.set_fusion_enabled(True)
-    fusebackend.clear_cache()
-    fusebackend.reset_stats()
 
 
 class TokPos(nn.Module):
@@ -288,7 +277,7 @@ def test_out_of_memory_halfway_through_a_real_capture_falls_back(monkeypatch):
 
     def capture(fn, inputs, *, device, warmup_iterations):
         def body(*args):
-            if torch.cuda.is_current_stream_capturing() and _is_fused(fn):
+            if torch.cuda.is_current_stream_capturing() and is_fused_graph(fn):
                 raise torch.OutOfMemoryError(
                     "CUDA out of memory. Tried to allocate 4.00 GiB (injected)"
                 )
@@ -312,12 +301,6 @@ def test_out_of_memory_halfway_through_a_real_capture_falls_back(monkeypatch):
     assert not torch.cuda.is_current_stream_capturing()
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
     torch.randn(8, device="cuda")  # the RNG is not left "capturing"
-
-
-def _is_fused(fn) -> bool:
-    return isinstance(fn, torch.fx.GraphModule) and any(
-        isinstance(n.target, fusebackend.backend.FusedGroupOp) for n in fn.graph.nodes
-    )
 
 
 def test_triton_compile_error_falls_back_to_graph_replay(monkeypatch):

@@ -63,17 +63,6 @@ COUNTER_KEYS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _fresh_runtime():
-    set_fusion_enabled(True)
-    clear_cache()
-    reset_stats()
-    yield
-    set_fusion_enabled(True)
-    clear_cache()
-    reset_stats()
-
-
 class FakeGraph:
     """CPU stand-in for a captured graph: replay recomputes into the same output buffers."""
 

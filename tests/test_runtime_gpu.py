@@ -13,23 +13,11 @@ import torch.nn.functional as F
 from fusebackend.config import FusionConfig
 from fusebackend.runtime import cudagraph_cache as cc
 from fusebackend.runtime.cudagraph_cache import EAGER, FUSION, GRAPH_REPLAY, GraphCache
-from fusebackend.runtime.stats import clear_cache, reset_stats, set_fusion_enabled, stats
+from fusebackend.runtime.stats import clear_cache, stats
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 VOCAB, DIM = 1000, 64
-
-
-@pytest.fixture(autouse=True)
-def _fresh_runtime():
-    set_fusion_enabled(True)
-    clear_cache()
-    reset_stats()
-    yield
-    torch.cuda.synchronize()
-    set_fusion_enabled(True)
-    clear_cache()
-    reset_stats()
 
 
 @pytest.fixture
