@@ -2,7 +2,10 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench]...   (default: all)
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate]...
+#
+# (default: tests examples bench; generate, transformers' generate() through three backends
+# with cold caches, takes ~5 minutes and is asked for by name.)
 #
 # Logs and results land in $OUT (one file per step); the exit status is non-zero when a
 # step failed, and every step runs regardless, so one failure does not hide another.
@@ -43,8 +46,11 @@ for step in $steps; do
     bench)
         run_step bench_chain python3 benchmarks/embedding_chain.py --out "$OUT/embedding_chain.json"
         ;;
+    generate)
+        run_step bench_generate python3 benchmarks/generate.py --out "$OUT/generate.json"
+        ;;
     *)
-        echo "unknown step: $step (tests, examples, bench)"
+        echo "unknown step: $step (tests, examples, bench, generate)"
         status=1
         ;;
     esac
