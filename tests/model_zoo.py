@@ -15,8 +15,13 @@ import torch
 # dims, rotary dims and intermediate sizes are all > 1.
 HIDDEN, HEADS, LAYERS, VOCAB, INTERMEDIATE = 64, 4, 2, 128, 96
 
-_COMMON = {"vocab_size": VOCAB, "use_cache": False, "pad_token_id": 0, "bos_token_id": 1,
-           "eos_token_id": 2}
+_COMMON = {
+    "vocab_size": VOCAB,
+    "use_cache": False,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 
 # family -> (config class name, config kwargs, is_decoder)
 ZOO: dict[str, tuple[str, dict[str, Any], bool]] = {
