@@ -32,8 +32,9 @@ from fusebackend.passes.embedding_fusion import (
     reference_module,
     rewrite,
 )
-from fusebackend.passes.graph import example_value, mutated_placeholders
+from fusebackend.passes.graph import example_value
 from fusebackend.passes.host_inputs import hoist_host_to_device
+from fusebackend.passes.mutations import mutated_placeholders
 from fusebackend.report import GraphReport, GroupReport, record
 from fusebackend.runtime.cudagraph_cache import GraphCache
 
