@@ -83,13 +83,12 @@ def infinifuse(
     options: Mapping[str, Any] | FusionConfig | None = None,
     mode: str | None = None,
 ) -> Any:
-    """Dynamo backend entry point (``torch.compile(model, backend="infinifuse")``)."""
-    config = FusionConfig.from_options(options)
-    if mode not in (None, "default"):
-        raise ValueError(
-            f"infinifuse does not take a torch.compile mode (got mode={mode!r}); "
-            "use options={...} instead (see fusebackend.FusionConfig)"
-        )
+    """Dynamo backend entry point (``torch.compile(model, backend="infinifuse")``).
+
+    ``mode`` is torch.compile's: see ``MODES``. torch.compile passes it only when it is not
+    None or "default", and refuses ``mode`` and ``options`` together.
+    """
+    config = _apply_mode(FusionConfig.from_options(options), mode, options)
     start = time.perf_counter()
     name = f"graph{next(_graph_ids)}"
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -137,6 +136,36 @@ def infinifuse(
     record(report)
     log.info("%s: %s, %d group(s), %d not fused", name, path, len(groups), len(rejections))
     return cache
+
+
+# torch.compile's modes -> does the mode turn CUDA graphs off? "reduce-overhead" and the
+# max-autotune modes are Inductor's; infinifuse captures CUDA graphs by default, so only
+# "max-autotune-no-cudagraphs" changes anything. transformers' CompileConfig passes
+# mode="reduce-overhead" unless told otherwise.
+MODES: dict[str | None, bool] = {
+    None: False,
+    "default": False,
+    "reduce-overhead": False,
+    "max-autotune": False,
+    "max-autotune-no-cudagraphs": True,
+}
+
+
+def _apply_mode(
+    config: FusionConfig, mode: str | None, options: Mapping[str, Any] | FusionConfig | None
+) -> FusionConfig:
+    """The config ``mode`` gives; a ``cudagraphs`` the user set in ``options`` wins."""
+    if mode not in MODES:
+        valid = ", ".join(repr(m) for m in MODES)
+        raise ValueError(f"infinifuse: unknown torch.compile mode {mode!r}; valid modes: {valid}")
+    explicit = (
+        config.cudagraphs is not None
+        if isinstance(options, FusionConfig)
+        else options is not None and "cudagraphs" in options
+    )
+    if MODES[mode] and not explicit:
+        return config.replace(cudagraphs=False)
+    return config
 
 
 def _fuse(
