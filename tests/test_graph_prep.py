@@ -139,3 +139,151 @@ def test_mutated_placeholders_without_example_values_follow_views_by_name():
     part = graph.call_function(operator.getitem, (b, slice(1, None)))
     graph.output(part)
     assert [p.name for p in mutated_placeholders(graph)] == ["a"]
+
+
+# ------------------------------------------------------------------ constants (constants.py)
+
+
+def _mask_model(ids, table):
+    # As Mistral/Gemma2 build their masks: constants from Python values on the input's device.
+    zero = torch.tensor(0.0, device=ids.device, dtype=table.dtype)
+    big = torch.full((), -1e4, device=ids.device, dtype=table.dtype)
+    steps = torch.arange(5, device=ids.device) * 2 + 1
+    x = torch.nn.functional.embedding(ids, table) * 2.0
+    return torch.where(x > zero, x, big) + steps[: x.shape[-1]].to(x.dtype)
+
+
+def test_constants_are_built_once_and_leave_the_graph():
+    g = torch.Generator().manual_seed(3)
+    ids, table = rand_ids(9, (2, 3), g=g), rand_table(9, 5, g=g)
+    compiled = torch.compile(_mask_model, backend="infinifuse", fullgraph=True)
+    with torch.no_grad():
+        for _ in range(2):
+            assert_close(compiled(ids, table), _mask_model(ids, table))
+    graph = fusebackend.last_report().graphs[0]
+    assert len(graph.constants) >= 4, graph.constants  # tensor, full, arange, mul, add, ...
+    gm = graph.runtime._unfused  # the graph the runtime runs
+    factories = {torch.tensor, torch.full, torch.arange, torch.scalar_tensor}
+    assert not [n for n in gm.graph.nodes if n.target in factories], gm.code
+    assert any(n.op == "get_attr" for n in gm.graph.nodes), gm.code
+    assert "constants built once" in str(fusebackend.last_report())
+
+
+def test_returned_or_mutated_constants_are_not_shared_between_calls():
+    def fn(x):
+        fresh = torch.zeros(3)  # returned: each call must get its own tensor
+        acc = torch.ones(3)  # mutated in place inside the graph
+        acc.add_(x)
+        return fresh, acc * 2
+
+    compiled = torch.compile(fn, backend="infinifuse", fullgraph=True)
+    x = torch.randn(3)
+    with torch.no_grad():
+        first_fresh, first = compiled(x)
+        first_fresh.add_(5)  # the caller writes into what it got
+        second_fresh, second = compiled(x)
+    assert_close(second_fresh, torch.zeros(3))
+    assert_close(second, first)
+    assert fusebackend.last_report().graphs[0].constants == []
+
+
+def test_symbolic_and_random_values_are_not_folded():
+    def fn(x):
+        noise = torch.rand(3)
+        ramp = torch.arange(x.shape[0])
+        return x + ramp, noise
+
+    compiled = torch.compile(fn, backend="infinifuse", dynamic=True)
+    with torch.no_grad():
+        a, n1 = compiled(torch.zeros(4))
+        b, n2 = compiled(torch.zeros(6))
+    assert_close(a, torch.arange(4.0)) and assert_close(b, torch.arange(6.0))
+    assert not torch.equal(n1, n2)
+    assert fusebackend.last_report().graphs[0].constants == []
+
+
+# ------------------------------------------------------------ host work (host_inputs.py)
+
+
+def _fake_cuda(mode, shape, dtype=torch.float32):
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return FakeTensor(mode, torch.empty(shape, dtype=dtype, device="meta"), torch.device("cuda", 0))
+
+
+def test_host_nodes_are_cpu_work_on_cpu_inputs_only():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusebackend.passes.host_inputs import host_nodes
+
+    mode = FakeTensorMode()
+    with mode:
+        counter_v = torch.zeros((), dtype=torch.int64)
+        x_v = _fake_cuda(mode, (4,))
+    graph = torch.fx.Graph()
+    counter, x = graph.placeholder("counter"), graph.placeholder("x")
+    nodes = {}
+
+    def add(name, op, target, args, value):
+        node = getattr(graph, op)(target, args)
+        node.name = name
+        node.meta["example_value"] = value
+        nodes[name] = node
+        return node
+
+    with mode:
+        pos_v = counter_v + 1
+        posc_v = _fake_cuda(mode, (), torch.int64)
+        y_v = x_v * posc_v
+        z_v = torch.empty(4)  # y.cpu(): a device -> host copy
+    counter.meta["example_value"], x.meta["example_value"] = counter_v, x_v
+    pos = add("pos", "call_function", operator.add, (counter, 1), pos_v)
+    add("bump", "call_method", "add_", (counter, 1), counter_v)
+    posc = add("posc", "call_method", "to", (pos, "cuda"), posc_v)
+    y = add("y", "call_function", operator.mul, (x, posc), y_v)
+    z = add("z", "call_method", "cpu", (y,), z_v)
+    w = add("w", "call_function", operator.add, (z, 1), z_v)
+    after = add("after", "call_function", operator.add, (counter, 2), pos_v)
+    graph.output((y, w, after))
+    assert [n.name for n in host_nodes(graph, lambda v: v.device.type == "cpu")] == [
+        "pos",
+        "bump",
+        "after",
+    ]
+
+
+def _counter_model(counter, x):
+    before = counter.view(1)  # an alias read by the "device" part before the host write
+    y = x * before.to(x.dtype)
+    pos = counter + 2
+    counter.add_(x.shape[-1])
+    return y * pos.to(x.dtype), pos, counter * 1
+
+
+def test_split_graph_runs_host_part_then_device_part_like_eager():
+    """The split on the CPU, with int64 values playing the host and floats the device."""
+    from fusebackend.passes.host_inputs import split_host
+
+    counter = torch.tensor(3)
+    x = torch.randn(2, 5)
+    gm = _graph_of(_counter_model, counter.clone(), x)
+    split = split_host(gm, lambda v: v.dtype == torch.int64)
+    assert split is not None
+    assert split.nodes == ["before", "pos", "add_", "mul_2"], split.nodes
+    device_ops = {n.target for n in split.device.graph.nodes if n.op != "placeholder"}
+    assert "add_" not in device_ops  # the host write happens once, in the host part
+    run = split.bind(split.device)
+    expected_counter = counter.clone()
+    for _ in range(3):
+        out = run(counter, x)
+        expected = _counter_model(expected_counter, x)
+        assert_close(list(out), list(expected))
+        assert_close(counter, expected_counter)
+
+
+def test_split_needs_both_parts():
+    from fusebackend.passes.host_inputs import split_host
+
+    gm = _graph_of(lambda c: c + 1, torch.tensor(1))
+    assert split_host(gm, lambda v: True) is None
+    assert split_host(gm, lambda v: False) is None
