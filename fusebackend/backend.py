@@ -134,9 +134,7 @@ def infinifuse(
         path = "unfused (option fusion=False)"
     else:
         path = "fused" if groups else "unfused (nothing to fuse)"
-    in_place = [
-        placeholders[i].name for i in sorted(static) if not _is_parameter_or_buffer(inputs[i])
-    ]
+    in_place = [placeholders[i].name for i in sorted(static) if not _is_module_state(inputs[i])]
     report = GraphReport(
         name=name,
         device=str(device or "cpu"),
@@ -313,6 +311,11 @@ def _is_parameter_or_buffer(t: Any) -> bool:
     return isinstance(t, torch.nn.Parameter) or (
         isinstance(t, torch.Tensor) and getattr(t, "_dynamo_static_input_type", None) is not None
     )
+
+
+def _is_module_state(t: Any) -> bool:
+    """A parameter or a module buffer (Dynamo sets ``_is_buffer`` on buffers it inlines)."""
+    return isinstance(t, torch.nn.Parameter) or getattr(t, "_is_buffer", False)
 
 
 def _graph_device(example_inputs: Sequence[Any]) -> torch.device | None:
