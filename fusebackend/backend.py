@@ -26,14 +26,21 @@ from fusebackend.kernels import (
     kernel_source,
     triton_usable,
 )
+from fusebackend.passes.constants import fold_constants
 from fusebackend.passes.embedding_fusion import (
     Candidate,
     find_groups,
     reference_module,
     rewrite,
 )
-from fusebackend.passes.graph import example_value, mutated_placeholders
-from fusebackend.passes.host_inputs import hoist_host_to_device
+from fusebackend.passes.graph import example_value
+from fusebackend.passes.host_inputs import (
+    HostSplit,
+    hoist_host_to_device,
+    split_host,
+    stage_scalars,
+)
+from fusebackend.passes.mutations import mutated_placeholders
 from fusebackend.report import GraphReport, GroupReport, record
 from fusebackend.runtime.cudagraph_cache import GraphCache
 
@@ -82,16 +89,14 @@ def infinifuse(
     options: Mapping[str, Any] | FusionConfig | None = None,
     mode: str | None = None,
 ) -> Any:
-    """Dynamo backend entry point (``torch.compile(model, backend="infinifuse")``)."""
-    config = FusionConfig.from_options(options)
-    if mode not in (None, "default"):
-        raise ValueError(
-            f"infinifuse does not take a torch.compile mode (got mode={mode!r}); "
-            "use options={...} instead (see fusebackend.FusionConfig)"
-        )
+    """Dynamo backend entry point (``torch.compile(model, backend="infinifuse")``).
+
+    ``mode`` is torch.compile's: see ``MODES``. torch.compile passes it only when it is not
+    None or "default", and refuses ``mode`` and ``options`` together.
+    """
+    config = _apply_mode(FusionConfig.from_options(options), mode, options)
     start = time.perf_counter()
     name = f"graph{next(_graph_ids)}"
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     device = _graph_device(example_inputs)
 
     if _needs_autograd(example_inputs):
@@ -103,12 +108,19 @@ def infinifuse(
         return compiled
 
     host_inputs = hoist_host_to_device(gm, example_inputs)
-    mutated = mutated_placeholders(gm.graph)
+    constants = fold_constants(gm)
+    mutated_names = [p.name for p in mutated_placeholders(gm.graph)]
+    split = split_host(gm, _on_host) if device is not None else None
+    target, inputs = gm, list(example_inputs)
+    if split is not None:
+        target, inputs, host_inputs = _device_part(split, example_inputs, host_inputs, device)
+    placeholders = [n for n in target.graph.nodes if n.op == "placeholder"]
     index_of = {node: i for i, node in enumerate(placeholders)}
-    fused_gm, groups, rejections = _fuse(gm, device, config)
-    static = frozenset(i for i, t in enumerate(example_inputs) if _is_parameter_or_buffer(t))
+    mutated = mutated_placeholders(target.graph)
+    fused_gm, groups, rejections = _fuse(target, device, config)
+    static = _static_inputs(inputs, index_of, mutated, host_inputs, config)
     cache = GraphCache(
-        unfused=gm,
+        unfused=target,
         fused=fused_gm,
         config=config,
         device=device,
@@ -122,20 +134,84 @@ def infinifuse(
         path = "unfused (option fusion=False)"
     else:
         path = "fused" if groups else "unfused (nothing to fuse)"
+    in_place = [placeholders[i].name for i in sorted(static) if not _is_module_state(inputs[i])]
     report = GraphReport(
         name=name,
         device=str(device or "cpu"),
         path=path,
         groups=groups,
         rejections=list(rejections),
-        mutated_inputs=[p.name for p in mutated],
+        mutated_inputs=mutated_names,
         host_inputs=[placeholders[i].name for i in host_inputs],
         compile_seconds=time.perf_counter() - start,
         runtime_ref=weakref.ref(cache),
+        static_inputs=in_place,
+        constants=constants,
+        host_nodes=split.nodes if split is not None else [],
     )
     record(report)
-    log.info("%s: %s, %d group(s), %d not fused", name, path, len(groups), len(rejections))
-    return cache
+    log.info(
+        "%s: %s, %d group(s), %d not fused; %d inputs, used in place: %s, mutated: %s, "
+        "constants: %d, host nodes: %d",
+        name, path, len(groups), len(rejections), len(placeholders), in_place,
+        [p.name for p in mutated], len(constants), len(report.host_nodes),
+    )  # fmt: skip
+    return cache if split is None else split.bind(cache)
+
+
+def _on_host(value: torch.Tensor) -> bool:
+    return value.device.type == "cpu"
+
+
+def _device_part(
+    split: HostSplit,
+    example_inputs: Sequence[Any],
+    host_inputs: Mapping[int, torch.device],
+    device: torch.device,
+) -> tuple[torch.fx.GraphModule, list[Any], dict[int, torch.device]]:
+    """The device part of a split graph, its example inputs and its host inputs.
+
+    Its inputs are the original inputs it reads, then the host values; a host value it moves
+    to the device (or a 0-d one it reads there) is staged by the runtime like a CPU input.
+    """
+    first = len(split.device_args)
+    moved = {k: host_inputs[i] for k, i in enumerate(split.device_args) if i in host_inputs}
+    stage_scalars(split.device, first, device)
+    placeholders = [n for n in split.device.graph.nodes if n.op == "placeholder"]
+    examples = [None] * first + [example_value(p) for p in placeholders[first:]]
+    moved |= {i: d for i, d in hoist_host_to_device(split.device, examples).items() if i >= first}
+    inputs = [example_inputs[i] for i in split.device_args] + [None] * split.num_boundary
+    return split.device, inputs, moved
+
+
+# torch.compile's modes -> does the mode turn CUDA graphs off? "reduce-overhead" and the
+# max-autotune modes are Inductor's; infinifuse captures CUDA graphs by default, so only
+# "max-autotune-no-cudagraphs" changes anything. transformers' CompileConfig passes
+# mode="reduce-overhead" unless told otherwise.
+MODES: dict[str | None, bool] = {
+    None: False,
+    "default": False,
+    "reduce-overhead": False,
+    "max-autotune": False,
+    "max-autotune-no-cudagraphs": True,
+}
+
+
+def _apply_mode(
+    config: FusionConfig, mode: str | None, options: Mapping[str, Any] | FusionConfig | None
+) -> FusionConfig:
+    """The config ``mode`` gives; a ``cudagraphs`` the user set in ``options`` wins."""
+    if mode not in MODES:
+        valid = ", ".join(repr(m) for m in MODES)
+        raise ValueError(f"infinifuse: unknown torch.compile mode {mode!r}; valid modes: {valid}")
+    explicit = (
+        config.cudagraphs is not None
+        if isinstance(options, FusionConfig)
+        else options is not None and "cudagraphs" in options
+    )
+    if MODES[mode] and not explicit:
+        return config.replace(cudagraphs=False)
+    return config
 
 
 def _fuse(
@@ -203,11 +279,43 @@ def _needs_autograd(example_inputs: Sequence[Any]) -> bool:
     )
 
 
+def _static_inputs(
+    example_inputs: Sequence[Any],
+    index_of: Mapping[torch.fx.Node, int],
+    mutated: Sequence[torch.fx.Node],
+    host_inputs: Mapping[int, torch.device],
+    config: FusionConfig,
+) -> frozenset[int]:
+    """Inputs the runtime uses in place (no copy in, no write-back; address checked per hit).
+
+    Parameters, buffers and ``mark_static_address`` tensors (the StaticCache's key/value
+    tensors when its prefill ran eagerly), and every tensor input the graph mutates in place:
+    a KV cache created inside a compiled prefill is not marked (transformers skips
+    ``mark_static_address`` while Dynamo traces), and copying it in and back out around each
+    replay would cost two passes over the whole cache per token. A mutated input that comes
+    at a new address on each call is re-recorded each call instead (``rerecords``). Not with
+    ``batch_buckets``: static inputs are not padded.
+    """
+    static = {i for i, t in enumerate(example_inputs) if _is_parameter_or_buffer(t)}
+    if config.batch_buckets is None:
+        for node in mutated:
+            i = index_of[node]
+            if isinstance(example_inputs[i], torch.Tensor) and i not in host_inputs:
+                static.add(i)
+    return frozenset(static)
+
+
 def _is_parameter_or_buffer(t: Any) -> bool:
-    # Dynamo marks the parameters and buffers of inlined nn.Modules with this attribute.
+    # Dynamo marks the parameters and buffers of inlined nn.Modules, and mark_static_address
+    # marks any tensor, with this attribute.
     return isinstance(t, torch.nn.Parameter) or (
         isinstance(t, torch.Tensor) and getattr(t, "_dynamo_static_input_type", None) is not None
     )
+
+
+def _is_module_state(t: Any) -> bool:
+    """A parameter or a module buffer (Dynamo sets ``_is_buffer`` on buffers it inlines)."""
+    return isinstance(t, torch.nn.Parameter) or getattr(t, "_is_buffer", False)
 
 
 def _graph_device(example_inputs: Sequence[Any]) -> torch.device | None:

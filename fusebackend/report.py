@@ -48,6 +48,12 @@ class GraphReport:
     # A weak reference to the graph's GraphCache: a report must not keep captured graphs
     # alive after the compiled model is gone (reports are kept for last_report/explain).
     runtime_ref: Any = None
+    # Inputs used in place other than parameters and buffers (marked static, or mutated).
+    static_inputs: list[str] = dataclasses.field(default_factory=list)
+    # Nodes built from Python values alone, computed once at compile time (passes/constants).
+    constants: list[str] = dataclasses.field(default_factory=list)
+    # Nodes that run on the host at each call, before the captured device part.
+    host_nodes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def runtime(self) -> Any:
@@ -104,6 +110,12 @@ class FusionReport:
                 lines.append(f"mutated inputs: {', '.join(graph.mutated_inputs)}")
             if graph.host_inputs:
                 lines.append(f"host inputs copied to the device: {', '.join(graph.host_inputs)}")
+            if graph.static_inputs:
+                lines.append(f"inputs used in place: {', '.join(graph.static_inputs)}")
+            if graph.constants:
+                lines.append(f"constants built once: {', '.join(graph.constants)}")
+            if graph.host_nodes:
+                lines.append(f"run on the host each call: {', '.join(graph.host_nodes)}")
         return "\n".join(lines)
 
 

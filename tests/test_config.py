@@ -165,9 +165,3 @@ def test_torch_compile_reports_the_bad_option_by_name():
     compiled = torch.compile(lambda x: x * 2, backend="infinifuse", options={"warmup": 1})
     with pytest.raises(Exception, match=r"unknown infinifuse option\(s\) \['warmup'\]"):
         compiled(torch.randn(3))
-
-
-def test_torch_compile_mode_is_refused_with_a_pointer_to_options():
-    compiled = torch.compile(lambda x: x * 2, backend="infinifuse", mode="max-autotune")
-    with pytest.raises(Exception, match="does not take a torch.compile mode"):
-        compiled(torch.randn(3))

@@ -44,7 +44,8 @@ def _generate_both_ways(family: str, how: str, device: str, dtype: torch.dtype):
 def test_generate_cpu_tokens_equal_eager(family, how):
     actual, expected = _generate_both_ways(family, how, "cpu", torch.float32)
     assert actual.tolist() == expected.tolist()
-    assert fusebackend.stats()["cache_hits"] >= 1, "no decode step was served by the cache"
+    if family not in model_zoo.SLIDING_WINDOW_FAMILIES:
+        assert fusebackend.stats()["cache_hits"] >= 1, "no decode step was served by the cache"
 
 
 @pytest.mark.gpu

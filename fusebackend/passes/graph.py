@@ -1,8 +1,9 @@
 """FX <-> networkx: the data-flow DiGraph, mutation facts and a stable re-sort.
 
 Mutations are invisible in FX's data flow (after ``x.add_(1)`` Dynamo's later uses of x
-still point at the placeholder), so they are found by name and kept as positions: the
-fusion pass never lets a group span one.
+still point at the placeholder), so they are found by name (``is_mutation``) and kept as
+positions: the fusion pass never lets a group span one. Which inputs they write is
+``passes/mutations.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ __all__ = [
     "build_digraph",
     "example_value",
     "is_mutation",
-    "mutated_placeholders",
     "resort_stably",
 ]
 
@@ -27,19 +27,6 @@ _INPLACE_OPERATORS = {
     operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
     operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
     operator.ilshift, operator.irshift, operator.imatmul, operator.setitem,
-}  # fmt: skip
-
-# Ops whose result shares storage with args[0]: a mutation of the result mutates it.
-_VIEW_METHODS = {
-    "view", "view_as", "reshape", "reshape_as", "transpose", "t", "permute", "select",
-    "narrow", "expand", "expand_as", "unsqueeze", "squeeze", "flatten", "unflatten",
-    "__getitem__", "as_strided", "diagonal", "unfold", "split", "chunk", "contiguous",
-    "detach", "movedim", "swapaxes", "T", "mT",
-}  # fmt: skip
-_VIEW_FUNCTIONS = {
-    operator.getitem, torch.reshape, torch.transpose, torch.permute, torch.select,
-    torch.narrow, torch.unsqueeze, torch.squeeze, torch.flatten, torch.split, torch.chunk,
-    torch.movedim, torch.swapaxes, torch.t, torch.diagonal, torch.detach,
 }  # fmt: skip
 
 
@@ -73,37 +60,6 @@ def is_mutation(node: torch.fx.Node) -> bool:
         name = getattr(node.target, "__name__", "")
         return name.endswith("_") and not name.endswith("__")
     return node.op == "call_module"  # an opaque module may mutate anything
-
-
-def _mutated_arg(node: torch.fx.Node) -> torch.fx.Node | None:
-    out = node.kwargs.get("out")
-    if isinstance(out, torch.fx.Node):
-        return out
-    first = node.args[0] if node.args else None
-    return first if isinstance(first, torch.fx.Node) else None
-
-
-def _view_base(node: torch.fx.Node) -> torch.fx.Node | None:
-    is_view = (node.op == "call_method" and node.target in _VIEW_METHODS) or (
-        node.op == "call_function" and node.target in _VIEW_FUNCTIONS
-    )
-    first = node.args[0] if node.args else None
-    return first if is_view and isinstance(first, torch.fx.Node) else None
-
-
-def mutated_placeholders(graph: torch.fx.Graph) -> list[torch.fx.Node]:
-    """Graph inputs written by an in-place op, directly or through a chain of views."""
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    mutated: set[torch.fx.Node] = set()
-    for node in graph.nodes:
-        if not is_mutation(node) or node.op == "call_module":
-            continue
-        target = _mutated_arg(node)
-        while target is not None and target.op != "placeholder":
-            target = _view_base(target)
-        if target is not None:
-            mutated.add(target)
-    return [p for p in placeholders if p in mutated]
 
 
 def resort_stably(graph: torch.fx.Graph, priority: dict[torch.fx.Node, float]) -> None:

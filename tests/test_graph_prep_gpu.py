@@ -1,0 +1,129 @@
+"""GPU-only: graph preparation on a real device (constants, host work, static inputs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fusebackend
+from tests.helpers import assert_close, rand_ids, rand_table
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def _modes(graph) -> list[str]:
+    return [entry["mode"] for entry in graph.runtime_modes()]
+
+
+def test_constant_mask_is_folded_and_the_graph_is_captured():
+    def fn(ids, table):
+        zero = torch.tensor(0.0, device=ids.device, dtype=table.dtype)
+        x = torch.nn.functional.embedding(ids, table) * 2.0
+        return torch.where(x > zero, x, torch.full((), -1e4, device=ids.device, dtype=x.dtype))
+
+    g = torch.Generator().manual_seed(0)
+    ids, table = rand_ids(17, (2, 5), g=g).cuda(), rand_table(17, 9, torch.float16, g=g).cuda()
+    compiled = torch.compile(fn, backend="infinifuse")
+    with torch.no_grad():
+        for _ in range(3):
+            assert_close(compiled(ids, table), fn(ids, table))
+    graph = fusebackend.last_report().graphs[0]
+    assert graph.constants, str(fusebackend.last_report())
+    assert _modes(graph) == ["fusion"], str(fusebackend.last_report())
+    assert fusebackend.stats()["recordings"] == 1
+
+
+def test_cpu_counter_runs_on_the_host_and_the_device_part_is_captured():
+    def fn(counter, x):
+        pos = counter + 1  # host bookkeeping
+        counter.add_(x.shape[0])
+        return x * pos.to(x.device, x.dtype), pos
+
+    x = torch.randn(5, device="cuda")
+    counter, expected_counter = torch.tensor(3), torch.tensor(3)
+    compiled = torch.compile(fn, backend="infinifuse")
+    with torch.no_grad():
+        for _ in range(4):
+            out = compiled(counter, x)
+            expected = fn(expected_counter, x)
+            assert_close(list(out), list(expected))
+            assert out[1].device.type == "cpu"
+            assert_close(counter, expected_counter)
+    graph = fusebackend.last_report().graphs[0]
+    assert graph.host_nodes, str(fusebackend.last_report())
+    assert "eager" not in _modes(graph), str(fusebackend.last_report())
+    assert fusebackend.stats()["recordings"] == 1  # the counter's value is not in the key
+
+
+def test_mutated_cache_is_used_in_place_without_copies():
+    """A KV-cache-like buffer written in place: static (no copy in, no write-back)."""
+
+    def step(cache, pos, value):
+        cache.index_copy_(0, pos, value)
+        return cache.sum(0)
+
+    cache = torch.zeros(4096, 8, device="cuda")
+    compiled = torch.compile(step, backend="infinifuse")
+    copies = []
+    real = torch.Tensor.copy_
+
+    def counting_copy(self, src, *args, **kwargs):
+        if self.numel() == cache.numel() or src.numel() == cache.numel():
+            copies.append(self.shape)
+        return real(self, src, *args, **kwargs)
+
+    expected = torch.zeros_like(cache)
+    with torch.no_grad():
+        for t in range(3):
+            pos = torch.tensor([t], device="cuda")
+            value = torch.randn(1, 8, device="cuda")
+            compiled(cache, pos, value)  # first call: direct run + capture
+        torch.Tensor.copy_ = counting_copy
+        try:
+            for t in range(3, 6):
+                pos = torch.tensor([t], device="cuda")
+                value = torch.randn(1, 8, device="cuda")
+                out = compiled(cache, pos, value)
+                expected = cache.clone()
+        finally:
+            torch.Tensor.copy_ = real
+    assert_close(out, expected.sum(0))
+    assert copies == [], copies
+    graph = fusebackend.last_report().graphs[0]
+    assert graph.static_inputs == ["l_cache_"], str(fusebackend.last_report())
+
+
+def _tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=128, intermediate_size=128, max_position_embeddings=256,
+    )  # fmt: skip
+    return transformers, transformers.LlamaForCausalLM(config).cuda().eval()
+
+
+@pytest.mark.parametrize("way", ["forward", "compile_config"])
+def test_generate_static_cache_is_captured_and_equals_eager(way):
+    transformers, model = _tiny_llama()
+    ids = torch.randint(0, 128, (1, 7), device="cuda")
+    kwargs = dict(max_new_tokens=8, do_sample=False, cache_implementation="static")
+    with torch.no_grad():
+        expected = model.generate(ids, disable_compile=True, **kwargs)
+        start = fusebackend.report._recorded
+        if way == "forward":
+            model.forward = torch.compile(model.forward, backend="infinifuse")
+            out = model.generate(ids, **kwargs)
+        else:
+            config = transformers.CompileConfig(backend="infinifuse")
+            out = model.generate(ids, compile_config=config, **kwargs)
+    assert torch.equal(out, expected)
+    graphs = fusebackend.report._reports_since(start)
+    report = str(fusebackend.report.FusionReport(graphs))
+    assert graphs, report
+    for graph in graphs:
+        assert "eager" not in _modes(graph), report
+    assert any(any("keys" in n for n in g.static_inputs) for g in graphs), report
