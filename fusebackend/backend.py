@@ -35,7 +35,7 @@ from fusebackend.passes.embedding_fusion import (
 from fusebackend.passes.graph import example_value, mutated_placeholders
 from fusebackend.passes.host_inputs import hoist_host_to_device
 from fusebackend.report import GraphReport, GroupReport, record
-from fusebackend.runtime.cudagraph_cache import GraphCache
+from fusebackend.runtime.graph_cache import GraphCache
 
 __all__ = ["FusedGroupOp", "infinifuse"]
 

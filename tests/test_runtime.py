@@ -1,7 +1,7 @@
 """CPU tests of the runtime: keys, LRU, counters, the fallback chain, controls, buckets,
 mutations, output ownership and threads.
 
-Capture is driven without a GPU by replacing ``cudagraph_cache.capture_graph`` with
+Capture is driven without a GPU by replacing ``capture.capture_graph`` with
 ``FakeGraph``: fixed input buffers and fixed output buffers overwritten on every replay,
 which is exactly the part of CUDA-graph semantics the cache has to get right.
 """
@@ -18,8 +18,10 @@ import pytest
 import torch
 
 from fusebackend.config import FusionConfig
-from fusebackend.runtime import cudagraph_cache as cc
-from fusebackend.runtime.cudagraph_cache import EAGER, FUSION, GRAPH_REPLAY, GraphCache
+from fusebackend.runtime import capture as cap
+from fusebackend.runtime import graph_cache
+from fusebackend.runtime import stats as runtime_stats
+from fusebackend.runtime.graph_cache import EAGER, FUSION, GRAPH_REPLAY, GraphCache
 from fusebackend.runtime.stats import (
     clear_cache,
     fusion_enabled,
@@ -95,7 +97,7 @@ def fake_capture(monkeypatch):
         graphs.append(weakref.ref(graph))
         return graph, graph.outputs
 
-    monkeypatch.setattr(cc, "capture_graph", capture)
+    monkeypatch.setattr(cap, "capture_graph", capture)
     return graphs
 
 
@@ -200,7 +202,7 @@ def test_stats_exact_keys_and_counters_move_only_on_events():
     assert s["enabled"] is True
     assert s["graph_pool_bytes"] == 0
     assert s["fusion_scheduler_available"] == (
-        torch.cuda.is_available() and cc._stats._triton_importable()
+        torch.cuda.is_available() and runtime_stats._triton_importable()
     )
 
     fused = Counting(mul_add)
@@ -264,7 +266,7 @@ def test_fused_that_raises_falls_back_to_eager_logged_once(caplog):
     fused = Counting(broken)
     cache = make(fused=fused)
     x, y = torch.randn(3), torch.randn(3)
-    with caplog.at_level(logging.WARNING, logger=cc.__name__):
+    with caplog.at_level(logging.WARNING, logger=graph_cache.__name__):
         for _ in range(3):
             (out,) = cache(x, y)
             torch.testing.assert_close(out, x * y + 1)
@@ -342,7 +344,7 @@ def test_capture_failures_walk_the_chain_to_eager_and_never_retry(monkeypatch):
         attempts.append(fn)
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(cc, "capture_graph", failing_capture)
+    monkeypatch.setattr(cap, "capture_graph", failing_capture)
     fused = Counting(mul_add)
     cache = make(fused=fused, device=FAKE_CUDA, cudagraphs=True, max_graphs=1)
     x, y = torch.randn(3), torch.randn(3)
@@ -769,10 +771,10 @@ def test_replay_waits_for_the_last_replay_only_when_the_stream_changes(monkeypat
     monkeypatch.setattr(
         torch._C, "_cuda_getCurrentStream", lambda index: current["stream"], raising=False
     )
-    monkeypatch.setattr(cc, "_stream", FakeStream)
-    monkeypatch.setattr(cc._CAPTURE, "replay_streams", {})
+    monkeypatch.setattr(cap, "_stream", FakeStream)
+    monkeypatch.setattr(cap._CAPTURE, "replay_streams", {})
     for stream_id in (7, 7, 9, 9, 7, 11):
         current["stream"] = (stream_id, 0, 1)
-        cc._wait_for_last_replay(0)
+        cap.wait_for_last_replay(0)
     assert waits == [(9, 7), (7, 9), (11, 7)]
-    assert cc._CAPTURE.replay_streams == {0: (11, 0, 1)}
+    assert cap._CAPTURE.replay_streams == {0: (11, 0, 1)}

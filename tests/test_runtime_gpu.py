@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from fusebackend.config import FusionConfig
-from fusebackend.runtime import cudagraph_cache as cc
-from fusebackend.runtime.cudagraph_cache import EAGER, FUSION, GRAPH_REPLAY, GraphCache
+from fusebackend.runtime.graph_cache import EAGER, FUSION, GRAPH_REPLAY, GraphCache
+from fusebackend.runtime.keys import static_ptrs_equal
 from fusebackend.runtime.stats import clear_cache, stats
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -291,8 +291,8 @@ def test_static_address_check_matches_data_ptrs(dev):
     a, b = torch.randn(4, device=dev), torch.randn(4, device=dev)
     args = (a, 3, b)
     ptrs = [a.data_ptr(), None, b.data_ptr()]
-    assert cc._ptrs_equal(args, ptrs, [0, 2])
-    assert not cc._ptrs_equal((a, 3, torch.randn(4, device=dev)), ptrs, [0, 2])
+    assert static_ptrs_equal(args, ptrs, [0, 2])
+    assert not static_ptrs_equal((a, 3, torch.randn(4, device=dev)), ptrs, [0, 2])
 
 
 def _slow_double_plus_one(x):

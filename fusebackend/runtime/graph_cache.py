@@ -33,73 +33,38 @@ Inference only: capture records no autograd graph.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import itertools
 import logging
 import threading
-import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from fusebackend.config import FusionConfig
-from fusebackend.runtime import stats as _stats
-from fusebackend.runtime.stats import COUNTERS
+from fusebackend.runtime import capture as _capture
+from fusebackend.runtime.buckets import pad, slice_outputs
+from fusebackend.runtime.counters import COUNTERS, register_cache
+from fusebackend.runtime.effects import RngState, with_clones, write_back
+from fusebackend.runtime.keys import Key, Signatures, label, shapes, static_ptrs_equal
+from fusebackend.runtime.staging import PinnedRing
+from fusebackend.runtime.validation import mismatch, one_line
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "EAGER",
-    "FUSION",
-    "GRAPH_REPLAY",
-    "CaptureError",
-    "GraphCache",
-    "capture_graph",
-    "pool_bytes",
-    "release_pools",
-]
+__all__ = ["EAGER", "FUSION", "GRAPH_REPLAY", "GraphCache", "StatsRow"]
 
 FUSION = "fusion"
 GRAPH_REPLAY = "graph_replay"
 EAGER = "eager"
 
-Key = tuple[Any, ...]
-
-# Per-dtype (rtol, atol) for the first-run comparison of fused against unfused outputs. The
-# fused kernel computes in fp32 and rounds once; eager rounds every op to fp16/bf16, so the
-# two legitimately differ by a few ulps of the storage type per op in the chain.
-_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float16: (1e-2, 1e-2),
-    torch.bfloat16: (5e-2, 5e-2),
-    torch.float32: (1e-4, 1e-5),
-    torch.float64: (1e-7, 1e-7),
-    torch.complex64: (1e-4, 1e-5),
-    torch.complex128: (1e-7, 1e-7),
-}
-
 # Fallback verdicts kept per cache after their entries are evicted; a few hundred bytes each.
 _MAX_VERDICTS = 1024
 
-# Pinned staging buffers per host input. A slot is reused only once the copy that last read
-# it has completed; the ring grows while every slot is busy and only past this size does the
-# host wait, i.e. when it runs this many calls ahead of the device.
-_MAX_STAGING_SLOTS = 8
-
 _serials = itertools.count()
-
-# C++ check used by torch's own cudagraph trees on the hot path (CUDA builds only):
-# all(tensors[i].data_ptr() == ptrs[i] for i in indices).
-_data_ptrs_equal: Callable[[Sequence[Any], list[int | None], list[int]], bool] | None = getattr(
-    torch._C, "_tensors_data_ptrs_at_indices_equal", None
-)
-
-
-class CaptureError(RuntimeError):
-    """A graph could not be captured; the entry falls back."""
 
 
 class StatsRow(NamedTuple):
@@ -117,7 +82,7 @@ class _Entry:
     graph: Any = None  # torch.cuda.CUDAGraph (or a test double with .replay()), None if direct
     copy_idx: tuple[int, ...] = ()  # inputs copied into static buffers on each replay
     copy_bufs: list[Tensor] = dataclasses.field(default_factory=list)  # their buffers
-    host_copies: tuple[tuple[int, Tensor, _PinnedRing], ...] = ()
+    host_copies: tuple[tuple[int, Tensor, PinnedRing], ...] = ()
     write_back: tuple[tuple[int, Tensor], ...] = ()  # mutated inputs: (index, static buffer)
     static_idx: list[int] = dataclasses.field(default_factory=list)
     static_ptrs: list[int | None] = dataclasses.field(default_factory=list)
@@ -194,10 +159,8 @@ class GraphCache:
         # static buffers are shared by every call of a key. Reentrant: a callable that calls
         # back into this cache (a compiled function calling itself) must not deadlock.
         self._lock = threading.RLock()
-        # (number of args, indices of the non-static ones), swapped as one object so that a
-        # concurrent call never pairs one arity with the other's indices.
-        self._layout: tuple[int, tuple[int, ...], tuple[int, ...]] = (-1, (), ())
-        _stats.register_cache(self)
+        self._signatures = Signatures(self._static, self._fused is not None, self._capture)
+        register_cache(self)
 
     # ----------------------------------------------------------------------------- hot path
 
@@ -205,8 +168,8 @@ class GraphCache:
         user_args = args
         batch = bucket = None
         if self._buckets is not None:
-            args, batch, bucket = self._pad(args)
-        key = self._key(args)
+            args, batch, bucket = pad(args, self._buckets, self._static, self._batch_ints)
+        key = self._signatures.key(args)
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -216,7 +179,9 @@ class GraphCache:
             COUNTERS.cache_hits += 1
             entry.hits += 1
             if entry.graph is not None:
-                if entry.static_idx and not _ptrs_equal(args, entry.static_ptrs, entry.static_idx):
+                if entry.static_idx and not static_ptrs_equal(
+                    args, entry.static_ptrs, entry.static_idx
+                ):
                     return self._rerecord(key, entry, args, user_args, batch, bucket)
                 return self._replay(entry, args, user_args, batch, bucket)
         # Direct entries share no buffers between calls: run outside the lock.
@@ -235,37 +200,11 @@ class GraphCache:
             except Exception:
                 raise exc from None
             with self._lock:
-                why = f"fused graph raised {type(exc).__name__}: {_one_line(exc)}"
+                why = f"fused graph raised {type(exc).__name__}: {one_line(exc)}"
                 mode, reason = self._fall_back(key, FUSION, self._unfused_mode, why, entry.reason)
                 entry.mode, entry.fn, entry.reason = mode, self._unfused, reason
                 self._remember(key, mode, reason)
             return outputs
-
-    def _key(self, args: tuple[Any, ...]) -> Key:
-        nargs, dynamic, scalars = self._layout
-        if nargs != len(args):
-            dynamic = tuple(i for i in range(len(args)) if i not in self._static)
-            # CPU 0-d tensors (a Python float under dynamic shapes becomes one) are read on
-            # the host at launch, so a captured graph keeps the value it had: their values
-            # are part of the key. Dynamo guards device and rank, so the set is fixed.
-            scalars = tuple(
-                i
-                for i in dynamic
-                if self._capture
-                and isinstance(args[i], Tensor)
-                and args[i].dim() == 0
-                and args[i].device.type == "cpu"
-            )
-            self._layout = (len(args), dynamic, scalars)
-        items = args if len(dynamic) == len(args) else [args[i] for i in dynamic]
-        return (
-            self._fused is not None and _stats.fusion_enabled(),
-            *[
-                (a.shape, a.stride(), a.dtype, a.device) if isinstance(a, Tensor) else (type(a), a)
-                for a in items
-            ],
-            *[(float, args[i].item()) for i in scalars],
-        )
 
     def _replay(
         self,
@@ -277,8 +216,8 @@ class GraphCache:
     ) -> Sequence[Any]:
         if self._replay_device is None:
             return self._enqueue_replay(entry, args, user_args, batch, bucket)
-        with _CAPTURE.replay_lock:
-            _wait_for_last_replay(self._replay_device)
+        with _capture.replay_lock():
+            _capture.wait_for_last_replay(self._replay_device)
             return self._enqueue_replay(entry, args, user_args, batch, bucket)
 
     def _enqueue_replay(
@@ -324,8 +263,8 @@ class GraphCache:
         call_args = self._to_device(args) if self._host else args
         outputs = fn(*call_args)
         if call_args is not user_args:
-            self._write_back(call_args, user_args)
-        return outputs if bucket is None else _slice(outputs, batch, bucket)
+            write_back(self._mutated, call_args, user_args)
+        return outputs if bucket is None else slice_outputs(outputs, batch, bucket)
 
     # ------------------------------------------------------------------------ miss handling
 
@@ -348,7 +287,7 @@ class GraphCache:
             if failure is not None:
                 mode, reason = self._fall_back(key, FUSION, self._unfused_mode, failure, reason)
             if bucket is not None:
-                outputs = _slice(outputs, batch, bucket)
+                outputs = slice_outputs(outputs, batch, bucket)
         if outputs is None:
             fn = self._fused if mode == FUSION else self._unfused
             outputs = self._direct(fn, args, user_args, batch, bucket)
@@ -369,10 +308,10 @@ class GraphCache:
         COUNTERS.fusion_attempts += 1
         dev_args = self._to_device(args) if self._host else args
         mutated = [i for i in self._mutated if i < len(args) and isinstance(args[i], Tensor)]
-        fused_args = _with_clones(dev_args, mutated)
+        fused_args = with_clones(dev_args, mutated)
         # The reference run must draw the same random numbers (dropout in the graph) and
         # leave the generators where one run of the model would.
-        rng = _RngState(self._device)
+        rng = RngState(self._device)
         try:
             outputs = self._fused(*fused_args)
         except Exception as exc:
@@ -380,21 +319,21 @@ class GraphCache:
             # out-of-range index, a shape error) and reaches the caller as eager's would,
             # without being counted or logged as a fusion failure.
             rng.restore()
-            ref_args = _with_clones(dev_args, mutated)
+            ref_args = with_clones(dev_args, mutated)
             try:
                 expected = self._unfused(*ref_args)
             except Exception:
                 raise exc from None  # the fused error names the bad value (kernels' checks)
-            self._write_back(ref_args, user_args)
-            return expected, f"fused graph raised {type(exc).__name__}: {_one_line(exc)}"
+            write_back(self._mutated, ref_args, user_args)
+            return expected, f"fused graph raised {type(exc).__name__}: {one_line(exc)}"
         winner, failure = fused_args, None
         if self._config.validate:
-            ref_args = _with_clones(dev_args, mutated)
+            ref_args = with_clones(dev_args, mutated)
             rng.restore()
             expected = self._unfused(*ref_args)
-            failure = _mismatch(outputs, expected, "output")
+            failure = mismatch(outputs, expected, "output")
             for i in mutated:
-                failure = failure or _mismatch(
+                failure = failure or mismatch(
                     [fused_args[i]], [ref_args[i]], f"mutated input {i} after"
                 )
             if failure is not None:
@@ -402,7 +341,7 @@ class GraphCache:
                 outputs, winner = expected, ref_args
         if failure is None:
             COUNTERS.fusion_successes += 1
-        self._write_back(winner, user_args)
+        write_back(self._mutated, winner, user_args)
         return outputs, failure
 
     def _settle(self, key: Key, mode: str, reason: str | None, args: tuple[Any, ...]) -> _Entry:
@@ -415,7 +354,7 @@ class GraphCache:
                 entry = self._record(mode, fn, args)
             except Exception as exc:
                 COUNTERS.capture_failures += 1
-                why = f"capture failed: {type(exc).__name__}: {_one_line(exc)}"
+                why = f"capture failed: {type(exc).__name__}: {one_line(exc)}"
                 next_mode = GRAPH_REPLAY if mode == FUSION else EAGER
                 mode, reason = self._fall_back(key, mode, next_mode, why, reason)
         if entry is None:
@@ -478,7 +417,7 @@ class GraphCache:
     def _record(self, mode: str, fn: Callable[..., Sequence[Any]], args: tuple[Any, ...]) -> _Entry:
         inputs = list(args)
         copies: list[tuple[int, Tensor]] = []
-        host_copies: list[tuple[int, Tensor, _PinnedRing]] = []
+        host_copies: list[tuple[int, Tensor, PinnedRing]] = []
         static_idx: list[int] = []
         static_ptrs: list[int | None] = [None] * len(args)
         for i, a in enumerate(args):
@@ -491,7 +430,7 @@ class GraphCache:
                 continue  # read on the host at capture, baked in: its value is in the key
             elif i in self._host and a.device.type == "cpu":
                 buf = torch.empty_like(a, device=self._host[i])
-                ring = _PinnedRing(a)
+                ring = PinnedRing(a)
                 ring.copy(buf, a)
                 host_copies.append((i, buf, ring))
                 inputs[i] = buf
@@ -504,7 +443,7 @@ class GraphCache:
         # already happened in the direct run, so their state is put back afterwards.
         saved = [(args[i], args[i].clone()) for i in static_idx if i in self._mutated]
         try:
-            graph, outputs = capture_graph(
+            graph, outputs = _capture.capture_graph(
                 fn, inputs, device=self._device, warmup_iterations=self._config.warmup_iterations
             )
         finally:
@@ -567,52 +506,13 @@ class GraphCache:
                 moved[i] = args[i].to(device, non_blocking=True)
         return tuple(moved)
 
-    def _write_back(self, call_args: Sequence[Any], user_args: tuple[Any, ...]) -> None:
-        """Copy mutated inputs that ran on a copy (padded, moved, cloned) into the caller's."""
-        for i in self._mutated:
-            if i >= len(user_args):
-                continue
-            src, dst = call_args[i], user_args[i]
-            if src is dst or not isinstance(dst, Tensor):
-                continue
-            dst.copy_(src if src.shape == dst.shape else src[: dst.shape[0]])
-
-    def _pad(self, args: tuple[Any, ...]) -> tuple[tuple[Any, ...], int | None, int | None]:
-        """Zero-pad the batch dim of non-static inputs to the next bucket."""
-        assert self._buckets is not None
-        batch = next(
-            (
-                a.shape[0]
-                for i, a in enumerate(args)
-                if i not in self._static and isinstance(a, Tensor) and a.dim() > 0
-            ),
-            None,
-        )
-        if batch is None:
-            return args, None, None
-        pos = bisect.bisect_left(self._buckets, batch)
-        if pos == len(self._buckets) or self._buckets[pos] == batch:
-            return args, None, None
-        bucket = self._buckets[pos]
-        padded = list(args)
-        for i, a in enumerate(args):
-            if i in self._static:
-                continue
-            if isinstance(a, Tensor) and a.dim() > 0 and a.shape[0] == batch:
-                p = a.new_zeros((bucket, *a.shape[1:]))
-                p[:batch] = a
-                padded[i] = p
-            elif i in self._batch_ints and type(a) is int and a == batch:
-                padded[i] = bucket
-        return tuple(padded), batch, bucket
-
     # -------------------------------------------------------------------------- inspection
 
     def key_for(self, *args: Any) -> Key:
         """The cache key a call with ``args`` uses (after batch-bucket padding)."""
         if self._buckets is not None:
-            args = self._pad(args)[0]
-        return self._key(args)
+            args = pad(args, self._buckets, self._static, self._batch_ints)[0]
+        return self._signatures.key(args)
 
     def mode_for(self, *args: Any) -> str | None:
         """The mode a call with ``args`` would run in now, or None if it would be a miss."""
@@ -640,7 +540,7 @@ class GraphCache:
         with self._lock:
             items = list(self._entries.items())
         return [
-            StatsRow(self._label(key), _shapes(key), entry.mode, entry.reason)
+            StatsRow(self._label(key), shapes(key), entry.mode, entry.reason)
             for key, entry in items
         ]
 
@@ -660,312 +560,4 @@ class GraphCache:
         )
 
     def _label(self, key: Key) -> str:
-        own = self._device if self._device is not None else torch.device("cpu")
-        parts = []
-        for item in key[1:]:
-            if len(item) == 4:
-                shape, stride, dtype, device = item
-                text = f"{str(dtype).removeprefix('torch.')}{list(shape)}"
-                if tuple(stride) != _contiguous_strides(shape):
-                    text += f"/strides{tuple(stride)}"
-                if device.type != own.type or (own.index is not None and device != own):
-                    text += f"@{device}"
-            else:
-                text = repr(item[1])
-            parts.append(text)
-        return f"{self._label_prefix} {'fused' if key[0] else 'unfused'} ({', '.join(parts)})"
-
-
-# ----------------------------------------------------------------------------- capture
-
-
-class _CaptureState:
-    """Per-device side streams and the shared graph memory pools."""
-
-    def __init__(self) -> None:
-        # One capture at a time in the process: two captures must not allocate into the same
-        # pool at once (the allocator refuses: "already recording to mempool_id").
-        self.lock = threading.RLock()
-        self.streams: dict[int, torch.cuda.Stream] = {}
-        self.pools: dict[int, Any] = {}
-        # Every pool handed out since the last release, including retired ones whose graphs
-        # may still be alive: pool_bytes() counts them all.
-        self.pool_ids: set[tuple[int, int]] = set()
-        # Live graphs captured into each device's current pool. The allocator drops a pool
-        # whose last graph died and then asserts ("use_count > 0") if its id is reused, so a
-        # pool with no live graph (all evicted or cleared, or only failed captures) is
-        # replaced by a fresh one. Measured on an H200 (torch 2.11): reusing it broke every
-        # later capture on the device.
-        self.pool_users: dict[int, weakref.WeakSet] = {}
-        # The stream of each device's last replay, and the lock that makes "wait for it,
-        # then queue this replay" one step (see _wait_for_last_replay).
-        self.replay_streams: dict[int, tuple[int, int, int]] = {}
-        self.replay_lock = threading.Lock()
-
-
-_CAPTURE = _CaptureState()
-
-
-def _wait_for_last_replay(index: int) -> None:
-    """Make the caller's stream wait for the device's last replay if it ran on another stream.
-
-    The graphs of a device share one memory pool, and each entry its static buffers, so a
-    replay must not overlap the one before it. On one stream they queue in order; a thread
-    replaying on its own stream would otherwise copy its inputs over buffers that a replay
-    still queued on another stream has yet to read. Free when the stream does not change.
-    """
-    # (stream id, device, device type), as torch.cuda.current_stream reads it, without
-    # building a Stream object on every call.
-    current = torch._C._cuda_getCurrentStream(index)
-    last = _CAPTURE.replay_streams.get(index)
-    if last is not None and last != current:
-        _stream(current).wait_stream(_stream(last))
-    _CAPTURE.replay_streams[index] = current
-
-
-def _stream(data: tuple[int, int, int]) -> torch.cuda.Stream:
-    return torch.cuda.Stream(stream_id=data[0], device_index=data[1], device_type=data[2])
-
-
-def _live_pool(index: int) -> Any:
-    """The device's shared pool, or a fresh one when no live graph holds the current one."""
-    pool = _CAPTURE.pools.get(index)
-    if pool is None or not _CAPTURE.pool_users.get(index):
-        pool = _CAPTURE.pools[index] = torch.cuda.graph_pool_handle()
-        _CAPTURE.pool_ids.add(tuple(pool))
-        _CAPTURE.pool_users[index] = weakref.WeakSet()
-    return pool
-
-
-def capture_graph(
-    fn: Callable[..., Sequence[Any]],
-    inputs: Sequence[Any],
-    *,
-    device: torch.device,
-    warmup_iterations: int,
-) -> tuple[Any, Sequence[Any]]:
-    """Warm ``fn`` up on a side stream, capture it; return (graph, its output buffers).
-
-    Raises (``CaptureError`` or what ``fn`` raised) with the capture ended, the caller's
-    stream current again, and the shared pool retired if the allocator may still consider
-    it in use by the failed capture. This is the one place that touches CUDA graphs, so
-    tests replace it to drive the runtime without a GPU.
-    """
-    for i, x in enumerate(inputs):
-        # CPU 0-d tensors are baked in by value, which GraphCache keys on; any other CPU
-        # tensor would silently keep its capture-time contents.
-        if isinstance(x, Tensor) and x.device.type != "cuda" and x.dim() != 0:
-            raise CaptureError(
-                f"input {i} is a {x.device.type} tensor: a CUDA graph would replay the value "
-                f"it had during capture"
-            )
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    with _CAPTURE.lock:
-        stream = _CAPTURE.streams.get(index)
-        if stream is None:
-            stream = _CAPTURE.streams[index] = torch.cuda.Stream(device=index)
-        caller = torch.cuda.current_stream(index)
-        stream.wait_stream(caller)
-        try:
-            # torch.cuda.stream restores the caller's stream on the way out even when capture
-            # fails; torch.cuda.graph's own __exit__ skips that when capture_end raises, and
-            # hides whether the body or the capture failed, hence begin/end by hand.
-            with torch.cuda.stream(stream):
-                for _ in range(warmup_iterations):
-                    fn(*inputs)
-                pool = _live_pool(index)
-                graph = torch.cuda.CUDAGraph()
-                # A failed capture can leave the generator "capturing" (capture_end raised
-                # before the RNG epilogue; on torch 2.11 also after a body that raised), and
-                # every later torch.randn on the device raises "Offset increment outside
-                # graph capture". Its state is put back from this copy on any failure.
-                rng = torch.cuda.default_generators[index]
-                rng_before = rng.clone_state()
-                try:
-                    graph.capture_begin(pool=pool, capture_error_mode="thread_local")
-                    try:
-                        outputs = fn(*inputs)
-                    except BaseException:
-                        _end_capture(graph, index, pool)
-                        raise
-                    error = _end_capture(graph, index, pool)
-                    if error is not None:
-                        raise CaptureError(f"capture ended with {type(error).__name__}: {error}")
-                except BaseException:
-                    rng.graphsafe_set_state(rng_before)
-                    raise
-                _CAPTURE.pool_users[index].add(graph)
-        finally:
-            caller.wait_stream(stream)
-    for j, out in enumerate(outputs):
-        if isinstance(out, Tensor) and out.device.type != "cuda":
-            raise CaptureError(
-                f"output {j} is a {out.device.type} tensor: it would keep its capture-time value"
-            )
-    return graph, outputs
-
-
-def _end_capture(graph: Any, index: int, pool: Any) -> Exception | None:
-    """End a capture; on failure, undo what the failed ``capture_end`` left behind.
-
-    When the capture was invalidated (an illegal call such as a host sync), torch's
-    ``capture_end`` raises on ``cudaStreamEndCapture`` (which does end the capture) before it
-    tells the caching allocator to stop routing allocations to the pool and before it marks
-    the capture ended, so the graph's destructor never drops its reference to the pool.
-    Left so, every later capture into the shared pool fails ("already recording to
-    mempool_id") and the pool is never freed.
-    """
-    try:
-        graph.capture_end()
-    except Exception as exc:
-        if _CAPTURE.pools.get(index) == pool:
-            del _CAPTURE.pools[index]  # retired: the next capture gets a fresh pool
-        end = getattr(torch._C, "_cuda_endAllocateToPool", None)
-        release = getattr(torch._C, "_cuda_releasePool", None)
-        if end is not None and release is not None:
-            try:
-                end(index, pool)
-            except RuntimeError:
-                pass  # capture_end got past its own end call: nothing left registered
-            else:
-                release(index, pool)
-        return exc
-    return None
-
-
-def release_pools() -> None:
-    """Forget the shared pools (new captures get fresh ones); their memory is freed when the
-    last graph using each is gone and the allocator's cache is emptied."""
-    with _CAPTURE.lock:
-        _CAPTURE.pools.clear()
-        _CAPTURE.pool_ids.clear()
-        _CAPTURE.pool_users.clear()
-        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-        # Warm-up on the side stream gives it its own cuBLAS workspace, which otherwise
-        # stays allocated (and counted by memory_allocated) forever.
-        if clear_workspaces is not None and torch.cuda.is_initialized():
-            clear_workspaces()
-
-
-def pool_bytes() -> int:
-    """Device memory reserved by the shared graph pools (0 without CUDA)."""
-    with _CAPTURE.lock:
-        ids = set(_CAPTURE.pool_ids)
-    if not ids or not torch.cuda.is_initialized():
-        return 0
-    return sum(
-        segment["total_size"]
-        for segment in torch.cuda.memory_snapshot()
-        if tuple(segment.get("segment_pool_id", ())) in ids
-    )
-
-
-class _PinnedRing:
-    """Pinned staging buffers for one host input, each guarded by the event of its last copy.
-
-    ``copy`` never syncs the host unless ``_MAX_STAGING_SLOTS`` copies are still in flight.
-    """
-
-    __slots__ = ("_shape", "_dtype", "_slots", "_next")
-
-    def __init__(self, like: Tensor) -> None:
-        self._shape = like.shape
-        self._dtype = like.dtype
-        self._slots = [self._new_slot()]
-        self._next = 0
-
-    def _new_slot(self) -> tuple[Tensor, torch.cuda.Event]:
-        return torch.empty(self._shape, dtype=self._dtype, pin_memory=True), torch.cuda.Event()
-
-    def copy(self, dst: Tensor, src: Tensor) -> None:
-        slots = self._slots
-        i = self._next
-        staging, done = slots[i]
-        if not done.query():
-            if len(slots) < _MAX_STAGING_SLOTS:
-                slots.insert(i, self._new_slot())
-                staging, done = slots[i]
-            else:
-                done.synchronize()
-        staging.copy_(src)
-        dst.copy_(staging, non_blocking=True)
-        done.record()
-        self._next = (i + 1) % len(slots)
-
-
-# ------------------------------------------------------------------------------ helpers
-
-
-def _ptrs_equal(args: tuple[Any, ...], ptrs: list[int | None], idx: list[int]) -> bool:
-    if _data_ptrs_equal is not None:
-        return _data_ptrs_equal(list(args), ptrs, idx)  # the binding takes lists, not tuples
-    return all(args[i].data_ptr() == ptrs[i] for i in idx)
-
-
-class _RngState:
-    """The CPU generator's state and, for a CUDA graph, that device's, to replay draws."""
-
-    def __init__(self, device: torch.device | None) -> None:
-        self.device = device
-        self.cpu = torch.get_rng_state()
-        on_cuda = device is not None and torch.cuda.is_available()
-        self.cuda = torch.cuda.get_rng_state(device) if on_cuda else None
-
-    def restore(self) -> None:
-        torch.set_rng_state(self.cpu)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state(self.cuda, self.device)
-
-
-def _with_clones(args: tuple[Any, ...], indices: Iterable[int]) -> list[Any]:
-    out = list(args)
-    for i in indices:
-        out[i] = args[i].clone()
-    return out
-
-
-def _slice(outputs: Sequence[Any], batch: int | None, bucket: int) -> Sequence[Any]:
-    sliced = [
-        o[:batch] if isinstance(o, Tensor) and o.dim() > 0 and o.shape[0] == bucket else o
-        for o in outputs
-    ]
-    return tuple(sliced) if isinstance(outputs, tuple) else sliced
-
-
-def _mismatch(actual: Sequence[Any], expected: Sequence[Any], what: str) -> str | None:
-    """Why ``actual`` is not ``expected`` within the per-dtype tolerances, or None."""
-    if len(actual) != len(expected):
-        return f"{len(actual)} outputs, expected {len(expected)}"
-    for j, (a, e) in enumerate(zip(actual, expected, strict=True)):
-        if isinstance(e, Tensor):
-            if not isinstance(a, Tensor):
-                return f"{what} {j} is a {type(a).__name__}, expected a tensor"
-            # Dtypes not in the table get assert_close's defaults (exact for integers).
-            rtol, atol = _TOLERANCES.get(e.dtype, (None, None))
-            try:
-                torch.testing.assert_close(
-                    a, e, rtol=rtol, atol=atol, equal_nan=True, check_stride=False
-                )
-            except AssertionError as exc:
-                return f"{what} {j}: {_one_line(exc)}"
-        elif isinstance(a, Tensor) or a != e:
-            return f"{what} {j} is {a!r}, expected {e!r}"
-    return None
-
-
-def _one_line(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _shapes(key: Key) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(item[0]) for item in key[1:] if len(item) == 4)
-
-
-def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    strides = []
-    step = 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
+        return label(self._label_prefix, self._device, key)
