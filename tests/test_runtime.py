@@ -778,3 +778,218 @@ def test_replay_waits_for_the_last_replay_only_when_the_stream_changes(monkeypat
         cap.wait_for_last_replay(0)
     assert waits == [(9, 7), (7, 9), (11, 7)]
     assert cap._CAPTURE.replay_streams == {0: (11, 0, 1)}
+
+
+# ---------------------------------------------------------------------------- exactly once
+
+
+def _counters_step(param, buf, x):
+    """A graph with in-place state: ``param`` (static: a parameter or a KV cache used in
+    place) and ``buf`` (copied into a static buffer) each advance by one per call."""
+    param.add_(1)
+    buf.add_(1)
+    return (x * 2 + param + buf,)
+
+
+def _wrong_step(param, buf, x):
+    param.add_(1)
+    buf.add_(1)
+    return (x * 2 + param + buf + 1,)
+
+
+def _raising_step(param, buf, x):
+    param.add_(1)  # a partial write before the failure
+    buf.add_(1)
+    raise RuntimeError("fused kernel boom")
+
+
+def _capture_after_warmup_fails(fn, inputs, *, device, warmup_iterations):
+    for _ in range(warmup_iterations):
+        fn(*inputs)  # the warm-ups ran (and wrote their state) before the capture failed
+    raise RuntimeError("operation not permitted when stream is capturing")
+
+
+EXACTLY_ONCE_PATHS = [
+    "first_run",
+    "validation_mismatch",
+    "fused_raises",
+    "capture_warmup",
+    "capture_failure",
+    "rerecord",
+    "eviction",
+    "large_output_trial",
+    "uncaptured_cpu",
+]
+
+
+@pytest.mark.parametrize("path", EXACTLY_ONCE_PATHS)
+def test_every_runtime_path_advances_state_exactly_once_per_call(fake_capture, monkeypatch, path):
+    fused = {"validation_mismatch": _wrong_step, "fused_raises": _raising_step}.get(
+        path, _counters_step
+    )
+    capture = path != "uncaptured_cpu"
+    if path == "capture_failure":
+        monkeypatch.setattr(cap, "capture_graph", _capture_after_warmup_fails)
+    cache = GraphCache(
+        unfused=_counters_step,
+        fused=fused,
+        config=FusionConfig(
+            cudagraphs=capture, warmup_iterations=3, max_graphs=1 if path == "eviction" else 16
+        ),
+        device=FAKE_CUDA if capture else None,
+        static_input_indices=frozenset({0}),
+        mutated_input_indices=frozenset({0, 1}),
+    )
+    param, buf = torch.zeros(1), torch.zeros(1)
+    n = (1 << 21) if path == "large_output_trial" else 5  # 8 MiB of fp32 output
+    xs = [torch.randn(n), torch.randn(n + 1)]
+    for call in range(1, 10):
+        x = xs[call % 2] if path == "eviction" else xs[0]
+        if path == "rerecord" and call == 3:
+            param.data = param.data.clone()  # a new address: the next hit re-records
+        (out,) = cache(param, buf, x)
+        assert param.item() == call and buf.item() == call, (path, call, param, buf)
+        torch.testing.assert_close(out, x * 2 + 2 * call)
+    s = stats()
+    expected_mode = {"validation_mismatch": GRAPH_REPLAY, "fused_raises": GRAPH_REPLAY}
+    if path == "capture_failure":
+        assert cache.mode_for(param, buf, xs[0]) == EAGER
+    else:
+        assert cache.mode_for(param, buf, x) == expected_mode.get(path, FUSION)
+    if path == "rerecord":
+        assert s["rerecords"] == 1
+    if path == "eviction":
+        assert s["evictions"] == 8
+    if path == "large_output_trial":
+        assert cache.describe()[0]["decision"] is not None
+
+
+def test_cpu_scalar_counter_is_never_captured_and_advances_once(fake_capture):
+    def step(count, x):
+        count.add_(1)  # a position counter on the host (0-d CPU tensor)
+        return (x + 1,)
+
+    cache = GraphCache(
+        unfused=step,
+        fused=step,
+        config=FusionConfig(cudagraphs=True, warmup_iterations=2),
+        device=FAKE_CUDA,
+        mutated_input_indices=frozenset({0}),
+    )
+    x = torch.randn(3)
+    for call in range(1, 4):
+        count = torch.tensor(float(call - 1))  # a new value each call: a new key each call
+        torch.testing.assert_close(cache(count, x)[0], x + 1)
+        assert count.item() == call
+    s = stats()
+    assert s["recordings"] == 0
+    assert set(s["fusion_modes"].values()) == {FUSION}  # the fused graph runs, uncaptured
+    reason = next(iter(s["fallback_reasons"].values()))
+    assert "not captured" in reason and "CPU scalar tensor" in reason
+    assert all(row["captured"] is False for row in cache.describe())
+
+
+def test_first_run_returns_the_callers_tensor_for_a_returned_mutated_input(fake_capture):
+    def write(cache_t, pos, val):
+        out = cache_t.index_copy_(0, pos, val)  # returns cache_t itself
+        return (out, out[1:])
+
+    cache = GraphCache(
+        unfused=write,
+        fused=write,
+        config=FusionConfig(cudagraphs=True),
+        device=FAKE_CUDA,
+        static_input_indices=frozenset({0}),
+        mutated_input_indices=frozenset({0}),
+    )
+    kv = torch.zeros(5, 3)
+    out, tail = cache(kv, torch.tensor([2]), torch.ones(1, 3))
+    assert out is kv
+    assert tail.data_ptr() == kv[1:].data_ptr()
+    assert kv[2].eq(1).all() and kv.sum() == 3
+
+
+# --------------------------------------------------------------------------- large outputs
+
+
+def _big(x):
+    return (x * 2,)
+
+
+@pytest.mark.parametrize(
+    ("replay_ms", "direct_ms", "captured"), [(0.188, 0.114, False), (0.109, 0.5, True)]
+)
+def test_large_outputs_keep_the_faster_of_replay_and_direct(
+    fake_capture, monkeypatch, replay_ms, direct_ms, captured
+):
+    from fusebackend.runtime import payoff
+
+    kinds = []
+
+    def fake_time(fn, device_index):
+        # The partial tells which path the trial took: _replay or _direct.
+        replayed = fn.func.__name__ == "_replay"
+        kinds.append(replayed)
+        return fn(), (replay_ms if replayed else direct_ms) / 1e3
+
+    monkeypatch.setattr(payoff, "time_call", fake_time)
+    cache = make(unfused=_big, fused=_big, device=FAKE_CUDA, cudagraphs=True)
+    x = torch.randn(payoff.LARGE_OUTPUT_BYTES // 4)  # fp32: exactly the threshold
+    for _ in range(1 + 2 * payoff.TRIAL_CALLS + 2):
+        torch.testing.assert_close(cache(x)[0], x * 2)
+    assert kinds == [True, False] * payoff.TRIAL_CALLS  # alternating, then decided
+    (row,) = cache.describe()
+    assert row["captured"] is captured
+    assert row["mode"] == FUSION
+    if captured:
+        assert row["decision"] == "captured: replay + output copy 0.109 ms <= direct 0.500 ms"
+        assert stats()["fallback_reasons"] == {}
+    else:
+        expected = "uncaptured: replay + output copy 0.188 ms > direct 0.114 ms"
+        assert row["decision"] == expected
+        assert list(stats()["fallback_reasons"].values()) == [expected]
+        # Remembered: after a clear of the entries (not the verdicts) it is not re-captured.
+        recordings = stats()["recordings"]
+        cache._entries.clear()
+        cache(x)
+        assert stats()["recordings"] == recordings
+        assert cache.describe()[0]["captured"] is False
+
+
+def test_small_outputs_skip_the_trial(fake_capture, monkeypatch):
+    from fusebackend.runtime import payoff
+
+    monkeypatch.setattr(payoff, "time_call", lambda fn, d: pytest.fail("timed a small graph"))
+    cache = make(unfused=_big, fused=_big, device=FAKE_CUDA, cudagraphs=True)
+    x = torch.randn(payoff.LARGE_OUTPUT_BYTES // 4 - 1)
+    for _ in range(4):
+        cache(x)
+    (row,) = cache.describe()
+    assert row["captured"] is True and row["decision"] is None
+
+
+def test_static_outputs_skip_the_trial(fake_capture, monkeypatch):
+    from fusebackend.runtime import payoff
+
+    monkeypatch.setattr(payoff, "time_call", lambda fn, d: pytest.fail("timed"))
+    cache = make(unfused=_big, fused=_big, device=FAKE_CUDA, cudagraphs=True, static_outputs=True)
+    x = torch.randn(payoff.LARGE_OUTPUT_BYTES // 4)
+    for _ in range(4):
+        cache(x)
+    assert cache.describe()[0]["captured"] is True
+
+
+def test_graph_replay_entry_uncaptured_by_the_trial_becomes_eager(fake_capture, monkeypatch):
+    from fusebackend.runtime import payoff
+
+    def fake_time(fn, device_index):
+        return fn(), (1.0 if fn.func.__name__ == "_replay" else 0.5)
+
+    monkeypatch.setattr(payoff, "time_call", fake_time)
+    cache = make(unfused=_big, fused=None, device=FAKE_CUDA, cudagraphs=True)
+    x = torch.randn(payoff.LARGE_OUTPUT_BYTES // 4)
+    for _ in range(1 + 2 * payoff.TRIAL_CALLS):
+        cache(x)
+    (row,) = cache.describe()
+    assert row["mode"] == EAGER and not row["captured"]
+    assert row["reason"].startswith("graph_replay -> eager: uncaptured: replay + output copy")

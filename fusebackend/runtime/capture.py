@@ -18,6 +18,8 @@ from torch import Tensor
 __all__ = [
     "CaptureError",
     "capture_graph",
+    "join_replay_order",
+    "retire",
     "pool_bytes",
     "release_pools",
     "wait_for_last_replay",
@@ -50,6 +52,9 @@ class _CaptureState:
         # then queue this replay" one step (see wait_for_last_replay).
         self.replay_streams: dict[int, tuple[int, int, int]] = {}
         self.replay_lock = threading.Lock()
+        # Dropped entries' graphs and buffers, each held until an event recorded on the
+        # device's last replay stream has completed (see retire).
+        self.retired: list[tuple[Any, list[Any]]] = []
 
 
 _CAPTURE = _CaptureState()
@@ -75,6 +80,63 @@ def wait_for_last_replay(index: int) -> None:
 def replay_lock() -> threading.Lock:
     """The lock that makes "wait for the last replay, then queue this one" one step."""
     return _CAPTURE.replay_lock
+
+
+def join_replay_order(index: int | None) -> None:
+    """Put the caller's stream into the device's replay order (None: no CUDA, nothing to do).
+
+    A new signature's capture is called twice: before its first run, so that its copies
+    into new static buffers, its side-stream warm-up and its first run queue after every
+    replay already queued on other streams; and after the capture, so that the next replay
+    on another stream (of this new entry, whose static buffers this stream just filled, or
+    of any other) queues after all of it. Without the first, a capture on stream s2 runs
+    beside a replay still queued on s1; without the second, a thread on s1 could replay the
+    new graph before s2 has written its static buffers.
+    """
+    if index is None:
+        return
+    with _CAPTURE.replay_lock:
+        wait_for_last_replay(index)
+
+
+def retire(things: list[Any], index: int | None) -> None:
+    """Keep a dropped entry's graph and buffers alive until the device's replays are past.
+
+    An entry dropped by eviction, ``clear`` or a re-record may still have a replay queued on
+    another stream (a thread on s1 replayed it; a thread on s2 evicts it). Freed at once, its
+    static buffers go back to the caching allocator as free memory of the stream that
+    allocated them, and the next allocation there (the evicting call's own new buffers)
+    could overwrite them while the queued replay has yet to read them. Held here until an
+    event recorded on the device's last replay stream (after every replay so far, through
+    the replay order) has completed; released by a later ``retire`` or by ``release_pools``.
+    """
+    if index is None:
+        return  # no CUDA (CPU graphs, test doubles): nothing can be in flight
+    with _CAPTURE.replay_lock:
+        last = _CAPTURE.replay_streams.get(index)
+        stream = _stream(last) if last is not None else None
+        event = _new_event()
+        event.record(stream)
+        _CAPTURE.retired.append((event, things))
+    _reap()
+
+
+def _reap(wait: bool = False) -> None:
+    """Drop the retired entries whose replays are done (all of them, waiting, with ``wait``)."""
+    with _CAPTURE.replay_lock:
+        retired, _CAPTURE.retired = _CAPTURE.retired, []
+    keep = []
+    for event, things in retired:
+        if wait:
+            event.synchronize()
+        elif not event.query():
+            keep.append((event, things))
+    with _CAPTURE.replay_lock:
+        _CAPTURE.retired.extend(keep)
+
+
+def _new_event() -> Any:
+    return torch.cuda.Event()
 
 
 def _stream(data: tuple[int, int, int]) -> torch.cuda.Stream:
@@ -190,6 +252,7 @@ def _end_capture(graph: Any, index: int, pool: Any) -> Exception | None:
 def release_pools() -> None:
     """Forget the shared pools (new captures get fresh ones); their memory is freed when the
     last graph using each is gone and the allocator's cache is emptied."""
+    _reap(wait=True)
     with _CAPTURE.lock:
         _CAPTURE.pools.clear()
         _CAPTURE.pool_ids.clear()

@@ -34,6 +34,7 @@ Inference only: capture records no autograd graph.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import threading
@@ -46,9 +47,10 @@ from torch import Tensor
 
 from fusebackend.config import FusionConfig
 from fusebackend.runtime import capture as _capture
+from fusebackend.runtime import payoff
 from fusebackend.runtime.buckets import pad, slice_outputs
 from fusebackend.runtime.counters import COUNTERS, register_cache
-from fusebackend.runtime.effects import RngState, with_clones, write_back
+from fusebackend.runtime.effects import Effects, RngState, write_back
 from fusebackend.runtime.keys import Key, Signatures, label, shapes, static_ptrs_equal
 from fusebackend.runtime.staging import PinnedRing
 from fusebackend.runtime.validation import mismatch, one_line
@@ -65,6 +67,9 @@ EAGER = "eager"
 _MAX_VERDICTS = 1024
 
 _serials = itertools.count()
+
+# A key's remembered outcome: (mode, reason, whether it is captured).
+_Verdict = tuple[str, str | None, bool]
 
 
 class StatsRow(NamedTuple):
@@ -90,6 +95,12 @@ class _Entry:
     aliases: tuple[int | None, ...] = ()  # output j is input aliases[j] itself
     out_tuple: bool = True
     hits: int = 0
+    trial: payoff.CaptureTrial | None = None  # large outputs: is capture faster? (timing)
+    decision: str | None = None  # the trial's outcome
+
+    def resources(self) -> list[Any]:
+        """What a queued replay may still read: held by ``capture.retire`` once dropped."""
+        return [self.graph, self.copy_bufs, self.host_copies, self.outputs]
 
 
 class GraphCache:
@@ -152,7 +163,7 @@ class GraphCache:
         # Where a key goes when the fused graph is not (or no longer) an option.
         self._unfused_mode = GRAPH_REPLAY if self._capture else EAGER
         self._entries: OrderedDict[Key, _Entry] = OrderedDict()
-        self._verdicts: dict[Key, tuple[str, str]] = {}
+        self._verdicts: dict[Key, _Verdict] = {}
         self._warned = False  # this cache's one warning (fallback or eviction) was issued
         self._evicting = False
         # Held for lookup, misses and the whole copy-in/replay/copy-out of captured entries:
@@ -174,7 +185,8 @@ class GraphCache:
             entry = self._entries.get(key)
             if entry is None:
                 COUNTERS.cache_misses += 1
-                return self._miss(key, args, user_args, batch, bucket)
+                verdict = self._verdicts.get(key)
+                return self._new_entry(key, verdict, args, user_args, batch, bucket)
             self._entries.move_to_end(key)
             COUNTERS.cache_hits += 1
             entry.hits += 1
@@ -183,6 +195,8 @@ class GraphCache:
                     args, entry.static_ptrs, entry.static_idx
                 ):
                     return self._rerecord(key, entry, args, user_args, batch, bucket)
+                if entry.trial is not None:
+                    return self._trial_call(key, entry, args, user_args, batch, bucket)
                 return self._replay(entry, args, user_args, batch, bucket)
         # Direct entries share no buffers between calls: run outside the lock.
         if entry.mode != FUSION:
@@ -203,7 +217,7 @@ class GraphCache:
                 why = f"fused graph raised {type(exc).__name__}: {one_line(exc)}"
                 mode, reason = self._fall_back(key, FUSION, self._unfused_mode, why, entry.reason)
                 entry.mode, entry.fn, entry.reason = mode, self._unfused, reason
-                self._remember(key, mode, reason)
+                self._remember(key, (mode, reason, False))
             return outputs
 
     def _replay(
@@ -268,47 +282,55 @@ class GraphCache:
 
     # ------------------------------------------------------------------------ miss handling
 
-    def _miss(
+    def _new_entry(
         self,
         key: Key,
+        verdict: _Verdict | None,
         args: tuple[Any, ...],
         user_args: tuple[Any, ...],
         batch: int | None,
         bucket: int | None,
     ) -> Sequence[Any]:
-        verdict = self._verdicts.get(key)
+        """First call of a signature (again after an eviction or a re-record): run the graph
+        (validated, for a new fused key), capture it, and commit the call's in-place effects
+        into the caller's tensors once, last (``effects.Effects``)."""
         if verdict is not None:
-            mode, reason = verdict
+            mode, reason, capture = verdict
         else:
-            mode, reason = (FUSION if key[0] else self._unfused_mode), None
-        outputs = None
+            mode, reason, capture = (FUSION if key[0] else self._unfused_mode), None, True
+        capture = capture and self._capture and mode != EAGER
+        if capture:
+            _capture.join_replay_order(self._replay_device)
+        effects = Effects(self._to_device(args) if self._host else args, self._mutated)
         if mode == FUSION and verdict is None:
-            outputs, failure = self._first_fused_run(args, user_args)
+            outputs, winner, failure = self._first_fused_run(effects)
             if failure is not None:
                 mode, reason = self._fall_back(key, FUSION, self._unfused_mode, failure, reason)
-            if bucket is not None:
-                outputs = slice_outputs(outputs, batch, bucket)
-        if outputs is None:
-            fn = self._fused if mode == FUSION else self._unfused
-            outputs = self._direct(fn, args, user_args, batch, bucket)
-        entry = self._settle(key, mode, reason, args)
+        else:
+            winner = effects.isolate()
+            outputs = self._callable(mode)(*winner)
+        try:
+            # Warm-up and capture write mutated static inputs (parameters, buffers, a KV
+            # cache marked static) in place; the commit below overwrites whatever they did.
+            entry = self._settle(key, mode, reason, capture, args)
+        finally:
+            effects.commit(winner, user_args)
+            if capture:
+                _capture.join_replay_order(self._replay_device)
         self._insert(key, entry)
-        return outputs
+        outputs = effects.own_outputs(outputs, winner, user_args)
+        return outputs if bucket is None else slice_outputs(outputs, batch, bucket)
 
-    def _first_fused_run(
-        self, args: tuple[Any, ...], user_args: tuple[Any, ...]
-    ) -> tuple[Sequence[Any] | None, str | None]:
-        """Run the fused callable once, validating it; return (outputs, failure reason).
+    def _first_fused_run(self, effects: Effects) -> tuple[Sequence[Any], list[Any], str | None]:
+        """Run the fused callable once, validating it; return (outputs, the inputs of the run
+        whose effects count, failure reason or None).
 
-        The fused and the reference run each write into their own clones of the mutated
-        inputs; the winner's clones are copied into the caller's tensors, so the mutation
-        happens once and a fused callable that fails halfway leaves no trace.
+        The fused and the reference run each write into their own copies of the mutated
+        inputs (``effects.isolate``), so a fused callable that fails halfway leaves no trace.
         """
         assert self._fused is not None
         COUNTERS.fusion_attempts += 1
-        dev_args = self._to_device(args) if self._host else args
-        mutated = [i for i in self._mutated if i < len(args) and isinstance(args[i], Tensor)]
-        fused_args = with_clones(dev_args, mutated)
+        fused_args = effects.isolate()
         # The reference run must draw the same random numbers (dropout in the graph) and
         # leave the generators where one run of the model would.
         rng = RngState(self._device)
@@ -319,20 +341,19 @@ class GraphCache:
             # out-of-range index, a shape error) and reaches the caller as eager's would,
             # without being counted or logged as a fusion failure.
             rng.restore()
-            ref_args = with_clones(dev_args, mutated)
+            ref_args = effects.isolate()
             try:
                 expected = self._unfused(*ref_args)
             except Exception:
                 raise exc from None  # the fused error names the bad value (kernels' checks)
-            write_back(self._mutated, ref_args, user_args)
-            return expected, f"fused graph raised {type(exc).__name__}: {one_line(exc)}"
+            return expected, ref_args, f"fused graph raised {type(exc).__name__}: {one_line(exc)}"
         winner, failure = fused_args, None
         if self._config.validate:
-            ref_args = with_clones(dev_args, mutated)
+            ref_args = effects.isolate()
             rng.restore()
             expected = self._unfused(*ref_args)
             failure = mismatch(outputs, expected, "output")
-            for i in mutated:
+            for i in effects.indices:
                 failure = failure or mismatch(
                     [fused_args[i]], [ref_args[i]], f"mutated input {i} after"
                 )
@@ -341,28 +362,58 @@ class GraphCache:
                 outputs, winner = expected, ref_args
         if failure is None:
             COUNTERS.fusion_successes += 1
-        write_back(self._mutated, winner, user_args)
-        return outputs, failure
+        return outputs, winner, failure
 
-    def _settle(self, key: Key, mode: str, reason: str | None, args: tuple[Any, ...]) -> _Entry:
+    def _settle(
+        self, key: Key, mode: str, reason: str | None, capture: bool, args: tuple[Any, ...]
+    ) -> _Entry:
         """Make the entry for ``key`` starting from ``mode``: capture, or fall back."""
         entry = None
-        while entry is None and self._capture and mode != EAGER:
-            fn = self._fused if mode == FUSION else self._unfused
-            assert fn is not None
+        blocker = self._capture_blocker(args) if capture else None
+        if blocker is not None:
+            capture = False
+            if mode == FUSION:  # the fused graph runs directly (its kernels need no capture)
+                step = f"not captured: {blocker}"
+                reason = step if reason is None else f"{reason}; {step}"
+                log.log(self._warn_once(), "%s: %s %s", self.name, self._label(key), step)
+            else:
+                mode, reason = self._fall_back(key, mode, EAGER, blocker, reason)
+        while entry is None and capture and mode != EAGER:
             try:
-                entry = self._record(mode, fn, args)
+                entry = self._record(mode, self._callable(mode), args)
             except Exception as exc:
                 COUNTERS.capture_failures += 1
                 why = f"capture failed: {type(exc).__name__}: {one_line(exc)}"
                 next_mode = GRAPH_REPLAY if mode == FUSION else EAGER
                 mode, reason = self._fall_back(key, mode, next_mode, why, reason)
         if entry is None:
-            entry = _Entry(mode, self._fused if mode == FUSION else self._unfused)
+            entry = _Entry(mode, self._callable(mode))
         entry.reason = reason
         if reason is not None:
-            self._remember(key, mode, reason)
+            self._remember(key, (mode, reason, entry.graph is not None))
         return entry
+
+    def _capture_blocker(self, args: tuple[Any, ...]) -> str | None:
+        """Why the graph must not be captured for these inputs, or None."""
+        for i in self._mutated:
+            a = args[i] if i < len(args) else None
+            if not isinstance(a, Tensor) or a.device.type != "cpu":
+                continue
+            # A CPU 0-d tensor (a counter on the host) is updated by a CPU kernel while the
+            # graph is captured, never on replay. Other CPU tensors fail capture anyway
+            # (capture_graph), except host inputs: the graph writes their device copy, which
+            # each replay copies back.
+            if a.dim() == 0:
+                return (
+                    f"input {i} is a CPU scalar tensor the graph writes in place: "
+                    f"a CUDA graph replay would not update it"
+                )
+        return None
+
+    def _callable(self, mode: str) -> Callable[..., Sequence[Any]]:
+        fn = self._fused if mode == FUSION else self._unfused
+        assert fn is not None
+        return fn
 
     def _warn_once(self) -> int:
         """WARNING for this cache's first noteworthy event, INFO after that."""
@@ -371,11 +422,11 @@ class GraphCache:
         self._warned = True
         return logging.WARNING
 
-    def _remember(self, key: Key, mode: str, reason: str) -> None:
+    def _remember(self, key: Key, verdict: _Verdict) -> None:
         """Keep a key's fallback verdict, so it never retries (bounded: oldest dropped)."""
         if key not in self._verdicts and len(self._verdicts) >= _MAX_VERDICTS:
             del self._verdicts[next(iter(self._verdicts))]
-        self._verdicts[key] = (mode, reason)
+        self._verdicts[key] = verdict
 
     def _fall_back(
         self, key: Key, old: str, new: str, why: str, previous: str | None
@@ -408,10 +459,46 @@ class GraphCache:
         )
         # Drop the old graph before capturing the new one so both never coexist in memory.
         del self._entries[key]
-        outputs = self._direct(entry.fn, args, user_args, batch, bucket)
-        new = self._settle(key, entry.mode, entry.reason, args)
-        new.hits = entry.hits
-        self._insert(key, new)
+        self._drop(entry)
+        outputs = self._new_entry(
+            key, (entry.mode, entry.reason, True), args, user_args, batch, bucket
+        )
+        self._entries[key].hits = entry.hits
+        return outputs
+
+    def _trial_call(
+        self,
+        key: Key,
+        entry: _Entry,
+        args: tuple[Any, ...],
+        user_args: tuple[Any, ...],
+        batch: int | None,
+        bucket: int | None,
+    ) -> Sequence[Any]:
+        """One of the timed calls that decide whether capturing ``key`` pays (``payoff``):
+        replayed or run directly, in turn; each call runs the graph once either way."""
+        trial = entry.trial
+        assert trial is not None
+        replayed = trial.next_is_replay()
+        if replayed:
+            run = functools.partial(self._replay, entry, args, user_args, batch, bucket)
+        else:
+            run = functools.partial(self._direct, entry.fn, args, user_args, batch, bucket)
+        outputs, seconds = payoff.time_call(run, self._replay_device)
+        trial.add(replayed, seconds)
+        verdict = trial.verdict()
+        if verdict is None:
+            return outputs
+        keep, why = verdict
+        log.info("%s: %s %s", self.name, self._label(key), why)
+        entry.trial, entry.decision = None, why
+        if not keep:
+            mode = FUSION if entry.mode == FUSION else EAGER
+            step = why if mode == entry.mode else f"{entry.mode} -> {mode}: {why}"
+            reason = step if entry.reason is None else f"{entry.reason}; {step}"
+            self._entries[key] = _Entry(mode, entry.fn, reason, hits=entry.hits, decision=why)
+            self._remember(key, (mode, reason, False))
+            self._drop(entry)
         return outputs
 
     def _record(self, mode: str, fn: Callable[..., Sequence[Any]], args: tuple[Any, ...]) -> _Entry:
@@ -439,17 +526,9 @@ class GraphCache:
                 buf.copy_(a)
                 copies.append((i, buf))
                 inputs[i] = buf
-        # Warm-up and capture write into mutated parameters/buffers too; this call's write
-        # already happened in the direct run, so their state is put back afterwards.
-        saved = [(args[i], args[i].clone()) for i in static_idx if i in self._mutated]
-        try:
-            graph, outputs = _capture.capture_graph(
-                fn, inputs, device=self._device, warmup_iterations=self._config.warmup_iterations
-            )
-        finally:
-            with torch.no_grad():
-                for tensor, value in saved:
-                    tensor.copy_(value)
+        graph, outputs = _capture.capture_graph(
+            fn, inputs, device=self._device, warmup_iterations=self._config.warmup_iterations
+        )
         COUNTERS.recordings += 1
         in_place = {id(inputs[i]): i for i, a in enumerate(args) if isinstance(a, Tensor)}
         host_idx = {i for i, _, _ in host_copies}
@@ -460,6 +539,7 @@ class GraphCache:
         # the CPU, so it is returned as a device copy like any other output.
         aliases = tuple(None if a in host_idx else a for a in aliases)
         buffers = {i: buf for i, buf in copies} | {i: buf for i, buf, _ in host_copies}
+        large = payoff.output_bytes(outputs, aliases) >= payoff.LARGE_OUTPUT_BYTES
         return _Entry(
             mode=mode,
             fn=fn,
@@ -473,12 +553,15 @@ class GraphCache:
             outputs=tuple(outputs),
             aliases=aliases,
             out_tuple=isinstance(outputs, tuple),
+            # Kept outputs are copied after each replay; static_outputs copies nothing.
+            trial=payoff.CaptureTrial() if large and not self._static_outputs else None,
         )
 
     def _insert(self, key: Key, entry: _Entry) -> None:
         self._entries[key] = entry
         while len(self._entries) > self._config.max_graphs:
-            old_key, _ = self._entries.popitem(last=False)
+            old_key, old = self._entries.popitem(last=False)
+            self._drop(old)
             COUNTERS.evictions += 1
             if not self._evicting:
                 self._evicting = True
@@ -496,6 +579,11 @@ class GraphCache:
                 self._label(old_key),
                 self._config.max_graphs,
             )
+
+    def _drop(self, entry: _Entry) -> None:
+        """Let go of a dropped entry's graph and buffers once no queued replay reads them."""
+        if entry.graph is not None:
+            _capture.retire(entry.resources(), self._replay_device)
 
     # ------------------------------------------------------------------------- arg plumbing
 
@@ -522,7 +610,8 @@ class GraphCache:
         return None if entry is None else entry.mode
 
     def describe(self) -> list[dict[str, Any]]:
-        """One dict per live entry: key (readable), mode, reason, captured, hits."""
+        """One dict per live entry: key (readable), mode, reason, captured, decision (whether
+        capture pays, for large outputs: see ``payoff``), hits."""
         with self._lock:
             items = list(self._entries.items())
         return [
@@ -531,6 +620,8 @@ class GraphCache:
                 "mode": entry.mode,
                 "reason": entry.reason,
                 "captured": entry.graph is not None,
+                "decision": entry.decision
+                or ("timing replay + output copy against direct" if entry.trial else None),
                 "hits": entry.hits,
             }
             for key, entry in items
@@ -550,6 +641,8 @@ class GraphCache:
     def clear(self) -> None:
         """Drop every entry (captured graphs, static buffers) and every fallback verdict."""
         with self._lock:
+            for entry in self._entries.values():
+                self._drop(entry)
             self._entries.clear()
             self._verdicts.clear()
 
