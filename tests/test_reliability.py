@@ -408,6 +408,47 @@ def test_nan_and_inf_through_a_two_table_chain(dtype):
     assert_close(out, expected, equal_nan=True)
 
 
+class ScaledTokPos(nn.Module):
+    """Token embedding * 2 + position embedding: no activation, so a NaN row stays NaN and an
+    infinite row keeps its sign through the chain."""
+
+    def __init__(self, dtype=torch.float32):
+        super().__init__()
+        self.tok = _embedding(V, D, dtype)
+        self.pos = _embedding(P, D, dtype)
+
+    def forward(self, ids):
+        positions = torch.arange(ids.shape[-1], device=ids.device)
+        return self.tok(ids) * 2.0 + self.pos(positions)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_nan_and_inf_rows_pass_first_run_validation(path, dtype, request):
+    # Issue 9 item 8: validation must treat NaN as NaN and inf as inf of the same sign, or a
+    # table holding a NaN row drops its signature to eager though fused equals eager.
+    torch.manual_seed(8)
+    model = ScaledTokPos(dtype)
+    with torch.no_grad():
+        model.tok.weight[1] = float("nan")
+        model.tok.weight[2] = float("inf")
+        model.tok.weight[3] = -float("inf")
+    compiled = torch.compile(model, backend="infinifuse", options=_options(path, request))
+    ids = rand_ids(V, (2, 7))
+    ids[0, :3] = torch.tensor([1, 2, 3])
+    with torch.no_grad():
+        expected = model(ids)
+        out = compiled(ids)
+        again = compiled(ids)
+    assert expected.isnan().any() and (expected == float("inf")).any()
+    assert (expected == -float("inf")).any()
+    assert_close(out, expected, equal_nan=True)
+    assert_close(again, expected, equal_nan=True)
+    assert torch.equal(out.isnan(), expected.isnan())
+    assert runtime_modes() == ["fusion"], str(fusebackend.last_report())
+    assert fusebackend.stats()["fusion_successes"] == 1
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("change", ["in-place", ".data", "reassigned"])
 def test_results_follow_a_changed_weight(change, path, request):

@@ -29,6 +29,7 @@ from fusebackend.runtime.stats import (
     set_fusion_enabled,
     stats,
 )
+from fusebackend.runtime.validation import mismatch
 
 # A CUDA device object on a machine without CUDA: with cudagraphs=True the cache takes the
 # capture path, and capture_graph (faked or refusing CPU inputs) is the only CUDA boundary.
@@ -335,6 +336,22 @@ def test_validation_treats_nan_as_equal():
     cache = make(unfused=lambda x: (x * 2,), fused=lambda x: (x + x,))
     cache(x)
     assert cache.mode_for(x) == FUSION
+
+
+def test_validation_nan_equals_nan_and_inf_equals_inf_of_the_same_sign_only():
+    inf = float("inf")
+    x = torch.tensor([1.0, float("nan"), inf, -inf])
+    assert mismatch([x.clone()], [x], "output") is None
+    assert mismatch([x.half()], [x.half()], "output") is None
+    flipped = x.clone()
+    flipped[2] = -inf
+    assert "output 0" in mismatch([flipped], [x], "output")
+    nan_for_inf = x.clone()
+    nan_for_inf[3] = float("nan")
+    assert mismatch([nan_for_inf], [x], "output") is not None
+    cache = make(unfused=lambda x: (x * 2,), fused=lambda x: (-x * 2,))
+    cache(torch.tensor([inf, 1.0]))  # -inf against +inf: falls back
+    assert cache.mode_for(torch.tensor([inf, 1.0])) == EAGER
 
 
 def test_capture_failures_walk_the_chain_to_eager_and_never_retry(monkeypatch):
