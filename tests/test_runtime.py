@@ -1010,3 +1010,75 @@ def test_graph_replay_entry_uncaptured_by_the_trial_becomes_eager(fake_capture, 
     (row,) = cache.describe()
     assert row["mode"] == EAGER and not row["captured"]
     assert row["reason"].startswith("graph_replay -> eager: uncaptured: replay + output copy")
+
+
+# --------------------------------------------------------------------------------- streams
+
+
+def test_captures_and_evictions_join_the_replay_order(fake_capture, monkeypatch):
+    # The failure mode (GPU test: test_runtime_gpu.py::test_capture_on_another_stream_...):
+    # thread A replays a graph on s1; thread B, on s2, captures a new signature and evicts
+    # A's entry. Unordered, B's capture-time copies and first run queue beside A's replay,
+    # and A's freed static buffers are handed to B's allocations on s2 while A's replay has
+    # yet to read them. This pins the bookkeeping down: streams are (id, device, type).
+    current = {"stream": (7, 0, 1)}
+    waits: list[tuple[int, int]] = []
+    events: list[FakeEvent] = []
+
+    class FakeStream:
+        def __init__(self, data):
+            self.id = data[0]
+
+        def wait_stream(self, other):
+            waits.append((self.id, other.id))
+
+    class FakeEvent:
+        def __init__(self):
+            self.stream = None
+            self.done = False
+            events.append(self)
+
+        def record(self, stream=None):
+            self.stream = stream.id if stream is not None else current["stream"][0]
+
+        def query(self):
+            return self.done
+
+        def synchronize(self):
+            self.done = True
+
+    monkeypatch.setattr(
+        torch._C, "_cuda_getCurrentStream", lambda index: current["stream"], raising=False
+    )
+    monkeypatch.setattr(cap, "_stream", FakeStream)
+    monkeypatch.setattr(cap, "_new_event", FakeEvent)
+    monkeypatch.setattr(cap._CAPTURE, "replay_streams", {})
+    monkeypatch.setattr(cap._CAPTURE, "retired", [])
+    cache = make(device=FAKE_CUDA, cudagraphs=True, max_graphs=1)
+    cache._replay_device = 0  # order as on a CUDA device, with the fakes above
+    x, y = torch.randn(3), torch.randn(4)
+
+    cache(x, x)  # stream 7 captures x's entry
+    assert waits == [] and cap._CAPTURE.replay_streams[0] == (7, 0, 1)
+    current["stream"] = (9, 0, 1)
+    cache(x, x)  # stream 9 replays it: waits for 7
+    assert waits == [(9, 7)]
+    current["stream"] = (11, 0, 1)
+    cache(y, y)  # stream 11 captures y's entry, evicting x's
+    assert waits == [(9, 7), (11, 9)]  # before its first run, not after the capture
+    assert cap._CAPTURE.replay_streams[0] == (11, 0, 1)
+    # x's graph is held until an event on the last replay stream (11, after 9) completes.
+    (event,) = events
+    assert event.stream == 11
+    x_graph = fake_capture[0]
+    gc.collect()
+    assert x_graph() is not None
+    event.done = True
+    current["stream"] = (9, 0, 1)
+    cache(x, x)  # stream 9 captures x again (waits for 11), evicting y: reaps x's old graph
+    assert waits[-1] == (9, 11)
+    gc.collect()
+    assert x_graph() is None
+    assert len(cap._CAPTURE.retired) == 1  # y's entry, until its event completes
+    cap.release_pools()  # clear_cache: waits for every retired entry, then lets them go
+    assert cap._CAPTURE.retired == []
