@@ -361,7 +361,7 @@ def test_capture_on_another_stream_waits_for_a_slow_replay(dev):
         with torch.cuda.stream(s2):
             results["b"] = cache(y)[0]
             # Allocations on s2 right after the eviction: they reuse A's freed buffers.
-            results["junk"] = [torch.full((n,), 7.0, device=dev) for _ in range(8)]
+            results["junk"] = [torch.full((n,), 7.0, device=dev) for _ in range(64)]
 
     a = threading.Thread(target=thread_a)
     a.start()

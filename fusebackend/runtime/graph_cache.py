@@ -23,10 +23,11 @@ in place and their addresses checked on each hit (a change re-records). CPU inpu
 graph wants on the device (``host_inputs``) are copied through pinned staging buffers
 without a host sync. Outputs are cloned unless ``static_outputs``.
 
-Each call executes the model's effects exactly once: the first call of a key runs the
-callable directly (that run is the call's result), then captures; warm-up and capture
-happen on private copies of the inputs, and mutated parameters/buffers are restored after
-them.
+Each call executes the model's in-place effects exactly once: a new key's call runs its
+graph on private copies of the mutated inputs, captures, and commits the winning run's
+values into the caller's tensors last (``effects.py``). A key whose outputs are large times
+replay + copy against a direct run on its first calls and keeps the faster (``payoff.py``).
+Captures and dropped entries are ordered against replays on other streams (``capture.py``).
 
 Inference only: capture records no autograd graph.
 """
