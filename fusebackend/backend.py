@@ -42,7 +42,7 @@ from fusebackend.passes.host_inputs import (
 )
 from fusebackend.passes.mutations import mutated_placeholders
 from fusebackend.report import GraphReport, GroupReport, record
-from fusebackend.runtime.cudagraph_cache import GraphCache
+from fusebackend.runtime.graph_cache import GraphCache
 
 __all__ = ["FusedGroupOp", "infinifuse"]
 

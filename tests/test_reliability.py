@@ -8,7 +8,7 @@ return a wrong or stale tensor. docs/RELIABILITY.md maps every case to its test;
 existing files already cover are referenced there, not repeated here.
 
 The CUDA-graph path is driven on CPU by the ``fake_capture`` fixture: the backend is told the
-graph runs on a (fake) CUDA device and ``cudagraph_cache.capture_graph`` records a
+graph runs on a (fake) CUDA device and ``capture.capture_graph`` records a
 ``FakeGraph`` (fixed input and output buffers, recomputed in place on each replay), so the
 runtime takes exactly the path it takes on a GPU: first run, capture, replay, static
 buffers, re-record, fallback.
@@ -44,8 +44,8 @@ from helpers import (
 import fusebackend
 import fusebackend.backend
 from fusebackend.kernels import launch
-from fusebackend.runtime import cudagraph_cache as cc
-from fusebackend.runtime import stats as runtime_stats
+from fusebackend.runtime import capture as cap
+from fusebackend.runtime import counters, graph_cache
 
 V, P, D = 13, 16, 8  # vocabulary (odd), positions, row width
 FAKE_CUDA = torch.device("cuda", 0)
@@ -100,7 +100,7 @@ class Capture:
 def fake_capture(monkeypatch) -> Capture:
     monkeypatch.setattr(fusebackend.backend, "_graph_device", lambda inputs: FAKE_CUDA)
     capture = Capture()
-    monkeypatch.setattr(cc, "capture_graph", capture)
+    monkeypatch.setattr(cap, "capture_graph", capture)
     return capture
 
 
@@ -408,6 +408,47 @@ def test_nan_and_inf_through_a_two_table_chain(dtype):
     assert_close(out, expected, equal_nan=True)
 
 
+class ScaledTokPos(nn.Module):
+    """Token embedding * 2 + position embedding: no activation, so a NaN row stays NaN and an
+    infinite row keeps its sign through the chain."""
+
+    def __init__(self, dtype=torch.float32):
+        super().__init__()
+        self.tok = _embedding(V, D, dtype)
+        self.pos = _embedding(P, D, dtype)
+
+    def forward(self, ids):
+        positions = torch.arange(ids.shape[-1], device=ids.device)
+        return self.tok(ids) * 2.0 + self.pos(positions)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_nan_and_inf_rows_pass_first_run_validation(path, dtype, request):
+    # Issue 9 item 8: validation must treat NaN as NaN and inf as inf of the same sign, or a
+    # table holding a NaN row drops its signature to eager though fused equals eager.
+    torch.manual_seed(8)
+    model = ScaledTokPos(dtype)
+    with torch.no_grad():
+        model.tok.weight[1] = float("nan")
+        model.tok.weight[2] = float("inf")
+        model.tok.weight[3] = -float("inf")
+    compiled = torch.compile(model, backend="infinifuse", options=_options(path, request))
+    ids = rand_ids(V, (2, 7))
+    ids[0, :3] = torch.tensor([1, 2, 3])
+    with torch.no_grad():
+        expected = model(ids)
+        out = compiled(ids)
+        again = compiled(ids)
+    assert expected.isnan().any() and (expected == float("inf")).any()
+    assert (expected == -float("inf")).any()
+    assert_close(out, expected, equal_nan=True)
+    assert_close(again, expected, equal_nan=True)
+    assert torch.equal(out.isnan(), expected.isnan())
+    assert runtime_modes() == ["fusion"], str(fusebackend.last_report())
+    assert fusebackend.stats()["fusion_successes"] == 1
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("change", ["in-place", ".data", "reassigned"])
 def test_results_follow_a_changed_weight(change, path, request):
@@ -559,7 +600,7 @@ def test_capture_failing_halfway_falls_back(which, fake_capture):
     def fail(fn, inputs):
         if which == "both" or is_fused_graph(fn):
             fn(*inputs)
-            raise cc.CaptureError("capture ended with RuntimeError: invalidated (injected)")
+            raise cap.CaptureError("capture ended with RuntimeError: invalidated (injected)")
 
     fake_capture.fail = fail
     torch.manual_seed(9)
@@ -652,7 +693,7 @@ def test_a_fault_on_every_shape_is_logged_once_not_300_times(
     assert s["cache_size"] == 4
     assert s["capture_failures"] == 600  # fused and unfused capture of each shape
     assert set(s["fusion_modes"].values()) == {"eager"}
-    assert all(len(c._verdicts) <= cc._MAX_VERDICTS for c in runtime_stats._live_caches())
+    assert all(len(c._verdicts) <= graph_cache._MAX_VERDICTS for c in counters.live_caches())
     assert len(backend_warnings(caplog)) <= 1, (
         f"{len(backend_warnings(caplog))} warnings, first: "
         + (backend_warnings(caplog)[:1] or [""])[0]
@@ -734,7 +775,7 @@ def test_dropping_a_compiled_model_frees_its_graphs():
     capture = Capture()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fusebackend.backend, "_graph_device", lambda inputs: FAKE_CUDA)
-        mp.setattr(cc, "capture_graph", capture)
+        mp.setattr(cap, "capture_graph", capture)
         compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": True})
         with torch.no_grad():
             compiled(rand_ids(V, (2, 4)))

@@ -32,7 +32,7 @@ from test_fuzz import run_fuzz
 import fusebackend
 import fusebackend.backend
 from fusebackend.kernels import launch
-from fusebackend.runtime import cudagraph_cache as cc
+from fusebackend.runtime import capture as cap
 
 pytestmark = [
     pytest.mark.gpu,
@@ -273,7 +273,7 @@ def test_out_of_memory_halfway_through_a_real_capture_falls_back(monkeypatch):
     # The fused graph raises OutOfMemoryError while it is being captured (after warm-up,
     # inside capture_begin/capture_end): the capture is cleaned up, the key falls back to
     # the captured unfused graph, and the device (stream, pool, RNG) stays usable.
-    real_capture = cc.capture_graph
+    real_capture = cap.capture_graph
 
     def capture(fn, inputs, *, device, warmup_iterations):
         def body(*args):
@@ -285,7 +285,7 @@ def test_out_of_memory_halfway_through_a_real_capture_falls_back(monkeypatch):
 
         return real_capture(body, inputs, device=device, warmup_iterations=warmup_iterations)
 
-    monkeypatch.setattr(cc, "capture_graph", capture)
+    monkeypatch.setattr(cap, "capture_graph", capture)
     model = _model()
     compiled = torch.compile(model, backend="infinifuse")
     with torch.no_grad():
@@ -371,7 +371,7 @@ def test_graph_pools_hold_no_live_blocks_after_clear_cache_and_dynamo_reset():
             out = compiled(_ids(batch, 33))
     del out
     torch.cuda.synchronize()
-    pools = set(cc._CAPTURE.pool_ids)
+    pools = set(cap._CAPTURE.pool_ids)
     assert pools and fusebackend.stats()["graph_pool_bytes"] > 0
 
     fusebackend.clear_cache()

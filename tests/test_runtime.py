@@ -1,7 +1,7 @@
 """CPU tests of the runtime: keys, LRU, counters, the fallback chain, controls, buckets,
 mutations, output ownership and threads.
 
-Capture is driven without a GPU by replacing ``cudagraph_cache.capture_graph`` with
+Capture is driven without a GPU by replacing ``capture.capture_graph`` with
 ``FakeGraph``: fixed input buffers and fixed output buffers overwritten on every replay,
 which is exactly the part of CUDA-graph semantics the cache has to get right.
 """
@@ -18,8 +18,10 @@ import pytest
 import torch
 
 from fusebackend.config import FusionConfig
-from fusebackend.runtime import cudagraph_cache as cc
-from fusebackend.runtime.cudagraph_cache import EAGER, FUSION, GRAPH_REPLAY, GraphCache
+from fusebackend.runtime import capture as cap
+from fusebackend.runtime import graph_cache
+from fusebackend.runtime import stats as runtime_stats
+from fusebackend.runtime.graph_cache import EAGER, FUSION, GRAPH_REPLAY, GraphCache
 from fusebackend.runtime.stats import (
     clear_cache,
     fusion_enabled,
@@ -27,6 +29,7 @@ from fusebackend.runtime.stats import (
     set_fusion_enabled,
     stats,
 )
+from fusebackend.runtime.validation import mismatch
 
 # A CUDA device object on a machine without CUDA: with cudagraphs=True the cache takes the
 # capture path, and capture_graph (faked or refusing CPU inputs) is the only CUDA boundary.
@@ -95,7 +98,7 @@ def fake_capture(monkeypatch):
         graphs.append(weakref.ref(graph))
         return graph, graph.outputs
 
-    monkeypatch.setattr(cc, "capture_graph", capture)
+    monkeypatch.setattr(cap, "capture_graph", capture)
     return graphs
 
 
@@ -200,7 +203,7 @@ def test_stats_exact_keys_and_counters_move_only_on_events():
     assert s["enabled"] is True
     assert s["graph_pool_bytes"] == 0
     assert s["fusion_scheduler_available"] == (
-        torch.cuda.is_available() and cc._stats._triton_importable()
+        torch.cuda.is_available() and runtime_stats._triton_importable()
     )
 
     fused = Counting(mul_add)
@@ -264,7 +267,7 @@ def test_fused_that_raises_falls_back_to_eager_logged_once(caplog):
     fused = Counting(broken)
     cache = make(fused=fused)
     x, y = torch.randn(3), torch.randn(3)
-    with caplog.at_level(logging.WARNING, logger=cc.__name__):
+    with caplog.at_level(logging.WARNING, logger=graph_cache.__name__):
         for _ in range(3):
             (out,) = cache(x, y)
             torch.testing.assert_close(out, x * y + 1)
@@ -335,6 +338,22 @@ def test_validation_treats_nan_as_equal():
     assert cache.mode_for(x) == FUSION
 
 
+def test_validation_nan_equals_nan_and_inf_equals_inf_of_the_same_sign_only():
+    inf = float("inf")
+    x = torch.tensor([1.0, float("nan"), inf, -inf])
+    assert mismatch([x.clone()], [x], "output") is None
+    assert mismatch([x.half()], [x.half()], "output") is None
+    flipped = x.clone()
+    flipped[2] = -inf
+    assert "output 0" in mismatch([flipped], [x], "output")
+    nan_for_inf = x.clone()
+    nan_for_inf[3] = float("nan")
+    assert mismatch([nan_for_inf], [x], "output") is not None
+    cache = make(unfused=lambda x: (x * 2,), fused=lambda x: (-x * 2,))
+    cache(torch.tensor([inf, 1.0]))  # -inf against +inf: falls back
+    assert cache.mode_for(torch.tensor([inf, 1.0])) == EAGER
+
+
 def test_capture_failures_walk_the_chain_to_eager_and_never_retry(monkeypatch):
     attempts = []
 
@@ -342,7 +361,7 @@ def test_capture_failures_walk_the_chain_to_eager_and_never_retry(monkeypatch):
         attempts.append(fn)
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(cc, "capture_graph", failing_capture)
+    monkeypatch.setattr(cap, "capture_graph", failing_capture)
     fused = Counting(mul_add)
     cache = make(fused=fused, device=FAKE_CUDA, cudagraphs=True, max_graphs=1)
     x, y = torch.randn(3), torch.randn(3)
@@ -769,10 +788,297 @@ def test_replay_waits_for_the_last_replay_only_when_the_stream_changes(monkeypat
     monkeypatch.setattr(
         torch._C, "_cuda_getCurrentStream", lambda index: current["stream"], raising=False
     )
-    monkeypatch.setattr(cc, "_stream", FakeStream)
-    monkeypatch.setattr(cc._CAPTURE, "replay_streams", {})
+    monkeypatch.setattr(cap, "_stream", FakeStream)
+    monkeypatch.setattr(cap._CAPTURE, "replay_streams", {})
     for stream_id in (7, 7, 9, 9, 7, 11):
         current["stream"] = (stream_id, 0, 1)
-        cc._wait_for_last_replay(0)
+        cap.wait_for_last_replay(0)
     assert waits == [(9, 7), (7, 9), (11, 7)]
-    assert cc._CAPTURE.replay_streams == {0: (11, 0, 1)}
+    assert cap._CAPTURE.replay_streams == {0: (11, 0, 1)}
+
+
+# ---------------------------------------------------------------------------- exactly once
+
+
+def _counters_step(param, buf, x):
+    """A graph with in-place state: ``param`` (static: a parameter or a KV cache used in
+    place) and ``buf`` (copied into a static buffer) each advance by one per call."""
+    param.add_(1)
+    buf.add_(1)
+    return (x * 2 + param + buf,)
+
+
+def _wrong_step(param, buf, x):
+    param.add_(1)
+    buf.add_(1)
+    return (x * 2 + param + buf + 1,)
+
+
+def _raising_step(param, buf, x):
+    param.add_(1)  # a partial write before the failure
+    buf.add_(1)
+    raise RuntimeError("fused kernel boom")
+
+
+def _capture_after_warmup_fails(fn, inputs, *, device, warmup_iterations):
+    for _ in range(warmup_iterations):
+        fn(*inputs)  # the warm-ups ran (and wrote their state) before the capture failed
+    raise RuntimeError("operation not permitted when stream is capturing")
+
+
+EXACTLY_ONCE_PATHS = [
+    "first_run",
+    "validation_mismatch",
+    "fused_raises",
+    "capture_warmup",
+    "capture_failure",
+    "rerecord",
+    "eviction",
+    "large_output_trial",
+    "uncaptured_cpu",
+]
+
+
+@pytest.mark.parametrize("path", EXACTLY_ONCE_PATHS)
+def test_every_runtime_path_advances_state_exactly_once_per_call(fake_capture, monkeypatch, path):
+    fused = {"validation_mismatch": _wrong_step, "fused_raises": _raising_step}.get(
+        path, _counters_step
+    )
+    capture = path != "uncaptured_cpu"
+    if path == "capture_failure":
+        monkeypatch.setattr(cap, "capture_graph", _capture_after_warmup_fails)
+    cache = GraphCache(
+        unfused=_counters_step,
+        fused=fused,
+        config=FusionConfig(
+            cudagraphs=capture, warmup_iterations=3, max_graphs=1 if path == "eviction" else 16
+        ),
+        device=FAKE_CUDA if capture else None,
+        static_input_indices=frozenset({0}),
+        mutated_input_indices=frozenset({0, 1}),
+    )
+    param, buf = torch.zeros(1), torch.zeros(1)
+    n = (1 << 21) if path == "large_output_trial" else 5  # 8 MiB of fp32 output
+    xs = [torch.randn(n), torch.randn(n + 1)]
+    for call in range(1, 10):
+        x = xs[call % 2] if path == "eviction" else xs[0]
+        if path == "rerecord" and call == 3:
+            param.data = param.data.clone()  # a new address: the next hit re-records
+        (out,) = cache(param, buf, x)
+        assert param.item() == call and buf.item() == call, (path, call, param, buf)
+        torch.testing.assert_close(out, x * 2 + 2 * call)
+    s = stats()
+    expected_mode = {"validation_mismatch": GRAPH_REPLAY, "fused_raises": GRAPH_REPLAY}
+    if path == "capture_failure":
+        assert cache.mode_for(param, buf, xs[0]) == EAGER
+    else:
+        assert cache.mode_for(param, buf, x) == expected_mode.get(path, FUSION)
+    if path == "rerecord":
+        assert s["rerecords"] == 1
+    if path == "eviction":
+        assert s["evictions"] == 8
+    if path == "large_output_trial":
+        assert cache.describe()[0]["decision"] is not None
+
+
+def test_cpu_scalar_counter_is_never_captured_and_advances_once(fake_capture):
+    def step(count, x):
+        count.add_(1)  # a position counter on the host (0-d CPU tensor)
+        return (x + 1,)
+
+    cache = GraphCache(
+        unfused=step,
+        fused=step,
+        config=FusionConfig(cudagraphs=True, warmup_iterations=2),
+        device=FAKE_CUDA,
+        mutated_input_indices=frozenset({0}),
+    )
+    x = torch.randn(3)
+    for call in range(1, 4):
+        count = torch.tensor(float(call - 1))  # a new value each call: a new key each call
+        torch.testing.assert_close(cache(count, x)[0], x + 1)
+        assert count.item() == call
+    s = stats()
+    assert s["recordings"] == 0
+    assert set(s["fusion_modes"].values()) == {FUSION}  # the fused graph runs, uncaptured
+    reason = next(iter(s["fallback_reasons"].values()))
+    assert "not captured" in reason and "CPU scalar tensor" in reason
+    assert all(row["captured"] is False for row in cache.describe())
+
+
+def test_first_run_returns_the_callers_tensor_for_a_returned_mutated_input(fake_capture):
+    def write(cache_t, pos, val):
+        out = cache_t.index_copy_(0, pos, val)  # returns cache_t itself
+        return (out, out[1:])
+
+    cache = GraphCache(
+        unfused=write,
+        fused=write,
+        config=FusionConfig(cudagraphs=True),
+        device=FAKE_CUDA,
+        static_input_indices=frozenset({0}),
+        mutated_input_indices=frozenset({0}),
+    )
+    kv = torch.zeros(5, 3)
+    out, tail = cache(kv, torch.tensor([2]), torch.ones(1, 3))
+    assert out is kv
+    assert tail.data_ptr() == kv[1:].data_ptr()
+    assert kv[2].eq(1).all() and kv.sum() == 3
+
+
+# --------------------------------------------------------------------------- large outputs
+
+
+def _big(x):
+    return (x * 2,)
+
+
+@pytest.mark.parametrize(
+    ("replay_ms", "direct_ms", "captured"), [(0.188, 0.114, False), (0.109, 0.5, True)]
+)
+def test_large_outputs_keep_the_faster_of_replay_and_direct(
+    fake_capture, monkeypatch, replay_ms, direct_ms, captured
+):
+    from fusebackend.runtime import payoff
+
+    kinds = []
+
+    def fake_time(fn, device_index):
+        # The partial tells which path the trial took: _replay or _direct.
+        replayed = fn.func.__name__ == "_replay"
+        kinds.append(replayed)
+        return fn(), (replay_ms if replayed else direct_ms) / 1e3
+
+    monkeypatch.setattr(payoff, "time_call", fake_time)
+    cache = make(unfused=_big, fused=_big, device=FAKE_CUDA, cudagraphs=True)
+    x = torch.randn(payoff.LARGE_OUTPUT_BYTES // 4)  # fp32: exactly the threshold
+    for _ in range(1 + 2 * payoff.TRIAL_CALLS + 2):
+        torch.testing.assert_close(cache(x)[0], x * 2)
+    assert kinds == [True, False] * payoff.TRIAL_CALLS  # alternating, then decided
+    (row,) = cache.describe()
+    assert row["captured"] is captured
+    assert row["mode"] == FUSION
+    if captured:
+        assert row["decision"] == "captured: replay + output copy 0.109 ms <= direct 0.500 ms"
+        assert stats()["fallback_reasons"] == {}
+    else:
+        expected = "uncaptured: replay + output copy 0.188 ms > direct 0.114 ms"
+        assert row["decision"] == expected
+        assert list(stats()["fallback_reasons"].values()) == [expected]
+        # Remembered: after a clear of the entries (not the verdicts) it is not re-captured.
+        recordings = stats()["recordings"]
+        cache._entries.clear()
+        cache(x)
+        assert stats()["recordings"] == recordings
+        assert cache.describe()[0]["captured"] is False
+
+
+def test_small_outputs_skip_the_trial(fake_capture, monkeypatch):
+    from fusebackend.runtime import payoff
+
+    monkeypatch.setattr(payoff, "time_call", lambda fn, d: pytest.fail("timed a small graph"))
+    cache = make(unfused=_big, fused=_big, device=FAKE_CUDA, cudagraphs=True)
+    x = torch.randn(payoff.LARGE_OUTPUT_BYTES // 4 - 1)
+    for _ in range(4):
+        cache(x)
+    (row,) = cache.describe()
+    assert row["captured"] is True and row["decision"] is None
+
+
+def test_static_outputs_skip_the_trial(fake_capture, monkeypatch):
+    from fusebackend.runtime import payoff
+
+    monkeypatch.setattr(payoff, "time_call", lambda fn, d: pytest.fail("timed"))
+    cache = make(unfused=_big, fused=_big, device=FAKE_CUDA, cudagraphs=True, static_outputs=True)
+    x = torch.randn(payoff.LARGE_OUTPUT_BYTES // 4)
+    for _ in range(4):
+        cache(x)
+    assert cache.describe()[0]["captured"] is True
+
+
+def test_graph_replay_entry_uncaptured_by_the_trial_becomes_eager(fake_capture, monkeypatch):
+    from fusebackend.runtime import payoff
+
+    def fake_time(fn, device_index):
+        return fn(), (1.0 if fn.func.__name__ == "_replay" else 0.5)
+
+    monkeypatch.setattr(payoff, "time_call", fake_time)
+    cache = make(unfused=_big, fused=None, device=FAKE_CUDA, cudagraphs=True)
+    x = torch.randn(payoff.LARGE_OUTPUT_BYTES // 4)
+    for _ in range(1 + 2 * payoff.TRIAL_CALLS):
+        cache(x)
+    (row,) = cache.describe()
+    assert row["mode"] == EAGER and not row["captured"]
+    assert row["reason"].startswith("graph_replay -> eager: uncaptured: replay + output copy")
+
+
+# --------------------------------------------------------------------------------- streams
+
+
+def test_captures_and_evictions_join_the_replay_order(fake_capture, monkeypatch):
+    # The failure mode (GPU test: test_runtime_gpu.py::test_capture_on_another_stream_...):
+    # thread A replays a graph on s1; thread B, on s2, captures a new signature and evicts
+    # A's entry. Unordered, B's capture-time copies and first run queue beside A's replay,
+    # and A's freed static buffers are handed to B's allocations on s2 while A's replay has
+    # yet to read them. This pins the bookkeeping down: streams are (id, device, type).
+    current = {"stream": (7, 0, 1)}
+    waits: list[tuple[int, int]] = []
+    events: list[FakeEvent] = []
+
+    class FakeStream:
+        def __init__(self, data):
+            self.id = data[0]
+
+        def wait_stream(self, other):
+            waits.append((self.id, other.id))
+
+    class FakeEvent:
+        def __init__(self):
+            self.stream = None
+            self.done = False
+            events.append(self)
+
+        def record(self, stream=None):
+            self.stream = stream.id if stream is not None else current["stream"][0]
+
+        def query(self):
+            return self.done
+
+        def synchronize(self):
+            self.done = True
+
+    monkeypatch.setattr(
+        torch._C, "_cuda_getCurrentStream", lambda index: current["stream"], raising=False
+    )
+    monkeypatch.setattr(cap, "_stream", FakeStream)
+    monkeypatch.setattr(cap, "_new_event", FakeEvent)
+    monkeypatch.setattr(cap._CAPTURE, "replay_streams", {})
+    monkeypatch.setattr(cap._CAPTURE, "retired", [])
+    cache = make(device=FAKE_CUDA, cudagraphs=True, max_graphs=1)
+    cache._replay_device = 0  # order as on a CUDA device, with the fakes above
+    x, y = torch.randn(3), torch.randn(4)
+
+    cache(x, x)  # stream 7 captures x's entry
+    assert waits == [] and cap._CAPTURE.replay_streams[0] == (7, 0, 1)
+    current["stream"] = (9, 0, 1)
+    cache(x, x)  # stream 9 replays it: waits for 7
+    assert waits == [(9, 7)]
+    current["stream"] = (11, 0, 1)
+    cache(y, y)  # stream 11 captures y's entry, evicting x's
+    assert waits == [(9, 7), (11, 9)]  # before its first run, not after the capture
+    assert cap._CAPTURE.replay_streams[0] == (11, 0, 1)
+    # x's graph is held until an event on the last replay stream (11, after 9) completes.
+    (event,) = events
+    assert event.stream == 11
+    x_graph = fake_capture[0]
+    gc.collect()
+    assert x_graph() is not None
+    event.done = True
+    current["stream"] = (9, 0, 1)
+    cache(x, x)  # stream 9 captures x again (waits for 11), evicting y: reaps x's old graph
+    assert waits[-1] == (9, 11)
+    gc.collect()
+    assert x_graph() is None
+    assert len(cap._CAPTURE.retired) == 1  # y's entry, until its event completes
+    cap.release_pools()  # clear_cache: waits for every retired entry, then lets them go
+    assert cap._CAPTURE.retired == []

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from fusebackend.config import FusionConfig
-from fusebackend.runtime import cudagraph_cache as cc
-from fusebackend.runtime.cudagraph_cache import EAGER, FUSION, GRAPH_REPLAY, GraphCache
+from fusebackend.runtime.graph_cache import EAGER, FUSION, GRAPH_REPLAY, GraphCache
+from fusebackend.runtime.keys import static_ptrs_equal
 from fusebackend.runtime.stats import clear_cache, stats
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -291,8 +291,8 @@ def test_static_address_check_matches_data_ptrs(dev):
     a, b = torch.randn(4, device=dev), torch.randn(4, device=dev)
     args = (a, 3, b)
     ptrs = [a.data_ptr(), None, b.data_ptr()]
-    assert cc._ptrs_equal(args, ptrs, [0, 2])
-    assert not cc._ptrs_equal((a, 3, torch.randn(4, device=dev)), ptrs, [0, 2])
+    assert static_ptrs_equal(args, ptrs, [0, 2])
+    assert not static_ptrs_equal((a, 3, torch.randn(4, device=dev)), ptrs, [0, 2])
 
 
 def _slow_double_plus_one(x):
@@ -326,3 +326,87 @@ def test_replays_on_two_streams_never_overlap(dev):
     assert stats()["recordings"] == 1
     torch.testing.assert_close(out1, x1 * 2 + 1)
     torch.testing.assert_close(out2, x2 * 2 + 1)
+
+
+def test_capture_on_another_stream_waits_for_a_slow_replay(dev):
+    # Thread A replays a slow graph on stream s1 (queued behind ~50 ms of sleep); thread B,
+    # on stream s2, then calls a new signature: its capture evicts A's entry (max_graphs=1),
+    # whose static input buffer was allocated on s2 (B captured it there), and B's next
+    # allocations on s2 take that memory back. Unordered, B's writes land in A's static
+    # input before A's replay reads it, and A returns B's numbers. Ordered (the capture joins
+    # the replay order; the evicted entry is held until the last replay stream is past),
+    # both are right.
+    n = 1 << 16
+    cache = GraphCache(
+        unfused=_slow_double_plus_one,
+        fused=None,
+        config=FusionConfig(cudagraphs=True, max_graphs=1),
+        device=dev,
+        name="capture-streams",
+    )
+    s1, s2 = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+    x1 = torch.randn(n, device=dev)
+    y = torch.randn(n // 2, 2, device=dev)  # another signature, the same bytes
+    with torch.cuda.stream(s2):
+        cache(torch.randn(n, device=dev))  # A's entry, captured on s2
+    torch.cuda.synchronize()
+    results = {}
+
+    def thread_a():
+        with torch.cuda.stream(s1):
+            torch.cuda._sleep(100_000_000)  # the replay below waits behind this on s1
+            results["a"] = cache(x1)[0]
+
+    def thread_b():
+        with torch.cuda.stream(s2):
+            results["b"] = cache(y)[0]
+            # Allocations on s2 right after the eviction: they reuse A's freed buffers.
+            results["junk"] = [torch.full((n,), 7.0, device=dev) for _ in range(64)]
+
+    a = threading.Thread(target=thread_a)
+    a.start()
+    a.join()  # A's replay is queued (not run) before B starts
+    b = threading.Thread(target=thread_b)
+    b.start()
+    b.join()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(results["a"], x1 * 2 + 1)
+    torch.testing.assert_close(results["b"], y * 2 + 1)
+    assert stats()["evictions"] == 2
+
+
+@pytest.mark.parametrize("batch", [16, 1])
+def test_large_outputs_get_a_capture_decision_and_equal_eager(dev, batch):
+    # 16 x 2048 x 2048 fp16: 128 MiB per output, the chain benchmark's size (issue 9 item 7):
+    # the first calls after capture time replay + copy against direct and keep the faster.
+    # A 1 x 2048 x 2048 output (8 MiB) is at the threshold; 1 x 1 x 2048 skips the trial.
+    from fusebackend.runtime import payoff
+
+    def chain(ids, table):
+        return (F.embedding(ids, table) * 2 + 1,)
+
+    table = torch.randn(VOCAB, 2048, device=dev, dtype=torch.float16)
+    cache = GraphCache(
+        unfused=chain,
+        fused=None,
+        config=FusionConfig(cudagraphs=True),
+        device=dev,
+        static_input_indices=frozenset({1}),
+        name="large",
+    )
+    for _ in range(1 + 2 * payoff.TRIAL_CALLS + 2):
+        ids = torch.randint(0, VOCAB, (batch, 2048), device=dev)
+        (out,) = cache(ids, table)
+        torch.testing.assert_close(out, chain(ids, table)[0])
+    (row,) = cache.describe()
+    decision = row["decision"]
+    assert decision is not None and decision.split(":")[0] in ("captured", "uncaptured"), row
+    assert row["captured"] is decision.startswith("captured"), row
+    assert row["mode"] == (GRAPH_REPLAY if row["captured"] else EAGER)
+
+    small = GraphCache(unfused=chain, fused=None, config=FusionConfig(cudagraphs=True), device=dev)
+    ids = torch.randint(0, VOCAB, (1, 1), device=dev)
+    for _ in range(3):
+        torch.testing.assert_close(small(ids, table)[0], chain(ids, table)[0])
+    (row,) = small.describe()
+    assert row["captured"] is True and row["decision"] is None and row["mode"] == GRAPH_REPLAY

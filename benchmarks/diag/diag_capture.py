@@ -2,7 +2,7 @@
 
 import torch
 
-from fusebackend.runtime import cudagraph_cache as cc
+from fusebackend.runtime import capture as cc
 
 
 def fn_ok(x):

@@ -1,97 +1,36 @@
-"""Process-wide counters, the global fusion switch, and the registry of live graph caches.
+"""The public runtime controls: ``stats()``, ``reset_stats()``, ``clear_cache()`` and the fusion
+switch.
 
-Counters are plain integer fields incremented by ``cudagraph_cache`` at the point where the
-event happens (a capture that succeeded, a key that left "fusion", ...); nothing here guesses
-them after the fact. ``stats()`` adds a snapshot of every live ``GraphCache``.
+Reads the counters and the cache registry of ``counters.py`` (where the graph caches write),
+so this module imports the graph cache's modules and none of them imports it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
-import threading
-import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from fusebackend.runtime.cudagraph_cache import GraphCache
+from fusebackend.runtime.capture import pool_bytes, release_pools
+from fusebackend.runtime.counters import (
+    COUNTERS,
+    Counters,
+    fusion_enabled,
+    live_caches,
+    set_fusion_enabled,
+)
 
 __all__ = [
     "COUNTERS",
     "Counters",
     "clear_cache",
     "fusion_enabled",
-    "register_cache",
     "reset_stats",
     "set_fusion_enabled",
     "stats",
 ]
-
-
-@dataclasses.dataclass(slots=True)
-class Counters:
-    """Event counts since the last ``reset_stats()`` (meanings: see ``stats``)."""
-
-    cache_hits: int = 0
-    cache_misses: int = 0
-    recordings: int = 0
-    fusion_attempts: int = 0
-    fusion_successes: int = 0
-    fusion_fallbacks: int = 0
-    evictions: int = 0
-    rerecords: int = 0
-    capture_failures: int = 0
-
-    def reset(self) -> None:
-        for field in dataclasses.fields(self):
-            setattr(self, field.name, 0)
-
-    def as_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
-
-
-COUNTERS = Counters()
-
-_fusion_enabled = True
-
-# Caches register themselves so clear_cache() and stats() can reach every compiled graph
-# without keeping any of them alive. WeakSet iteration is not safe against a concurrent add
-# from another thread ("Set changed size during iteration"), hence the lock.
-_CACHES: weakref.WeakSet[GraphCache] = weakref.WeakSet()
-_CACHES_LOCK = threading.Lock()
-
-
-def register_cache(cache: GraphCache) -> None:
-    with _CACHES_LOCK:
-        _CACHES.add(cache)
-
-
-def _live_caches() -> list[GraphCache]:
-    with _CACHES_LOCK:
-        return list(_CACHES)
-
-
-def fusion_enabled() -> bool:
-    """Whether compiled graphs run their fused version (see ``set_fusion_enabled``)."""
-    return _fusion_enabled
-
-
-def set_fusion_enabled(enabled: bool) -> None:
-    """Switch fusion on or off for every compiled graph, from the next call on.
-
-    No recompile: the switch is part of every cache key, so with fusion off a call finds (or
-    records) the unfused entry of its signature ("graph_replay" or "eager"), and switching
-    back finds the fused entries again if they were not evicted meanwhile.
-    """
-    global _fusion_enabled
-    if not isinstance(enabled, bool):
-        raise TypeError(
-            f"set_fusion_enabled expects a bool, got {type(enabled).__name__} ({enabled!r})"
-        )
-    _fusion_enabled = enabled
 
 
 def reset_stats() -> None:
@@ -106,12 +45,9 @@ def clear_cache() -> None:
     (and, with ``torch.cuda.empty_cache()``, to the device). Outputs a caller still holds
     (``static_outputs=True`` views) keep their own memory alive. Counters are not reset.
     """
-    # cudagraph_cache imports this module for the counters, so it is imported here, late.
-    from fusebackend.runtime import cudagraph_cache
-
-    for cache in _live_caches():
+    for cache in live_caches():
         cache.clear()
-    cudagraph_cache.release_pools()
+    release_pools()
     # The collection is for device memory held by reference cycles (tensors inside a cycle
     # with the model); without CUDA there is none, and a full collection costs ~0.1 s.
     if torch.cuda.is_initialized():
@@ -157,19 +93,17 @@ def stats() -> dict[str, Any]:
     name and number, whether the fused graph is selected, then each non-static input (dtype
     and shape, then strides if not contiguous and device if not the graph's own).
     """
-    from fusebackend.runtime import cudagraph_cache
-
     result: dict[str, Any] = {
-        "enabled": _fusion_enabled,
+        "enabled": fusion_enabled(),
         "fusion_scheduler_available": _scheduler_available(),
     }
-    rows = [row for cache in _live_caches() for row in cache.stats_rows()]
+    rows = [row for cache in live_caches() for row in cache.stats_rows()]
     result["cache_size"] = len(rows)
     result.update(COUNTERS.as_dict())
     result["cached_shapes"] = [row.shapes for row in rows]
     result["fusion_modes"] = {row.label: row.mode for row in rows}
     result["fallback_reasons"] = {row.label: row.reason for row in rows if row.reason}
-    result["graph_pool_bytes"] = cudagraph_cache.pool_bytes()
+    result["graph_pool_bytes"] = pool_bytes()
     return result
 
 

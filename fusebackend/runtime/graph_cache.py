@@ -1,0 +1,657 @@
+"""GraphCache: one captured CUDA graph per input signature, with a counted fallback chain.
+
+A compiled graph is wrapped in a ``GraphCache``. Each call builds a signature key (a plain
+tuple: shape, stride, dtype and device of every non-static tensor input, type and value of
+every other input, and whether the fused graph is selected). The key picks an entry whose
+mode says how the call runs:
+
+    "fusion"        the fused callable; captured in a CUDA graph when capture is on
+    "graph_replay"  the unfused callable, captured (capture on only)
+    "eager"         the unfused callable, run directly
+
+A new key starts in "fusion" when a fused callable exists and fusion is enabled, else in the
+first unfused mode. It moves down the chain, once, with the reason recorded and logged:
+the fused callable raises on its first run or (``validate``) its outputs differ from the
+unfused ones -> unfused; a capture fails (host sync such as ``.item()``, CPU tensors,
+out of memory) -> "graph_replay" from "fusion", "eager" from "graph_replay". A key's
+final verdict is remembered, so a key that fell back never retries after an eviction.
+
+Captured entries: warm-up runs on a side stream, capture goes into one memory pool shared
+by all graphs of the device (``torch.cuda.graph_pool_handle()``). Non-static tensor inputs
+are copied into static buffers on each replay; static inputs (parameters, buffers) are used
+in place and their addresses checked on each hit (a change re-records). CPU inputs the
+graph wants on the device (``host_inputs``) are copied through pinned staging buffers
+without a host sync. Outputs are cloned unless ``static_outputs``.
+
+Each call executes the model's in-place effects exactly once: a new key's call runs its
+graph on private copies of the mutated inputs, captures, and commits the winning run's
+values into the caller's tensors last (``effects.py``). A key whose outputs are large times
+replay + copy against a direct run on its first calls and keeps the faster (``payoff.py``).
+Captures and dropped entries are ordered against replays on other streams (``capture.py``).
+
+Inference only: capture records no autograd graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from fusebackend.config import FusionConfig
+from fusebackend.runtime import capture as _capture
+from fusebackend.runtime import payoff
+from fusebackend.runtime.buckets import pad, slice_outputs
+from fusebackend.runtime.counters import COUNTERS, register_cache
+from fusebackend.runtime.effects import Effects, RngState, write_back
+from fusebackend.runtime.keys import Key, Signatures, label, shapes, static_ptrs_equal
+from fusebackend.runtime.staging import PinnedRing
+from fusebackend.runtime.validation import mismatch, one_line
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EAGER", "FUSION", "GRAPH_REPLAY", "GraphCache", "StatsRow"]
+
+FUSION = "fusion"
+GRAPH_REPLAY = "graph_replay"
+EAGER = "eager"
+
+# Fallback verdicts kept per cache after their entries are evicted; a few hundred bytes each.
+_MAX_VERDICTS = 1024
+
+_serials = itertools.count()
+
+# A key's remembered outcome: (mode, reason, whether it is captured).
+_Verdict = tuple[str, str | None, bool]
+
+
+class StatsRow(NamedTuple):
+    label: str
+    shapes: tuple[tuple[int, ...], ...]
+    mode: str
+    reason: str | None
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Entry:
+    mode: str
+    fn: Callable[..., Sequence[Any]]
+    reason: str | None = None
+    graph: Any = None  # torch.cuda.CUDAGraph (or a test double with .replay()), None if direct
+    copy_idx: tuple[int, ...] = ()  # inputs copied into static buffers on each replay
+    copy_bufs: list[Tensor] = dataclasses.field(default_factory=list)  # their buffers
+    host_copies: tuple[tuple[int, Tensor, PinnedRing], ...] = ()
+    write_back: tuple[tuple[int, Tensor], ...] = ()  # mutated inputs: (index, static buffer)
+    static_idx: list[int] = dataclasses.field(default_factory=list)
+    static_ptrs: list[int | None] = dataclasses.field(default_factory=list)
+    outputs: Sequence[Any] = ()
+    aliases: tuple[int | None, ...] = ()  # output j is input aliases[j] itself
+    out_tuple: bool = True
+    hits: int = 0
+    trial: payoff.CaptureTrial | None = None  # large outputs: is capture faster? (timing)
+    decision: str | None = None  # the trial's outcome
+
+    def resources(self) -> list[Any]:
+        """What a queued replay may still read: held by ``capture.retire`` once dropped."""
+        return [self.graph, self.copy_bufs, self.host_copies, self.outputs]
+
+
+class GraphCache:
+    """Run a compiled graph through per-signature CUDA graphs, falling back when needed.
+
+    Args:
+        unfused: The graph without fusion; returns a tuple or list of outputs.
+        fused: The fused graph, or None when nothing was fused.
+        config: Options; reads ``cudagraphs``, ``warmup_iterations``, ``max_graphs``,
+            ``batch_buckets``, ``static_outputs``, ``validate`` and ``fusion``.
+        device: The CUDA device the graph runs on; None for a CPU graph (never captured,
+            no CUDA call at all).
+        static_input_indices: Inputs used in place (parameters, buffers): not copied, not
+            padded, not in the key; their addresses are checked on each hit.
+        mutated_input_indices: Inputs the graph writes into; the write reaches the caller's
+            tensor exactly once per call.
+        host_inputs: Input index -> device, for inputs the caller passes on the CPU but the
+            graph reads on that device; the copy becomes part of the replayed input copy.
+        name: Used in logs and readable keys.
+        batch_size_input_indices: Integer inputs that carry the batch size (a dynamic-shape
+            symbol); with ``batch_buckets`` they are replaced by the bucket like the padded
+            tensors. Other integers are passed unchanged.
+    """
+
+    def __init__(
+        self,
+        *,
+        unfused: Callable[..., Sequence[Any]],
+        fused: Callable[..., Sequence[Any]] | None,
+        config: FusionConfig,
+        device: torch.device | None,
+        static_input_indices: frozenset[int] = frozenset(),
+        mutated_input_indices: frozenset[int] = frozenset(),
+        host_inputs: Mapping[int, torch.device] | None = None,
+        name: str = "graph",
+        batch_size_input_indices: frozenset[int] = frozenset(),
+    ) -> None:
+        if device is not None and device.type != "cuda":
+            device = None  # only CUDA graphs are captured; anything else runs directly
+        self._unfused = unfused
+        self._fused = fused if config.fusion else None
+        self._config = config
+        self._device = device
+        self._static = frozenset(static_input_indices)
+        self._mutated = tuple(sorted(mutated_input_indices))
+        self._host = dict(host_inputs or {}) if device is not None else {}
+        self._batch_ints = frozenset(batch_size_input_indices)
+        self.name = name
+        self._label_prefix = f"{name}#{next(_serials)}"
+        self._buckets = config.batch_buckets
+        self._static_outputs = config.static_outputs
+        self._capture = device is not None and (
+            config.cudagraphs is True or (config.cudagraphs is None and torch.cuda.is_available())
+        )
+        # Device whose replays are ordered across streams (None: test doubles without CUDA).
+        self._replay_device: int | None = None
+        if self._capture and torch.cuda.is_available():
+            index = device.index
+            self._replay_device = index if index is not None else torch.cuda.current_device()
+        # Where a key goes when the fused graph is not (or no longer) an option.
+        self._unfused_mode = GRAPH_REPLAY if self._capture else EAGER
+        self._entries: OrderedDict[Key, _Entry] = OrderedDict()
+        self._verdicts: dict[Key, _Verdict] = {}
+        self._warned = False  # this cache's one warning (fallback or eviction) was issued
+        self._evicting = False
+        # Held for lookup, misses and the whole copy-in/replay/copy-out of captured entries:
+        # static buffers are shared by every call of a key. Reentrant: a callable that calls
+        # back into this cache (a compiled function calling itself) must not deadlock.
+        self._lock = threading.RLock()
+        self._signatures = Signatures(self._static, self._fused is not None, self._capture)
+        register_cache(self)
+
+    # ----------------------------------------------------------------------------- hot path
+
+    def __call__(self, *args: Any) -> Sequence[Any]:
+        user_args = args
+        batch = bucket = None
+        if self._buckets is not None:
+            args, batch, bucket = pad(args, self._buckets, self._static, self._batch_ints)
+        key = self._signatures.key(args)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                COUNTERS.cache_misses += 1
+                verdict = self._verdicts.get(key)
+                return self._new_entry(key, verdict, args, user_args, batch, bucket)
+            self._entries.move_to_end(key)
+            COUNTERS.cache_hits += 1
+            entry.hits += 1
+            if entry.graph is not None:
+                if entry.static_idx and not static_ptrs_equal(
+                    args, entry.static_ptrs, entry.static_idx
+                ):
+                    return self._rerecord(key, entry, args, user_args, batch, bucket)
+                if entry.trial is not None:
+                    return self._trial_call(key, entry, args, user_args, batch, bucket)
+                return self._replay(entry, args, user_args, batch, bucket)
+        # Direct entries share no buffers between calls: run outside the lock.
+        if entry.mode != FUSION:
+            return self._direct(entry.fn, args, user_args, batch, bucket)
+        try:
+            return self._direct(entry.fn, args, user_args, batch, bucket)
+        except Exception as exc:
+            if self._mutated:  # the fused graph may have written half its mutations
+                raise
+            # The unfused graph tells the model's own errors (it fails too: the fused error,
+            # which names the bad value, is raised) from a failing fused kernel (fall back,
+            # once, with the reason).
+            try:
+                outputs = self._direct(self._unfused, args, user_args, batch, bucket)
+            except Exception:
+                raise exc from None
+            with self._lock:
+                why = f"fused graph raised {type(exc).__name__}: {one_line(exc)}"
+                mode, reason = self._fall_back(key, FUSION, self._unfused_mode, why, entry.reason)
+                entry.mode, entry.fn, entry.reason = mode, self._unfused, reason
+                self._remember(key, (mode, reason, False))
+            return outputs
+
+    def _replay(
+        self,
+        entry: _Entry,
+        args: tuple[Any, ...],
+        user_args: tuple[Any, ...],
+        batch: int | None,
+        bucket: int | None,
+    ) -> Sequence[Any]:
+        if self._replay_device is None:
+            return self._enqueue_replay(entry, args, user_args, batch, bucket)
+        with _capture.replay_lock():
+            _capture.wait_for_last_replay(self._replay_device)
+            return self._enqueue_replay(entry, args, user_args, batch, bucket)
+
+    def _enqueue_replay(
+        self,
+        entry: _Entry,
+        args: tuple[Any, ...],
+        user_args: tuple[Any, ...],
+        batch: int | None,
+        bucket: int | None,
+    ) -> Sequence[Any]:
+        """Copy the inputs in, replay, write mutations back, clone the outputs: all queued
+        on the caller's current stream."""
+        if entry.copy_bufs:
+            # One call for all inputs (a single multi-tensor kernel where dtypes agree).
+            torch._foreach_copy_(entry.copy_bufs, [args[i] for i in entry.copy_idx])
+        for i, buf, ring in entry.host_copies:
+            ring.copy(buf, args[i])
+        entry.graph.replay()
+        for i, buf in entry.write_back:
+            dst = user_args[i]
+            dst.copy_(buf if batch is None else buf[: dst.shape[0]])
+        clone = not self._static_outputs
+        result = []
+        for out, alias in zip(entry.outputs, entry.aliases, strict=True):
+            if alias is not None:
+                result.append(user_args[alias])
+            elif isinstance(out, Tensor):
+                if bucket is not None and out.dim() and out.shape[0] == bucket:
+                    out = out[:batch]
+                result.append(out.clone() if clone else out)
+            else:
+                result.append(out)
+        return tuple(result) if entry.out_tuple else result
+
+    def _direct(
+        self,
+        fn: Callable[..., Sequence[Any]],
+        args: tuple[Any, ...],
+        user_args: tuple[Any, ...],
+        batch: int | None,
+        bucket: int | None,
+    ) -> Sequence[Any]:
+        call_args = self._to_device(args) if self._host else args
+        outputs = fn(*call_args)
+        if call_args is not user_args:
+            write_back(self._mutated, call_args, user_args)
+        return outputs if bucket is None else slice_outputs(outputs, batch, bucket)
+
+    # ------------------------------------------------------------------------ miss handling
+
+    def _new_entry(
+        self,
+        key: Key,
+        verdict: _Verdict | None,
+        args: tuple[Any, ...],
+        user_args: tuple[Any, ...],
+        batch: int | None,
+        bucket: int | None,
+    ) -> Sequence[Any]:
+        """First call of a signature (again after an eviction or a re-record): run the graph
+        (validated, for a new fused key), capture it, and commit the call's in-place effects
+        into the caller's tensors once, last (``effects.Effects``)."""
+        if verdict is not None:
+            mode, reason, capture = verdict
+        else:
+            mode, reason, capture = (FUSION if key[0] else self._unfused_mode), None, True
+        capture = capture and self._capture and mode != EAGER
+        if capture:
+            _capture.join_replay_order(self._replay_device)
+        effects = Effects(self._to_device(args) if self._host else args, self._mutated)
+        if mode == FUSION and verdict is None:
+            outputs, winner, failure = self._first_fused_run(effects)
+            if failure is not None:
+                mode, reason = self._fall_back(key, FUSION, self._unfused_mode, failure, reason)
+        else:
+            winner = effects.isolate()
+            outputs = self._callable(mode)(*winner)
+        try:
+            # Warm-up and capture write mutated static inputs (parameters, buffers, a KV
+            # cache marked static) in place; the commit below overwrites whatever they did.
+            entry = self._settle(key, mode, reason, capture, args)
+        finally:
+            effects.commit(winner, user_args)
+            if capture:
+                _capture.join_replay_order(self._replay_device)
+        self._insert(key, entry)
+        outputs = effects.own_outputs(outputs, winner, user_args)
+        return outputs if bucket is None else slice_outputs(outputs, batch, bucket)
+
+    def _first_fused_run(self, effects: Effects) -> tuple[Sequence[Any], list[Any], str | None]:
+        """Run the fused callable once, validating it; return (outputs, the inputs of the run
+        whose effects count, failure reason or None).
+
+        The fused and the reference run each write into their own copies of the mutated
+        inputs (``effects.isolate``), so a fused callable that fails halfway leaves no trace.
+        """
+        assert self._fused is not None
+        COUNTERS.fusion_attempts += 1
+        fused_args = effects.isolate()
+        # The reference run must draw the same random numbers (dropout in the graph) and
+        # leave the generators where one run of the model would.
+        rng = RngState(self._device)
+        try:
+            outputs = self._fused(*fused_args)
+        except Exception as exc:
+            # Run the unfused graph: if it raises too, the error is the model's own (an
+            # out-of-range index, a shape error) and reaches the caller as eager's would,
+            # without being counted or logged as a fusion failure.
+            rng.restore()
+            ref_args = effects.isolate()
+            try:
+                expected = self._unfused(*ref_args)
+            except Exception:
+                raise exc from None  # the fused error names the bad value (kernels' checks)
+            return expected, ref_args, f"fused graph raised {type(exc).__name__}: {one_line(exc)}"
+        winner, failure = fused_args, None
+        if self._config.validate:
+            ref_args = effects.isolate()
+            rng.restore()
+            expected = self._unfused(*ref_args)
+            failure = mismatch(outputs, expected, "output")
+            for i in effects.indices:
+                failure = failure or mismatch(
+                    [fused_args[i]], [ref_args[i]], f"mutated input {i} after"
+                )
+            if failure is not None:
+                failure = f"fused graph does not match the unfused graph: {failure}"
+                outputs, winner = expected, ref_args
+        if failure is None:
+            COUNTERS.fusion_successes += 1
+        return outputs, winner, failure
+
+    def _settle(
+        self, key: Key, mode: str, reason: str | None, capture: bool, args: tuple[Any, ...]
+    ) -> _Entry:
+        """Make the entry for ``key`` starting from ``mode``: capture, or fall back."""
+        entry = None
+        blocker = self._capture_blocker(args) if capture else None
+        if blocker is not None:
+            capture = False
+            if mode == FUSION:  # the fused graph runs directly (its kernels need no capture)
+                step = f"not captured: {blocker}"
+                reason = step if reason is None else f"{reason}; {step}"
+                log.log(self._warn_once(), "%s: %s %s", self.name, self._label(key), step)
+            else:
+                mode, reason = self._fall_back(key, mode, EAGER, blocker, reason)
+        while entry is None and capture and mode != EAGER:
+            try:
+                entry = self._record(mode, self._callable(mode), args)
+            except Exception as exc:
+                COUNTERS.capture_failures += 1
+                why = f"capture failed: {type(exc).__name__}: {one_line(exc)}"
+                next_mode = GRAPH_REPLAY if mode == FUSION else EAGER
+                mode, reason = self._fall_back(key, mode, next_mode, why, reason)
+        if entry is None:
+            entry = _Entry(mode, self._callable(mode))
+        entry.reason = reason
+        if reason is not None:
+            self._remember(key, (mode, reason, entry.graph is not None))
+        return entry
+
+    def _capture_blocker(self, args: tuple[Any, ...]) -> str | None:
+        """Why the graph must not be captured for these inputs, or None."""
+        for i in self._mutated:
+            a = args[i] if i < len(args) else None
+            if not isinstance(a, Tensor) or a.device.type != "cpu":
+                continue
+            # A CPU 0-d tensor (a counter on the host) is updated by a CPU kernel while the
+            # graph is captured, never on replay. Other CPU tensors fail capture anyway
+            # (capture_graph), except host inputs: the graph writes their device copy, which
+            # each replay copies back.
+            if a.dim() == 0:
+                return (
+                    f"input {i} is a CPU scalar tensor the graph writes in place: "
+                    f"a CUDA graph replay would not update it"
+                )
+        return None
+
+    def _callable(self, mode: str) -> Callable[..., Sequence[Any]]:
+        fn = self._fused if mode == FUSION else self._unfused
+        assert fn is not None
+        return fn
+
+    def _warn_once(self) -> int:
+        """WARNING for this cache's first noteworthy event, INFO after that."""
+        if self._warned:
+            return logging.INFO
+        self._warned = True
+        return logging.WARNING
+
+    def _remember(self, key: Key, verdict: _Verdict) -> None:
+        """Keep a key's fallback verdict, so it never retries (bounded: oldest dropped)."""
+        if key not in self._verdicts and len(self._verdicts) >= _MAX_VERDICTS:
+            del self._verdicts[next(iter(self._verdicts))]
+        self._verdicts[key] = verdict
+
+    def _fall_back(
+        self, key: Key, old: str, new: str, why: str, previous: str | None
+    ) -> tuple[str, str]:
+        if old == FUSION:
+            COUNTERS.fusion_fallbacks += 1
+        # One warning per cache (a fault on every one of 300 shapes is one warning, not 600);
+        # later events are logged at INFO. Every reason stays in stats()["fallback_reasons"].
+        level = self._warn_once()
+        log.log(level, "%s: %s -> %s for %s: %s", self.name, old, new, self._label(key), why)
+        step = f"{old} -> {new}: {why}"
+        return new, step if previous is None else f"{previous}; {step}"
+
+    def _rerecord(
+        self,
+        key: Key,
+        entry: _Entry,
+        args: tuple[Any, ...],
+        user_args: tuple[Any, ...],
+        batch: int | None,
+        bucket: int | None,
+    ) -> Sequence[Any]:
+        COUNTERS.rerecords += 1
+        moved = [i for i in entry.static_idx if args[i].data_ptr() != entry.static_ptrs[i]]
+        log.info(
+            "%s: static input(s) %s changed address; re-recording %s",
+            self.name,
+            moved,
+            self._label(key),
+        )
+        # Drop the old graph before capturing the new one so both never coexist in memory.
+        del self._entries[key]
+        self._drop(entry)
+        outputs = self._new_entry(
+            key, (entry.mode, entry.reason, True), args, user_args, batch, bucket
+        )
+        self._entries[key].hits = entry.hits
+        return outputs
+
+    def _trial_call(
+        self,
+        key: Key,
+        entry: _Entry,
+        args: tuple[Any, ...],
+        user_args: tuple[Any, ...],
+        batch: int | None,
+        bucket: int | None,
+    ) -> Sequence[Any]:
+        """One of the timed calls that decide whether capturing ``key`` pays (``payoff``):
+        replayed or run directly, in turn; each call runs the graph once either way."""
+        trial = entry.trial
+        assert trial is not None
+        replayed = trial.next_is_replay()
+        if replayed:
+            run = functools.partial(self._replay, entry, args, user_args, batch, bucket)
+        else:
+            run = functools.partial(self._direct, entry.fn, args, user_args, batch, bucket)
+        outputs, seconds = payoff.time_call(run, self._replay_device)
+        trial.add(replayed, seconds)
+        verdict = trial.verdict()
+        if verdict is None:
+            return outputs
+        keep, why = verdict
+        log.info("%s: %s %s", self.name, self._label(key), why)
+        entry.trial, entry.decision = None, why
+        if not keep:
+            mode = FUSION if entry.mode == FUSION else EAGER
+            step = why if mode == entry.mode else f"{entry.mode} -> {mode}: {why}"
+            reason = step if entry.reason is None else f"{entry.reason}; {step}"
+            self._entries[key] = _Entry(mode, entry.fn, reason, hits=entry.hits, decision=why)
+            self._remember(key, (mode, reason, False))
+            self._drop(entry)
+        return outputs
+
+    def _record(self, mode: str, fn: Callable[..., Sequence[Any]], args: tuple[Any, ...]) -> _Entry:
+        inputs = list(args)
+        copies: list[tuple[int, Tensor]] = []
+        host_copies: list[tuple[int, Tensor, PinnedRing]] = []
+        static_idx: list[int] = []
+        static_ptrs: list[int | None] = [None] * len(args)
+        for i, a in enumerate(args):
+            if not isinstance(a, Tensor):
+                continue
+            if i in self._static:
+                static_idx.append(i)
+                static_ptrs[i] = a.data_ptr()
+            elif a.dim() == 0 and a.device.type == "cpu":
+                continue  # read on the host at capture, baked in: its value is in the key
+            elif i in self._host and a.device.type == "cpu":
+                buf = torch.empty_like(a, device=self._host[i])
+                ring = PinnedRing(a)
+                ring.copy(buf, a)
+                host_copies.append((i, buf, ring))
+                inputs[i] = buf
+            else:
+                buf = torch.empty_like(a)
+                buf.copy_(a)
+                copies.append((i, buf))
+                inputs[i] = buf
+        graph, outputs = _capture.capture_graph(
+            fn, inputs, device=self._device, warmup_iterations=self._config.warmup_iterations
+        )
+        COUNTERS.recordings += 1
+        in_place = {id(inputs[i]): i for i, a in enumerate(args) if isinstance(a, Tensor)}
+        host_idx = {i for i, _, _ in host_copies}
+        aliases = tuple(
+            in_place.get(id(out)) if isinstance(out, Tensor) else None for out in outputs
+        )
+        # A returned host input lives on the device in the graph; the caller's tensor is on
+        # the CPU, so it is returned as a device copy like any other output.
+        aliases = tuple(None if a in host_idx else a for a in aliases)
+        buffers = {i: buf for i, buf in copies} | {i: buf for i, buf, _ in host_copies}
+        large = payoff.output_bytes(outputs, aliases) >= payoff.LARGE_OUTPUT_BYTES
+        return _Entry(
+            mode=mode,
+            fn=fn,
+            graph=graph,
+            copy_idx=tuple(i for i, _ in copies),
+            copy_bufs=[buf for _, buf in copies],
+            host_copies=tuple(host_copies),
+            write_back=tuple((i, buffers[i]) for i in self._mutated if i in buffers),
+            static_idx=static_idx,
+            static_ptrs=static_ptrs,
+            outputs=tuple(outputs),
+            aliases=aliases,
+            out_tuple=isinstance(outputs, tuple),
+            # Kept outputs are copied after each replay; static_outputs copies nothing.
+            trial=payoff.CaptureTrial() if large and not self._static_outputs else None,
+        )
+
+    def _insert(self, key: Key, entry: _Entry) -> None:
+        self._entries[key] = entry
+        while len(self._entries) > self._config.max_graphs:
+            old_key, old = self._entries.popitem(last=False)
+            self._drop(old)
+            COUNTERS.evictions += 1
+            if not self._evicting:
+                self._evicting = True
+                log.log(
+                    self._warn_once(),
+                    "%s: more than max_graphs=%d input signatures; the oldest are evicted "
+                    "and re-captured when they return (raise max_graphs, or use batch_buckets "
+                    "for varying batch sizes)",
+                    self.name,
+                    self._config.max_graphs,
+                )
+            log.debug(
+                "%s: evicted %s (max_graphs=%d)",
+                self.name,
+                self._label(old_key),
+                self._config.max_graphs,
+            )
+
+    def _drop(self, entry: _Entry) -> None:
+        """Let go of a dropped entry's graph and buffers once no queued replay reads them."""
+        if entry.graph is not None:
+            _capture.retire(entry.resources(), self._replay_device)
+
+    # ------------------------------------------------------------------------- arg plumbing
+
+    def _to_device(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        moved = list(args)
+        for i, device in self._host.items():
+            if i < len(args) and isinstance(args[i], Tensor) and args[i].device.type == "cpu":
+                moved[i] = args[i].to(device, non_blocking=True)
+        return tuple(moved)
+
+    # -------------------------------------------------------------------------- inspection
+
+    def key_for(self, *args: Any) -> Key:
+        """The cache key a call with ``args`` uses (after batch-bucket padding)."""
+        if self._buckets is not None:
+            args = pad(args, self._buckets, self._static, self._batch_ints)[0]
+        return self._signatures.key(args)
+
+    def mode_for(self, *args: Any) -> str | None:
+        """The mode a call with ``args`` would run in now, or None if it would be a miss."""
+        key = self.key_for(*args)
+        with self._lock:
+            entry = self._entries.get(key)
+        return None if entry is None else entry.mode
+
+    def describe(self) -> list[dict[str, Any]]:
+        """One dict per live entry: key (readable), mode, reason, captured, decision (whether
+        capture pays, for large outputs: see ``payoff``), hits."""
+        with self._lock:
+            items = list(self._entries.items())
+        return [
+            {
+                "key": self._label(key),
+                "mode": entry.mode,
+                "reason": entry.reason,
+                "captured": entry.graph is not None,
+                "decision": entry.decision
+                or ("timing replay + output copy against direct" if entry.trial else None),
+                "hits": entry.hits,
+            }
+            for key, entry in items
+        ]
+
+    def stats_rows(self) -> list[StatsRow]:
+        with self._lock:
+            items = list(self._entries.items())
+        return [
+            StatsRow(self._label(key), shapes(key), entry.mode, entry.reason)
+            for key, entry in items
+        ]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every entry (captured graphs, static buffers) and every fallback verdict."""
+        with self._lock:
+            for entry in self._entries.values():
+                self._drop(entry)
+            self._entries.clear()
+            self._verdicts.clear()
+
+    def __repr__(self) -> str:
+        return (
+            f"GraphCache({self._label_prefix}, device={self._device}, "
+            f"capture={self._capture}, entries={len(self._entries)})"
+        )
+
+    def _label(self, key: Key) -> str:
+        return label(self._label_prefix, self._device, key)

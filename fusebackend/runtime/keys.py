@@ -1,0 +1,113 @@
+"""Signature keys: which entry of a graph cache a call uses, and readable labels for them.
+
+A key is a plain tuple built without string work: whether the fused graph is selected, then
+(shape, stride, dtype, device) of every non-static tensor input and (type, value) of every
+other input, then the values of CPU 0-d tensors a captured graph bakes in. Static inputs
+(parameters, buffers) are not in the key: their addresses are checked instead
+(``static_ptrs_equal``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fusebackend.runtime.counters import fusion_enabled
+
+__all__ = ["Key", "Signatures", "contiguous_strides", "label", "shapes", "static_ptrs_equal"]
+
+Key = tuple[Any, ...]
+
+# C++ check used by torch's own cudagraph trees on the hot path (CUDA builds only):
+# all(tensors[i].data_ptr() == ptrs[i] for i in indices).
+_data_ptrs_equal: Callable[[Sequence[Any], list[int | None], list[int]], bool] | None = getattr(
+    torch._C, "_tensors_data_ptrs_at_indices_equal", None
+)
+
+
+class Signatures:
+    """Builds the keys of one graph cache.
+
+    Args:
+        static: Indices of static inputs (not in the key).
+        has_fused: Whether the cache has a fused graph (the key's first item is then the
+            global fusion switch, else always False).
+        bakes_cpu_scalars: Whether the graph is captured: CPU 0-d tensors (a Python float
+            under dynamic shapes becomes one) are then read on the host at capture and kept
+            by value, so their values are part of the key.
+    """
+
+    def __init__(self, static: frozenset[int], has_fused: bool, bakes_cpu_scalars: bool) -> None:
+        self._static = static
+        self._has_fused = has_fused
+        self._bakes = bakes_cpu_scalars
+        # (number of args, indices of the non-static ones, of the baked CPU scalars), swapped
+        # as one object so that a concurrent call never pairs one arity with the other's
+        # indices. Dynamo guards device and rank, so the sets are fixed per arity.
+        self._layout: tuple[int, tuple[int, ...], tuple[int, ...]] = (-1, (), ())
+
+    def key(self, args: tuple[Any, ...]) -> Key:
+        nargs, dynamic, scalars = self._layout
+        if nargs != len(args):
+            dynamic = tuple(i for i in range(len(args)) if i not in self._static)
+            scalars = tuple(
+                i
+                for i in dynamic
+                if self._bakes
+                and isinstance(args[i], Tensor)
+                and args[i].dim() == 0
+                and args[i].device.type == "cpu"
+            )
+            self._layout = (len(args), dynamic, scalars)
+        items = args if len(dynamic) == len(args) else [args[i] for i in dynamic]
+        return (
+            self._has_fused and fusion_enabled(),
+            *[
+                (a.shape, a.stride(), a.dtype, a.device) if isinstance(a, Tensor) else (type(a), a)
+                for a in items
+            ],
+            *[(float, args[i].item()) for i in scalars],
+        )
+
+
+def static_ptrs_equal(args: tuple[Any, ...], ptrs: list[int | None], idx: list[int]) -> bool:
+    """Whether every static input ``args[i]`` (i in ``idx``) is still at ``ptrs[i]``."""
+    if _data_ptrs_equal is not None:
+        return _data_ptrs_equal(list(args), ptrs, idx)  # the binding takes lists, not tuples
+    return all(args[i].data_ptr() == ptrs[i] for i in idx)
+
+
+def label(prefix: str, own: torch.device | None, key: Key) -> str:
+    """``"embed#0 fused (int64[4, 7], float16[7, 64]@cpu, 3)"``: strides shown when not
+    contiguous, the device when not the graph's own (``own``; None: the CPU)."""
+    own = own if own is not None else torch.device("cpu")
+    parts = []
+    for item in key[1:]:
+        if len(item) == 4:
+            shape, stride, dtype, device = item
+            text = f"{str(dtype).removeprefix('torch.')}{list(shape)}"
+            if tuple(stride) != contiguous_strides(shape):
+                text += f"/strides{tuple(stride)}"
+            if device.type != own.type or (own.index is not None and device != own):
+                text += f"@{device}"
+        else:
+            text = repr(item[1])
+        parts.append(text)
+    return f"{prefix} {'fused' if key[0] else 'unfused'} ({', '.join(parts)})"
+
+
+def shapes(key: Key) -> tuple[tuple[int, ...], ...]:
+    """Shapes of the key's tensor inputs."""
+    return tuple(tuple(item[0]) for item in key[1:] if len(item) == 4)
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides = []
+    step = 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
