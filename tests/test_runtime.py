@@ -157,6 +157,19 @@ def test_key_same_metadata_same_key_other_metadata_other_key():
     assert len(set(keys.values())) == len(keys)
 
 
+def test_staged_cpu_scalars_are_not_keyed_by_value_baked_ones_are():
+    """A CPU 0-d host input (a position counter the host part computes) is copied to the
+    device before each replay, so its value must stay out of the key: keyed by value, every
+    decode step was a new signature and a new capture."""
+    from fusebackend.runtime.keys import Signatures
+
+    x = torch.randn(4, 8)
+    staged = Signatures(frozenset(), False, bakes_cpu_scalars=True, staged=frozenset({1}))
+    assert staged.key((x, torch.tensor(3))) == staged.key((x, torch.tensor(4)))
+    baked = Signatures(frozenset(), False, bakes_cpu_scalars=True)
+    assert baked.key((x, torch.tensor(3))) != baked.key((x, torch.tensor(4)))
+
+
 def test_static_inputs_are_not_in_the_key_and_fusion_switch_is():
     cache = GraphCache(
         unfused=mul_add,

@@ -171,7 +171,9 @@ class GraphCache:
         # static buffers are shared by every call of a key. Reentrant: a callable that calls
         # back into this cache (a compiled function calling itself) must not deadlock.
         self._lock = threading.RLock()
-        self._signatures = Signatures(self._static, self._fused is not None, self._capture)
+        self._signatures = Signatures(
+            self._static, self._fused is not None, self._capture, frozenset(self._host)
+        )
         register_cache(self)
 
     # ----------------------------------------------------------------------------- hot path
@@ -514,14 +516,15 @@ class GraphCache:
             if i in self._static:
                 static_idx.append(i)
                 static_ptrs[i] = a.data_ptr()
-            elif a.dim() == 0 and a.device.type == "cpu":
-                continue  # read on the host at capture, baked in: its value is in the key
             elif i in self._host and a.device.type == "cpu":
+                # Before the 0-d case: a staged CPU scalar is copied in on every replay.
                 buf = torch.empty_like(a, device=self._host[i])
                 ring = PinnedRing(a)
                 ring.copy(buf, a)
                 host_copies.append((i, buf, ring))
                 inputs[i] = buf
+            elif a.dim() == 0 and a.device.type == "cpu":
+                continue  # read on the host at capture, baked in: its value is in the key
             else:
                 buf = torch.empty_like(a)
                 buf.copy_(a)

@@ -38,10 +38,20 @@ class Signatures:
         bakes_cpu_scalars: Whether the graph is captured: CPU 0-d tensors (a Python float
             under dynamic shapes becomes one) are then read on the host at capture and kept
             by value, so their values are part of the key.
+        staged: Indices of host inputs: copied to the device before each replay, so a CPU
+            0-d one (a position counter computed on the host) is not baked in and its value
+            stays out of the key (keyed by value, every decode step was a new capture).
     """
 
-    def __init__(self, static: frozenset[int], has_fused: bool, bakes_cpu_scalars: bool) -> None:
+    def __init__(
+        self,
+        static: frozenset[int],
+        has_fused: bool,
+        bakes_cpu_scalars: bool,
+        staged: frozenset[int] = frozenset(),
+    ) -> None:
         self._static = static
+        self._staged = staged
         self._has_fused = has_fused
         self._bakes = bakes_cpu_scalars
         # (number of args, indices of the non-static ones, of the baked CPU scalars), swapped
@@ -57,6 +67,7 @@ class Signatures:
                 i
                 for i in dynamic
                 if self._bakes
+                and i not in self._staged
                 and isinstance(args[i], Tensor)
                 and args[i].dim() == 0
                 and args[i].device.type == "cpu"
