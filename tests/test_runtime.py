@@ -1095,3 +1095,23 @@ def test_captures_and_evictions_join_the_replay_order(fake_capture, monkeypatch)
     assert len(cap._CAPTURE.retired) == 1  # y's entry, until its event completes
     cap.release_pools()  # clear_cache: waits for every retired entry, then lets them go
     assert cap._CAPTURE.retired == []
+
+
+def test_inputs_sharing_a_mutated_storage_keep_the_write_and_see_it():
+    """a = base, b = base[1:]: the graph writes through a and reads through b. The first
+    call of a signature runs on private copies (validation); cloned one by one, b's copy
+    missed a's write (wrong output) and, written back after a's, erased it."""
+    table, ids = torch.randn(11, 5), torch.randint(0, 11, (3,))
+
+    def step(ids, table, a, b):
+        a.add_(1.0)
+        return torch.nn.functional.embedding(ids, table) * 2.0 + b.sum()
+
+    compiled = torch.compile(step, backend="infinifuse", fullgraph=True)
+    base, eager_base = torch.zeros(4), torch.zeros(4)
+    with torch.no_grad():
+        for _ in range(3):
+            out = compiled(ids, table, base, base[1:])
+            expected = step(ids, table, eager_base, eager_base[1:])
+            torch.testing.assert_close(out, expected)
+            torch.testing.assert_close(base, eager_base)

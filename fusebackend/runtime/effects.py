@@ -38,19 +38,36 @@ class Effects:
     def __init__(self, args: Sequence[Any], mutated: Iterable[int]) -> None:
         self._args = list(args)
         self.indices = [i for i in mutated if i < len(args) and isinstance(args[i], Tensor)]
-        self._before = {i: _clone(args[i]) for i in self.indices}
+        # Inputs that share a storage with a mutated input (a = base, b = base[1:]) are
+        # snapshot and isolated as one storage, so a write through one is seen through the
+        # other and written back once. Cloned one by one, b's stale copy was written back
+        # after a's update and erased it (review finding).
+        self._shared = _shared_storages(self._args, self.indices)
+        in_shared = {i for group in self._shared for i in group}
+        self._before = {i: _clone(args[i]) for i in self.indices if i not in in_shared}
+        self._before_shared = [_storage_bytes(args[group[0]]).clone() for group in self._shared]
 
     def isolate(self) -> list[Any]:
         """The inputs, with each mutated one replaced by a private copy of its snapshot."""
         out = list(self._args)
-        for i in self.indices:
-            out[i] = _clone(self._before[i])
+        for i, before in self._before.items():
+            out[i] = _clone(before)
+        for group, before in zip(self._shared, self._before_shared, strict=True):
+            storage = before.clone().untyped_storage()
+            for i in group:
+                x = self._args[i]
+                out[i] = x.new_empty(0).set_(storage, x.storage_offset(), x.shape, x.stride())
         return out
 
     def commit(self, winner: Sequence[Any], user_args: Sequence[Any]) -> None:
         """Write the winning run's mutated inputs into the caller's tensors (sliced back
         from a padded batch). Called once per call, after everything else that ran."""
-        write_back(self.indices, winner, user_args)
+        shared = {i for group in self._shared for i in group}
+        write_back([i for i in self.indices if i not in shared], winner, user_args)
+        for group in self._shared:
+            src, dst = winner[group[0]], user_args[group[0]]
+            if _storage(src) != _storage(dst):
+                _storage_bytes(dst).copy_(_storage_bytes(src))
 
     def own_outputs(
         self, outputs: Sequence[Any], winner: Sequence[Any], user_args: Sequence[Any]
@@ -79,6 +96,25 @@ class Effects:
 
 def _storage(x: Tensor) -> int:
     return x.untyped_storage().data_ptr()
+
+
+def _storage_bytes(x: Tensor) -> Tensor:
+    """The whole storage under ``x`` as a flat uint8 tensor."""
+    storage = x.untyped_storage()
+    return torch.empty(0, dtype=torch.uint8, device=x.device).set_(storage, 0, (storage.nbytes(),))
+
+
+def _shared_storages(args: Sequence[Any], mutated: Sequence[int]) -> list[tuple[int, ...]]:
+    """Groups of tensor inputs (2 or more) that share a storage with a mutated input."""
+    by_storage: dict[tuple[torch.device, int], list[int]] = {}
+    for i, a in enumerate(args):
+        if isinstance(a, Tensor) and a.untyped_storage().nbytes() > 0:
+            by_storage.setdefault((a.device, _storage(a)), []).append(i)
+    groups = []
+    for members in by_storage.values():
+        if len(members) > 1 and any(i in mutated for i in members):
+            groups.append(tuple(members))
+    return groups
 
 
 def _clone(x: Tensor) -> Tensor:
