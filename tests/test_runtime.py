@@ -502,6 +502,29 @@ def test_parameter_address_change_rerecords(fake_capture):
     assert len(fake_capture) == 2 and fake_capture[1]().replays == 1
 
 
+def test_static_input_at_a_new_address_every_call_is_copied_after_three_moves(fake_capture):
+    """Mutated inputs are used in place (static); one passed fresh on every call (an output
+    buffer) would re-record every call. After 3 moves it is copied in like other inputs, and
+    the graph's write still reaches the caller's tensor."""
+    cache = GraphCache(
+        unfused=lambda x, out: (out.copy_(x * 2),),
+        fused=None,
+        config=FusionConfig(cudagraphs=True),
+        device=FAKE_CUDA,
+        static_input_indices=frozenset({1}),
+        mutated_input_indices=frozenset({1}),
+    )
+    x = torch.randn(8)
+    for call in range(8):
+        out = torch.zeros(8)
+        cache(x + call, out)
+        torch.testing.assert_close(out, (x + call) * 2)
+    s = stats()
+    assert s["rerecords"] == 3, s
+    assert s["recordings"] == 4, s  # first capture + 3 re-records, then replays with a copy
+    assert fake_capture[-1]().replays == 8 - 4
+
+
 # ------------------------------------------------------------------------------- controls
 
 

@@ -67,6 +67,11 @@ EAGER = "eager"
 # Fallback verdicts kept per cache after their entries are evicted; a few hundred bytes each.
 _MAX_VERDICTS = 1024
 
+# A static input (used in place: parameters, buffers, KV caches, every mutated input) that
+# arrives at a new address this many times is copied in from then on, like any other input:
+# an output buffer passed fresh on every call otherwise re-recorded the graph on every call.
+_MAX_ADDRESS_CHANGES = 3
+
 _serials = itertools.count()
 
 # A key's remembered outcome: (mode, reason, whether it is captured).
@@ -146,6 +151,10 @@ class GraphCache:
         self._config = config
         self._device = device
         self._static = frozenset(static_input_indices)
+        # Static inputs seen at a new address too often: copied in like the others (their
+        # values are still read on every call: only where the graph reads them changes).
+        self._moves: dict[int, int] = {}
+        self._copied_static: set[int] = set()
         self._mutated = tuple(sorted(mutated_input_indices))
         self._host = dict(host_inputs or {}) if device is not None else {}
         self._batch_ints = frozenset(batch_size_input_indices)
@@ -454,6 +463,18 @@ class GraphCache:
     ) -> Sequence[Any]:
         COUNTERS.rerecords += 1
         moved = [i for i in entry.static_idx if args[i].data_ptr() != entry.static_ptrs[i]]
+        for i in moved:
+            self._moves[i] = self._moves.get(i, 0) + 1
+            if self._moves[i] == _MAX_ADDRESS_CHANGES:
+                self._copied_static.add(i)
+                log.log(
+                    self._warn_once(),
+                    "%s: input %d changed address %d times; it is copied into the captured "
+                    "graph from now on instead of re-recording",
+                    self.name,
+                    i,
+                    _MAX_ADDRESS_CHANGES,
+                )
         log.info(
             "%s: static input(s) %s changed address; re-recording %s",
             self.name,
@@ -513,7 +534,7 @@ class GraphCache:
         for i, a in enumerate(args):
             if not isinstance(a, Tensor):
                 continue
-            if i in self._static:
+            if i in self._static and i not in self._copied_static:
                 static_idx.append(i)
                 static_ptrs[i] = a.data_ptr()
             elif i in self._host and a.device.type == "cpu":
