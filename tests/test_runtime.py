@@ -16,6 +16,7 @@ import weakref
 
 import pytest
 import torch
+from helpers import backend_warnings
 
 from fusebackend.config import FusionConfig
 from fusebackend.runtime import capture as cap
@@ -37,6 +38,7 @@ FAKE_CUDA = torch.device("cuda", 0)
 
 STATS_KEYS = {
     "enabled",
+    "ignored_options",
     "fusion_scheduler_available",
     "cache_size",
     "cache_hits",
@@ -523,6 +525,37 @@ def test_static_input_at_a_new_address_every_call_is_copied_after_three_moves(fa
     assert s["rerecords"] == 3, s
     assert s["recordings"] == 4, s  # first capture + 3 re-records, then replays with a copy
     assert fake_capture[-1]().replays == 8 - 4
+
+
+def test_cudagraphs_true_on_a_cpu_graph_is_reported_once(caplog):
+    cache = make(cudagraphs=True)  # device None: a CPU graph
+    x = torch.randn(3)
+    cache(x, x)
+    cache(x, x)
+    notes = stats()["ignored_options"]
+    assert list(notes.values()) == [
+        ["cudagraphs=True has no effect: the graph runs on the CPU; nothing is captured"]
+    ]
+    assert sum("cudagraphs=True has no effect" in m for m in backend_warnings(caplog)) == 1
+    assert stats()["recordings"] == 0
+
+
+def test_batch_buckets_without_a_batch_dimension_is_reported_once(caplog):
+    cache = make(batch_buckets=[2, 4])
+    for value in (1.0, 2.0):
+        torch.testing.assert_close(cache(torch.tensor(value), 3)[0], torch.tensor(value * 3 + 1))
+    (notes,) = stats()["ignored_options"].values()
+    assert notes == [
+        "batch_buckets=[2, 4] has no effect: the graph has no non-parameter tensor input "
+        "with a batch dimension"
+    ]
+    assert sum("batch_buckets" in m for m in backend_warnings(caplog)) == 1
+
+
+def test_options_that_take_effect_are_not_reported():
+    cache = make(batch_buckets=[2, 4])
+    cache(torch.randn(3, 2), torch.randn(3, 2))
+    assert stats()["ignored_options"] == {}
 
 
 # ------------------------------------------------------------------------------- controls

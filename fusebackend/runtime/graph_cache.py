@@ -159,12 +159,22 @@ class GraphCache:
         self._host = dict(host_inputs or {}) if device is not None else {}
         self._batch_ints = frozenset(batch_size_input_indices)
         self.name = name
-        self._label_prefix = f"{name}#{next(_serials)}"
+        self.label_prefix = f"{name}#{next(_serials)}"
         self._buckets = config.batch_buckets
         self._static_outputs = config.static_outputs
         self._capture = device is not None and (
             config.cudagraphs is True or (config.cudagraphs is None and torch.cuda.is_available())
         )
+        # Options the user set that cannot take effect on this graph, with the reason:
+        # logged once as a warning and listed by stats()["ignored_options"].
+        self.ignored_options: list[str] = []
+        if config.cudagraphs is True and not self._capture:
+            self._ignore(
+                "cudagraphs=True has no effect: "
+                + ("CUDA is not available" if device is not None else "the graph runs on the CPU")
+                + "; nothing is captured"
+            )
+        self._buckets_checked = self._buckets is None
         # Device whose replays are ordered across streams (None: test doubles without CUDA).
         self._replay_device: int | None = None
         if self._capture and torch.cuda.is_available():
@@ -191,6 +201,8 @@ class GraphCache:
         user_args = args
         batch = bucket = None
         if self._buckets is not None:
+            if not self._buckets_checked:
+                self._check_buckets(args)
             args, batch, bucket = pad(args, self._buckets, self._static, self._batch_ints)
         key = self._signatures.key(args)
         with self._lock:
@@ -404,6 +416,24 @@ class GraphCache:
         if reason is not None:
             self._remember(key, (mode, reason, entry.graph is not None))
         return entry
+
+    def _ignore(self, why: str) -> None:
+        self.ignored_options.append(why)
+        log.warning("%s: %s", self.name, why)
+
+    def _check_buckets(self, args: tuple[Any, ...]) -> None:
+        """Once, at the first call: batch_buckets needs a non-static tensor input with a
+        leading (batch) dim; a graph without one (only parameters and scalars) pads nothing."""
+        self._buckets_checked = True
+        if not any(
+            isinstance(a, Tensor) and a.dim() > 0
+            for i, a in enumerate(args)
+            if i not in self._static
+        ):
+            self._ignore(
+                f"batch_buckets={list(self._buckets or ())} has no effect: the graph has no "
+                "non-parameter tensor input with a batch dimension"
+            )
 
     def _capture_blocker(self, args: tuple[Any, ...]) -> str | None:
         """Why the graph must not be captured for these inputs, or None."""
@@ -673,9 +703,9 @@ class GraphCache:
 
     def __repr__(self) -> str:
         return (
-            f"GraphCache({self._label_prefix}, device={self._device}, "
+            f"GraphCache({self.label_prefix}, device={self._device}, "
             f"capture={self._capture}, entries={len(self._entries)})"
         )
 
     def _label(self, key: Key) -> str:
-        return label(self._label_prefix, self._device, key)
+        return label(self.label_prefix, self._device, key)

@@ -88,6 +88,10 @@ def stats() -> dict[str, Any]:
             its signature one step down the fallback chain.
         graph_pool_bytes: Device memory reserved by the shared graph memory pools (0 without
             CUDA).
+        ignored_options: Compiled graph (name#number) -> the options it was given that cannot
+            take effect on it, with the reason (``cudagraphs=True`` on a CPU graph or without
+            CUDA, ``batch_buckets`` on a graph with no batch dimension); each is also logged
+            once as a warning.
 
     Readable keys look like ``"embed#0 fused (int64[4, 7], float16[7, 64]@cpu, 3)"``: cache
     name and number, whether the fused graph is selected, then each non-static input (dtype
@@ -104,6 +108,11 @@ def stats() -> dict[str, Any]:
     result["fusion_modes"] = {row.label: row.mode for row in rows}
     result["fallback_reasons"] = {row.label: row.reason for row in rows if row.reason}
     result["graph_pool_bytes"] = pool_bytes()
+    result["ignored_options"] = {
+        cache.label_prefix: list(cache.ignored_options)
+        for cache in live_caches()
+        if cache.ignored_options
+    }
     return result
 
 
