@@ -259,6 +259,22 @@ def test_suite_quick_writes_rows_targets_and_merges(tmp_path):
     assert ("chain-prefill", "eager") in keys and ("chain-decode", "infinifuse") in keys
 
 
+def test_suite_help_is_complete():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    # The description's first sentence spans two lines of the docstring: all of it is shown.
+    assert "(fusion on\nand off) on an embedding chain" in done.stdout, done.stdout
+    assert "built from configs (random weights)." in done.stdout, done.stdout
+    for flag in ("--out-dir", "--device", "--quick", "--only", "--merge", "--list"):
+        line = next(ln for ln in done.stdout.splitlines() if ln.strip().startswith(flag))
+        assert len(line.split()) > 2, f"{flag} has no help text: {line!r}"
+
+
 def test_suite_targets_logic():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
