@@ -174,6 +174,8 @@ def generate(model: Any, prompt: torch.Tensor, new_tokens: int, **kwargs: Any) -
     pad = model.generation_config.pad_token_id
     if pad is None:  # random configs have none; generate warns and picks EOS without this
         pad = model.generation_config.eos_token_id
+    if isinstance(pad, list):  # some models list several EOS ids
+        pad = pad[0]
     out = model.generate(
         prompt,
         do_sample=False,
