@@ -14,7 +14,9 @@ way to compile generation::
 
 transformers compiles the forward only on accelerators (cuda, xpu, ...); on the CPU this
 example sets ``compile_config._compile_all_devices = True`` (transformers' own switch for
-that). Without CUDA, fused groups run their torch reference; ``--interpret`` runs the generated
+that). In transformers 5.23 the compiled forward runs the decode steps; the prefill runs
+uncompiled unless ``prefill_chunk_size`` is set (``GenerationMixin._prefill``), so stats show
+one signature, the decode step's. Without CUDA, fused groups run their torch reference; ``--interpret`` runs the generated
 Triton kernels in Triton's interpreter instead (slow).
 
 Prints the first generate's time (compilation included), tokens/s of a second generate (prefill
