@@ -11,7 +11,8 @@ Writes suite.json (environment, every row, targets), suite.md and suite.png unde
 (``torch._dynamo.reset()``, ``fusebackend.clear_cache()``, ``fusebackend.reset_stats()``)
 and is guarded: a failure is recorded in its row and the suite goes on. Compile caches:
 Inductor's are disabled and each row gets an empty Triton cache directory, so every first
-call is a cold compile (``--warm-caches`` keeps both).
+call is a cold compile (``--warm-caches`` keeps both). Without CUDA this script sets
+TRITON_INTERPRET=1, so infinifuse's rows run its generated kernels in Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -251,8 +252,15 @@ def merge(previous: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out-dir", default="benchmarks/results")
+    # The whole module docstring, line breaks kept: its first sentence spans two lines.
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out-dir",
+        default="benchmarks/results",
+        help="where suite.json, suite.md and suite.png go (default: %(default)s)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny configs (CPU smoke test)")
     parser.add_argument(
         "--only",
@@ -262,7 +270,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--backends", help=f"comma-separated subset of {','.join(measure.BACKENDS)}"
     )
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="default: cuda if available, else cpu",
+    )
     parser.add_argument(
         "--merge",
         action="store_true",

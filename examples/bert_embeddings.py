@@ -2,11 +2,13 @@
 
     python examples/bert_embeddings.py                  # the GPU when there is one, else the CPU
     python examples/bert_embeddings.py --dtype float16 --batch 8 --seq 128
+    python examples/bert_embeddings.py --interpret      # CPU: the Triton kernel in the interpreter
 
 The three lookups and their two adds become one generated Triton kernel (one group with three
 lookups); LayerNorm is a reduction and stays outside the group. Prints the fusion report, the
 group's lookups, and the compiled model's max error against eager. Needs no transformers: the
-module is written here with the shapes of ``transformers``' ``BertEmbeddings``.
+module is written here with the shapes of ``transformers``' ``BertEmbeddings``. Without CUDA the
+group runs its torch reference unless ``--interpret`` sets ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
@@ -16,15 +18,9 @@ import os
 import sys
 
 import torch
+import torch.nn as nn
 
-if not torch.cuda.is_available():
-    # Without a GPU, run the generated Triton kernels through Triton's interpreter. The
-    # variable must be set before Triton is first imported, which happens lazily below.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import torch.nn as nn  # noqa: E402
-
-import fusebackend  # noqa: E402  (only for explain/stats: the backend needs no import)
+import fusebackend  # only for explain/stats: the backend needs no import
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -66,9 +62,15 @@ class BertStyleEmbeddings(nn.Module):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default=default_device)
+    parser.add_argument("--device", default=default_device, help="default: cuda if available")
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
-    # The CPU default is small: the Triton interpreter runs the kernel in numpy, slowly.
+    parser.add_argument(
+        "--interpret",
+        action="store_true",
+        help="set TRITON_INTERPRET=1: on the CPU, run the generated Triton kernel in Triton's "
+        "interpreter (needs numpy; slow) instead of the group's torch reference",
+    )
+    # The CPU defaults are small: with --interpret the kernel runs in numpy, slowly.
     parser.add_argument("--batch", type=int, default=8 if default_device == "cuda" else 2)
     parser.add_argument("--seq", type=int, default=128 if default_device == "cuda" else 16)
     parser.add_argument("--hidden", type=int, default=768 if default_device == "cuda" else 64)
@@ -80,6 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> float:
     """Run the example; returns the max |compiled - eager| over the last call's output."""
     args = parse_args(argv)
+    if args.interpret:
+        # Triton reads the variable when a kernel is first compiled, which happens below.
+        os.environ["TRITON_INTERPRET"] = "1"
     device = torch.device(args.device)
     dtype = _DTYPES[args.dtype]
     torch.manual_seed(0)

@@ -5,6 +5,11 @@
     python examples/llama_generate.py --model-path DIR     # a local HF-format checkpoint
     python examples/llama_generate.py --tinyllama --backend reduce-overhead   # compare
     python examples/llama_generate.py --no-fusion          # infinifuse, fusion off
+    python examples/llama_generate.py --interpret          # CPU: Triton kernels in the interpreter
+
+Needs transformers: ``pip install -e ".[hf]"``. Without CUDA, fused groups run their torch
+reference (no slower than eager); ``--interpret`` sets ``TRITON_INTERPRET=1`` so the generated
+Triton kernels run in Triton's interpreter instead (numpy; about 10x slower: for checking them).
 
 The model is built from a ``LlamaConfig`` with random weights (nothing is downloaded), or
 loaded from ``--model-path``. The decode loop is written here: one prefill call over the
@@ -29,12 +34,7 @@ from typing import Any
 
 import torch
 
-if not torch.cuda.is_available():
-    # Without a GPU, run the generated Triton kernels through Triton's interpreter. Must be
-    # set before Triton is first imported: importing transformers' model classes does that.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import fusebackend  # noqa: E402  (only for stats: the backend needs no import)
+import fusebackend  # only for stats: the backend needs no import
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 BACKENDS = ("infinifuse", "eager", "inductor", "reduce-overhead", "none")
@@ -66,7 +66,13 @@ TINY = dict(
 def build_model(
     args: argparse.Namespace, device: torch.device, dtype: torch.dtype
 ) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    try:
+        from transformers import AutoModelForCausalLM, LlamaConfig
+    except ImportError as exc:
+        raise SystemExit(
+            f"{exc}: this example needs transformers; install it with "
+            'pip install -e ".[hf]" (from the repository root)'
+        ) from exc
 
     if args.model_path:
         model = AutoModelForCausalLM.from_pretrained(
@@ -206,16 +212,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="infinifuse",
         help="eager = torch.compile(backend='eager'); none = no compile",
     )
-    parser.add_argument("--enable-fusion", dest="fusion", action="store_true", default=True)
+    parser.add_argument(
+        "--enable-fusion",
+        dest="fusion",
+        action="store_true",
+        default=True,
+        help="infinifuse with fusion on (the default)",
+    )
     parser.add_argument(
         "--no-fusion",
         dest="fusion",
         action="store_false",
         help="infinifuse with options={'fusion': False}",
     )
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="default: cuda if available",
+    )
     parser.add_argument(
         "--dtype", choices=sorted(_DTYPES), help="default: float16 on cuda, float32 on cpu"
+    )
+    parser.add_argument(
+        "--interpret",
+        action="store_true",
+        help="set TRITON_INTERPRET=1: on the CPU, run the generated Triton kernels in Triton's "
+        "interpreter (needs numpy; slow) instead of the groups' torch reference",
     )
     parser.add_argument("--cache", choices=("static", "dynamic"), default="static")
     parser.add_argument("--batch", type=int, default=1)
@@ -237,6 +259,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the example; returns the numbers it prints (used by the smoke test)."""
     args = parse_args(argv)
+    if args.interpret:
+        # Triton reads the variable when a kernel is first compiled, which happens below.
+        os.environ["TRITON_INTERPRET"] = "1"
     device = torch.device(args.device)
     dtype = _DTYPES[args.dtype or ("float16" if device.type == "cuda" else "float32")]
     new_tokens = args.new_tokens or (64 if device.type == "cuda" else 8)

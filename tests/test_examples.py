@@ -2,8 +2,9 @@
 
 The examples run in this process (their ``main`` takes argv); the suite runs in a
 subprocess because it sets process-wide state (Inductor's cache switch, Triton's cache
-directory, warning filters). Tests that need transformers skip without it (CI installs only
-torch, triton, numpy, networkx, pytest and hypothesis). No test asserts a time.
+directory, warning filters). Tests that need transformers skip without it, except in CI
+(``CI=true``), where the test extra installs it and a skip would hide a broken install.
+No test asserts a time.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from types import ModuleType
 
 import pytest
 import torch
+
+import fusebackend
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,6 +42,44 @@ def _has_transformers() -> bool:
     except ImportError:
         return False
     return True
+
+
+def _needs_transformers() -> None:
+    """Skip without transformers, but fail in CI: .ci/run installs it (the test extra)."""
+    if _has_transformers():
+        return
+    if os.environ.get("CI", "").lower() in ("1", "true"):
+        pytest.fail('transformers is missing in CI: .ci/run installs it with ".[test]"')
+    pytest.skip('needs transformers: pip install -e ".[hf]"')
+
+
+def test_quickstart_example_fuses_and_matches_eager(capsys):
+    example = _load("examples/quickstart.py")
+    error = example.main([])
+    out = capsys.readouterr().out
+    assert "group0" in out and "mode fusion" in out, out
+    # tests/conftest.py sets TRITON_INTERPRET=1 without CUDA, so the kernel itself ran.
+    assert "| triton " in out, out
+    assert error <= 1e-5, out
+
+
+def test_examples_leave_triton_interpret_alone_without_the_flag(monkeypatch):
+    # Without CUDA a fused group runs its torch reference unless the user asks for Triton's
+    # interpreter (it decoded ~10x slower than fusion off on the CPU): no example sets it.
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    example = _load("examples/bert_embeddings.py")
+    argv = ["--device", "cpu", "--batch", "2", "--seq", "5", "--hidden", "24", "--vocab", "97"]
+    assert example.main(argv) <= 1e-5
+    assert "TRITON_INTERPRET" not in os.environ
+    report = fusebackend.last_report()
+    if not torch.cuda.is_available():
+        assert [g.backend for g in report.groups] == ["torch reference"], str(report)
+    torch._dynamo.reset()  # compile again: whether a group uses Triton is fixed at compile time
+    assert example.main([*argv, "--interpret"]) <= 1e-5
+    assert os.environ["TRITON_INTERPRET"] == "1"  # monkeypatch restores it after the test
+    if not torch.cuda.is_available():
+        groups = fusebackend.last_report().groups
+        assert [g.backend for g in groups] == ["triton"], str(fusebackend.last_report())
 
 
 def test_bert_embeddings_example_fuses_three_tables(capsys):
@@ -63,7 +104,7 @@ def test_bert_embeddings_example_module_matches_without_compile():
 
 
 def test_llama_generate_example_matches_eager():
-    pytest.importorskip("transformers")
+    _needs_transformers()
     example = _load("examples/llama_generate.py")
     argv = ["--device", "cpu", "--layers", "1", "--prompt-len", "6", "--new-tokens", "4"]
     result = example.main(argv)
@@ -79,7 +120,7 @@ def test_llama_generate_example_matches_eager():
 
 
 def test_llama_generate_example_no_fusion_and_dynamic_cache():
-    pytest.importorskip("transformers")
+    _needs_transformers()
     example = _load("examples/llama_generate.py")
     argv = [
         "--device",
@@ -99,6 +140,39 @@ def test_llama_generate_example_no_fusion_and_dynamic_cache():
     assert result["cache"] == "DynamicCache"
     assert result["tokens_match"], result
     assert set(result["stats"]["fusion_modes"].values()) <= {"eager", "graph_replay"}
+
+
+_HF_TINY = ["--tiny", "--layers", "2", "--prompt-len", "7", "--new-tokens", "6"]
+
+
+def test_hf_generate_example_matches_eager():
+    # mode="default" here; CompileConfig's own default (reduce-overhead) is the test below.
+    _needs_transformers()
+    example = _load("examples/hf_generate.py")
+    result = example.main([*_HF_TINY, "--device", "cpu", "--mode", "default"])
+    assert result["tokens_equal"] == 6 and result["tokens_match"], result
+    stats = result["stats"]
+    # generate compiled its forward through infinifuse (the decode graph at least) and every
+    # signature ran fused: nothing fell back.
+    assert stats["cache_misses"] >= 1 and stats["cache_hits"] >= 1, stats
+    assert set(stats["fusion_modes"].values()) == {"fusion"}, stats
+    assert stats["fusion_fallbacks"] == 0, stats["fallback_reasons"]
+    assert result["first_generate_s"] > 0 and result["tokens_per_s"] > 0
+
+
+def test_hf_generate_example_with_compile_configs_default_mode():
+    _needs_transformers()
+    example = _load("examples/hf_generate.py")
+    result = example.main([*_HF_TINY, "--device", "cpu"])
+    assert result["label"] == "CompileConfig(backend='infinifuse', mode='reduce-overhead')"
+    assert result["tokens_match"], result
+
+
+def test_hf_generate_example_names_the_extra_without_transformers(monkeypatch):
+    example = _load("examples/hf_generate.py")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    with pytest.raises(SystemExit, match=r'pip install -e "\.\[hf\]"'):
+        example.main(["--tiny", "--layers", "1"])
 
 
 def _run_suite(out_dir: Path, *args: str) -> dict:
@@ -176,6 +250,22 @@ def test_suite_quick_writes_rows_targets_and_merges(tmp_path):
     merged = _run_suite(tmp_path, "--only", "chain-prefill", "--backends", "eager", "--merge")
     keys = {(r["workload"], r["backend"]) for r in merged["rows"]}
     assert ("chain-prefill", "eager") in keys and ("chain-decode", "infinifuse") in keys
+
+
+def test_suite_help_is_complete():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    # The description's first sentence spans two lines of the docstring: all of it is shown.
+    assert "(fusion on\nand off) on an embedding chain" in done.stdout, done.stdout
+    assert "built from configs (random weights)." in done.stdout, done.stdout
+    for flag in ("--out-dir", "--device", "--quick", "--only", "--merge", "--list"):
+        line = next(ln for ln in done.stdout.splitlines() if ln.strip().startswith(flag))
+        assert len(line.split()) > 2, f"{flag} has no help text: {line!r}"
 
 
 def test_suite_targets_logic():

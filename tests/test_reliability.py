@@ -365,7 +365,7 @@ def test_denormals_flow_through_fused_chains_unflushed(dtype):
     # the kernel agree bit for bit unless one side flushes subnormals to zero.
     if dtype == torch.bfloat16 and launch.interpreter_enabled():
         pytest.skip(
-            "Triton 3.6's interpreter converts bf16 subnormals to fp32 wrongly (a plain "
+            "Triton's interpreter (3.6 and 3.7) converts bf16 subnormals to fp32 wrongly (a plain "
             "gather of 1.01e-39 reads 5.88e-39: interpreter.py _convert_float); the GPU "
             "test test_reliability_gpu.py covers bf16"
         )
