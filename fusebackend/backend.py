@@ -27,10 +27,10 @@ from fusebackend.kernels import (
     triton_usable,
 )
 from fusebackend.kernels.launch import layout_for
-from fusebackend.passes.partition import Candidate, find_groups
-from fusebackend.passes.rewrite import reference_module, rewrite
 from fusebackend.passes.graph import example_value, mutated_placeholders
 from fusebackend.passes.host_inputs import hoist_host_to_device
+from fusebackend.passes.partition import Candidate, find_groups
+from fusebackend.passes.rewrite import reference_module, rewrite
 from fusebackend.report import GraphReport, GroupReport, record
 from fusebackend.runtime.cudagraph_cache import GraphCache
 

@@ -71,7 +71,7 @@ class _Builder:
             self.inputs.append(node)
             self.dtypes.append(value.dtype)
             width = value.shape[-1] if value.dim() else 1
-            if role != "index" and width == 1:
+            if role != "index" and isinstance(width, int) and width == 1:
                 self.narrow.add(self.slots[key])
         return self.slots[key]
 

@@ -117,8 +117,8 @@ class _Grower:
         self.members: set[torch.fx.Node] = set()
         self.calls: dict[torch.fx.Node, OpCall] = {}
         self.stops: list[RejectionReport] = []
-        self.width: int | None = None  # the row width D once a value has one
-        self.shape: torch.Size | None = None  # broadcast of every value's shape
+        self.width: Any = None  # the row width D once a value has one (int or SymInt)
+        self.shape: tuple[Any, ...] | None = None  # broadcast of every value's shape
 
     def start(self) -> str | None:
         """Take the seed in; a reason when it cannot start a group."""
@@ -233,7 +233,7 @@ class _Grower:
                     return reason
             else:
                 (size,) = call.params["normalized_shape"]
-                if size != source.shape[-1]:
+                if not _same_size(size, source.shape[-1]):
                     return f"normalizes {size} elements of rows {source.shape[-1]} wide"
                 for extra in call.operands[1:]:
                     if isinstance(extra, torch.fx.Node) and example_value(extra).dim() != 1:
@@ -245,18 +245,15 @@ class _Grower:
         widths = [shape[-1] if len(shape) else 1] + [s[-1] for s in reduced]
         width = self.width
         for size in widths:
-            if not isinstance(size, int):
-                return f"row width {size} is symbolic"
-            if size == 1:
+            if _is_one(size):
                 continue
             if width is None:
                 width = size
-            elif size != width:
+            elif not _same_size(size, width):
                 return f"rows {size} wide in a group of rows {width} wide"
-        try:
-            group = torch.broadcast_shapes(*(s for s in (self.shape, shape) if s is not None))
-        except RuntimeError:
-            return f"shape {tuple(shape)} does not broadcast with the group's {tuple(self.shape)}"
+        group = _broadcast(self.shape, shape) if self.shape is not None else tuple(shape)
+        if group is None:
+            return f"shape {tuple(shape)} does not broadcast with the group's {self.shape}"
         self.width, self.shape = width, group
         return None
 
@@ -299,6 +296,34 @@ class _Grower:
         return None
 
 
+# Sizes may be SymInts (dynamic=True). Comparing those with == would add guards after
+# Dynamo has installed its own, so they are compared by their symbolic expression; Dynamo
+# specialises sizes 0 and 1, so a symbolic size is never 1.
+def _is_one(size: Any) -> bool:
+    return isinstance(size, int) and size == 1
+
+
+def _same_size(a: Any, b: Any) -> bool:
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return str(a) == str(b)
+
+
+def _broadcast(a: Sequence[Any], b: Sequence[Any]) -> tuple[Any, ...] | None:
+    """Eager's broadcast of two shapes, or None when they do not broadcast."""
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b):
+        if _is_one(x) or _same_size(x, y):
+            out.append(y)
+        elif _is_one(y):
+            out.append(x)
+        else:
+            return None
+    return tuple(out)
+
+
 def _is_real_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, torch.SymInt | torch.SymFloat)
 
@@ -316,8 +341,10 @@ def _describe_kind(node: torch.fx.Node) -> str:
     if name in _OTHER_REDUCTIONS:
         return f"a reduction not fused yet ({name})"
     if name in _VIEW_NAMES:
-        return (f"a view ({name}) of a value computed in the group: the kernel writes its "
-                "outputs contiguous and does not address its own values by new strides")  # fmt: skip
+        return (
+            f"a view ({name}) of a value computed in the group: the kernel writes its "
+            "outputs contiguous and does not address its own values by new strides"
+        )
     if node.op == "call_module":
         return f"a module call ({node.target})"
     return f"not an op in the table ({name or node.target})"
