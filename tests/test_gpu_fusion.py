@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import fusebackend
 from fusebackend.kernels import embedding_chain
-from fusebackend.kernels.ir import Const, RowProgram, InputRef, Instr, Lookup, ValueRef
+from fusebackend.kernels.ir import Const, InputRef, Instr, Lookup, RowProgram, ValueRef
 
 pytestmark = [
     pytest.mark.gpu,

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 import fusebackend.kernels.launch as launch
 from fusebackend.kernels import (
     Const,
-    RowProgram,
     InputRef,
     Instr,
     KernelOptions,
     Lookup,
+    RowProgram,
     ValueRef,
     embedding_chain,
     kernel_source,
