@@ -226,3 +226,18 @@ def test_views_of_external_operands_are_read_by_strides():
     actual, report = run_fused(fn, x, up, w)
     assert_close(actual, expected, rtol=1e-5, atol=1e-5)
     assert len(single_group(report).reductions) == 1
+
+
+def test_seed_whose_lookup_operand_closes_a_cycle():
+    # Found by the fuzzer: maximum seeds a group, the lookup would join it as an operand,
+    # but the matmul between them reads the lookup and feeds maximum. Before the cycle
+    # check ran for seeds, the rewrite raised "the rewritten graph has a cycle".
+    def fn(ids, table, square):
+        e = F.embedding(ids, table)
+        return torch.maximum(e @ square, e) * 2.0
+
+    ids, table, square = torch.randint(0, V, (2, 3)), torch.randn(V, 8), torch.randn(8, 8)
+    out, report = run_fused(fn, ids, table, square)
+    assert_close(out, eager(fn, ids, table, square))
+    assert "embedding" not in single_group(report).nodes, str(report)
+    assert any("(a cycle)" in r.reason for r in report.rejections), str(report)

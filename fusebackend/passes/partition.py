@@ -190,10 +190,12 @@ class _Grower:
         reason = self._check_rows(user, call)
         if reason:
             return f"consumer {user.name}: {reason}"
-        if self.members:
-            outside = self.p.path_outside({*self.members, user, *new_lookups})
-            if outside is not None:
-                return (f"consumer {user.name}: {outside.name} is computed from the group's "
+        outside = self.p.path_outside({*self.members, user, *new_lookups})
+        if outside is not None and new_lookups:  # the lookups stay outside, read as operands
+            new_lookups = []
+            outside = self.p.path_outside({*self.members, user})
+        if outside is not None:
+            return (f"consumer {user.name}: {outside.name} is computed from the group's "
                         "own values and feeds the group (a cycle)")  # fmt: skip
         span = [user, *new_lookups, *self.members]
         mutation = self.p.mutation_between(span)
