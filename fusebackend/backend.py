@@ -20,19 +20,14 @@ import torch.fx
 
 from fusebackend.config import FusionConfig
 from fusebackend.kernels import (
-    GroupSpec,
     KernelOptions,
+    RowProgram,
     embedding_chain,
     kernel_source,
     triton_usable,
 )
+from fusebackend.kernels.launch import layout_for
 from fusebackend.passes.constants import fold_constants
-from fusebackend.passes.embedding_fusion import (
-    Candidate,
-    find_groups,
-    reference_module,
-    rewrite,
-)
 from fusebackend.passes.graph import example_value
 from fusebackend.passes.host_inputs import (
     HostSplit,
@@ -41,6 +36,8 @@ from fusebackend.passes.host_inputs import (
     stage_scalars,
 )
 from fusebackend.passes.mutations import mutated_placeholders
+from fusebackend.passes.partition import Candidate, find_groups
+from fusebackend.passes.rewrite import reference_module, rewrite
 from fusebackend.report import GraphReport, GroupReport, record
 from fusebackend.runtime.graph_cache import GraphCache
 
@@ -60,13 +57,13 @@ class FusedGroupOp:
 
     def __init__(
         self,
-        spec: GroupSpec,
+        program: RowProgram,
         kernel_name: str,
         reference: torch.fx.GraphModule,
         device: torch.device,
         options: KernelOptions,
     ) -> None:
-        self.spec = spec
+        self.program = program
         self.reference = reference
         self.options = options
         self.use_triton = triton_usable(device)
@@ -75,7 +72,7 @@ class FusedGroupOp:
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.use_triton:
-            return embedding_chain(self.spec, inputs, options=self.options)
+            return embedding_chain(self.program, inputs, options=self.options)
         return tuple(self.reference(*inputs))
 
     def __repr__(self) -> str:
@@ -228,12 +225,13 @@ def _fuse(
     reports: list[GroupReport] = []
 
     def make_op(candidate: Candidate) -> FusedGroupOp:
-        assert candidate.spec is not None
-        rank = max(example_value(m).dim() for m in candidate.members) - 1
+        assert candidate.program is not None
         options = KernelOptions(config.index_checks, config.round_intermediates)
-        kernel_name, source = kernel_source(candidate.spec, rank, options)
-        group_device = example_value(candidate.lookups[0]).device
-        op = FusedGroupOp(candidate.spec, kernel_name, reference_module(candidate),
+        width = _static_width(candidate)
+        layout = layout_for(candidate.program, width)
+        kernel_name, source = kernel_source(candidate.program, candidate.rank, options, layout)
+        group_device = example_value(candidate.members[0]).device
+        op = FusedGroupOp(candidate.program, kernel_name, reference_module(candidate),
                           group_device, options)  # fmt: skip
         reports.append(
             GroupReport(
@@ -241,6 +239,9 @@ def _fuse(
                 kernel_name=kernel_name,
                 nodes=tuple(m.name for m in candidate.members),
                 lookups=tuple(m.name for m in candidate.lookups),
+                reductions=tuple(
+                    m.name for m, call in candidate.calls.items() if call.op.kind != "elementwise"
+                ),
                 inputs=tuple(n.name for n in candidate.inputs),
                 outputs=tuple(m.name for m in candidate.outputs),
                 source=source,
@@ -251,6 +252,13 @@ def _fuse(
 
     rewrite(graph, candidates, make_op)
     return torch.fx.GraphModule(gm, graph), reports, rejections
+
+
+def _static_width(candidate: Candidate) -> int:
+    """The group's row width as traced (the widest last dim of its members), for the
+    report's source: the launcher picks the layout again from each call's real width."""
+    widths = [example_value(m).shape[-1] for m in candidate.members]
+    return max((w for w in widths if isinstance(w, int)), default=1)
 
 
 def _batch_size_inputs(placeholders: list[torch.fx.Node], static: frozenset[int]) -> frozenset[int]:

@@ -23,6 +23,7 @@ class GroupReport:
     outputs: tuple[str, ...]  # node names whose values the kernel writes
     source: str  # generated Triton source
     backend: str  # "triton" or "torch reference" (no usable Triton for this device)
+    reductions: tuple[str, ...] = ()  # members that reduce along the row (norms included)
 
 
 @dataclasses.dataclass(frozen=True)

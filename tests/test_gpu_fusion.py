@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import fusebackend
 from fusebackend.kernels import embedding_chain
-from fusebackend.kernels.spec import Const, GroupSpec, InputRef, Instr, Lookup, ValueRef
+from fusebackend.kernels.ir import Const, InputRef, Instr, Lookup, RowProgram, ValueRef
 
 pytestmark = [
     pytest.mark.gpu,
@@ -37,14 +37,14 @@ class TokPos(nn.Module):
         return F.gelu(self.tok(ids) * self.scale + self.pos(pos_ids)) * 0.5 + self.bias
 
 
-def _chain_spec(dtype: torch.dtype) -> GroupSpec:
+def _chain_spec(dtype: torch.dtype) -> RowProgram:
     # v0 = tab[ids]; v1 = v0 * 2.5; v2 = v1 + bias
-    return GroupSpec(
+    return RowProgram(
         input_dtypes=(torch.int64, dtype, dtype),
         lookups=(Lookup(0, 1),),
         instrs=(
-            Instr("mul", "({0} * {1})", (ValueRef(0), Const("2.5")), dtype),
-            Instr("add", "({0} + {1})", (ValueRef(1), InputRef(2)), dtype),
+            Instr("mul", (ValueRef(0), Const("2.5")), dtype),
+            Instr("add", (ValueRef(1), InputRef(2)), dtype),
         ),
         outputs=(2,),
     )
@@ -128,11 +128,11 @@ def test_out_of_range_index_is_a_device_side_assert():
         """
         import torch
         from fusebackend.kernels import embedding_chain
-        from fusebackend.kernels.spec import Const, GroupSpec, InputRef, Instr, Lookup, ValueRef
+        from fusebackend.kernels.ir import Const, RowProgram, InputRef, Instr, Lookup, ValueRef
         f32 = torch.float32
-        spec = GroupSpec((torch.int64, f32, f32), (Lookup(0, 1),), (
-            Instr("mul", "({0} * {1})", (ValueRef(0), Const("2.5")), f32),
-            Instr("add", "({0} + {1})", (ValueRef(1), InputRef(2)), f32)), (2,))
+        spec = RowProgram((torch.int64, f32, f32), (Lookup(0, 1),), (
+            Instr("mul", (ValueRef(0), Const("2.5")), f32),
+            Instr("add", (ValueRef(1), InputRef(2)), f32)), (2,))
         table = torch.randn(10, 8, device="cuda")
         bias = torch.randn(8, device="cuda")
         ids = torch.tensor([[1, 2, 10]], device="cuda")

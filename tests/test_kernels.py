@@ -1,5 +1,5 @@
 """The launcher ``fusebackend.kernels.embedding_chain`` called directly with hand-written
-GroupSpecs: index dtypes and layouts, broadcast operands, odd widths, empty inputs, the
+RowPrograms: index dtypes and layouts, broadcast operands, odd widths, empty inputs, the
 host-side bounds check and the masked gather behind it."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 import fusebackend.kernels.launch as launch
 from fusebackend.kernels import (
     Const,
-    GroupSpec,
     InputRef,
     Instr,
     KernelOptions,
     Lookup,
+    RowProgram,
     ValueRef,
     embedding_chain,
     kernel_source,
@@ -36,12 +36,12 @@ def test_interpreter_is_active():
 def mul_add_spec(index_dtype, dtype, operand_dtype=None):
     """v0 = table[ids]; v1 = v0 * operand; v2 = v1 + 0.5  -> outputs (v2,)."""
     operand_dtype = operand_dtype or dtype
-    return GroupSpec(
+    return RowProgram(
         input_dtypes=(index_dtype, dtype, operand_dtype),
         lookups=(Lookup(index_slot=0, table_slot=1),),
         instrs=(
-            Instr("mul", "({0} * {1})", (ValueRef(0), InputRef(2)), dtype),
-            Instr("add", "({0} + {1})", (ValueRef(1), Const("0.5")), dtype),
+            Instr("mul", (ValueRef(0), InputRef(2)), dtype),
+            Instr("add", (ValueRef(1), Const("0.5")), dtype),
         ),
         outputs=(2,),
     )
@@ -52,7 +52,7 @@ def mul_add_eager(ids, table, operand):
 
 
 def lookup_spec(index_dtype, dtype):
-    return GroupSpec((index_dtype, dtype), (Lookup(0, 1),), (), (0,))
+    return RowProgram((index_dtype, dtype), (Lookup(0, 1),), (), (0,))
 
 
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=str)
@@ -166,13 +166,12 @@ def test_two_lookups_with_broadcast_position_ids():
     torch.manual_seed(8)
     tok, pos = rand_table(N, 16, torch.float16), rand_table(10, 16, torch.float16)
     ids, positions = rand_ids(N, (3, 6), torch.int32), torch.randperm(10)[:6].unsqueeze(0)
-    gelu = "(0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476)))"
-    spec = GroupSpec(
+    spec = RowProgram(
         input_dtypes=(torch.int32, torch.float16, torch.int64, torch.float16),
         lookups=(Lookup(0, 1), Lookup(2, 3)),
         instrs=(
-            Instr("add", "({0} + {1})", (ValueRef(0), ValueRef(1)), torch.float16),
-            Instr("gelu", gelu, (ValueRef(2),), torch.float16),
+            Instr("add", (ValueRef(0), ValueRef(1)), torch.float16),
+            Instr("gelu", (ValueRef(2),), torch.float16, (("approximate", "none"),)),
         ),
         outputs=(3, 2),
     )
@@ -187,13 +186,13 @@ def test_outputs_of_different_dtypes_and_a_lookup_output():
     # v0 = table[ids] (fp16, written out), v1 = v0 cast to fp32, v2 = v1 / 3 (fp32), v3 = v2 > 0
     torch.manual_seed(9)
     table, ids = rand_table(N, 5, torch.float16), rand_ids(N, (4,))
-    spec = GroupSpec(
+    spec = RowProgram(
         input_dtypes=(torch.int64, torch.float16),
         lookups=(Lookup(0, 1),),
         instrs=(
-            Instr("cast", "{0}", (ValueRef(0),), torch.float32),
-            Instr("div", "({0} / {1})", (ValueRef(1), Const("3.0")), torch.float32),
-            Instr("gt", "({0} > {1})", (ValueRef(2), Const("0.0")), torch.bool),
+            Instr("cast", (ValueRef(0),), torch.float32),
+            Instr("div", (ValueRef(1), Const("3.0")), torch.float32),
+            Instr("gt", (ValueRef(2), Const("0.0")), torch.bool),
         ),
         outputs=(2, 0, 3),
     )
@@ -258,10 +257,10 @@ def test_out_of_range_raises_index_error(bad, index_dtype):
 
 def test_out_of_range_in_the_second_lookup_raises():
     tok, pos = rand_table(N, 4), rand_table(5, 4)
-    spec = GroupSpec(
+    spec = RowProgram(
         (torch.int64, torch.float32, torch.int64, torch.float32),
         (Lookup(0, 1), Lookup(2, 3)),
-        (Instr("add", "({0} + {1})", (ValueRef(0), ValueRef(1)), torch.float32),),
+        (Instr("add", (ValueRef(0), ValueRef(1)), torch.float32),),
         (2,),
     )
     ids = rand_ids(5, (2, 3))  # valid for both tables
@@ -302,11 +301,11 @@ def test_masked_gather_reads_zero_without_the_host_check(monkeypatch, index_dtyp
 def test_kernel_source_is_readable_and_names_the_kernel():
     spec = mul_add_spec(torch.int64, torch.float16)
     name, source = kernel_source(spec, 2, KernelOptions(index_checks=True))
-    assert name.startswith("_embedding_chain_kernel_")
+    assert name.startswith("_pointwise_kernel_")
     assert f"def {name}(" in source
     assert "@triton.jit(debug=True," in source
     assert "tl.device_assert" in source
-    assert "v2 = add(v1, 0.5) -> torch.float16" in source  # the math docstring
+    assert "v2 = add(v1, 0.5) -> float16" in source  # the math docstring
     assert ".to(tl.float16).to(tl.float32)" in source  # fp16 rounding after each op
     name2, source2 = kernel_source(spec, 2, KernelOptions(index_checks=False))
     assert "@triton.jit(debug=False," in source2

@@ -1,29 +1,32 @@
-"""Kernels: a GroupSpec becomes generated Triton source and a compiled launcher.
+"""Kernels: a RowProgram becomes generated Triton source and a compiled launcher.
 
 Never sees an FX graph. Importing this package does not import Triton; the launcher does,
 on first use.
 """
 
-from fusebackend.kernels.launch import embedding_chain, kernel_source, triton_usable
-from fusebackend.kernels.spec import (
+from fusebackend.kernels.ir import (
     Const,
-    GroupSpec,
     InputRef,
     Instr,
     KernelOptions,
     Lookup,
+    Reduce,
+    RowProgram,
     ValueRef,
 )
+from fusebackend.kernels.launch import embedding_chain, kernel_source, row_kernel, triton_usable
 
 __all__ = [
     "Const",
-    "GroupSpec",
     "InputRef",
     "Instr",
     "KernelOptions",
     "Lookup",
+    "Reduce",
+    "RowProgram",
     "ValueRef",
     "embedding_chain",
     "kernel_source",
+    "row_kernel",
     "triton_usable",
 ]

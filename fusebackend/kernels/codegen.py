@@ -1,12 +1,24 @@
-"""GroupSpec -> readable Triton source for one fused embedding-chain kernel.
+"""RowProgram -> readable Triton source for one fused row kernel.
 
-Layout of the generated kernel: the group's output has shape ``lead + [D]``; its rows
-(the ``lead`` positions, flattened) and columns are tiled ``BLOCK_R x BLOCK_D``; each
-program gathers the rows of every lookup, loads the other operands, runs the chain in fp32
-(fp64 when any value is fp64), rounds every intermediate to its eager dtype, and stores the
-outputs. Every tensor is addressed through strides of its view broadcast to the group's
-shape, so broadcast operands ([D], [1, T, D], 0-d), non-contiguous indices and position
-ids of shape [1, T] against token ids of shape [B, T] all use the same code.
+Each program instance handles ``BLOCK_R`` rows (the ``lead`` positions of the group's shape
+``lead + [D]``, flattened). Three layouts, picked by the launcher (``layout``):
+
+- ``tile``: no reduction. Rows x columns are tiled ``BLOCK_R x BLOCK_D`` (grid over both).
+- ``persistent``: the program reduces along the row and ``D`` fits in registers: one
+  column block of ``BLOCK_D = next_power_of_2(D)`` holds whole rows, so every value is
+  computed once and a reduction is one ``tl.sum``/``tl.max`` over axis 1 (Liger-Kernel's
+  rms_norm layout).
+- ``chunked``: wider rows. Each reduction is a loop over the row in ``BLOCK_D`` chunks that
+  recomputes the row values it needs from the inputs and accumulates; a last loop computes
+  and stores the row outputs (two passes for a norm: reduce, then normalise).
+
+Values are ``[BLOCK_R, BLOCK_D]`` tensors ("row" values) or ``[BLOCK_R, 1]`` ("narrow":
+reductions and values of last dim 1), which Triton broadcasts against each other as torch
+does. Every tensor is addressed through strides of its view broadcast to the group's shape,
+so broadcast operands, non-contiguous indices and ``[1, T]`` position ids against ``[B, T]``
+token ids use one code path. Math runs in fp32 (fp64 when any value is fp64); each value is
+rounded to its eager dtype (``round_intermediates``) and reductions accumulate in the
+compute dtype with masked columns excluded.
 """
 
 from __future__ import annotations
@@ -15,9 +27,19 @@ import hashlib
 
 import torch
 
-from fusebackend.kernels.spec import Const, GroupSpec, InputRef, Instr, KernelOptions, ValueRef
+from fusebackend.kernels.expressions import expression
+from fusebackend.kernels.ir import (
+    Const,
+    InputRef,
+    Instr,
+    KernelOptions,
+    Operand,
+    Reduce,
+    RowProgram,
+    ValueRef,
+)
 
-__all__ = ["generate_source", "kernel_name", "TL_DTYPES"]
+__all__ = ["LAYOUTS", "TL_DTYPES", "generate_source", "kernel_name"]
 
 TL_DTYPES = {
     torch.float16: "tl.float16",
@@ -26,42 +48,54 @@ TL_DTYPES = {
     torch.float64: "tl.float64",
     torch.bool: "tl.int1",
 }
+LAYOUTS = ("tile", "persistent", "chunked")
 
 
-def kernel_name(spec: GroupSpec, rank: int, options: KernelOptions) -> str:
-    digest = hashlib.sha1(repr((spec, rank, options)).encode()).hexdigest()[:10]
-    return f"_embedding_chain_kernel_{digest}"
+def kernel_name(program: RowProgram, rank: int, options: KernelOptions, layout: str) -> str:
+    digest = hashlib.sha1(repr((program, rank, options, layout)).encode()).hexdigest()[:10]
+    kind = "row" if program.has_reduction else "pointwise"
+    return f"_{kind}_kernel_{digest}"
 
 
-def compute_dtype(spec: GroupSpec) -> torch.dtype:
-    dtypes = set(spec.input_dtypes) | {i.dtype for i in spec.instrs}
-    return torch.float64 if torch.float64 in dtypes else torch.float32
-
-
-def generate_source(spec: GroupSpec, rank: int, options: KernelOptions) -> tuple[str, str]:
+def generate_source(
+    program: RowProgram, rank: int, options: KernelOptions, layout: str = "tile"
+) -> tuple[str, str]:
     """Return (kernel name, Python source of a module defining that Triton kernel).
 
     ``rank`` is the number of leading (row) dimensions of the group's shape; the
     coordinate arithmetic is unrolled for it. ``options.index_checks`` compiles the
     device-side index assert in (Triton drops ``tl.device_assert`` unless the kernel is
-    built in debug mode).
+    built in debug mode). ``layout`` is one of ``LAYOUTS`` (see the module docstring).
     """
-    return _Writer(spec, rank, options).write()
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "tile" and program.has_reduction:
+        raise ValueError("a program with a reduction needs the persistent or chunked layout")
+    return _Writer(program, rank, options, layout).write()
+
+
+class _Scope:
+    """Where lines go (indent) and which expressions are already computed there."""
+
+    def __init__(self, indent: int) -> None:
+        self.indent = indent
+        self.names: dict[object, str] = {}
 
 
 class _Writer:
-    def __init__(self, spec: GroupSpec, rank: int, options: KernelOptions) -> None:
-        self.spec, self.rank, self.options = spec, rank, options
-        self.compute = TL_DTYPES[compute_dtype(spec)]
+    def __init__(self, program: RowProgram, rank: int, options: KernelOptions, layout: str):
+        self.p, self.rank, self.options, self.layout = program, rank, options, layout
+        self.compute = TL_DTYPES[program.compute_dtype]
         self.lines: list[str] = []
-        self.loaded: set[int] = set()  # tensor slots already loaded into x{slot}
+        self.outer = _Scope(1)
+        self.loops = 0
 
-    def emit(self, line: str = "") -> None:
-        self.lines.append("    " + line if line else "")
+    def emit(self, scope: _Scope, line: str) -> None:
+        self.lines.append("    " * scope.indent + line)
 
     def write(self) -> tuple[str, str]:
-        spec, rank = self.spec, self.rank
-        name = kernel_name(spec, rank, self.options)
+        p = self.p
+        name = kernel_name(p, self.rank, self.options, self.layout)
         params, docs = self._parameters()
         header = [
             '"""Generated by fusebackend.kernels.codegen; do not edit."""',
@@ -75,37 +109,45 @@ class _Writer:
             f"do_not_specialize={self._unspecialized()!r})",
             f"def {name}(",
         ]
-        header += [f"    {p},  # {d}" for p, d in zip(params, docs)]
+        header += [f"    {q},  # {d}" for q, d in zip(params, docs)]
         header += ["):"]
-        self.emit(f'"""{self._math_doc()}"""')
-        self.emit("rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)")
-        self.emit("cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)")
-        self.emit("row_mask = rows < R")
-        self.emit("mask = row_mask[:, None] & (cols < D)[None, :]")
+        out = self.outer
+        self.emit(out, f'"""{self._math_doc()}"""')
+        self.emit(out, "rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)")
+        self.emit(out, "row_mask = rows < R")
+        if self.layout != "chunked":
+            self.emit(out, "cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)")
+            self.emit(out, "mask = row_mask[:, None] & (cols < D)[None, :]")
         self._coordinates()
-        for j, lookup in enumerate(spec.lookups):
-            self._gather(j, lookup.index_slot, lookup.table_slot)
-        for i, instr in enumerate(spec.instrs):
-            self._instr(len(spec.lookups) + i, instr)
-        for k, value in enumerate(spec.outputs):
-            out_dtype = TL_DTYPES[spec.value_dtype(value)]
-            self.emit(
-                f"tl.store(out{k}_ptr + {self._offset(f'out{k}')}, "
-                f"v{value}.to({out_dtype}), mask=mask)"
-            )
+        # row offsets first: loops below must find them computed
+        for slot in range(len(p.input_dtypes)):
+            if slot not in p.table_slots:
+                self._row_offset(f"in{slot}")
+        for k in range(len(p.outputs)):
+            self._row_offset(f"out{k}")
+        for j, lookup in enumerate(p.lookups):
+            self._index(j, lookup.index_slot, lookup.table_slot)
+        row_outputs = [k for k, v in enumerate(p.outputs) if v not in p.narrow_values]
+        for k, value in enumerate(p.outputs):
+            if value in p.narrow_values:
+                self._store(out, k, value)
+        if row_outputs:
+            scope = self._open_pass([p.outputs[k] for k in row_outputs])
+            for k in row_outputs:
+                self._store(scope, k, p.outputs[k])
         self._index_asserts()
         return name, "\n".join(header + self.lines) + "\n"
 
-    # -- pieces ------------------------------------------------------------------------
+    # -- parameters and documentation ------------------------------------------------------
     def _parameters(self) -> tuple[list[str], list[str]]:
-        spec, params, docs = self.spec, [], []
+        p, params, docs = self.p, [], []
         leads = [f"s{d}" for d in range(self.rank)]
-        for slot, dtype in enumerate(spec.input_dtypes):
-            if slot in spec.index_slots:
+        for slot, dtype in enumerate(p.input_dtypes):
+            if slot in p.index_slots:
                 params += [f"in{slot}_ptr"] + [f"in{slot}_{s}" for s in leads]
                 docs += [f"indices ({dtype}), broadcast to the row shape"]
                 docs += [f"  stride of row dim {d}" for d in range(self.rank)]
-            elif slot in spec.table_slots:
+            elif slot in p.table_slots:
                 params += [f"in{slot}_ptr", f"in{slot}_rows", f"in{slot}_s0", f"in{slot}_s1"]
                 docs += [
                     f"table ({dtype})",
@@ -114,34 +156,45 @@ class _Writer:
                     "  column stride (0 when a 1-wide table broadcasts)",
                 ]
             else:
+                width = "narrow: one value per row" if slot in p.narrow_inputs else "row"
                 params += [f"in{slot}_ptr"] + [f"in{slot}_{s}" for s in leads] + [f"in{slot}_sc"]
-                docs += [f"operand ({dtype}), broadcast to the group's shape"]
+                docs += [f"operand ({dtype}, {width}), broadcast to the group's shape"]
                 docs += [f"  stride of row dim {d}" for d in range(self.rank)] + ["  column stride"]
-        for k, value in enumerate(spec.outputs):
+        for k, value in enumerate(p.outputs):
+            width = "narrow" if value in p.narrow_values else "row"
             params += [f"out{k}_ptr"] + [f"out{k}_{s}" for s in leads] + [f"out{k}_sc"]
-            docs += [f"output {k}: value v{value} ({spec.value_dtype(value)})"]
+            docs += [f"output {k}: value v{value} ({p.value_dtype(value)}, {width})"]
             docs += [f"  stride of row dim {d}" for d in range(self.rank)] + ["  column stride"]
         params += [f"size{d}" for d in range(self.rank)] + ["R", "D"]
         docs += [f"row dim {d} of the group's shape" for d in range(self.rank)]
         docs += ["number of rows (product of the row dims)", "row width (last dim)"]
-        params += ["BLOCK_R: tl.constexpr", "BLOCK_D: tl.constexpr"]
-        docs += ["rows per program", "columns per program"]
+        params += ["BLOCK_R: tl.constexpr", "BLOCK_D: tl.constexpr", "CHUNKS: tl.constexpr"]
+        block_d = {"tile": "columns per program", "persistent": "next_power_of_2(D): whole rows",
+                   "chunked": "columns per chunk of the row loop"}[self.layout]  # fmt: skip
+        docs += ["rows per program", block_d, "chunks per row (chunked layout), else 1"]
         return params, docs
 
     def _unspecialized(self) -> list[str]:
         return [f"size{d}" for d in range(self.rank)] + ["R"]
 
     def _math_doc(self) -> str:
-        spec = self.spec
+        p = self.p
         parts = [
-            f"v{j} = table{lk.table_slot}[indices{lk.index_slot}]"
-            for j, lk in enumerate(spec.lookups)
+            f"v{j} = table{lk.table_slot}[indices{lk.index_slot}]" for j, lk in enumerate(p.lookups)
         ]
-        for i, instr in enumerate(spec.instrs):
-            args = ", ".join(self._describe(op) for op in instr.operands)
-            parts.append(f"v{len(spec.lookups) + i} = {instr.name}({args}) -> {instr.dtype}")
-        outs = ", ".join(f"v{v}" for v in spec.outputs)
-        return "\n    " + "\n    ".join(parts) + f"\n    outputs: {outs}\n    "
+        for i, instr in enumerate(p.instrs):
+            index = len(p.lookups) + i
+            if isinstance(instr, Reduce):
+                corr = f", correction={instr.correction:g}" if instr.correction else ""
+                desc = f"{instr.kind}({self._describe(instr.operand)}, dim=-1{corr})"
+            else:
+                args = ", ".join(self._describe(op) for op in instr.operands)
+                extra = "".join(f", {k}={v!r}" for k, v in instr.params)
+                desc = f"{instr.name}({args}{extra})"
+            parts.append(f"v{index} = {desc} -> {str(instr.dtype).replace('torch.', '')}")
+        outs = ", ".join(f"v{v}" for v in p.outputs)
+        layout = f"layout: {self.layout}"
+        return "\n    " + "\n    ".join(parts) + f"\n    outputs: {outs}\n    {layout}\n    "
 
     @staticmethod
     def _describe(operand: object) -> str:
@@ -153,40 +206,61 @@ class _Writer:
             return operand.literal
         return "None"
 
+    # -- addressing ------------------------------------------------------------------------
     def _coordinates(self) -> None:
+        out = self.outer
         if self.rank == 0:
             return
         if self.rank == 1:
-            self.emit("c0 = rows")
+            self.emit(out, "c0 = rows")
             return
-        self.emit("rem = rows")
+        self.emit(out, "rem = rows")
         for d in reversed(range(1, self.rank)):
-            self.emit(f"c{d} = rem % size{d}")
-            self.emit(f"rem = rem // size{d}")
-        self.emit("c0 = rem")
+            self.emit(out, f"c{d} = rem % size{d}")
+            self.emit(out, f"rem = rem // size{d}")
+        self.emit(out, "c0 = rem")
 
     def _row_offset(self, prefix: str) -> str:
-        terms = [f"c{d} * {prefix}_s{d}" for d in range(self.rank)]
-        return " + ".join(terms) if terms else "rows * 0"
+        """Name of the [BLOCK_R] vector of row offsets of tensor ``prefix`` (outer scope)."""
+        key = ("row_offset", prefix)
+        if key not in self.outer.names:
+            terms = [f"c{d} * {prefix}_s{d}" for d in range(self.rank)]
+            name = f"ro_{prefix}"
+            self.emit(self.outer, f"{name} = {' + '.join(terms) if terms else 'rows * 0'}")
+            self.outer.names[key] = name
+        return self.outer.names[key]
 
     def _offset(self, prefix: str) -> str:
-        return f"({self._row_offset(prefix)})[:, None] + cols[None, :] * {prefix}_sc"
+        return f"{self._row_offset(prefix)}[:, None] + cols[None, :] * {prefix}_sc"
 
-    def _gather(self, j: int, index_slot: int, table_slot: int) -> None:
-        idx, tab = f"in{index_slot}", f"in{table_slot}"
-        self.emit(f"# lookup v{j}: rows of table {tab} picked by indices {idx}")
+    # -- lookups ---------------------------------------------------------------------------
+    def _index(self, j: int, index_slot: int, table_slot: int) -> None:
+        idx, tab, out = f"in{index_slot}", f"in{table_slot}", self.outer
+        self.emit(out, f"# lookup v{j}: rows of table {tab} picked by indices {idx}")
         self.emit(
+            out,
             f"idx{j} = tl.load({idx}_ptr + {self._row_offset(idx)}, mask=row_mask, other=0)"
-            ".to(tl.int64)"
+            ".to(tl.int64)",
         )
-        self.emit(f"ok{j} = (idx{j} >= 0) & (idx{j} < {tab}_rows)")
-        self.emit(
-            "# rows with a bad index are never read (they read as 0); the assert is at the end"
-        )
-        self.emit(
-            f"v{j} = tl.load({tab}_ptr + idx{j}[:, None] * {tab}_s0 + cols[None, :] * {tab}_s1,"
-            f" mask=mask & ok{j}[:, None], other=0.0).to({self.compute})"
-        )
+        self.emit(out, f"ok{j} = (idx{j} >= 0) & (idx{j} < {tab}_rows)")
+
+    def _gather(self, scope: _Scope, j: int) -> str:
+        lookup = self.p.lookups[j]
+        tab = f"in{lookup.table_slot}"
+        self.emit(scope, "# a bad index is never read (reads 0); the assert is at the end")
+        if j in self.p.narrow_values:
+            self.emit(
+                scope,
+                f"v{j} = tl.load({tab}_ptr + idx{j}[:, None] * {tab}_s0, "
+                f"mask=row_mask[:, None] & ok{j}[:, None], other=0.0).to({self.compute})",
+            )
+        else:
+            self.emit(
+                scope,
+                f"v{j} = tl.load({tab}_ptr + idx{j}[:, None] * {tab}_s0 + cols[None, :] * "
+                f"{tab}_s1, mask=mask & ok{j}[:, None], other=0.0).to({self.compute})",
+            )
+        return f"v{j}"
 
     def _index_asserts(self) -> None:
         # Last, after the stores. Triton follows a tensor assert with a barrier of the whole
@@ -195,42 +269,177 @@ class _Writer:
         # after the gather 1-6% (benchmarks/results/launch_config_h200.json). A fired assert
         # loses the CUDA context, so the stores before it do not matter; the masked gather
         # has already kept every read inside the table.
-        for j in range(len(self.spec.lookups)):
-            self.emit(f'tl.device_assert(ok{j} | ~row_mask, "embedding index out of range")')
+        for j in range(len(self.p.lookups)):
+            self.emit(
+                self.outer, f'tl.device_assert(ok{j} | ~row_mask, "embedding index out of range")'
+            )
 
-    def _operand(self, operand: object) -> str | None:
+    # -- values ----------------------------------------------------------------------------
+    def _scope_for(self, scope: _Scope, narrow: bool) -> _Scope:
+        return self.outer if narrow else scope
+
+    def _operand(self, scope: _Scope, operand: Operand) -> str | None:
         if operand is None:
             return None
         if isinstance(operand, Const):
             return operand.literal
         if isinstance(operand, ValueRef):
-            return f"v{operand.index}"
-        assert isinstance(operand, InputRef)
-        slot = operand.slot
-        if slot not in self.loaded:
-            self.loaded.add(slot)
-            dtype = self.spec.input_dtypes[slot]
-            load = f"tl.load(in{slot}_ptr + {self._offset(f'in{slot}')}, mask=mask, other=0)"
-            cast = "" if dtype == torch.bool else f".to({self.compute})"
-            self.emit(f"x{slot} = {load}{cast}")
+            return self._value(scope, operand.index)
+        return self._load(scope, operand.slot)
+
+    def _load(self, scope: _Scope, slot: int) -> str:
+        narrow = slot in self.p.narrow_inputs
+        scope = self._scope_for(scope, narrow)
+        key = ("load", slot)
+        if key in scope.names:
+            return scope.names[key]
+        dtype = self.p.input_dtypes[slot]
+        prefix = f"in{slot}"
+        if narrow:
+            load = (f"tl.load({prefix}_ptr + {self._row_offset(prefix)}[:, None], "
+                    "mask=row_mask[:, None], other=0)")  # fmt: skip
+        else:
+            load = f"tl.load({prefix}_ptr + {self._offset(prefix)}, mask=mask, other=0)"
+        cast = "" if dtype == torch.bool else f".to({self.compute})"
+        self.emit(scope, f"x{slot} = {load}{cast}")
+        scope.names[key] = f"x{slot}"
         return f"x{slot}"
 
-    def _instr(self, index: int, instr: Instr) -> None:
-        exprs = [self._operand(op) for op in instr.operands]
-        expr = instr.template.format(*exprs)
+    def _value(self, scope: _Scope, index: int) -> str:
+        narrow = index in self.p.narrow_values
+        scope = self._scope_for(scope, narrow)
+        key = ("value", index)
+        if key in scope.names:
+            return scope.names[key]
+        if index < len(self.p.lookups):
+            name = self._gather(scope, index)
+        else:
+            instr = self.p.instrs[index - len(self.p.lookups)]
+            if isinstance(instr, Reduce):
+                name = self._reduce(index, instr)
+            else:
+                name = self._instr(scope, index, instr)
+        scope.names[key] = name
+        return name
+
+    def _round(self, scope: _Scope, index: int, dtype: torch.dtype) -> None:
+        rounds = self.options.round_intermediates or index in self.p.outputs
+        if rounds and TL_DTYPES[dtype] != self.compute:  # as eager does after each op
+            self.emit(scope, f"v{index} = v{index}.to({TL_DTYPES[dtype]}).to({self.compute})")
+
+    def _instr(self, scope: _Scope, index: int, instr: Instr) -> str:
+        exprs = [self._operand(scope, op) for op in instr.operands]
+        expr = expression(instr.name, exprs, instr.param_dict)
         if instr.dtype == torch.bool:
             if instr.name == "cast" and self._operand_dtype(instr.operands[0]) != torch.bool:
                 expr = f"({expr} != 0)"
-            self.emit(f"v{index} = {expr}  # {instr.name}")
-            return
-        self.emit(f"v{index} = ({expr}).to({self.compute})  # {instr.name}")
-        rounds = self.options.round_intermediates or index in self.spec.outputs
-        if rounds and TL_DTYPES[instr.dtype] != self.compute:  # as eager does after each op
-            self.emit(f"v{index} = v{index}.to({TL_DTYPES[instr.dtype]}).to({self.compute})")
+            self.emit(scope, f"v{index} = {expr}  # {instr.name}")
+            return f"v{index}"
+        self.emit(scope, f"v{index} = ({expr}).to({self.compute})  # {instr.name}")
+        self._round(scope, index, instr.dtype)
+        return f"v{index}"
 
-    def _operand_dtype(self, operand: object) -> torch.dtype | None:
+    def _operand_dtype(self, operand: Operand) -> torch.dtype | None:
         if isinstance(operand, ValueRef):
-            return self.spec.value_dtype(operand.index)
+            return self.p.value_dtype(operand.index)
         if isinstance(operand, InputRef):
-            return self.spec.input_dtypes[operand.slot]
+            return self.p.input_dtypes[operand.slot]
         return None
+
+    # -- reductions ------------------------------------------------------------------------
+    def _reduce(self, index: int, red: Reduce) -> str:
+        """Emit reduction ``index`` in the outer scope (its loop first when chunked)."""
+        out, c = self.outer, self.compute
+        narrow_operand = self.p.operand_is_narrow(red.operand)
+        if narrow_operand:  # a reduction over one element is that element
+            x = self._operand(out, red.operand)
+            self.emit(out, f"acc{index} = {x}  # {red.kind} over a width-1 operand")
+            count = "1.0"
+        else:
+            count = "D"
+            init = {"sum": "0.0", "mean": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
+            if self.layout == "chunked":
+                self.emit(out, f"acc{index} = tl.full([BLOCK_R, 1], {init[red.kind]}, {c})")
+                if red.kind in ("max", "min"):
+                    self.emit(out, f"nan{index} = tl.zeros([BLOCK_R, 1], {c})")
+                scope = self._open_pass([red.operand])
+            else:
+                scope = out
+            x = self._operand(scope, red.operand)
+            masked = f"tl.where(mask, {x}, {init[red.kind]})"
+            if red.kind in ("sum", "mean"):
+                part = f"tl.sum({masked}, axis=1, keep_dims=True)"
+            else:
+                part = f"tl.{red.kind}({masked}, axis=1, keep_dims=True)"
+            if self.layout == "chunked":
+                if red.kind in ("sum", "mean"):
+                    self.emit(scope, f"acc{index} += {part}")
+                else:
+                    self.emit(scope, f"acc{index} = tl.{red.kind}imum(acc{index}, {part})")
+            else:
+                self.emit(out, f"acc{index} = {part}")
+            if red.kind in ("max", "min"):  # tl.max/min skip NaN; torch.amax/amin return it
+                nans = f"tl.sum(tl.where(mask & ({x} != {x}), 1.0, 0.0), axis=1, keep_dims=True)"
+                if self.layout == "chunked":
+                    self.emit(scope, f"nan{index} += {nans}")
+                else:
+                    self.emit(out, f"nan{index} = {nans}")
+                self.emit(out, f'acc{index} = tl.where(nan{index} > 0, float("nan"), acc{index})')
+        if red.kind == "mean":
+            corr = f" - {float(red.correction)!r}" if red.correction else ""
+            self.emit(out, f"v{index} = (acc{index} / ({count}{corr})).to({c})  # mean")
+        else:
+            self.emit(out, f"v{index} = acc{index}.to({c})  # {red.kind}")
+        self._round(out, index, red.dtype)
+        return f"v{index}"
+
+    def _open_pass(self, needs: list[Operand] | list[int]) -> _Scope:
+        """The scope that computes row values: the outer one, or a new loop over chunks.
+
+        In the chunked layout every narrow value the loop needs is emitted first (outside
+        it: a reduction's own loop must close before this one opens).
+        """
+        if self.layout != "chunked":
+            return self.outer
+        for need in needs:
+            self._narrow_deps(need if not isinstance(need, int) else ValueRef(need), set())
+        self.loops += 1
+        # A constexpr trip count: Triton 3.6's interpreter cannot loop to a runtime bound
+        # (int() of its 1-element scalar array raises under numpy 2), and D is fixed per
+        # graph anyway.
+        self.emit(self.outer, "for chunk in range(0, CHUNKS):")
+        scope = _Scope(2)
+        self.emit(scope, "cols = chunk * BLOCK_D + tl.arange(0, BLOCK_D)")
+        self.emit(scope, "mask = row_mask[:, None] & (cols < D)[None, :]")
+        return scope
+
+    def _narrow_deps(self, operand: Operand, seen: set[int]) -> None:
+        """Emit (outside any loop) every narrow value that row value ``operand`` reads."""
+        if isinstance(operand, InputRef) and operand.slot in self.p.narrow_inputs:
+            self._load(self.outer, operand.slot)
+            return
+        if not isinstance(operand, ValueRef) or operand.index in seen:
+            return
+        seen.add(operand.index)
+        if operand.index in self.p.narrow_values:
+            self._value(self.outer, operand.index)
+            return
+        if operand.index < len(self.p.lookups):
+            return
+        instr = self.p.instrs[operand.index - len(self.p.lookups)]
+        for op in instr.operands if isinstance(instr, Instr) else (instr.operand,):
+            self._narrow_deps(op, seen)
+
+    # -- outputs ---------------------------------------------------------------------------
+    def _store(self, scope: _Scope, k: int, value: int) -> None:
+        v = self._value(scope, value)
+        dtype = TL_DTYPES[self.p.value_dtype(value)]
+        prefix = f"out{k}"
+        if value in self.p.narrow_values:
+            # narrow: one value per row, written by the first column block only
+            first = " & (tl.program_id(1) == 0)" if self.layout == "tile" else ""
+            self.emit(scope, f"tl.store({prefix}_ptr + {self._row_offset(prefix)}[:, None], "
+                             f"{v}.to({dtype}), mask=row_mask[:, None]{first})")  # fmt: skip
+        else:
+            self.emit(scope, f"tl.store({prefix}_ptr + {self._offset(prefix)}, {v}.to({dtype}), "
+                             "mask=mask)")  # fmt: skip

@@ -1,9 +1,11 @@
-"""Compile generated kernels once and launch them: the public ``embedding_chain`` launcher.
+"""Compile generated kernels once and launch them: the public ``row_kernel`` launcher.
 
 Triton's JIT reads a kernel's source from its file, so each generated module is written
 to a per-user cache directory (named by a hash of its source) and imported from there.
-Kernels are cached in-process by (GroupSpec, rank, KernelOptions); Triton caches the binaries per
-argument specialisation (dtypes, 16-byte alignment, strides equal to 1).
+Kernels are cached in-process by (RowProgram, rank, KernelOptions, layout): the program
+names no graph node, so the same group in every layer of a model compiles once. Triton
+caches the binaries per argument specialisation (dtypes, 16-byte alignment, strides equal
+to 1).
 """
 
 from __future__ import annotations
@@ -22,13 +24,20 @@ from typing import Any
 import torch
 
 from fusebackend.kernels.codegen import generate_source
-from fusebackend.kernels.spec import GroupSpec, InputRef, KernelOptions, ValueRef
+from fusebackend.kernels.ir import InputRef, KernelOptions, Reduce, RowProgram, ValueRef
 
-__all__ = ["embedding_chain", "kernel_source", "triton_usable", "value_shapes"]
+__all__ = [
+    "embedding_chain",
+    "kernel_source",
+    "layout_for",
+    "row_kernel",
+    "triton_usable",
+    "value_shapes",
+]
 
 log = logging.getLogger(__name__)
 
-_KERNELS: dict[tuple[GroupSpec, int, KernelOptions], Any] = {}
+_KERNELS: dict[tuple[RowProgram, int, KernelOptions, str], Any] = {}
 _LOCK = threading.Lock()
 
 # Launch configs, from benchmarks/diag/diag_index_assert.py (H200, fp16 chain, index checks
@@ -41,6 +50,14 @@ _LOCK = threading.Lock()
 _TILE_ELEMENTS = 1024
 _MAX_BLOCK_D = 2048
 _SMALL_GROUP_ELEMENTS = 1 << 21  # up to here 4 warps per program, above it 2
+# Row programs (a reduction along the row): whole rows in registers up to this width (the
+# brief's floor: D = 8192, Llama-3-70B's hidden size); wider rows loop over chunks.
+_MAX_PERSISTENT_D = 8192
+_CHUNK_D = 4096
+# Rows per persistent program: narrow rows share a program so each one holds ~2048 elements
+# (Liger-Kernel's rms_norm runs one row per program; several short rows per program keep
+# the grid small for D = 128-512 heads). Not yet swept on a GPU.
+_PERSISTENT_ELEMENTS = 2048
 
 
 @functools.cache
@@ -66,21 +83,33 @@ def triton_usable(device: torch.device) -> bool:
     return device.type == "cpu" and interpreter_enabled()
 
 
+def layout_for(program: RowProgram, width: int) -> str:
+    """The code layout for rows of ``width`` (see kernels/codegen.py)."""
+    if not program.has_reduction:
+        return "tile"
+    return "persistent" if width <= _MAX_PERSISTENT_D else "chunked"
+
+
 def kernel_source(
-    spec: GroupSpec, rank: int, options: KernelOptions | None = None
+    program: RowProgram,
+    rank: int,
+    options: KernelOptions | None = None,
+    layout: str | None = None,
 ) -> tuple[str, str]:
-    """(kernel name, generated source): what ``embedding_chain`` compiles."""
-    return generate_source(spec, rank, options or KernelOptions())
+    """(kernel name, generated source): what ``row_kernel`` compiles (``layout``: by
+    default the one for rows that fit in registers)."""
+    layout = layout or layout_for(program, 1)
+    return generate_source(program, rank, options or KernelOptions(), layout)
 
 
-def _compiled_kernel(spec: GroupSpec, rank: int, options: KernelOptions) -> Any:
-    key = (spec, rank, options)
+def _compiled_kernel(program: RowProgram, rank: int, options: KernelOptions, layout: str) -> Any:
+    key = (program, rank, options, layout)
     kernel = _KERNELS.get(key)
     if kernel is not None:
         return kernel
     with _LOCK:
         if key not in _KERNELS:
-            name, source = generate_source(spec, rank, options)
+            name, source = generate_source(program, rank, options, layout)
             _KERNELS[key] = getattr(_import_source(name, source), name)
         return _KERNELS[key]
 
@@ -102,21 +131,42 @@ def _import_source(name: str, source: str) -> Any:
     return module
 
 
-def value_shapes(spec: GroupSpec, inputs: Sequence[torch.Tensor]) -> list[torch.Size]:
-    """Shape of every value in the group, from the input shapes (eager broadcasting)."""
+def value_shapes(
+    program: RowProgram, inputs: Sequence[torch.Tensor]
+) -> tuple[list[torch.Size], torch.Size]:
+    """(shape of every value, the group's shape), from the input shapes (eager broadcasting).
+
+    The group's shape also covers the operands of reductions, whose rows the kernel reads
+    although no value of the program has their width.
+    """
     shapes: list[torch.Size] = []
-    for lookup in spec.lookups:
+    reduced: list[torch.Size] = []
+    for lookup in program.lookups:
         index, table = inputs[lookup.index_slot], inputs[lookup.table_slot]
         shapes.append(torch.Size((*index.shape, table.shape[1])))
-    for instr in spec.instrs:
+    for instr in program.instrs:
+        operands = (instr.operand,) if isinstance(instr, Reduce) else instr.operands
         operand_shapes = []
-        for operand in instr.operands:
+        for operand in operands:
             if isinstance(operand, ValueRef):
                 operand_shapes.append(shapes[operand.index])
             elif isinstance(operand, InputRef):
                 operand_shapes.append(inputs[operand.slot].shape)
-        shapes.append(broadcast_shapes(*operand_shapes))
-    return shapes
+        if isinstance(instr, Reduce):
+            (shape,) = operand_shapes
+            if not program.operand_is_narrow(instr.operand):
+                reduced.append(shape)
+            shapes.append(torch.Size((*shape[:-1], 1)))
+        else:
+            shapes.append(broadcast_shapes(*operand_shapes))
+    group_shape = broadcast_shapes(*shapes, *reduced)
+    for shape in reduced:
+        if shape[-1] != group_shape[-1]:
+            raise ValueError(
+                f"a reduction reads rows of width {shape[-1]} in a group of width "
+                f"{group_shape[-1]} (shape {tuple(group_shape)})"
+            )
+    return shapes, group_shape
 
 
 def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
@@ -140,7 +190,7 @@ def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
     return torch.Size(out)
 
 
-def check_indices(spec: GroupSpec, inputs: Sequence[torch.Tensor]) -> None:
+def check_indices(spec: RowProgram, inputs: Sequence[torch.Tensor]) -> None:
     """Raise IndexError for an out-of-range index, as eager's CPU embedding does.
 
     Only for CPU tensors: on the GPU this would be a host sync, and the kernel's
@@ -163,62 +213,87 @@ def _broadcast_strides(t: torch.Tensor, shape: torch.Size) -> tuple[int, ...]:
     return t.expand(shape).stride()
 
 
-def embedding_chain(
-    spec: GroupSpec,
+def row_kernel(
+    program: RowProgram,
     inputs: Sequence[torch.Tensor],
     *,
     index_checks: bool = True,
     options: KernelOptions | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """Run a fused group: gather the lookups, apply the chain, return the outputs.
+    """Run a fused group: gather the lookups, run the program, return the outputs.
 
     ``inputs`` are the group's external tensors in slot order (indices, tables and
-    elementwise operands). Outputs are new contiguous tensors, one per ``spec.outputs``.
+    operands). Outputs are new contiguous tensors, one per ``program.outputs``.
     ``options`` (default: ``KernelOptions(index_checks=index_checks)``) says how the kernel
     is built.
     """
     if options is None:
         options = KernelOptions(index_checks=index_checks)
-    shapes = value_shapes(spec, inputs)
-    group_shape = broadcast_shapes(*shapes)
+    shapes, group_shape = value_shapes(program, inputs)
     rank = len(group_shape) - 1
     lead, width = group_shape[:-1], group_shape[-1]
+    narrow_shape = torch.Size((*lead, 1))
     rows = lead.numel()
-    device = inputs[spec.lookups[0].table_slot].device
+    device = inputs[0].device
     outputs = tuple(
-        torch.empty(shapes[v], dtype=spec.value_dtype(v), device=device) for v in spec.outputs
+        torch.empty(shapes[v], dtype=program.value_dtype(v), device=device) for v in program.outputs
     )
     if rows == 0 or width == 0:
         return outputs
-    check_indices(spec, inputs)
+    check_indices(program, inputs)
 
     args: list[Any] = []
-    table_width = {lk.table_slot: shapes[j][-1] for j, lk in enumerate(spec.lookups)}
+    table_width = {lk.table_slot: shapes[j][-1] for j, lk in enumerate(program.lookups)}
     for slot, tensor in enumerate(inputs):
-        if slot in spec.index_slots:
+        if slot in program.index_slots:
             args += [tensor, *_broadcast_strides(tensor, lead)]
-        elif slot in spec.table_slots:
+        elif slot in program.table_slots:
             col_stride = 0 if table_width[slot] == 1 else tensor.stride(1)
             args += [tensor, tensor.shape[0], tensor.stride(0), col_stride]
+        elif slot in program.narrow_inputs:
+            args += [tensor, *_broadcast_strides(tensor, narrow_shape)]
         else:
             args += [tensor, *_broadcast_strides(tensor, group_shape)]
-    for out in outputs:
-        args += [out, *_broadcast_strides(out, group_shape)]
+    for value, out in zip(program.outputs, outputs):
+        shape = narrow_shape if value in program.narrow_values else group_shape
+        args += [out, *_broadcast_strides(out, shape)]
     args += [*lead, rows, width]
 
-    block_r, block_d, num_warps = launch_config(rows, width)
-    grid = ((rows + block_r - 1) // block_r, (width + block_d - 1) // block_d)
-    kernel = _compiled_kernel(spec, rank, options)
+    layout = layout_for(program, width)
+    # tile programs keep the two-argument call: the benchmark sweeps patch launch_config
+    # with (rows, width) functions
+    if layout == "tile":
+        block_r, block_d, num_warps = launch_config(rows, width)
+    else:
+        block_r, block_d, num_warps = launch_config(rows, width, layout)
+    col_blocks = (width + block_d - 1) // block_d if layout == "tile" else 1
+    grid = ((rows + block_r - 1) // block_r, col_blocks)
+    chunks = (width + block_d - 1) // block_d if layout == "chunked" else 1
+    kernel = _compiled_kernel(program, rank, options, layout)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         # Debug mode (for the index assert) would also add overflow checks to every 32-bit
         # integer op; the index math that matters is 64-bit, so those are turned off.
-        kernel[grid](*args, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps,
-                     sanitize_overflow=False)  # fmt: skip
+        kernel[grid](*args, BLOCK_R=block_r, BLOCK_D=block_d, CHUNKS=chunks,
+                     num_warps=num_warps, sanitize_overflow=False)  # fmt: skip
     return outputs
 
 
-def launch_config(rows: int, width: int) -> tuple[int, int, int]:
+# The launcher's earlier name: row programs generalise the embedding chains it ran.
+embedding_chain = row_kernel
+
+
+def launch_config(rows: int, width: int, layout: str = "tile") -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_D, num_warps) for a group of ``rows`` x ``width`` elements."""
+    if layout == "persistent":
+        block_d = triton_next_power_of_2(width)
+        block_r = min(triton_next_power_of_2(rows), max(1, _PERSISTENT_ELEMENTS // block_d))
+        # Liger-Kernel's calculate_settings: warps from the row block (4 up to 2048
+        # elements, 8 up to 8192, 16 above), so a thread holds <= 16-32 fp32 per value.
+        elements = block_r * block_d
+        num_warps = 4 if elements < 2048 else 8 if elements < 8192 else 16
+        return block_r, block_d, num_warps
+    if layout == "chunked":
+        return 1, _CHUNK_D, 8
     block_d = min(triton_next_power_of_2(width), _MAX_BLOCK_D)
     block_r = min(triton_next_power_of_2(rows), max(1, _TILE_ELEMENTS // block_d))
     num_warps = 4 if rows * width <= _SMALL_GROUP_ELEMENTS else 2

@@ -1,0 +1,186 @@
+"""A group of FX nodes -> a RowProgram (the kernel IR), its input nodes and its outputs.
+
+Each member becomes instructions: a lookup a gather; an elementwise op one ``Instr``; a
+reduction a ``Reduce``; ``var``/``std`` and the norms several instructions, written the way
+eager computes them for half-precision inputs: in fp32 (fp64 for fp64 inputs), rounded
+once at the end. Intermediate values of those sequences carry the accumulation dtype, so
+``round_intermediates`` never rounds them. The program names no FX node: the same group
+in two layers lowers to an equal program.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+
+from fusebackend.kernels.ir import (
+    Const,
+    InputRef,
+    Instr,
+    Lookup,
+    Operand,
+    Reduce,
+    RowProgram,
+    ValueRef,
+    accumulate_dtype,
+)
+from fusebackend.passes.embedding_fusion import embedding_args
+from fusebackend.passes.graph import example_value
+from fusebackend.passes.ops import OpCall
+from fusebackend.passes.partition import Candidate, is_alias_cast, match
+
+__all__ = ["lower"]
+
+_REDUCE_KIND = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min"}
+
+
+def _scalar_for(call: OpCall, value: Any) -> Any:
+    """Comparisons run in the tensor operand's dtype in eager, the scalar rounded to it
+    (``x == 0.1`` is True where an fp16 x holds fp16(0.1)); arithmetic keeps it in fp32."""
+    if call.op.result != "bool":
+        return value
+    for operand in call.operands:
+        if isinstance(operand, torch.fx.Node):
+            dtype = example_value(operand).dtype
+            if dtype.is_floating_point:
+                return torch.tensor(value, dtype=dtype).item()
+    return value
+
+
+def _params(call: OpCall) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((k, v) for k, v in call.params.items() if k != "inplace"))
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.slots: dict[tuple[torch.fx.Node, str], int] = {}
+        self.inputs: list[torch.fx.Node] = []
+        self.dtypes: list[torch.dtype] = []
+        self.narrow: set[int] = set()
+        self.lookups: list[Lookup] = []
+        self.instrs: list[Instr | Reduce] = []
+        self.values: dict[torch.fx.Node, int] = {}
+
+    def slot(self, node: torch.fx.Node, role: str) -> int:
+        key = (node, role)
+        if key not in self.slots:
+            value = example_value(node)
+            self.slots[key] = len(self.inputs)
+            self.inputs.append(node)
+            self.dtypes.append(value.dtype)
+            width = value.shape[-1] if value.dim() else 1
+            if role != "index" and isinstance(width, int) and width == 1:
+                self.narrow.add(self.slots[key])
+        return self.slots[key]
+
+    def ref(self, call: OpCall, operand: Any) -> Operand:
+        if operand is None:
+            return None
+        if isinstance(operand, torch.fx.Node):
+            if operand in self.values:
+                return ValueRef(self.values[operand])
+            return InputRef(self.slot(operand, "tensor"))
+        return Const.of(_scalar_for(call, operand))
+
+    def add(self, instr: Instr | Reduce) -> ValueRef:
+        self.instrs.append(instr)
+        return ValueRef(len(self.lookups) + len(self.instrs) - 1)
+
+    def member(self, node: torch.fx.Node, call: OpCall) -> None:
+        dtype = example_value(node).dtype
+        name, kind = call.op.name, call.op.kind
+        operands = [self.ref(call, op) for op in call.operands]
+        if kind == "elementwise":
+            result = self.add(Instr(name, tuple(operands), dtype, _params(call)))
+        elif name in _REDUCE_KIND:
+            result = self.add(Reduce(_REDUCE_KIND[name], operands[0], dtype))
+        elif name in ("var", "std"):
+            acc = accumulate_dtype(example_value(call.operands[0]).dtype)
+            correction = float(call.params["correction"])
+            result = self._var(operands[0], acc, dtype if name == "var" else acc, correction)
+            if name == "std":
+                result = self.add(Instr("sqrt", (result,), dtype))
+        elif name == "layer_norm":
+            result = self._layer_norm(call, operands, dtype)
+        elif name == "rms_norm":
+            result = self._rms_norm(call, operands, dtype)
+        else:  # the op table and this lowering disagree: a bug, never a user's fault
+            raise AssertionError(f"no lowering for op {name!r} ({kind})")
+        self.values[node] = result.index
+
+    def _var(self, x: Operand, acc: torch.dtype, dtype: torch.dtype, correction: float) -> ValueRef:
+        """var(x) = mean((x - mean(x))**2) over N - correction: two passes, as stable as
+        eager's Welford for the row widths of interest (no catastrophic cancellation)."""
+        mean = self.add(Reduce("mean", x, acc))
+        centred = self.add(Instr("sub", (x, mean), acc))
+        square = self.add(Instr("mul", (centred, centred), acc))
+        return self.add(Reduce("mean", square, dtype, correction))
+
+    def _layer_norm(self, call: OpCall, operands: list[Operand], dtype: torch.dtype) -> ValueRef:
+        x, weight, bias = operands
+        acc = accumulate_dtype(example_value(call.operands[0]).dtype)
+        eps = call.params.get("eps")
+        xf = self.add(Instr("cast", (x,), acc))
+        mean = self.add(Reduce("mean", xf, acc))
+        centred = self.add(Instr("sub", (xf, mean), acc))
+        square = self.add(Instr("mul", (centred, centred), acc))
+        var = self.add(Reduce("mean", square, acc))
+        inv = self.add(Instr("rsqrt", (self.add(Instr("add", (var, Const.of(eps)), acc)),), acc))
+        y = self.add(Instr("mul", (centred, inv), acc))
+        if weight is not None:
+            y = self.add(Instr("mul", (y, weight), acc))
+        if bias is not None:
+            y = self.add(Instr("add", (y, bias), acc))
+        return self.add(Instr("cast", (y,), dtype))
+
+    def _rms_norm(self, call: OpCall, operands: list[Operand], dtype: torch.dtype) -> ValueRef:
+        # torch 2.13's CPU rms_norm multiplies by the weight in fp32 and rounds once
+        # (measured: bit-equal on fp16 rows of 4097; rounding before the weight, as the
+        # composite does, was 0.0078 off).
+        x, weight = operands
+        source = example_value(call.operands[0]).dtype
+        acc = accumulate_dtype(source)
+        eps = call.params.get("eps")
+        eps = torch.finfo(source).eps if eps is None else eps
+        xf = self.add(Instr("cast", (x,), acc))
+        square = self.add(Instr("mul", (xf, xf), acc))
+        mean = self.add(Reduce("mean", square, acc))
+        inv = self.add(Instr("rsqrt", (self.add(Instr("add", (mean, Const.of(eps)), acc)),), acc))
+        y = self.add(Instr("mul", (xf, inv), acc))
+        if weight is not None:
+            y = self.add(Instr("mul", (y, weight), acc))
+        return self.add(Instr("cast", (y,), dtype))
+
+
+def lower(candidate: Candidate) -> None:
+    """Fill ``candidate.program``, ``rank``, ``inputs`` (graph values read) and ``outputs``."""
+    b = _Builder()
+    for node in candidate.lookups:
+        args = embedding_args(node)
+        lookup = Lookup(b.slot(args["input"], "index"), b.slot(args["weight"], "table"))
+        b.lookups.append(lookup)
+        b.values[node] = len(b.lookups) - 1
+    for node in candidate.ops:
+        # Re-match from the node's current arguments: an earlier group's rewrite may have
+        # replaced an operand by that group's output.
+        call = match(node)
+        assert isinstance(call, OpCall), call
+        candidate.calls[node] = call
+        if is_alias_cast(call, node):
+            b.values[node] = b.values[call.operands[0]]
+            continue
+        b.member(node, call)
+    members = set(candidate.members)
+    outputs = [m for m in candidate.members if any(u not in members for u in m.users)]
+    distinct: list[int] = []
+    for member in outputs:
+        if b.values[member] not in distinct:
+            distinct.append(b.values[member])
+        candidate.output_slot[member] = distinct.index(b.values[member])
+    candidate.inputs, candidate.outputs = b.inputs, outputs
+    candidate.rank = max(example_value(m).dim() for m in candidate.members) - 1
+    candidate.program = RowProgram(
+        tuple(b.dtypes), tuple(b.lookups), tuple(b.instrs), tuple(distinct), frozenset(b.narrow)
+    )

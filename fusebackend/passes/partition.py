@@ -1,0 +1,452 @@
+"""Partition a graph into row groups: seeds anywhere, growth downstream, reasons as values.
+
+The pass works on Dynamo's own FX graph (torch-level ops, each node carrying its fake
+``example_value``). Every node the op table knows (an elementwise op on floating tensors,
+a reduction along the last dim, a norm) and every embedding lookup can seed a group, in
+graph order. A group grows downstream, in graph order, through consumers the table knows,
+as long as each consumer's other operands can be read by strides (numbers, tensors that
+broadcast to its result, views of tensors computed outside the group) or are embedding
+lookups, which then join the group (token + position + token-type tables become one
+kernel). A value used outside the group becomes one more output of the kernel. Where growth
+stops, the reason is kept for the report.
+
+Rules that keep the rewrite correct:
+- no cycle: an operand computed from the group's own values stops the growth;
+- no mutation inside the span of graph positions a group covers (FX data flow does not
+  show what an in-place op changes, so order is preserved by position);
+- results must be floating point (or bool for comparisons feeding ``where``);
+- one row width: every value is ``lead + [D]`` or ``lead + [1]`` for one D, and every
+  reduction reduces rows of width D (or 1);
+- a group replaces at least two ops (two kernels in eager); a lone op stays as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import logging
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from fusebackend.kernels.ir import RowProgram
+from fusebackend.passes.embedding_fusion import check_lookup, is_embedding
+from fusebackend.passes.graph import example_value, is_mutation
+from fusebackend.passes.ops import OpCall, bind_op, lookup_op, reduction_dim_reason
+from fusebackend.report import RejectionReport
+
+__all__ = ["Candidate", "find_groups", "is_alias_cast", "match"]
+
+log = logging.getLogger(__name__)
+
+FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_MIN_OPS = 2  # a group must replace at least this many ops (eager kernels) to pay
+_OTHER_REDUCTIONS = {
+    "max", "min", "prod", "norm", "softmax", "log_softmax", "group_norm", "batch_norm",
+    "logsumexp", "cumsum", "argmax", "argmin", "any", "all", "var_mean", "std_mean",
+}  # fmt: skip
+_VIEW_NAMES = {
+    "view", "reshape", "transpose", "permute", "expand", "unsqueeze", "squeeze", "flatten",
+    "contiguous", "t", "__getitem__", "getitem", "narrow", "select", "unflatten", "view_as",
+    "expand_as", "reshape_as", "movedim", "swapaxes",
+}  # fmt: skip
+
+
+@dataclasses.dataclass
+class Candidate:
+    """A group found by the pass, before and after lowering and rewrite."""
+
+    lookups: list[torch.fx.Node]
+    members: list[torch.fx.Node]  # lookups and table ops, in graph order
+    calls: dict[torch.fx.Node, OpCall]  # non-lookup members -> their matched op
+    stops: list[RejectionReport]  # consumers where growth stopped
+    program: RowProgram | None = None
+    rank: int = 0  # leading (row) dims of the group's shape
+    inputs: list[torch.fx.Node] = dataclasses.field(default_factory=list)
+    outputs: list[torch.fx.Node] = dataclasses.field(default_factory=list)
+    # member -> index of the kernel output holding its value; aliases (same-dtype casts)
+    # share their source's output, as they share its tensor in eager
+    output_slot: dict[torch.fx.Node, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ops(self) -> list[torch.fx.Node]:
+        """Members that are table ops (not lookups)."""
+        return [m for m in self.members if m in self.calls]
+
+    @property
+    def cost(self) -> int:
+        """Eager kernels the group replaces: lookups and ops, less same-dtype casts."""
+        aliases = sum(1 for m, call in self.calls.items() if is_alias_cast(call, m))
+        return len(self.members) - aliases
+
+
+def match(node: torch.fx.Node) -> OpCall | str | None:
+    """The node's op-table match, a reason it does not bind, or None (not a table op)."""
+    row = lookup_op(node.op, node.target)
+    if row is None:
+        return None
+    return bind_op(row[0], row[1], node.args, dict(node.kwargs))
+
+
+def is_alias_cast(call: OpCall, node: torch.fx.Node) -> bool:
+    """A cast to the dtype (and device) it already has: eager returns the input itself."""
+    source = call.operands[0]
+    if call.op.name != "cast" or not isinstance(source, torch.fx.Node):
+        return False
+    before, after = example_value(source), example_value(node)
+    return isinstance(before, torch.Tensor) and before.dtype == after.dtype
+
+
+def _last_dim(value: torch.Tensor) -> int | None:
+    return value.shape[-1] if value.dim() else None
+
+
+# --- growth ---------------------------------------------------------------------------
+
+
+class _Grower:
+    """Grows one group from a seed (a lookup or a table op), in graph order."""
+
+    def __init__(self, pass_: _FusionPass, seed: torch.fx.Node) -> None:
+        self.p = pass_
+        self.seed = seed
+        self.device = example_value(seed).device
+        self.members: set[torch.fx.Node] = set()
+        self.calls: dict[torch.fx.Node, OpCall] = {}
+        self.stops: list[RejectionReport] = []
+        self.width: Any = None  # the row width D once a value has one (int or SymInt)
+        self.shape: tuple[Any, ...] | None = None  # broadcast of every value's shape
+
+    def start(self) -> str | None:
+        """Take the seed in; a reason when it cannot start a group."""
+        if is_embedding(self.seed):
+            value = example_value(self.seed)
+            reason = self._fit_shape(value.shape, ())
+            if reason:
+                return reason
+            self.members.add(self.seed)
+            return None
+        result = self._try_absorb(self.seed)
+        if isinstance(result, str):
+            return result
+        self.members.update(result)
+        return None
+
+    def grow(self) -> Candidate:
+        seen: set[torch.fx.Node] = set()
+        heap: list[tuple[int, torch.fx.Node]] = []
+
+        def push_users(node: torch.fx.Node) -> None:
+            for user in node.users:
+                if user not in seen and user not in self.members:
+                    seen.add(user)
+                    heapq.heappush(heap, (self.p.position[user], user))
+
+        for member in list(self.members):
+            push_users(member)
+        while heap:
+            _, user = heapq.heappop(heap)
+            result = self._try_absorb(user)
+            if isinstance(result, str):
+                self.stops.append(RejectionReport(user.name, result))
+                continue
+            for node in result:
+                self.members.add(node)
+                push_users(node)
+        members = sorted(self.members, key=self.p.position.__getitem__)
+        lookups = [m for m in members if m not in self.calls]
+        return Candidate(lookups, members, self.calls, self.stops)
+
+    def _try_absorb(self, user: torch.fx.Node) -> list[torch.fx.Node] | str:
+        """The nodes to add for ``user`` (itself plus new lookups), or why not."""
+        if user.op == "output":
+            return "graph output"
+        if user in self.p.assigned:
+            return f"consumer {user.name} belongs to another group"
+        if is_mutation(user):
+            return f"consumer {user.name} is an in-place op"
+        call = match(user)
+        if call is None:
+            return f"consumer {user.name} is {_describe_kind(user)}"
+        if isinstance(call, str):
+            return f"consumer {user.name}: {call}"
+        reason = self._check_result(user, call)
+        if reason:
+            return f"consumer {user.name}: {reason}"
+        if is_alias_cast(call, user) and call.operands[0] not in self.members:
+            # eager returns the external tensor itself; a kernel output would be a copy
+            return f"consumer {user.name}: a same-dtype cast of a tensor outside the group"
+        new_lookups: list[torch.fx.Node] = []
+        for name, operand in zip(call.op.operands, call.operands):
+            reason = self._check_operand(call, name, operand, new_lookups)
+            if reason:
+                return f"consumer {user.name}: {reason}"
+        for value in call.params.values():
+            if _contains_node(value):
+                return f"consumer {user.name}: a tensor argument in a non-operand position"
+        reason = self._check_rows(user, call)
+        if reason:
+            return f"consumer {user.name}: {reason}"
+        outside = self.p.path_outside({*self.members, user, *new_lookups})
+        if outside is not None and new_lookups:  # the lookups stay outside, read as operands
+            new_lookups = []
+            outside = self.p.path_outside({*self.members, user})
+        if outside is not None:
+            return (f"consumer {user.name}: {outside.name} is computed from the group's "
+                        "own values and feeds the group (a cycle)")  # fmt: skip
+        span = [user, *new_lookups, *self.members]
+        mutation = self.p.mutation_between(span)
+        if mutation is not None:
+            return f"consumer {user.name}: the in-place op {mutation} lies inside the group"
+        self.calls[user] = call
+        return [user, *new_lookups]
+
+    def _check_result(self, user: torch.fx.Node, call: OpCall) -> str | None:
+        value = example_value(user)
+        if not isinstance(value, torch.Tensor):
+            return "result is not a tensor"
+        if value.device != self.device:
+            return f"result on {value.device}, group on {self.device}"
+        if value.device.type not in ("cuda", "cpu"):
+            return f"device {value.device} is not supported"
+        expected = (torch.bool,) if call.op.result == "bool" else FLOATING
+        if call.op.name == "cast":
+            expected = (*FLOATING, torch.bool)
+        if value.dtype not in expected:
+            return f"result dtype {value.dtype} is not fused"
+        if value.dim() == 0:
+            return "result is 0-d"
+        return None
+
+    def _check_rows(self, user: torch.fx.Node, call: OpCall) -> str | None:
+        """Reductions reduce the last dim; every value keeps the group's row width."""
+        value = example_value(user)
+        reduced: tuple[torch.Size, ...] = ()
+        if call.op.kind != "elementwise":
+            source = example_value(call.operands[0])
+            if source.dim() == 0:
+                return f"{call.op.name} of a 0-d tensor"
+            if call.op.kind == "reduction":
+                reason = reduction_dim_reason(call.params, source.dim())
+                if reason:
+                    return reason
+            else:
+                (size,) = call.params["normalized_shape"]
+                if not _same_size(size, source.shape[-1]):
+                    return f"normalizes {size} elements of rows {source.shape[-1]} wide"
+                for extra in call.operands[1:]:
+                    if isinstance(extra, torch.fx.Node) and example_value(extra).dim() != 1:
+                        return f"{call.op.name}'s {extra.name} is not 1-d"
+            reduced = (source.shape,)
+        return self._fit_shape(value.shape, reduced)
+
+    def _fit_shape(self, shape: torch.Size, reduced: tuple[torch.Size, ...]) -> str | None:
+        widths = [shape[-1] if len(shape) else 1] + [s[-1] for s in reduced]
+        width = self.width
+        for size in widths:
+            if _is_one(size):
+                continue
+            if width is None:
+                width = size
+            elif not _same_size(size, width):
+                return f"rows {size} wide in a group of rows {width} wide"
+        group = _broadcast(self.shape, shape) if self.shape is not None else tuple(shape)
+        if group is None:
+            return f"shape {tuple(shape)} does not broadcast with the group's {self.shape}"
+        self.width, self.shape = width, group
+        return None
+
+    def _check_operand(
+        self, call: OpCall, name: str, operand: Any, new_lookups: list[torch.fx.Node]
+    ) -> str | None:
+        wants_bool = name in call.op.bool_operands
+        if operand is None:
+            return None if name in call.op.optional else f"operand {name} is None"
+        if isinstance(operand, bool) or _is_real_number(operand):
+            if wants_bool:
+                return f"{name} must be a tensor"
+            if call.op.kind != "elementwise" and name == "input":
+                return f"{call.op.name} of a number"
+            return None
+        if not isinstance(operand, torch.fx.Node):
+            return f"operand {name} is a {type(operand).__name__}"
+        if operand in self.members:
+            dtype = example_value(operand).dtype
+        else:
+            value = example_value(operand)
+            if not isinstance(value, torch.Tensor):
+                return f"operand {operand.name} is a symbolic scalar"
+            if value.device != self.device:
+                return f"operand {operand.name} on {value.device}, group on {self.device}"
+            if value.layout != torch.strided:
+                return f"operand {operand.name} has layout {value.layout}: no strides to read it by"
+            if is_embedding(operand) and operand not in self.p.assigned:
+                if check_lookup(operand) is None:
+                    new_lookups.append(operand)
+            dtype = value.dtype
+        if call.op.name == "cast":
+            return None if dtype in (*FLOATING, torch.bool) else f"cast from {dtype}"
+        if wants_bool != (dtype == torch.bool):
+            return f"operand {name} has dtype {dtype}"
+        if dtype not in (*FLOATING, torch.bool):
+            return f"integer tensor operand {name} ({dtype}) is not fused"
+        if call.op.kind != "elementwise" and dtype == torch.bool:
+            return f"{call.op.name} of a bool tensor"
+        return None
+
+
+# Sizes may be SymInts (dynamic=True). Comparing those with == would add guards after
+# Dynamo has installed its own, so they are compared by their symbolic expression; Dynamo
+# specialises sizes 0 and 1, so a symbolic size is never 1.
+def _is_one(size: Any) -> bool:
+    return isinstance(size, int) and size == 1
+
+
+def _same_size(a: Any, b: Any) -> bool:
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return str(a) == str(b)
+
+
+def _broadcast(a: Sequence[Any], b: Sequence[Any]) -> tuple[Any, ...] | None:
+    """Eager's broadcast of two shapes, or None when they do not broadcast."""
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b):
+        if _is_one(x) or _same_size(x, y):
+            out.append(y)
+        elif _is_one(y):
+            out.append(x)
+        else:
+            return None
+    return tuple(out)
+
+
+def _is_real_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, torch.SymInt | torch.SymFloat)
+
+
+def _contains_node(value: Any) -> bool:
+    if isinstance(value, torch.fx.Node):
+        return True
+    if isinstance(value, list | tuple):
+        return any(_contains_node(v) for v in value)
+    return False
+
+
+def _describe_kind(node: torch.fx.Node) -> str:
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    if name in _OTHER_REDUCTIONS:
+        return f"a reduction not fused yet ({name})"
+    if name in _VIEW_NAMES:
+        return (
+            f"a view ({name}) of a value computed in the group: the kernel writes its "
+            "outputs contiguous and does not address its own values by new strides"
+        )
+    if node.op == "call_module":
+        return f"a module call ({node.target})"
+    return f"not an op in the table ({name or node.target})"
+
+
+# --- the pass -------------------------------------------------------------------------
+
+
+class _FusionPass:
+    def __init__(self, graph: torch.fx.Graph) -> None:
+        self.graph = graph
+        self.position = {node: i for i, node in enumerate(graph.nodes)}
+        self.mutations = [n for n in graph.nodes if is_mutation(n)]
+        self.assigned: set[torch.fx.Node] = set()
+        self.group_of: dict[torch.fx.Node, frozenset[torch.fx.Node]] = {}  # accepted groups
+        self.group_span: dict[frozenset[torch.fx.Node], tuple[int, int]] = {}
+
+    def path_outside(self, group: set[torch.fx.Node]) -> torch.fx.Node | None:
+        """A node outside ``group`` that depends on it and feeds it, or None.
+
+        Such a node would have to run both after and before the fused kernel. Checked for
+        the whole group at each step (a lookup joining as an operand can close a cycle
+        through operands the group already had) by searching upward from the group's
+        external operands. A node before ``floor`` in graph order cannot depend on the
+        group (graph order is topological), unless through a group found earlier, which
+        will be one kernel: reaching one of its members reaches all of them.
+        """
+        first = min(self.position[m] for m in group)
+        floor = min([first] + [lo for lo, hi in self.group_span.values() if hi > first])
+        producers = {p for m in group for p in m.all_input_nodes} - group
+        for producer in producers:
+            seen: set[torch.fx.Node] = set()
+            stack = [producer]
+            while stack:
+                node = stack.pop()
+                if node in seen or self.position[node] < floor:
+                    continue
+                seen.add(node)
+                for above in node.all_input_nodes:
+                    if above in group:
+                        return producer
+                    stack.append(above)
+                stack.extend(self.group_of.get(node, ()))
+        return None
+
+    def mutation_between(self, nodes: Sequence[torch.fx.Node]) -> str | None:
+        positions = [self.position[n] for n in nodes]
+        low, high = min(positions), max(positions)
+        for mutation in self.mutations:
+            if low < self.position[mutation] < high:
+                return mutation.name
+        return None
+
+    def run(self) -> tuple[list[Candidate], list[RejectionReport]]:
+        groups: list[Candidate] = []
+        rejections: list[RejectionReport] = []
+        for node in list(self.graph.nodes):
+            if node in self.assigned:
+                continue
+            if is_embedding(node):
+                reason = check_lookup(node)
+                if reason:
+                    rejections.append(RejectionReport(node.name, reason))
+                    continue
+            elif lookup_op(node.op, node.target) is None:
+                continue
+            if not isinstance(example_value(node), torch.Tensor):
+                continue  # Python-number arithmetic (a SymInt + 1 beside a sliding window)
+            grower = _Grower(self, node)
+            reason = grower.start()
+            if reason:
+                if match(node) is not None and _kind(node) != "elementwise":
+                    rejections.append(RejectionReport(node.name, reason))
+                continue  # an elementwise op that cannot seed is not worth a line
+            candidate = grower.grow()
+            if candidate.cost < _MIN_OPS:
+                if is_embedding(node):
+                    stops = "; ".join(s.reason for s in candidate.stops) or "unused"
+                    reason = f"no fusible consumer ({stops})"
+                    rejections.append(RejectionReport(node.name, reason))
+                elif _kind(node) != "elementwise":
+                    reason = (f"alone: a lone {_kind(node)} is one kernel in eager too; "
+                              "fused only with another op")  # fmt: skip
+                    rejections.append(RejectionReport(node.name, reason))
+                continue
+            self.assigned.update(candidate.members)
+            members = frozenset(candidate.members)
+            self.group_of.update(dict.fromkeys(members, members))
+            positions = [self.position[m] for m in members]
+            self.group_span[members] = (min(positions), max(positions))
+            groups.append(candidate)
+            rejections.extend(s for s in candidate.stops if s.reason != "graph output")
+        return groups, rejections
+
+
+def _kind(node: torch.fx.Node) -> str:
+    row = lookup_op(node.op, node.target)
+    return row[0].kind if row is not None else "other"
+
+
+def find_groups(graph: torch.fx.Graph) -> tuple[list[Candidate], list[RejectionReport]]:
+    """Every fusable group in ``graph`` and every candidate not fused, with reasons."""
+    return _FusionPass(graph).run()

@@ -1,0 +1,94 @@
+"""Replace each group by one call of its fused op; the group's torch ops as a module.
+
+The fused node returns a tuple (one tensor per kernel output) and a ``getitem`` per output
+takes the place of the member whose value it holds. The graph is re-sorted stably, so every
+node keeps its order relative to the mutations around it (see ``resort_stably``).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+from fusebackend.passes.embedding_fusion import embedding_args
+from fusebackend.passes.graph import example_value, resort_stably
+from fusebackend.passes.lowering import lower
+from fusebackend.passes.partition import Candidate
+
+__all__ = ["reference_module", "rewrite"]
+
+
+def rewrite(
+    graph: torch.fx.Graph, candidates: Sequence[Candidate], make_op: Any
+) -> list[torch.fx.Node]:
+    """Describe each group and replace it by ``make_op(candidate)`` called on its inputs.
+
+    Returns the new fused nodes. The graph is re-sorted so that every node keeps its place
+    relative to the mutations around it (see ``resort_stably``).
+    """
+    priority: dict[torch.fx.Node, float] = {n: float(i) for i, n in enumerate(graph.nodes)}
+    fused_nodes = []
+    for candidate in candidates:
+        lower(candidate)
+        first = candidate.members[0]
+        start = priority[first]
+        holders = _output_holders(candidate)
+        with graph.inserting_before(first):
+            fused = graph.call_function(make_op(candidate), tuple(candidate.inputs))
+            fused.meta["example_value"] = tuple(example_value(h) for h in holders)
+            priority[fused] = start
+            items = []
+            for k, holder in enumerate(holders):
+                item = graph.call_function(operator.getitem, (fused, k))
+                item.meta["example_value"] = example_value(holder)
+                priority[item] = start + (k + 1) / (len(holders) + 1)
+                items.append(item)
+            members = set(candidate.members)
+            for out in candidate.outputs:
+                item = items[candidate.output_slot[out]]
+                out.replace_all_uses_with(item, delete_user_cb=lambda u, m=members: u not in m)
+        for member in reversed(candidate.members):
+            graph.erase_node(member)
+        fused_nodes.append(fused)
+    resort_stably(graph, priority)
+    graph.lint()
+    return fused_nodes
+
+
+def _output_holders(candidate: Candidate) -> list[torch.fx.Node]:
+    """For each kernel output, the first member whose value it holds."""
+    holders: dict[int, torch.fx.Node] = {}
+    for member in candidate.outputs:
+        holders.setdefault(candidate.output_slot[member], member)
+    return [holders[k] for k in range(len(holders))]
+
+
+def reference_module(candidate: Candidate) -> torch.fx.GraphModule:
+    """The group's original torch ops as a small GraphModule (inputs -> outputs).
+
+    Runs the group when no Triton backend is usable (CPU without the interpreter), and
+    is what the kernel's first-run validation compares against.
+    """
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for i, node in enumerate(candidate.inputs):
+        env[node] = graph.placeholder(f"in{i}_{node.name}")
+    for member in candidate.members:
+        call = candidate.calls.get(member)
+        if call is None:  # a lookup; its other arguments only matter for gradients, or are
+            # max_norm (rejected), and may be graph values (norm_type under dynamic shapes)
+            args = embedding_args(member)
+            env[member] = graph.call_function(F.embedding, (env[args["input"]],
+                                                            env[args["weight"]]))  # fmt: skip
+        elif call.op.name == "cast":  # the target dtype may come from another tensor
+            env[member] = graph.call_method("to", (env[call.operands[0]],
+                                                   example_value(member).dtype))  # fmt: skip
+        else:
+            env[member] = graph.node_copy(member, lambda n: env[n])
+    graph.output(tuple(env[h] for h in _output_holders(candidate)))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)

@@ -1,0 +1,59 @@
+"""Real model code: tiny transformers Llama and BERT (random weights, no download, a padded
+attention mask) fused equal eager, and their norms run inside fused groups."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_close, eager, run_fused
+
+transformers = pytest.importorskip("transformers")
+
+
+def _norm_groups(report) -> int:
+    return sum(1 for g in report.groups if g.reductions)
+
+
+def test_tiny_llama_equals_eager_with_norms_fused():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.LlamaModel(config).eval()
+    ids = torch.randint(0, 97, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, :3] = 0  # left padding on the second row
+
+    def fn(ids, mask):
+        return model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    expected = eager(fn, ids, mask)
+    actual, report = run_fused(fn, ids, mask)
+    assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    # 2 layers x 2 RMSNorms + the final norm; the first one shares the lookup's kernel
+    assert _norm_groups(report) >= 5, str(report)
+    assert any(g.lookups and g.reductions for g in report.groups), str(report)
+
+
+def test_tiny_bert_equals_eager_with_layer_norms_fused():
+    torch.manual_seed(1)
+    config = transformers.BertConfig(
+        vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.BertModel(config, add_pooling_layer=False).eval()
+    ids = torch.randint(0, 101, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[0, 6:] = 0  # right padding on the first row
+
+    def fn(ids, mask):
+        return model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    expected = eager(fn, ids, mask)
+    actual, report = run_fused(fn, ids, mask)
+    assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    # the embeddings' LayerNorm with its three lookups, and 2 per layer after a residual add
+    assert _norm_groups(report) >= 5, str(report)
+    embeddings = [g for g in report.groups if len(g.lookups) >= 2 and g.reductions]
+    assert embeddings, str(report)

@@ -1,0 +1,56 @@
+"""GPU: every row pattern at the full row widths (persistent up to 8192, chunked above),
+decode and prefill row counts, each ONE group, equal to eager on the device; and a row
+kernel captured in a CUDA graph. Run on a CUDA machine: pytest -m gpu."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import FLOAT_DTYPES, assert_close, eager, run_fused, single_group
+from test_row_patterns import PATTERNS, _args
+
+import fusebackend
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def _to_cuda(args):
+    return tuple(a.cuda() for a in args)
+
+
+@pytest.mark.parametrize("lead", [(1, 1), (3, 37), (0, 4)], ids=str)
+@pytest.mark.parametrize("width", [1, 7, 127, 768, 2048, 4097, 8192, 11008])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_pattern_on_device(name, dtype, width, lead):
+    fn, reductions, lookups = PATTERNS[name]
+    g = torch.Generator().manual_seed(width)
+    args = _to_cuda(_args(name, lead, width, dtype, g))
+    expected = eager(fn, *args)
+    actual, report = run_fused(fn, *args, options={"cudagraphs": False})
+    override = {}
+    if dtype == torch.float32 and reductions:
+        override = {"rtol": 1e-5, "atol": 1e-5}  # see test_row_patterns' docstring
+    elif dtype == torch.bfloat16 and reductions:
+        override = {"rtol": 2e-2, "atol": 0.0625}
+    assert_close(actual, expected, **override)
+    group = single_group(report)
+    assert len(group.reductions) == reductions and len(group.lookups) == lookups, str(report)
+    assert group.kernel_name.startswith("_row_kernel_" if reductions else "_pointwise_kernel_")
+
+
+def test_row_kernel_in_cuda_graph_equals_eager():
+    fn = PATTERNS["residual_rms"][0]
+    g = torch.Generator().manual_seed(0)
+    args = _to_cuda(_args("residual_rms", (1, 1), 4096, torch.float16, g))
+    expected = eager(fn, *args)
+    compiled = torch.compile(fn, backend="infinifuse", options={"validate": False})
+    with torch.no_grad():
+        for _ in range(3):  # capture, then replays
+            actual = compiled(*args)
+    assert_close(actual, expected)
+    modes = [e["mode"] for e in fusebackend.last_report().graphs[-1].runtime_modes()]
+    assert modes == ["fusion"], modes
