@@ -16,8 +16,8 @@ transformers compiles the forward only on accelerators (cuda, xpu, ...); on the 
 example sets ``compile_config._compile_all_devices = True`` (transformers' own switch for
 that). In transformers 5.23 the compiled forward runs the decode steps; the prefill runs
 uncompiled unless ``prefill_chunk_size`` is set (``GenerationMixin._prefill``), so stats show
-one signature, the decode step's. Without CUDA, fused groups run their torch reference; ``--interpret`` runs the generated
-Triton kernels in Triton's interpreter instead (slow).
+one signature, the decode step's. Without CUDA, fused groups run their torch reference;
+``--interpret`` runs the generated Triton kernels in Triton's interpreter instead (slow).
 
 Prints the first generate's time (compilation included), tokens/s of a second generate (prefill
 included), ``fusebackend.stats()``, and whether the tokens equal eager's

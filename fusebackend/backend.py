@@ -8,6 +8,7 @@ unfused, so gradients equal eager's.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -106,24 +107,29 @@ def infinifuse(
 
     host_inputs = hoist_host_to_device(gm, example_inputs)
     constants = fold_constants(gm)
-    mutated_names = [p.name for p in mutated_placeholders(gm.graph)]
-    split = split_host(gm, _on_host) if device is not None else None
-    target, inputs = gm, list(example_inputs)
-    if split is not None:
-        target, inputs, host_inputs = _device_part(split, example_inputs, host_inputs, device)
-    placeholders = [n for n in target.graph.nodes if n.op == "placeholder"]
-    index_of = {node: i for i, node in enumerate(placeholders)}
-    mutated = mutated_placeholders(target.graph)
-    fused_gm, groups, rejections = _fuse(target, device, config)
-    static = _static_inputs(inputs, index_of, mutated, host_inputs, config)
+    mutated = mutated_placeholders(gm.graph)
+    # Nothing is captured without CUDA graphs: the split would only add snapshot clones.
+    split = split_host(gm, _on_host) if _captures(config, device) else None
+    if split is None:
+        part = DevicePart(gm, list(example_inputs), host_inputs, range(len(example_inputs)))
+    else:
+        part = _device_part_of(split, example_inputs, host_inputs, device)
+    placeholders = [n for n in part.graph.graph.nodes if n.op == "placeholder"]
+    original = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    mutated_indices = {original.index(p) for p in mutated}
+    # Inputs of the device part that are original inputs the graph writes (the host part
+    # writes its own inputs itself, on the caller's tensors).
+    mutated_here = frozenset(k for k, i in enumerate(part.original_indices) if i in mutated_indices)
+    fused_gm, groups, rejections = _fuse(part.graph, device, config)
+    static = _static_inputs(part.example_inputs, mutated_here, part.host_inputs, config, device)
     cache = GraphCache(
-        unfused=target,
+        unfused=part.graph,
         fused=fused_gm,
         config=config,
         device=device,
         static_input_indices=static,
-        mutated_input_indices=frozenset(index_of[p] for p in mutated),
-        host_inputs=host_inputs,
+        mutated_input_indices=mutated_here,
+        host_inputs=part.host_inputs,
         name=name,
         batch_size_input_indices=_batch_size_inputs(placeholders, static),
     )
@@ -131,15 +137,17 @@ def infinifuse(
         path = "unfused (option fusion=False)"
     else:
         path = "fused" if groups else "unfused (nothing to fuse)"
-    in_place = [placeholders[i].name for i in sorted(static) if not _is_module_state(inputs[i])]
+    in_place = [
+        placeholders[i].name for i in sorted(static) if not _is_module_state(part.example_inputs[i])
+    ]
     report = GraphReport(
         name=name,
         device=str(device or "cpu"),
         path=path,
         groups=groups,
         rejections=list(rejections),
-        mutated_inputs=mutated_names,
-        host_inputs=[placeholders[i].name for i in host_inputs],
+        mutated_inputs=[p.name for p in mutated],
+        host_inputs=[placeholders[i].name for i in part.host_inputs],
         compile_seconds=time.perf_counter() - start,
         runtime_ref=weakref.ref(cache),
         static_inputs=in_place,
@@ -151,7 +159,7 @@ def infinifuse(
         "%s: %s, %d group(s), %d not fused; %d inputs, used in place: %s, mutated: %s, "
         "constants: %d, host nodes: %d",
         name, path, len(groups), len(rejections), len(placeholders), in_place,
-        [p.name for p in mutated], len(constants), len(report.host_nodes),
+        report.mutated_inputs, len(constants), len(report.host_nodes),
     )  # fmt: skip
     return cache if split is None else split.bind(cache)
 
@@ -160,16 +168,38 @@ def _on_host(value: torch.Tensor) -> bool:
     return value.device.type == "cpu"
 
 
-def _device_part(
+def _captures(config: FusionConfig, device: torch.device | None) -> bool:
+    """Will the runtime capture this graph in CUDA graphs? (GraphCache's own rule.)"""
+    if device is None or device.type != "cuda":
+        return False
+    return config.cudagraphs is True or (config.cudagraphs is None and torch.cuda.is_available())
+
+
+@dataclasses.dataclass
+class DevicePart:
+    """What the runtime runs: the whole graph, or the device part of a split one.
+
+    ``original_indices[k]`` is the original input that input ``k`` is, for the inputs that
+    are original ones (a split's device part reads host values after them).
+    """
+
+    graph: torch.fx.GraphModule
+    example_inputs: list[Any]  # None for the host values a split passes
+    host_inputs: dict[int, torch.device]  # input index -> device the runtime stages it to
+    original_indices: Sequence[int]
+
+
+def _device_part_of(
     split: HostSplit,
     example_inputs: Sequence[Any],
     host_inputs: Mapping[int, torch.device],
     device: torch.device,
-) -> tuple[torch.fx.GraphModule, list[Any], dict[int, torch.device]]:
+) -> DevicePart:
     """The device part of a split graph, its example inputs and its host inputs.
 
     Its inputs are the original inputs it reads, then the host values; a host value it moves
-    to the device (or a 0-d one it reads there) is staged by the runtime like a CPU input.
+    to the device (or a 0-d one it reads there: ``stage_scalars``) is staged by the runtime
+    like a CPU input, so it is in ``host_inputs`` and its value is not part of the key.
     """
     first = len(split.device_args)
     moved = {k: host_inputs[i] for k, i in enumerate(split.device_args) if i in host_inputs}
@@ -178,7 +208,7 @@ def _device_part(
     examples = [None] * first + [example_value(p) for p in placeholders[first:]]
     moved |= {i: d for i, d in hoist_host_to_device(split.device, examples).items() if i >= first}
     inputs = [example_inputs[i] for i in split.device_args] + [None] * split.num_boundary
-    return split.device, inputs, moved
+    return DevicePart(split.device, inputs, moved, split.device_args)
 
 
 # torch.compile's modes -> does the mode turn CUDA graphs off? "reduce-overhead" and the
@@ -289,10 +319,10 @@ def _needs_autograd(example_inputs: Sequence[Any]) -> bool:
 
 def _static_inputs(
     example_inputs: Sequence[Any],
-    index_of: Mapping[torch.fx.Node, int],
-    mutated: Sequence[torch.fx.Node],
+    mutated: frozenset[int],
     host_inputs: Mapping[int, torch.device],
     config: FusionConfig,
+    device: torch.device | None,
 ) -> frozenset[int]:
     """Inputs the runtime uses in place (no copy in, no write-back; address checked per hit).
 
@@ -303,14 +333,25 @@ def _static_inputs(
     replay would cost two passes over the whole cache per token. A mutated input that comes
     at a new address on each call is re-recorded each call instead (``rerecords``). Not with
     ``batch_buckets``: static inputs are not padded.
+
+    Never a 0-d CPU tensor of a CUDA graph (a CPU counter the graph writes, a CPU buffer): a
+    captured graph never reads it again on replay, and the runtime keys such a scalar by
+    its value only when it is not static. A larger CPU tensor stays static: the device part
+    reads one only in CPU ops (a device value copied to the host, which cannot be captured
+    anyway; CPU ops on CPU inputs alone are the host part's), and on the fake-CUDA test path
+    every tensor is on the CPU, where parameters must stay in place as on a GPU.
     """
     static = {i for i, t in enumerate(example_inputs) if _is_parameter_or_buffer(t)}
     if config.batch_buckets is None:
-        for node in mutated:
-            i = index_of[node]
-            if isinstance(example_inputs[i], torch.Tensor) and i not in host_inputs:
-                static.add(i)
+        tensors = {i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor)}
+        static |= (mutated & tensors) - set(host_inputs)
+    if device is not None:
+        static -= {i for i in static if _on_host_scalar(example_inputs[i])}
     return frozenset(static)
+
+
+def _on_host_scalar(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.dim() == 0 and _on_host(t)
 
 
 def _is_parameter_or_buffer(t: Any) -> bool:

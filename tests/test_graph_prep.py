@@ -9,6 +9,7 @@ did with ``c = counter.to(counter.device); c.add_(16)``.
 
 from __future__ import annotations
 
+import inspect
 import operator
 
 import pytest
@@ -16,7 +17,8 @@ import torch
 import torch.fx
 
 import fusebackend
-from fusebackend.passes.mutations import mutated_placeholders
+from fusebackend.passes.graph import example_value, is_mutation
+from fusebackend.passes.mutations import mutated_placeholders, written_args
 from tests.helpers import assert_close, rand_ids, rand_table
 
 
@@ -69,6 +71,26 @@ def _via_chain(c):
     a.sub_(1)
 
 
+def _via_foreach_list(c):  # the written tensor is inside a list argument
+    torch._foreach_add_([c[:2], c[2:]], 3.0)
+
+
+def _via_aten_overload(c):  # an OpOverload: its name ends in ".Tensor", not "_"
+    torch.ops.aten.add_.Tensor(c, 3.0)
+
+
+def _via_aten_packet(c):
+    torch.ops.aten.mul_(c.detach(), 2.0)
+
+
+def _via_inplace_by_position(c):  # F.threshold(x, threshold, value, inplace)
+    torch.nn.functional.threshold(c, 1.5, -1.0, True)
+
+
+def _via_out_tuple(c):
+    torch.sort(c.detach() * -1, out=(c, torch.empty(4, dtype=torch.long)))
+
+
 ALIASES = {
     "to_same_device": _via_to_same_device,
     "to_same_dtype": _via_to_same_dtype,
@@ -80,6 +102,11 @@ ALIASES = {
     "setitem_slice": _via_setitem_slice,
     "out": _via_out,
     "chain": _via_chain,
+    "foreach_list": _via_foreach_list,
+    "aten_overload": _via_aten_overload,
+    "aten_packet": _via_aten_packet,
+    "inplace_by_position": _via_inplace_by_position,
+    "out_tuple": _via_out_tuple,
 }
 
 
@@ -131,14 +158,38 @@ def test_mutated_placeholders_sees_aliases_and_not_copies():
     assert [p.name for p in mutated_placeholders(gm.graph)] == ["l_c_"]
 
 
-def test_mutated_placeholders_without_example_values_follow_views_by_name():
+def test_written_args_of_every_kind_of_write():
+    def fn(x, a, b, v, i, c, d, e):
+        torch.sort(x, out=(v, i))  # out= tuple
+        torch._foreach_mul_([a, b], 2.0)  # list first argument
+        torch.nn.functional.relu(c, True)  # inplace=True by position
+        torch.ops.aten.index_put_.default(d, (torch.tensor([0]),), torch.tensor(5.0))
+        e[1] = 7.0  # setitem
+        return x + 1  # pure
+
+    args = [torch.randn(5), torch.randn(3), torch.randn(3), torch.empty(5)]
+    args += [torch.empty(5, dtype=torch.long), torch.randn(3), torch.randn(3), torch.randn(3)]
+    gm = _graph_of(fn, *args)
+    written = {n.name: [a.name for a in written_args(n)] for n in gm.graph.nodes if written_args(n)}
+    assert sorted(written.values()) == [
+        ["l_a_", "l_b_"], ["l_c_"], ["l_d_"], ["l_e_"], ["l_v_", "l_i_"]
+    ], written  # fmt: skip
+    for node in gm.graph.nodes:
+        assert is_mutation(node) == bool(written_args(node)), node.format_node()
+    names = [p.name for p in mutated_placeholders(gm.graph)]
+    assert names == ["l_v_", "l_i_", "l_a_", "l_b_", "l_c_", "l_d_", "l_e_"], names
+
+
+def test_mutated_placeholders_without_example_values_count_every_source():
+    # Hand-built: no example values, so a write counts for every input it is computed from.
     graph = torch.fx.Graph()
-    a, b = graph.placeholder("a"), graph.placeholder("b")
+    a, b, c = graph.placeholder("a"), graph.placeholder("b"), graph.placeholder("c")
     view = graph.call_method("view", (a, -1))
     graph.call_method("add_", (view, 1))
-    part = graph.call_function(operator.getitem, (b, slice(1, None)))
-    graph.output(part)
-    assert [p.name for p in mutated_placeholders(graph)] == ["a"]
+    total = graph.call_function(operator.add, (b, 1))
+    graph.call_function(torch._foreach_mul_, ([total],), {})
+    graph.output(graph.call_function(operator.getitem, (c, slice(1, None))))
+    assert [p.name for p in mutated_placeholders(graph)] == ["a", "b"]
 
 
 # ------------------------------------------------------------------ constants (constants.py)
@@ -185,6 +236,80 @@ def test_returned_or_mutated_constants_are_not_shared_between_calls():
     assert_close(second_fresh, torch.zeros(3))
     assert_close(second, first)
     assert fusebackend.last_report().graphs[0].constants == []
+
+
+def test_a_constant_written_through_a_list_argument_is_not_folded():
+    def fn(x):
+        acc = torch.zeros(3)
+        torch._foreach_add_([acc], 1.0)  # once folded, each call added 1 to one buffer
+        return x + acc
+
+    compiled = torch.compile(fn, backend="infinifuse", fullgraph=True)
+    x = torch.randn(3)
+    with torch.no_grad():
+        for _ in range(3):
+            assert_close(compiled(x), x + 1)
+    assert fusebackend.last_report().graphs[0].constants == []
+
+
+def _binomial(x):
+    return x + torch.binomial(torch.full((64,), 100.0), torch.full((64,), 0.5))
+
+
+def _standard_gamma(x):
+    return x + torch._standard_gamma(torch.full((64,), 2.0))
+
+
+def _sample_dirichlet(x):
+    return x + torch._sample_dirichlet(torch.full((64,), 2.0))
+
+
+def _native_dropout(x):
+    return x + torch.native_dropout(torch.ones(64), 0.5, True)[0]
+
+
+@pytest.mark.parametrize("fn", [_binomial, _standard_gamma, _sample_dirichlet, _native_dropout])
+def test_random_ops_outside_the_name_list_are_not_folded(fn):
+    compiled = torch.compile(fn, backend="infinifuse", fullgraph=True)
+    x = torch.zeros(64)
+    with torch.no_grad():
+        torch.manual_seed(5)
+        first = compiled(x)  # compiles: evaluating the op must not draw from the generator
+        second = compiled(x)
+        torch.manual_seed(5)
+        expected_first, expected_second = fn(x), fn(x)
+    assert_close(first, expected_first)
+    assert_close(second, expected_second)
+    assert not torch.equal(first, second)
+    constants = fusebackend.last_report().graphs[0].constants
+    assert {name.rstrip("_0123456789") for name in constants} <= {"full", "ones"}, constants
+
+
+@torch.library.custom_op("fusebackend_tests::noisy", mutates_args=())
+def _noisy(x: torch.Tensor) -> torch.Tensor:
+    return x + torch.rand(x.shape)  # random, but neither named nor tagged as such
+
+
+@_noisy.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_an_op_that_moves_the_generator_is_not_folded_and_draws_nothing_at_compile():
+    def fn(x):
+        return x + _noisy(torch.zeros(16))
+
+    compiled = torch.compile(fn, backend="infinifuse", fullgraph=True)
+    x = torch.zeros(16)
+    with torch.no_grad():
+        torch.manual_seed(9)
+        first = compiled(x)
+        second = compiled(x)
+        torch.manual_seed(9)
+        expected_first, expected_second = fn(x), fn(x)
+    assert_close(first, expected_first)
+    assert_close(second, expected_second)
+    assert fusebackend.last_report().graphs[0].constants == ["zeros"]
 
 
 def test_symbolic_and_random_values_are_not_folded():
@@ -287,3 +412,258 @@ def test_split_needs_both_parts():
     gm = _graph_of(lambda c: c + 1, torch.tensor(1))
     assert split_host(gm, lambda v: True) is None
     assert split_host(gm, lambda v: False) is None
+
+
+def _fake_graph(mode, build):
+    """A hand-built graph whose nodes carry fake example values: ``build(graph, add)``."""
+    graph = torch.fx.Graph()
+
+    def add(op, target, args, value, name=None):
+        node = (
+            graph.placeholder(target) if op == "placeholder" else getattr(graph, op)(target, args)
+        )
+        if name:
+            node.name = name
+        node.meta["example_value"] = value
+        return node
+
+    build(graph, add)
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_a_hoisted_input_that_the_graph_writes_is_written_through_a_clone():
+    """``d = ids.to("cuda"); d.add_(1)``: eager writes a fresh copy, never the caller's ids."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusebackend.passes.host_inputs import hoist_host_to_device
+
+    mode = FakeTensorMode()
+    with mode:
+        ids_v = torch.zeros(3, dtype=torch.int64)
+
+    def build(graph, add):
+        ids = add("placeholder", "ids", (), ids_v)
+        w = add("placeholder", "w", (), _fake_cuda(mode, (10, 4)))
+        d = add("call_method", "to", (ids, "cuda"), _fake_cuda(mode, (3,), torch.int64))
+        add("call_method", "add_", (d, 1), example_value(d))
+        e = add("call_method", "to", (ids, "cuda"), _fake_cuda(mode, (3,), torch.int64))
+        first = add("call_function", operator.getitem, (w, d), _fake_cuda(mode, (3, 4)))
+        second = add("call_function", operator.getitem, (w, e), _fake_cuda(mode, (3, 4)))
+        graph.output((first, second))
+
+    gm = _fake_graph(mode, build)
+    assert hoist_host_to_device(gm, [torch.zeros(3, dtype=torch.int64), None]) == {
+        0: torch.device("cuda", 0)
+    }
+    assert mutated_placeholders(gm.graph) == []  # so the runtime never writes ids back
+    # The rewritten graph on real CPU tensors: the write lands on a copy, once.
+    ids, w = torch.tensor([0, 4, 8]), torch.randn(10, 4)
+    first, second = gm(ids, w)
+    assert_close(first, w[ids + 1])
+    assert_close(second, w[ids])
+    assert ids.tolist() == [0, 4, 8]
+
+
+def test_staged_host_scalars_are_host_inputs_of_the_device_part():
+    """A 0-d host value read on the device is staged: it must be in ``host_inputs`` (the
+    runtime copies it in; its value must not be part of the capture key)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusebackend.backend import _device_part_of
+    from fusebackend.passes.host_inputs import split_host
+
+    mode = FakeTensorMode()
+    with mode:
+        counter_v = torch.zeros((), dtype=torch.int64)
+        pos_v = counter_v + 1
+
+    def build(graph, add):
+        counter = add("placeholder", "counter", (), counter_v)
+        x = add("placeholder", "x", (), _fake_cuda(mode, (4,)))
+        pos = add("call_function", operator.add, (counter, 1), pos_v, "pos")
+        y = add("call_function", operator.mul, (x, pos), _fake_cuda(mode, (4,)), "y")
+        graph.output((y,))
+
+    gm = _fake_graph(mode, build)
+    split = split_host(gm, lambda v: v.device.type == "cpu")
+    assert split is not None and split.nodes == ["pos"]
+    cuda = torch.device("cuda", 0)
+    part = _device_part_of(split, [torch.tensor(3), torch.zeros(4)], {}, cuda)
+    assert part.host_inputs == {1: cuda}, part.graph.code  # x, then the staged pos
+    assert list(part.original_indices) == [1]
+    placeholders = [n for n in part.graph.graph.nodes if n.op == "placeholder"]
+    assert len(placeholders) == 2 and all(u.target is operator.mul for u in placeholders[1].users)
+
+
+# Host/device splits on the CPU: int64 values play the host, floats the device.
+def _int64(value) -> bool:
+    return value.dtype == torch.int64
+
+
+def _seeded() -> torch.Generator:
+    return torch.Generator().manual_seed(7)
+
+
+def _run_split_like_eager(fn, make_args, expected_host_nodes):
+    from fusebackend.passes.host_inputs import split_host
+
+    gm = _graph_of(fn, *make_args())
+    split = split_host(gm, _int64)
+    assert split is not None
+    assert split.nodes == expected_host_nodes, split.nodes
+    run = split.bind(split.device)
+    # Dynamo orders its inputs by first use: l_<name>_ is the argument <name>.
+    names = list(inspect.signature(fn).parameters)
+    order = [names.index(n.name[2:-1]) for n in gm.graph.nodes if n.op == "placeholder"]
+    args, expected_args = make_args(), make_args()
+    for _ in range(3):
+        out = run(*[args[i] for i in order])
+        expected = fn(*expected_args)
+        assert_close(list(out), list(expected))
+        assert_close(list(args), list(expected_args))
+    return split
+
+
+def _read_then_write_out(counter, step, x):
+    y = x * counter.to(x.dtype)  # a device read of the counter before the host write
+    torch.add(step, counter, out=counter)  # host write through out= (args[0] is step)
+    return y, counter * 1
+
+
+def test_split_snapshots_a_value_written_later_through_out():
+    def make_args():
+        return torch.tensor(3), torch.tensor(2), torch.randn(2, generator=_seeded())
+
+    _run_split_like_eager(_read_then_write_out, make_args, ["add", "mul_1"])
+
+
+def _setitem_on_host(counter, x):
+    y = x * counter.to(x.dtype)  # device read before the write
+    counter[0] = counter[0] + 5  # setitem returns None: still host work
+    return y, counter * 1
+
+
+def test_setitem_on_host_values_runs_in_the_host_part():
+    def make_args():
+        return torch.tensor([3]), torch.randn(2, generator=_seeded())
+
+    split = _run_split_like_eager(
+        _setitem_on_host, make_args, ["getitem", "add", "setitem", "mul_1"]
+    )
+    device_ops = {n.target for n in split.device.graph.nodes if n.op == "call_function"}
+    assert operator.setitem not in device_ops
+
+
+def test_a_mutation_reading_a_number_input_runs_in_the_host_part():
+    from fusebackend.passes.host_inputs import host_nodes
+
+    graph = torch.fx.Graph()
+    counter, length, x = (graph.placeholder(n) for n in ("counter", "length", "x"))
+    counter.meta["example_value"] = torch.zeros((), dtype=torch.int64)
+    length.meta["example_value"] = 7  # a dynamic length reaches the graph as a SymInt/int
+    x.meta["example_value"] = torch.zeros(3)
+    bump = graph.call_method("add_", (counter, length))
+    bump.meta["example_value"] = counter.meta["example_value"]
+    ramp = graph.call_function(torch.arange, (length,))
+    ramp.meta["example_value"] = torch.zeros(7, dtype=torch.int64)
+    scaled = graph.call_function(operator.mul, (x, 2.0))
+    scaled.meta["example_value"] = torch.zeros(3)
+    graph.output((scaled, ramp))
+    assert host_nodes(graph, _int64) == [bump]  # arange(length) stays put (batch_buckets)
+
+
+def test_no_split_when_a_device_node_writes_a_host_value():
+    from fusebackend.passes.host_inputs import split_host
+
+    def fn(counter, x):
+        pos = counter + 1  # host work
+        counter.copy_((x.sum() * 2).to(counter.dtype))  # a host value written from device data
+        return x * pos.to(x.dtype)
+
+    gm = _graph_of(fn, torch.tensor(3), torch.randn(2))
+    assert split_host(gm, _int64) is None
+
+
+# ------------------------------------------- what the backend hands the runtime (backend.py)
+
+FAKE_CUDA = torch.device("cuda", 0)
+
+
+def _backend_call(monkeypatch, fn, args, on_host=None, **kwargs):
+    """Run ``infinifuse`` on ``fn``'s Dynamo graph as for a CUDA graph (no GPU needed: the
+    runtime is only built, never called); return (GraphCache kwargs, report, placeholders)."""
+    import fusebackend.backend as backend
+
+    monkeypatch.setattr(backend, "_graph_device", lambda inputs: FAKE_CUDA)
+    if on_host is not None:
+        monkeypatch.setattr(backend, "_on_host", on_host)
+    seen = {}
+    real = backend.GraphCache
+
+    def spy(**cache_kwargs):
+        seen.update(cache_kwargs)
+        return real(**cache_kwargs)
+
+    monkeypatch.setattr(backend, "GraphCache", spy)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+
+    torch.compile(fn, backend=capture, fullgraph=True)(*args)
+    gm, example_inputs = graphs[0]
+    with torch.no_grad():
+        backend.infinifuse(gm, example_inputs, **kwargs)
+    unfused = seen["unfused"]
+    names = [n.name for n in unfused.graph.nodes if n.op == "placeholder"]
+    return seen, fusebackend.last_report().graphs[-1], names
+
+
+@pytest.mark.parametrize(
+    "kwargs, split",
+    [
+        ({"options": {"cudagraphs": True}}, True),
+        ({"options": {"cudagraphs": False}}, False),
+        ({"mode": "max-autotune-no-cudagraphs"}, False),
+    ],
+)
+def test_the_host_split_happens_only_when_cuda_graphs_capture(monkeypatch, kwargs, split):
+    counter, x = torch.tensor(3), torch.randn(2, 5)
+    seen, report, names = _backend_call(monkeypatch, _counter_model, (counter, x), _int64, **kwargs)
+    assert report.mutated_inputs == ["l_counter_"]
+    mutated = {names[i] for i in seen["mutated_input_indices"]}
+    if split:
+        assert report.host_nodes == ["before", "pos", "add_", "mul_2"], report.host_nodes
+        assert mutated == set()  # the host part writes the counter, on the caller's tensor
+    else:
+        assert report.host_nodes == []
+        assert "add_" in {n.target for n in seen["unfused"].graph.nodes}
+        assert mutated == {"l_counter_"}
+
+
+def _writes_counter_and_buffer(counter, buf, x):
+    counter.add_(1)
+    buf.mul_(2.0)
+    return x * 2.0
+
+
+def test_a_cpu_scalar_is_never_a_static_input_of_a_cuda_graph(monkeypatch):
+    # A captured graph never re-reads a CPU scalar; the runtime keys it by value only when
+    # it is not static. (On the fake-CUDA path every tensor is on the CPU; the 1-d buffer
+    # stays in place as a device tensor would.)
+    args = (torch.tensor(3.0), torch.randn(4), torch.randn(3))
+    seen, report, names = _backend_call(
+        monkeypatch, _writes_counter_and_buffer, args, options={"cudagraphs": True}
+    )
+    assert report.mutated_inputs == ["l_counter_", "l_buf_"]
+    assert {names[i] for i in seen["static_input_indices"]} == {"l_buf_"}
+    assert {names[i] for i in seen["mutated_input_indices"]} == {"l_counter_", "l_buf_"}
+
+
+def test_a_cpu_graph_uses_its_mutated_scalars_in_place():
+    compiled = torch.compile(_writes_counter_and_buffer, backend="infinifuse", fullgraph=True)
+    counter, buf, x = torch.tensor(3.0), torch.randn(4), torch.randn(3)
+    with torch.no_grad():
+        compiled(counter, buf, x)
+    assert fusebackend.last_report().graphs[0].static_inputs == ["l_counter_", "l_buf_"]

@@ -58,6 +58,61 @@ def test_cpu_counter_runs_on_the_host_and_the_device_part_is_captured():
     assert fusebackend.stats()["recordings"] == 1  # the counter's value is not in the key
 
 
+def test_a_written_device_copy_of_cpu_ids_leaves_them_alone_and_is_captured():
+    """``d = ids.to(cuda); d.add_(1)``: eager writes a fresh copy, never the caller's ids."""
+
+    def fn(ids, table):
+        d = ids.to(table.device)
+        d.add_(1)
+        return torch.nn.functional.embedding(d, table) * 2.0
+
+    g = torch.Generator().manual_seed(4)
+    table = rand_table(19, 7, g=g).cuda()
+    compiled = torch.compile(fn, backend="infinifuse")
+    with torch.no_grad():
+        for _ in range(3):
+            ids = rand_ids(18, (2, 5), g=g)  # on the CPU
+            before = ids.clone()
+            assert_close(compiled(ids, table), fn(before.clone(), table))
+            assert torch.equal(ids, before)
+    graph = fusebackend.last_report().graphs[0]
+    assert graph.host_inputs == ["l_ids_"] and graph.mutated_inputs == [], str(graph)
+    assert "eager" not in _modes(graph), str(fusebackend.last_report())
+
+
+def test_a_cpu_setitem_runs_on_the_host_and_the_device_part_is_captured():
+    def fn(counter, x):
+        y = x * counter.to(x.device)  # read before the host write (staged like an input)
+        counter[0] = counter[0] + 5  # setitem returns None: host work all the same
+        return y, counter * 1
+
+    x = torch.randn(3, device="cuda")
+    counter, expected_counter = torch.tensor([3]), torch.tensor([3])
+    compiled = torch.compile(fn, backend="infinifuse")
+    with torch.no_grad():
+        for _ in range(4):
+            out = compiled(counter, x)
+            expected = fn(expected_counter, x)
+            assert_close(list(out), list(expected))
+            assert_close(counter, expected_counter)
+    graph = fusebackend.last_report().graphs[0]
+    assert "setitem" in graph.host_nodes, str(fusebackend.last_report())
+    assert "eager" not in _modes(graph), str(fusebackend.last_report())
+    assert fusebackend.stats()["recordings"] == 1
+
+
+def test_a_random_op_on_the_device_is_not_folded():
+    def fn(x):
+        return x + torch._standard_gamma(torch.full((64,), 2.0, device=x.device))
+
+    x = torch.zeros(64, device="cuda")
+    compiled = torch.compile(fn, backend="infinifuse")
+    with torch.no_grad():
+        first, second = compiled(x), compiled(x)
+    assert not torch.equal(first, second)
+    assert fusebackend.last_report().graphs[0].constants == ["full"]
+
+
 def test_mutated_cache_is_used_in_place_without_copies():
     """A KV-cache-like buffer written in place: static (no copy in, no write-back)."""
 

@@ -9,7 +9,10 @@ graph reads them at a fixed address.
 
 A node is folded when it yields a tensor and either is a factory (``torch.tensor``,
 ``full``, ``zeros``, ...) whose arguments hold no graph value and nothing symbolic, or an
-op whose every input is folded. Never folded: random ops, in-place ops, anything whose
+op whose every input is folded. Never folded: random ops (by name, by the
+``nondeterministic_seeded`` tag of the aten op, and any node whose evaluation moved the CPU
+or CUDA generator: ``torch.binomial``, ``_standard_gamma``, ``native_dropout`` are none of
+the names; the generator is then put back, so compiling draws nothing), in-place ops, anything whose
 storage the graph mutates or returns (a returned constant would be one tensor shared by
 every call; transformers' StaticCache builds its KV tensors with ``torch.zeros`` in a
 compiled prefill, then fills and returns them), and anything whose real value differs from
@@ -18,6 +21,7 @@ Dynamo's example value in dtype, shape or device (an autocast region around it).
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -25,8 +29,8 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from fusebackend.passes.graph import example_value, is_mutation
-from fusebackend.passes.mutations import storage_id
+from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.mutations import storage_id, written_args, written_storages
 
 __all__ = ["fold_constants"]
 
@@ -80,7 +84,7 @@ def fold_constants(gm: torch.fx.GraphModule) -> list[str]:
 def _foldable(
     node: torch.fx.Node, values: dict[torch.fx.Node, torch.Tensor], excluded: set[int]
 ) -> bool:
-    if node.op not in ("call_function", "call_method") or is_mutation(node):
+    if node.op not in ("call_function", "call_method") or written_args(node):
         return False
     value = example_value(node)
     if not isinstance(value, torch.Tensor) or value.requires_grad:
@@ -94,9 +98,11 @@ def _foldable(
 
 
 def _evaluate(node: torch.fx.Node, values: dict[torch.fx.Node, torch.Tensor]) -> Any:
-    """The node's real value, or None when it cannot be computed or differs from Dynamo's."""
+    """The node's real value, or None when it cannot be computed, differs from Dynamo's, or
+    drew random numbers (the generators are then put back as they were)."""
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
     expected = example_value(node)
+    rng = _RngStates()
     try:
         with unset_fake_temporarily(), torch.no_grad():
             if node.op == "call_method":
@@ -105,6 +111,10 @@ def _evaluate(node: torch.fx.Node, values: dict[torch.fx.Node, torch.Tensor]) ->
                 value = node.target(*args, **kwargs)
     except Exception as exc:  # a node we cannot run at compile time simply stays in the graph
         log.debug("constant %s not folded: %s: %s", node.name, type(exc).__name__, exc)
+        rng.restore_if_moved()
+        return None
+    if rng.restore_if_moved():
+        log.debug("constant %s not folded: it draws random numbers", node.name)
         return None
     if not isinstance(value, torch.Tensor) or (value.dtype, value.shape, value.device) != (
         expected.dtype,
@@ -116,27 +126,57 @@ def _evaluate(node: torch.fx.Node, values: dict[torch.fx.Node, torch.Tensor]) ->
     return value
 
 
+class _RngStates:
+    """The CPU generator's state, and each initialised CUDA device's, before a node runs."""
+
+    def __init__(self) -> None:
+        self.cpu = torch.get_rng_state()
+        # Only devices already in use: asking an uninitialised one would initialise CUDA.
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def restore_if_moved(self) -> bool:
+        """Put back any generator the node moved; return whether one moved."""
+        moved = False
+        if not torch.equal(torch.get_rng_state(), self.cpu):
+            torch.set_rng_state(self.cpu)
+            moved = True
+        # A node that initialised CUDA itself (the first CUDA tensor of the process) left
+        # nothing to compare with; the name and tag checks of ``_is_random`` cover it.
+        if self.cuda is not None:
+            now = torch.cuda.get_rng_state_all()
+            if any(not torch.equal(a, b) for a, b in zip(now, self.cuda, strict=True)):
+                torch.cuda.set_rng_state_all(self.cuda)
+                moved = True
+        return moved
+
+
 def _mutated_or_returned_storages(graph: torch.fx.Graph) -> set[int]:
-    storages: set[int] = set()
-    for node in graph.nodes:
-        if node.op == "output" or node.op == "call_module":
-            written = node.all_input_nodes  # returned, or handed to an opaque module
-        elif is_mutation(node):
-            out = node.kwargs.get("out")
-            written = node.all_input_nodes if out is not None else node.args[:1]
-        else:
-            continue
-        for arg in written:
-            if isinstance(arg, torch.fx.Node):
-                sid = storage_id(example_value(arg))
-                if sid is not None:
-                    storages.add(sid)
-    return storages
+    returned = [n for n in graph.nodes if n.op == "output"]
+    storages = {storage_id(example_value(arg)) for n in returned for arg in n.all_input_nodes}
+    storages.discard(None)
+    return storages | written_storages(graph.nodes)  # type: ignore[operator]
 
 
 def _is_random(node: torch.fx.Node) -> bool:
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    return name.rstrip("_") in _RANDOM
+    """Random by name, or by the ``nondeterministic_seeded`` tag of its aten op."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return torch.Tag.nondeterministic_seeded in target.tags
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return _seeded_packet(target)
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    if name.rstrip("_") in _RANDOM:
+        return True
+    packet = getattr(torch.ops.aten, name, None) if name.isidentifier() else None
+    return isinstance(packet, torch._ops.OpOverloadPacket) and _seeded_packet(packet)
+
+
+@functools.cache
+def _seeded_packet(packet: torch._ops.OpOverloadPacket) -> bool:
+    return any(
+        torch.Tag.nondeterministic_seeded in getattr(packet, name).tags
+        for name in packet.overloads()
+    )
 
 
 def _symbolic(value: torch.Tensor) -> bool:

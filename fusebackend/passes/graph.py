@@ -1,20 +1,22 @@
 """FX <-> networkx: the data-flow DiGraph, mutation facts and a stable re-sort.
 
 Mutations are invisible in FX's data flow (after ``x.add_(1)`` Dynamo's later uses of x
-still point at the placeholder), so they are found by name (``is_mutation``) and kept as
-positions: the fusion pass never lets a group span one. Which inputs they write is
+still point at the placeholder), so they are kept as positions (``is_mutation``): the fusion
+pass never lets a group span one. What a node writes, and which inputs, is
 ``passes/mutations.py``.
 """
 
 from __future__ import annotations
 
 import heapq
-import operator
 from collections.abc import Iterable
 
 import networkx as nx
 import torch
 import torch.fx
+
+from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.mutations import written_args
 
 __all__ = [
     "build_digraph",
@@ -22,17 +24,6 @@ __all__ = [
     "is_mutation",
     "resort_stably",
 ]
-
-_INPLACE_OPERATORS = {
-    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
-    operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
-    operator.ilshift, operator.irshift, operator.imatmul, operator.setitem,
-}  # fmt: skip
-
-
-def example_value(node: torch.fx.Node) -> object:
-    """The fake tensor (or value) Dynamo recorded for ``node``, or None."""
-    return node.meta.get("example_value", node.meta.get("val"))
 
 
 def build_digraph(graph: torch.fx.Graph) -> nx.DiGraph:
@@ -46,20 +37,8 @@ def build_digraph(graph: torch.fx.Graph) -> nx.DiGraph:
 
 
 def is_mutation(node: torch.fx.Node) -> bool:
-    """Does this node write into one of its arguments?"""
-    if node.op == "call_method":
-        name = node.target
-        return name.endswith("_") and not name.endswith("__") or name == "copy_"
-    if node.op == "call_function":
-        if node.target in _INPLACE_OPERATORS:
-            return True
-        if node.kwargs.get("inplace") is True or node.kwargs.get("out") is not None:
-            return True
-        if getattr(node.target, "__module__", None) in ("_operator", "operator"):
-            return False  # operator.and_/or_/not_ are pure; the in-place ones are above
-        name = getattr(node.target, "__name__", "")
-        return name.endswith("_") and not name.endswith("__")
-    return node.op == "call_module"  # an opaque module may mutate anything
+    """Does this node write into one of its arguments (``mutations.written_args``)?"""
+    return node.op == "call_module" or bool(written_args(node))  # opaque modules: maybe
 
 
 def resort_stably(graph: torch.fx.Graph, priority: dict[torch.fx.Node, float]) -> None:

@@ -4,7 +4,10 @@ Token ids usually come from the CPU and models move them to the embedding weight
 (``ids.to(self.emb.weight.device)``). Left in the graph, that copy is a host-to-device
 transfer inside the captured region. This pass takes it out: the placeholder now stands
 for the moved tensor and the runtime copies the CPU tensor into the graph's static input
-on the right device. Only inputs whose every use is such a move qualify.
+on the right device. Only inputs whose every use is such a move qualify. A move whose
+result the graph writes into (``d = ids.to("cuda"); d.add_(1)``) becomes a clone of the
+staged input: eager writes a fresh copy there, never the caller's CPU tensor, so the input
+is not a mutated one.
 
 Host work: a CUDA graph that also computes CPU values (position counters, scalar
 bookkeeping) cannot be captured whole ("output 0 is a cpu tensor: it would keep its
@@ -14,6 +17,7 @@ capture-time value"). ``split_host`` cuts it into a host part, run eagerly at ea
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,8 +26,8 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from fusebackend.passes.graph import example_value, is_mutation
-from fusebackend.passes.mutations import storage_id
+from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.mutations import storage_id, written_args, written_storages
 
 __all__ = ["HostSplit", "hoist_host_to_device", "host_nodes", "split_host", "stage_scalars"]
 
@@ -48,6 +52,7 @@ def hoist_host_to_device(
     """Rewrite ``gm`` in place; return {input index: device the runtime must move it to}."""
     moved: dict[int, torch.device] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    written = written_storages(gm.graph.nodes)  # clones below keep their storage ids
     for index, node in enumerate(placeholders):
         value = example_inputs[index] if index < len(example_inputs) else None
         if not isinstance(value, torch.Tensor) or value.device.type != "cpu" or not node.users:
@@ -58,10 +63,21 @@ def hoist_host_to_device(
         devices = {example_value(u).device for u in users}
         if len(devices) != 1:
             continue
-        for user in users:
-            user.replace_all_uses_with(node)
+        copies_written = [_storage(u) in written for u in users]
+        for user, copy_written in zip(users, copies_written, strict=True):
+            if copy_written:
+                # Eager writes a fresh copy of the CPU tensor: so does the graph.
+                with gm.graph.inserting_before(user):
+                    copy = gm.graph.call_method("clone", (node,))
+                copy.meta.update(user.meta)
+                user.replace_all_uses_with(copy)
+            else:
+                user.replace_all_uses_with(node)
             gm.graph.erase_node(user)
-        node.meta["example_value"] = example_value(users[0])
+        on_device = example_value(users[0])
+        # The input's value must not share a storage with a written copy (it would count
+        # as a mutated input): a fresh fake tensor of the same shape when any is written.
+        node.meta["example_value"] = _fresh(on_device) if any(copies_written) else on_device
         moved[index] = devices.pop()
     if moved:
         gm.recompile()
@@ -71,19 +87,24 @@ def hoist_host_to_device(
 # ------------------------------------------------------------------- host work (issue 9.5)
 
 
+_NUMBERS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
 def host_nodes(
     graph: torch.fx.Graph, is_host: Callable[[torch.Tensor], bool]
 ) -> list[torch.fx.Node]:
     """Nodes that can run on the host before the device part: in graph order.
 
-    A node is host work when it yields a tensor that ``is_host`` (on the CPU, for a CUDA
-    graph) and every input is a host value: a host placeholder or constant, or another host
-    node. A node that reads a device value never is (a device->host copy is a sync and stays
-    where it is), nor one that reads a storage a device-side node wrote before it. A pure
-    function of the graph and its example values' devices, so it is tested with fake CUDA
-    values on a machine without a GPU.
+    A node is host work when every input is a host value (a host placeholder or constant,
+    or another host node) and it yields a tensor that ``is_host`` (on the CPU, for a CUDA
+    graph) or writes into its inputs (``counter[0] = ...`` returns None). A node
+    that reads a device value never is (a device->host copy is a sync and stays where it
+    is), nor one that reads a storage a device-side node wrote before it. A pure function of
+    the graph and its example values' devices, so it is tested with fake CUDA values on a
+    machine without a GPU.
     """
     host_values: set[torch.fx.Node] = set()
+    numbers: set[torch.fx.Node] = set()  # number (SymInt, int, float) inputs
     device_written: set[int] = set()
     found: list[torch.fx.Node] = []
     for node in graph.nodes:
@@ -91,23 +112,26 @@ def host_nodes(
         if node.op in ("placeholder", "get_attr"):
             if isinstance(value, torch.Tensor) and is_host(value):
                 host_values.add(node)
+            elif node.op == "placeholder" and isinstance(value, _NUMBERS):
+                numbers.add(node)
             continue
         inputs = node.all_input_nodes
+        written = written_args(node)
+        # A mutation counts by what it reads and writes, whatever it returns (setitem: None),
+        # and may read number inputs (a dynamic length: ``counter.add_(s27)`` in a Llama
+        # prefill). Other nodes on numbers stay where they are: with batch_buckets the
+        # device part sees padded sizes, so a host tensor sized by one would not fit.
         host = (
             node.op in ("call_function", "call_method")
-            and isinstance(value, torch.Tensor)
-            and is_host(value)
-            and all(n in host_values for n in inputs)
-            and not any(storage_id(example_value(n)) in device_written for n in inputs)
+            and (bool(written) or (isinstance(value, torch.Tensor) and is_host(value)))
+            and all(n in host_values or (written and n in numbers) for n in inputs)
+            and not any(_storage(n) in device_written for n in inputs)
         )
         if host:
             host_values.add(node)
             found.append(node)
-        elif is_mutation(node):
-            written = node.kwargs.get("out", node.args[0] if node.args else None)
-            for arg in written if isinstance(written, (tuple, list)) else (written,):
-                if isinstance(arg, torch.fx.Node):
-                    device_written.add(storage_id(example_value(arg)))
+        else:
+            device_written.update(sid for sid in map(_storage, written) if sid is not None)
     return found
 
 
@@ -155,28 +179,35 @@ class HostSplit:
 def split_host(
     gm: torch.fx.GraphModule, is_host: Callable[[torch.Tensor], bool]
 ) -> HostSplit | None:
-    """Split ``gm`` into host and device parts, or None when there is no host work."""
+    """Split ``gm`` into host and device parts, or None when there is no host work.
+
+    No split either when a device node writes a host value (a CPU tensor written from device
+    data is a sync; the graph then runs whole, uncaptured): the host part runs first, so
+    that write would land after host work that eager runs later, or in a snapshot.
+
+    One pass over the graph, each node copied once. The decode graph of a 22-layer Llama
+    (1747 nodes) splits in 80 ms on a 2-core CPU, most of it FX's node copies and the code
+    generation of the two GraphModules; 110 ms when each device node copied the whole
+    environment and scanned every boundary slot (quadratic). 2 layers (187 nodes): 8.5 ms
+    either way (benchmarks/diag/diag_split_time.py).
+    """
     graph = gm.graph
     hosts = host_nodes(graph, is_host)
     host_set = set(hosts)
-    calls = [n for n in graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
-    if not hosts or all(n in host_set for n in calls):
+    inner = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
+    device_nodes = [n for n in inner if n not in host_set]  # constants (get_attr) included
+    if not hosts or all(n.op == "get_attr" for n in device_nodes):
         return None
+    for node in device_nodes:
+        for arg in written_args(node):
+            value = example_value(arg)
+            if isinstance(value, torch.Tensor) and is_host(value):
+                return None
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    host_written = {
-        _storage(n.args[0])
-        for n in hosts
-        if is_mutation(n) and n.args and isinstance(n.args[0], torch.fx.Node)
-    }
-    host_written.discard(None)
+    host_written = written_storages(hosts)
 
     host_graph = torch.fx.Graph()
-    henv: dict[torch.fx.Node, torch.fx.Node] = {}
-    for p in placeholders:
-        henv[p] = host_graph.node_copy(p)
-    device_graph = torch.fx.Graph()
-    denv: dict[torch.fx.Node, torch.fx.Node] = {}
-    device_args: list[int] = []
+    henv: dict[torch.fx.Node, torch.fx.Node] = {p: host_graph.node_copy(p) for p in placeholders}
     boundary: list[torch.fx.Node] = []  # host graph values the device part reads
     boundary_meta: list[dict[str, Any]] = []
     passed: dict[torch.fx.Node, int] = {}  # host value -> its (unsnapshotted) boundary slot
@@ -194,20 +225,20 @@ def split_host(
         boundary_meta.append(value.meta)
         return len(boundary) - 1
 
-    slots: dict[tuple[torch.fx.Node, torch.fx.Node], int] = {}
-    device_nodes: list[torch.fx.Node] = []
-    for node in graph.nodes:
-        if node.op == "placeholder" or node.op == "output":
-            continue
+    # Host part, in graph order; what each device node reads from it, as boundary slots.
+    reads: dict[torch.fx.Node, dict[torch.fx.Node, int]] = {}
+    direct: set[torch.fx.Node] = set()  # placeholders the device part reads as they come
+    for node in inner:
         if node in host_set or node.op == "get_attr":  # constants: copied into both parts
             henv[node] = host_graph.node_copy(node, henv.__getitem__)
             if node in host_set:
                 continue
-        device_nodes.append(node)
         for value in node.all_input_nodes:
-            snapshot = value.op == "placeholder" and _storage(value) in host_written
-            if value in host_set or snapshot:
-                slots[(node, value)] = device_use(value)
+            host_written_input = value.op == "placeholder" and _storage(value) in host_written
+            if value in host_set or host_written_input:
+                reads.setdefault(node, {})[value] = device_use(value)
+            elif value.op == "placeholder":
+                direct.add(value)
 
     (out_arg,) = graph.find_nodes(op="output")
     results = out_arg.args[0]
@@ -216,23 +247,25 @@ def split_host(
     host_returned = [r for r in results if isinstance(r, torch.fx.Node) and r in host_set]
     host_graph.output(tuple(boundary) + tuple(henv[r] for r in host_returned))
 
-    used_args = {p for n in device_nodes for p in n.all_input_nodes if p.op == "placeholder"}
-    used_args |= {r for r in results if isinstance(r, torch.fx.Node) and r.op == "placeholder"}
-    for i, p in enumerate(placeholders):
-        if p in used_args and not any((n, p) in slots for n in device_nodes):
-            denv[p] = device_graph.node_copy(p)
-            device_args.append(i)
+    # Device part: the original inputs it reads, then one placeholder per boundary slot.
+    device_graph = torch.fx.Graph()
+    denv: dict[torch.fx.Node, torch.fx.Node] = {}
+    device_args = [i for i, p in enumerate(placeholders) if p in direct]
+    for i in device_args:
+        denv[placeholders[i]] = device_graph.node_copy(placeholders[i])
     boundary_inputs = []
     for k, meta in enumerate(boundary_meta):
         ph = device_graph.placeholder(f"host_value_{k}")
         ph.meta.update(meta)
         boundary_inputs.append(ph)
     for node in device_nodes:
-        local = dict(denv)
-        for (user, value), slot in slots.items():
-            if user is node:
-                local[value] = boundary_inputs[slot]
-        denv[node] = device_graph.node_copy(node, local.__getitem__)
+        slots = reads.get(node)
+        if slots is None:
+            denv[node] = device_graph.node_copy(node, denv.__getitem__)
+        else:
+            denv[node] = device_graph.node_copy(
+                node, lambda v, s=slots: boundary_inputs[s[v]] if v in s else denv[v]
+            )
 
     outputs: list[tuple[str, Any]] = []
     device_results: list[torch.fx.Node] = []
@@ -260,6 +293,15 @@ def split_host(
 
 def _storage(node: torch.fx.Node) -> int | None:
     return storage_id(example_value(node))
+
+
+def _fresh(value: object) -> object:
+    """A tensor like ``value`` (a fake one under its fake mode) with its own storage."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    fake_mode = value.fake_mode if isinstance(value, FakeTensor) else contextlib.nullcontext()
+    with fake_mode:
+        return torch.empty_like(value)
 
 
 def stage_scalars(gm: torch.fx.GraphModule, first: int, device: torch.device) -> None:

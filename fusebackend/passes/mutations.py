@@ -1,43 +1,74 @@
-"""Which graph inputs a graph writes into, through any alias, from storage identity.
+"""What a node writes (``written_args``), and which graph inputs a graph writes into.
 
-A mutation node (``is_mutation``: a method ending in ``_``, ``copy_``, setitem, ``out=``,
-``inplace=True``) writes into its first argument (or its ``out=``). That argument may be
-the placeholder itself or any alias of it: a view, a slice, ``.detach()``, ``.to()`` to the
-same device and dtype, ``.contiguous()`` of a contiguous tensor. Dynamo's fake tensors keep
-storage identity across all of these (an alias's ``example_value`` shares its untyped
-storage with its base; the example values live as long as the graph, so storage ids are
-never reused), so the mutated inputs are the placeholders whose storage a mutation writes.
-Following op names instead missed ``c = counter.to(counter.device); c.add_(16)``
-(transformers' StaticCache), and the runtime then advanced the counter twice on a new
-signature.
+``written_args`` is the one answer to "what does this node write" for every pass (mutated
+inputs, constants, host work, the fusion pass through ``graph.is_mutation``):
 
-A node without an example value (hand-built graphs) falls back to following a list of view
-ops by name.
+- an ``out=`` argument (one node or a tuple of them);
+- ``aten``/custom operators (``OpOverload``, ``OpOverloadPacket``): every argument whose
+  schema type is written (``Tensor(a!)``, ``Tensor(a!)[]``);
+- torch-level in-place methods and functions (a name ending in ``_``: ``add_``,
+  ``torch._foreach_add_``, ``torch.relu_``; ``operator.iadd``/``setitem``; ``inplace=True``,
+  by keyword or by position): their first argument, every tensor of it when it is a list
+  (``torch._foreach_add_([c], 1)``);
+- an opaque module (``call_module``): everything it is given.
+
+Mutated inputs come from storage identity: a written node may be the placeholder itself or
+any alias of it (a view, a slice, ``.detach()``, ``.data``, ``.to()`` to the same device and
+dtype, ``.contiguous()`` of a contiguous tensor). Dynamo's fake tensors keep storage identity
+across all of these (an alias's ``example_value`` shares its untyped storage with its base;
+the example values live as long as the graph, so storage ids are never reused). Following op
+names instead missed ``c = counter.to(counter.device); c.add_(16)`` (transformers'
+StaticCache), and the runtime then advanced the counter twice on a new signature.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import operator
+from collections.abc import Iterable
 
 import torch
 import torch.fx
 
-from fusebackend.passes.graph import example_value, is_mutation
+from fusebackend.passes.fx_util import example_value
 
-__all__ = ["mutated_placeholders", "storage_id"]
+__all__ = ["mutated_placeholders", "storage_id", "written_args", "written_storages"]
 
-# Ops whose result shares storage with args[0]; only used for nodes without example values.
-_VIEW_METHODS = {
-    "view", "view_as", "reshape", "reshape_as", "transpose", "t", "permute", "select",
-    "narrow", "expand", "expand_as", "unsqueeze", "squeeze", "flatten", "unflatten",
-    "__getitem__", "as_strided", "diagonal", "unfold", "split", "chunk", "contiguous",
-    "detach", "movedim", "swapaxes", "T", "mT",
+_INPLACE_OPERATORS = {
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+    operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
+    operator.ilshift, operator.irshift, operator.imatmul, operator.setitem,
 }  # fmt: skip
-_VIEW_FUNCTIONS = {
-    operator.getitem, torch.reshape, torch.transpose, torch.permute, torch.select,
-    torch.narrow, torch.unsqueeze, torch.squeeze, torch.flatten, torch.split, torch.chunk,
-    torch.movedim, torch.swapaxes, torch.t, torch.diagonal, torch.detach,
-}  # fmt: skip
+_INPLACE_DUNDERS = {
+    f"__{op.__name__}__" for op in _INPLACE_OPERATORS if op is not operator.setitem
+} | {"__setitem__"}
+# In-place by name, but they change flags, not data.
+_METADATA_ONLY = {"requires_grad_", "share_memory_"}
+
+
+def written_args(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The graph values ``node`` writes into, without repeats; empty for a pure node."""
+    if node.op == "call_module":
+        return list(node.all_input_nodes)  # opaque: it may write anything it is given
+    if node.op == "call_method":
+        return _first_arg(node) if _in_place_name(node.target) else []
+    if node.op != "call_function":
+        return []
+    target = node.target
+    written = _nodes(node.kwargs.get("out"))
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        for position, name in _schema_writes(target):
+            if position is not None and position < len(node.args):
+                written += _nodes(node.args[position])
+            written += _nodes(node.kwargs.get(name))
+    elif (
+        target in _INPLACE_OPERATORS
+        or _inplace_flag(node)
+        or (_in_place_name(getattr(target, "__name__", "")) and not _is_operator_module(target))
+    ):
+        written += _first_arg(node)
+    return list(dict.fromkeys(written))
 
 
 def storage_id(value: object) -> int | None:
@@ -53,8 +84,20 @@ def storage_id(value: object) -> int | None:
         return None
 
 
+def written_storages(nodes: Iterable[torch.fx.Node]) -> set[int]:
+    """Storage ids of everything ``nodes`` write (values without a storage are left out)."""
+    storages = {storage_id(example_value(arg)) for node in nodes for arg in written_args(node)}
+    storages.discard(None)
+    return storages  # type: ignore[return-value]
+
+
 def mutated_placeholders(graph: torch.fx.Graph) -> list[torch.fx.Node]:
-    """Graph inputs written by an in-place op, directly or through any alias, in order."""
+    """Graph inputs written by any node, directly or through any alias, in order.
+
+    A written value without an example value (a hand-built graph; Dynamo records one for
+    every tensor) counts as writing every input it is computed from: more inputs than
+    needed are then treated as mutated, never fewer.
+    """
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     by_storage: dict[int, list[torch.fx.Node]] = {}
     for node in placeholders:
@@ -63,33 +106,83 @@ def mutated_placeholders(graph: torch.fx.Graph) -> list[torch.fx.Node]:
             by_storage.setdefault(sid, []).append(node)
     mutated: set[torch.fx.Node] = set()
     for node in graph.nodes:
-        if node.op == "call_module" or not is_mutation(node):
-            continue
-        for target in _mutated_args(node):
+        for target in written_args(node):
             sid = storage_id(example_value(target))
             if sid is not None:
                 mutated.update(by_storage.get(sid, ()))
-                continue
-            while target is not None and target.op != "placeholder":  # no example value
-                target = _view_base(target)
-            if target is not None:
-                mutated.add(target)
+            else:
+                mutated.update(_ancestor_placeholders(target))
     return [p for p in placeholders if p in mutated]
 
 
-def _mutated_args(node: torch.fx.Node) -> list[torch.fx.Node]:
-    """The nodes an in-place op writes: its ``out=`` (one or a tuple), else its first arg."""
-    out = node.kwargs.get("out")
-    if out is not None:
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        return [o for o in outs if isinstance(o, torch.fx.Node)]
-    first = node.args[0] if node.args else None
-    return [first] if isinstance(first, torch.fx.Node) else []
+def _nodes(value: object) -> list[torch.fx.Node]:
+    """The nodes in ``value``: a node, or a list/tuple of them (one level, as ops take)."""
+    if isinstance(value, torch.fx.Node):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if isinstance(v, torch.fx.Node)]
+    return []
 
 
-def _view_base(node: torch.fx.Node) -> torch.fx.Node | None:
-    is_view = (node.op == "call_method" and node.target in _VIEW_METHODS) or (
-        node.op == "call_function" and node.target in _VIEW_FUNCTIONS
-    )
-    first = node.args[0] if node.args else None
-    return first if is_view and isinstance(first, torch.fx.Node) else None
+def _first_arg(node: torch.fx.Node) -> list[torch.fx.Node]:
+    return _nodes(node.args[0]) if node.args else []
+
+
+def _in_place_name(name: object) -> bool:
+    if not isinstance(name, str) or name in _METADATA_ONLY:
+        return False
+    return name in _INPLACE_DUNDERS or (name.endswith("_") and not name.endswith("__"))
+
+
+def _is_operator_module(target: object) -> bool:
+    # operator.and_/or_/not_/concat end in "_" and are pure; the in-place ones are listed.
+    return getattr(target, "__module__", None) in ("_operator", "operator")
+
+
+@functools.cache
+def _schema_writes(
+    target: torch._ops.OpOverload | torch._ops.OpOverloadPacket,
+) -> tuple[tuple[int | None, str], ...]:
+    """(position or None when keyword-only, name) of each argument the schema writes; for a
+    packet, of every overload (conservative: one may write where another reads)."""
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        schemas = [getattr(target, name)._schema for name in target.overloads()]
+    else:
+        schemas = [target._schema]
+    writes = set()
+    for schema in schemas:
+        for position, arg in enumerate(schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                writes.add((None if arg.kwarg_only else position, arg.name))
+    return tuple(sorted(writes, key=lambda w: (w[0] is None, w[0] or 0, w[1])))
+
+
+def _inplace_flag(node: torch.fx.Node) -> bool:
+    """``inplace=True`` by keyword, or by position (Dynamo keeps ``F.relu(x, True)`` as is)."""
+    if node.kwargs.get("inplace") is True:
+        return True
+    position = _inplace_position(node.target) if inspect.isfunction(node.target) else None
+    return position is not None and position < len(node.args) and node.args[position] is True
+
+
+@functools.cache
+def _inplace_position(target: object) -> int | None:
+    # Python functions only (F.relu, F.dropout, ...): module-level, so caching keeps nothing
+    # alive that would otherwise go (a FusedGroupOp target would keep its reference graph).
+    if not inspect.isfunction(target):
+        return None
+    names = list(inspect.signature(target).parameters)
+    return names.index("inplace") if "inplace" in names else None
+
+
+def _ancestor_placeholders(node: torch.fx.Node) -> set[torch.fx.Node]:
+    found, seen, stack = set(), {node}, [node]
+    while stack:
+        current = stack.pop()
+        if current.op == "placeholder":
+            found.add(current)
+        for parent in current.all_input_nodes:
+            if parent not in seen:
+                seen.add(parent)
+                stack.append(parent)
+    return found
