@@ -16,7 +16,7 @@ import weakref
 
 import pytest
 import torch
-from helpers import backend_warnings
+from helpers import backend_warnings, one_fallback_reason
 
 from fusebackend.config import FusionConfig
 from fusebackend.runtime import capture as cap
@@ -1171,3 +1171,86 @@ def test_inputs_sharing_a_mutated_storage_keep_the_write_and_see_it():
             expected = step(ids, table, eager_base, eager_base[1:])
             torch.testing.assert_close(out, expected)
             torch.testing.assert_close(base, eager_base)
+
+
+def test_captured_input_sharing_a_storage_with_a_written_one_is_read_in_place(fake_capture):
+    """b = a[1:] while the graph writes a (used in place): a copy of b made before each
+    replay missed the graph's own write, so every replay returned stale values."""
+    cache = GraphCache(
+        unfused=lambda a, b: (a.add_(1), b * 2)[1:],
+        fused=None,
+        config=FusionConfig(cudagraphs=True),
+        device=FAKE_CUDA,
+        static_input_indices=frozenset({0}),
+        mutated_input_indices=frozenset({0}),
+    )
+    base, eager_base = torch.zeros(4), torch.zeros(4)
+    for _ in range(4):
+        (out,) = cache(base, base[1:])
+        eager_base.add_(1)
+        torch.testing.assert_close(out, eager_base[1:] * 2)
+        torch.testing.assert_close(base, eager_base)
+    assert stats()["recordings"] == 1
+
+
+def test_a_static_input_that_moves_now_and_then_stays_in_place(fake_capture):
+    """Only consecutive moves stop in-place use: weights or a cache that move once (a new
+    StaticCache per generate) and then stay must not be copied on every replay."""
+    cache = GraphCache(
+        unfused=lambda x, w: (x * w,),
+        fused=None,
+        config=FusionConfig(cudagraphs=True),
+        device=FAKE_CUDA,
+        static_input_indices=frozenset({1}),
+    )
+    x = torch.randn(8)
+    for _ in range(5):
+        w = torch.randn(8)  # a new address, then two calls at the same one
+        for _ in range(2):
+            torch.testing.assert_close(cache(x, w)[0], x * w)
+    assert stats()["rerecords"] == 4
+    assert cache._copied_static == set()
+
+
+def test_a_cpu_scalar_used_in_place_is_never_captured(fake_capture):
+    cache = GraphCache(
+        unfused=lambda x, s: (x * s,),
+        fused=None,
+        config=FusionConfig(cudagraphs=True),
+        device=FAKE_CUDA,
+        static_input_indices=frozenset({1}),
+    )
+    x, s = torch.randn(3), torch.tensor(2.0)
+    cache(x, s)
+    s.fill_(5.0)  # same address: a captured graph would keep 2.0
+    torch.testing.assert_close(cache(x, s)[0], x * 5.0)
+    assert stats()["recordings"] == 0
+    assert "CPU scalar tensor used in place" in one_fallback_reason()
+
+
+def test_write_back_slices_a_padded_batch_and_copies_0d_tensors_whole():
+    from fusebackend.runtime.effects import write_back
+
+    dst_rows, dst_scalar = torch.zeros(2, 3), torch.tensor(0.0)
+    padded, scalar = torch.randn(4, 3), torch.tensor(7.0)
+    write_back([0, 1], {0: padded, 1: scalar}, (dst_rows, dst_scalar))
+    torch.testing.assert_close(dst_rows, padded[:2])
+    assert dst_scalar.item() == 7.0
+
+
+def test_batch_buckets_leave_inputs_sharing_a_written_storage_unpadded():
+    """Padding copies each input on its own; base and base[:, 1:] padded apart lost the write
+    through one of them (the second write-back erased the first)."""
+    cache = GraphCache(
+        unfused=lambda a, b: (a.add_(1), b * 2)[1:],
+        fused=None,
+        config=FusionConfig(batch_buckets=[4]),
+        device=None,
+        mutated_input_indices=frozenset({0}),
+    )
+    base, eager_base = torch.zeros(3, 4), torch.zeros(3, 4)
+    for _ in range(2):
+        (out,) = cache(base, base[:, 1:])
+        eager_base.add_(1)
+        torch.testing.assert_close(out, eager_base[:, 1:] * 2)
+        torch.testing.assert_close(base, eager_base)

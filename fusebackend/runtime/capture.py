@@ -21,6 +21,7 @@ __all__ = [
     "join_replay_order",
     "retire",
     "pool_bytes",
+    "reap",
     "release_pools",
     "wait_for_last_replay",
 ]
@@ -119,6 +120,13 @@ def retire(things: list[Any], index: int | None) -> None:
         event.record(stream)
         _CAPTURE.retired.append((event, things))
     _reap()
+
+
+def reap() -> None:
+    """Free the retired entries whose replays are done (cheap when there are none); called
+    before each capture, so a dropped entry does not wait for the next eviction."""
+    if _CAPTURE.retired:
+        _reap()
 
 
 def _reap(wait: bool = False) -> None:

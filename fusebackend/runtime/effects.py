@@ -17,13 +17,13 @@ trace: the caller's tensors hold exactly one run's update.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["Effects", "RngState", "write_back"]
+__all__ = ["Effects", "RngState", "shared_storages", "write_back"]
 
 
 class Effects:
@@ -42,7 +42,7 @@ class Effects:
         # snapshot and isolated as one storage, so a write through one is seen through the
         # other and written back once. Cloned one by one, b's stale copy was written back
         # after a's update and erased it (review finding).
-        self._shared = _shared_storages(self._args, self.indices)
+        self._shared = shared_storages(self._args, self.indices)
         in_shared = {i for group in self._shared for i in group}
         self._before = {i: _clone(args[i]) for i in self.indices if i not in in_shared}
         self._before_shared = [_storage_bytes(args[group[0]]).clone() for group in self._shared]
@@ -104,7 +104,7 @@ def _storage_bytes(x: Tensor) -> Tensor:
     return torch.empty(0, dtype=torch.uint8, device=x.device).set_(storage, 0, (storage.nbytes(),))
 
 
-def _shared_storages(args: Sequence[Any], mutated: Sequence[int]) -> list[tuple[int, ...]]:
+def shared_storages(args: Sequence[Any], mutated: Sequence[int]) -> list[tuple[int, ...]]:
     """Groups of tensor inputs (2 or more) that share a storage with a mutated input."""
     by_storage: dict[tuple[torch.device, int], list[int]] = {}
     for i, a in enumerate(args):
@@ -148,12 +148,15 @@ class RngState:
             torch.cuda.set_rng_state(self.cuda, self.device)
 
 
-def write_back(mutated: Iterable[int], call_args: Sequence[Any], user_args: Sequence[Any]) -> None:
-    """Copy mutated inputs that ran on a copy (padded, moved, cloned) into the caller's."""
+def write_back(
+    mutated: Iterable[int], call_args: Sequence[Any] | Mapping[int, Any], user_args: Sequence[Any]
+) -> None:
+    """Copy mutated inputs that ran on a copy (padded, moved, cloned, a replay's static
+    buffer) into the caller's; a padded copy is sliced back to the caller's batch."""
     for i in mutated:
         if i >= len(user_args):
             continue
         src, dst = call_args[i], user_args[i]
         if src is dst or not isinstance(dst, Tensor):
             continue
-        dst.copy_(src if src.shape == dst.shape else src[: dst.shape[0]])
+        dst.copy_(src if src.shape == dst.shape or dst.dim() == 0 else src[: dst.shape[0]])

@@ -10,7 +10,7 @@ mode says how the call runs:
     "eager"         the unfused callable, run directly
 
 A new key starts in "fusion" when a fused callable exists and fusion is enabled, else in the
-first unfused mode. It moves down the chain, once, with the reason recorded and logged:
+first unfused mode. It moves down the chain with each reason recorded and logged:
 the fused callable raises on its first run or (``validate``) its outputs differ from the
 unfused ones -> unfused; a capture fails (host sync such as ``.item()``, CPU tensors,
 out of memory) -> "graph_replay" from "fusion", "eager" from "graph_replay". A key's
@@ -18,10 +18,13 @@ final verdict is remembered, so a key that fell back never retries after an evic
 
 Captured entries: warm-up runs on a side stream, capture goes into one memory pool shared
 by all graphs of the device (``torch.cuda.graph_pool_handle()``). Non-static tensor inputs
-are copied into static buffers on each replay; static inputs (parameters, buffers) are used
-in place and their addresses checked on each hit (a change re-records). CPU inputs the
-graph wants on the device (``host_inputs``) are copied through pinned staging buffers
-without a host sync. Outputs are cloned unless ``static_outputs``.
+are copied into static buffers on each replay; static inputs (parameters, buffers, KV caches,
+written inputs, and inputs sharing a storage with them) are used in place and their
+addresses checked on each hit: a change re-records, and an input that moves on
+``_MAX_ADDRESS_CHANGES`` consecutive calls is copied in from then on. CPU inputs the graph
+wants on the device (``host_inputs``) are copied through pinned staging buffers without a
+host sync. Outputs are cloned unless ``static_outputs``. A hit never synchronizes the host,
+except during a large-output trial (below) and when the staging ring is full.
 
 Each call executes the model's in-place effects exactly once: a new key's call runs its
 graph on private copies of the mutated inputs, captures, and commits the winning run's
@@ -51,7 +54,7 @@ from fusebackend.runtime import capture as _capture
 from fusebackend.runtime import payoff
 from fusebackend.runtime.buckets import pad, slice_outputs
 from fusebackend.runtime.counters import COUNTERS, register_cache
-from fusebackend.runtime.effects import Effects, RngState, write_back
+from fusebackend.runtime.effects import Effects, RngState, shared_storages, write_back
 from fusebackend.runtime.keys import Key, Signatures, label, shapes, static_ptrs_equal
 from fusebackend.runtime.staging import PinnedRing
 from fusebackend.runtime.validation import mismatch, one_line
@@ -68,8 +71,10 @@ EAGER = "eager"
 _MAX_VERDICTS = 1024
 
 # A static input (used in place: parameters, buffers, KV caches, every mutated input) that
-# arrives at a new address this many times is copied in from then on, like any other input:
-# an output buffer passed fresh on every call otherwise re-recorded the graph on every call.
+# arrives at a new address on this many consecutive calls is copied in from then on, like any
+# other input: an output buffer passed fresh on every call otherwise re-recorded the graph on
+# every call. A replay without a move resets the count, so a cache or weights that move once
+# (a new StaticCache per generate, a reload) keep being used in place.
 _MAX_ADDRESS_CHANGES = 3
 
 _serials = itertools.count()
@@ -94,7 +99,8 @@ class _Entry:
     copy_idx: tuple[int, ...] = ()  # inputs copied into static buffers on each replay
     copy_bufs: list[Tensor] = dataclasses.field(default_factory=list)  # their buffers
     host_copies: tuple[tuple[int, Tensor, PinnedRing], ...] = ()
-    write_back: tuple[tuple[int, Tensor], ...] = ()  # mutated inputs: (index, static buffer)
+    written: tuple[int, ...] = ()  # mutated inputs copied in: written back after each replay
+    buffers_by_index: dict[int, Tensor] = dataclasses.field(default_factory=dict)  # their buffers
     static_idx: list[int] = dataclasses.field(default_factory=list)
     static_ptrs: list[int | None] = dataclasses.field(default_factory=list)
     outputs: Sequence[Any] = ()
@@ -119,8 +125,9 @@ class GraphCache:
             ``batch_buckets``, ``static_outputs``, ``validate`` and ``fusion``.
         device: The CUDA device the graph runs on; None for a CPU graph (never captured,
             no CUDA call at all).
-        static_input_indices: Inputs used in place (parameters, buffers): not copied, not
-            padded, not in the key; their addresses are checked on each hit.
+        static_input_indices: Inputs used in place (parameters, buffers, KV caches): not
+            copied, not padded, not in the key; their addresses are checked on each hit (one
+            that moves on consecutive calls is copied in after ``_MAX_ADDRESS_CHANGES``).
         mutated_input_indices: Inputs the graph writes into; the write reaches the caller's
             tensor exactly once per call.
         host_inputs: Input index -> device, for inputs the caller passes on the CPU but the
@@ -203,7 +210,10 @@ class GraphCache:
         if self._buckets is not None:
             if not self._buckets_checked:
                 self._check_buckets(args)
-            args, batch, bucket = pad(args, self._buckets, self._static, self._batch_ints)
+            # Padding copies each input on its own: inputs sharing a storage with a written
+            # one would lose the write through the other, so such a call runs unpadded.
+            if not (self._mutated and shared_storages(args, self._mutated)):
+                args, batch, bucket = pad(args, self._buckets, self._static, self._batch_ints)
         key = self._signatures.key(args)
         with self._lock:
             entry = self._entries.get(key)
@@ -219,6 +229,8 @@ class GraphCache:
                     args, entry.static_ptrs, entry.static_idx
                 ):
                     return self._rerecord(key, entry, args, user_args, batch, bucket)
+                if self._moves:
+                    self._moves.clear()  # moves must be consecutive to stop in-place use
                 if entry.trial is not None:
                     return self._trial_call(key, entry, args, user_args, batch, bucket)
                 return self._replay(entry, args, user_args, batch, bucket)
@@ -239,7 +251,9 @@ class GraphCache:
                 raise exc from None
             with self._lock:
                 why = f"fused graph raised {type(exc).__name__}: {one_line(exc)}"
-                mode, reason = self._fall_back(key, FUSION, self._unfused_mode, why, entry.reason)
+                # An entry the large-output trial left uncaptured runs directly from now on.
+                fallback = self._unfused_mode if entry.decision is None else EAGER
+                mode, reason = self._fall_back(key, FUSION, fallback, why, entry.reason)
                 entry.mode, entry.fn, entry.reason = mode, self._unfused, reason
                 self._remember(key, (mode, reason, False))
             return outputs
@@ -274,9 +288,8 @@ class GraphCache:
         for i, buf, ring in entry.host_copies:
             ring.copy(buf, args[i])
         entry.graph.replay()
-        for i, buf in entry.write_back:
-            dst = user_args[i]
-            dst.copy_(buf if batch is None else buf[: dst.shape[0]])
+        if entry.written:
+            write_back(entry.written, entry.buffers_by_index, user_args)
         clone = not self._static_outputs
         result = []
         for out, alias in zip(entry.outputs, entry.aliases, strict=True):
@@ -437,6 +450,15 @@ class GraphCache:
 
     def _capture_blocker(self, args: tuple[Any, ...]) -> str | None:
         """Why the graph must not be captured for these inputs, or None."""
+        for i in self._static:
+            a = args[i] if i < len(args) else None
+            if isinstance(a, Tensor) and a.dim() == 0 and a.device.type == "cpu":
+                # Read on the host at capture and baked in; as a static input its value is
+                # not in the key either, so a later in-place change would never be seen.
+                return (
+                    f"input {i} is a CPU scalar tensor used in place: a CUDA graph would keep "
+                    f"the value it had at capture"
+                )
         for i in self._mutated:
             a = args[i] if i < len(args) else None
             if not isinstance(a, Tensor) or a.device.type != "cpu":
@@ -511,7 +533,7 @@ class GraphCache:
             moved,
             self._label(key),
         )
-        # Drop the old graph before capturing the new one so both never coexist in memory.
+        # Retire the old graph before capturing the new one (freed once replays are past it).
         del self._entries[key]
         self._drop(entry)
         outputs = self._new_entry(
@@ -556,15 +578,29 @@ class GraphCache:
         return outputs
 
     def _record(self, mode: str, fn: Callable[..., Sequence[Any]], args: tuple[Any, ...]) -> _Entry:
+        _capture.reap()
         inputs = list(args)
         copies: list[tuple[int, Tensor]] = []
         host_copies: list[tuple[int, Tensor, PinnedRing]] = []
         static_idx: list[int] = []
         static_ptrs: list[int | None] = [None] * len(args)
+        in_place = {
+            i
+            for i, a in enumerate(args)
+            if isinstance(a, Tensor)
+            and i in self._static
+            and i not in self._copied_static
+            and not (i in self._host and a.device.type == "cpu")
+        }
+        # An input sharing a storage with one used in place (b = a[1:] while the graph writes
+        # a) is used in place too: a copy of it would miss the graph's own writes on replay.
+        shared = {a.untyped_storage().data_ptr() for i, a in enumerate(args) if i in in_place}
+        shared.discard(0)
         for i, a in enumerate(args):
             if not isinstance(a, Tensor):
                 continue
-            if i in self._static and i not in self._copied_static:
+            staged = i in self._host and a.device.type == "cpu"
+            if i in in_place or (not staged and a.untyped_storage().data_ptr() in shared):
                 static_idx.append(i)
                 static_ptrs[i] = a.data_ptr()
             elif i in self._host and a.device.type == "cpu":
@@ -602,7 +638,8 @@ class GraphCache:
             copy_idx=tuple(i for i, _ in copies),
             copy_bufs=[buf for _, buf in copies],
             host_copies=tuple(host_copies),
-            write_back=tuple((i, buffers[i]) for i in self._mutated if i in buffers),
+            written=tuple(i for i in self._mutated if i in buffers),
+            buffers_by_index=buffers,
             static_idx=static_idx,
             static_ptrs=static_ptrs,
             outputs=tuple(outputs),
@@ -700,6 +737,8 @@ class GraphCache:
                 self._drop(entry)
             self._entries.clear()
             self._verdicts.clear()
+            self._moves.clear()
+            self._copied_static.clear()
 
     def __repr__(self) -> str:
         return (

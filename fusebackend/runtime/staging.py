@@ -42,9 +42,7 @@ class PinnedRing:
                 done.synchronize()
         staging.copy_(src)
         dst.copy_(staging, non_blocking=True)
-        done.record()
+        # On dst's device: the copy is queued on that device's current stream, which is not
+        # the current device's when the graph runs on another GPU (review finding).
+        done.record(torch.cuda.current_stream(dst.device))
         self._next = (i + 1) % len(slots)
-
-    def buffers(self) -> list[Tensor]:
-        """The pinned tensors (kept alive by a retired entry until the device is past them)."""
-        return [staging for staging, _ in self._slots]
