@@ -40,18 +40,11 @@ def build_model(layers: int, dtype, device: str):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=32000,
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_hidden_layers=layers,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        max_position_embeddings=8192,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+    from llama_shapes import TINYLLAMA
+
+    shape = {**TINYLLAMA, "num_hidden_layers": layers, "max_position_embeddings": 8192}
+    config = LlamaConfig(**shape, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(0)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # random init straight in fp16 on the device: seconds

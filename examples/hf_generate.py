@@ -37,27 +37,8 @@ import time
 from typing import Any
 
 import torch
+from llama_shapes import TINY_WIDTHS, TINYLLAMA  # noqa: E402  (examples/ is on sys.path)
 
-# TinyLlama-1.1B's shape (TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T config.json).
-TINYLLAMA = dict(
-    hidden_size=2048,
-    intermediate_size=5632,
-    num_hidden_layers=22,
-    num_attention_heads=32,
-    num_key_value_heads=4,
-    vocab_size=32000,
-    max_position_embeddings=2048,
-    rms_norm_eps=1e-5,
-)
-# --tiny: the widths shrunk so that a CPU test compiles and generates in seconds.
-TINY_WIDTHS = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=512,
-    max_position_embeddings=256,
-)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # The marker before the JSON line a --compare subprocess prints for its parent.
 _RESULT_MARKER = "HF_GENERATE_RESULT "

@@ -39,28 +39,10 @@ import fusebackend  # only for stats: the backend needs no import
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 BACKENDS = ("infinifuse", "eager", "inductor", "reduce-overhead", "none")
 
-# TinyLlama-1.1B's shape (TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T config.json).
-TINYLLAMA = dict(
-    hidden_size=2048,
-    intermediate_size=5632,
-    num_hidden_layers=22,
-    num_attention_heads=32,
-    num_key_value_heads=4,
-    vocab_size=32000,
-    max_position_embeddings=2048,
-    rms_norm_eps=1e-5,
-)
-# Small enough that the Triton interpreter and Dynamo finish in seconds on a CPU.
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=512,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-5,
-)
+from llama_shapes import TINY_WIDTHS, TINYLLAMA  # noqa: E402  (examples/ is on sys.path)
+
+# 2 layers of the tiny widths: Dynamo and the interpreter finish in seconds on a CPU.
+TINY = dict(TINY_WIDTHS, num_hidden_layers=2, rms_norm_eps=1e-5)
 
 
 def build_model(

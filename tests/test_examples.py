@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _load(relative: str) -> ModuleType:
     path = ROOT / relative
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))  # as `python examples/x.py` does (llama_shapes)
     name = "_example_" + path.stem
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
