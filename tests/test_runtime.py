@@ -1042,6 +1042,33 @@ def test_large_outputs_keep_the_faster_of_replay_and_direct(
         assert cache.describe()[0]["captured"] is False
 
 
+def test_a_kept_capture_decision_survives_a_rerecord(fake_capture, monkeypatch):
+    """The trial's "capture pays" is kept when a moved static input re-records the entry:
+    each trial call synchronizes the host, so it must not run again after every move."""
+    from fusebackend.runtime import payoff
+
+    timed = []
+    monkeypatch.setattr(payoff, "time_call", lambda fn, d: (timed.append(1), (fn(), 1e-4))[1])
+    cache = GraphCache(
+        unfused=lambda x, w: (x * w,),
+        fused=None,
+        config=FusionConfig(cudagraphs=True),
+        device=FAKE_CUDA,
+        static_input_indices=frozenset({1}),
+    )
+    x = torch.randn(payoff.LARGE_OUTPUT_BYTES // 4)
+    w = torch.randn(1)
+    for _ in range(1 + 2 * payoff.TRIAL_CALLS):
+        cache(x, w)
+    assert len(timed) == 2 * payoff.TRIAL_CALLS
+    w = torch.randn(1)  # a new address: re-recorded
+    for _ in range(3):
+        torch.testing.assert_close(cache(x, w)[0], x * w)
+    assert stats()["rerecords"] == 1
+    assert len(timed) == 2 * payoff.TRIAL_CALLS, "the trial ran again after the re-record"
+    assert cache.describe()[0]["decision"].startswith("captured:")
+
+
 def test_small_outputs_skip_the_trial(fake_capture, monkeypatch):
     from fusebackend.runtime import payoff
 

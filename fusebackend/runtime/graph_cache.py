@@ -539,7 +539,10 @@ class GraphCache:
         outputs = self._new_entry(
             key, (entry.mode, entry.reason, True), args, user_args, batch, bucket
         )
-        self._entries[key].hits = entry.hits
+        new = self._entries[key]
+        new.hits = entry.hits
+        if entry.decision is not None and new.trial is not None:
+            new.trial, new.decision = None, entry.decision  # "capture pays" was decided: keep it
         return outputs
 
     def _trial_call(
