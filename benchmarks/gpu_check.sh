@@ -4,8 +4,11 @@
 #
 #     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate]...
 #
-# (default: tests examples bench; generate, transformers' generate() through three backends
-# with cold caches, takes ~5 minutes and is asked for by name.)
+# (default: tests examples bench. Asked for by name: generate (transformers' generate() through
+# three backends, cold caches, ~5 min), rows (each row-kernel pattern vs Inductor and copy
+# bandwidth), zoo (21 architectures: kernels per call, captured or not, error vs eager), suite
+# (the whole benchmarks/run.py suite). One device call runs at most 10 minutes: split the
+# steps over calls, e.g. "tests examples" then "bench rows generate".)
 #
 # Logs and results land in $OUT (one file per step); the exit status is non-zero when a
 # step failed, and every step runs regardless, so one failure does not hide another.
@@ -42,6 +45,8 @@ for step in $steps; do
         run_step example_quickstart python3 examples/quickstart.py
         run_step example_llama python3 examples/llama_generate.py --layers 4
         run_step example_bert python3 examples/bert_embeddings.py
+        run_step example_hf_generate python3 examples/hf_generate.py --layers 4 --compare
+        run_step doctor python3 -m fusebackend doctor
         ;;
     bench)
         run_step bench_chain python3 benchmarks/embedding_chain.py --out "$OUT/embedding_chain.json"
@@ -49,8 +54,17 @@ for step in $steps; do
     generate)
         run_step bench_generate python3 benchmarks/generate.py --out "$OUT/generate.json"
         ;;
+    rows)
+        run_step bench_rows python3 benchmarks/row_kernels.py --out "$OUT/row_kernels.json"
+        ;;
+    zoo)
+        run_step bench_zoo python3 benchmarks/run.py --out-dir "$OUT/suite" --only zoo
+        ;;
+    suite)
+        run_step bench_suite python3 benchmarks/run.py --out-dir "$OUT/suite"
+        ;;
     *)
-        echo "unknown step: $step (tests, examples, bench, generate)"
+        echo "unknown step: $step (tests, examples, bench, generate, rows, zoo, suite)"
         status=1
         ;;
     esac
