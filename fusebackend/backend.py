@@ -240,8 +240,11 @@ def _fuse(
                 nodes=tuple(m.name for m in candidate.members),
                 lookups=tuple(m.name for m in candidate.lookups),
                 reductions=tuple(
-                    m.name for m, call in candidate.calls.items() if call.op.kind != "elementwise"
+                    m.name
+                    for m, call in candidate.calls.items()
+                    if call.op.kind in ("reduction", "norm", "softmax")
                 ),
+                moves=tuple(m.name for m, c in candidate.calls.items() if c.op.kind == "move"),
                 inputs=tuple(n.name for n in candidate.inputs),
                 outputs=tuple(m.name for m in candidate.outputs),
                 source=source,
@@ -257,7 +260,8 @@ def _fuse(
 def _static_width(candidate: Candidate) -> int:
     """The group's row width as traced (the widest last dim of its members), for the
     report's source: the launcher picks the layout again from each call's real width."""
-    widths = [example_value(m).shape[-1] for m in candidate.members]
+    values = [example_value(m) for m in candidate.members]  # a split's value is a tuple
+    widths = [v.shape[-1] for v in values if isinstance(v, torch.Tensor)]
     return max((w for w in widths if isinstance(w, int)), default=1)
 
 

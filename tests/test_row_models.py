@@ -34,6 +34,8 @@ def test_tiny_llama_equals_eager_with_norms_fused():
     # 2 layers x 2 RMSNorms + the final norm; the first one shares the lookup's kernel
     assert _norm_groups(report) >= 5, str(report)
     assert any(g.lookups and g.reductions for g in report.groups), str(report)
+    # rotary embeddings: q and k of each layer, one kernel each (4 query heads, 2 kv heads)
+    assert sum(1 for g in report.groups if g.moves) == 2 * 2, str(report)
 
 
 def test_tiny_bert_equals_eager_with_layer_norms_fused():
