@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> float:
         print(report)
         if device == "cpu" and not args.interpret:
             print(
-                "(no CUDA: the fused group runs its torch reference; --interpret runs the kernel)"
+                "(no CUDA: the group is not rewritten; --interpret runs its kernel)"
             )
         compiled = torch.compile(model, backend="infinifuse")
         for _ in range(3):
