@@ -23,7 +23,8 @@ class GroupReport:
     outputs: tuple[str, ...]  # node names whose values the kernel writes
     source: str  # generated Triton source
     backend: str  # "triton" or "torch reference" (no usable Triton for this device)
-    reductions: tuple[str, ...] = ()  # members that reduce along the row (norms included)
+    reductions: tuple[str, ...] = ()  # members that reduce along the row (norms, softmax)
+    moves: tuple[str, ...] = ()  # members that move columns (rotate_half)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +93,7 @@ class FusionReport:
         for graph in self.graphs:
             lines.append(
                 f"== {graph.name} on {graph.device}: {graph.path}, "
-                f"{len(graph.groups)} fused group(s), compiled in {graph.compile_seconds:.3f}s"
+                f"{len(graph.groups)} group(s), compiled in {graph.compile_seconds:.3f}s"
             )
             if graph.groups:
                 lines += _table(

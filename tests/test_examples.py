@@ -75,7 +75,7 @@ def test_examples_leave_triton_interpret_alone_without_the_flag(monkeypatch):
     assert "TRITON_INTERPRET" not in os.environ
     report = fusebackend.last_report()
     if not torch.cuda.is_available():
-        assert [g.backend for g in report.groups] == ["torch reference"], str(report)
+        assert report.groups[0].backend.startswith("not rewritten: no Triton on cpu"), report
     torch._dynamo.reset()  # compile again: whether a group uses Triton is fixed at compile time
     assert example.main([*argv, "--interpret"]) <= 1e-5
     assert os.environ["TRITON_INTERPRET"] == "1"  # monkeypatch restores it after the test

@@ -34,6 +34,13 @@ class Row:
     other_groups: int = 0  # groups of ops on y alone, beside the lookup's group
 
 
+def _rotate_half(x):
+    """transformers' rotate_half (rotary embeddings)."""
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
 def _hi(y):
     return y.abs() + 0.5
 
@@ -149,7 +156,7 @@ ROWS = [
         "clamp-tensor-bounds",
         "clamp",
         lambda x, y: x.clamp(min=-_hi(y), max=_hi(y)),
-        other_groups=2,
+        nodes=7,  # the bounds only clamp reads: they join its group (upstream growth)
     ),
     Row("clamp-tensor-min-only", "clamp", lambda x, y: torch.clamp(x, min=y)),
     Row("clamp-min-above-max", "clamp", lambda x, y: torch.clamp(x, 0.5, -0.5)),
@@ -164,7 +171,8 @@ ROWS = [
     Row("where-scalar-other", "where", lambda x, y: torch.where(x > 0.5, x, 0.0), nodes=3),
     Row("where-scalar-input", "where", lambda x, y: torch.where(x < 0, -1.0, x), nodes=3),
     Row("where-method", "where", lambda x, y: x.where(x < 0.5, -x), nodes=4),
-    Row("where-external-mask", "where", lambda x, y: torch.where(y > 0, x, y)),
+    # the mask is computed from y for where alone: it joins where's group (upstream growth)
+    Row("where-external-mask", "where", lambda x, y: torch.where(y > 0, x, y), nodes=3),
     # comparisons: bool results, written out as bool
     Row("eq-operator", "eq", lambda x, y: x == y, "ints"),
     Row("eq-scalar", "eq", lambda x, y: torch.eq(x, 1.0), "ints"),
@@ -220,6 +228,27 @@ ROWS = [
     Row("layer_norm-torch-no-affine", "layer_norm", lambda x, y: torch.layer_norm(x, [D])),
     Row("rms_norm-functional", "rms_norm", lambda x, y: F.rms_norm(x, (D,), y[0, 0], 1e-6)),
     Row("rms_norm-default-eps", "rms_norm", lambda x, y: torch.rms_norm(x, [D])),
+    # softmax along the last dim (the three spellings' signatures differ)
+    Row("softmax-method", "softmax", lambda x, y: x.softmax(-1) * y, nodes=3),
+    Row(
+        "softmax-functional-fp32",
+        "softmax",
+        lambda x, y: F.softmax(x, dim=-1, dtype=torch.float32) + 1.0,
+        nodes=3,
+    ),
+    Row(
+        "log_softmax-torch-dim-2", "log_softmax", lambda x, y: torch.log_softmax(x, 2) - y, nodes=3
+    ),  # fmt: skip
+    Row("log_softmax-functional", "log_softmax", lambda x, y: F.log_softmax(x, -1) * 0.5, nodes=3),
+    # rotate_half of an operand (the rotation of a lookup's value is not fused): the slices
+    # and the negation join with the concatenation; D = 19 is odd, the rotation by D // 2
+    Row("rotate-rotate-half", "rotate", lambda x, y: x + _rotate_half(y), nodes=6),
+    Row(
+        "rotate-chunk",
+        "rotate",
+        lambda x, y: x * torch.cat((-y.chunk(2, -1)[1], y.chunk(2, -1)[0]), -1),
+        nodes=6,
+    ),
 ]
 
 
@@ -274,7 +303,9 @@ def test_op_row(row, dtype):
     assert len(group.nodes) == row.nodes, str(report)
     assert all("belongs to another group" in r.reason for r in report.rejections), str(report)
     emitted = any(f"= {row.op}(" in line for line in group.source.splitlines())
-    if OP_TABLE[row.op].kind != "elementwise":
+    if OP_TABLE[row.op].kind == "move":
+        assert len(group.moves) == 1 and not group.reductions and emitted, str(report)
+    elif OP_TABLE[row.op].kind != "elementwise":
         # reductions and norms lower to several instructions; the report names the node
         assert len(group.reductions) == 1, str(report)
     elif row.op == "cast" and _casts_alias(fn, ids, table, y):
@@ -345,8 +376,8 @@ def test_spellings(kind, target, name):
         ("call_method", "mul_"),  # in-place spellings are not elementwise ops of the table
         ("call_function", torch.Tensor.mul_),
         ("call_method", "add_"),
-        ("call_function", torch.softmax),
-        ("call_method", "softmax"),
+        ("call_function", torch.cumsum),
+        ("call_method", "cumsum"),
         ("call_module", "mul"),
         ("call_function", [1, 2]),  # unhashable target
         ("placeholder", "x"),

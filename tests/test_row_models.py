@@ -34,6 +34,8 @@ def test_tiny_llama_equals_eager_with_norms_fused():
     # 2 layers x 2 RMSNorms + the final norm; the first one shares the lookup's kernel
     assert _norm_groups(report) >= 5, str(report)
     assert any(g.lookups and g.reductions for g in report.groups), str(report)
+    # rotary embeddings: q and k of each layer, one kernel each (4 query heads, 2 kv heads)
+    assert sum(1 for g in report.groups if g.moves) == 2 * 2, str(report)
 
 
 def test_tiny_bert_equals_eager_with_layer_norms_fused():
@@ -57,3 +59,23 @@ def test_tiny_bert_equals_eager_with_layer_norms_fused():
     assert _norm_groups(report) >= 5, str(report)
     embeddings = [g for g in report.groups if len(g.lookups) >= 2 and g.reductions]
     assert embeddings, str(report)
+
+
+def test_more_layers_compile_no_more_distinct_kernels():
+    # The kernel cache key is the canonical program (no node names): layers 3 and 4 reuse
+    # the kernels of layer 2, so a 4-layer model has the 2-layer model's distinct kernels.
+    def distinct_kernels(layers: int) -> tuple[int, set[str]]:
+        torch.manual_seed(2)
+        config = transformers.LlamaConfig(
+            vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        )  # fmt: skip
+        model = transformers.LlamaModel(config).eval()
+        ids = torch.randint(0, 97, (1, 5))
+        _, report = run_fused(lambda ids: model(input_ids=ids).last_hidden_state, ids)
+        return len(report.groups), {g.kernel_name for g in report.groups}
+
+    groups2, kernels2 = distinct_kernels(2)
+    groups4, kernels4 = distinct_kernels(4)
+    assert groups4 > groups2  # more groups ...
+    assert kernels4 == kernels2  # ... the same kernels

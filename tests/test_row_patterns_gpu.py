@@ -54,3 +54,35 @@ def test_row_kernel_in_cuda_graph_equals_eager():
     assert_close(actual, expected)
     modes = [e["mode"] for e in fusebackend.last_report().graphs[-1].runtime_modes()]
     assert modes == ["fusion"], modes
+
+
+@pytest.mark.parametrize("width", [1, 7, 127, 2048, 4097, 8192, 11008])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("name", ["fp32", "log", "scaled_masked"])
+def test_softmax_on_device(name, dtype, width):
+    from test_row_rope_softmax import SOFTMAX, _mask
+
+    g = torch.Generator().manual_seed(width)
+    lead = (2, 3, 5)
+    x = (torch.randn(*lead, width, generator=g) * 3).to(dtype).cuda()
+    mask = _mask(lead, width, dtype, g).cuda()
+    expected = eager(SOFTMAX[name], x, mask)
+    actual, report = run_fused(SOFTMAX[name], x, mask, options={"cudagraphs": False})
+    override = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+    assert_close(actual, expected, **override)
+    assert len(single_group(report).reductions) == 1, str(report)
+
+
+@pytest.mark.parametrize("width", [2, 64, 128, 256])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_rope_on_device(dtype, width):
+    from test_row_rope_softmax import _rope_tolerance, rope_slices
+
+    g = torch.Generator().manual_seed(width)
+    q = torch.randn(2, 8, 33, width, generator=g).to(dtype).cuda()
+    angles = torch.rand(33, width, generator=g) * 6.3
+    cos, sin = angles.cos().to(dtype).cuda(), angles.sin().to(dtype).cuda()
+    expected = eager(rope_slices, q, cos, sin)
+    actual, report = run_fused(rope_slices, q, cos, sin, options={"cudagraphs": False})
+    assert_close(actual, expected, **_rope_tolerance(dtype))
+    assert len(single_group(report).moves) == 1, str(report)

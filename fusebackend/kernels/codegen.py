@@ -27,7 +27,7 @@ import hashlib
 
 import torch
 
-from fusebackend.kernels.expressions import expression
+from fusebackend.kernels.expressions import expression, format_scalar
 from fusebackend.kernels.ir import (
     Const,
     InputRef,
@@ -35,6 +35,7 @@ from fusebackend.kernels.ir import (
     KernelOptions,
     Operand,
     Reduce,
+    Rotate,
     RowProgram,
     ValueRef,
 )
@@ -187,6 +188,9 @@ class _Writer:
             if isinstance(instr, Reduce):
                 corr = f", correction={instr.correction:g}" if instr.correction else ""
                 desc = f"{instr.kind}({self._describe(instr.operand)}, dim=-1{corr})"
+            elif isinstance(instr, Rotate):
+                src, (a, b) = self._describe(instr.operand), instr.signs
+                desc = f"rotate({src}, shift={instr.shift}, signs=({a}, {b}))"
             else:
                 args = ", ".join(self._describe(op) for op in instr.operands)
                 extra = "".join(f", {k}={v!r}" for k, v in instr.params)
@@ -317,6 +321,8 @@ class _Writer:
             instr = self.p.instrs[index - len(self.p.lookups)]
             if isinstance(instr, Reduce):
                 name = self._reduce(index, instr)
+            elif isinstance(instr, Rotate):
+                name = self._rotate(scope, index, instr)
             else:
                 name = self._instr(scope, index, instr)
         scope.names[key] = name
@@ -337,6 +343,21 @@ class _Writer:
             return f"v{index}"
         self.emit(scope, f"v{index} = ({expr}).to({self.compute})  # {instr.name}")
         self._round(scope, index, instr.dtype)
+        return f"v{index}"
+
+    def _rotate(self, scope: _Scope, index: int, rot: Rotate) -> str:
+        """Load the operand at rotated columns: column j reads j + shift, wrapping past D."""
+        prefix, split = f"in{rot.operand.slot}", f"(D - {rot.shift})"
+        first = f"first{index}"
+        self.emit(scope, f"{first} = (cols < {split})[None, :]  # columns of the first part")
+        self.emit(scope, f"rcols{index} = tl.where(cols < {split}, cols + {rot.shift}, "
+                         f"cols - {split})")  # fmt: skip
+        offsets = f"{self._row_offset(prefix)}[:, None] + rcols{index}[None, :] * {prefix}_sc"
+        load = f"tl.load({prefix}_ptr + {offsets}, mask=mask, other=0).to({self.compute})"
+        self.emit(scope, f"r{index} = {load}")
+        a, b = (format_scalar(float(s)) for s in rot.signs)
+        self.emit(scope, f"v{index} = tl.where({first}, {a} * r{index}, {b} * r{index})  # rotate")
+        self._round(scope, index, rot.dtype)
         return f"v{index}"
 
     def _operand_dtype(self, operand: Operand) -> torch.dtype | None:
@@ -427,6 +448,8 @@ class _Writer:
         if operand.index < len(self.p.lookups):
             return
         instr = self.p.instrs[operand.index - len(self.p.lookups)]
+        if isinstance(instr, Rotate):
+            return  # reads a row input, no narrow value
         for op in instr.operands if isinstance(instr, Instr) else (instr.operand,):
             self._narrow_deps(op, seen)
 

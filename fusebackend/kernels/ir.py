@@ -10,7 +10,8 @@ cache key, with the rank and the build options).
 Values: the first ``len(lookups)`` values are the gathered table rows, one per lookup;
 instruction ``i`` defines value ``len(lookups) + i``. Instructions are elementwise
 (``Instr``: an op of the table in ``passes/ops.py``, written by ``kernels/expressions.py``)
-or reductions along the last dim (``Reduce``). Each value is rounded to its ``dtype`` as
+reductions along the last dim (``Reduce``) or column rotations of an external operand
+(``Rotate``: rotary embeddings' ``rotate_half``). Each value is rounded to its ``dtype`` as
 eager rounds it (all math runs in fp32, fp64 when any value is fp64).
 """
 
@@ -30,6 +31,7 @@ __all__ = [
     "KernelOptions",
     "Lookup",
     "Reduce",
+    "Rotate",
     "RowProgram",
     "ValueRef",
     "accumulate_dtype",
@@ -116,6 +118,23 @@ class Reduce:
 
 
 @dataclasses.dataclass(frozen=True)
+class Rotate:
+    """A column rotation of an external operand, with a sign per part (a row value).
+
+    ``value[..., j] = signs[0] * x[..., j + shift]`` for ``j < D - shift``, else
+    ``signs[1] * x[..., j - (D - shift)]``: ``cat((-x[..., s:], x[..., :s]), -1)``, the
+    ``rotate_half`` of rotary embeddings (shift ``D // 2``, signs ``(-1, 1)``). The kernel
+    loads ``x`` at permuted column offsets, so only an input can be rotated: a value
+    computed in the kernel sits in other threads' registers at the permuted columns.
+    """
+
+    operand: InputRef
+    shift: int
+    signs: tuple[int, int]
+    dtype: torch.dtype
+
+
+@dataclasses.dataclass(frozen=True)
 class RowProgram:
     """Everything the generator needs; input tensors arrive in ``input_dtypes`` order.
 
@@ -126,7 +145,7 @@ class RowProgram:
 
     input_dtypes: tuple[torch.dtype, ...]
     lookups: tuple[Lookup, ...]
-    instrs: tuple[Instr | Reduce, ...]
+    instrs: tuple[Instr | Reduce | Rotate, ...]
     outputs: tuple[int, ...]  # value indices written out, in the order returned
     narrow_inputs: frozenset[int] = frozenset()
 
@@ -164,6 +183,8 @@ class RowProgram:
             return not isinstance(op, ValueRef) or op.index in narrow
 
         for i, instr in enumerate(self.instrs):
+            if isinstance(instr, Rotate):
+                continue  # a rotation needs a row of width > 1
             if isinstance(instr, Reduce) or all(is_narrow(op) for op in instr.operands):
                 narrow.add(base + i)
         return frozenset(narrow)

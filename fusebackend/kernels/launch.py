@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from fusebackend.kernels.codegen import generate_source
-from fusebackend.kernels.ir import InputRef, KernelOptions, Reduce, RowProgram, ValueRef
+from fusebackend.kernels.ir import InputRef, KernelOptions, Reduce, Rotate, RowProgram, ValueRef
 
 __all__ = [
     "embedding_chain",
@@ -145,7 +145,7 @@ def value_shapes(
         index, table = inputs[lookup.index_slot], inputs[lookup.table_slot]
         shapes.append(torch.Size((*index.shape, table.shape[1])))
     for instr in program.instrs:
-        operands = (instr.operand,) if isinstance(instr, Reduce) else instr.operands
+        operands = (instr.operand,) if isinstance(instr, Reduce | Rotate) else instr.operands
         operand_shapes = []
         for operand in operands:
             if isinstance(operand, ValueRef):
@@ -157,13 +157,19 @@ def value_shapes(
             if not program.operand_is_narrow(instr.operand):
                 reduced.append(shape)
             shapes.append(torch.Size((*shape[:-1], 1)))
+        elif isinstance(instr, Rotate):
+            (shape,) = operand_shapes
+            reduced.append(shape)  # its columns move: it must span the whole row
+            if not 0 < instr.shift < shape[-1]:
+                raise ValueError(f"a rotation by {instr.shift} of rows {shape[-1]} wide")
+            shapes.append(shape)
         else:
             shapes.append(broadcast_shapes(*operand_shapes))
     group_shape = broadcast_shapes(*shapes, *reduced)
     for shape in reduced:
         if shape[-1] != group_shape[-1]:
             raise ValueError(
-                f"a reduction reads rows of width {shape[-1]} in a group of width "
+                f"a reduction or rotation reads rows of width {shape[-1]} in a group of width "
                 f"{group_shape[-1]} (shape {tuple(group_shape)})"
             )
     return shapes, group_shape

@@ -1,11 +1,12 @@
 """A group of FX nodes -> a RowProgram (the kernel IR), its input nodes and its outputs.
 
 Each member becomes instructions: a lookup a gather; an elementwise op one ``Instr``; a
-reduction a ``Reduce``; ``var``/``std`` and the norms several instructions, written the way
-eager computes them for half-precision inputs: in fp32 (fp64 for fp64 inputs), rounded
-once at the end. Intermediate values of those sequences carry the accumulation dtype, so
-``round_intermediates`` never rounds them. The program names no FX node: the same group
-in two layers lowers to an equal program.
+reduction a ``Reduce``; a ``rotate_half`` one ``Rotate`` (its slices and negation, the
+candidate's ``parts``, none); ``var``/``std``, the norms and softmax several instructions,
+written the way eager computes them for half-precision inputs: in fp32 (fp64 for fp64
+inputs), rounded once at the end. Intermediate values of those sequences carry the
+accumulation dtype, so ``round_intermediates`` never rounds them. The program names no FX
+node: the same group in two layers lowers to an equal program.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fusebackend.kernels.ir import (
     Lookup,
     Operand,
     Reduce,
+    Rotate,
     RowProgram,
     ValueRef,
     accumulate_dtype,
@@ -60,7 +62,7 @@ class _Builder:
         self.dtypes: list[torch.dtype] = []
         self.narrow: set[int] = set()
         self.lookups: list[Lookup] = []
-        self.instrs: list[Instr | Reduce] = []
+        self.instrs: list[Instr | Reduce | Rotate] = []
         self.values: dict[torch.fx.Node, int] = {}
 
     def slot(self, node: torch.fx.Node, role: str) -> int:
@@ -84,7 +86,7 @@ class _Builder:
             return InputRef(self.slot(operand, "tensor"))
         return Const.of(_scalar_for(call, operand))
 
-    def add(self, instr: Instr | Reduce) -> ValueRef:
+    def add(self, instr: Instr | Reduce | Rotate) -> ValueRef:
         self.instrs.append(instr)
         return ValueRef(len(self.lookups) + len(self.instrs) - 1)
 
@@ -106,6 +108,13 @@ class _Builder:
             result = self._layer_norm(call, operands, dtype)
         elif name == "rms_norm":
             result = self._rms_norm(call, operands, dtype)
+        elif name in ("softmax", "log_softmax"):
+            result = self._softmax(name, operands[0], example_value(call.operands[0]).dtype, dtype)
+        elif name == "rotate":
+            (source,) = operands
+            assert isinstance(source, InputRef), source  # the partition rotates inputs only
+            signs = tuple(call.params["signs"])
+            result = self.add(Rotate(source, call.params["shift"], signs, dtype))
         else:  # the op table and this lowering disagree: a bug, never a user's fault
             raise AssertionError(f"no lowering for op {name!r} ({kind})")
         self.values[node] = result.index
@@ -133,6 +142,22 @@ class _Builder:
             y = self.add(Instr("mul", (y, weight), acc))
         if bias is not None:
             y = self.add(Instr("add", (y, bias), acc))
+        return self.add(Instr("cast", (y,), dtype))
+
+    def _softmax(self, name: str, x: Operand, source: torch.dtype, dtype: torch.dtype) -> ValueRef:
+        """softmax = exp(x - max) / sum(exp(x - max)); log_softmax = x - max - log(sum):
+        eager's max-subtracted form, in fp32 (fp64 when input or result is fp64) for any
+        input dtype, rounded once (``dtype=torch.float32`` only changes the result dtype)."""
+        acc = accumulate_dtype(torch.float64 if torch.float64 in (source, dtype) else source)
+        xf = self.add(Instr("cast", (x,), acc))
+        peak = self.add(Reduce("max", xf, acc))
+        shifted = self.add(Instr("sub", (xf, peak), acc))
+        exp = self.add(Instr("exp", (shifted,), acc))
+        total = self.add(Reduce("sum", exp, acc))
+        if name == "softmax":
+            y = self.add(Instr("div", (exp, total), acc))
+        else:
+            y = self.add(Instr("sub", (shifted, self.add(Instr("log", (total,), acc))), acc))
         return self.add(Instr("cast", (y,), dtype))
 
     def _rms_norm(self, call: OpCall, operands: list[Operand], dtype: torch.dtype) -> ValueRef:
@@ -180,7 +205,8 @@ def lower(candidate: Candidate) -> None:
             distinct.append(b.values[member])
         candidate.output_slot[member] = distinct.index(b.values[member])
     candidate.inputs, candidate.outputs = b.inputs, outputs
-    candidate.rank = max(example_value(m).dim() for m in candidate.members) - 1
+    values = [example_value(m) for m in candidate.members]  # a split's value is a tuple
+    candidate.rank = max(v.dim() for v in values if isinstance(v, torch.Tensor)) - 1
     candidate.program = RowProgram(
         tuple(b.dtypes), tuple(b.lookups), tuple(b.instrs), tuple(distinct), frozenset(b.narrow)
     )

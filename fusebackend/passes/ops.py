@@ -2,8 +2,10 @@
 
 Each row says which argument names are operands (values read by the kernel: tensors or
 Python numbers), which are optional, what the op's result holds ("float" or "bool") and
-what kind of op it is: ``elementwise``, ``reduction`` (along the last dim) or ``norm``
-(layer_norm / rms_norm over the last dim). How an op is written in Triton lives in
+what kind of op it is: ``elementwise``, ``reduction`` (along the last dim), ``norm``
+(layer_norm / rms_norm over the last dim), ``softmax`` (softmax / log_softmax along the last
+dim) or ``move`` (a column rearrangement: ``rotate``, matched by structure in
+``passes/rotation.py``, not by a spelling). How an op is written in Triton lives in
 ``kernels/expressions.py`` (passes never import Triton). Result dtypes are never computed
 here: Dynamo's fake tensors already carry eager's type promotion in each node's
 ``example_value``, and the kernel rounds every value to that dtype, as eager does.
@@ -39,7 +41,7 @@ class OpDef:
         check: returns a reason string when these params cannot be fused, else None.
         bool_operands: operand names that must be boolean (where's condition).
         optional: operand names that may be None (clamp's bounds, a norm's weight).
-        kind: "elementwise", "reduction" (last dim, keepdim) or "norm".
+        kind: "elementwise", "reduction" (last dim, keepdim), "norm", "softmax" or "move".
     """
 
     name: str
@@ -95,6 +97,13 @@ def _check_norm(params: dict[str, Any]) -> str | None:
     return None
 
 
+def _check_softmax(params: dict[str, Any]) -> str | None:
+    dtype = params.get("dtype")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        return f"softmax with dtype={dtype!r}"
+    return None
+
+
 def reduction_dim_reason(params: dict[str, Any], ndim: int) -> str | None:
     """None when the reduction's ``dim`` is the last dim of an ``ndim``-d input."""
     dim = params.get("dim")
@@ -133,6 +142,8 @@ def _sig_var(input, dim=None, unbiased=None, keepdim=False, *, correction=None, 
 def _sig_layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5,
                     cudnn_enable=True): ...  # fmt: skip
 def _sig_rms_norm(input, normalized_shape, weight=None, eps=None): ...
+def _sig_softmax_functional(input, dim=None, _stacklevel=3, dtype=None): ...
+def _sig_softmax(input, dim, dtype=None): ...
 
 
 # --- The table --------------------------------------------------------------------------
@@ -262,6 +273,22 @@ _op(
     _sig_rms_norm,
     [F.rms_norm, torch.rms_norm],
 )  # fmt: skip
+
+
+# softmax / log_softmax along the last dim: max-subtracted, accumulated in fp32 (fp64 for
+# fp64), rounded once, as eager's kernels do. F.softmax's third positional is _stacklevel,
+# torch.softmax's and Tensor.softmax's is dtype: two signatures.
+for _name in ("softmax", "log_softmax"):
+    _op(OpDef(_name, _U, "float", _check_softmax, kind="softmax"), _sig_softmax_functional,
+        [getattr(F, _name)])  # fmt: skip
+    _SPELLINGS[getattr(torch, _name)] = (OP_TABLE[_name], inspect.signature(_sig_softmax))
+    _SPELLINGS[getattr(torch.Tensor, _name)] = _SPELLINGS[getattr(torch, _name)]
+    _SPELLINGS[_name] = _SPELLINGS[getattr(torch, _name)]
+    _SPELLINGS[getattr(torch.special, _name)] = _SPELLINGS[getattr(torch, _name)]
+
+# A column rotation (rotate_half): no spelling; passes/rotation.py matches the slices,
+# negation and concatenation that spell it. Params: shift, signs.
+OP_TABLE["rotate"] = OpDef("rotate", _U, "float", kind="move")
 
 
 def lookup_op(op_kind: str, target: Any) -> tuple[OpDef, inspect.Signature] | None:

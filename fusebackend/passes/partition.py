@@ -2,13 +2,16 @@
 
 The pass works on Dynamo's own FX graph (torch-level ops, each node carrying its fake
 ``example_value``). Every node the op table knows (an elementwise op on floating tensors,
-a reduction along the last dim, a norm) and every embedding lookup can seed a group, in
-graph order. A group grows downstream, in graph order, through consumers the table knows,
-as long as each consumer's other operands can be read by strides (numbers, tensors that
-broadcast to its result, views of tensors computed outside the group) or are embedding
-lookups, which then join the group (token + position + token-type tables become one
-kernel). A value used outside the group becomes one more output of the kernel. Where growth
-stops, the reason is kept for the report.
+a reduction along the last dim, a norm, a softmax, a ``rotate_half``: passes/rotation.py) and
+every embedding lookup can seed a group, in graph order. A group grows downstream, in graph
+order, through consumers the table knows, as long as each consumer's other operands can be
+read by strides (numbers, tensors that broadcast to its result, views of tensors computed
+outside the group) or are embedding lookups, which then join the group (token + position +
+token-type tables become one kernel). It also grows upstream, into an operand's producer
+when only the group reads it (``q * cos + rotate_half(q) * sin`` seeded at ``q * cos``
+takes ``rotate_half(q) * sin`` in; ``(x - mean) / sqrt(x.var() + eps)`` seeded at the mean
+takes the variance in). A value used outside the group becomes one more output of the
+kernel. Where growth stops, the reason is kept for the report.
 
 Rules that keep the rewrite correct:
 - no cycle: an operand computed from the group's own values stops the growth;
@@ -35,7 +38,8 @@ import torch.fx
 from fusebackend.kernels.ir import RowProgram
 from fusebackend.passes.embedding_fusion import check_lookup, is_embedding
 from fusebackend.passes.graph import example_value, is_mutation
-from fusebackend.passes.ops import OpCall, bind_op, lookup_op, reduction_dim_reason
+from fusebackend.passes.ops import OP_TABLE, OpCall, bind_op, lookup_op, reduction_dim_reason
+from fusebackend.passes.rotation import Rotation, match_rotation
 from fusebackend.report import RejectionReport
 
 __all__ = ["Candidate", "find_groups", "is_alias_cast", "match"]
@@ -45,7 +49,7 @@ log = logging.getLogger(__name__)
 FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MIN_OPS = 2  # a group must replace at least this many ops (eager kernels) to pay
 _OTHER_REDUCTIONS = {
-    "max", "min", "prod", "norm", "softmax", "log_softmax", "group_norm", "batch_norm",
+    "max", "min", "prod", "norm", "group_norm", "batch_norm",
     "logsumexp", "cumsum", "argmax", "argmin", "any", "all", "var_mean", "std_mean",
 }  # fmt: skip
 _VIEW_NAMES = {
@@ -70,6 +74,9 @@ class Candidate:
     # member -> index of the kernel output holding its value; aliases (same-dtype casts)
     # share their source's output, as they share its tensor in eager
     output_slot: dict[torch.fx.Node, int] = dataclasses.field(default_factory=dict)
+    # members lowered with another member, no instruction of their own: the slices, splits
+    # and negations of a rotate_half (lowered with its concatenation)
+    parts: set[torch.fx.Node] = dataclasses.field(default_factory=set)
 
     @property
     def ops(self) -> list[torch.fx.Node]:
@@ -78,17 +85,43 @@ class Candidate:
 
     @property
     def cost(self) -> int:
-        """Eager kernels the group replaces: lookups and ops, less same-dtype casts."""
+        """Eager kernels the group replaces: lookups and ops, less same-dtype casts and the
+        views among a rotation's parts (its negations are kernels)."""
         aliases = sum(1 for m, call in self.calls.items() if is_alias_cast(call, m))
-        return len(self.members) - aliases
+        views = sum(1 for m in self.parts if not _is_negation(m))
+        return len(self.members) - aliases - views
 
 
 def match(node: torch.fx.Node) -> OpCall | str | None:
-    """The node's op-table match, a reason it does not bind, or None (not a table op)."""
+    """The node's op-table match, a reason it does not bind, or None (not a table op).
+
+    A concatenation that spells ``rotate_half`` matches the ``rotate`` op of its source
+    (``rotation_of`` names its parts)."""
     row = lookup_op(node.op, node.target)
     if row is None:
-        return None
+        rotation = match_rotation(node)
+        if isinstance(rotation, Rotation):
+            params = {"shift": rotation.shift, "signs": rotation.signs}
+            return OpCall(OP_TABLE["rotate"], (rotation.source,), params)
+        return rotation
     return bind_op(row[0], row[1], node.args, dict(node.kwargs))
+
+
+def rotation_of(node: torch.fx.Node) -> Rotation:
+    rotation = match_rotation(node)
+    assert isinstance(rotation, Rotation), rotation
+    return rotation
+
+
+def _rotation_reason(source: torch.fx.Node) -> str:
+    return (f"rotate_half of {source.name}, a value computed in the group: the kernel moves "
+            "columns by loading an input at permuted offsets, and a computed value's other "
+            "columns are in other threads' registers")  # fmt: skip
+
+
+def _is_negation(node: torch.fx.Node) -> bool:
+    call = match(node)
+    return isinstance(call, OpCall) and call.op.name == "neg"
 
 
 def is_alias_cast(call: OpCall, node: torch.fx.Node) -> bool:
@@ -116,6 +149,7 @@ class _Grower:
         self.device = example_value(seed).device
         self.members: set[torch.fx.Node] = set()
         self.calls: dict[torch.fx.Node, OpCall] = {}
+        self.parts: set[torch.fx.Node] = set()
         self.stops: list[RejectionReport] = []
         self.width: Any = None  # the row width D once a value has one (int or SymInt)
         self.shape: tuple[Any, ...] | None = None  # broadcast of every value's shape
@@ -157,15 +191,22 @@ class _Grower:
                 self.members.add(node)
                 push_users(node)
         members = sorted(self.members, key=self.p.position.__getitem__)
-        lookups = [m for m in members if m not in self.calls]
-        return Candidate(lookups, members, self.calls, self.stops)
+        lookups = [m for m in members if m not in self.calls and m not in self.parts]
+        return Candidate(lookups, members, self.calls, self.stops, parts=self.parts)
 
     def _try_absorb(self, user: torch.fx.Node) -> list[torch.fx.Node] | str:
-        """The nodes to add for ``user`` (itself plus new lookups), or why not."""
+        """The nodes to add for ``user`` (itself, new lookups, producers only the group
+        reads and rotation parts), or why not."""
         if user.op == "output":
             return "graph output"
         if user in self.p.assigned:
             return f"consumer {user.name} belongs to another group"
+        if user in self.p.part_of:
+            cat = self.p.part_of[user]
+            source = rotation_of(cat).source
+            if source in self.members:
+                return f"consumer {cat.name}: {_rotation_reason(source)}"
+            return f"consumer {user.name} is part of the rotation {cat.name}"
         if is_mutation(user):
             return f"consumer {user.name} is an in-place op"
         call = match(user)
@@ -173,36 +214,107 @@ class _Grower:
             return f"consumer {user.name} is {_describe_kind(user)}"
         if isinstance(call, str):
             return f"consumer {user.name}: {call}"
-        reason = self._check_result(user, call)
+        new_lookups: list[torch.fx.Node] = []
+        reason = self._check_node(user, call, new_lookups)
         if reason:
             return f"consumer {user.name}: {reason}"
-        if is_alias_cast(call, user) and call.operands[0] not in self.members:
+        saved = (self.width, self.shape)
+        taken: dict[torch.fx.Node, OpCall] = {user: call}
+        self._take_producers(user, call, taken, new_lookups)
+        for upstream in (True, False):
+            if not upstream:  # retry with the producers left outside, read as operands
+                if len(taken) == 1:
+                    break
+                self.width, self.shape = saved
+                taken, new_lookups = {user: call}, []
+                if self._check_node(user, call, new_lookups):
+                    break  # cannot happen: it passed above with the same shape state
+            reason = self._legal(user, taken, new_lookups)
+            if reason is None:
+                parts = [p for node, c in taken.items() if c.op.name == "rotate"
+                         for p in rotation_of(node).parts]  # fmt: skip
+                self.calls.update(taken)
+                self.parts.update(parts)
+                return [*taken, *new_lookups, *parts]
+        return f"consumer {user.name}: {reason}"
+
+    def _check_node(
+        self, node: torch.fx.Node, call: OpCall, new_lookups: list[torch.fx.Node]
+    ) -> str | None:
+        """Can ``node`` join (its result, operands and rows)? Lookups it reads that can be
+        gathered are added to ``new_lookups``."""
+        reason = self._check_result(node, call)
+        if reason:
+            return reason
+        if is_alias_cast(call, node) and call.operands[0] not in self.members:
             # eager returns the external tensor itself; a kernel output would be a copy
-            return f"consumer {user.name}: a same-dtype cast of a tensor outside the group"
-        new_lookups: list[torch.fx.Node] = []
+            return "a same-dtype cast of a tensor outside the group"
+        if call.op.kind == "move":
+            source = call.operands[0]
+            if source in self.members:
+                return _rotation_reason(source)
+            parts = rotation_of(node).parts
+            if any(p in self.p.assigned for p in parts):
+                return "a part of the rotation belongs to another group"
         for name, operand in zip(call.op.operands, call.operands):
             reason = self._check_operand(call, name, operand, new_lookups)
             if reason:
-                return f"consumer {user.name}: {reason}"
+                return reason
         for value in call.params.values():
             if _contains_node(value):
-                return f"consumer {user.name}: a tensor argument in a non-operand position"
-        reason = self._check_rows(user, call)
-        if reason:
-            return f"consumer {user.name}: {reason}"
-        outside = self.p.path_outside({*self.members, user, *new_lookups})
-        if outside is not None and new_lookups:  # the lookups stay outside, read as operands
-            new_lookups = []
-            outside = self.p.path_outside({*self.members, user})
+                return "a tensor argument in a non-operand position"
+        return self._check_rows(node, call)
+
+    def _take_producers(
+        self,
+        consumer: torch.fx.Node,
+        call: OpCall,
+        taken: dict[torch.fx.Node, OpCall],
+        new_lookups: list[torch.fx.Node],
+    ) -> None:
+        """Upstream growth: take in each operand of ``consumer`` computed outside the group
+        by a table op whose every user is in the group (so it needs no output of its own),
+        and recursively its producers. One that cannot join stays an operand."""
+        for operand in call.operands:
+            if not isinstance(operand, torch.fx.Node) or operand in taken:
+                continue
+            if operand in self.members or operand in self.p.assigned or operand in new_lookups:
+                continue
+            if operand in self.p.part_of or is_mutation(operand) or is_embedding(operand):
+                continue
+            if any(u not in taken and u not in self.members for u in operand.users):
+                continue
+            producer = match(operand)
+            if not isinstance(producer, OpCall) or is_alias_cast(producer, operand):
+                continue
+            saved, lookups = (self.width, self.shape), list(new_lookups)
+            if self._check_node(operand, producer, lookups):
+                self.width, self.shape = saved
+                continue
+            taken[operand] = producer
+            new_lookups[:] = lookups
+            self._take_producers(operand, producer, taken, new_lookups)
+
+    def _legal(
+        self,
+        user: torch.fx.Node,
+        taken: dict[torch.fx.Node, OpCall],
+        new_lookups: list[torch.fx.Node],
+    ) -> str | None:
+        """No cycle through nodes outside the group, no mutation inside its span. Lookups
+        that would close a cycle stay outside (read as operands) when that helps."""
+        nodes = {*self.members, *taken}
+        outside = self.p.path_outside(nodes | set(new_lookups))
+        if outside is not None and new_lookups:
+            new_lookups.clear()
+            outside = self.p.path_outside(nodes)
         if outside is not None:
-            return (f"consumer {user.name}: {outside.name} is computed from the group's "
-                        "own values and feeds the group (a cycle)")  # fmt: skip
-        span = [user, *new_lookups, *self.members]
-        mutation = self.p.mutation_between(span)
+            return (f"{outside.name} is computed from the group's own values and feeds the "
+                    "group (a cycle)")  # fmt: skip
+        mutation = self.p.mutation_between([*taken, *new_lookups, *self.members])
         if mutation is not None:
-            return f"consumer {user.name}: the in-place op {mutation} lies inside the group"
-        self.calls[user] = call
-        return [user, *new_lookups]
+            return f"the in-place op {mutation} lies inside the group"
+        return None
 
     def _check_result(self, user: torch.fx.Node, call: OpCall) -> str | None:
         value = example_value(user)
@@ -229,11 +341,11 @@ class _Grower:
             source = example_value(call.operands[0])
             if source.dim() == 0:
                 return f"{call.op.name} of a 0-d tensor"
-            if call.op.kind == "reduction":
+            if call.op.kind in ("reduction", "softmax"):
                 reason = reduction_dim_reason(call.params, source.dim())
                 if reason:
                     return reason
-            else:
+            elif call.op.kind == "norm":
                 (size,) = call.params["normalized_shape"]
                 if not _same_size(size, source.shape[-1]):
                     return f"normalizes {size} elements of rows {source.shape[-1]} wide"
@@ -363,6 +475,13 @@ class _FusionPass:
         self.assigned: set[torch.fx.Node] = set()
         self.group_of: dict[torch.fx.Node, frozenset[torch.fx.Node]] = {}  # accepted groups
         self.group_span: dict[frozenset[torch.fx.Node], tuple[int, int]] = {}
+        # the slices, splits and negations of each rotate_half -> its concatenation: they
+        # never seed or join a group alone, only with their concatenation
+        self.part_of: dict[torch.fx.Node, torch.fx.Node] = {}
+        for node in graph.nodes:
+            rotation = match_rotation(node)
+            if isinstance(rotation, Rotation):
+                self.part_of.update(dict.fromkeys(rotation.parts, node))
 
     def path_outside(self, group: set[torch.fx.Node]) -> torch.fx.Node | None:
         """A node outside ``group`` that depends on it and feeds it, or None.
@@ -411,7 +530,7 @@ class _FusionPass:
                 if reason:
                     rejections.append(RejectionReport(node.name, reason))
                     continue
-            elif lookup_op(node.op, node.target) is None:
+            elif node in self.part_of or _kind(node) == "other":
                 continue
             if not isinstance(example_value(node), torch.Tensor):
                 continue  # Python-number arithmetic (a SymInt + 1 beside a sliding window)
@@ -444,7 +563,9 @@ class _FusionPass:
 
 def _kind(node: torch.fx.Node) -> str:
     row = lookup_op(node.op, node.target)
-    return row[0].kind if row is not None else "other"
+    if row is not None:
+        return row[0].kind
+    return "move" if isinstance(match_rotation(node), Rotation) else "other"
 
 
 def find_groups(graph: torch.fx.Graph) -> tuple[list[Candidate], list[RejectionReport]]:

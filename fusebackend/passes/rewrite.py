@@ -19,6 +19,7 @@ from fusebackend.passes.embedding_fusion import embedding_args
 from fusebackend.passes.graph import example_value, resort_stably
 from fusebackend.passes.lowering import lower
 from fusebackend.passes.partition import Candidate
+from fusebackend.passes.rotation import is_split, rotate
 
 __all__ = ["reference_module", "rewrite"]
 
@@ -54,6 +55,9 @@ def rewrite(
                 out.replace_all_uses_with(item, delete_user_cb=lambda u, m=members: u not in m)
         for member in reversed(candidate.members):
             graph.erase_node(member)
+        for split in {p.args[0] for p in candidate.parts if is_split(p.args[0])}:
+            if not split.users:  # a rotation read both its parts
+                graph.erase_node(split)
         fused_nodes.append(fused)
     resort_stably(graph, priority)
     graph.lint()
@@ -80,15 +84,19 @@ def reference_module(candidate: Candidate) -> torch.fx.GraphModule:
         env[node] = graph.placeholder(f"in{i}_{node.name}")
     for member in candidate.members:
         call = candidate.calls.get(member)
-        if call is None:  # a lookup; its other arguments only matter for gradients, or are
-            # max_norm (rejected), and may be graph values (norm_type under dynamic shapes)
+        if call is None and member not in candidate.parts:  # a lookup; its other arguments
+            # only matter for gradients, or are max_norm (rejected), and may be graph values
+            # (norm_type under dynamic shapes)
             args = embedding_args(member)
             env[member] = graph.call_function(F.embedding, (env[args["input"]],
                                                             env[args["weight"]]))  # fmt: skip
-        elif call.op.name == "cast":  # the target dtype may come from another tensor
+        elif call is not None and call.op.name == "cast":  # the dtype may come from a tensor
             env[member] = graph.call_method("to", (env[call.operands[0]],
                                                    example_value(member).dtype))  # fmt: skip
-        else:
+        elif call is not None and call.op.name == "rotate":  # its parts are not copied
+            source, params = env[call.operands[0]], call.params
+            env[member] = graph.call_function(rotate, (source, params["shift"], params["signs"]))
+        elif call is not None:
             env[member] = graph.node_copy(member, lambda n: env[n])
     graph.output(tuple(env[h] for h in _output_holders(candidate)))
     return torch.fx.GraphModule(torch.nn.Module(), graph)

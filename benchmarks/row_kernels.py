@@ -1,0 +1,256 @@
+"""Row kernels (issue 10): each pattern's fused kernel vs Inductor's and vs copy bandwidth.
+
+Patterns (fp16, transformers' spellings): RMSNorm (decomposed, LlamaRMSNorm), add + RMSNorm
+(two outputs: the residual sum and its norm), SwiGLU activation (silu(gate) * up), RoPE
+(``q * cos + rotate_half(q) * sin`` on rows of D = heads x 128, cos/sin per row), softmax with
+its scale and additive mask. Rows: decode (1 x D) and prefill (4096 x D); D in 2048, 4096,
+8192.
+
+Each variant is the same Python function compiled with ``dynamic=False``: infinifuse
+(``cudagraphs=False``: the kernel, not our replay), Inductor (torch.compile default mode)
+and eager. Device time per call: 20 calls captured in one CUDA graph, replayed 10 times
+between CUDA events, median (``embedding_chain.device_ms``). Bytes counted: each tensor the
+pattern must read once and each output written once (weights and cos/sin included). The copy
+ceiling is a 1 GiB device-to-device copy in the same run.
+
+    python benchmarks/row_kernels.py --out benchmarks/results/row_kernels_h100.json
+    python benchmarks/row_kernels.py --sweep --out benchmarks/results/row_sweep_h100.json
+
+``--sweep`` also times the persistent layout (rows of D <= 8192 in registers) and the
+chunked one (D = 16384, 32768) over warps x rows per program (x chunk width when chunked),
+by patching ``fusebackend.kernels.launch.launch_config``, so configs can be picked from data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from embedding_chain import copy_bandwidth_gbs, device_ms  # noqa: E402
+
+HEAD = 128  # RoPE head dim
+
+
+def rms_norm(x, w):
+    """transformers' LlamaRMSNorm.forward."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return w * h.to(x.dtype)
+
+
+def add_rms_norm(x, r, w):
+    h = x + r
+    return h, rms_norm(h, w)
+
+
+def swiglu(gate, up):
+    return F.silu(gate) * up
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope(q, cos, sin):
+    return q * cos + rotate_half(q) * sin
+
+
+def scaled_masked_softmax(x, mask):
+    return (x * 0.088 + mask).softmax(-1)
+
+
+def make_inputs(name: str, rows: int, width: int, device: str) -> tuple[tuple, int]:
+    """(arguments, bytes the pattern must move) for ``rows x width`` fp16 rows."""
+    dt, n = torch.float16, rows * width
+
+    def rand(*shape):
+        return torch.randn(*shape, device=device, dtype=dt)
+
+    if name == "rmsnorm":
+        return (rand(rows, width), rand(width)), 2 * (2 * n + width)
+    if name == "add_rmsnorm":
+        return (rand(rows, width), rand(rows, width), rand(width)), 2 * (4 * n + width)
+    if name == "swiglu":
+        return (rand(rows, width), rand(rows, width)), 2 * 3 * n
+    if name == "rope":
+        q = rand(rows, width // HEAD, HEAD)
+        angles = torch.rand(rows, 1, HEAD, device=device) * 6.3
+        cos, sin = angles.cos().to(dt), angles.sin().to(dt)
+        return (q, cos, sin), 2 * (2 * n + 2 * rows * HEAD)
+    if name == "softmax":
+        mask = torch.where(torch.rand(1, width, device=device) < 0.9, 0.0, -65504.0).to(dt)
+        return (rand(rows, width), mask), 2 * (2 * n + width)
+    raise ValueError(name)
+
+
+PATTERNS = {"rmsnorm": rms_norm, "add_rmsnorm": add_rms_norm, "swiglu": swiglu, "rope": rope,
+            "softmax": scaled_masked_softmax}  # fmt: skip
+
+
+def compiled(fn, backend: str):
+    if backend == "eager":
+        return fn
+    if backend == "inductor":
+        return torch.compile(fn, dynamic=False)
+    options = {"cudagraphs": False}
+    return torch.compile(fn, backend="infinifuse", dynamic=False, options=options)
+
+
+def max_error(out, ref) -> float:
+    outs = out if isinstance(out, tuple) else (out,)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    return max(float((o.float() - r.float()).abs().max()) for o, r in zip(outs, refs))
+
+
+def measure(name: str, rows: int, width: int, copy_gbs: float) -> dict:
+    import fusebackend
+
+    fn = PATTERNS[name]
+    args, moved = make_inputs(name, rows, width, "cuda")
+    row: dict = {"pattern": name, "rows": rows, "width": width, "bytes": moved}
+    with torch.no_grad():
+        ref = fn(*args)
+        for backend in ("infinifuse", "inductor", "eager"):
+            call = compiled(fn, backend)
+            out = call(*args)  # compile outside the capture
+            if backend == "infinifuse":
+                report = fusebackend.last_report()
+                row["groups"] = [
+                    {"nodes": list(g.nodes), "backend": g.backend, "kernel": g.kernel_name}
+                    for g in report.groups
+                ]
+                row["infinifuse_modes"] = sorted(set(fusebackend.stats()["fusion_modes"].values()))
+            row[f"{backend}_max_error_vs_eager"] = max_error(out, ref)
+            ms = device_ms(lambda call=call: call(*args))
+            row[f"{backend}_ms"] = ms
+            row[f"{backend}_fraction_of_copy"] = moved / ms / 1e6 / copy_gbs
+    row["ratio_vs_inductor"] = row["infinifuse_ms"] / row["inductor_ms"]
+    return row
+
+
+def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
+    """Device time of ``name``'s fused kernel for each launch config of its layout."""
+    from fusebackend.kernels import launch
+
+    fn = PATTERNS[name]
+    args, moved = make_inputs(name, rows, width, "cuda")
+    call = compiled(fn, "infinifuse")
+    layout = "persistent" if width <= launch._MAX_PERSISTENT_D else "chunked"
+    default = launch.launch_config
+    results = []
+    chunks = (1024, 2048, 4096, 8192) if layout == "chunked" else (None,)
+    try:
+        for warps, block_r, chunk in itertools.product((2, 4, 8, 16), (1, 2, 4), chunks):
+            if layout == "persistent" and block_r * launch.triton_next_power_of_2(width) > 32768:
+                continue  # > 64 fp32 registers per thread at 16 warps: spills
+
+            def config(r, w, lay="tile", warps=warps, block_r=block_r, chunk=chunk):
+                if lay == "persistent":
+                    return block_r, launch.triton_next_power_of_2(w), warps
+                if lay == "chunked":
+                    return block_r, chunk, warps
+                return default(r, w) if lay == "tile" else default(r, w, lay)
+
+            launch.launch_config = config
+            with torch.no_grad():
+                call(*args)  # compile this variant outside the capture
+                torch.cuda.synchronize()
+                ms = device_ms(lambda: call(*args), reps=5)
+            entry = {"pattern": name, "rows": rows, "width": width, "layout": layout,
+                     "num_warps": warps, "rows_per_program": block_r, "chunk": chunk, "ms": ms,
+                     "fraction_of_copy": moved / ms / 1e6 / copy_gbs}  # fmt: skip
+            results.append(entry)
+            print(f"sweep {name} {rows}x{width} {layout} warps={warps} rows/program={block_r} "
+                  f"chunk={chunk}: {ms * 1000:.1f} us")  # fmt: skip
+    finally:
+        launch.launch_config = default
+    return results
+
+
+def versions() -> dict:
+    import triton
+
+    try:
+        import transformers
+
+        hf = transformers.__version__
+    except ImportError:
+        hf = None
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": triton.__version__, "transformers": hf, "python": platform.python_version(),
+            "date": date}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--patterns", default=",".join(PATTERNS))
+    parser.add_argument("--widths", default="2048,4096,8192")
+    parser.add_argument("--rows", default="1,4096", help="decode and prefill row counts")
+    parser.add_argument("--sweep", action="store_true", help="also sweep launch configs")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("row_kernels.py times CUDA kernels: no CUDA device")
+    torch._dynamo.config.cache_size_limit = 256  # one compile per pattern x shape x variant
+    started = time.perf_counter()
+    copy = copy_bandwidth_gbs(torch.device("cuda"), 1.0)
+    copy_gbs = copy["ceiling"]
+    patterns = args.patterns.split(",")
+    widths = [int(w) for w in args.widths.split(",")]
+    row_counts = [int(r) for r in args.rows.split(",")]
+    results = []
+    print(f"{'pattern':12} {'rows x D':>12} {'infinifuse us':>14} {'inductor us':>12} "
+          f"{'eager us':>9} {'ratio':>6} {'copy %':>7}")  # fmt: skip
+    for name, rows, width in itertools.product(patterns, row_counts, widths):
+        row = measure(name, rows, width, copy_gbs)
+        results.append(row)
+        share = row["infinifuse_fraction_of_copy"] * 100
+        print(f"{name:12} {f'{rows}x{width}':>12} {row['infinifuse_ms'] * 1e3:14.1f} "
+              f"{row['inductor_ms'] * 1e3:12.1f} {row['eager_ms'] * 1e3:9.1f} "
+              f"{row['ratio_vs_inductor']:6.2f} {share:6.0f}%")  # fmt: skip
+    prefill = [r for r in results if r["rows"] == max(row_counts)]
+    targets = {
+        "infinifuse <= 1.0x inductor (every row)": {
+            "met": all(r["ratio_vs_inductor"] <= 1.0 for r in results),
+            "worst": max(r["ratio_vs_inductor"] for r in results),
+        },
+        ">= 80% of copy bandwidth at prefill": {
+            "met": all(r["infinifuse_fraction_of_copy"] >= 0.8 for r in prefill),
+            "worst": min((r["infinifuse_fraction_of_copy"] for r in prefill), default=None),
+        },
+        "one fused group per pattern, run fused": all(
+            len(r["groups"]) == 1 and r["infinifuse_modes"] == ["fusion"] for r in results
+        ),
+    }
+    report = {**versions(), "copy_gbs": copy, "results": results, "targets": targets}
+    if args.sweep:
+        report["sweep"] = [
+            entry
+            for name in ("rmsnorm", "add_rmsnorm", "softmax")
+            for rows, width in itertools.product(row_counts, [*widths, 16384, 32768])
+            for entry in sweep(name, rows, width, copy_gbs)
+        ]
+    report["seconds"] = time.perf_counter() - started
+    print(json.dumps(targets, indent=2))
+    print(f"took {report['seconds']:.0f} s")
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as handle:
+            json.dump(report, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

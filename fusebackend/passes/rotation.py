@@ -1,0 +1,131 @@
+"""Last-dim rearrangements: ``rotate_half`` of rotary embeddings as one op.
+
+``cat((-x[..., s:], x[..., :s]), dim=-1)`` (transformers' ``rotate_half``, with ``s = D // 2``)
+is four FX nodes: two slices (``x[..., :s]`` getitems, or the two parts of one
+``chunk``/``split``), a negation and the concatenation. ``match_rotation`` recognises the
+concatenation as one ``rotate`` op of ``x`` (a column rotation by ``s`` with a sign per part,
+``kernels/ir.Rotate``) and names the other nodes as its parts: they join the group with it and
+no instruction of their own (the kernel loads ``x`` at rotated column offsets).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+from fusebackend.passes.graph import example_value
+
+__all__ = ["Rotation", "is_split", "match_rotation", "rotate"]
+
+_CAT = (torch.cat, torch.concat, torch.concatenate)
+_NEG = (operator.neg, torch.neg, torch.negative, torch.Tensor.neg, "neg", "negative")
+_SPLITS = (torch.chunk, torch.split, torch.Tensor.chunk, torch.Tensor.split, "chunk", "split")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rotation:
+    """``out[..., j] = signs[0] * source[..., j + shift]`` for ``j < D - shift``, else
+    ``signs[1] * source[..., j - (D - shift)]``; ``parts``: the slices and negations
+    that only this concatenation reads (a ``chunk``/``split`` node they take parts of is
+    not one: its value is a tuple; the rewrite erases it once unused)."""
+
+    source: torch.fx.Node
+    shift: int
+    signs: tuple[int, int]
+    parts: tuple[torch.fx.Node, ...]
+
+
+def _is_call(node: Any, targets: tuple[Any, ...]) -> bool:
+    if not isinstance(node, torch.fx.Node):
+        return False
+    if node.op == "call_method":
+        return node.target in targets
+    return node.op == "call_function" and node.target in targets
+
+
+def is_split(node: torch.fx.Node) -> bool:
+    """A ``chunk``/``split`` call (its value is a tuple of views)."""
+    return _is_call(node, _SPLITS)
+
+
+def _cat_args(node: torch.fx.Node) -> tuple[Any, Any]:
+    tensors = node.args[0] if node.args else node.kwargs.get("tensors")
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    return tensors, dim
+
+
+def _last_dim_slice(node: torch.fx.Node, ndim: int) -> tuple[torch.fx.Node, int, int] | None:
+    """(source, start, stop) when ``node`` takes columns [start, stop) of a tensor's last
+    dim and nothing else: ``x[..., a:b]`` or a part of ``x.chunk``/``x.split`` along -1."""
+    if not _is_call(node, (operator.getitem,)):
+        return None
+    base, index = node.args
+    value = example_value(node)
+    if not isinstance(value, torch.Tensor) or not isinstance(value.shape[-1], int):
+        return None
+    if _is_call(base, _SPLITS) and isinstance(index, int):
+        dim = base.kwargs.get("dim", base.args[2] if len(base.args) > 2 else 0)
+        pieces = example_value(base)
+        if dim not in (-1, ndim - 1) or not isinstance(pieces, tuple | list):
+            return None
+        start = sum(int(p.shape[-1]) for p in pieces[:index])
+        return base.args[0], start, start + int(pieces[index].shape[-1])
+    if not isinstance(base, torch.fx.Node) or not isinstance(index, tuple) or not index:
+        return None
+    last, rest = index[-1], index[:-1]
+    if not isinstance(last, slice) or last.step not in (None, 1):
+        return None
+    if any(r is not Ellipsis and r != slice(None) for r in rest):
+        return None
+    if Ellipsis not in rest and len(index) != ndim:
+        return None
+    source = example_value(base)
+    if not isinstance(source, torch.Tensor) or not isinstance(source.shape[-1], int):
+        return None
+    start, stop, _ = last.indices(source.shape[-1])
+    return base, start, stop
+
+
+def match_rotation(node: torch.fx.Node) -> Rotation | str | None:
+    """The rotation a concatenation computes, why it is not one, or None (not a cat)."""
+    if not _is_call(node, _CAT):
+        return None
+    tensors, dim = _cat_args(node)
+    value = example_value(node)
+    if not isinstance(value, torch.Tensor) or not isinstance(tensors, list | tuple):
+        return "cat of values that are not tensors"
+    ndim = value.dim()
+    if dim not in (-1, ndim - 1) or len(tensors) != 2:
+        return "a cat that is not a rotate_half (two parts along the last dim) is not fused"
+    pieces, parts = [], []
+    for tensor in tensors:
+        sign = 1
+        if _is_call(tensor, _NEG):
+            parts.append(tensor)
+            sign, tensor = -1, tensor.args[0]
+        found = _last_dim_slice(tensor, ndim) if isinstance(tensor, torch.fx.Node) else None
+        if found is None:
+            return "a cat of parts that are not slices of one tensor's last dim is not fused"
+        parts.append(tensor)
+        pieces.append((sign, *found))
+    (sign0, src0, a0, b0), (sign1, src1, a1, b1) = pieces
+    width = example_value(src0).shape[-1]
+    if src0 is not src1 or not (b0 == width and a1 == 0 and b1 == a0 and 0 < a0 < width):
+        return "a cat of slices that do not rotate one tensor's columns is not fused"
+    unique = tuple(dict.fromkeys(parts))
+    for part in unique:
+        if any(user is not node and user not in unique for user in part.users):
+            return f"{part.name} is also used outside the rotation"
+    return Rotation(src0, a0, (sign0, sign1), unique)
+
+
+def rotate(x: torch.Tensor, shift: int, signs: tuple[int, int]) -> torch.Tensor:
+    """The torch reference of a ``Rotation`` (what the matched nodes compute)."""
+    first, second = x[..., shift:], x[..., :shift]
+    first = -first if signs[0] < 0 else first
+    second = -second if signs[1] < 0 else second
+    return torch.cat((first, second), dim=-1)
