@@ -130,6 +130,18 @@ def make(unfused=mul_add, fused=mul_add, device=None, **options) -> GraphCache:
     )
 
 
+def captured(fn, static=(), mutated=(), **options) -> GraphCache:
+    """A cache of ``fn`` (unfused only) captured through the fake capture on FAKE_CUDA."""
+    return GraphCache(
+        unfused=fn,
+        fused=None,
+        config=FusionConfig(cudagraphs=True, **options),
+        device=FAKE_CUDA,
+        static_input_indices=frozenset(static),
+        mutated_input_indices=frozenset(mutated),
+    )
+
+
 def counters() -> dict[str, int]:
     s = stats()
     return {k: s[k] for k in COUNTER_KEYS}
@@ -480,13 +492,7 @@ def test_container_type_is_preserved(fake_capture):
 
 def test_parameter_address_change_rerecords(fake_capture):
     w = torch.nn.Parameter(torch.randn(8), requires_grad=False)
-    cache = GraphCache(
-        unfused=lambda x, w: (x * w,),
-        fused=None,
-        config=FusionConfig(cudagraphs=True),
-        device=FAKE_CUDA,
-        static_input_indices=frozenset({1}),
-    )
+    cache = captured(lambda x, w: (x * w,), static={1})
     x = torch.randn(8)
     cache(x, w)
     cache(x, w)
@@ -508,14 +514,7 @@ def test_static_input_at_a_new_address_every_call_is_copied_after_three_moves(fa
     """Mutated inputs are used in place (static); one passed fresh on every call (an output
     buffer) would re-record every call. After 3 moves it is copied in like other inputs, and
     the graph's write still reaches the caller's tensor."""
-    cache = GraphCache(
-        unfused=lambda x, out: (out.copy_(x * 2),),
-        fused=None,
-        config=FusionConfig(cudagraphs=True),
-        device=FAKE_CUDA,
-        static_input_indices=frozenset({1}),
-        mutated_input_indices=frozenset({1}),
-    )
+    cache = captured(lambda x, out: (out.copy_(x * 2),), static={1}, mutated={1})
     x = torch.randn(8)
     for call in range(8):
         out = torch.zeros(8)
@@ -1049,13 +1048,7 @@ def test_a_kept_capture_decision_survives_a_rerecord(fake_capture, monkeypatch):
 
     timed = []
     monkeypatch.setattr(payoff, "time_call", lambda fn, d: (timed.append(1), (fn(), 1e-4))[1])
-    cache = GraphCache(
-        unfused=lambda x, w: (x * w,),
-        fused=None,
-        config=FusionConfig(cudagraphs=True),
-        device=FAKE_CUDA,
-        static_input_indices=frozenset({1}),
-    )
+    cache = captured(lambda x, w: (x * w,), static={1})
     x = torch.randn(payoff.LARGE_OUTPUT_BYTES // 4)
     w = torch.randn(1)
     for _ in range(1 + 2 * payoff.TRIAL_CALLS):
@@ -1203,14 +1196,7 @@ def test_inputs_sharing_a_mutated_storage_keep_the_write_and_see_it():
 def test_captured_input_sharing_a_storage_with_a_written_one_is_read_in_place(fake_capture):
     """b = a[1:] while the graph writes a (used in place): a copy of b made before each
     replay missed the graph's own write, so every replay returned stale values."""
-    cache = GraphCache(
-        unfused=lambda a, b: (a.add_(1), b * 2)[1:],
-        fused=None,
-        config=FusionConfig(cudagraphs=True),
-        device=FAKE_CUDA,
-        static_input_indices=frozenset({0}),
-        mutated_input_indices=frozenset({0}),
-    )
+    cache = captured(lambda a, b: (a.add_(1), b * 2)[1:], static={0}, mutated={0})
     base, eager_base = torch.zeros(4), torch.zeros(4)
     for _ in range(4):
         (out,) = cache(base, base[1:])
@@ -1223,13 +1209,7 @@ def test_captured_input_sharing_a_storage_with_a_written_one_is_read_in_place(fa
 def test_a_static_input_that_moves_now_and_then_stays_in_place(fake_capture):
     """Only consecutive moves stop in-place use: weights or a cache that move once (a new
     StaticCache per generate) and then stay must not be copied on every replay."""
-    cache = GraphCache(
-        unfused=lambda x, w: (x * w,),
-        fused=None,
-        config=FusionConfig(cudagraphs=True),
-        device=FAKE_CUDA,
-        static_input_indices=frozenset({1}),
-    )
+    cache = captured(lambda x, w: (x * w,), static={1})
     x = torch.randn(8)
     for _ in range(5):
         w = torch.randn(8)  # a new address, then two calls at the same one
@@ -1240,13 +1220,7 @@ def test_a_static_input_that_moves_now_and_then_stays_in_place(fake_capture):
 
 
 def test_a_cpu_scalar_used_in_place_is_never_captured(fake_capture):
-    cache = GraphCache(
-        unfused=lambda x, s: (x * s,),
-        fused=None,
-        config=FusionConfig(cudagraphs=True),
-        device=FAKE_CUDA,
-        static_input_indices=frozenset({1}),
-    )
+    cache = captured(lambda x, s: (x * s,), static={1})
     x, s = torch.randn(3), torch.tensor(2.0)
     cache(x, s)
     s.fill_(5.0)  # same address: a captured graph would keep 2.0
