@@ -334,13 +334,21 @@ def markdown(report: dict[str, Any]) -> str:
     lines += _generate_section(report.get("generate"))
     failures = [r for r in report["rows"] if r["status"] == "error"]
     fallbacks = [r for r in report["rows"] if r.get("fallback_reasons")]
-    if failures or fallbacks:
+    generate_runs = (report.get("generate") or {}).get("runs", [])
+    generate_fallbacks = [
+        (f"generate/{run['variant']}/{run['cache_len']}", reason[:400])
+        for run in generate_runs
+        for reason in sorted(set((run.get("fallback_reasons") or {}).values()))
+    ]
+    if failures or fallbacks or generate_fallbacks:
         lines += ["", "## Errors and fallbacks", ""]
         for r in failures:
             lines.append(f"- {r['workload']}/{r['backend']}: error `{r['error']}`")
         for r in fallbacks:
             for reason in r["fallback_reasons"]:
                 lines.append(f"- {r['workload']}/{r['backend']}: fallback `{reason}`")
+        for where, reason in generate_fallbacks:
+            lines.append(f"- {where}: fallback `{reason}`")
     return "\n".join(lines) + "\n"
 
 
