@@ -157,6 +157,8 @@ def run_suite(
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """The rows of every selected in-process workload, and generate's record if selected."""
     selected = workloads.select(workloads.workloads(args.quick, device), args.only)
+    if args.generate_json and not any(w.kind == "generate" for w in selected):
+        raise SystemExit("--generate-json: the generate workload is not selected (--only)")
     backends = (
         [b.strip() for b in args.backends.split(",")] if args.backends else list(measure.BACKENDS)
     )
@@ -206,16 +208,23 @@ def run_suite(
         shutil.rmtree(cache_root, ignore_errors=True)
     for workload in selected:
         if workload.kind == "generate":
-            generate = run_generate(workload, out_dir, have_transformers)
+            generate = run_generate(workload, out_dir, have_transformers, args.generate_json)
     return rows, generate
 
 
 def run_generate(
-    workload: workloads.Workload, out_dir: Path, have_transformers: bool
+    workload: workloads.Workload,
+    out_dir: Path,
+    have_transformers: bool,
+    existing: str | None = None,
 ) -> dict[str, Any]:
     """benchmarks/generate.py in a subprocess (it starts one cold process per variant and
-    cache length); its JSON goes to generate.json under out_dir, its summary into the suite."""
+    cache length); its JSON goes to generate.json under out_dir, its summary into the suite.
+    With ``existing``, that JSON of an earlier generate.py run is read instead."""
     record: dict[str, Any] = {"workload": workload.name, "description": workload.description}
+    if existing is not None:
+        return {**record, "argv": ["(read)", existing],
+                **_generate_record(Path(existing))}  # fmt: skip
     if not have_transformers:
         return {**record, "status": "skipped", "error": "transformers not installed"}
     json_path = out_dir / "generate.json"
@@ -231,13 +240,17 @@ def run_generate(
         sys.stderr.write(done.stderr[-3000:])
         return {**record, "status": "error",
                 "error": f"generate.py exited {done.returncode}: {done.stderr[-600:]}"}  # fmt: skip
+    return {**record, **_generate_record(json_path)}
+
+
+def _generate_record(json_path: Path) -> dict[str, Any]:
+    """The suite's record of a generate.py JSON: status, summary and every run."""
     result = json.loads(json_path.read_text())
     runs = result["runs"]
     failed = [f"{r['variant']}/{r['cache_len']}" for r in runs if "error" in r]
     return {
-        **record,
         "status": "error" if failed else "ok",
-        **({"error": f"runs failed: {', '.join(failed)} (see generate.json)"} if failed else {}),
+        **({"error": f"runs failed: {', '.join(failed)} (see {json_path.name})"} if failed else {}),
         "json": json_path.name,
         "model": result.get("model"),
         "device": result.get("device"),
@@ -362,6 +375,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--warm-caches",
         action="store_true",
         help="keep Inductor's and Triton's compile caches (warm first calls)",
+    )
+    parser.add_argument(
+        "--generate-json",
+        metavar="PATH",
+        help="with the generate workload selected: merge this JSON of an earlier "
+        "benchmarks/generate.py run instead of running it again",
     )
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
     return parser.parse_args(argv)
