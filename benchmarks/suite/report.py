@@ -470,7 +470,8 @@ def _generate_section(generate: dict[str, Any] | None) -> list[str]:
 
 
 def plot(report: dict[str, Any], path: Path) -> str | None:
-    """Bar charts (log scale) of per-call latency and first-call time; None if no matplotlib."""
+    """Bar charts (log scale) of per-call latency, first-call time and, where counted, kernels
+    per call (zoo rows left out); None if drawn, else why not (no matplotlib)."""
     try:
         import matplotlib
 
