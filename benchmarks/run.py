@@ -6,6 +6,20 @@ and off) on an embedding chain and transformers models built from configs (rando
     python benchmarks/run.py --out-dir benchmarks/results --only gpt2 --merge   # add rows
     python benchmarks/run.py --out-dir /tmp/suite --quick                 # tiny, CPU is fine
 
+    python benchmarks/run.py --out-dir benchmarks/results --only zoo --merge     # model zoo
+    python benchmarks/run.py --out-dir benchmarks/results --only generate --merge
+
+Parts beyond the per-call/first-call rows:
+- Kernels per call without CUDA graphs (torch.profiler, CUDA activity, one steady call) for
+  the four models of issue 10 (llama-decode, qwen2-decode, gpt2-decode, bert) and the zoo;
+  infinifuse is compiled again with cudagraphs=False for it, and reduce-overhead shows
+  Inductor's default count (its graphs hide launches). None without a CUDA device.
+- The model zoo ("zoo-<family>", the 21 families of tests/model_zoo.py; 3 with --quick):
+  eager, inductor, reduce-overhead, infinifuse; kernels per call, whether every infinifuse
+  signature is captured (no mode "eager"), error vs eager, per call with graphs, fused groups.
+- generate: benchmarks/generate.py (transformers generate(), each variant in its own cold
+  process) writes generate.json under --out-dir; its summary goes into suite.json/suite.md.
+
 Writes suite.json (environment, every row, targets), suite.md and suite.png under
 --out-dir and prints the targets. Each (workload, backend) starts from a fresh state
 (``torch._dynamo.reset()``, ``fusebackend.clear_cache()``, ``fusebackend.reset_stats()``)
@@ -23,6 +37,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -121,15 +136,29 @@ def _line(row: dict[str, Any]) -> str:
     where = f"{row['workload']:>14s} {row['backend']:<20s}"
     if row["status"] != "ok":
         return f"{where} {row['status']}: {row.get('error', '')[:160]}"
+    kernels = f"  kernels {row['kernels_per_call']}" if "kernels_per_call" in row else ""
     return (
         f"{where} per call {row['per_call_ms']:9.3f} ms  first {row['first_call_s']:7.2f} s"
         f"  err {row['rel_error']:.1e}{'' if row['error_ok'] else ' (> tol)'}"
-        f"  mode {row['mode']}"
+        f"  mode {row['mode']}{kernels}"
     )
 
 
-def run_suite(args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
+def _backends_of(workload: workloads.Workload, backends: list[str]) -> list[str]:
+    if workload.kind == "generate":
+        return []
+    if workload.backends is None:
+        return backends
+    return [b for b in backends if b in workload.backends]
+
+
+def run_suite(
+    args: argparse.Namespace, device: torch.device, out_dir: Path
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The rows of every selected in-process workload, and generate's record if selected."""
     selected = workloads.select(workloads.workloads(args.quick, device), args.only)
+    if args.generate_json and not any(w.kind == "generate" for w in selected):
+        raise SystemExit("--generate-json: the generate workload is not selected (--only)")
     backends = (
         [b.strip() for b in args.backends.split(",")] if args.backends else list(measure.BACKENDS)
     )
@@ -152,14 +181,23 @@ def run_suite(args: argparse.Namespace, device: torch.device) -> list[dict[str, 
     triton_cache_dir = os.environ.get("TRITON_CACHE_DIR")
 
     rows: list[dict[str, Any]] = []
-    progress = Progress(len(selected) * len(backends))
+    generate = None
+    in_process = [w for w in selected if w.kind == "model"]
+    progress = Progress(sum(len(_backends_of(w, backends)) for w in in_process))
     try:
         with torch.no_grad():
-            progress.start("process warm-up")
-            measure.warm_process(device, backends)
-            for workload in selected:
+            if in_process:
+                progress.start("process warm-up")
+                measure.warm_process(device, backends)
+            for workload in in_process:
                 rows += _run_workload(
-                    workload, backends, device, args, have_transformers, cache_root, progress
+                    workload,
+                    _backends_of(workload, backends),
+                    device,
+                    args,
+                    have_transformers,
+                    cache_root,
+                    progress,
                 )
     finally:
         progress.close()
@@ -168,7 +206,59 @@ def run_suite(args: argparse.Namespace, device: torch.device) -> list[dict[str, 
         else:
             os.environ["TRITON_CACHE_DIR"] = triton_cache_dir
         shutil.rmtree(cache_root, ignore_errors=True)
-    return rows
+    for workload in selected:
+        if workload.kind == "generate":
+            generate = run_generate(workload, out_dir, have_transformers, args.generate_json)
+    return rows, generate
+
+
+def run_generate(
+    workload: workloads.Workload,
+    out_dir: Path,
+    have_transformers: bool,
+    existing: str | None = None,
+) -> dict[str, Any]:
+    """benchmarks/generate.py in a subprocess (it starts one cold process per variant and
+    cache length); its JSON goes to generate.json under out_dir, its summary into the suite.
+    With ``existing``, that JSON of an earlier generate.py run is read instead."""
+    record: dict[str, Any] = {"workload": workload.name, "description": workload.description}
+    if existing is not None:
+        return {**record, "argv": ["(read)", existing],
+                **_generate_record(Path(existing))}  # fmt: skip
+    if not have_transformers:
+        return {**record, "status": "skipped", "error": "transformers not installed"}
+    json_path = out_dir / "generate.json"
+    command = [sys.executable, str(Path(__file__).with_name("generate.py")),
+               "--out", str(json_path), *workload.argv]  # fmt: skip
+    print(f"generate: {' '.join(command[1:])}", flush=True)
+    start = time.perf_counter()
+    # stdout streams through (one JSON line per run as it ends); stderr is kept for the record.
+    done = subprocess.run(command, stderr=subprocess.PIPE, text=True)
+    record["seconds"] = time.perf_counter() - start
+    record["argv"] = list(workload.argv)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-3000:])
+        return {**record, "status": "error",
+                "error": f"generate.py exited {done.returncode}: {done.stderr[-600:]}"}  # fmt: skip
+    return {**record, **_generate_record(json_path)}
+
+
+def _generate_record(json_path: Path) -> dict[str, Any]:
+    """The suite's record of a generate.py JSON: status, summary and every run."""
+    result = json.loads(json_path.read_text())
+    runs = result["runs"]
+    failed = [f"{r['variant']}/{r['cache_len']}" for r in runs if "error" in r]
+    return {
+        "status": "error" if failed else "ok",
+        **({"error": f"runs failed: {', '.join(failed)} (see {json_path.name})"} if failed else {}),
+        "json": json_path.name,
+        "model": result.get("model"),
+        "device": result.get("device"),
+        "prompt_tokens": result.get("prompt_tokens"),
+        "new_tokens": result.get("new_tokens"),
+        "summary": result["summary"],
+        "runs": runs,
+    }
 
 
 def _run_workload(
@@ -233,12 +323,13 @@ def _run_workload(
                     status="error", error=_error_text(exc), traceback=traceback.format_exc()[-3000:]
                 )
                 if backend.startswith("infinifuse"):
-                    row.update(measure.infinifuse_state())
+                    row.update(measure.infinifuse_state(device))
             row["row_seconds"] = time.perf_counter() - start
             measure.fresh_state(device)
         rows.append(row)
         progress.write(_line(row))
         progress.step()
+    measure.borrow_kernel_counts(rows)
     del case, refs
     measure.fresh_state(device)
     return rows
@@ -264,8 +355,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny configs (CPU smoke test)")
     parser.add_argument(
         "--only",
-        help="comma-separated workload names or prefixes "
-        "(chain, llama, bert, gpt2, gpt2-sweep, ...)",
+        help="comma-separated workload names or prefixes (chain, llama, qwen2, bert, gpt2, "
+        "gpt2-sweep, zoo (every family), zoo-llama, generate, ...; --list names them all)",
     )
     parser.add_argument(
         "--backends", help=f"comma-separated subset of {','.join(measure.BACKENDS)}"
@@ -285,6 +376,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="keep Inductor's and Triton's compile caches (warm first calls)",
     )
+    parser.add_argument(
+        "--generate-json",
+        metavar="PATH",
+        help="with the generate workload selected: merge this JSON of an earlier "
+        "benchmarks/generate.py run instead of running it again",
+    )
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
     return parser.parse_args(argv)
 
@@ -294,12 +391,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = torch.device(args.device)
     if args.list:
         for w in workloads.workloads(args.quick, device):
-            print(f"{w.name:14s} {w.description}")
+            print(f"{w.name:16s} {w.description}")
         return {}
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    rows = run_suite(args, device)
+    rows, generate = run_suite(args, device, out_dir)
     json_path = out_dir / "suite.json"
     env = environment(device, args.quick)
     env["suite_seconds"] = time.perf_counter() - start
@@ -308,12 +405,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         previous = json.loads(json_path.read_text())
         rows = merge(previous, rows)
         result["merged_with"] = previous.get("environment")
+        if generate is None:
+            generate = previous.get("generate")
     result["rows"] = rows
-    result["targets"] = report.compute_targets(rows)
+    if generate is not None:
+        result["generate"] = generate
+    result["targets"] = report.compute_targets(rows, generate)
     json_path.write_text(json.dumps(result, indent=2, default=str))
     (out_dir / "suite.md").write_text(report.markdown(result))
     plot_note = report.plot(result, out_dir / "suite.png")
 
+    if generate is not None:
+        print(f"generate: {generate['status']} {generate.get('error', '')}".rstrip())
+        for line in generate.get("summary", {}).get("lines", []):
+            print(f"  {line}")
     print(
         f"\nsuite: {len(rows)} rows in {env['suite_seconds']:.0f} s -> {out_dir}/suite.json, "
         f"suite.md" + ("" if plot_note else ", suite.png")

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 import fusebackend
+import fusebackend.report as fusebackend_report  # _reports_since: every graph of one row
 
 from .workloads import Case, Workload
 
@@ -27,6 +28,8 @@ __all__ = [
     "BACKENDS",
     "CUDA_ONLY",
     "TOLERANCE",
+    "borrow_kernel_counts",
+    "count_kernels",
     "fresh_state",
     "measure",
     "prewarm",
@@ -145,9 +148,16 @@ def prewarm(case: Case, device: torch.device) -> None:
     fresh_state(device)
 
 
-def infinifuse_state() -> dict[str, Any]:
-    """Modes reached and the counters worth keeping, from ``fusebackend.stats()``."""
+def infinifuse_state(device: torch.device | None = None) -> dict[str, Any]:
+    """Modes reached and the counters worth keeping, from ``fusebackend.stats()``.
+
+    ``all_captured``: every input signature runs from a CUDA graph (no mode "eager", the
+    zoo's criterion of issue 9); None where nothing can be captured (no CUDA device).
+    """
     stats = fusebackend.stats()
+    modes = list(stats["fusion_modes"].values())
+    eager = sum(mode == "eager" for mode in modes)
+    captured = None if device is None or device.type != "cuda" else bool(modes) and not eager
     keep = (
         "cache_size",
         "cache_hits",
@@ -163,7 +173,10 @@ def infinifuse_state() -> dict[str, Any]:
     )
     reasons = sorted(set(stats["fallback_reasons"].values()))
     return {
-        "mode": ",".join(sorted(set(stats["fusion_modes"].values()))) or "none",
+        "mode": ",".join(sorted(set(modes))) or "none",
+        "signatures": len(modes),
+        "eager_signatures": eager,
+        "all_captured": captured,
         "stats": {k: stats[k] for k in keep},
         "fallback_reasons": [r[:400] for r in reasons[:5]],
     }
@@ -173,6 +186,7 @@ def measure(
     workload: Workload, case: Case, backend: str, device: torch.device, refs: list[torch.Tensor]
 ) -> dict[str, Any]:
     """One row. The caller resets state before and after."""
+    reports_before = fusebackend_report._recorded
     fn = make_fn(case.model, backend)
     step = (
         torch.compiler.cudagraph_mark_step_begin
@@ -194,10 +208,75 @@ def measure(
     row["tolerance"] = tolerance
     row["error_ok"] = row["rel_error"] <= tolerance  # NaN compares False
     if backend.startswith("infinifuse"):
-        row.update(infinifuse_state())
+        row.update(infinifuse_state(device))
+        # Every graph compiled for this row (a model with graph breaks has several);
+        # last_report() would show only the last one.
+        graphs = fusebackend_report._reports_since(reports_before)
+        row["graphs"] = len(graphs)
+        row["fused_groups"] = sum(len(graph.groups) for graph in graphs)
     else:
         row["mode"] = "n/a"
+    if workload.count_kernels and backend != "reduce-overhead":  # see borrow_kernel_counts
+        row.update(count_kernels(case, backend, fn, device))
     return row
+
+
+def count_kernels(
+    case: Case, backend: str, fn: Callable[..., Any], device: torch.device
+) -> dict[str, Any]:
+    """CUDA kernels launched by one steady call WITHOUT CUDA graphs, from torch.profiler.
+
+    infinifuse is compiled again with ``cudagraphs=False`` (its timed rows replay graphs,
+    whose kernels the profiler would not show as launches); eager, Dynamo and Inductor's
+    default mode launch every kernel anyway, so their timed ``fn`` is reused. Memcpy and
+    memset activities are counted apart from kernels. Without a CUDA device the same path
+    runs and the counts are None (no CUDA activity to count).
+    """
+    if backend.startswith("infinifuse"):
+        fresh_state(device)  # the timed row's stats were read already
+        options: dict[str, Any] = {"cudagraphs": False}
+        if backend == "infinifuse-nofusion":
+            options["fusion"] = False
+        fn = torch.compile(case.model, backend="infinifuse", options=options)
+    step = None  # reduce-overhead never gets here
+    cuda = device.type == "cuda"
+    case.prepare()
+    for _ in range(1 + WARMUP):  # the first call compiles (infinifuse) or was timed already
+        _call(fn, case.kwargs, step)
+    sync(device)
+    modes = (
+        sorted(set(fusebackend.stats()["fusion_modes"].values()))
+        if backend.startswith("infinifuse")
+        else None
+    )
+    activities = [torch.profiler.ProfilerActivity.CUDA if cuda else
+                  torch.profiler.ProfilerActivity.CPU]  # fmt: skip
+    with torch.profiler.profile(activities=activities) as prof:
+        _call(fn, case.kwargs, step)
+        sync(device)
+    device_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    copies = [e for e in device_events if e.name.startswith(("Memcpy", "Memset"))]
+    return {
+        "kernels_per_call": len(device_events) - len(copies) if cuda else None,
+        "copies_per_call": len(copies) if cuda else None,
+        "kernels_source": "own call, no CUDA graphs" if cuda else "no CUDA device",
+        "kernels_modes": modes,
+    }
+
+
+def borrow_kernel_counts(rows: list[dict[str, Any]]) -> None:
+    """reduce-overhead's rows take the kernel counts of Inductor's default mode: the same
+    generated code, but its CUDA graphs hide the launches from the profiler."""
+    inductor = {r["workload"]: r for r in rows if r["backend"] == "inductor"}
+    for row in rows:
+        source = inductor.get(row["workload"])
+        if row["backend"] != "reduce-overhead" or source is None or row["status"] != "ok":
+            continue
+        if "kernels_source" not in source:
+            continue  # this workload counts no kernels
+        row["kernels_per_call"] = source.get("kernels_per_call")
+        row["copies_per_call"] = source.get("copies_per_call")
+        row["kernels_source"] = "Inductor's default mode (its graphs hide launches)"
 
 
 @contextlib.contextmanager

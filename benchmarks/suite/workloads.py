@@ -14,7 +14,9 @@ backend starts its first decode call from the same state.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +25,11 @@ import torch.nn as nn
 # The embedding chain of issue 2, shared with the kernel benchmark (benchmarks/ is on
 # sys.path: run.py is started as a script).
 from embedding_chain import Chain  # noqa: E402
+
+# The 21 small-config architectures of the zoo tests (tests/model_zoo.py), imported read-only;
+# appended to the path so that nothing in tests/ shadows a module of benchmarks/.
+sys.path.append(str(Path(__file__).resolve().parents[2] / "tests"))
+import model_zoo  # noqa: E402
 
 __all__ = ["Case", "Workload", "select", "workloads"]
 
@@ -48,6 +55,14 @@ class Workload:
     rounds: int  # timed rounds; the per-call figure is the median over rounds
     loop: int  # calls per timed round
     needs_transformers: bool = True
+    # Count CUDA kernel launches of one call without CUDA graphs (torch.profiler).
+    count_kernels: bool = False
+    # The backends this workload runs with (None: every backend asked for).
+    backends: tuple[str, ...] | None = None
+    # "model": measured in this process; "generate": benchmarks/generate.py in subprocesses.
+    kind: str = "model"
+    # kind "generate": the arguments given to benchmarks/generate.py.
+    argv: tuple[str, ...] = ()
 
 
 def _logits(out: Any) -> torch.Tensor:
@@ -224,6 +239,87 @@ def _gpt2_config(quick: bool) -> Callable[[], Any]:
     return make
 
 
+def _qwen2_config(quick: bool) -> Callable[[], Any]:
+    def make() -> Any:
+        from transformers import Qwen2Config
+
+        if quick:
+            return Qwen2Config(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                vocab_size=512,
+                max_position_embeddings=256,
+            )
+        # Qwen2-0.5B's shape (its embedding is tied to the head, as in the released model).
+        return Qwen2Config(
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            vocab_size=151936,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            tie_word_embeddings=True,
+        )
+
+    return make
+
+
+def _zoo(family: str, dtype: torch.dtype) -> Callable:
+    def build(device: torch.device, calls: int) -> Case:
+        model = model_zoo.build(family, dtype=dtype, device=str(device))
+        kwargs = model_zoo.inputs(family, device=str(device))
+        return Case(model, kwargs, model_zoo.main_output, shape="2 x 7, padded mask")
+
+    return build
+
+
+# The zoo's backends (issue 11 item 7): inductor's count stands in for reduce-overhead's.
+ZOO_BACKENDS = ("eager", "inductor", "reduce-overhead", "infinifuse")
+# --quick runs a decoder with RMSNorm, one with LayerNorm and an encoder: a few minutes on
+# two CPU cores with Triton's interpreter.
+ZOO_QUICK = ("llama", "gpt2", "bert")
+
+
+def _zoo_workloads(quick: bool, dtype: torch.dtype) -> list[Workload]:
+    families = ZOO_QUICK if quick else tuple(sorted(model_zoo.ZOO))
+    return [
+        Workload(
+            f"zoo-{family}",
+            f"zoo: {model_zoo.ZOO[family][0].removesuffix('Config')}, 2 layers, hidden 64",
+            dtype,
+            _zoo(family, dtype),
+            2 if quick else 5,
+            2 if quick else 20,
+            count_kernels=True,
+            backends=ZOO_BACKENDS,
+        )
+        for family in families
+    ]
+
+
+def _generate_workload(quick: bool, device: torch.device, dtype: torch.dtype) -> Workload:
+    if quick:
+        # Inductor on the CPU compiles C++ (minutes, and a toolchain): auto-compile only on CUDA.
+        variants = ["eager", "infinifuse"] + (["autocompile"] if device.type == "cuda" else [])
+        argv = ("--layers", "1", "--prompt", "8", "--new-tokens", "4", "--repeats", "1",
+                "--cache-lens", "32", "64", "--variants", *variants)  # fmt: skip
+        description = "generate(): 1-layer TinyLlama-shaped, 4 tokens"
+    else:
+        argv = ()  # generate.py's defaults: 22 layers, 64 tokens, caches 128 and 4096
+        description = "generate(): TinyLlama-shaped, 64 tokens, caches 128 and 4096"
+    return Workload("generate", description, dtype, _no_build, 0, 0, kind="generate", argv=argv)
+
+
+def _no_build(device: torch.device, calls: int) -> Case:
+    raise TypeError("the generate workload runs benchmarks/generate.py, it builds nothing here")
+
+
 def _bert_config(quick: bool) -> Callable[[], Any]:
     def make() -> Any:
         from transformers import BertConfig
@@ -243,7 +339,11 @@ def _bert_config(quick: bool) -> Callable[[], Any]:
 
 
 def workloads(quick: bool, device: torch.device) -> list[Workload]:
-    """The suite, in run order. fp16 on a GPU; fp32 on a CPU (CPU fp16 kernels are slow)."""
+    """The suite, in run order. fp16 on a GPU; fp32 on a CPU (CPU fp16 kernels are slow).
+
+    The four models of issue 10's table (llama-decode, qwen2-decode, gpt2-decode, bert) and
+    the zoo count kernels per call; the zoo has one workload per family ("zoo-llama", ...).
+    """
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     if quick:
         sweep_lengths = [8, 12, 16, 20]
@@ -273,6 +373,16 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
                 _decode(_llama_config(True), 8, dtype),
                 3,
                 2,
+                count_kernels=True,
+            ),
+            Workload(
+                "qwen2-decode",
+                "tiny Qwen2, decode",
+                dtype,
+                _decode(_qwen2_config(True), 8, dtype),
+                3,
+                2,
+                count_kernels=True,
             ),
             Workload(
                 "llama-prefill",
@@ -282,7 +392,15 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
                 3,
                 2,
             ),
-            Workload("bert", "tiny BERT", dtype, _bert(_bert_config(True), 2, 16, dtype), 3, 2),
+            Workload(
+                "bert",
+                "tiny BERT",
+                dtype,
+                _bert(_bert_config(True), 2, 16, dtype),
+                3,
+                2,
+                count_kernels=True,
+            ),
             Workload(
                 "gpt2-decode",
                 "tiny GPT-2, decode",
@@ -290,6 +408,7 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
                 _decode(_gpt2_config(True), 8, dtype),
                 3,
                 2,
+                count_kernels=True,
             ),
             Workload(
                 "gpt2-prefill",
@@ -307,9 +426,13 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
                 1,
                 3,
             ),
+            *_zoo_workloads(True, dtype),
+            _generate_workload(True, device, dtype),
         ]
-    # Loop lengths keep the whole suite under ~8 min on an H200: Inductor compiles of the
-    # 22-layer model take 20-25 s each and dominate; timed loops are ~1-3 s per row.
+    # Loop lengths keep the model rows under ~8 min on an H200: Inductor compiles of the
+    # 22-layer model take 20-25 s each and dominate; timed loops are ~1-3 s per row. The
+    # zoo (21 families, Inductor compiled twice each) and generate (cold processes) come on
+    # top, not yet timed on a GPU: run them as parts (--only zoo / --only generate --merge).
     sweep_lengths = [16 + 20 * i for i in range(24)]  # 16..476: 24 distinct shapes
     return [
         Workload(
@@ -337,6 +460,16 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
             _decode(_llama_config(False), 64, dtype),
             5,
             20,
+            count_kernels=True,
+        ),
+        Workload(
+            "qwen2-decode",
+            "Qwen2-0.5B shape (24 layers), decode",
+            dtype,
+            _decode(_qwen2_config(False), 64, dtype),
+            5,
+            20,
+            count_kernels=True,
         ),
         Workload(
             "llama-prefill",
@@ -346,7 +479,15 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
             5,
             4,
         ),
-        Workload("bert", "BERT-base", dtype, _bert(_bert_config(False), 8, 128, dtype), 5, 10),
+        Workload(
+            "bert",
+            "BERT-base, 8 x 128",
+            dtype,
+            _bert(_bert_config(False), 8, 128, dtype),
+            5,
+            10,
+            count_kernels=True,
+        ),
         Workload(
             "gpt2-decode",
             "GPT-2 124M, decode",
@@ -354,6 +495,7 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
             _decode(_gpt2_config(False), 64, dtype),
             5,
             20,
+            count_kernels=True,
         ),
         Workload(
             "gpt2-prefill",
@@ -371,6 +513,8 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
             1,
             3,
         ),
+        *_zoo_workloads(False, dtype),
+        _generate_workload(False, device, dtype),
     ]
 
 

@@ -1,0 +1,234 @@
+"""The benchmark suite's model-zoo sweep, kernel counts, zoo and generate targets, and their
+suite.md sections. One test runs ``benchmarks/run.py --quick --only zoo-...`` for two families
+in a subprocess (~30 s on two CPU cores: run.py sets process-wide state); the others feed
+hand-made rows to the report code, as a GPU run would produce them. No test asserts a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+# The keys every zoo row of a backend that ran carries, and those of infinifuse's rows.
+ZOO_KEYS = ("per_call_ms", "first_call_s", "rel_error", "tolerance", "error_ok", "mode",
+            "kernels_per_call", "copies_per_call", "kernels_source")  # fmt: skip
+INFINIFUSE_KEYS = ("all_captured", "signatures", "eager_signatures", "fused_groups", "graphs",
+                   "kernels_modes", "stats")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def suite_modules():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from suite import measure, report
+
+        yield measure, report
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_zoo_sweep_quick_writes_rows_with_counts_and_captures(tmp_path):
+    pytest.importorskip("transformers")
+    env = dict(os.environ)
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        env["TRITON_INTERPRET"] = "1"
+    command = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--out-dir", str(tmp_path),
+               "--quick", "--only", "zoo-llama,zoo-bert"]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "suite.json").read_text())
+
+    rows = {(r["workload"], r["backend"]): r for r in report["rows"]}
+    backends = ("eager", "inductor", "reduce-overhead", "infinifuse")  # the zoo's four
+    assert set(rows) == {(f"zoo-{f}", b) for f in ("llama", "bert") for b in backends}
+    for (_, backend), row in rows.items():
+        if backend in ("inductor", "reduce-overhead") and not cuda:
+            assert row["status"] == "skipped" and row["error"] == "no CUDA", row
+            continue
+        assert row["status"] == "ok", row
+        missing = [k for k in ZOO_KEYS if k not in row]
+        assert not missing, (missing, row)
+        assert row["error_ok"], row
+        if cuda:
+            assert row["kernels_per_call"] > 0, row
+        else:  # the counting path ran; there is no CUDA kernel to count
+            assert row["kernels_per_call"] is None and row["kernels_source"] == "no CUDA device"
+        if backend == "infinifuse":
+            missing = [k for k in INFINIFUSE_KEYS if k not in row]
+            assert not missing, (missing, row)
+            assert row["fused_groups"] >= 1 and row["graphs"] >= 1, row  # norms fuse
+            assert row["signatures"] >= 1 and row["eager_signatures"] == 0, row
+            assert row["all_captured"] is (True if cuda else None), row
+            # The counting compile ran without CUDA graphs and fused too.
+            assert row["kernels_modes"] == ["fusion"], row
+    if cuda:
+        reduce_overhead = rows["zoo-llama", "reduce-overhead"]
+        assert (
+            reduce_overhead["kernels_per_call"] == rows["zoo-llama", "inductor"]["kernels_per_call"]
+        )
+
+    targets = {t["name"]: t for t in report["targets"]}
+    captured = targets["zoo: every infinifuse signature captured, families not (issue 9)"]
+    if cuda:
+        assert captured["status"] in ("met", "missed") and captured["value"] is not None
+    else:
+        assert captured["status"] == "not measured", captured
+        assert "no CUDA" in captured["note"], captured
+    markdown = (tmp_path / "suite.md").read_text()
+    assert "## Model zoo" in markdown
+    assert "| llama |" in markdown and "| bert |" in markdown
+    assert "## Rows" not in markdown  # zoo rows have their own table only
+
+
+def _row(workload, backend, status="ok", **metrics):
+    return {"workload": workload, "backend": backend, "status": status, "rel_error": 0.0,
+            "tolerance": 1e-2, "error_ok": True, "per_call_ms": 1.0, "first_call_s": 1.0,
+            **metrics}  # fmt: skip
+
+
+def test_reduce_overhead_borrows_inductors_kernel_count(suite_modules):
+    measure, _ = suite_modules
+    rows = [
+        _row(
+            "bert",
+            "inductor",
+            kernels_per_call=193,
+            copies_per_call=2,
+            kernels_source="own call, no CUDA graphs",
+        ),  # fmt: skip
+        _row("bert", "reduce-overhead"),
+        _row("chain-decode", "inductor"),  # a workload that counts nothing
+        _row("chain-decode", "reduce-overhead"),
+    ]
+    measure.borrow_kernel_counts(rows)
+    assert rows[1]["kernels_per_call"] == 193 and rows[1]["copies_per_call"] == 2
+    assert "Inductor's default mode" in rows[1]["kernels_source"]
+    assert "kernels_per_call" not in rows[3]
+
+
+def test_zoo_and_four_model_targets_and_tables(suite_modules):
+    _, report = suite_modules
+    rows = [
+        # zoo-llama: fewer kernels than Inductor, captured, slower than reduce-overhead.
+        _row("zoo-llama", "eager", kernels_per_call=90, per_call_ms=0.9),
+        _row("zoo-llama", "inductor", kernels_per_call=40, per_call_ms=0.5),
+        _row("zoo-llama", "reduce-overhead", kernels_per_call=40, per_call_ms=0.10),
+        _row(
+            "zoo-llama",
+            "infinifuse",
+            kernels_per_call=30,
+            per_call_ms=0.12,
+            all_captured=True,
+            fused_groups=13,
+            graphs=1,
+            mode="fusion",
+        ),  # fmt: skip
+        # zoo-bert: not captured, more kernels than Inductor.
+        _row("zoo-bert", "inductor", kernels_per_call=20, per_call_ms=0.5),
+        _row("zoo-bert", "reduce-overhead", kernels_per_call=20, per_call_ms=0.10),
+        _row(
+            "zoo-bert",
+            "infinifuse",
+            kernels_per_call=25,
+            per_call_ms=0.08,
+            all_captured=False,
+            fused_groups=5,
+            graphs=2,
+            mode="eager,fusion",
+        ),  # fmt: skip
+        # Issue 10's table: BERT-base with fewer kernels, but slower per call.
+        _row("bert", "eager", kernels_per_call=166),
+        _row("bert", "inductor", kernels_per_call=193),
+        _row("bert", "reduce-overhead", per_call_ms=1.14),
+        _row("bert", "infinifuse", per_call_ms=1.87, kernels_per_call=150),
+        # No CUDA: counts are None; the target says why.
+        _row("gpt2-decode", "inductor", kernels_per_call=None, kernels_source="no CUDA device"),
+        _row("gpt2-decode", "infinifuse", kernels_per_call=None, kernels_source="no CUDA device"),
+    ]
+    targets = {t["name"]: t for t in report.compute_targets(rows)}
+    captured = targets["zoo: every infinifuse signature captured, families not (issue 9)"]
+    assert captured["status"] == "missed" and captured["value"] == 1
+    assert "bert" in captured["note"] and "llama" not in captured["note"]
+    kernels = targets["zoo, kernels per call without graphs: infinifuse / Inductor (worst family)"]
+    assert kernels["status"] == "missed" and kernels["value"] == pytest.approx(25 / 20)
+    per_call = targets["zoo, per call with graphs: infinifuse / reduce-overhead (worst family)"]
+    assert per_call["status"] == "missed" and per_call["value"] == pytest.approx(1.2)
+    assert "worst llama" in per_call["note"]
+    bert = "BERT-base 8 x 128"
+    bert_kernels = targets[f"{bert}, kernels per call without graphs: infinifuse / Inductor"]
+    assert bert_kernels["status"] == "met" and bert_kernels["value"] == pytest.approx(150 / 193)
+    bert_call = targets[f"{bert}, per call with graphs: infinifuse / reduce-overhead"]
+    assert bert_call["status"] == "missed" and bert_call["value"] == pytest.approx(1.87 / 1.14)
+    gpt2 = targets["GPT-2 decode, kernels per call without graphs: infinifuse / Inductor"]
+    assert gpt2["status"] == "not measured" and gpt2["note"] == "no CUDA device"
+    assert list(targets)[-1].startswith("every row's rel error")
+
+    environment = {"device": "test", "torch": "-", "triton": "-", "transformers": "-",
+                   "date": "-", "quick": False}  # fmt: skip
+    markdown = report.markdown({"environment": environment, "rows": rows,
+                                "targets": list(targets.values())})  # fmt: skip
+    assert "| BERT-base 8 x 128 | 1.87 / 1.14 (1.64x) | 150 / 193 / 166 |" in markdown
+    zoo = markdown.split("## Model zoo")[1]
+    assert "| bert | 25 / 20 / - | **no** | 5 | 2 |" in zoo, zoo
+    assert "| llama | 30 / 40 / 90 | yes | 13 | 1 |" in zoo, zoo
+    assert "| zoo-llama |" not in markdown  # zoo rows stay out of the main table
+
+
+def test_generate_summary_becomes_targets_and_a_section(suite_modules):
+    _, report = suite_modules
+    run = {"first_generate_s": 4.0, "tokens_per_s": 200.0, "tokens_equal_eager": 64,
+           "tokens_total": 64}  # fmt: skip
+    generate = {
+        "workload": "generate",
+        "description": "generate()",
+        "status": "ok",
+        "json": "generate.json",
+        "model": "TinyLlama-shaped Llama, 22 layers",
+        "prompt_tokens": 16,
+        "new_tokens": 64,
+        "runs": [
+            {
+                **run,
+                "variant": "infinifuse",
+                "cache_len": 128,
+                "modes": {"k": "fusion"},
+                "fallback_reasons": {"k2": "fusion -> eager: capture failed"},
+            },  # fmt: skip
+            {**run, "variant": "autocompile", "cache_len": 128, "tokens_per_s": 250.0},
+            {"variant": "eager", "cache_len": 128, "error": "Traceback\nRuntimeError: boom"},
+        ],
+        "summary": {
+            "tokens_per_s_ratio_128": 0.8,
+            "tokens_per_s_ratio_4096": 1.25,
+            "cache_growth_fall": {"infinifuse": 1.3, "autocompile": 1.1},
+            "cache_growth_fall_ratio": 1.3 / 1.1,
+            "lines": ["cache 128: tokens/s 200 vs 250 (0.80x)"],
+        },
+    }
+    targets = {t["name"]: t for t in report.compute_targets([], generate)}
+    speed = targets["generate: time per token, infinifuse / auto-compile (worst cache length)"]
+    assert speed["status"] == "missed" and speed["value"] == pytest.approx(1.25)
+    assert "cache 128" in speed["note"]
+    fall = targets["generate: tokens/s fall shortest -> longest cache, infinifuse / auto-compile"]
+    assert fall["status"] == "missed" and fall["value"] == pytest.approx(1.3 / 1.1)
+    absent = {t["name"]: t for t in report.compute_targets([], None)}
+    assert absent[speed["name"]]["status"] == "not measured"
+    assert absent[speed["name"]]["note"] == "generate not in this run"
+
+    environment = {"device": "test", "torch": "-", "triton": "-", "transformers": "-",
+                   "date": "-", "quick": False}  # fmt: skip
+    markdown = report.markdown({"environment": environment, "rows": [], "generate": generate,
+                                "targets": list(targets.values())})  # fmt: skip
+    section = markdown.split("## generate(): TinyLlama-shaped Llama, 22 layers")[1]
+    assert "| infinifuse | 128 | 4 | 200 | 64/64 | fusion |" in section, section
+    assert "| eager | 128 | error: `RuntimeError: boom` |" in section, section
+    assert "- cache 128: tokens/s 200 vs 250 (0.80x)" in section
+    assert "- generate/infinifuse/128: fallback `fusion -> eager: capture failed`" in markdown
