@@ -131,6 +131,12 @@ def run_variant(args: argparse.Namespace) -> dict:
     return result
 
 
+def runs_on_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def versions() -> dict:
     import torch
 
@@ -186,7 +192,8 @@ def main() -> None:
     result = {
         "benchmark": "generate",
         **versions(),
-        "model": f"TinyLlama-shaped Llama, {args.layers} layers, fp16, random weights",
+        "model": f"TinyLlama-shaped Llama, {args.layers} layers, "
+        f"{'fp16' if runs_on_cuda() else 'fp32'}, random weights",
         "prompt_tokens": args.prompt,
         "new_tokens": args.new_tokens,
         "runs": runs,
