@@ -296,7 +296,9 @@ def _fuse(
         for candidate in candidates:
             lower(candidate)
             report(candidate, f"not rewritten: no Triton on {names} (set TRITON_INTERPRET=1)")
-        return gm, reports, rejections
+        # No fused graph: the runtime runs the traced graph once per call (a fused one would
+        # be validated against itself on each signature's first call, running it twice).
+        return None, reports, rejections
 
     def make_op(candidate: Candidate) -> FusedGroupOp:
         assert candidate.program is not None
@@ -358,7 +360,8 @@ def _static_inputs(
     a KV cache created inside a compiled prefill is not marked (transformers skips
     ``mark_static_address`` while Dynamo traces), and copying it in and back out around each
     replay would cost two passes over the whole cache per token. A mutated input that comes
-    at a new address on each call is re-recorded each call instead (``rerecords``). Not with
+    at a new address re-records (``rerecords``); on 3 consecutive calls, the runtime copies it
+    in from then on. Not with
     ``batch_buckets``: static inputs are not padded.
 
     Never a 0-d CPU tensor of a CUDA graph (a CPU counter the graph writes, a CPU buffer): a

@@ -19,8 +19,8 @@ class FusionConfig:
     """Options of the ``infinifuse`` backend.
 
     Attributes:
-        fusion: Fuse embedding lookups and their elementwise consumers into generated
-            Triton kernels. ``False`` compiles the graph unfused (the CUDA-graph cache
+        fusion: Fuse row-wise chains (embedding lookups, elementwise ops, last-dim
+            reductions, norms, softmax, rotary embeddings) into generated Triton kernels. ``False`` compiles the graph unfused (the CUDA-graph cache
             still applies). ``fusebackend.set_fusion_enabled`` switches at run time.
         cudagraphs: Capture the compiled graph in CUDA graphs, one per input signature.
             ``None`` (default) means "when the graph runs on a CUDA device".

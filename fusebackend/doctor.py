@@ -4,10 +4,11 @@ Each line is a check that passes (``[ ok ]``) or fails (``[FAIL]``) with its rea
 fact (``[info]``) or a skipped part (``[skip]``) with why. The command exits non-zero only
 when a check fails, that is when something is broken:
 
-- Without CUDA: the backend compiles a small embedding model on the CPU, fuses it and
-  matches eager. That is what works there: a fused group runs its torch reference (the same
-  ops, no generated kernel; Triton's interpreter only with ``TRITON_INTERPRET=1``) and
-  nothing is captured in a CUDA graph. A CPU-only machine is not broken.
+- Without CUDA: the backend compiles a small embedding model on the CPU, finds its group and
+  matches eager. That is what works there: the group is reported but the graph is not
+  rewritten (the traced ops run as they are; Triton's interpreter runs the generated kernel
+  only with ``TRITON_INTERPRET=1``) and nothing is captured in a CUDA graph. A CPU-only
+  machine is not broken.
 - With CUDA, the full GPU checklist: Triton usable on the device, the fused
   embedding captured in a CUDA graph, no host sync in replays, replay equals eager, CPU
   token ids moved inside ``forward`` still captured.
@@ -68,9 +69,9 @@ def run_doctor(print_fn: Callable[[str], None] = print) -> int:
         return failures
     print_fn(
         "[info] no CUDA device (torch.cuda.is_available() is False): the backend runs on "
-        f"the CPU, fused groups run {_cpu_group_runner()}, no CUDA graphs"
+        f"the CPU, {_cpu_group_runner()}, no CUDA graphs"
     )
-    check("backend on the CPU: fused and equal to eager", _cpu_backend)
+    check("backend on the CPU: group found, equal to eager", _cpu_backend)
     print_fn(
         "[skip] GPU checks (Triton kernels, CUDA-graph capture, replay, host syncs): no CUDA device"
     )
@@ -81,8 +82,11 @@ def _cpu_group_runner() -> str:
     from fusebackend.kernels import launch
 
     if launch.interpreter_enabled():
-        return "their Triton kernels in Triton's interpreter (TRITON_INTERPRET=1; slow)"
-    return "their torch reference (TRITON_INTERPRET=1 would run the kernels in the interpreter)"
+        return "fused groups run their Triton kernels in Triton's interpreter (slow)"
+    return (
+        "groups are found but not rewritten: the traced ops run as they are "
+        "(TRITON_INTERPRET=1 would run the kernels in the interpreter)"
+    )
 
 
 def _triton_version() -> str:
@@ -115,11 +119,15 @@ def _cpu_backend() -> str:
     groups = report.groups
     assert len(groups) == 1, f"expected one fused group:\n{report}"
     modes = set(stats["fusion_modes"].values())
-    assert modes == {"fusion"}, f"modes {modes}, reasons {stats['fallback_reasons']}"
+    # Without the interpreter the group is found but not rewritten: the traced graph runs.
+    rewritten = not groups[0].backend.startswith("not rewritten")
+    expected = {"fusion"} if rewritten else {"eager"}
+    assert modes == expected, f"modes {modes}, reasons {stats['fallback_reasons']}"
     if launch.interpreter_enabled():
         if importlib.util.find_spec("numpy") is None:
             raise RuntimeError("TRITON_INTERPRET=1 is set but numpy, which it needs, is missing")
-    return f"group runs on {groups[0].backend}, {stats['recordings']} CUDA-graph captures"
+    where = groups[0].backend
+    return f"group: {where}; {stats['recordings']} CUDA-graph captures"
 
 
 def _gpu_checklist(check: Callable[[str, Callable[[], str | None]], bool]) -> None:

@@ -82,8 +82,9 @@ def stats() -> dict[str, Any]:
         fallback_reasons: Readable key -> why the entry is not in its first-choice mode, for
             live entries that fell back.
         evictions: Entries dropped by the ``max_graphs`` LRU limit.
-        rerecords: Captures redone because a parameter or buffer changed address
-            (e.g. ``param.data = ...``).
+        rerecords: Captures redone because an input used in place (parameter, buffer, KV
+            cache, written input) changed address (e.g. ``param.data = ...``); one that moves
+            on 3 consecutive calls is copied in from then on.
         capture_failures: CUDA-graph captures (warm-up included) that raised; each one moves
             its signature one step down the fallback chain.
         graph_pool_bytes: Device memory reserved by the shared graph memory pools (0 without
