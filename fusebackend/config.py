@@ -20,8 +20,9 @@ class FusionConfig:
 
     Attributes:
         fusion: Fuse row-wise chains (embedding lookups, elementwise ops, last-dim
-            reductions, norms, softmax, rotary embeddings) into generated Triton kernels. ``False`` compiles the graph unfused (the CUDA-graph cache
-            still applies). ``fusebackend.set_fusion_enabled`` switches at run time.
+            reductions, norms, softmax, rotary embeddings) into generated Triton kernels.
+            ``False`` compiles the graph unfused (the CUDA-graph cache still applies).
+            ``fusebackend.set_fusion_enabled`` switches at run time.
         cudagraphs: Capture the compiled graph in CUDA graphs, one per input signature.
             ``None`` (default) means "when the graph runs on a CUDA device".
         warmup_iterations: Eager runs on a side stream before a capture (>= 1).
