@@ -1255,3 +1255,17 @@ def test_batch_buckets_leave_inputs_sharing_a_written_storage_unpadded():
         eager_base.add_(1)
         torch.testing.assert_close(out, eager_base[:, 1:] * 2)
         torch.testing.assert_close(base, eager_base)
+
+
+def test_a_collected_cache_retires_its_captured_entries(fake_capture, monkeypatch):
+    """Entries of a cache that is garbage-collected (Dynamo recompiled, model deleted) go
+    through capture.retire like evicted ones: a replay queued on another stream may still
+    read their buffers."""
+    retired = []
+    monkeypatch.setattr(cap, "retire", lambda things, index: retired.append(things))
+    cache = captured(lambda x: (x * 2,))
+    cache(torch.randn(3))
+    graph = fake_capture[0]()
+    del cache
+    gc.collect()
+    assert any(graph is things[0] for things in retired), retired

@@ -42,6 +42,7 @@ import functools
 import itertools
 import logging
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -113,6 +114,12 @@ class _Entry:
     def resources(self) -> list[Any]:
         """What a queued replay may still read: held by ``capture.retire`` once dropped."""
         return [self.graph, self.copy_bufs, self.host_copies, self.outputs]
+
+
+def _retire_entries(entries: Mapping[Key, _Entry], device_index: int | None) -> None:
+    for entry in list(entries.values()):
+        if entry.graph is not None:
+            _capture.retire(entry.resources(), device_index)
 
 
 class GraphCache:
@@ -201,6 +208,10 @@ class GraphCache:
             self._static, self._fused is not None, self._capture, frozenset(self._host)
         )
         register_cache(self)
+        # A cache collected with live entries (Dynamo recompiled, the model was deleted) lets
+        # them go through retire like an eviction: a replay queued on another stream may still
+        # read their buffers (review finding).
+        weakref.finalize(self, _retire_entries, self._entries, self._replay_device)
 
     # ----------------------------------------------------------------------------- hot path
 
