@@ -406,6 +406,38 @@ def test_split_graph_runs_host_part_then_device_part_like_eager():
         assert_close(counter, expected_counter)
 
 
+def test_numbers_only_returned_run_on_the_host_and_leave_the_device_part():
+    """transformers' sliding-window cache layers pass ``cumulative_length_int`` and get
+    ``+ 1`` back for the next step. Left in the device part, the int is an input whose value
+    keys a new capture on every decode step; computed on the host, the device part never
+    sees it."""
+    from fusebackend.passes.host_inputs import split_host
+
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def step(x, n):
+        return x * 2, n + 1
+
+    compiled = torch.compile(step, backend=capture, dynamic=True, fullgraph=True)
+    compiled(torch.randn(3), 5)
+    compiled(torch.randn(3), 6)  # the second call makes n a symbolic input
+    gm = graphs[-1]
+    split = split_host(gm, lambda v: v.device.type == "cpu" and v.dtype == torch.int64)
+    assert split is not None and split.nodes == ["add"], split and split.nodes
+    device_inputs = [n.name for n in split.device.graph.nodes if n.op == "placeholder"]
+    assert device_inputs == ["l_x_"], device_inputs  # neither n nor its size symbol
+    x = torch.randn(4)
+    run = split.bind(split.device)
+    for n in (7, 8):
+        out, nxt = run(4, x, n)
+        assert_close(out, x * 2)
+        assert nxt == n + 1
+
+
 def test_split_needs_both_parts():
     from fusebackend.passes.host_inputs import split_host
 

@@ -97,7 +97,8 @@ def host_nodes(
 
     A node is host work when every input is a host value (a host placeholder or constant,
     or another host node) and it yields a tensor that ``is_host`` (on the CPU, for a CUDA
-    graph) or writes into its inputs (``counter[0] = ...`` returns None). A node
+    graph) or writes into its inputs (``counter[0] = ...`` returns None), or when it is
+    arithmetic on number inputs whose result is only returned. A node
     that reads a device value never is (a device->host copy is a sync and stays where it
     is), nor one that reads a storage a device-side node wrote before it. A pure function of
     the graph and its example values' devices, so it is tested with fake CUDA values on a
@@ -127,7 +128,21 @@ def host_nodes(
             and all(n in host_values or (written and n in numbers) for n in inputs)
             and not any(_storage(n) in device_written for n in inputs)
         )
-        if host:
+        # Python-number arithmetic whose result is only returned (transformers' sliding-window
+        # cache layers return ``cumulative_length_int + 1`` for the next step): on the host,
+        # its number inputs leave the device part, which then keeps one signature for every
+        # step instead of keying a new capture on each value.
+        returned_number = (
+            node.op == "call_function"
+            and isinstance(value, _NUMBERS)
+            and bool(inputs)
+            and all(n in numbers for n in inputs)
+            and bool(node.users)
+            and all(user.op == "output" for user in node.users)
+        )
+        if returned_number:
+            found.append(node)
+        elif host:
             host_values.add(node)
             found.append(node)
         else:
