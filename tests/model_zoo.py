@@ -113,8 +113,9 @@ def main_output(outputs: Any) -> torch.Tensor:
 # Decoder families whose generate() with a StaticCache the generate tests cover.
 GENERATE_FAMILIES = ["llama", "qwen2", "mistral", "gemma2", "phi3", "gpt2"]
 # Families whose sliding-window cache layers hand the decode graph a Python int that grows
-# by one per token (transformers' ``cumulative_length_int``): every decode step is a new
-# input signature (its value is baked into a captured graph), so no step is a cache hit.
+# by one per token (transformers' ``cumulative_length_int``). Without CUDA graphs (the CPU)
+# every decode step is a new input signature, so no step is a cache hit; when capturing,
+# the host split takes the int out of the captured part.
 SLIDING_WINDOW_FAMILIES = {"mistral", "gemma2"}
 
 
