@@ -58,7 +58,10 @@ def test_generate_gpu_tokens_equal_eager_and_captured(family, how, dtype):
     actual, expected = _generate_both_ways(family, how, "cuda", dtype)
     assert actual.tolist() == expected.tolist()
     modes = fusebackend.stats()["fusion_modes"]
-    assert len(modes) >= 2, f"expected a prefill and a decode signature, got {modes}"
+    # A compiled forward compiles the prefill and the decode step; CompileConfig leaves the
+    # prefill to eager in transformers 5.x (GenerationMixin._prefill), so only decode there.
+    least = 2 if how == "compiled_forward" else 1
+    assert len(modes) >= least, f"expected {least} signature(s) (prefill, decode), got {modes}"
     # Sliding-window families too: the host split keeps their per-token int out of the key.
     assert fusebackend.stats()["cache_hits"] >= 1, "no decode step was served by the cache"
     uncaptured = {k: m for k, m in modes.items() if m == "eager"}
