@@ -1269,3 +1269,35 @@ def test_a_collected_cache_retires_its_captured_entries(fake_capture, monkeypatc
     del cache
     gc.collect()
     assert any(graph is things[0] for things in retired), retired
+
+
+def test_a_new_signature_holds_at_most_two_copies_of_a_written_input(monkeypatch):
+    """Snapshot, fused run's copy, reference run's copy: the snapshot goes once the last
+    private copy is made, so a multi-GB KV cache costs two extra copies at most, not three."""
+    from fusebackend.runtime import effects as effects_module
+
+    live: list[weakref.ref] = []
+    real_clone = effects_module._clone
+
+    def tracked_clone(x):
+        copy = real_clone(x)
+        live.append(weakref.ref(copy))
+        return copy
+
+    monkeypatch.setattr(effects_module, "_clone", tracked_clone)
+    peak = [0]
+
+    def step(cache, x):
+        gc.collect()
+        peak[0] = max(peak[0], sum(ref() is not None for ref in live))
+        cache.add_(1)
+        return (x * 2,)
+
+    cache = GraphCache(
+        unfused=step, fused=step, config=FusionConfig(), device=None,
+        mutated_input_indices=frozenset({0}),
+    )  # fmt: skip
+    kv = torch.zeros(16)
+    cache(kv, torch.randn(3))  # fused run, then the validating reference run
+    assert kv.tolist() == [1.0] * 16
+    assert peak[0] <= 2, peak[0]

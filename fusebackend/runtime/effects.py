@@ -46,9 +46,11 @@ class Effects:
         in_shared = {i for group in self._shared for i in group}
         self._before = {i: _clone(args[i]) for i in self.indices if i not in in_shared}
         self._before_shared = [_storage_bytes(args[group[0]]).clone() for group in self._shared]
+        self._released = False
 
     def isolate(self) -> list[Any]:
         """The inputs, with each mutated one replaced by a private copy of its snapshot."""
+        assert not self._released, "isolate() after release()"
         out = list(self._args)
         for i, before in self._before.items():
             out[i] = _clone(before)
@@ -58,6 +60,14 @@ class Effects:
                 x = self._args[i]
                 out[i] = x.new_empty(0).set_(storage, x.storage_offset(), x.shape, x.stride())
         return out
+
+    def release(self) -> None:
+        """Drop the snapshot once no run needs a fresh copy of it: a new signature then holds
+        at most two copies of a written input at once (the fused run's and the reference
+        run's), one during capture; with a multi-GB KV cache each copy counts."""
+        self._before = {}
+        self._before_shared = []
+        self._released = True
 
     def commit(self, winner: Sequence[Any], user_args: Sequence[Any]) -> None:
         """Write the winning run's mutated inputs into the caller's tensors (sliced back

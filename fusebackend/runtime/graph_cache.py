@@ -357,6 +357,7 @@ class GraphCache:
         else:
             winner = effects.isolate()
             outputs = self._callable(mode)(*winner)
+        effects.release()
         try:
             # Warm-up and capture write mutated static inputs (parameters, buffers, a KV
             # cache marked static) in place; the commit below overwrites whatever they did.
@@ -390,6 +391,7 @@ class GraphCache:
             # without being counted or logged as a fusion failure.
             rng.restore()
             ref_args = effects.isolate()
+            effects.release()
             try:
                 expected = self._unfused(*ref_args)
             except Exception:
@@ -398,6 +400,7 @@ class GraphCache:
         winner, failure = fused_args, None
         if self._config.validate:
             ref_args = effects.isolate()
+            effects.release()
             rng.restore()
             expected = self._unfused(*ref_args)
             failure = mismatch(outputs, expected, "output")
