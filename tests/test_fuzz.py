@@ -704,8 +704,17 @@ class _RowDrawer(_Drawer):
         if rng.random() < 0.3:
             self._op_residual(0)
         n_ops = rng.randint(1, 6)
-        kinds = ["unary", "scalar", "external", "residual", "reduce", "norm", "softmax",
-                 "rope", "cast"]
+        kinds = [
+            "unary",
+            "scalar",
+            "external",
+            "residual",
+            "reduce",
+            "norm",
+            "softmax",
+            "rope",
+            "cast",
+        ]
         weights = [0.18, 0.12, 0.12, 0.08, 0.16, 0.12, 0.1, 0.08, 0.04]
         # The first step reduces, normalizes, softmaxes or rotates: every case has a row op.
         getattr(self, f"_row_{_pick(rng, ['reduce', 'norm', 'softmax', 'rope'])}")()
@@ -848,9 +857,13 @@ class _RowDrawer(_Drawer):
             mask_value = torch.finfo(val.dtype).min if not log else -1e4
             mask = torch.zeros(keep.shape, dtype=val.dtype).masked_fill(~keep, mask_value)
             m = self._add_input(mask, "mask")
-            self._chain(f"{name}(v{v} * {s} + in{m.index})",
-                        lambda x, m: fn(x * s + m, -1), (Ref("value", v), m), val.dtype,
-                        bound)  # fmt: skip (the mask makes the rows wide)
+            self._chain(
+                f"{name}(v{v} * {s} + in{m.index})",
+                lambda x, m: fn(x * s + m, -1),
+                (Ref("value", v), m),
+                val.dtype,
+                bound,
+            )  # fmt: skip (the mask makes the rows wide)
         else:
             self._chain(f"{name}(v{v} * {s})", lambda x: fn(x * s, -1), (Ref("value", v),),
                         val.dtype, bound, val.wide)  # fmt: skip
@@ -926,9 +939,7 @@ def run_row_case(case: RowCase) -> Outcome:
 def _documented_row_rejection(graph) -> bool:
     """A chain whose only row op is one kernel in eager too (a lone norm or softmax) is
     left alone by design (test_row_patterns.test_lone_norm_is_not_fused_and_says_why)."""
-    return graph.path.startswith("unfused") and all(
-        "alone" in r.reason for r in graph.rejections
-    )
+    return graph.path.startswith("unfused") and all("alone" in r.reason for r in graph.rejections)
 
 
 def test_row_cases_are_deterministic_per_seed():
