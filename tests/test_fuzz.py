@@ -23,6 +23,10 @@ tolerance. Each case is its own function, compiled from scratch, run under no_gr
 graph), compared with eager, and recorded as fused or not. A fused graph that raises or
 falls back is a failure too. At the end most cases must have fused.
 
+A second generator (the "row programs" section below) draws chains over plain inputs that
+mix elementwise ops with keepdim reductions, norms, softmax / log_softmax and rotate_half;
+CI runs 200 of them (~30 s; FUSEBACKEND_ROW_FUZZ_CASES for more, the same seed variable).
+
 CI runs 300 cases. Longer runs, or one case again::
 
     FUSEBACKEND_FUZZ_CASES=5000 python -m pytest tests/test_fuzz.py -k random_graphs
