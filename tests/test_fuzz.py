@@ -23,6 +23,10 @@ tolerance. Each case is its own function, compiled from scratch, run under no_gr
 graph), compared with eager, and recorded as fused or not. A fused graph that raises or
 falls back is a failure too. At the end most cases must have fused.
 
+A second generator (the "row programs" section below) draws chains over plain inputs that
+mix elementwise ops with keepdim reductions, norms, softmax / log_softmax and rotate_half;
+CI runs 200 of them (~30 s; FUSEBACKEND_ROW_FUZZ_CASES for more, the same seed variable).
+
 CI runs 300 cases. Longer runs, or one case again::
 
     FUSEBACKEND_FUZZ_CASES=5000 python -m pytest tests/test_fuzz.py -k random_graphs
@@ -43,7 +47,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_close
+from helpers import assert_close, tol
 
 import fusebackend
 
@@ -385,7 +389,7 @@ class _Drawer:
 
     def _op_external(self, v: int) -> None:
         val = self.values[v]
-        rows = tuple(self.inputs[self.lookups_shape_source()].shape)
+        rows = self.lead_shape()
         width = self.width()
         kind = _pick(self.rng, ["row", "col", "full", "0-d", "strided"])
         dtype = val.dtype if self.rng.random() < 0.7 else self._float_dtype()
@@ -417,7 +421,7 @@ class _Drawer:
 
     def _op_where_mask(self, v: int) -> None:
         val = self.values[v]
-        rows = tuple(self.inputs[self.lookups_shape_source()].shape)
+        rows = self.lead_shape()
         mask_shape = (*rows, 1) if self.rng.random() < 0.5 else (*rows, self.width())
         mask = self._add_input(torch.rand(mask_shape, generator=self.gen) < 0.5, "mask")
         s = _scalar(self.rng)
@@ -443,8 +447,8 @@ class _Drawer:
                    bound, wide and val.wide)  # fmt: skip
 
     # shapes of the group: the main ids' shape and the row width
-    def lookups_shape_source(self) -> int:
-        return 1  # input 1 is the main ids (input 0 is the first table)
+    def lead_shape(self) -> tuple[int, ...]:
+        return tuple(self.inputs[1].shape)  # input 1 is the main ids (input 0 the first table)
 
     def width(self) -> int:
         return self.inputs[0].shape[1]
@@ -601,3 +605,371 @@ def run_fuzz(cases: int, base_seed: int) -> None:
 
 def test_random_graphs_match_eager():
     run_fuzz(CASES, BASE_SEED)
+
+
+# --- row programs: reductions, norms, softmax, rotate_half ----------------------------------
+#
+# A row case is a chain over external inputs of shape ``lead + [D]`` (a random leading shape,
+# 0 rows included; D from 1, odd, powers of two and now and then 8193, the chunked layout):
+# its first value is an input (contiguous, or a transposed or sliced view of a larger one),
+# plus a residual now and then; each step is an elementwise op (the unary and binary ops
+# above, scalars, row / column / full operands), a residual add that may also be returned
+# (two outputs), a keepdim reduction along the last dim (sum / D, mean, amax, amin, var, std)
+# folded back into the row, a norm (F.layer_norm, F.rms_norm, transformers' decomposed
+# RMSNorm), a softmax or log_softmax with a scale and an additive mask, rotary embeddings
+# (``x * cos + rotate_half(q) * sin`` of an input q, by slices or chunk) or a cast. Bounds as
+# above: a value past its dtype's LIMIT goes through tanh before the next op reads it.
+#
+# Tolerances (row_tolerance): no reduction: the tolerance of the narrowest dtype, as above.
+# With a reduction: fp32 rtol = atol = 1e-4: the kernel sums a row as a tree, eager in its
+# own order (~sqrt(D) * 6e-8 relative per sum), and a chain carries a few of them through
+# rsqrt, exp and a division (test_row_patterns uses 1e-5 for one reduction; the backend's own
+# validation uses atol 1e-4 for the same reason). fp16: rtol 1e-2, atol 2e-2: one ulp of an
+# output near 4 (normalized rows reach |x| ~ 4). bf16: rtol 2e-2, atol 0.0625, two ulps of an
+# output in [4, 8) (test_row_patterns): the interpreter truncates every fp32 -> bf16 rounding,
+# where eager rounds to nearest, and a norm rounds several intermediates in a row. Sums are
+# always divided by D (a mean): a plain sum of truncated bf16 values drifts by ~D/2 ulps.
+
+ROW_CASES = int(os.environ.get("FUSEBACKEND_ROW_FUZZ_CASES", "200"))
+ROW_WIDTHS = [1, 2, 3, 7, 8, 16, 31, 64, 127, 8193]
+ROW_WIDTH_WEIGHTS = [0.1, 0.08, 0.08, 0.14, 0.1, 0.12, 0.12, 0.1, 0.1, 0.06]
+ROW_FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@dataclasses.dataclass
+class RowCase:
+    seed: int
+    inputs: list[torch.Tensor]
+    input_notes: list[str]
+    ops: list[Op]  # value 0 is input 0 (read as is); op k makes value k + 1
+    outputs: list[int]
+    options: dict[str, Any]
+    narrowest: torch.dtype
+    reduces: bool  # a reduction, norm or softmax in the chain
+
+    def describe(self) -> str:
+        lines = [f"row seed {self.seed}: options {self.options}"]
+        lines += [f"  in{i}: {note}" for i, note in enumerate(self.input_notes)]
+        lines += ["  v0 = in0"]
+        lines += [f"  v{k + 1} = {op.name}" for k, op in enumerate(self.ops)]
+        lines += [f"  outputs: {', '.join(f'v{o}' for o in self.outputs)}"]
+        return "\n".join(lines)
+
+    def function(self) -> Callable[..., tuple[torch.Tensor, ...]]:
+        ops, outputs = self.ops, self.outputs
+
+        def fn(*inputs):
+            values = [inputs[0]]
+            for op in ops:
+                args = [
+                    (values if a.kind == "value" else inputs)[a.index] if isinstance(a, Ref) else a
+                    for a in op.args
+                ]
+                values.append(op.fn(*args))
+            return tuple(values[o] for o in outputs)
+
+        return fn
+
+
+def _rotate_half_slices(q: torch.Tensor) -> torch.Tensor:
+    half = q.shape[-1] // 2
+    return torch.cat((-q[..., half:], q[..., :half]), dim=-1)
+
+
+def _rotate_half_chunk(q: torch.Tensor) -> torch.Tensor:
+    a, b = q.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def _rms_decomposed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """transformers' LlamaRMSNorm.forward."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return w * h.to(x.dtype)
+
+
+class _RowDrawer(_Drawer):
+    def draw_row(self) -> RowCase:
+        rng = self.rng
+        self.width_ = _pick(rng, ROW_WIDTHS, ROW_WIDTH_WEIGHTS)
+        if self.width_ > 8192:  # interpreter time: one or two rows
+            self.lead = _pick(rng, [(1,), (2,), (1, 2)])
+        else:
+            rank = _pick(rng, [1, 2, 3], [0.4, 0.4, 0.2])
+            self.lead = tuple(rng.randint(1, 4) for _ in range(rank))
+            if rng.random() < 0.08:
+                self.lead = (0, *self.lead[1:])
+        self.reduces = False
+        dtype = _pick(rng, ROW_FLOATS, [0.5, 0.25, 0.25])
+        self.dtypes.add(dtype)
+        first = self._full_input(dtype, "x")
+        self.values.append(Value(dtype, 2.05, True))
+        assert first.index == 0
+        if rng.random() < 0.3:
+            self._op_residual(0)
+        n_ops = rng.randint(1, 6)
+        kinds = [
+            "unary",
+            "scalar",
+            "external",
+            "residual",
+            "reduce",
+            "norm",
+            "softmax",
+            "rope",
+            "cast",
+        ]
+        weights = [0.18, 0.12, 0.12, 0.08, 0.16, 0.12, 0.1, 0.08, 0.04]
+        # The first step reduces, normalizes, softmaxes or rotates: every case has a row op.
+        getattr(self, f"_row_{_pick(rng, ['reduce', 'norm', 'softmax', 'rope'])}")()
+        for _ in range(n_ops - 1):
+            kind = _pick(rng, kinds, weights)
+            name = f"_row_{kind}" if hasattr(self, f"_row_{kind}") else f"_op_{kind}"
+            if name.startswith("_op_"):
+                self._readable()
+                getattr(self, name)(len(self.values) - 1)
+            else:
+                getattr(self, name)()
+        outputs = [len(self.values) - 1]
+        if len(self.values) > 1 and rng.random() < 0.3:
+            outputs.append(rng.randrange(len(self.values) - 1))
+        options = {"validate": False, "round_intermediates": rng.random() < 0.85}
+        narrowest = max(self.dtypes | {v.dtype for v in self.values}, key=NARROWNESS.get)
+        return RowCase(self.seed, self.inputs, self.notes, self.ops, outputs, options,
+                       narrowest, self.reduces)  # fmt: skip
+
+    # shapes: the chain's leading shape and row width (used by _op_external, _op_where_mask)
+    def width(self) -> int:
+        return self.width_
+
+    def lead_shape(self) -> tuple[int, ...]:
+        return self.lead
+
+    def _full_input(self, dtype: torch.dtype, note: str) -> Ref:
+        """An input of shape lead + [D]: contiguous, a transposed or a sliced view."""
+        shape = (*self.lead, self.width_)
+        layout = _pick(self.rng, ["contiguous", "transposed", "sliced"], [0.7, 0.15, 0.15])
+        if layout == "transposed" and len(shape) >= 2:
+            tensor = self._rand(shape[::-1], dtype).permute(*reversed(range(len(shape))))
+        elif layout == "sliced":
+            tensor = self._rand((*self.lead, self.width_ + 3), dtype)[..., 1 : self.width_ + 1]
+        else:
+            tensor = self._rand(shape, dtype)
+        return self._add_input(tensor, note)
+
+    def _readable(self) -> int:
+        """The current value, through tanh first when it is past its dtype's LIMIT."""
+        v = len(self.values) - 1
+        if self.values[v].bound > LIMIT[self.values[v].dtype]:
+            self._bounded_unary(v)
+        return len(self.values) - 1
+
+    def _chain(self, name: str, fn: Callable, args: tuple, dtype: torch.dtype, bound: float,
+               wide: bool = True) -> None:  # fmt: skip
+        self._push(Op(name, fn, args), dtype, bound, wide)
+
+    # op kinds of the row chain; each reads the current value
+    def _op_residual(self, v: int) -> None:
+        val = self.values[v]
+        r = self._full_input(val.dtype, "residual")
+        self._chain(f"add(v{v}, in{r.index})", torch.add, (Ref("value", v), r), val.dtype,
+                    val.bound + 2.05)  # fmt: skip
+
+    def _row_residual(self) -> None:
+        self._op_residual(self._readable())
+
+    def _row_reduce(self) -> None:
+        v = self._readable()
+        val = self.values[v]
+        rng = self.rng
+        d = max(self.width_, 1)
+        name, fn, bound = _pick(rng, [
+            ("sum/D", lambda x: x.sum(-1, keepdim=True) * (1.0 / d), val.bound),
+            ("mean", lambda x: x.mean(-1, keepdim=True), val.bound),
+            ("amax", lambda x: x.amax(-1, keepdim=True), val.bound),
+            ("amin", lambda x: x.amin(-1, keepdim=True), val.bound),
+            ("var", lambda x: x.var(-1, keepdim=True, unbiased=False), val.bound**2),
+            ("std", lambda x: x.std(-1, keepdim=True, unbiased=False), val.bound),
+        ])  # fmt: skip
+        self.reduces = True
+        self._chain(f"{name}(v{v})", fn, (Ref("value", v),), val.dtype, bound, wide=False)
+        r = len(self.values) - 1
+        how = _pick(rng, ["sub", "mul_tanh", "div", "keep"], [0.4, 0.25, 0.2, 0.15])
+        if how == "keep":  # the narrow value is the chain's value now
+            return
+        args = (Ref("value", v), Ref("value", r))
+        if how == "sub":
+            self._chain(f"sub(v{v}, v{r})", torch.sub, args, val.dtype, val.bound + bound,
+                        val.wide)  # fmt: skip
+        elif how == "mul_tanh":
+            self._chain(f"v{v} * tanh(v{r})", lambda x, y: x * torch.tanh(y), args, val.dtype,
+                        val.bound, val.wide)  # fmt: skip
+        else:
+            self._chain(f"v{v} / (|v{r}| + 1)", lambda x, y: x / (y.abs() + 1.0), args,
+                        val.dtype, val.bound, val.wide)  # fmt: skip
+
+    def _row_norm(self) -> None:
+        # Residual add + norm, as in transformers. The residual is needed: a norm divides by
+        # the row's spread, and a row the chain made near-constant (a masked log_softmax
+        # through tanh, x - 1.046 with x tiny) has a spread of a few ulps, so one ulp of
+        # input difference (the interpreter's bf16 truncation) became 0.36 of output (seeds
+        # 698, 800, 1232 before this rule). A fresh residual gives every row a spread ~1.2.
+        self._op_residual(self._readable())
+        v = len(self.values) - 1
+        val = self.values[v]
+        rng = self.rng
+        d = self.width_
+        w = self._add_input(self._rand((d,), val.dtype) * 0.5, "weight")
+        kind = _pick(rng, ["layer_norm", "layer_norm_no_bias", "rms_norm", "rms_decomposed"])
+        self.reduces = True
+        # |normalized| <= sqrt(D) in theory; random rows stay under ~4 (bound for the LIMIT
+        # rule only: a larger value is read through tanh, never compared less tightly)
+        if kind == "layer_norm":
+            b = self._add_input(self._rand((d,), val.dtype) * 0.5, "bias")
+            self._chain(f"layer_norm(v{v}, in{w.index}, in{b.index})",
+                        lambda x, w, b: F.layer_norm(x, (d,), w, b, 1e-5),
+                        (Ref("value", v), w, b), val.dtype, 5.0)  # fmt: skip
+        elif kind == "layer_norm_no_bias":
+            self._chain(f"layer_norm(v{v}, in{w.index})",
+                        lambda x, w: F.layer_norm(x, (d,), w, None, 1e-5),
+                        (Ref("value", v), w), val.dtype, 4.5)  # fmt: skip
+        elif kind == "rms_norm":
+            self._chain(f"rms_norm(v{v}, in{w.index})",
+                        lambda x, w: F.rms_norm(x, (d,), w, 1e-6),
+                        (Ref("value", v), w), val.dtype, 4.5)  # fmt: skip
+        else:
+            out = torch.promote_types(val.dtype, val.dtype)
+            self._chain(f"rms_decomposed(v{v}, in{w.index})", _rms_decomposed,
+                        (Ref("value", v), w), out, 4.5)  # fmt: skip
+
+    def _row_softmax(self) -> None:
+        v = self._readable()
+        val = self.values[v]
+        rng = self.rng
+        s = round(rng.uniform(0.1, 2.0), 3)
+        log = rng.random() < 0.3
+        masked = rng.random() < 0.6
+        self.reduces = True
+        fn = torch.log_softmax if log else torch.softmax
+        name = "log_softmax" if log else "softmax"
+        # log_softmax is <= 0 and >= -(2 * s * bound + log D); a masked column is near the
+        # dtype's minimum, so a masked log_softmax is read through tanh afterwards
+        bound = 1.0 if not log else (float("inf") if masked else 2 * s * val.bound + 10.0)
+        if masked:
+            keep = torch.rand((*self.lead[:-1], 1, self.width_), generator=self.gen) < 0.7
+            keep[..., 0] = True  # every row keeps a column
+            mask_value = torch.finfo(val.dtype).min if not log else -1e4
+            mask = torch.zeros(keep.shape, dtype=val.dtype).masked_fill(~keep, mask_value)
+            m = self._add_input(mask, "mask")
+            self._chain(
+                f"{name}(v{v} * {s} + in{m.index})",
+                lambda x, m: fn(x * s + m, -1),
+                (Ref("value", v), m),
+                val.dtype,
+                bound,
+            )  # fmt: skip (the mask makes the rows wide)
+        else:
+            self._chain(f"{name}(v{v} * {s})", lambda x: fn(x * s, -1), (Ref("value", v),),
+                        val.dtype, bound, val.wide)  # fmt: skip
+
+    def _row_rope(self) -> None:
+        v = self._readable()
+        val = self.values[v]
+        rng = self.rng
+        q = self._full_input(val.dtype, "q")
+        angles = torch.rand(self.width_, generator=self.gen) * 6.3
+        cos = self._add_input(angles.cos().to(val.dtype), "cos")
+        sin = self._add_input(angles.sin().to(val.dtype), "sin")
+        form = _pick(rng, ["slices", "chunk"]) if self.width_ > 1 else "slices"  # 1 chunk
+        rot = _rotate_half_slices if form == "slices" else _rotate_half_chunk
+        self._chain(f"v{v} * in{cos.index} + rotate_half_{form}(in{q.index}) * in{sin.index}",
+                    lambda x, q, c, s: x * c + rot(q) * s, (Ref("value", v), q, cos, sin),
+                    val.dtype, val.bound + 2.05)  # fmt: skip
+
+    def _row_cast(self) -> None:
+        v = self._readable()
+        val = self.values[v]
+        # no fp64 -> bf16 on the interpreter (see _excluded): seed 1361 computed in fp64
+        # (an fp64 0-d operand) and the interpreter cast 0.5 to bf16 as 0
+        dtype = _pick(self.rng, [d for d in ROW_FLOATS if d not in self._excluded()])
+        self.dtypes.add(dtype)
+        if val.bound > LIMIT[dtype]:
+            self._bounded_unary(v)
+            v = len(self.values) - 1
+        op = Op(f"to(v{v}, {dtype})", lambda x, d=dtype: x.to(d), (Ref("value", v),))
+        self._push(op, dtype, min(self.values[v].bound, LIMIT[dtype]), self.values[v].wide)
+
+
+def draw_row_case(seed: int) -> RowCase:
+    return _RowDrawer(seed).draw_row()
+
+
+def row_tolerance(case: RowCase) -> dict[str, float]:
+    """The comparison's tolerance (see the section's comment for the numbers)."""
+    if not case.reduces:
+        return tol(case.narrowest)
+    return {
+        torch.float32: {"rtol": 1e-4, "atol": 1e-4},
+        torch.float16: {"rtol": 1e-2, "atol": 2e-2},
+        torch.bfloat16: {"rtol": 2e-2, "atol": 0.0625},
+    }[case.narrowest]
+
+
+def run_row_case(case: RowCase) -> Outcome:
+    torch._dynamo.reset()
+    fn = case.function()
+    with torch.no_grad():
+        expected = fn(*case.inputs)
+    compiled = torch.compile(fn, backend="infinifuse", options=case.options)
+    with torch.no_grad():
+        try:
+            actual = compiled(*case.inputs)
+        except Exception as exc:
+            return Outcome(case.seed, False, f"compiled call raised {type(exc).__name__}: {exc}")
+    try:
+        assert_close(actual, expected, equal_nan=True, **row_tolerance(case))
+    except AssertionError as exc:
+        return Outcome(case.seed, False, f"differs from eager: {' '.join(str(exc).split())}")
+    graph = fusebackend.last_report().graphs[-1]
+    fallbacks = [e for e in graph.runtime_modes() if e["mode"] != "fusion" and e["reason"]]
+    if fallbacks:
+        return Outcome(case.seed, False, f"fell back: {fallbacks[0]['reason']}")
+    fused = graph.path == "fused" and all(g.backend == "triton" for g in graph.groups)
+    if not fused and not _documented_row_rejection(graph):
+        return Outcome(case.seed, False, f"nothing fused: {graph.path}, {graph.rejections}")
+    return Outcome(case.seed, fused, None)
+
+
+def _documented_row_rejection(graph) -> bool:
+    """A chain whose only row op is one kernel in eager too (a lone norm or softmax) is
+    left alone by design (test_row_patterns.test_lone_norm_is_not_fused_and_says_why)."""
+    return graph.path.startswith("unfused") and all("alone" in r.reason for r in graph.rejections)
+
+
+def test_row_cases_are_deterministic_per_seed():
+    a, b = draw_row_case(BASE_SEED + 7), draw_row_case(BASE_SEED + 7)
+    assert a.describe() == b.describe()
+    assert all(torch.equal(x, y) for x, y in zip(a.inputs, b.inputs, strict=True))
+
+
+def run_row_fuzz(cases: int, base_seed: int) -> None:
+    start = time.perf_counter()
+    outcomes = [run_row_case(draw_row_case(base_seed + i)) for i in range(cases)]
+    failures = [o for o in outcomes if o.failure is not None]
+    fused = sum(o.fused for o in outcomes)
+    print(f"\nrow fuzz: {cases} cases from seed {base_seed} in "
+          f"{time.perf_counter() - start:.1f}s: {fused} fused, {len(failures)} failed")  # fmt: skip
+    if failures:
+        shown = "\n\n".join(
+            f"{o.failure[:1500]}\n{draw_row_case(o.seed).describe()}\n(repro: "
+            f"FUSEBACKEND_FUZZ_SEED={o.seed} FUSEBACKEND_ROW_FUZZ_CASES=1)"
+            for o in failures[:8]
+        )
+        seeds = ", ".join(str(o.seed) for o in failures)
+        pytest.fail(f"{len(failures)} of {cases} row cases failed (seeds {seeds}); the first "
+                    f"ones:\n\n{shown}")  # fmt: skip
+    assert fused >= 0.8 * cases, f"only {fused} of {cases} row cases fused"
+
+
+def test_random_row_programs_match_eager():
+    run_row_fuzz(ROW_CASES, BASE_SEED)

@@ -16,6 +16,7 @@ comparisons use equal_nan=True for the NaN/Inf an overflow could produce on both
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 
 import torch
@@ -220,3 +221,171 @@ def _cast_target(step: Step) -> torch.dtype | None:
     if step.name.startswith("to("):
         return getattr(torch, step.name[len("to(torch.") : -1])
     return None
+
+
+# --- row chains: elementwise steps mixed with reductions, norms, softmax and rotate_half ------
+#
+# x is an input of shape lead + [D] (0 rows included); each row step reads the chain's value
+# and external operands only: a keepdim last-dim reduction folded back into the row
+# (x - mean, x * tanh(amax), ...), residual add + norm (F.layer_norm, F.rms_norm,
+# transformers' decomposed RMSNorm: the residual keeps the row's spread ~1, so the norm does
+# not amplify one ulp of difference, see test_fuzz's row section), softmax / log_softmax with
+# a scale and an additive mask, and rotary embeddings of an input q (rotate_half by slices or
+# chunk). The whole chain must be ONE group with every row step's reduction or move in it.
+# Tolerances: test_fuzz.row_tolerance (fp32 1e-4; fp16 atol 2e-2; bf16 atol 0.0625).
+
+
+def _reduce(name, fn):
+    return st.sampled_from(["sub", "mul_tanh", "div"]).map(
+        lambda how: Step(
+            f"row:{name}->{how}",
+            lambda x, ops: {
+                "sub": lambda r: x - r,
+                "mul_tanh": lambda r: x * torch.tanh(r),
+                "div": lambda r: x / (r.abs() + 1.0),
+            }[how](fn(x)),
+            1,
+        )
+    )
+
+
+def _rms_decomposed(x, w):
+    h = x.to(torch.float32)
+    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+def _norm(name, fn):
+    return st.just(Step(f"row:residual+{name}", lambda x, ops: fn(x + ops["full"], ops), 1))
+
+
+def _rotate(q, form):
+    if form == "chunk" and q.shape[-1] > 1:
+        a, b = q.chunk(2, dim=-1)
+    else:
+        a, b = q[..., : q.shape[-1] // 2], q[..., q.shape[-1] // 2 :]
+    return torch.cat((-b, a), dim=-1)
+
+
+row_steps = st.one_of(
+    _reduce("sum/D", lambda x: x.sum(-1, keepdim=True) * (1.0 / max(x.shape[-1], 1))),
+    _reduce("mean", lambda x: x.mean(-1, keepdim=True)),
+    _reduce("amax", lambda x: x.amax(-1, keepdim=True)),
+    _reduce("amin", lambda x: x.amin(-1, keepdim=True)),
+    _reduce("var", lambda x: x.var(-1, keepdim=True, unbiased=False)),
+    _norm("layer_norm", lambda x, o: F.layer_norm(x, x.shape[-1:], o["w"], o["b"], 1e-5)),
+    _norm("rms_norm", lambda x, o: F.rms_norm(x, x.shape[-1:], o["w"], 1e-6)),
+    _norm("rms_decomposed", lambda x, o: _rms_decomposed(x, o["w"])),
+    st.tuples(st.floats(0.1, 2.0).map(lambda v: round(v, 3)), st.booleans(), st.booleans()).map(
+        lambda p: Step(
+            f"row:{'log_' if p[1] else ''}softmax(x*{p[0]}{' + mask' if p[2] else ''})",
+            lambda x, ops: (torch.log_softmax if p[1] else torch.softmax)(
+                x * p[0] + (ops["mask"] if p[2] else 0.0), -1
+            ),
+            1,
+        )
+    ),
+    st.sampled_from(["slices", "chunk"]).map(
+        lambda form: Step(
+            f"row:rope_{form}",
+            lambda x, ops: x * ops["cos"] + _rotate(ops["q"], form) * ops["sin"],
+            1,
+        )
+    ),
+)
+
+
+@dataclasses.dataclass
+class RowChainCase:
+    dtype: torch.dtype
+    lead: tuple[int, ...]
+    dim: int
+    first: Step  # a row step: every chain has one
+    chain: list[Step]
+    seed: int
+
+
+row_cases = st.builds(
+    RowChainCase,
+    dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+    lead=st.one_of(
+        st.tuples(st.integers(0, 4)),
+        st.tuples(st.integers(1, 3), st.integers(1, 4)),
+        st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 3)),
+    ),
+    dim=st.sampled_from([1, 2, 7, 16, 33, 128]),
+    first=row_steps,
+    chain=st.lists(st.one_of(steps, row_steps, row_steps), max_size=4),
+    seed=st.integers(0, 2**16),
+)
+
+
+def _row_operands(case: RowChainCase, g: torch.Generator) -> dict[str, torch.Tensor]:
+    full, d = (*case.lead, case.dim), case.dim
+
+    def rand(*shape, scale=1.0):
+        mag = torch.rand(*shape, generator=g) * 2.0 + 0.05
+        sign = torch.where(torch.rand(*shape, generator=g) < 0.5, -1.0, 1.0)
+        return (mag * sign * scale).to(case.dtype)
+
+    keep = torch.rand(*case.lead[:-1], 1, d, generator=g) < 0.7
+    keep[..., 0] = True
+    angles = torch.rand(d, generator=g) * 6.3
+    return {
+        "row": rand(d), "full": rand(*full), "col": rand(*case.lead, 1), "q": rand(*full),
+        "w": rand(d, scale=0.5), "b": rand(d, scale=0.5),
+        "cos": angles.cos().to(case.dtype), "sin": angles.sin().to(case.dtype),
+        "mask": torch.zeros(keep.shape, dtype=case.dtype).masked_fill(
+            ~keep, torch.finfo(case.dtype).min
+        ),
+    }  # fmt: skip
+
+
+# CI draws 150 examples (~17 s); FUSEBACKEND_ROW_EXAMPLES=2000 for a longer search.
+@settings(
+    max_examples=int(os.environ.get("FUSEBACKEND_ROW_EXAMPLES", "150")),
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(case=row_cases)
+def test_random_row_chains_match_eager(case: RowChainCase):
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(case.seed)
+    x = torch.tanh(torch.randn(*case.lead, case.dim, generator=g) * 1.5).to(case.dtype) * 2.0
+    operands = _row_operands(case, g)
+    chain = [case.first, *case.chain]
+    names = sorted(operands)
+
+    def fn(x, *tensors):
+        ops = dict(zip(names, tensors))
+        for step in chain:
+            # a value past 2.5 is read through tanh (bf16: one ulp at 2.5 is 2e-2, the
+            # tolerance; larger values would let the next op amplify one ulp past it)
+            x = step.apply(torch.tanh(x) * 2.0 if step.name.startswith("row:") else x, ops)
+        return x
+
+    args = (x, *(operands[n] for n in names))
+    expected = eager(fn, *args)
+    actual, report = run_fused(fn, *args)
+    casts = [c for c in (_cast_target(s) for s in chain) if c is not None]
+    narrowest = max([case.dtype, *casts], key=lambda dt: NARROW.get(dt, 2))
+    assert_close(actual, expected, equal_nan=True, **_row_tolerance(narrowest))
+    group = single_group(report)
+    # Every row step's reduction or rotation is in the group. At D = 1 rotate_half is
+    # cat((-q, q[..., :0])), which rotation.py does not take for a rotation ("a cat of slices
+    # that do not rotate one tensor's columns"): the cat stays eager, its product joins.
+    counted = [
+        s for s in chain if s.name.startswith("row:") and not (case.dim == 1 and "rope" in s.name)
+    ]
+    assert len(group.reductions) + len(group.moves) >= len(counted), str(report)
+
+
+NARROW = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def _row_tolerance(dtype: torch.dtype) -> dict[str, float]:
+    return {
+        torch.float32: {"rtol": 1e-4, "atol": 1e-4},
+        torch.float16: {"rtol": 1e-2, "atol": 2e-2},
+        torch.bfloat16: {"rtol": 2e-2, "atol": 0.0625},
+    }[dtype]
