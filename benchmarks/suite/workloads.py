@@ -190,31 +190,25 @@ def _sweep(make_config: Callable[[], Any], lengths: list[int], dtype: torch.dtyp
     return build
 
 
+def _llama_shapes() -> Any:
+    """examples/llama_shapes.py (TinyLlama's shape and the tiny widths), by path: the suite
+    runs with benchmarks/ on sys.path, not examples/."""
+    examples = str(Path(__file__).resolve().parents[2] / "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    import llama_shapes
+
+    return llama_shapes
+
+
 def _llama_config(quick: bool) -> Callable[[], Any]:
     def make() -> Any:
         from transformers import LlamaConfig
 
+        shapes = _llama_shapes()
         if quick:
-            return LlamaConfig(
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                vocab_size=512,
-                max_position_embeddings=256,
-            )
-        # TinyLlama-1.1B's shape.
-        return LlamaConfig(
-            hidden_size=2048,
-            intermediate_size=5632,
-            num_hidden_layers=22,
-            num_attention_heads=32,
-            num_key_value_heads=4,
-            vocab_size=32000,
-            max_position_embeddings=2048,
-            rms_norm_eps=1e-5,
-        )
+            return LlamaConfig(**shapes.TINY_WIDTHS, num_hidden_layers=2)
+        return LlamaConfig(**shapes.TINYLLAMA)
 
     return make
 
@@ -244,15 +238,7 @@ def _qwen2_config(quick: bool) -> Callable[[], Any]:
         from transformers import Qwen2Config
 
         if quick:
-            return Qwen2Config(
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                vocab_size=512,
-                max_position_embeddings=256,
-            )
+            return Qwen2Config(**_llama_shapes().TINY_WIDTHS, num_hidden_layers=2)
         # Qwen2-0.5B's shape (its embedding is tied to the head, as in the released model).
         return Qwen2Config(
             hidden_size=896,
