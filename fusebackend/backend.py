@@ -23,8 +23,8 @@ from fusebackend.config import FusionConfig
 from fusebackend.kernels import (
     KernelOptions,
     RowProgram,
-    embedding_chain,
     kernel_source,
+    row_kernel,
     triton_usable,
 )
 from fusebackend.kernels.launch import layout_for
@@ -74,7 +74,7 @@ class FusedGroupOp:
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.use_triton:
-            return embedding_chain(self.program, inputs, options=self.options)
+            return row_kernel(self.program, inputs, options=self.options)
         return tuple(self.reference(*inputs))
 
     def __repr__(self) -> str:

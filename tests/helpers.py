@@ -91,13 +91,13 @@ def rand_ids(
 def count_launches() -> Iterator[list[int]]:
     """Count fused-kernel launches made by FusedGroupOp (the backend's launcher call)."""
     calls = [0]
-    real = fusebackend.backend.embedding_chain
+    real = fusebackend.backend.row_kernel
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
         return real(*args, **kwargs)
 
-    with mock.patch.object(fusebackend.backend, "embedding_chain", spy):
+    with mock.patch.object(fusebackend.backend, "row_kernel", spy):
         yield calls
 
 

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fusebackend
-from fusebackend.kernels import embedding_chain
+from fusebackend.kernels import row_kernel
 from fusebackend.kernels.ir import Const, InputRef, Instr, Lookup, RowProgram, ValueRef
 
 pytestmark = [
@@ -102,16 +102,16 @@ def test_kernel_is_capturable_in_cuda_graph_without_host_sync():
     table = torch.randn(5000, 257, device="cuda", dtype=dtype)
     bias = torch.randn(257, device="cuda", dtype=dtype)
     static_ids = torch.randint(0, 5000, (4, 9), device="cuda")
-    embedding_chain(spec, [static_ids, table, bias])  # compile outside the capture
+    row_kernel(spec, [static_ids, table, bias])  # compile outside the capture
     torch.cuda.synchronize()
     stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
         torch.cuda.set_sync_debug_mode("error")
         try:
-            embedding_chain(spec, [static_ids, table, bias])  # any host sync raises here
+            row_kernel(spec, [static_ids, table, bias])  # any host sync raises here
             with torch.cuda.graph(graph, stream=stream):
-                (static_out,) = embedding_chain(spec, [static_ids, table, bias])
+                (static_out,) = row_kernel(spec, [static_ids, table, bias])
         finally:
             torch.cuda.set_sync_debug_mode(0)
     for _ in range(3):
@@ -127,7 +127,7 @@ def test_out_of_range_index_is_a_device_side_assert():
     code = textwrap.dedent(
         """
         import torch
-        from fusebackend.kernels import embedding_chain
+        from fusebackend.kernels import row_kernel
         from fusebackend.kernels.ir import Const, RowProgram, InputRef, Instr, Lookup, ValueRef
         f32 = torch.float32
         spec = RowProgram((torch.int64, f32, f32), (Lookup(0, 1),), (
@@ -136,7 +136,7 @@ def test_out_of_range_index_is_a_device_side_assert():
         table = torch.randn(10, 8, device="cuda")
         bias = torch.randn(8, device="cuda")
         ids = torch.tensor([[1, 2, 10]], device="cuda")
-        out = embedding_chain(spec, [ids, table, bias])[0]
+        out = row_kernel(spec, [ids, table, bias])[0]
         torch.cuda.synchronize()
         print("NO ERROR", out.sum().item())
         """

@@ -1,4 +1,4 @@
-"""The launcher ``fusebackend.kernels.embedding_chain`` called directly with hand-written
+"""The launcher ``fusebackend.kernels.row_kernel`` called directly with hand-written
 RowPrograms: index dtypes and layouts, broadcast operands, odd widths, empty inputs, the
 host-side bounds check and the masked gather behind it."""
 
@@ -20,8 +20,8 @@ from fusebackend.kernels import (
     Lookup,
     RowProgram,
     ValueRef,
-    embedding_chain,
     kernel_source,
+    row_kernel,
     triton_usable,
 )
 
@@ -61,7 +61,7 @@ def test_lookup_only_odd_widths(dim, index_dtype):
     torch.manual_seed(dim)
     table = rand_table(N, dim)
     ids = rand_ids(N, (2, 3) if dim < 4097 else (3,), index_dtype)
-    (out,) = embedding_chain(lookup_spec(index_dtype, torch.float32), [ids, table])
+    (out,) = row_kernel(lookup_spec(index_dtype, torch.float32), [ids, table])
     torch.testing.assert_close(out, F.embedding(ids, table), rtol=0, atol=0)
     assert out.is_contiguous()
 
@@ -74,7 +74,7 @@ def test_chain_odd_widths(dim, index_dtype, dtype):
     table = rand_table(N, dim, dtype)
     operand = rand_table(1, dim, dtype)[0]
     ids = rand_ids(N, (2, 5) if dim < 4097 else (2,), index_dtype)
-    (out,) = embedding_chain(mul_add_spec(index_dtype, dtype), [ids, table, operand])
+    (out,) = row_kernel(mul_add_spec(index_dtype, dtype), [ids, table, operand])
     assert_close(out, mul_add_eager(ids, table, operand))
 
 
@@ -95,7 +95,7 @@ def test_index_layouts(make_ids, index_dtype):
     ids = make_ids(index_dtype)
     table = rand_table(N, 10)
     operand = rand_table(1, 10)[0]
-    (out,) = embedding_chain(mul_add_spec(index_dtype, torch.float32), [ids, table, operand])
+    (out,) = row_kernel(mul_add_spec(index_dtype, torch.float32), [ids, table, operand])
     expected = mul_add_eager(ids, table, operand)
     assert out.shape == expected.shape
     assert_close(out, expected)
@@ -121,7 +121,7 @@ def test_broadcast_operands(make_operand):
     b, t, d = 3, 4, 9
     table, ids = rand_table(N, d), rand_ids(N, (b, t))
     operand = make_operand(b, t, d)
-    (out,) = embedding_chain(mul_add_spec(torch.int64, torch.float32), [ids, table, operand])
+    (out,) = row_kernel(mul_add_spec(torch.int64, torch.float32), [ids, table, operand])
     assert_close(out, mul_add_eager(ids, table, operand))
 
 
@@ -129,7 +129,7 @@ def test_operand_of_higher_rank_than_the_lookup():
     # ids [T] -> [T, D], operand [B, T, D]: the group (and output) takes the operand's shape.
     torch.manual_seed(5)
     table, ids, operand = rand_table(N, 6), rand_ids(N, (4,)), rand_table(8, 6).reshape(2, 4, 6)
-    (out,) = embedding_chain(mul_add_spec(torch.int64, torch.float32), [ids, table, operand])
+    (out,) = row_kernel(mul_add_spec(torch.int64, torch.float32), [ids, table, operand])
     assert out.shape == (2, 4, 6)
     assert_close(out, mul_add_eager(ids, table, operand))
 
@@ -138,7 +138,7 @@ def test_width_one_table_broadcasts_against_a_row():
     # table [N, 1] gathered to [B, T, 1], times an operand [D]: output [B, T, D].
     torch.manual_seed(6)
     table, ids, operand = rand_table(N, 1), rand_ids(N, (2, 3)), rand_table(1, 8)[0]
-    (out,) = embedding_chain(mul_add_spec(torch.int64, torch.float32), [ids, table, operand])
+    (out,) = row_kernel(mul_add_spec(torch.int64, torch.float32), [ids, table, operand])
     assert out.shape == (2, 3, 8)
     assert_close(out, mul_add_eager(ids, table, operand))
 
@@ -157,7 +157,7 @@ def test_non_contiguous_tables(make_table):
     assert table.shape == (N, 12) and not table.is_contiguous()
     ids = rand_ids(N, (3, 4))
     operand = rand_table(1, 12)[0]
-    (out,) = embedding_chain(mul_add_spec(torch.int64, torch.float32), [ids, table, operand])
+    (out,) = row_kernel(mul_add_spec(torch.int64, torch.float32), [ids, table, operand])
     assert_close(out, mul_add_eager(ids, table, operand))
 
 
@@ -175,7 +175,7 @@ def test_two_lookups_with_broadcast_position_ids():
         ),
         outputs=(3, 2),
     )
-    y, x = embedding_chain(spec, [ids, tok, positions, pos])
+    y, x = row_kernel(spec, [ids, tok, positions, pos])
     x_ref = F.embedding(ids, tok) + F.embedding(positions, pos)
     assert_close(x, x_ref)
     assert_close(y, F.gelu(x_ref))
@@ -196,7 +196,7 @@ def test_outputs_of_different_dtypes_and_a_lookup_output():
         ),
         outputs=(2, 0, 3),
     )
-    third, gathered, positive = embedding_chain(spec, [ids, table])
+    third, gathered, positive = row_kernel(spec, [ids, table])
     assert (third.dtype, gathered.dtype, positive.dtype) == (
         torch.float32,
         torch.float16,
@@ -211,7 +211,7 @@ def test_float64_chain_computes_in_float64():
     torch.manual_seed(10)
     table, ids = rand_table(N, 7, torch.float64), rand_ids(N, (2, 3))
     operand = rand_table(1, 7, torch.float64)[0] * 1e-9
-    (out,) = embedding_chain(mul_add_spec(torch.int64, torch.float64), [ids, table, operand])
+    (out,) = row_kernel(mul_add_spec(torch.int64, torch.float64), [ids, table, operand])
     torch.testing.assert_close(out, mul_add_eager(ids, table, operand))  # fp64 tolerance
     assert "tl.float64" in kernel_source(mul_add_spec(torch.int64, torch.float64), 2)[1]
 
@@ -225,7 +225,7 @@ def test_empty_indices(shape, index_dtype):
     table = rand_table(N, 6)
     ids = torch.empty(shape, dtype=index_dtype)
     operand = rand_table(1, 6)[0]
-    (out,) = embedding_chain(mul_add_spec(index_dtype, torch.float32), [ids, table, operand])
+    (out,) = row_kernel(mul_add_spec(index_dtype, torch.float32), [ids, table, operand])
     assert out.shape == (*shape, 6)
     assert out.dtype == torch.float32
 
@@ -233,9 +233,7 @@ def test_empty_indices(shape, index_dtype):
 def test_empty_indices_skip_the_bounds_check():
     # Nothing is gathered, so an empty index tensor is valid even for an empty table.
     table = torch.empty(0, 6)
-    (out,) = embedding_chain(
-        lookup_spec(torch.int64, torch.float32), [torch.empty(0).long(), table]
-    )
+    (out,) = row_kernel(lookup_spec(torch.int64, torch.float32), [torch.empty(0).long(), table])
     assert out.shape == (0, 6)
 
 
@@ -250,7 +248,7 @@ def test_out_of_range_raises_index_error(bad, index_dtype):
     ids[1, 2] = bad
     operand = rand_table(1, 4)[0]
     with pytest.raises(IndexError, match=f"embedding index {bad} is outside"):
-        embedding_chain(mul_add_spec(index_dtype, torch.float32), [ids, table, operand])
+        row_kernel(mul_add_spec(index_dtype, torch.float32), [ids, table, operand])
     with pytest.raises(IndexError):  # eager agrees
         F.embedding(ids, table)
 
@@ -266,7 +264,7 @@ def test_out_of_range_in_the_second_lookup_raises():
     ids = rand_ids(5, (2, 3))  # valid for both tables
     positions = torch.tensor([[0, 1, 5]])  # 5 is valid for tok, not for pos
     with pytest.raises(IndexError, match="table of shape \\(5, 4\\)"):
-        embedding_chain(spec, [ids, tok, positions, pos])
+        row_kernel(spec, [ids, tok, positions, pos])
 
 
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=str)
@@ -285,7 +283,7 @@ def test_masked_gather_reads_zero_without_the_host_check(monkeypatch, index_dtyp
     for i, j, value in bad:
         ids[i, j] = value
     operand = torch.full((4,), 2.0)
-    (out,) = embedding_chain(
+    (out,) = row_kernel(
         mul_add_spec(index_dtype, torch.float32), [ids, table, operand], index_checks=False
     )
     expected = F.embedding(ids.clamp(0, N - 1).long(), table) * 2.0 + 0.5
@@ -325,7 +323,7 @@ def test_round_intermediates_off_rounds_only_outputs_and_stays_close():
     table = torch.randn(N, 7, dtype=torch.float16)
     operand = torch.randn(7, dtype=torch.float16)
     options = KernelOptions(round_intermediates=False)
-    (out,) = embedding_chain(spec, [ids, table, operand], options=options)
+    (out,) = row_kernel(spec, [ids, table, operand], options=options)
     exact = F.embedding(ids, table.double()) * operand.double() + 0.5
     torch.testing.assert_close(out, mul_add_eager(ids, table, operand), rtol=1e-2, atol=1e-2)
     # one rounding instead of two: never further from the exact result than fp16 allows

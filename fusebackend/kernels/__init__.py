@@ -14,7 +14,7 @@ from fusebackend.kernels.ir import (
     RowProgram,
     ValueRef,
 )
-from fusebackend.kernels.launch import embedding_chain, kernel_source, row_kernel, triton_usable
+from fusebackend.kernels.launch import kernel_source, row_kernel, triton_usable
 
 __all__ = [
     "Const",
@@ -25,7 +25,6 @@ __all__ = [
     "Reduce",
     "RowProgram",
     "ValueRef",
-    "embedding_chain",
     "kernel_source",
     "row_kernel",
     "triton_usable",

@@ -27,7 +27,6 @@ from fusebackend.kernels.codegen import generate_source
 from fusebackend.kernels.ir import InputRef, KernelOptions, Reduce, Rotate, RowProgram, ValueRef
 
 __all__ = [
-    "embedding_chain",
     "kernel_source",
     "layout_for",
     "row_kernel",
@@ -282,10 +281,6 @@ def row_kernel(
         kernel[grid](*args, BLOCK_R=block_r, BLOCK_D=block_d, CHUNKS=chunks,
                      num_warps=num_warps, sanitize_overflow=False)  # fmt: skip
     return outputs
-
-
-# The launcher's earlier name: row programs generalise the embedding chains it ran.
-embedding_chain = row_kernel
 
 
 def launch_config(rows: int, width: int, layout: str = "tile") -> tuple[int, int, int]:
