@@ -1,4 +1,4 @@
-"""FX <-> networkx: the data-flow DiGraph, mutation facts and a stable re-sort.
+"""FX graph facts for the fusion pass: mutation positions and a stable re-sort.
 
 Mutations are invisible in FX's data flow (after ``x.add_(1)`` Dynamo's later uses of x
 still point at the placeholder), so they are kept as positions (``is_mutation``): the fusion
@@ -11,7 +11,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 
-import networkx as nx
 import torch
 import torch.fx
 
@@ -19,21 +18,10 @@ from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.mutations import written_args
 
 __all__ = [
-    "build_digraph",
     "example_value",
     "is_mutation",
     "resort_stably",
 ]
-
-
-def build_digraph(graph: torch.fx.Graph) -> nx.DiGraph:
-    """One networkx node per FX node (keyed by the Node), one edge per data use."""
-    digraph = nx.DiGraph()
-    for position, node in enumerate(graph.nodes):
-        digraph.add_node(node, position=position)
-        for producer in node.all_input_nodes:
-            digraph.add_edge(producer, node)
-    return digraph
 
 
 def is_mutation(node: torch.fx.Node) -> bool:
