@@ -41,7 +41,7 @@ from fusebackend.passes.mutations import mutated_placeholders
 from fusebackend.passes.partition import Candidate, find_groups
 from fusebackend.passes.rewrite import reference_module, rewrite
 from fusebackend.report import GraphReport, GroupReport, record
-from fusebackend.runtime.graph_cache import GraphCache
+from fusebackend.runtime.graph_cache import GraphCache, captures
 
 __all__ = ["FusedGroupOp", "infinifuse"]
 
@@ -110,7 +110,7 @@ def infinifuse(
     constants = fold_constants(gm)
     mutated = mutated_placeholders(gm.graph)
     # Nothing is captured without CUDA graphs: the split would only add snapshot clones.
-    split = split_host(gm, _on_host) if _captures(config, device) else None
+    split = split_host(gm, _on_host) if captures(config, device) else None
     if split is None:
         part = DevicePart(gm, list(example_inputs), host_inputs, range(len(example_inputs)))
     else:
@@ -173,13 +173,6 @@ def infinifuse(
 
 def _on_host(value: torch.Tensor) -> bool:
     return value.device.type == "cpu"
-
-
-def _captures(config: FusionConfig, device: torch.device | None) -> bool:
-    """Will the runtime capture this graph in CUDA graphs? (GraphCache's own rule.)"""
-    if device is None or device.type != "cuda":
-        return False
-    return config.cudagraphs is True or (config.cudagraphs is None and torch.cuda.is_available())
 
 
 @dataclasses.dataclass

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["Effects", "RngState", "shared_storages", "write_back"]
+__all__ = ["Effects", "RngState", "shared_storages", "storage_ptr", "write_back"]
 
 
 class Effects:
@@ -76,7 +76,7 @@ class Effects:
         write_back([i for i in self.indices if i not in shared], winner, user_args)
         for group in self._shared:
             src, dst = winner[group[0]], user_args[group[0]]
-            if _storage(src) != _storage(dst):
+            if storage_ptr(src) != storage_ptr(dst):
                 _storage_bytes(dst).copy_(_storage_bytes(src))
 
     def own_outputs(
@@ -93,18 +93,19 @@ class Effects:
         by_storage = {}
         for i in self.indices:
             if winner[i] is not user_args[i] and isinstance(user_args[i], Tensor):
-                by_storage[_storage(winner[i])] = i
+                by_storage[storage_ptr(winner[i])] = i
         by_storage.pop(0, None)  # empty tensors have no storage to tell apart
         mapped = []
         for out in outputs:
-            i = by_storage.get(_storage(out)) if isinstance(out, Tensor) else None
+            i = by_storage.get(storage_ptr(out)) if isinstance(out, Tensor) else None
             if i is not None:
                 out = _rebase(out, winner[i], user_args[i])
             mapped.append(out)
         return tuple(mapped) if isinstance(outputs, tuple) else mapped
 
 
-def _storage(x: Tensor) -> int:
+def storage_ptr(x: Tensor) -> int:
+    """Where ``x``'s whole storage starts (0 for an empty one): tensors sharing it agree."""
     return x.untyped_storage().data_ptr()
 
 
@@ -119,7 +120,7 @@ def shared_storages(args: Sequence[Any], mutated: Sequence[int]) -> list[tuple[i
     by_storage: dict[tuple[torch.device, int], list[int]] = {}
     for i, a in enumerate(args):
         if isinstance(a, Tensor) and a.untyped_storage().nbytes() > 0:
-            by_storage.setdefault((a.device, _storage(a)), []).append(i)
+            by_storage.setdefault((a.device, storage_ptr(a)), []).append(i)
     groups = []
     for members in by_storage.values():
         if len(members) > 1 and any(i in mutated for i in members):

@@ -55,14 +55,20 @@ from fusebackend.runtime import capture as _capture
 from fusebackend.runtime import payoff
 from fusebackend.runtime.buckets import pad, slice_outputs
 from fusebackend.runtime.counters import COUNTERS, register_cache
-from fusebackend.runtime.effects import Effects, RngState, shared_storages, write_back
+from fusebackend.runtime.effects import (
+    Effects,
+    RngState,
+    shared_storages,
+    storage_ptr,
+    write_back,
+)
 from fusebackend.runtime.keys import Key, Signatures, label, shapes, static_ptrs_equal
 from fusebackend.runtime.staging import PinnedRing
 from fusebackend.runtime.validation import mismatch, one_line
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EAGER", "FUSION", "GRAPH_REPLAY", "GraphCache", "StatsRow"]
+__all__ = ["EAGER", "FUSION", "GRAPH_REPLAY", "GraphCache", "StatsRow", "captures"]
 
 FUSION = "fusion"
 GRAPH_REPLAY = "graph_replay"
@@ -114,6 +120,13 @@ class _Entry:
     def resources(self) -> list[Any]:
         """What a queued replay may still read: held by ``capture.retire`` once dropped."""
         return [self.graph, self.copy_bufs, self.host_copies, self.outputs]
+
+
+def captures(config: FusionConfig, device: torch.device | None) -> bool:
+    """Whether a graph on ``device`` with ``config`` is captured in CUDA graphs."""
+    if device is None or device.type != "cuda":
+        return False
+    return config.cudagraphs is True or (config.cudagraphs is None and torch.cuda.is_available())
 
 
 def _retire_entries(entries: Mapping[Key, _Entry], device_index: int | None) -> None:
@@ -176,9 +189,7 @@ class GraphCache:
         self.label_prefix = f"{name}#{next(_serials)}"
         self._buckets = config.batch_buckets
         self._static_outputs = config.static_outputs
-        self._capture = device is not None and (
-            config.cudagraphs is True or (config.cudagraphs is None and torch.cuda.is_available())
-        )
+        self._capture = captures(config, device)
         # Options the user set that cannot take effect on this graph, with the reason:
         # logged once as a warning and listed by stats()["ignored_options"].
         self.ignored_options: list[str] = []
@@ -601,26 +612,18 @@ class GraphCache:
         host_copies: list[tuple[int, Tensor, PinnedRing]] = []
         static_idx: list[int] = []
         static_ptrs: list[int | None] = [None] * len(args)
-        in_place = {
-            i
-            for i, a in enumerate(args)
-            if isinstance(a, Tensor)
-            and i in self._static
-            and i not in self._copied_static
-            and not (i in self._host and a.device.type == "cpu")
-        }
+        tensors = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
+        staged = {i for i in tensors if i in self._host and args[i].device.type == "cpu"}
+        in_place = {i for i in tensors if i in self._static} - self._copied_static - staged
         # An input sharing a storage with one used in place (b = a[1:] while the graph writes
         # a) is used in place too: a copy of it would miss the graph's own writes on replay.
-        shared = {a.untyped_storage().data_ptr() for i, a in enumerate(args) if i in in_place}
-        shared.discard(0)
-        for i, a in enumerate(args):
-            if not isinstance(a, Tensor):
-                continue
-            staged = i in self._host and a.device.type == "cpu"
-            if i in in_place or (not staged and a.untyped_storage().data_ptr() in shared):
+        shared = {storage_ptr(args[i]) for i in in_place} - {0}
+        for i in tensors:
+            a = args[i]
+            if i in in_place or (i not in staged and storage_ptr(a) in shared):
                 static_idx.append(i)
                 static_ptrs[i] = a.data_ptr()
-            elif i in self._host and a.device.type == "cpu":
+            elif i in staged:
                 # Before the 0-d case: a staged CPU scalar is copied in on every replay.
                 buf = torch.empty_like(a, device=self._host[i])
                 ring = PinnedRing(a)
@@ -638,10 +641,10 @@ class GraphCache:
             fn, inputs, device=self._device, warmup_iterations=self._config.warmup_iterations
         )
         COUNTERS.recordings += 1
-        in_place = {id(inputs[i]): i for i, a in enumerate(args) if isinstance(a, Tensor)}
+        by_identity = {id(inputs[i]): i for i in tensors}
         host_idx = {i for i, _, _ in host_copies}
         aliases = tuple(
-            in_place.get(id(out)) if isinstance(out, Tensor) else None for out in outputs
+            by_identity.get(id(out)) if isinstance(out, Tensor) else None for out in outputs
         )
         # A returned host input lives on the device in the graph; the caller's tensor is on
         # the CPU, so it is returned as a device copy like any other output.
