@@ -116,8 +116,8 @@ def infinifuse(
     else:
         part = _device_part_of(split, example_inputs, host_inputs, device)
     placeholders = [n for n in part.graph.graph.nodes if n.op == "placeholder"]
-    original = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    mutated_indices = {original.index(p) for p in mutated}
+    original = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    mutated_indices = {original[p] for p in mutated}
     # Inputs of the device part that are original inputs the graph writes (the host part
     # writes its own inputs itself, on the caller's tensors).
     mutated_here = frozenset(k for k, i in enumerate(part.original_indices) if i in mutated_indices)
@@ -354,8 +354,7 @@ def _static_inputs(
     ``mark_static_address`` while Dynamo traces), and copying it in and back out around each
     replay would cost two passes over the whole cache per token. A mutated input that comes
     at a new address re-records (``rerecords``); on 3 consecutive calls, the runtime copies it
-    in from then on. Not with
-    ``batch_buckets``: static inputs are not padded.
+    in from then on. Not with ``batch_buckets``: static inputs are not padded.
 
     Never a 0-d CPU tensor of a CUDA graph (a CPU counter the graph writes, a CPU buffer): a
     captured graph never reads it again on replay, and the runtime keys such a scalar by
