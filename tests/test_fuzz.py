@@ -589,18 +589,24 @@ def run_fuzz(cases: int, base_seed: int) -> None:
     )
     print(f"\nfuzz: {cases} cases from seed {base_seed} on {DEVICE} in "
           f"{time.perf_counter() - start:.1f}s: {dict(counts)}")  # fmt: skip
-    if failures:
-        shown = "\n\n".join(
-            f"{o.failure}\n{draw_case(o.seed).describe()}\n(repro: FUSEBACKEND_FUZZ_SEED="
-            f"{o.seed} FUSEBACKEND_FUZZ_CASES=1)"
-            for o in failures[:8]
-        )
-        seeds = ", ".join(str(o.seed) for o in failures)
-        pytest.fail(f"{len(failures)} of {cases} cases failed (seeds {seeds}); the first "
-                    f"ones:\n\n{shown}")  # fmt: skip
+    fail_with(failures, cases, "cases", draw_case, "FUSEBACKEND_FUZZ_CASES")
     # Every case has a fusable op on its first lookup; a regression to "never fuses" (or
     # to the torch reference instead of Triton) must fail here.
     assert fused >= 0.9 * cases, f"only {fused} of {cases} cases fused: {dict(counts)}"
+
+
+def fail_with(failures: list, cases: int, what: str, draw, cases_variable: str) -> None:
+    """Fail the test naming every failing seed and describing the first 8 cases."""
+    if not failures:
+        return
+    shown = "\n\n".join(
+        f"{o.failure[:1500]}\n{draw(o.seed).describe()}\n(repro: FUSEBACKEND_FUZZ_SEED="
+        f"{o.seed} {cases_variable}=1)"
+        for o in failures[:8]
+    )
+    seeds = ", ".join(str(o.seed) for o in failures)
+    pytest.fail(f"{len(failures)} of {cases} {what} failed (seeds {seeds}); the first "
+                f"ones:\n\n{shown}")  # fmt: skip
 
 
 def test_random_graphs_match_eager():
@@ -959,15 +965,7 @@ def run_row_fuzz(cases: int, base_seed: int) -> None:
     fused = sum(o.fused for o in outcomes)
     print(f"\nrow fuzz: {cases} cases from seed {base_seed} in "
           f"{time.perf_counter() - start:.1f}s: {fused} fused, {len(failures)} failed")  # fmt: skip
-    if failures:
-        shown = "\n\n".join(
-            f"{o.failure[:1500]}\n{draw_row_case(o.seed).describe()}\n(repro: "
-            f"FUSEBACKEND_FUZZ_SEED={o.seed} FUSEBACKEND_ROW_FUZZ_CASES=1)"
-            for o in failures[:8]
-        )
-        seeds = ", ".join(str(o.seed) for o in failures)
-        pytest.fail(f"{len(failures)} of {cases} row cases failed (seeds {seeds}); the first "
-                    f"ones:\n\n{shown}")  # fmt: skip
+    fail_with(failures, cases, "row cases", draw_row_case, "FUSEBACKEND_ROW_FUZZ_CASES")
     assert fused >= 0.8 * cases, f"only {fused} of {cases} row cases fused"
 
 
