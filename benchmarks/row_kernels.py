@@ -161,7 +161,7 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
                     return block_r, launch.triton_next_power_of_2(w), warps
                 if lay == "chunked":
                     return block_r, chunk, warps
-                return default(r, w) if lay == "tile" else default(r, w, lay)
+                return default(r, w, lay)
 
             launch.launch_config = config
             with torch.no_grad():
