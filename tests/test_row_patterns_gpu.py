@@ -21,9 +21,19 @@ def _to_cuda(args):
     return tuple(a.cuda() for a in args)
 
 
-@pytest.mark.parametrize("lead", [(1, 1), (3, 37), (0, 4)], ids=str)
-@pytest.mark.parametrize("width", [1, 7, 127, 768, 2048, 4097, 8192, 11008])
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+# Each dtype gets two (width, lead) cases, so that across the three dtypes every pattern meets
+# one-element rows, a tile width, a persistent width, a non-power-of-two width just over a
+# power of two, the largest persistent width, a chunked width, and zero rows. The full product
+# (796 cases, ~3.8 s each to compile) ran past a 10-minute device call on an H100, 2026-11-23.
+CASES = {
+    torch.float32: [(127, (3, 37)), (11008, (1, 1))],
+    torch.float16: [(1, (1, 1)), (4097, (3, 37))],
+    torch.bfloat16: [(768, (0, 4)), (8192, (1, 1))],
+}
+DEVICE_CASES = [(dtype, w, lead) for dtype, cases in CASES.items() for w, lead in cases]
+
+
+@pytest.mark.parametrize(("dtype", "width", "lead"), DEVICE_CASES, ids=str)
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_pattern_on_device(name, dtype, width, lead):
     fn, reductions, lookups = PATTERNS[name]
@@ -56,14 +66,13 @@ def test_row_kernel_in_cuda_graph_equals_eager():
     assert modes == ["fusion"], modes
 
 
-@pytest.mark.parametrize("width", [1, 7, 127, 2048, 4097, 8192, 11008])
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize(("dtype", "width", "lead"), DEVICE_CASES, ids=str)
 @pytest.mark.parametrize("name", ["fp32", "log", "scaled_masked"])
-def test_softmax_on_device(name, dtype, width):
+def test_softmax_on_device(name, dtype, width, lead):
     from test_row_rope_softmax import SOFTMAX, _mask
 
     g = torch.Generator().manual_seed(width)
-    lead = (2, 3, 5)
+    lead = (2, *lead)  # softmax over attention scores: a batch and a head dimension
     x = (torch.randn(*lead, width, generator=g) * 3).to(dtype).cuda()
     mask = _mask(lead, width, dtype, g).cuda()
     expected = eager(SOFTMAX[name], x, mask)
@@ -73,7 +82,7 @@ def test_softmax_on_device(name, dtype, width):
     assert len(single_group(report).reductions) == 1, str(report)
 
 
-@pytest.mark.parametrize("width", [2, 64, 128, 256])
+@pytest.mark.parametrize("width", [2, 128])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_rope_on_device(dtype, width):
     from test_row_rope_softmax import _rope_tolerance, rope_slices
