@@ -28,7 +28,7 @@ from fusebackend.kernels import (
     triton_usable,
 )
 from fusebackend.kernels.launch import layout_for
-from fusebackend.passes.constants import fold_constants
+from fusebackend.passes.constants import fold_constants, fold_list_indices
 from fusebackend.passes.graph import example_value
 from fusebackend.passes.host_inputs import (
     HostSplit,
@@ -108,6 +108,7 @@ def infinifuse(
 
     host_inputs = hoist_host_to_device(gm, example_inputs)
     constants = fold_constants(gm)
+    fold_list_indices(gm)
     mutated = mutated_placeholders(gm.graph)
     # Nothing is captured without CUDA graphs: the split would only add snapshot clones.
     split = split_host(gm, _on_host) if captures(config, device) else None

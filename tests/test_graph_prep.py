@@ -15,8 +15,10 @@ import operator
 import pytest
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 
 import fusebackend
+from fusebackend.passes.constants import fold_list_indices
 from fusebackend.passes.graph import example_value, is_mutation
 from fusebackend.passes.mutations import mutated_placeholders, written_args
 from tests.helpers import assert_close, rand_ids, rand_table
@@ -334,6 +336,37 @@ def _fake_cuda(mode, shape, dtype=torch.float32):
     from torch._subclasses.fake_tensor import FakeTensor
 
     return FakeTensor(mode, torch.empty(shape, dtype=dtype, device="meta"), torch.device("cuda", 0))
+
+
+def _is_list(x):
+    return isinstance(x, list)
+
+
+def test_list_indices_become_index_tensors_of_the_indexed_device():
+    def falcon_split(qkv, y):
+        q, k = qkv[..., :-2, :], qkv[..., [-2], :]
+        y[[0, 2]] = 1.0
+        return q * 2, k + 1, y * 3, qkv[[1, -1]]
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    qkv, y = torch.randn(2, 5, 6, 3), torch.randn(4, 3)
+    torch._dynamo.reset()
+    torch.compile(falcon_split, backend=keep)(qkv, y.clone())
+    (gm,) = graphs
+    assert fold_list_indices(gm) == 3
+    indexing = [n for n in gm.graph.nodes if n.target in (operator.getitem, operator.setitem)]
+    parts = [p for n in indexing for p in pytree.tree_leaves(n.args[1], is_leaf=_is_list)]
+    assert not any(isinstance(p, list) for p in parts), parts
+    got_y, want_y = y.clone(), y.clone()
+    got = gm(qkv, got_y)
+    want = falcon_split(qkv, want_y)
+    for a, e in zip([*got, got_y], [*want, want_y], strict=True):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
 
 
 def test_host_nodes_are_cpu_work_on_cpu_inputs_only():

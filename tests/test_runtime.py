@@ -381,6 +381,27 @@ def test_validation_nan_equals_nan_and_inf_equals_inf_of_the_same_sign_only():
     assert cache.mode_for(torch.tensor([inf, 1.0])) == EAGER
 
 
+def test_validation_passes_rounding_spread_and_rejects_real_errors():
+    # The H100 case that an element-wise check rejected: fp16 logits of a deep model, one of
+    # 32000 apart by 0.0115, the rest by rounding. A norm comparison lets it through; a wrong
+    # kernel does not get through.
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(1, 1, 32000, generator=g) * 3).half()
+    rounded = (logits.float() + torch.randn(logits.shape, generator=g) * 2e-3).half()
+    rounded[0, 0, 31450] += 0.0115
+    assert mismatch([rounded], [logits], "output") is None
+    unwritten_row = torch.randn(32, 1024, generator=g)
+    broken = unwritten_row.clone()
+    broken[-1] = 0  # a kernel that skipped its last row: 1/32 of the tensor
+    assert "relative difference" in mismatch([broken], [unwritten_row], "output")
+    half = unwritten_row.half()
+    one_garbage = half.clone()
+    one_garbage[7, 9] += 1.5  # one element far off: within fp16's norm bound, caught alone
+    assert "one element" in mismatch([one_garbage], [half], "output")
+    assert "compared exactly" in mismatch([torch.tensor([1, 2])], [torch.tensor([1, 3])], "x")
+    assert "expected torch.float32" in mismatch([logits], [logits.float()], "output")
+
+
 def test_capture_failures_walk_the_chain_to_eager_and_never_retry(monkeypatch):
     attempts = []
 

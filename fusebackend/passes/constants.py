@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 from typing import Any
 
 import torch
@@ -32,7 +33,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.mutations import storage_id, written_args, written_storages
 
-__all__ = ["fold_constants"]
+__all__ = ["fold_constants", "fold_list_indices"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,50 @@ def fold_constants(gm: torch.fx.GraphModule) -> list[str]:
     folded = [node.name for node in values]
     log.info("folded %d constant node(s): %s", len(folded), ", ".join(folded))
     return folded
+
+
+def fold_list_indices(gm: torch.fx.GraphModule) -> int:
+    """Replace lists of ints that index a device tensor with index tensors on its device.
+
+    Falcon splits its fused QKV with ``fused_qkv[..., [-2], :]``: PyTorch turns the list into
+    a CPU index tensor and copies it to the device on every call, which a CUDA graph cannot
+    capture (the zoo's Falcon runs never captured on an H100, 2026-11-23). An index tensor
+    holding the same ints selects the same elements (negative ints included); on the CPU it
+    saves building that tensor each call. Returns the number of lists replaced.
+    """
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in (operator.getitem, operator.setitem):
+            continue
+        base, index = node.args[0], node.args[1]
+        value = example_value(base) if isinstance(base, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor):
+            continue
+        parts = index if isinstance(index, tuple) else (index,)
+        if not any(_int_list(p) for p in parts):
+            continue
+        replaced = []
+        for part in parts:
+            if _int_list(part):
+                name = f"_infinifuse_index{len(gm._buffers)}"
+                tensor = torch.tensor(part, dtype=torch.long, device=value.device)
+                gm.register_buffer(name, tensor, persistent=False)
+                with gm.graph.inserting_before(node):
+                    attr = gm.graph.get_attr(name)
+                attr.meta["example_value"] = tensor
+                part = attr
+                count += 1
+            replaced.append(part)
+        node.args = (base, tuple(replaced) if isinstance(index, tuple) else replaced[0],
+                     *node.args[2:])  # fmt: skip
+    if count:
+        gm.recompile()
+        log.info("replaced %d list index(es) with device index tensors", count)
+    return count
+
+
+def _int_list(x: Any) -> bool:
+    return isinstance(x, list) and bool(x) and all(type(v) is int for v in x)
 
 
 def _foldable(
