@@ -5,10 +5,13 @@
 #     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate]...
 #
 # (default: tests examples bench. Asked for by name: generate (transformers' generate() through
-# three backends, cold caches, ~5 min), rows (each row-kernel pattern vs Inductor and copy
+# three backends, cold caches, ~5 min), decode (the four decode/encoder models of the suite,
+# ~8 min), rows (each row-kernel pattern vs Inductor and copy
 # bandwidth), zoo (21 architectures: kernels per call, captured or not, error vs eager), suite
 # (the whole benchmarks/run.py suite). One device call runs at most 10 minutes: split the
-# steps over calls, e.g. "tests examples" then "bench rows generate".)
+# steps over calls. On an H100 (2026-11-23): tests ~2.5 min with pytest-xdist, examples
+# ~2 min, generate ~5 min, decode with two models ~4 min; so "tests examples bench", then
+# "generate", then "decode".)
 #
 # Logs and results land in $OUT (one file per step); the exit status is non-zero when a
 # step failed, and every step runs regardless, so one failure does not hide another.
@@ -60,6 +63,11 @@ for step in $steps; do
     rows)
         run_step bench_rows python3 benchmarks/row_kernels.py --out "$OUT/row_kernels.json"
         ;;
+    decode)
+        # issue 10's four models (~2 min each on an H100, all six backends, cold compiles)
+        run_step bench_decode python3 benchmarks/run.py --out-dir "$OUT/suite" \
+            --only llama-decode,qwen2-decode,gpt2-decode,bert
+        ;;
     zoo)
         run_step bench_zoo python3 benchmarks/run.py --out-dir "$OUT/suite" --only zoo
         ;;
@@ -67,7 +75,7 @@ for step in $steps; do
         run_step bench_suite python3 benchmarks/run.py --out-dir "$OUT/suite"
         ;;
     *)
-        echo "unknown step: $step (tests, examples, bench, generate, rows, zoo, suite)"
+        echo "unknown step: $step (tests, examples, bench, generate, rows, decode, zoo, suite)"
         status=1
         ;;
     esac

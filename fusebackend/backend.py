@@ -28,6 +28,7 @@ from fusebackend.kernels import (
     triton_usable,
 )
 from fusebackend.kernels.launch import layout_for
+from fusebackend.passes.batching import batch_scalar_updates
 from fusebackend.passes.constants import fold_constants, fold_list_indices
 from fusebackend.passes.graph import example_value
 from fusebackend.passes.host_inputs import (
@@ -109,6 +110,7 @@ def infinifuse(
     host_inputs = hoist_host_to_device(gm, example_inputs)
     constants = fold_constants(gm)
     fold_list_indices(gm)
+    batched_updates = batch_scalar_updates(gm)
     mutated = mutated_placeholders(gm.graph)
     # Nothing is captured without CUDA graphs: the split would only add snapshot clones.
     split = split_host(gm, _on_host) if captures(config, device) else None
@@ -160,6 +162,7 @@ def infinifuse(
         runtime_ref=weakref.ref(cache),
         static_inputs=in_place,
         constants=constants,
+        batched_updates=batched_updates,
         host_nodes=split.nodes if split is not None else [],
     )
     record(report)

@@ -54,6 +54,8 @@ class GraphReport:
     static_inputs: list[str] = dataclasses.field(default_factory=list)
     # Nodes built from Python values alone, computed once at compile time (passes/constants).
     constants: list[str] = dataclasses.field(default_factory=list)
+    # In-place scalar updates run as one foreach op (passes/batching).
+    batched_updates: list[str] = dataclasses.field(default_factory=list)
     # Nodes that run on the host at each call, before the captured device part.
     host_nodes: list[str] = dataclasses.field(default_factory=list)
 
@@ -116,6 +118,9 @@ class FusionReport:
                 lines.append(f"inputs used in place: {', '.join(graph.static_inputs)}")
             if graph.constants:
                 lines.append(f"constants built once: {', '.join(graph.constants)}")
+            if graph.batched_updates:
+                names = ", ".join(graph.batched_updates)
+                lines.append(f"in-place updates batched into foreach ops: {names}")
             if graph.host_nodes:
                 lines.append(f"run on the host each call: {', '.join(graph.host_nodes)}")
         return "\n".join(lines)

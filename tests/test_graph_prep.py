@@ -18,6 +18,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 import fusebackend
+from fusebackend.passes.batching import batch_scalar_updates
 from fusebackend.passes.constants import fold_list_indices
 from fusebackend.passes.graph import example_value, is_mutation
 from fusebackend.passes.mutations import mutated_placeholders, written_args
@@ -367,6 +368,70 @@ def test_list_indices_become_index_tensors_of_the_indexed_device():
     want = falcon_split(qkv, want_y)
     for a, e in zip([*got, got_y], [*want, want_y], strict=True):
         torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+
+def _dynamo_graph(fn, *args):
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=keep)(*args)
+    (gm,) = graphs
+    return gm
+
+
+def _layers_with_counters(x, c0, c1, c2, c3):
+    out = x
+    for c in (c0, c1, c2):  # a StaticCache layer: read its counter, then advance it
+        out = out + c
+        c.add_(1)
+    c3.to(c3.device).add_(2)  # a lone update of another number: left alone
+    return out * 2
+
+
+def test_scalar_updates_batch_into_one_foreach_and_run_once():
+    counters = [torch.tensor(5), torch.tensor(7), torch.tensor(9), torch.tensor(1)]
+    x = torch.randn(3)
+    gm = _dynamo_graph(_layers_with_counters, x, *[c.clone() for c in counters])
+    assert len(batch_scalar_updates(gm)) == 3
+    foreach = [n for n in gm.graph.nodes if n.target is torch._foreach_add_]
+    assert len(foreach) == 1 and len(foreach[0].args[0]) == 3
+    got, want = [c.clone() for c in counters], [c.clone() for c in counters]
+    assert_close(gm(x, *got)[0], _layers_with_counters(x, *want))
+    assert got == want  # each advanced once, the lone one too
+
+
+def _read_after_update(x, c0, c1):
+    y = x + c0
+    c0.add_(1)
+    view = c1.view(1)
+    c1.add_(1)
+    return y + c0 + view  # c0 read after its update; c1 read through an alias after its update
+
+
+def test_an_update_read_later_through_itself_or_an_alias_stays_in_place():
+    c0, c1, x = torch.tensor(2.0), torch.tensor(3.0), torch.randn(4)
+    gm = _dynamo_graph(_read_after_update, x, c0.clone(), c1.clone())
+    assert batch_scalar_updates(gm) == []
+    got, want = [c0.clone(), c1.clone()], [c0.clone(), c1.clone()]
+    assert_close(gm(x, *got)[0], _read_after_update(x, *want))
+
+
+def test_batched_updates_are_reported_and_exactly_once_through_the_backend():
+    counters = [torch.tensor(5), torch.tensor(7), torch.tensor(9), torch.tensor(1)]
+    x = torch.randn(3)
+    torch._dynamo.reset()
+    compiled = torch.compile(_layers_with_counters, backend="infinifuse")
+    eager_counters = [c.clone() for c in counters]
+    for _ in range(3):
+        assert_close(compiled(x, *counters), _layers_with_counters(x, *eager_counters))
+        assert counters == eager_counters
+    report = fusebackend.last_report().graphs[-1]
+    assert len(report.batched_updates) == 3, report.batched_updates
+    assert "batched into foreach ops" in str(fusebackend.last_report())
 
 
 def test_host_nodes_are_cpu_work_on_cpu_inputs_only():

@@ -261,7 +261,21 @@ def count_kernels(
         "copies_per_call": len(copies) if cuda else None,
         "kernels_source": "own call, no CUDA graphs" if cuda else "no CUDA device",
         "kernels_modes": modes,
+        "kernel_us_per_call": sum(e.device_time for e in device_events) if cuda else None,
+        "kernel_kinds": _kernel_kinds(device_events) if cuda else None,
     }
+
+
+def _kernel_kinds(events: list[Any], top: int = 25) -> list[dict[str, Any]]:
+    """The kernels that take the most device time in one call, by name: where a per-call
+    gap to another backend comes from (launch count alone does not say)."""
+    kinds: dict[str, dict[str, Any]] = {}
+    for e in events:
+        kind = kinds.setdefault(e.name[:90], {"name": e.name[:90], "count": 0, "us": 0.0})
+        kind["count"] += 1
+        kind["us"] += e.device_time
+    ranked = sorted(kinds.values(), key=lambda k: -k["us"])[:top]
+    return [{**k, "us": round(k["us"], 2)} for k in ranked]
 
 
 def borrow_kernel_counts(rows: list[dict[str, Any]]) -> None:
@@ -275,7 +289,8 @@ def borrow_kernel_counts(rows: list[dict[str, Any]]) -> None:
         if "kernels_source" not in source:
             continue  # this workload counts no kernels
         row["kernels_per_call"] = source.get("kernels_per_call")
-        row["copies_per_call"] = source.get("copies_per_call")
+        for key in ("copies_per_call", "kernel_us_per_call", "kernel_kinds"):
+            row[key] = source.get(key)
         row["kernels_source"] = "Inductor's default mode (its graphs hide launches)"
 
 
