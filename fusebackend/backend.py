@@ -25,6 +25,7 @@ from fusebackend.kernels import (
     RowProgram,
     kernel_source,
     row_kernel,
+    row_kernel_pair,
     triton_usable,
 )
 from fusebackend.kernels.launch import layout_for
@@ -39,6 +40,7 @@ from fusebackend.passes.host_inputs import (
 )
 from fusebackend.passes.lowering import lower
 from fusebackend.passes.mutations import mutated_placeholders
+from fusebackend.passes.pairing import pair_twin_groups
 from fusebackend.passes.partition import Candidate, find_groups
 from fusebackend.passes.rewrite import reference_module, rewrite
 from fusebackend.report import GraphReport, GroupReport, record
@@ -70,6 +72,7 @@ class FusedGroupOp:
         self.reference = reference
         self.options = options
         self.use_triton = triton_usable(device)
+        self.group = ""  # its GroupReport's name, for the report of a paired launch
         self.__name__ = kernel_name  # FX's generated code calls the node after this name
         self.__qualname__ = kernel_name
 
@@ -80,6 +83,26 @@ class FusedGroupOp:
 
     def __repr__(self) -> str:
         return f"FusedGroupOp({self.__name__})"
+
+
+class FusedPairOp:
+    """Two fused groups of one kernel run by one launch (passes/pairing.py): called on the
+    first group's inputs then the second's, returns the first's outputs then the second's."""
+
+    def __init__(self, first: FusedGroupOp, second: FusedGroupOp, split: int) -> None:
+        self.first, self.second, self.split = first, second, split
+        self.use_triton = first.use_triton and second.use_triton
+        self.__name__ = f"{first.__name__}_pair"
+        self.__qualname__ = self.__name__
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        first, second = inputs[: self.split], inputs[self.split :]
+        if self.use_triton:
+            return row_kernel_pair(self.first.program, first, second, self.first.options)
+        return (*self.first(*first), *self.second(*second))
+
+    def __repr__(self) -> str:
+        return f"FusedPairOp({self.__name__})"
 
 
 def infinifuse(
@@ -107,10 +130,15 @@ def infinifuse(
                            time.perf_counter() - start))  # fmt: skip
         return compiled
 
+    static_address = [
+        node
+        for node, value in zip(_placeholders(gm), example_inputs, strict=False)
+        if getattr(value, "_dynamo_static_input_type", None) is not None
+    ]
     host_inputs = hoist_host_to_device(gm, example_inputs)
     constants = fold_constants(gm)
     fold_list_indices(gm)
-    batched_updates = batch_scalar_updates(gm)
+    batched_updates = batch_scalar_updates(gm, static_address)
     mutated = mutated_placeholders(gm.graph)
     # Nothing is captured without CUDA graphs: the split would only add snapshot clones.
     split = split_host(gm, _on_host) if captures(config, device) else None
@@ -302,11 +330,22 @@ def _fuse(
         group_device = example_value(candidate.members[0]).device
         use_triton = triton_usable(group_device)
         kernel_name = report(candidate, "triton" if use_triton else "torch reference")
-        return FusedGroupOp(candidate.program, kernel_name, reference_module(candidate),
-                            group_device, options)  # fmt: skip
+        op = FusedGroupOp(candidate.program, kernel_name, reference_module(candidate),
+                          group_device, options)  # fmt: skip
+        op.group = reports[-1].name
+        return op
 
-    rewrite(graph, candidates, make_op)
+    fused_nodes = rewrite(graph, candidates, make_op)
+    by_name = {r.name: k for k, r in enumerate(reports)}
+    for first, second in pair_twin_groups(graph, fused_nodes, FusedPairOp):
+        for op, twin in ((first, second), (second, first)):
+            k = by_name[op.group]
+            reports[k] = dataclasses.replace(reports[k], launched_with=twin.group)
     return torch.fx.GraphModule(gm, graph), reports, rejections
+
+
+def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
 
 
 def _static_width(candidate: Candidate) -> int:

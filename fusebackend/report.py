@@ -25,6 +25,7 @@ class GroupReport:
     backend: str  # "triton" or "torch reference" (no usable Triton for this device)
     reductions: tuple[str, ...] = ()  # members that reduce along the row (norms, softmax)
     moves: tuple[str, ...] = ()  # members that move columns (rotate_half)
+    launched_with: str = ""  # the group of the same kernel run by the same launch, if any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +104,10 @@ class FusionReport:
                     [[g.name, g.kernel_name, g.backend, ", ".join(g.lookups),
                       ", ".join(g.nodes), ", ".join(g.outputs)] for g in graph.groups],
                 )  # fmt: skip
+            twins = sorted({tuple(sorted((g.name, g.launched_with)))
+                            for g in graph.groups if g.launched_with})  # fmt: skip
+            if twins:
+                lines.append("one launch each: " + ", ".join(f"{a} + {b}" for a, b in twins))
             if graph.rejections:
                 lines.append("not fused:")
                 lines += _table(["node", "reason"],

@@ -89,15 +89,22 @@ def rand_ids(
 
 @contextlib.contextmanager
 def count_launches() -> Iterator[list[int]]:
-    """Count fused-kernel launches made by FusedGroupOp (the backend's launcher call)."""
+    """Count fused-kernel launches made by the backend (one per group, one per pair of
+    groups launched together)."""
     calls = [0]
-    real = fusebackend.backend.row_kernel
 
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        return real(*args, **kwargs)
+    def counting(real: Callable[..., Any]) -> Callable[..., Any]:
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            calls[0] += 1
+            return real(*args, **kwargs)
 
-    with mock.patch.object(fusebackend.backend, "row_kernel", spy):
+        return spy
+
+    backend = fusebackend.backend
+    with (
+        mock.patch.object(backend, "row_kernel", counting(backend.row_kernel)),
+        mock.patch.object(backend, "row_kernel_pair", counting(backend.row_kernel_pair)),
+    ):
         yield calls
 
 

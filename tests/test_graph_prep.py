@@ -396,7 +396,7 @@ def test_scalar_updates_batch_into_one_foreach_and_run_once():
     counters = [torch.tensor(5), torch.tensor(7), torch.tensor(9), torch.tensor(1)]
     x = torch.randn(3)
     gm = _dynamo_graph(_layers_with_counters, x, *[c.clone() for c in counters])
-    assert len(batch_scalar_updates(gm)) == 3
+    assert len(batch_scalar_updates(gm, _placeholders(gm))) == 3
     foreach = [n for n in gm.graph.nodes if n.target is torch._foreach_add_]
     assert len(foreach) == 1 and len(foreach[0].args[0]) == 3
     got, want = [c.clone() for c in counters], [c.clone() for c in counters]
@@ -415,13 +415,19 @@ def _read_after_update(x, c0, c1):
 def test_an_update_read_later_through_itself_or_an_alias_stays_in_place():
     c0, c1, x = torch.tensor(2.0), torch.tensor(3.0), torch.randn(4)
     gm = _dynamo_graph(_read_after_update, x, c0.clone(), c1.clone())
-    assert batch_scalar_updates(gm) == []
+    assert batch_scalar_updates(gm, _placeholders(gm)) == []
     got, want = [c0.clone(), c1.clone()], [c0.clone(), c1.clone()]
     assert_close(gm(x, *got)[0], _read_after_update(x, *want))
 
 
+def _placeholders(gm):
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
 def test_batched_updates_are_reported_and_exactly_once_through_the_backend():
     counters = [torch.tensor(5), torch.tensor(7), torch.tensor(9), torch.tensor(1)]
+    for c in counters:
+        torch._dynamo.mark_static_address(c)  # as StaticCache marks its counters
     x = torch.randn(3)
     torch._dynamo.reset()
     compiled = torch.compile(_layers_with_counters, backend="infinifuse")
@@ -432,6 +438,39 @@ def test_batched_updates_are_reported_and_exactly_once_through_the_backend():
     report = fusebackend.last_report().graphs[-1]
     assert len(report.batched_updates) == 3, report.batched_updates
     assert "batched into foreach ops" in str(fusebackend.last_report())
+
+
+def _update_then_read_other(c0, c1, d, x):
+    c0.add_(1)
+    y = x + c1
+    d.add_(1)
+    return y * 2
+
+
+def test_updates_of_unmarked_inputs_stay_in_place_as_inputs_may_alias_later():
+    # Traced with distinct inputs, then called with c0 and c1 views of one buffer: Dynamo
+    # does not recompile, and c1 must see c0's update (review of the batching pass).
+    torch._dynamo.reset()
+    compiled = torch.compile(_update_then_read_other, backend="infinifuse")
+    x = torch.randn(4)
+    compiled(torch.zeros(1), torch.zeros(1), torch.zeros(1), x)
+    assert fusebackend.last_report().graphs[-1].batched_updates == []
+    buf, want_buf = torch.zeros(2), torch.zeros(2)
+    got = compiled(buf[0:1], buf[0:1], torch.zeros(1), x)
+    want = _update_then_read_other(want_buf[0:1], want_buf[0:1], torch.zeros(1), x)
+    assert_close(got, want)
+    assert_close(buf, want_buf)
+
+
+def test_minus_zero_and_zero_updates_are_not_one_batch():
+    def fn(a, b, x):
+        a.add_(0)
+        b.add_(-0.0)
+        return x * 2
+
+    a, b = torch.tensor(-0.0), torch.tensor(-0.0)
+    gm = _dynamo_graph(fn, a.clone(), b.clone(), torch.randn(2))
+    assert batch_scalar_updates(gm, _placeholders(gm)) == []
 
 
 def test_host_nodes_are_cpu_work_on_cpu_inputs_only():

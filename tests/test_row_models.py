@@ -34,8 +34,12 @@ def test_tiny_llama_equals_eager_with_norms_fused():
     # 2 layers x 2 RMSNorms + the final norm; the first one shares the lookup's kernel
     assert _norm_groups(report) >= 5, str(report)
     assert any(g.lookups and g.reductions for g in report.groups), str(report)
-    # rotary embeddings: q and k of each layer, one kernel each (4 query heads, 2 kv heads)
-    assert sum(1 for g in report.groups if g.moves) == 2 * 2, str(report)
+    # rotary embeddings: q and k of each layer, one kernel (4 query heads, 2 kv heads), and
+    # q's and k's groups of a layer run by one launch of it
+    rope = {g.name: g for g in report.groups if g.moves}
+    assert len(rope) == 2 * 2, str(report)
+    assert all(rope.get(g.launched_with) for g in rope.values()), str(report)
+    assert "one launch each: " in str(report)
 
 
 def test_tiny_bert_equals_eager_with_layer_norms_fused():

@@ -396,8 +396,21 @@ def test_validation_passes_rounding_spread_and_rejects_real_errors():
     assert "relative difference" in mismatch([broken], [unwritten_row], "output")
     half = unwritten_row.half()
     one_garbage = half.clone()
-    one_garbage[7, 9] += 1.5  # one element far off: within fp16's norm bound, caught alone
+    one_garbage[7, 9] += 0.25  # within its row's norm bound (0.25 / 32), caught alone
     assert "one element" in mismatch([one_garbage], [half], "output")
+    # Wrong rows hide in a large tensor's norm; each row is compared too (review findings).
+    big_first_row = torch.randn(512, 1024, generator=g).half()
+    big_first_row[0] *= 100
+    unwritten_last = big_first_row.clone()
+    unwritten_last[-1] = 0
+    assert "row 511" in mismatch([unwritten_last], [big_first_row], "output")
+    many_rows = torch.randn(1024, 1024, generator=g).half()
+    scaled = many_rows.clone()
+    scaled[-1] = (scaled[-1].float() * 0.9).half()  # 1 row of 1024 off by 10%
+    assert "row 1023" in mismatch([scaled], [many_rows], "output")
+    tail = logits.clone()
+    tail[..., -16:] += 1.0  # a tail block off by 1.0: 16 logits of 32000
+    assert "one element" in mismatch([tail], [logits], "output")
     assert "compared exactly" in mismatch([torch.tensor([1, 2])], [torch.tensor([1, 3])], "x")
     assert "expected torch.float32" in mismatch([logits], [logits.float()], "output")
 

@@ -14,7 +14,7 @@ from fusebackend.kernels.ir import (
     RowProgram,
     ValueRef,
 )
-from fusebackend.kernels.launch import kernel_source, row_kernel, triton_usable
+from fusebackend.kernels.launch import kernel_source, row_kernel, row_kernel_pair, triton_usable
 
 __all__ = [
     "Const",
@@ -27,5 +27,6 @@ __all__ = [
     "ValueRef",
     "kernel_source",
     "row_kernel",
+    "row_kernel_pair",
     "triton_usable",
 ]

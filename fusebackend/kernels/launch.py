@@ -11,6 +11,7 @@ to 1).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -23,20 +24,21 @@ from typing import Any
 
 import torch
 
-from fusebackend.kernels.codegen import generate_source
+from fusebackend.kernels.codegen import generate_pair_source, generate_source
 from fusebackend.kernels.ir import InputRef, KernelOptions, Reduce, Rotate, RowProgram, ValueRef
 
 __all__ = [
     "kernel_source",
     "layout_for",
     "row_kernel",
+    "row_kernel_pair",
     "triton_usable",
     "value_shapes",
 ]
 
 log = logging.getLogger(__name__)
 
-_KERNELS: dict[tuple[RowProgram, int, KernelOptions, str], Any] = {}
+_KERNELS: dict[tuple[RowProgram, int, KernelOptions, str, bool], Any] = {}
 _LOCK = threading.Lock()
 
 # Launch configs, from benchmarks/diag/diag_index_assert.py (H200, fp16 chain, index checks
@@ -101,14 +103,17 @@ def kernel_source(
     return generate_source(program, rank, options or KernelOptions(), layout)
 
 
-def _compiled_kernel(program: RowProgram, rank: int, options: KernelOptions, layout: str) -> Any:
-    key = (program, rank, options, layout)
+def _compiled_kernel(
+    program: RowProgram, rank: int, options: KernelOptions, layout: str, pair: bool = False
+) -> Any:
+    key = (program, rank, options, layout, pair)
     kernel = _KERNELS.get(key)
     if kernel is not None:
         return kernel
     with _LOCK:
         if key not in _KERNELS:
-            name, source = generate_source(program, rank, options, layout)
+            generate = generate_pair_source if pair else generate_source
+            name, source = generate(program, rank, options, layout)
             _KERNELS[key] = getattr(_import_source(name, source), name)
         return _KERNELS[key]
 
@@ -218,22 +223,19 @@ def _broadcast_strides(t: torch.Tensor, shape: torch.Size) -> tuple[int, ...]:
     return t.expand(shape).stride()
 
 
-def row_kernel(
-    program: RowProgram,
-    inputs: Sequence[torch.Tensor],
-    *,
-    index_checks: bool = True,
-    options: KernelOptions | None = None,
-) -> tuple[torch.Tensor, ...]:
-    """Run a fused group: gather the lookups, run the program, return the outputs.
+@dataclasses.dataclass
+class _Launch:
+    """One set of tensors for a kernel: its arguments, outputs and sizes."""
 
-    ``inputs`` are the group's external tensors in slot order (indices, tables and
-    operands). Outputs are new contiguous tensors, one per ``program.outputs``.
-    ``options`` (default: ``KernelOptions(index_checks=index_checks)``) says how the kernel
-    is built.
-    """
-    if options is None:
-        options = KernelOptions(index_checks=index_checks)
+    args: list[Any]
+    outputs: tuple[torch.Tensor, ...]
+    rank: int
+    rows: int
+    width: int
+
+
+def _prepare(program: RowProgram, inputs: Sequence[torch.Tensor]) -> _Launch:
+    """Allocate the outputs and build the kernel's arguments for ``inputs``."""
     shapes, group_shape = value_shapes(program, inputs)
     rank = len(group_shape) - 1
     lead, width = group_shape[:-1], group_shape[-1]
@@ -244,7 +246,7 @@ def row_kernel(
         torch.empty(shapes[v], dtype=program.value_dtype(v), device=device) for v in program.outputs
     )
     if rows == 0 or width == 0:
-        return outputs
+        return _Launch([], outputs, rank, rows, width)
     check_indices(program, inputs)
 
     args: list[Any] = []
@@ -263,19 +265,75 @@ def row_kernel(
         shape = narrow_shape if value in program.narrow_values else group_shape
         args += [out, *_broadcast_strides(out, shape)]
     args += [*lead, rows, width]
+    return _Launch(args, outputs, rank, rows, width)
 
-    layout = layout_for(program, width)
-    block_r, block_d, num_warps = launch_config(rows, width, layout)
-    col_blocks = (width + block_d - 1) // block_d if layout == "tile" else 1
-    grid = ((rows + block_r - 1) // block_r, col_blocks)
-    chunks = (width + block_d - 1) // block_d if layout == "chunked" else 1
-    kernel = _compiled_kernel(program, rank, options, layout)
+
+def _run(kernel: Any, grid: tuple[int, int], args: list[Any], device: torch.device,
+         block_r: int, block_d: int, chunks: int, num_warps: int) -> None:  # fmt: skip
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         # Debug mode (for the index assert) would also add overflow checks to every 32-bit
         # integer op; the index math that matters is 64-bit, so those are turned off.
         kernel[grid](*args, BLOCK_R=block_r, BLOCK_D=block_d, CHUNKS=chunks,
                      num_warps=num_warps, sanitize_overflow=False)  # fmt: skip
-    return outputs
+
+
+def _blocks(layout: str, width: int, block_d: int) -> tuple[int, int]:
+    """(column blocks of the grid, chunks per row) for ``layout``."""
+    col_blocks = (width + block_d - 1) // block_d if layout == "tile" else 1
+    chunks = (width + block_d - 1) // block_d if layout == "chunked" else 1
+    return col_blocks, chunks
+
+
+def row_kernel(
+    program: RowProgram,
+    inputs: Sequence[torch.Tensor],
+    *,
+    index_checks: bool = True,
+    options: KernelOptions | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Run a fused group: gather the lookups, run the program, return the outputs.
+
+    ``inputs`` are the group's external tensors in slot order (indices, tables and
+    operands). Outputs are new contiguous tensors, one per ``program.outputs``.
+    ``options`` (default: ``KernelOptions(index_checks=index_checks)``) says how the kernel
+    is built.
+    """
+    if options is None:
+        options = KernelOptions(index_checks=index_checks)
+    launch = _prepare(program, inputs)
+    if not launch.args:
+        return launch.outputs
+    layout = layout_for(program, launch.width)
+    block_r, block_d, num_warps = launch_config(launch.rows, launch.width, layout)
+    col_blocks, chunks = _blocks(layout, launch.width, block_d)
+    grid = ((launch.rows + block_r - 1) // block_r, col_blocks)
+    kernel = _compiled_kernel(program, launch.rank, options, layout)
+    _run(kernel, grid, launch.args, inputs[0].device, block_r, block_d, chunks, num_warps)
+    return launch.outputs
+
+
+def row_kernel_pair(
+    program: RowProgram,
+    first: Sequence[torch.Tensor],
+    second: Sequence[torch.Tensor],
+    options: KernelOptions,
+) -> tuple[torch.Tensor, ...]:
+    """Run ``program`` over two sets of inputs in one launch; the outputs of the first set,
+    then those of the second. Sets of another rank or width than each other, or without
+    rows, get a launch each (same results)."""
+    a, b = _prepare(program, first), _prepare(program, second)
+    if not a.args or not b.args or (a.rank, a.width) != (b.rank, b.width):
+        return (*row_kernel(program, first, options=options),
+                *row_kernel(program, second, options=options))  # fmt: skip
+    layout = layout_for(program, a.width)
+    block_r, block_d, num_warps = launch_config(max(a.rows, b.rows), a.width, layout)
+    col_blocks, chunks = _blocks(layout, a.width, block_d)
+    grid_a = (a.rows + block_r - 1) // block_r
+    grid = (grid_a + (b.rows + block_r - 1) // block_r, col_blocks)
+    kernel = _compiled_kernel(program, a.rank, options, layout, pair=True)
+    args = [*a.args, *b.args, grid_a]
+    _run(kernel, grid, args, first[0].device, block_r, block_d, chunks, num_warps)
+    return (*a.outputs, *b.outputs)
 
 
 def launch_config(rows: int, width: int, layout: str = "tile") -> tuple[int, int, int]:

@@ -10,12 +10,20 @@ An update ``x.add_(n)`` (``n`` a Python number, its result unused) may move down
 update of its batch when nothing after it reads or writes ``x``'s storage, through ``x`` or
 any alias of it, except the graph's output (which comes after the batched update anyway).
 Updates are batched by number, dtype and device; a batch needs at least two.
+
+Only state marked with ``torch._dynamo.mark_static_address`` is batched (StaticCache marks
+its counters so): the aliasing this pass sees is Dynamo's, from the traced call, and a later
+call could pass two views of one buffer as separate inputs without a recompile, where a
+moved update would be read late. A cache's own state is not handed in as a view of another
+input.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
+from collections.abc import Sequence
 
 import torch
 import torch.fx
@@ -28,17 +36,26 @@ __all__ = ["batch_scalar_updates"]
 log = logging.getLogger(__name__)
 
 
-def batch_scalar_updates(gm: torch.fx.GraphModule) -> list[str]:
-    """Rewrite ``gm`` in place; return the names of the updates folded into foreach ops."""
+def batch_scalar_updates(
+    gm: torch.fx.GraphModule, static_address: Sequence[torch.fx.Node]
+) -> list[str]:
+    """Rewrite ``gm`` in place; return the names of the updates folded into foreach ops.
+
+    ``static_address``: the placeholders whose tensors were marked static-address; only
+    their storage is updated in a batch.
+    """
     nodes = list(gm.graph.nodes)
     storages = {n: storage_id(example_value(n)) for n in nodes}
+    allowed = {storages[p] for p in static_address} - {None}
     batches: dict[tuple, list[torch.fx.Node]] = defaultdict(list)
     for position, node in enumerate(nodes):
         key = _batch_key(node)
-        if key is not None and not _touched_later(node, nodes[position + 1 :], storages):
+        if key is None or storages[node.args[0]] not in allowed:
+            continue
+        if not _touched_later(node, nodes[position + 1 :], storages):
             batches[key].append(node)
     batched: list[str] = []
-    for (number, _, _), updates in batches.items():
+    for (number, *_), updates in batches.items():
         if len(updates) < 2:
             continue
         with gm.graph.inserting_after(updates[-1]):
@@ -56,7 +73,9 @@ def batch_scalar_updates(gm: torch.fx.GraphModule) -> list[str]:
 
 
 def _batch_key(node: torch.fx.Node) -> tuple | None:
-    """(number, dtype, device) of ``x.add_(number)`` whose result is unused, else None."""
+    """(number, its type and sign, dtype, device) of ``x.add_(number)`` whose result is
+    unused, else None. Type and sign keep 1 and 1.0, 0.0 and -0.0 apart (equal as keys, but
+    ``x.add_(-0.0)`` leaves a -0.0 that ``x.add_(0)`` turns into 0.0)."""
     method = node.op == "call_method" and node.target == "add_"
     function = node.op == "call_function" and node.target is torch.Tensor.add_
     if not (method or function) or node.kwargs or len(node.args) != 2 or node.users:
@@ -65,7 +84,7 @@ def _batch_key(node: torch.fx.Node) -> tuple | None:
     value = example_value(target) if isinstance(target, torch.fx.Node) else None
     if not isinstance(value, torch.Tensor) or type(number) not in (int, float):
         return None
-    return (number, value.dtype, value.device)
+    return (number, type(number), math.copysign(1.0, number), value.dtype, value.device)
 
 
 def _touched_later(

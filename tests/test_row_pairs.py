@@ -1,0 +1,117 @@
+"""Two groups of one kernel run by one launch (passes/pairing.py, launch.row_kernel_pair):
+q's and k's rotary embeddings of different head counts, norms of different row counts, wide
+(chunked) rows; equal to eager and to two launches; never paired across a use or a write."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import FLOAT_DTYPES, assert_close, eager, run_fused
+from test_row_rope_softmax import _rope_tolerance, rope_slices
+
+import fusebackend.backend
+from fusebackend.kernels import KernelOptions, row_kernel, row_kernel_pair
+
+
+def _rope_q_k(q, k, cos, sin):
+    return rope_slices(q, cos, sin), rope_slices(k, cos, sin)
+
+
+def _rms(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def _two_norms(x, y, w):
+    return _rms(x, w), _rms(y, w)
+
+
+def _rope_inputs(dtype, width, g, q_heads=5, k_heads=3, tokens=7):
+    q = torch.randn(2, q_heads, tokens, width, generator=g).to(dtype)
+    k = torch.randn(2, k_heads, tokens, width, generator=g).to(dtype)
+    angles = torch.rand(tokens, width, generator=g) * 6.3
+    return q, k, angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _paired(report) -> list[tuple[str, str]]:
+    return sorted({tuple(sorted((g.name, g.launched_with))) for g in report.groups
+                   if g.launched_with})  # fmt: skip
+
+
+@pytest.mark.parametrize("width", [2, 7, 64])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_q_and_k_rotary_embeddings_run_in_one_launch(dtype, width):
+    args = _rope_inputs(dtype, width, torch.Generator().manual_seed(width))
+    expected = eager(_rope_q_k, *args)
+    actual, report = run_fused(_rope_q_k, *args, options={"cudagraphs": False})
+    assert_close(actual, expected, **_rope_tolerance(dtype))
+    assert len(report.groups) == 2 and _paired(report) == [("group0", "group1")], str(report)
+
+
+def _programs(monkeypatch, fn, *args):
+    """The RowPrograms of ``fn``'s fused groups, in order."""
+    programs = []
+    real = fusebackend.backend.FusedGroupOp.__init__
+
+    def keep(self, program, *rest, **kwargs):
+        programs.append(program)
+        real(self, program, *rest, **kwargs)
+
+    monkeypatch.setattr(fusebackend.backend.FusedGroupOp, "__init__", keep)
+    run_fused(fn, *args, options={"cudagraphs": False})
+    return programs
+
+
+@pytest.mark.parametrize(
+    ("rows_a", "rows_b", "width"),
+    [(1, 37, 33), (13, 2, 128), (5, 3, 8200)],  # tile... persistent, chunked (> 8192)
+    ids=["few-then-many", "many-then-few", "chunked"],
+)
+def test_a_pair_launch_equals_two_launches(monkeypatch, rows_a, rows_b, width):
+    g = torch.Generator().manual_seed(rows_a * width)
+    w = torch.randn(width, generator=g)
+    x, y = torch.randn(3, width, generator=g), torch.randn(2, width, generator=g)
+    (program, _) = _programs(monkeypatch, _two_norms, x, y, w)
+    a = (torch.randn(rows_a, width, generator=g), w)
+    b = (torch.randn(rows_b, width, generator=g), w)
+    options = KernelOptions()
+    expected = (*row_kernel(program, a, options=options), *row_kernel(program, b, options=options))
+    actual = row_kernel_pair(program, a, b, options)
+    assert_close(actual, expected, rtol=0, atol=0)
+    assert_close(actual, (_rms(*a), _rms(*b)), rtol=1e-5, atol=1e-5)
+
+
+def test_a_pair_of_other_widths_or_no_rows_gets_two_launches(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(16, generator=g)
+    (program, _) = _programs(monkeypatch, _two_norms, torch.randn(3, 16), torch.randn(2, 16), w)
+    empty, some = (torch.randn(0, 16), w), (torch.randn(4, 16, generator=g), w)
+    actual = row_kernel_pair(program, empty, some, KernelOptions())
+    assert actual[0].shape == (0, 16)
+    assert_close(actual[1], _rms(*some), rtol=1e-5, atol=1e-5)
+
+
+def _used_between(q, k, cos, sin, m):
+    qr = rope_slices(q, cos, sin)
+    scores = qr @ m  # reads q's result before k's group: q's launch cannot wait for k's
+    return scores, rope_slices(k, cos, sin)
+
+
+def _written_between(q, k, cos, sin, counter):
+    qr = rope_slices(q, cos, sin)
+    counter.add_(1)  # a write between the two groups: nothing moves across it
+    return qr, rope_slices(k, cos, sin) + counter
+
+
+@pytest.mark.parametrize("case", ["used", "written"])
+def test_groups_are_not_paired_across_a_use_or_a_write(case):
+    g = torch.Generator().manual_seed(3)
+    q, k, cos, sin = _rope_inputs(torch.float32, 8, g)
+    if case == "used":
+        fn, extra = _used_between, torch.randn(8, 4, generator=g)
+    else:
+        fn, extra = _written_between, torch.tensor(2.0)
+    expected = eager(fn, q, k, cos, sin, extra.clone())
+    actual, report = run_fused(fn, q, k, cos, sin, extra, options={"cudagraphs": False})
+    assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    rope = [g for g in report.groups if g.moves]
+    assert len(rope) == 2 and _paired(report) == [], str(report)
