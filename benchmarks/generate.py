@@ -119,6 +119,11 @@ def run_variant(args: argparse.Namespace) -> dict:
         "tokens_total": int(new.numel()),
         "repeat_equal_first": bool(torch.equal(again, tokens)),
     }
+    if args.variant != "eager":
+        # Where the first generate's time goes: Dynamo's own table (tracing; the backend's
+        # call is call_user_compiler), for the first-generate target (issue 9: <= 0.3x
+        # auto-compile). The first capture and validation run inside the first calls.
+        result["dynamo_compile_times"] = torch._dynamo.utils.compile_times(repr="str")
     if args.variant == "infinifuse":
         import fusebackend
 

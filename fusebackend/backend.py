@@ -28,7 +28,7 @@ from fusebackend.kernels import (
     row_kernel_pair,
     triton_usable,
 )
-from fusebackend.kernels.launch import layout_for
+from fusebackend.kernels.launch import layout_for, precompile_all
 from fusebackend.passes.batching import batch_scalar_updates
 from fusebackend.passes.constants import fold_constants, fold_list_indices
 from fusebackend.passes.graph import example_value
@@ -341,7 +341,39 @@ def _fuse(
         for op, twin in ((first, second), (second, first)):
             k = by_name[op.group]
             reports[k] = dataclasses.replace(reports[k], launched_with=twin.group)
+    _precompile(graph)
     return torch.fx.GraphModule(gm, graph), reports, rejections
+
+
+def _precompile(graph: torch.fx.Graph) -> None:
+    """Compile the graph's CUDA kernels now, concurrently, rather than one by one at their
+    first launches (a 22-layer Llama's fused decode graph took 2.3 s longer to its first
+    call than the unfused one on an H100, 2026-11-23, most of it compiling ~7 kernels)."""
+    jobs = []
+    for node in graph.nodes:
+        op = node.target
+        if not isinstance(op, FusedGroupOp | FusedPairOp) or not op.use_triton:
+            continue
+        values = [example_value(a) for a in node.args]
+        if not all(_concrete_cuda_tensor(v) for v in values):
+            continue  # symbolic shapes: the launch knows the sizes
+        if isinstance(op, FusedPairOp):
+            jobs.append((op.first.program, values, op.first.options, op.split))
+        else:
+            jobs.append((op.program, values, op.options, None))
+    if jobs:
+        start = time.perf_counter()
+        failed = precompile_all(jobs)
+        log.info("precompiled %d launch(es) in %.2f s (%d failed)",
+                 len(jobs), time.perf_counter() - start, failed)  # fmt: skip
+
+
+def _concrete_cuda_tensor(value: Any) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.device.type == "cuda"
+        and all(isinstance(n, int) for n in (*value.shape, *value.stride()))
+    )
 
 
 def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:

@@ -9,6 +9,7 @@ import torch
 from helpers import FLOAT_DTYPES, assert_close, eager, run_fused
 from test_row_rope_softmax import _rope_tolerance, rope_slices
 
+import fusebackend
 import fusebackend.backend
 from fusebackend.kernels import KernelOptions, row_kernel, row_kernel_pair
 
@@ -115,3 +116,75 @@ def test_groups_are_not_paired_across_a_use_or_a_write(case):
     assert_close(actual, expected, rtol=1e-5, atol=1e-5)
     rope = [g for g in report.groups if g.moves]
     assert len(rope) == 2 and _paired(report) == [], str(report)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_paired_rotary_embeddings_on_the_gpu_in_a_cuda_graph(dtype):
+    # TinyLlama's heads: 32 for q, 4 for k, 64 wide; one token (decode) and 33 (prefill)
+    for tokens in (1, 33):
+        g = torch.Generator().manual_seed(tokens)
+        args = [t.cuda() for t in _rope_inputs(dtype, 64, g, q_heads=32, k_heads=4,
+                                              tokens=tokens)]  # fmt: skip
+        expected = eager(_rope_q_k, *args)
+        torch._dynamo.reset()
+        compiled = torch.compile(_rope_q_k, backend="infinifuse")
+        with torch.no_grad():
+            for _ in range(3):  # capture, then replays
+                actual = compiled(*args)
+        assert_close(actual, expected, **_rope_tolerance(dtype))
+        report = fusebackend.last_report()
+        assert _paired(report) == [("group0", "group1")], str(report)
+        modes = [e["mode"] for e in report.graphs[-1].runtime_modes()]
+        assert modes == ["fusion"], modes
+
+
+class _Recorder:
+    """Stands in for a compiled kernel: records warm-ups and launches."""
+
+    def __init__(self):
+        self.warmups, self.launches = [], []
+
+    def warmup(self, *args, grid, **meta):
+        self.warmups.append((list(args), grid, meta))
+
+    def __getitem__(self, grid):
+        return lambda *args, **meta: self.launches.append((list(args), grid, meta))
+
+
+@pytest.mark.parametrize("paired", [False, True], ids=["group", "pair"])
+def test_precompile_warms_the_kernel_the_launch_runs(monkeypatch, paired):
+    # The warm-up must specialise as the launch does (same grid, options, ints; each tensor
+    # as its dtype), or the launch compiles again and the concurrent compile was for nothing.
+    from fusebackend.kernels import launch
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(48, generator=g)
+    (program, _) = _programs(monkeypatch, _two_norms, torch.randn(3, 48), torch.randn(2, 48), w)
+    recorder = _Recorder()
+    monkeypatch.setattr(launch, "_compiled_kernel", lambda *a, **k: recorder)
+    a = [torch.randn(2, 7, 48, generator=g)[:, 1:], w]  # a strided view
+    b = [torch.randn(3, 48, 5, generator=g).transpose(1, 2), w]  # columns not contiguous
+    options = KernelOptions()
+    if paired:
+        launch.row_kernel_pair(program, a, b, options)
+        assert launch.precompile_all([(program, [*a, *b], options, len(a))]) == 0
+    else:
+        launch.row_kernel(program, a, options=options)
+        assert launch.precompile_all([(program, a, options, None)]) == 0
+    ((run_args, run_grid, run_meta),) = recorder.launches
+    ((warm_args, warm_grid, warm_meta),) = recorder.warmups
+    as_dtypes = [x.dtype if isinstance(x, torch.Tensor) else x for x in run_args]
+    assert (warm_args, warm_grid, warm_meta) == (as_dtypes, run_grid, run_meta)
+
+
+def test_a_precompile_that_fails_is_counted_and_left_to_the_launch(monkeypatch):
+    from fusebackend.kernels import launch
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(launch, "precompile", broken)
+    jobs = [(object(), [], KernelOptions(), None)] * 2
+    assert launch.precompile_all(jobs) == 2

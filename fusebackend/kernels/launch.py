@@ -10,6 +10,7 @@ to 1).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -30,6 +31,8 @@ from fusebackend.kernels.ir import InputRef, KernelOptions, Reduce, Rotate, RowP
 __all__ = [
     "kernel_source",
     "layout_for",
+    "precompile",
+    "precompile_all",
     "row_kernel",
     "row_kernel_pair",
     "triton_usable",
@@ -268,13 +271,9 @@ def _prepare(program: RowProgram, inputs: Sequence[torch.Tensor]) -> _Launch:
     return _Launch(args, outputs, rank, rows, width)
 
 
-def _run(kernel: Any, grid: tuple[int, int], args: list[Any], device: torch.device,
-         block_r: int, block_d: int, chunks: int, num_warps: int) -> None:  # fmt: skip
+def _run(plan: _Plan, device: torch.device) -> None:
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        # Debug mode (for the index assert) would also add overflow checks to every 32-bit
-        # integer op; the index math that matters is 64-bit, so those are turned off.
-        kernel[grid](*args, BLOCK_R=block_r, BLOCK_D=block_d, CHUNKS=chunks,
-                     num_warps=num_warps, sanitize_overflow=False)  # fmt: skip
+        plan.kernel[plan.grid](*plan.args, **plan.meta)
 
 
 def _blocks(layout: str, width: int, block_d: int) -> tuple[int, int]:
@@ -282,6 +281,35 @@ def _blocks(layout: str, width: int, block_d: int) -> tuple[int, int]:
     col_blocks = (width + block_d - 1) // block_d if layout == "tile" else 1
     chunks = (width + block_d - 1) // block_d if layout == "chunked" else 1
     return col_blocks, chunks
+
+
+@dataclasses.dataclass
+class _Plan:
+    """Which kernel, grid and launch options run one launch (a group, or a pair)."""
+
+    kernel: Any
+    grid: tuple[int, int]
+    args: list[Any]
+    meta: dict[str, Any]  # BLOCK_R, BLOCK_D, CHUNKS, num_warps, sanitize_overflow
+
+
+def _plan(program: RowProgram, options: KernelOptions, a: _Launch, b: _Launch | None) -> _Plan:
+    layout = layout_for(program, a.width)
+    rows = a.rows if b is None else max(a.rows, b.rows)
+    block_r, block_d, num_warps = launch_config(rows, a.width, layout)
+    col_blocks, chunks = _blocks(layout, a.width, block_d)
+    grid_a = (a.rows + block_r - 1) // block_r
+    if b is None:
+        grid, args = (grid_a, col_blocks), a.args
+    else:
+        grid = (grid_a + (b.rows + block_r - 1) // block_r, col_blocks)
+        args = [*a.args, *b.args, grid_a]
+    kernel = _compiled_kernel(program, a.rank, options, layout, pair=b is not None)
+    # Debug mode (for the index assert) would also add overflow checks to every 32-bit
+    # integer op; the index math that matters is 64-bit, so those are turned off.
+    meta = {"BLOCK_R": block_r, "BLOCK_D": block_d, "CHUNKS": chunks,
+            "num_warps": num_warps, "sanitize_overflow": False}  # fmt: skip
+    return _Plan(kernel, grid, args, meta)
 
 
 def row_kernel(
@@ -303,12 +331,7 @@ def row_kernel(
     launch = _prepare(program, inputs)
     if not launch.args:
         return launch.outputs
-    layout = layout_for(program, launch.width)
-    block_r, block_d, num_warps = launch_config(launch.rows, launch.width, layout)
-    col_blocks, chunks = _blocks(layout, launch.width, block_d)
-    grid = ((launch.rows + block_r - 1) // block_r, col_blocks)
-    kernel = _compiled_kernel(program, launch.rank, options, layout)
-    _run(kernel, grid, launch.args, inputs[0].device, block_r, block_d, chunks, num_warps)
+    _run(_plan(program, options, launch, None), inputs[0].device)
     return launch.outputs
 
 
@@ -322,18 +345,75 @@ def row_kernel_pair(
     then those of the second. Sets of another rank or width than each other, or without
     rows, get a launch each (same results)."""
     a, b = _prepare(program, first), _prepare(program, second)
-    if not a.args or not b.args or (a.rank, a.width) != (b.rank, b.width):
+    if not _pairable(a, b):
         return (*row_kernel(program, first, options=options),
                 *row_kernel(program, second, options=options))  # fmt: skip
-    layout = layout_for(program, a.width)
-    block_r, block_d, num_warps = launch_config(max(a.rows, b.rows), a.width, layout)
-    col_blocks, chunks = _blocks(layout, a.width, block_d)
-    grid_a = (a.rows + block_r - 1) // block_r
-    grid = (grid_a + (b.rows + block_r - 1) // block_r, col_blocks)
-    kernel = _compiled_kernel(program, a.rank, options, layout, pair=True)
-    args = [*a.args, *b.args, grid_a]
-    _run(kernel, grid, args, first[0].device, block_r, block_d, chunks, num_warps)
+    _run(_plan(program, options, a, b), first[0].device)
     return (*a.outputs, *b.outputs)
+
+
+def precompile_all(jobs: Sequence[tuple[Any, ...]], threads: int = 8) -> int:
+    """``precompile(*job)`` for every job, compiling the distinct kernels concurrently
+    (Triton's ``AsyncCompileMode`` over a thread pool: the compiler's passes and ptxas run
+    outside the GIL). Returns the number of jobs that failed to warm up; their kernels
+    compile at their first launch, where an error is raised and handled as before.
+    """
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:  # an older Triton: compile at first launch, one by one
+        return 0
+    failed = 0
+    try:
+        with (
+            concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool,
+            AsyncCompileMode(pool, ignore_errors=True),
+        ):
+            for job in jobs:
+                try:
+                    precompile(*job)
+                except Exception as exc:  # the launch compiles it and raises there
+                    failed += 1
+                    log.info("precompile failed (%s); the kernel compiles at its launch", exc)
+    except RuntimeError as exc:  # "Another AsyncCompileMode is already active"
+        log.info("no concurrent precompile (%s); kernels compile at their launches", exc)
+        return len(jobs)
+    return failed
+
+
+def _pairable(a: _Launch, b: _Launch) -> bool:
+    return bool(a.args and b.args) and (a.rank, a.width) == (b.rank, b.width)
+
+
+def precompile(
+    program: RowProgram,
+    inputs: Sequence[torch.Tensor],
+    options: KernelOptions,
+    split: int | None = None,
+) -> None:
+    """Compile the kernel a launch on tensors like ``inputs`` would run, without running it
+    (``JITFunction.warmup``), so that a caller can compile several kernels at once (under
+    Triton's ``AsyncCompileMode``) instead of one by one at their first launches.
+
+    ``inputs`` need only shapes, strides and dtypes (Dynamo's fake tensors): the warm-up
+    sees each tensor as its dtype, a 16-byte aligned pointer, as fresh allocations are.
+    ``split``: the inputs are a pair's, the first ``split`` of them the first set's. A
+    group without rows, or a pair that launches twice, is compiled at its launch.
+    """
+    meta = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+            for t in inputs]  # fmt: skip
+    if split is None:
+        a, b = _prepare(program, meta), None
+    else:
+        a, b = _prepare(program, meta[:split]), _prepare(program, meta[split:])
+        if not _pairable(a, b):
+            return
+    if not a.args:
+        return
+    plan = _plan(program, options, a, b)
+    args = [x.dtype if isinstance(x, torch.Tensor) else x for x in plan.args]
+    device = inputs[0].device
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        plan.kernel.warmup(*args, grid=plan.grid, **plan.meta)
 
 
 def launch_config(rows: int, width: int, layout: str = "tile") -> tuple[int, int, int]:
