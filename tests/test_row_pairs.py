@@ -188,3 +188,26 @@ def test_a_precompile_that_fails_is_counted_and_left_to_the_launch(monkeypatch):
     monkeypatch.setattr(launch, "precompile", broken)
     jobs = [(object(), [], KernelOptions(), None)] * 2
     assert launch.precompile_all(jobs) == 2
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _chained(x, y, z, cos, sin):
+    # the second group reads the first's output: the rotation of a value computed in a
+    # group ends that group, so one program runs twice, the second on the first's result
+    first = _rotate_half(x) * sin + y * cos
+    return _rotate_half(first) * sin + z * cos
+
+
+def test_a_group_reading_its_twin_is_not_paired_with_it():
+    g = torch.Generator().manual_seed(0)
+    x, y, z = (torch.randn(2, 5, 8, generator=g) for _ in range(3))
+    angles = torch.rand(5, 8, generator=g) * 6
+    args = (x, y, z, angles.cos(), angles.sin())
+    expected = eager(_chained, *args)
+    actual, report = run_fused(_chained, *args, options={"cudagraphs": False})
+    assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    assert len([g for g in report.groups if g.moves]) == 2 and _paired(report) == [], str(report)

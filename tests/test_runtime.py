@@ -415,6 +415,18 @@ def test_validation_passes_rounding_spread_and_rejects_real_errors():
     assert "expected torch.float32" in mismatch([logits], [logits.float()], "output")
 
 
+def test_validation_compares_complex_outputs():
+    z = torch.randn(4, 8, dtype=torch.complex64)
+    assert mismatch([z.clone()], [z], "output") is None
+    wrong = z.clone()
+    wrong[1] *= 1.5
+    assert "relative difference" in mismatch([wrong], [z], "output")
+    # through the runtime: a graph returning a complex tensor validates on its first call
+    cache = make(unfused=lambda x: (x * 2,), fused=lambda x: (x + x,))
+    cache(z)
+    assert cache.mode_for(z) == FUSION
+
+
 def test_capture_failures_walk_the_chain_to_eager_and_never_retry(monkeypatch):
     attempts = []
 

@@ -342,10 +342,10 @@ def row_kernel_pair(
     options: KernelOptions,
 ) -> tuple[torch.Tensor, ...]:
     """Run ``program`` over two sets of inputs in one launch; the outputs of the first set,
-    then those of the second. Sets of another rank or width than each other, or without
-    rows, get a launch each (same results)."""
+    then those of the second. Sets of another rank, width or device than each other, or
+    without rows, get a launch each (same results)."""
     a, b = _prepare(program, first), _prepare(program, second)
-    if not _pairable(a, b):
+    if not _pairable(a, b) or first[0].device != second[0].device:
         return (*row_kernel(program, first, options=options),
                 *row_kernel(program, second, options=options))  # fmt: skip
     _run(_plan(program, options, a, b), first[0].device)

@@ -8,8 +8,9 @@ captured graph). Here the second group's launch also runs the first's rows
 (``kernels.launch.row_kernel_pair``).
 
 Groups ``a`` (earlier) and ``b`` pair when their fused ops run the same program with the same
-options, their outputs have the same rank and last width, and ``a`` can wait until ``b``:
-every use of ``a``'s outputs comes after ``b``, and no node between them writes anything.
+options, their outputs have the same rank, last width and device, and ``a`` can wait until
+``b``: every use of ``a``'s outputs comes after ``b`` (not ``b`` itself), and no node between
+them writes anything.
 Each group pairs at most once, with the nearest earlier group that qualifies.
 """
 
@@ -63,7 +64,8 @@ def _same_kernel(a: torch.fx.Node, b: torch.fx.Node) -> bool:
     if not (isinstance(outs_a, tuple) and isinstance(outs_b, tuple) and outs_a and outs_b):
         return False
     shape_a, shape_b = outs_a[0].shape, outs_b[0].shape
-    return len(shape_a) == len(shape_b) and shape_a[-1] == shape_b[-1]
+    same_device = outs_a[0].device == outs_b[0].device  # one launch runs on one device
+    return same_device and len(shape_a) == len(shape_b) and shape_a[-1] == shape_b[-1]
 
 
 def _can_pair(a: torch.fx.Node, b: torch.fx.Node, position: dict[torch.fx.Node, int]) -> bool:
@@ -73,7 +75,8 @@ def _can_pair(a: torch.fx.Node, b: torch.fx.Node, position: dict[torch.fx.Node, 
     for item in a.users:  # the getitems of a's outputs
         if item.target is not operator.getitem:
             return False
-        if any(position[user] < end for user in item.users):
+        # b itself (at end) reading a's output is a use before b ran: no pair.
+        if any(position[user] <= end for user in item.users):
             return False
     node = a.next
     while node is not b:

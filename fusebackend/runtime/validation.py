@@ -85,8 +85,9 @@ def _float_mismatch(a: Tensor, e: Tensor, rtol: float, atol: float) -> str | Non
     # fp32 temporaries (fp64 for fp64): the bounds above are far above fp32's rounding.
     wide = torch.promote_types(e.dtype, torch.float32)
     rows = e.reshape(-1, e.shape[-1]) if e.dim() > 0 else e.reshape(1, 1)
-    diff = torch.where(finite, a.to(wide) - e.to(wide), 0).reshape(rows.shape).abs_()
-    ref = torch.where(finite, e, 0).to(wide).reshape(rows.shape).abs_()
+    # abs() out of place: complex tensors have no in-place abs (their magnitude is real)
+    diff = torch.where(finite, a.to(wide) - e.to(wide), 0).reshape(rows.shape).abs()
+    ref = torch.where(finite, e, 0).to(wide).reshape(rows.shape).abs()
     diff_norm, ref_norm = diff.norm().item(), ref.norm().item()
     if diff_norm > rtol * ref_norm + atol * diff.numel() ** 0.5:
         return f"relative difference {_ratio(diff_norm, ref_norm):.3g} (norm; up to {rtol:g})"
