@@ -29,7 +29,7 @@ from fusebackend.kernels import (
     triton_usable,
 )
 from fusebackend.kernels.launch import layout_for, precompile_all
-from fusebackend.passes.batching import batch_scalar_updates
+from fusebackend.passes.batching import batch_scalar_updates, batch_state_sums
 from fusebackend.passes.constants import fold_constants, fold_list_indices
 from fusebackend.passes.graph import example_value
 from fusebackend.passes.host_inputs import (
@@ -139,6 +139,7 @@ def infinifuse(
     constants = fold_constants(gm)
     fold_list_indices(gm)
     batched_updates = batch_scalar_updates(gm, static_address)
+    batched_updates += batch_state_sums(gm, static_address)
     mutated = mutated_placeholders(gm.graph)
     # Nothing is captured without CUDA graphs: the split would only add snapshot clones.
     split = split_host(gm, _on_host) if captures(config, device) else None

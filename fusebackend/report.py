@@ -55,7 +55,7 @@ class GraphReport:
     static_inputs: list[str] = dataclasses.field(default_factory=list)
     # Nodes built from Python values alone, computed once at compile time (passes/constants).
     constants: list[str] = dataclasses.field(default_factory=list)
-    # In-place scalar updates run as one foreach op (passes/batching).
+    # Per-layer state updates and sums run as foreach ops (passes/batching).
     batched_updates: list[str] = dataclasses.field(default_factory=list)
     # Nodes that run on the host at each call, before the captured device part.
     host_nodes: list[str] = dataclasses.field(default_factory=list)
@@ -125,7 +125,7 @@ class FusionReport:
                 lines.append(f"constants built once: {', '.join(graph.constants)}")
             if graph.batched_updates:
                 names = ", ".join(graph.batched_updates)
-                lines.append(f"in-place updates batched into foreach ops: {names}")
+                lines.append(f"batched into foreach ops: {names}")
             if graph.host_nodes:
                 lines.append(f"run on the host each call: {', '.join(graph.host_nodes)}")
         return "\n".join(lines)

@@ -440,6 +440,58 @@ def test_batched_updates_are_reported_and_exactly_once_through_the_backend():
     assert "batched into foreach ops" in str(fusebackend.last_report())
 
 
+def _positions_per_layer(x, c0, c1, c2):
+    out = x
+    for c in (c0, c1, c2):  # StaticCache: each layer reads its counter, then advances it
+        position = torch.arange(1) + c
+        out = out * 2 + position
+        c.add_(1)
+    return out
+
+
+def _sum_after_a_write(x, c0, c1):
+    p0 = torch.arange(1) + c0
+    c1.mul_(2)  # p1 reads c1 after this write: it keeps its place
+    p1 = torch.arange(1) + c1
+    return x + p0 + p1
+
+
+def _fused_graph_of_last_compile(monkeypatch):
+    graphs = []
+    real = fusebackend.backend.batch_state_sums
+
+    def keep(gm, static_address):
+        names = real(gm, static_address)
+        graphs.append(gm)
+        return names
+
+    monkeypatch.setattr(fusebackend.backend, "batch_state_sums", keep)
+    return graphs
+
+
+@pytest.mark.parametrize("case", ["layers", "write between"])
+def test_sums_of_state_batch_into_one_foreach_and_keep_values(monkeypatch, case):
+    fn, n = (_positions_per_layer, 3) if case == "layers" else (_sum_after_a_write, 2)
+    counters = [torch.tensor(4 + k) for k in range(n)]
+    for c in counters:
+        torch._dynamo.mark_static_address(c)
+    graphs = _fused_graph_of_last_compile(monkeypatch)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="infinifuse")
+    x, eager_counters = torch.randn(3), [c.clone() for c in counters]
+    for _ in range(3):
+        assert_close(compiled(x, *counters), fn(x, *eager_counters))
+        assert counters == eager_counters
+    (gm,) = graphs
+    foreach = [node for node in gm.graph.nodes if node.target is torch._foreach_add]
+    if case == "layers":
+        assert len(foreach) == 1 and len(foreach[0].args[0]) == 3
+        batched = fusebackend.last_report().graphs[-1].batched_updates
+        assert sum(name.startswith("position") for name in batched) == 3, batched
+    else:
+        assert foreach == []  # one sum before the write, one after: nothing to batch
+
+
 def _update_then_read_other(c0, c1, d, x):
     c0.add_(1)
     y = x + c1

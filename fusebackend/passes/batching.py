@@ -1,4 +1,4 @@
-"""Independent in-place updates of many small tensors, batched into one foreach op.
+"""Independent small ops on many state tensors, batched into one foreach op each.
 
 transformers' StaticCache keeps a position counter per layer, and each layer's attention
 advances its own (``cumulative_length.add_(1)``): 22 one-element kernels in a 22-layer
@@ -16,12 +16,20 @@ its counters so): the aliasing this pass sees is Dynamo's, from the traced call,
 call could pass two views of one buffer as separate inputs without a recompile, where a
 moved update would be read late. A cache's own state is not handed in as a view of another
 input.
+
+The same layers also read their counter first: ``cache_position = arange + counter`` (a
+folded constant plus the counter), another one-element kernel per layer. Such sums of
+constants and marked state, of one dtype, device and shape, become one ``torch._foreach_add``
+at the first of them (``batch_state_sums``), when nothing between it and each sum writes
+their operands. Each operand is viewed at the sum's shape (a 0-d counter as ``[1]``), since
+the multi-tensor kernel takes lists of equal shapes.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import operator
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -29,9 +37,9 @@ import torch
 import torch.fx
 
 from fusebackend.passes.fx_util import example_value
-from fusebackend.passes.mutations import storage_id
+from fusebackend.passes.mutations import storage_id, written_args
 
-__all__ = ["batch_scalar_updates"]
+__all__ = ["batch_scalar_updates", "batch_state_sums"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +78,96 @@ def batch_scalar_updates(
         gm.recompile()
         log.info("batched %d in-place scalar update(s) into foreach ops", len(batched))
     return batched
+
+
+def batch_state_sums(
+    gm: torch.fx.GraphModule, static_address: Sequence[torch.fx.Node]
+) -> list[str]:
+    """Rewrite ``gm`` in place; return the names of the sums folded into foreach ops."""
+    nodes = list(gm.graph.nodes)
+    storages = {n: storage_id(example_value(n)) for n in nodes}
+    state = set(static_address)
+    batches: dict[tuple, list[torch.fx.Node]] = defaultdict(list)
+    for node in nodes:
+        key = _sum_key(node, state)
+        if key is not None:
+            batches[key].append(node)
+    batched: list[str] = []
+    for sums in batches.values():
+        sums = _unwritten_since_first(sums, nodes, storages)
+        if len(sums) < 2:
+            continue
+        shape = list(example_value(sums[0]).shape)
+        graph = gm.graph
+        for s in sums[1:]:  # a constant read later moves up (a get_attr has no inputs)
+            for arg in s.args:
+                if arg.op == "get_attr":
+                    sums[0].prepend(arg)
+        with graph.inserting_before(sums[0]):
+            lists = [[graph.call_method("reshape", (s.args[k], shape)) for s in sums]
+                     for k in (0, 1)]  # fmt: skip
+            for operand_list, k in zip(lists, (0, 1), strict=True):
+                for view, s in zip(operand_list, sums, strict=True):
+                    view.meta["example_value"] = example_value(s.args[k]).reshape(shape)
+            foreach = graph.call_function(torch._foreach_add, tuple(lists))
+            foreach.meta["example_value"] = [example_value(s) for s in sums]
+            items = []
+            for i, s in enumerate(sums):
+                item = graph.call_function(operator.getitem, (foreach, i))
+                item.meta.update(s.meta)
+                items.append(item)
+        for s, item in zip(sums, items, strict=True):
+            s.replace_all_uses_with(item)
+            batched.append(s.name)
+            graph.erase_node(s)
+    if batched:
+        gm.recompile()
+        log.info("batched %d sum(s) of state into foreach ops", len(batched))
+    return batched
+
+
+def _sum_key(node: torch.fx.Node, state: set[torch.fx.Node]) -> tuple | None:
+    """(dtype, device, shape) of ``a + b`` where a and b are constants or marked state of
+    that dtype, each with the sum's number of elements; else None."""
+    if node.op != "call_function" or node.target not in (operator.add, torch.add):
+        return None
+    if node.kwargs or len(node.args) != 2:
+        return None
+    out = example_value(node)
+    if not isinstance(out, torch.Tensor) or not _concrete(out):
+        return None
+    for arg in node.args:
+        value = example_value(arg) if isinstance(arg, torch.fx.Node) else None
+        if not (isinstance(arg, torch.fx.Node) and (arg.op == "get_attr" or arg in state)):
+            return None
+        if not isinstance(value, torch.Tensor) or not _concrete(value):
+            return None
+        if (value.dtype, value.device, value.numel()) != (out.dtype, out.device, out.numel()):
+            return None
+    return (out.dtype, out.device, tuple(out.shape))
+
+
+def _concrete(value: torch.Tensor) -> bool:
+    return all(isinstance(n, int) for n in value.shape)
+
+
+def _unwritten_since_first(
+    sums: list[torch.fx.Node], nodes: list[torch.fx.Node], storages: dict
+) -> list[torch.fx.Node]:
+    """The sums that can run at the first one's place: nothing from there to them writes
+    their operands' storage (a sum behind such a write keeps its place)."""
+    if len(sums) < 2:
+        return sums
+    start = nodes.index(sums[0])
+    written: set = set()
+    kept, members = [], set(sums)
+    for node in nodes[start:]:
+        if node in members:
+            reads = {storages.get(a) for a in node.args}
+            if None not in reads and not reads & written:
+                kept.append(node)
+        written.update(storages.get(target) for target in written_args(node))
+    return kept
 
 
 def _batch_key(node: torch.fx.Node) -> tuple | None:
