@@ -139,7 +139,7 @@ def infinifuse(
     constants = fold_constants(gm)
     fold_list_indices(gm)
     batched_updates = batch_scalar_updates(gm, static_address)
-    batched_updates += batch_state_sums(gm, static_address)
+    batched_updates += batch_state_sums(gm, static_address, device or torch.device("cpu"))
     mutated = mutated_placeholders(gm.graph)
     # Nothing is captured without CUDA graphs: the split would only add snapshot clones.
     split = split_host(gm, _on_host) if captures(config, device) else None

@@ -18,8 +18,8 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 import fusebackend
-from fusebackend.passes.batching import batch_scalar_updates
-from fusebackend.passes.constants import fold_list_indices
+from fusebackend.passes.batching import batch_scalar_updates, batch_state_sums
+from fusebackend.passes.constants import fold_constants, fold_list_indices
 from fusebackend.passes.graph import example_value, is_mutation
 from fusebackend.passes.mutations import mutated_placeholders, written_args
 from tests.helpers import assert_close, rand_ids, rand_table
@@ -460,8 +460,8 @@ def _fused_graph_of_last_compile(monkeypatch):
     graphs = []
     real = fusebackend.backend.batch_state_sums
 
-    def keep(gm, static_address):
-        names = real(gm, static_address)
+    def keep(gm, static_address, device):
+        names = real(gm, static_address, device)
         graphs.append(gm)
         return names
 
@@ -469,9 +469,22 @@ def _fused_graph_of_last_compile(monkeypatch):
     return graphs
 
 
-@pytest.mark.parametrize("case", ["layers", "write between"])
+def _constant_read_before_the_sums(x, c0, c1):
+    position = torch.arange(1)
+    y = x + position  # an earlier reader of the constant the sums share (review)
+    return y, position + c0, position + c1
+
+
+CASES = {
+    "layers": (_positions_per_layer, 3, 1),
+    "write between": (_sum_after_a_write, 2, 0),
+    "constant read earlier": (_constant_read_before_the_sums, 2, 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_sums_of_state_batch_into_one_foreach_and_keep_values(monkeypatch, case):
-    fn, n = (_positions_per_layer, 3) if case == "layers" else (_sum_after_a_write, 2)
+    fn, n, foreach_ops = CASES[case]
     counters = [torch.tensor(4 + k) for k in range(n)]
     for c in counters:
         torch._dynamo.mark_static_address(c)
@@ -484,12 +497,21 @@ def test_sums_of_state_batch_into_one_foreach_and_keep_values(monkeypatch, case)
         assert counters == eager_counters
     (gm,) = graphs
     foreach = [node for node in gm.graph.nodes if node.target is torch._foreach_add]
+    assert len(foreach) == foreach_ops  # "write between": one sum on each side, no batch
     if case == "layers":
-        assert len(foreach) == 1 and len(foreach[0].args[0]) == 3
+        assert len(foreach[0].args[0]) == 3
         batched = fusebackend.last_report().graphs[-1].batched_updates
         assert sum(name.startswith("position") for name in batched) == 3, batched
-    else:
-        assert foreach == []  # one sum before the write, one after: nothing to batch
+
+
+def test_sums_on_the_cpu_beside_cuda_work_stay_host_work():
+    # a CPU counter of a CUDA graph is host work (split_host); a batched foreach would land
+    # in the captured part (review)
+    counters = [torch.tensor(4), torch.tensor(5), torch.tensor(6)]
+    gm = _dynamo_graph(_positions_per_layer, torch.randn(3), *counters)
+    fold_constants(gm)  # the aranges become get_attr constants, as in the backend
+    assert batch_state_sums(gm, _placeholders(gm), torch.device("cuda", 0)) == []
+    assert len(batch_state_sums(gm, _placeholders(gm), torch.device("cpu"))) == 3
 
 
 def _update_then_read_other(c0, c1, d, x):

@@ -355,29 +355,34 @@ def row_kernel_pair(
 def precompile_all(jobs: Sequence[tuple[Any, ...]], threads: int = 8) -> int:
     """``precompile(*job)`` for every job, compiling the distinct kernels concurrently
     (Triton's ``AsyncCompileMode`` over a thread pool: the compiler's passes and ptxas run
-    outside the GIL). Returns the number of jobs that failed to warm up; their kernels
-    compile at their first launch, where an error is raised and handled as before.
+    outside the GIL). Returns the number of jobs that failed to warm up or to compile; their
+    kernels compile at their first launch, where an error is raised and handled as before.
     """
     try:
-        from triton.runtime._async_compile import AsyncCompileMode
+        from triton.runtime import _async_compile
     except ImportError:  # an older Triton: compile at first launch, one by one
         return 0
-    failed = 0
-    try:
-        with (
-            concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool,
-            AsyncCompileMode(pool, ignore_errors=True),
-        ):
-            for job in jobs:
-                try:
-                    precompile(*job)
-                except Exception as exc:  # the launch compiles it and raises there
-                    failed += 1
-                    log.info("precompile failed (%s); the kernel compiles at its launch", exc)
-    except RuntimeError as exc:  # "Another AsyncCompileMode is already active"
-        log.info("no concurrent precompile (%s); kernels compile at their launches", exc)
+    if _async_compile.active_mode.get() is not None:
+        log.info("another AsyncCompileMode is active; kernels compile at their launches")
         return len(jobs)
-    return failed
+    failed, mode = 0, None
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
+            mode = _async_compile.AsyncCompileMode(pool, ignore_errors=True)
+            with mode:
+                for job in jobs:
+                    try:
+                        precompile(*job)
+                    except Exception as exc:  # the launch compiles it and raises there
+                        failed += 1
+                        log.info("precompile failed (%s); it compiles at its launch", exc)
+    finally:
+        # The mode switches itself off only after waiting on every compile: an interrupt
+        # during that wait would leave it on for this thread, and every later Triton
+        # compile here (anyone's) would go to the shut-down pool.
+        if mode is not None and _async_compile.active_mode.get() is mode:
+            _async_compile.active_mode.set(None)
+    return failed + sum(1 for f in mode.raw_futures if f.exception() is not None)
 
 
 def _pairable(a: _Launch, b: _Launch) -> bool:
@@ -394,13 +399,17 @@ def precompile(
     (``JITFunction.warmup``), so that a caller can compile several kernels at once (under
     Triton's ``AsyncCompileMode``) instead of one by one at their first launches.
 
-    ``inputs`` need only shapes, strides and dtypes (Dynamo's fake tensors): the warm-up
-    sees each tensor as its dtype, a 16-byte aligned pointer, as fresh allocations are.
+    ``inputs`` need only shapes, strides, offsets and dtypes (Dynamo's fake tensors): the
+    warm-up sees each tensor as its dtype at the address of its offset, as if every base
+    were 16-byte aligned (fresh allocations are).
     ``split``: the inputs are a pair's, the first ``split`` of them the first set's. A
     group without rows, or a pair that launches twice, is compiled at its launch.
     """
     meta = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
             for t in inputs]  # fmt: skip
+    # Triton specialises pointers on 16-byte alignment: an input that is a view at an offset
+    # (x[..., 1:]) is warmed up as the launch will see it (assuming 16-byte aligned bases).
+    offsets = {id(m): t.storage_offset() * t.element_size() for m, t in zip(meta, inputs)}
     if split is None:
         a, b = _prepare(program, meta), None
     else:
@@ -410,7 +419,20 @@ def precompile(
     if not a.args:
         return
     plan = _plan(program, options, a, b)
-    args = [x.dtype if isinstance(x, torch.Tensor) else x for x in plan.args]
+    from triton.runtime.jit import MockTensor
+
+    class Pointer(MockTensor):
+        """A tensor as the warm-up sees it: a dtype and an address (its offset)."""
+
+        def __init__(self, dtype: torch.dtype, address: int) -> None:
+            super().__init__(dtype)
+            self.address = address
+
+        def data_ptr(self) -> int:  # type: ignore[override]
+            return self.address
+
+    args = [Pointer(x.dtype, offsets.get(id(x), 0)) if isinstance(x, torch.Tensor) else x
+            for x in plan.args]  # fmt: skip
     device = inputs[0].device
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         plan.kernel.warmup(*args, grid=plan.grid, **plan.meta)

@@ -81,16 +81,22 @@ def batch_scalar_updates(
 
 
 def batch_state_sums(
-    gm: torch.fx.GraphModule, static_address: Sequence[torch.fx.Node]
+    gm: torch.fx.GraphModule,
+    static_address: Sequence[torch.fx.Node],
+    device: torch.device | None,
 ) -> list[str]:
-    """Rewrite ``gm`` in place; return the names of the sums folded into foreach ops."""
+    """Rewrite ``gm`` in place; return the names of the sums folded into foreach ops.
+
+    Only sums on the graph's ``device``: CPU sums beside CUDA work are host work, which the
+    host/device split keeps out of the captured part (a list-valued foreach would not be).
+    """
     nodes = list(gm.graph.nodes)
     storages = {n: storage_id(example_value(n)) for n in nodes}
     state = set(static_address)
     batches: dict[tuple, list[torch.fx.Node]] = defaultdict(list)
     for node in nodes:
         key = _sum_key(node, state)
-        if key is not None:
+        if key is not None and key[1] == device:
             batches[key].append(node)
     batched: list[str] = []
     for sums in batches.values():
@@ -99,9 +105,10 @@ def batch_state_sums(
             continue
         shape = list(example_value(sums[0]).shape)
         graph = gm.graph
-        for s in sums[1:]:  # a constant read later moves up (a get_attr has no inputs)
+        position = {n: i for i, n in enumerate(graph.nodes)}
+        for s in sums[1:]:  # a constant defined later moves up (a get_attr has no inputs)
             for arg in s.args:
-                if arg.op == "get_attr":
+                if arg.op == "get_attr" and position[arg] > position[sums[0]]:
                     sums[0].prepend(arg)
         with graph.inserting_before(sums[0]):
             lists = [[graph.call_method("reshape", (s.args[k], shape)) for s in sums]
