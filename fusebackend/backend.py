@@ -29,6 +29,7 @@ from fusebackend.kernels import (
     triton_usable,
 )
 from fusebackend.kernels.launch import layout_for, precompile_all
+from fusebackend.passes.attention import pack_grouped_queries
 from fusebackend.passes.batching import batch_scalar_updates, batch_state_sums
 from fusebackend.passes.constants import fold_constants, fold_list_indices
 from fusebackend.passes.graph import example_value
@@ -140,6 +141,7 @@ def infinifuse(
     fold_list_indices(gm)
     batched_updates = batch_scalar_updates(gm, static_address)
     batched_updates += batch_state_sums(gm, static_address, device or torch.device("cpu"))
+    packed_attention = pack_grouped_queries(gm)
     mutated = mutated_placeholders(gm.graph)
     # Nothing is captured without CUDA graphs: the split would only add snapshot clones.
     split = split_host(gm, _on_host) if captures(config, device) else None
@@ -192,6 +194,7 @@ def infinifuse(
         static_inputs=in_place,
         constants=constants,
         batched_updates=batched_updates,
+        packed_attention=packed_attention,
         host_nodes=split.nodes if split is not None else [],
     )
     record(report)

@@ -57,6 +57,8 @@ class GraphReport:
     constants: list[str] = dataclasses.field(default_factory=list)
     # Per-layer state updates and sums run as foreach ops (passes/batching).
     batched_updates: list[str] = dataclasses.field(default_factory=list)
+    # Grouped-query attention calls that read K/V unrepeated (passes/attention).
+    packed_attention: list[str] = dataclasses.field(default_factory=list)
     # Nodes that run on the host at each call, before the captured device part.
     host_nodes: list[str] = dataclasses.field(default_factory=list)
 
@@ -126,6 +128,9 @@ class FusionReport:
             if graph.batched_updates:
                 names = ", ".join(graph.batched_updates)
                 lines.append(f"batched into foreach ops: {names}")
+            if graph.packed_attention:
+                names = ", ".join(graph.packed_attention)
+                lines.append(f"attention without repeated K/V: {names}")
             if graph.host_nodes:
                 lines.append(f"run on the host each call: {', '.join(graph.host_nodes)}")
         return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""Grouped-query attention without repeating K and V: query heads that share a K/V head
+become query rows of that head.
+
+transformers' SDPA attention repeats each K/V head ``n_rep`` times (``repeat_kv``: an expand
+and a reshape, which copies) whenever it passes a mask, because SDPA's ``enable_gqa`` would
+send masked attention to its math path. In a StaticCache decode step that copies the whole
+cache twice per layer: TinyLlama (32 query heads, 4 K/V heads, 22 layers) launches 44 copy
+kernels per token, about 740 MB written at 4096 cache slots (found on its graph, 2026-11-23),
+and SDPA then reads the 8 copies of every head.
+
+Attention is computed for each (batch, head, query row) on its own, so the ``n_rep`` query
+heads of one K/V head may as well be ``n_rep * T`` query rows of it:
+
+    q    [B, H, T, D]  -> [B, Hkv, n_rep * T, D]   (head h = hkv * n_rep + r, repeat_kv's order)
+    mask [M, 1, T, S]  -> [M, 1, n_rep * T, S]     (row r * T + t is row t)
+    out  [B, Hkv, n_rep * T, D] -> [B, H, T, D]
+
+Every row is the same sum over the same keys as before; K and V are read once per K/V head
+and never copied. Applied to an SDPA call with no dropout, ``is_causal=False`` and no
+``enable_gqa``, whose mask (if any) has one head, and whose K and V are repeat_kv of two
+tensors ``[B, Hkv, S, D]`` with one ``n_rep``, all sizes static.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+from fusebackend.passes.fx_util import example_value
+
+__all__ = ["pack_grouped_queries"]
+
+log = logging.getLogger(__name__)
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False): ...  # fmt: skip
+
+
+_SDPA = inspect.signature(_sdpa)
+_NEW_AXIS = (slice(None), slice(None), None, slice(None), slice(None))
+
+
+def pack_grouped_queries(gm: torch.fx.GraphModule) -> list[str]:
+    """Rewrite ``gm`` in place; return the names of the SDPA calls rewritten."""
+    packed = []
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is F.scaled_dot_product_attention:
+            if _pack(gm.graph, node):
+                packed.append(node.name)
+    if packed:
+        gm.graph.lint()
+        gm.recompile()
+        log.info("attention without repeated K/V: %s", ", ".join(packed))
+    return packed
+
+
+def _pack(graph: torch.fx.Graph, sdpa: torch.fx.Node) -> bool:
+    try:
+        bound = _SDPA.bind(*sdpa.args, **sdpa.kwargs)
+    except TypeError:
+        return False
+    bound.apply_defaults()
+    a = bound.arguments
+    if a["dropout_p"] != 0.0 or a["is_causal"] is not False or a["enable_gqa"] is not False:
+        return False
+    query, mask = a["query"], a["attn_mask"]
+    keys, values = _repeated(a["key"]), _repeated(a["value"])
+    if keys is None or values is None or keys[1] != values[1]:
+        return False
+    (key_source, n_rep), (value_source, _) = keys, values
+    q = example_value(query)
+    if not _static_tensor(q) or q.dim() != 4 or n_rep < 2:
+        return False
+    batch, heads, rows, width = q.shape
+    if heads % n_rep:
+        return False
+    kv_heads = heads // n_rep
+    m = example_value(mask) if isinstance(mask, torch.fx.Node) else None
+    if mask is not None and not (_static_tensor(m) and m.dim() == 4 and m.shape[1] == 1
+                                 and m.shape[2] == rows):  # fmt: skip
+        return False
+    with graph.inserting_before(sdpa):
+        packed_q = _call(graph, "reshape", query, (batch, kv_heads, n_rep * rows, width))
+        packed_mask = None
+        if mask is not None:
+            if rows == 1:  # a view: the one mask row serves every packed query row
+                shape = (m.shape[0], 1, n_rep, m.shape[3])
+                packed_mask = _call(graph, "expand", mask, shape)
+            else:
+                packed_mask = _call(graph, "repeat", mask, (1, 1, n_rep, 1))
+        out = graph.call_function(
+            F.scaled_dot_product_attention,
+            (packed_q, key_source, value_source),
+            {"attn_mask": packed_mask, "dropout_p": 0.0, "is_causal": False,
+             "scale": a["scale"]},
+        )  # fmt: skip
+        original = example_value(sdpa)
+        out.meta["example_value"] = original.reshape(batch, kv_heads, n_rep * rows, width)
+        result = _call(graph, "reshape", out, tuple(original.shape))
+    sdpa.replace_all_uses_with(result)
+    graph.erase_node(sdpa)
+    for repeated in (a["key"], a["value"]):
+        _erase_unused_chain(graph, repeated)
+    return True
+
+
+def _call(graph: torch.fx.Graph, method: str, node: torch.fx.Node, sizes: tuple) -> Any:
+    call = graph.call_method(method, (node, *sizes))
+    call.meta["example_value"] = getattr(example_value(node), method)(*sizes)
+    return call
+
+
+def _repeated(node: Any) -> tuple[torch.fx.Node, int] | None:
+    """(source, n_rep) when ``node`` is repeat_kv of ``source``: ``source[:, :, None]`` (or
+    ``unsqueeze(2)``), expanded to ``[B, Hkv, n_rep, S, D]``, reshaped to ``[B, Hkv*n_rep,
+    S, D]``; else None."""
+    if not (isinstance(node, torch.fx.Node) and _method(node, "reshape")):
+        return None
+    expand = node.args[0]
+    if not (isinstance(expand, torch.fx.Node) and _method(expand, "expand")):
+        return None
+    new_axis = expand.args[0]
+    if not isinstance(new_axis, torch.fx.Node):
+        return None
+    if new_axis.op == "call_function" and new_axis.target is operator.getitem:
+        if tuple(new_axis.args[1]) != _NEW_AXIS:
+            return None
+    elif not (_method(new_axis, "unsqueeze") and tuple(new_axis.args[1:]) == (2,)):
+        return None
+    source = new_axis.args[0]
+    src, expanded, out = (example_value(n) for n in (source, expand, node))
+    if not all(_static_tensor(v) for v in (src, expanded, out)) or src.dim() != 4:
+        return None
+    b, kv_heads, length, width = src.shape
+    n_rep = expanded.shape[2]
+    if tuple(expanded.shape) != (b, kv_heads, n_rep, length, width):
+        return None
+    if tuple(out.shape) != (b, kv_heads * n_rep, length, width):
+        return None
+    return source, n_rep
+
+
+def _method(node: torch.fx.Node, name: str) -> bool:
+    return node.op == "call_method" and node.target == name
+
+
+def _static_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and all(isinstance(n, int) for n in value.shape)
+
+
+def _erase_unused_chain(graph: torch.fx.Graph, reshape: torch.fx.Node) -> None:
+    """Erase a repeat's reshape, expand and new axis once nothing reads them (its source
+    stays: the cache itself)."""
+    node = reshape
+    for _ in range(3):
+        if node.users:
+            return
+        source = node.args[0]
+        graph.erase_node(node)
+        node = source

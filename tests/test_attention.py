@@ -1,0 +1,128 @@
+"""Grouped-query attention reads K and V unrepeated (passes/attention.py): transformers'
+repeat_kv + SDPA becomes SDPA over packed query rows, equal to eager; calls it cannot
+rewrite (causal, a mask per head, dropout) are left as they are."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import FLOAT_DTYPES, assert_close, eager
+
+import fusebackend
+
+transformers = pytest.importorskip("transformers")
+
+
+def repeat_kv(x, n_rep):  # transformers' spelling
+    b, kv_heads, length, width = x.shape
+    x = x[:, :, None, :, :].expand(b, kv_heads, n_rep, length, width)
+    return x.reshape(b, kv_heads * n_rep, length, width)
+
+
+def _attention(q, k, v, mask):
+    n_rep = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(
+        q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask=mask, dropout_p=0.0, scale=0.3
+    )
+
+
+def _causal(q, k, v, mask):
+    n_rep = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep),
+                                          is_causal=True)  # fmt: skip
+
+
+def _inputs(dtype, rows, mask_kind, heads=6, kv_heads=2, length=9, g=None):
+    g = g or torch.Generator().manual_seed(rows)
+    q = torch.randn(2, heads, rows, 16, generator=g).to(dtype)
+    k = torch.randn(2, kv_heads, length, 16, generator=g).to(dtype)
+    v = torch.randn(2, kv_heads, length, 16, generator=g).to(dtype)
+    allowed = torch.ones(2, 1, rows, length, dtype=torch.bool)
+    allowed[1, :, :, :3] = False  # left padding in the second sequence
+    for t in range(rows):  # and causal rows, each different: packing must keep row order
+        allowed[:, :, t, length - rows + t + 1 :] = False
+    if mask_kind == "bool":
+        mask = allowed
+    elif mask_kind == "float":
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, float("-inf"))
+    else:
+        mask = None
+    return q, k, v, mask
+
+
+def _compiled(fn, *args):
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="infinifuse", options={"cudagraphs": False})
+    with torch.no_grad():
+        out = compiled(*args)
+    return out, fusebackend.last_report().graphs[-1]
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float", "none"])
+@pytest.mark.parametrize("rows", [1, 3], ids=["decode", "prefill"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_grouped_queries_read_kv_unrepeated_and_equal_eager(dtype, rows, mask_kind):
+    args = _inputs(dtype, rows, mask_kind)
+    expected = eager(_attention, *args)
+    actual, graph = _compiled(_attention, *args)
+    assert_close(actual, expected)
+    assert len(graph.packed_attention) == 1, graph.packed_attention
+
+
+def test_causal_or_per_head_masks_are_left_alone():
+    q, k, v, _ = _inputs(torch.float32, 3, "none", length=3)
+    actual, graph = _compiled(_causal, q, k, v, None)
+    assert_close(actual, eager(_causal, q, k, v, None))
+    assert graph.packed_attention == []
+    q, k, v, mask = _inputs(torch.float32, 3, "bool")
+    per_head = mask.expand(2, 6, 3, 9).clone()
+    per_head[0, 4] = False
+    per_head[0, 4, :, 0] = True  # head 4 of the first sequence sees one key only
+    actual, graph = _compiled(_attention, q, k, v, per_head)
+    assert_close(actual, eager(_attention, q, k, v, per_head))
+    assert graph.packed_attention == []
+
+
+def test_llama_decode_attention_reads_the_static_cache_unrepeated():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval()
+    cache = transformers.StaticCache(config=config, max_cache_len=32)
+    ids = torch.randint(0, 97, (1, 5))
+    mask = torch.ones(1, 5, dtype=torch.long)
+    compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": False})
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, past_key_values=cache)  # eager prefill
+        eager_cache = transformers.StaticCache(config=config, max_cache_len=32)
+        model(input_ids=ids, attention_mask=mask, past_key_values=eager_cache)
+        token = torch.randint(0, 97, (1, 1))
+        mask = torch.ones(1, 6, dtype=torch.long)
+        got = compiled(input_ids=token, attention_mask=mask, past_key_values=cache).logits
+        want = model(input_ids=token, attention_mask=mask, past_key_values=eager_cache).logits
+    assert_close(got, want, rtol=1e-4, atol=1e-4)
+    graph = fusebackend.last_report().graphs[-1]
+    assert len(graph.packed_attention) == config.num_hidden_layers, str(graph.packed_attention)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("rows", [1, 17], ids=["decode", "prefill"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_grouped_queries_on_the_gpu_in_a_cuda_graph(dtype, rows):
+    # TinyLlama's grouping: 32 query heads over 4 K/V heads, 64 wide, a 176-slot cache
+    args = [t.cuda() for t in _inputs(dtype, rows, "bool", heads=32, kv_heads=4, length=176)]
+    expected = eager(_attention, *args)
+    torch._dynamo.reset()
+    compiled = torch.compile(_attention, backend="infinifuse")
+    with torch.no_grad():
+        for _ in range(3):  # capture, then replays
+            actual = compiled(*args)
+    assert_close(actual, expected)
+    graph = fusebackend.last_report().graphs[-1]
+    assert len(graph.packed_attention) == 1
+    modes = [e["mode"] for e in graph.runtime_modes()]
+    assert modes and "eager" not in modes, modes  # captured in a CUDA graph
