@@ -67,7 +67,8 @@ def test_grouped_queries_read_kv_unrepeated_and_equal_eager(dtype, rows, mask_ki
     expected = eager(_attention, *args)
     actual, graph = _compiled(_attention, *args)
     assert_close(actual, expected)
-    assert len(graph.packed_attention) == 1, graph.packed_attention
+    # decode only: a prefill's output is laid out [B, T, H, D], which packing would not keep
+    assert len(graph.packed_attention) == (1 if rows == 1 else 0), graph.packed_attention
 
 
 def test_causal_or_per_head_masks_are_left_alone():
@@ -81,6 +82,52 @@ def test_causal_or_per_head_masks_are_left_alone():
     per_head[0, 4, :, 0] = True  # head 4 of the first sequence sees one key only
     actual, graph = _compiled(_attention, q, k, v, per_head)
     assert_close(actual, eager(_attention, q, k, v, per_head))
+    assert graph.packed_attention == []
+
+
+def _cache_written_after_the_repeat(q, k, v, new_k, position):
+    kr, vr = repeat_kv(k, 3), repeat_kv(v, 3)  # copies of the cache, taken here
+    k.index_copy_(2, position, new_k)  # a write that the attention must not see
+    return F.scaled_dot_product_attention(q, kr, vr)
+
+
+def _values_wider_than_keys(q, k, v, mask):
+    return _attention(q, k, torch.cat([v, v], dim=-1), mask)
+
+
+def _one_tensor_for_keys_and_values(q, k, v, mask):
+    kr = repeat_kv(k, 3)
+    return F.scaled_dot_product_attention(q, kr, kr, attn_mask=mask)
+
+
+def _repeat_of_an_indexed_tensor(q, k, v, mask):
+    kv = torch.stack([k, v])
+    k_rep = kv[0][:, :, None].expand(2, 2, 3, 9, 16).reshape(2, 6, 9, 16)
+    return F.scaled_dot_product_attention(q, k_rep, kv[1].repeat_interleave(3, dim=1))
+
+
+@pytest.mark.parametrize(
+    ("fn", "packed"),
+    [
+        (_values_wider_than_keys, 0),
+        (_one_tensor_for_keys_and_values, 1),
+        (_repeat_of_an_indexed_tensor, 0),
+    ],  # fmt: skip
+    ids=["wider values", "K is V", "indexed source"],
+)
+def test_other_spellings_compile_and_equal_eager(fn, packed):
+    args = _inputs(torch.float32, 1, "bool")
+    actual, graph = _compiled(fn, *args)
+    assert_close(actual, eager(fn, *args))
+    assert len(graph.packed_attention) == packed, graph.packed_attention
+
+
+def test_a_cache_written_after_its_repeat_is_not_packed():
+    q, k, v, _ = _inputs(torch.float32, 1, "none")
+    new_k, position = torch.randn(2, 2, 1, 16), torch.tensor([4])
+    expected = eager(_cache_written_after_the_repeat, q, k.clone(), v, new_k, position)
+    actual, graph = _compiled(_cache_written_after_the_repeat, q, k.clone(), v, new_k, position)
+    assert_close(actual, expected)
     assert graph.packed_attention == []
 
 
@@ -123,6 +170,6 @@ def test_grouped_queries_on_the_gpu_in_a_cuda_graph(dtype, rows):
             actual = compiled(*args)
     assert_close(actual, expected)
     graph = fusebackend.last_report().graphs[-1]
-    assert len(graph.packed_attention) == 1
+    assert len(graph.packed_attention) == (1 if rows == 1 else 0)
     modes = [e["mode"] for e in graph.runtime_modes()]
     assert modes and "eager" not in modes, modes  # captured in a CUDA graph

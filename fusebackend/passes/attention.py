@@ -8,17 +8,20 @@ cache twice per layer: TinyLlama (32 query heads, 4 K/V heads, 22 layers) launch
 kernels per token, about 740 MB written at 4096 cache slots (found on its graph, 2026-11-23),
 and SDPA then reads the 8 copies of every head.
 
-Attention is computed for each (batch, head, query row) on its own, so the ``n_rep`` query
-heads of one K/V head may as well be ``n_rep * T`` query rows of it:
+Attention is computed for each (batch, head, query row) on its own, so in a decode step
+(one query row) the ``n_rep`` query heads of one K/V head may as well be ``n_rep`` query
+rows of it:
 
-    q    [B, H, T, D]  -> [B, Hkv, n_rep * T, D]   (head h = hkv * n_rep + r, repeat_kv's order)
-    mask [M, 1, T, S]  -> [M, 1, n_rep * T, S]     (row r * T + t is row t)
-    out  [B, Hkv, n_rep * T, D] -> [B, H, T, D]
+    q    [B, H, 1, D]  -> [B, Hkv, n_rep, D]   (head h = hkv * n_rep + r, repeat_kv's order)
+    mask [M, 1, 1, S]  -> [M, 1, n_rep, S]     (expanded: every row is the one mask row)
+    out  [B, Hkv, n_rep, D] -> [B, H, 1, D]
 
 Every row is the same sum over the same keys as before; K and V are read once per K/V head
 and never copied. Applied to an SDPA call with no dropout, ``is_causal=False`` and no
-``enable_gqa``, whose mask (if any) has one head, and whose K and V are repeat_kv of two
-tensors ``[B, Hkv, S, D]`` with one ``n_rep``, all sizes static.
+``enable_gqa``, whose mask (if any) has one head, whose K and V are repeat_kv of two
+tensors ``[B, Hkv, S, D]`` with one ``n_rep`` that nothing writes between the repeat and
+the call, with one query row and an output of the queries' shape, contiguous, all sizes
+static.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import torch.fx
 import torch.nn.functional as F
 
 from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.mutations import storage_id, written_storages
 
 __all__ = ["pack_grouped_queries"]
 
@@ -75,12 +79,25 @@ def _pack(graph: torch.fx.Graph, sdpa: torch.fx.Node) -> bool:
     if keys is None or values is None or keys[1] != values[1]:
         return False
     (key_source, n_rep), (value_source, _) = keys, values
-    q = example_value(query)
-    if not _static_tensor(q) or q.dim() != 4 or n_rep < 2:
+    q, original = example_value(query), example_value(sdpa)
+    if not (_static_tensor(q) and _static_tensor(original)) or q.dim() != 4 or n_rep < 2:
         return False
     batch, heads, rows, width = q.shape
-    if heads % n_rep:
+    if rows != 1:
+        # Decode only: with several query rows SDPA returns [B, H, T, D] laid out as
+        # [B, T, H, D] (seen on the CPU), a layout the packed result would not keep, and a
+        # prefill is bound by its matmuls, not by the copies.
         return False
+    if heads % n_rep or tuple(original.shape) != (batch, heads, rows, width):
+        return False  # a broadcast batch, or values of another width than the queries
+    if not original.is_contiguous():
+        # SDPA may return [B, H, T, D] laid out as [B, T, H, D]; the packed result is
+        # contiguous, and later views (.transpose(1, 2).view(...)) rely on the layout.
+        return False
+    if _written_between(a["key"], sdpa, key_source) or _written_between(
+        a["value"], sdpa, value_source
+    ):
+        return False  # the repeat copied the cache before a write that SDPA must not see
     kv_heads = heads // n_rep
     m = example_value(mask) if isinstance(mask, torch.fx.Node) else None
     if mask is not None and not (_static_tensor(m) and m.dim() == 4 and m.shape[1] == 1
@@ -89,24 +106,19 @@ def _pack(graph: torch.fx.Graph, sdpa: torch.fx.Node) -> bool:
     with graph.inserting_before(sdpa):
         packed_q = _call(graph, "reshape", query, (batch, kv_heads, n_rep * rows, width))
         packed_mask = None
-        if mask is not None:
-            if rows == 1:  # a view: the one mask row serves every packed query row
-                shape = (m.shape[0], 1, n_rep, m.shape[3])
-                packed_mask = _call(graph, "expand", mask, shape)
-            else:
-                packed_mask = _call(graph, "repeat", mask, (1, 1, n_rep, 1))
+        if mask is not None:  # a view: the one mask row serves every packed query row
+            packed_mask = _call(graph, "expand", mask, (m.shape[0], 1, n_rep, m.shape[3]))
         out = graph.call_function(
             F.scaled_dot_product_attention,
             (packed_q, key_source, value_source),
             {"attn_mask": packed_mask, "dropout_p": 0.0, "is_causal": False,
              "scale": a["scale"]},
         )  # fmt: skip
-        original = example_value(sdpa)
         out.meta["example_value"] = original.reshape(batch, kv_heads, n_rep * rows, width)
         result = _call(graph, "reshape", out, tuple(original.shape))
     sdpa.replace_all_uses_with(result)
     graph.erase_node(sdpa)
-    for repeated in (a["key"], a["value"]):
+    for repeated in dict.fromkeys((a["key"], a["value"])):  # K and V may be one node
         _erase_unused_chain(graph, repeated)
     return True
 
@@ -130,7 +142,7 @@ def _repeated(node: Any) -> tuple[torch.fx.Node, int] | None:
     if not isinstance(new_axis, torch.fx.Node):
         return None
     if new_axis.op == "call_function" and new_axis.target is operator.getitem:
-        if tuple(new_axis.args[1]) != _NEW_AXIS:
+        if not (isinstance(new_axis.args[1], tuple) and new_axis.args[1] == _NEW_AXIS):
             return None
     elif not (_method(new_axis, "unsqueeze") and tuple(new_axis.args[1:]) == (2,)):
         return None
@@ -145,6 +157,17 @@ def _repeated(node: Any) -> tuple[torch.fx.Node, int] | None:
     if tuple(out.shape) != (b, kv_heads * n_rep, length, width):
         return None
     return source, n_rep
+
+
+def _written_between(start: torch.fx.Node, end: torch.fx.Node, source: torch.fx.Node) -> bool:
+    """Does a node after ``start`` and before ``end`` write ``source``'s storage?"""
+    target = storage_id(example_value(source))
+    node = start.next
+    between = []
+    while node is not end:
+        between.append(node)
+        node = node.next
+    return target is None or target in written_storages(between)
 
 
 def _method(node: torch.fx.Node, name: str) -> bool:
