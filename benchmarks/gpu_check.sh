@@ -2,14 +2,15 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|decode|rows|zoo|suite]...
 #
 # (default: tests examples bench. Asked for by name: generate (transformers' generate() through
 # three backends, cold caches, ~5 min), decode (the four decode/encoder models of the suite,
 # ~8 min), rows (each row-kernel pattern vs Inductor and copy
 # bandwidth), zoo (21 architectures: kernels per call, captured or not, error vs eager), suite
 # (the whole benchmarks/run.py suite). One device call runs at most 10 minutes: split the
-# steps over calls. On an H100 (2026-11-23): tests ~2.5 min with pytest-xdist, examples
+# steps over calls. On an H100 (2026-11-23), under pytest-xdist: 121 of the GPU tests took
+# 52 s and the zoo's 42 about 40 s (the whole tests step not timed in one call), examples
 # ~2 min, generate ~5 min, decode with two models ~4 min; so "tests examples bench", then
 # "generate", then "decode".)
 #

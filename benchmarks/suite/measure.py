@@ -268,7 +268,8 @@ def count_kernels(
 
 def _kernel_kinds(events: list[Any], top: int = 25) -> list[dict[str, Any]]:
     """The kernels that take the most device time in one call, by name: where a per-call
-    gap to another backend comes from (launch count alone does not say)."""
+    gap to another backend comes from (launch count alone does not say). Memcpy and memset
+    activities are listed too (``kernels_per_call`` leaves them out)."""
     kinds: dict[str, dict[str, Any]] = {}
     for e in events:
         kind = kinds.setdefault(e.name[:90], {"name": e.name[:90], "count": 0, "us": 0.0})
