@@ -138,7 +138,7 @@ def infinifuse(
     ]
     host_inputs = hoist_host_to_device(gm, example_inputs)
     constants = fold_constants(gm)
-    fold_list_indices(gm)
+    list_indices = fold_list_indices(gm)
     batched_updates = batch_scalar_updates(gm, static_address)
     batched_updates += batch_state_sums(gm, static_address, device or torch.device("cpu"))
     packed_attention = pack_grouped_queries(gm)
@@ -194,6 +194,7 @@ def infinifuse(
         static_inputs=in_place,
         constants=constants,
         batched_updates=batched_updates,
+        list_indices=list_indices,
         packed_attention=packed_attention,
         host_nodes=split.nodes if split is not None else [],
     )

@@ -57,6 +57,8 @@ class GraphReport:
     constants: list[str] = dataclasses.field(default_factory=list)
     # Per-layer state updates and sums run as foreach ops (passes/batching).
     batched_updates: list[str] = dataclasses.field(default_factory=list)
+    # Indexing nodes whose list indices became index tensors (passes/constants).
+    list_indices: list[str] = dataclasses.field(default_factory=list)
     # Grouped-query attention calls that read K/V unrepeated (passes/attention).
     packed_attention: list[str] = dataclasses.field(default_factory=list)
     # Nodes that run on the host at each call, before the captured device part.
@@ -128,6 +130,9 @@ class FusionReport:
             if graph.batched_updates:
                 names = ", ".join(graph.batched_updates)
                 lines.append(f"batched into foreach ops: {names}")
+            if graph.list_indices:
+                names = ", ".join(graph.list_indices)
+                lines.append(f"list indices as index tensors on the device: {names}")
             if graph.packed_attention:
                 names = ", ".join(graph.packed_attention)
                 lines.append(f"attention without repeated K/V: {names}")

@@ -82,16 +82,16 @@ def fold_constants(gm: torch.fx.GraphModule) -> list[str]:
     return folded
 
 
-def fold_list_indices(gm: torch.fx.GraphModule) -> int:
+def fold_list_indices(gm: torch.fx.GraphModule) -> list[str]:
     """Replace lists of ints that index a device tensor with index tensors on its device.
 
     Falcon splits its fused QKV with ``fused_qkv[..., [-2], :]``: PyTorch turns the list into
     a CPU index tensor and copies it to the device on every call, which a CUDA graph cannot
     capture (the zoo's Falcon runs never captured on an H100, 2026-11-23). An index tensor
     holding the same ints selects the same elements (negative ints included); on the CPU it
-    saves building that tensor each call. Returns the number of lists replaced.
+    saves building that tensor each call. Returns the names of the indexing nodes changed.
     """
-    count = 0
+    changed: list[str] = []
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in (operator.getitem, operator.setitem):
             continue
@@ -112,14 +112,14 @@ def fold_list_indices(gm: torch.fx.GraphModule) -> int:
                     attr = gm.graph.get_attr(name)
                 attr.meta["example_value"] = tensor
                 part = attr
-                count += 1
             replaced.append(part)
         node.args = (base, tuple(replaced) if isinstance(index, tuple) else replaced[0],
                      *node.args[2:])  # fmt: skip
-    if count:
+        changed.append(node.name)
+    if changed:
         gm.recompile()
-        log.info("replaced %d list index(es) with device index tensors", count)
-    return count
+        log.info("list indices as index tensors in %s", ", ".join(changed))
+    return changed
 
 
 def _int_list(x: Any) -> bool:
