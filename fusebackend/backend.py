@@ -139,9 +139,12 @@ def infinifuse(
     host_inputs = hoist_host_to_device(gm, example_inputs)
     constants = fold_constants(gm)
     list_indices = fold_list_indices(gm)
-    batched_updates = batch_scalar_updates(gm, static_address)
-    batched_updates += batch_state_sums(gm, static_address, device or torch.device("cpu"))
-    packed_attention = pack_grouped_queries(gm)
+    batched_updates: list[str] = []
+    packed_attention: list[str] = []
+    if config.rewrites:
+        batched_updates = batch_scalar_updates(gm, static_address)
+        batched_updates += batch_state_sums(gm, static_address, device or torch.device("cpu"))
+        packed_attention = pack_grouped_queries(gm)
     mutated = mutated_placeholders(gm.graph)
     # Nothing is captured without CUDA graphs: the split would only add snapshot clones.
     split = split_host(gm, _on_host) if captures(config, device) else None

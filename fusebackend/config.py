@@ -48,6 +48,11 @@ class FusionConfig:
             eager gives it, so a chain rounds where eager rounds. ``False`` rounds only the
             kernel's outputs, as Inductor does: closer to the exact result and faster
             (two fewer conversions per op in half precision).
+        rewrites: Rewrite the graph beside fusion: per-layer state updates and sums run as
+            foreach ops, and grouped-query attention reads K/V without transformers'
+            repeat_kv copies (passes/batching.py, passes/attention.py). ``False`` leaves
+            those as traced; constants and list indices are folded either way (capture
+            needs them).
     """
 
     fusion: bool = True
@@ -59,9 +64,11 @@ class FusionConfig:
     validate: bool = True
     index_checks: bool = True
     round_intermediates: bool = True
+    rewrites: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("fusion", "static_outputs", "validate", "index_checks", "round_intermediates"):
+        for name in ("fusion", "static_outputs", "validate", "index_checks", "round_intermediates",
+                     "rewrites"):  # fmt: skip
             _expect(isinstance(getattr(self, name), bool), name, "a bool", getattr(self, name))
         _expect(
             self.cudagraphs is None or isinstance(self.cudagraphs, bool),

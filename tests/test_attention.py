@@ -71,6 +71,16 @@ def test_grouped_queries_read_kv_unrepeated_and_equal_eager(dtype, rows, mask_ki
     assert len(graph.packed_attention) == (1 if rows == 1 else 0), graph.packed_attention
 
 
+def test_rewrites_false_leaves_the_repeat_as_traced():
+    args = _inputs(torch.float32, 1, "bool")
+    torch._dynamo.reset()
+    compiled = torch.compile(_attention, backend="infinifuse",
+                             options={"cudagraphs": False, "rewrites": False})  # fmt: skip
+    with torch.no_grad():
+        assert_close(compiled(*args), eager(_attention, *args))
+    assert fusebackend.last_report().graphs[-1].packed_attention == []
+
+
 def test_causal_or_per_head_masks_are_left_alone():
     q, k, v, _ = _inputs(torch.float32, 3, "none", length=3)
     actual, graph = _compiled(_causal, q, k, v, None)

@@ -20,6 +20,7 @@ ALL_OPTIONS = [
     "validate",
     "index_checks",
     "round_intermediates",
+    "rewrites",
 ]
 
 
@@ -34,6 +35,7 @@ def test_defaults():
     assert cfg.validate is True
     assert cfg.index_checks is True
     assert cfg.round_intermediates is True
+    assert cfg.rewrites is True
 
 
 def test_valid_option_names_are_the_fields():
@@ -61,6 +63,7 @@ def test_from_options_sets_every_option():
         "validate": False,
         "index_checks": False,
         "round_intermediates": False,
+        "rewrites": False,
     }
     cfg = FusionConfig.from_options(options)
     for name, value in options.items():
@@ -70,7 +73,8 @@ def test_from_options_sets_every_option():
 
 
 @pytest.mark.parametrize(
-    "name", ["fusion", "static_outputs", "validate", "index_checks", "round_intermediates"]
+    "name",
+    ["fusion", "static_outputs", "validate", "index_checks", "round_intermediates", "rewrites"],
 )
 @pytest.mark.parametrize("bad", [1, 0, "yes", None, 1.0])
 def test_bool_options_reject_non_bools(name, bad):
