@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import platform
 import statistics
@@ -97,6 +98,7 @@ def run_variant(args: argparse.Namespace) -> dict:
             torch.cuda.synchronize()
         return out
 
+    backend_log = _BackendLog() if args.variant == "infinifuse" else None
     with torch.no_grad():
         generate(disable_compile=True, max_new_tokens=1, min_new_tokens=1)  # allocates the cache
         start = time.perf_counter()
@@ -127,6 +129,8 @@ def run_variant(args: argparse.Namespace) -> dict:
     if args.variant == "infinifuse":
         import fusebackend
 
+        # the backend's own account of its compile work (precompile times, rewrites)
+        result["backend_log"] = backend_log.lines if backend_log is not None else []
         stats = fusebackend.stats()
         result["modes"] = stats["fusion_modes"]
         result["fallback_reasons"] = stats["fallback_reasons"]
@@ -134,6 +138,25 @@ def run_variant(args: argparse.Namespace) -> dict:
             k: v for k, v in stats.items() if isinstance(v, int) and not isinstance(v, bool)
         }
     return result
+
+
+class _BackendLog(logging.Handler):
+    """Keeps fusebackend's INFO lines about compile work (precompile, batched state, packed
+    attention, list indices) for the result."""
+
+    KEYS = ("precompiled", "batched", "attention without", "list indices", "precompile")
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        logger = logging.getLogger("fusebackend")
+        logger.setLevel(logging.INFO)
+        logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if any(key in message for key in self.KEYS):
+            self.lines.append(message[:300])
 
 
 def runs_on_cuda() -> bool:
