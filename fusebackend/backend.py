@@ -32,6 +32,7 @@ from fusebackend.kernels.launch import layout_for, precompile_all
 from fusebackend.passes.attention import pack_grouped_queries
 from fusebackend.passes.batching import batch_scalar_updates, batch_state_sums
 from fusebackend.passes.constants import fold_constants, fold_list_indices
+from fusebackend.passes.fx_util import static_tensor
 from fusebackend.passes.graph import example_value
 from fusebackend.passes.host_inputs import (
     HostSplit,
@@ -378,9 +379,9 @@ def _precompile(graph: torch.fx.Graph) -> None:
 
 def _concrete_cuda_tensor(value: Any) -> bool:
     return (
-        isinstance(value, torch.Tensor)
+        static_tensor(value)
         and value.device.type == "cuda"
-        and all(isinstance(n, int) for n in (*value.shape, *value.stride()))
+        and all(isinstance(n, int) for n in value.stride())
     )
 
 

@@ -329,10 +329,15 @@ def row_kernel(
     if options is None:
         options = KernelOptions(index_checks=index_checks)
     launch = _prepare(program, inputs)
-    if not launch.args:
-        return launch.outputs
-    _run(_plan(program, options, launch, None), inputs[0].device)
+    _launch_alone(program, options, launch, inputs[0].device)
     return launch.outputs
+
+
+def _launch_alone(
+    program: RowProgram, options: KernelOptions, launch: _Launch, device: torch.device
+) -> None:
+    if launch.args:  # no rows: nothing to launch
+        _run(_plan(program, options, launch, None), device)
 
 
 def row_kernel_pair(
@@ -345,10 +350,11 @@ def row_kernel_pair(
     then those of the second. Sets of another rank, width or device than each other, or
     without rows, get a launch each (same results)."""
     a, b = _prepare(program, first), _prepare(program, second)
-    if not _pairable(a, b) or first[0].device != second[0].device:
-        return (*row_kernel(program, first, options=options),
-                *row_kernel(program, second, options=options))  # fmt: skip
-    _run(_plan(program, options, a, b), first[0].device)
+    if _pairable(a, b) and first[0].device == second[0].device:
+        _run(_plan(program, options, a, b), first[0].device)
+    else:
+        _launch_alone(program, options, a, first[0].device)
+        _launch_alone(program, options, b, second[0].device)
     return (*a.outputs, *b.outputs)
 
 

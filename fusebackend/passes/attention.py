@@ -35,7 +35,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.fx_util import example_value, nodes_between, static_tensor
 from fusebackend.passes.mutations import storage_id, written_storages
 
 __all__ = ["pack_grouped_queries"]
@@ -80,7 +80,7 @@ def _pack(graph: torch.fx.Graph, sdpa: torch.fx.Node) -> bool:
         return False
     (key_source, n_rep), (value_source, _) = keys, values
     q, original = example_value(query), example_value(sdpa)
-    if not (_static_tensor(q) and _static_tensor(original)) or q.dim() != 4 or n_rep < 2:
+    if not (static_tensor(q) and static_tensor(original)) or q.dim() != 4 or n_rep < 2:
         return False
     batch, heads, rows, width = q.shape
     if rows != 1:
@@ -100,7 +100,7 @@ def _pack(graph: torch.fx.Graph, sdpa: torch.fx.Node) -> bool:
         return False  # the repeat copied the cache before a write that SDPA must not see
     kv_heads = heads // n_rep
     m = example_value(mask) if isinstance(mask, torch.fx.Node) else None
-    if mask is not None and not (_static_tensor(m) and m.dim() == 4 and m.shape[1] == 1
+    if mask is not None and not (static_tensor(m) and m.dim() == 4 and m.shape[1] == 1
                                  and m.shape[2] == rows):  # fmt: skip
         return False
     with graph.inserting_before(sdpa):
@@ -148,7 +148,7 @@ def _repeated(node: Any) -> tuple[torch.fx.Node, int] | None:
         return None
     source = new_axis.args[0]
     src, expanded, out = (example_value(n) for n in (source, expand, node))
-    if not all(_static_tensor(v) for v in (src, expanded, out)) or src.dim() != 4:
+    if not all(static_tensor(v) for v in (src, expanded, out)) or src.dim() != 4:
         return None
     b, kv_heads, length, width = src.shape
     n_rep = expanded.shape[2]
@@ -162,20 +162,11 @@ def _repeated(node: Any) -> tuple[torch.fx.Node, int] | None:
 def _written_between(start: torch.fx.Node, end: torch.fx.Node, source: torch.fx.Node) -> bool:
     """Does a node after ``start`` and before ``end`` write ``source``'s storage?"""
     target = storage_id(example_value(source))
-    node = start.next
-    between = []
-    while node is not end:
-        between.append(node)
-        node = node.next
-    return target is None or target in written_storages(between)
+    return target is None or target in written_storages(nodes_between(start, end))
 
 
 def _method(node: torch.fx.Node, name: str) -> bool:
     return node.op == "call_method" and node.target == name
-
-
-def _static_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and all(isinstance(n, int) for n in value.shape)
 
 
 def _erase_unused_chain(graph: torch.fx.Graph, reshape: torch.fx.Node) -> None:

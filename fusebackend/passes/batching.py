@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 import torch.fx
 
-from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.fx_util import example_value, static_tensor
 from fusebackend.passes.mutations import storage_id, written_args
 
 __all__ = ["batch_scalar_updates", "batch_state_sums"]
@@ -141,21 +141,17 @@ def _sum_key(node: torch.fx.Node, state: set[torch.fx.Node]) -> tuple | None:
     if node.kwargs or len(node.args) != 2:
         return None
     out = example_value(node)
-    if not isinstance(out, torch.Tensor) or not _concrete(out):
+    if not static_tensor(out):
         return None
     for arg in node.args:
         value = example_value(arg) if isinstance(arg, torch.fx.Node) else None
         if not (isinstance(arg, torch.fx.Node) and (arg.op == "get_attr" or arg in state)):
             return None
-        if not isinstance(value, torch.Tensor) or not _concrete(value):
+        if not static_tensor(value):
             return None
         if (value.dtype, value.device, value.numel()) != (out.dtype, out.device, out.numel()):
             return None
     return (out.dtype, out.device, tuple(out.shape))
-
-
-def _concrete(value: torch.Tensor) -> bool:
-    return all(isinstance(n, int) for n in value.shape)
 
 
 def _unwritten_since_first(

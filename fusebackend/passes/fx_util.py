@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import torch
 import torch.fx
 
-__all__ = ["example_value"]
+__all__ = ["example_value", "nodes_between", "static_tensor"]
 
 
 def example_value(node: torch.fx.Node) -> object:
     """The fake tensor (or value) Dynamo recorded for ``node``, or None."""
     return node.meta.get("example_value", node.meta.get("val"))
+
+
+def static_tensor(value: object) -> bool:
+    """Is ``value`` a tensor whose sizes are all plain ints (no symbolic dims)?"""
+    return isinstance(value, torch.Tensor) and all(isinstance(n, int) for n in value.shape)
+
+
+def nodes_between(start: torch.fx.Node, end: torch.fx.Node) -> Iterator[torch.fx.Node]:
+    """The nodes after ``start`` and before ``end`` (``end`` must come after ``start``)."""
+    node = start.next
+    while node is not end:
+        yield node
+        node = node.next

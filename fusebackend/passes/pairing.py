@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.fx_util import example_value, nodes_between
 from fusebackend.passes.mutations import written_args
 
 __all__ = ["pair_twin_groups"]
@@ -69,21 +69,16 @@ def _same_kernel(a: torch.fx.Node, b: torch.fx.Node) -> bool:
 
 
 def _can_pair(a: torch.fx.Node, b: torch.fx.Node, position: dict[torch.fx.Node, int]) -> bool:
-    if not _same_kernel(a, b):
+    end = position[b]
+    if not (_same_kernel(a, b) and position[a] < end):
         return False
-    start, end = position[a], position[b]
     for item in a.users:  # the getitems of a's outputs
         if item.target is not operator.getitem:
             return False
         # b itself (at end) reading a's output is a use before b ran: no pair.
         if any(position[user] <= end for user in item.users):
             return False
-    node = a.next
-    while node is not b:
-        if node not in a.users and written_args(node):
-            return False
-        node = node.next
-    return start < end
+    return not any(node not in a.users and written_args(node) for node in nodes_between(a, b))
 
 
 def _replace(graph: torch.fx.Graph, a: torch.fx.Node, b: torch.fx.Node, pair_op: Any) -> None:
