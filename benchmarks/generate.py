@@ -119,6 +119,9 @@ def run_variant(args: argparse.Namespace) -> dict:
         "tokens_per_s": args.new_tokens / statistics.median(times),
         "tokens_equal_eager": int((new == expected[0, args.prompt :]).sum()),
         "tokens_total": int(new.numel()),
+        # the new tokens themselves, so that two backends can be compared with each other
+        # (fp16 greedy decoding parts from eager's choice once two logits are within rounding)
+        "tokens": new.tolist(),
         "repeat_equal_first": bool(torch.equal(again, tokens)),
     }
     if args.variant != "eager":
@@ -251,6 +254,10 @@ def summarize(runs: list[dict]) -> dict:
                 f"{fuse['tokens_per_s']:.0f} vs {auto['tokens_per_s']:.0f} ({speed:.2f}x); "
                 f"equal eager {fuse['tokens_equal_eager']}/{fuse['tokens_total']}"
             )
+            if "tokens" in fuse and "tokens" in auto:
+                same = sum(a == b for a, b in zip(fuse["tokens"], auto["tokens"]))
+                out[f"tokens_equal_autocompile_{n}"] = same
+                out["lines"][-1] += f", equal auto-compile {same}/{fuse['tokens_total']}"
     if len(lens) >= 2:
         short, long = lens[0], lens[-1]
         falls = {}
