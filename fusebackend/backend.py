@@ -29,7 +29,7 @@ from fusebackend.kernels import (
     triton_usable,
 )
 from fusebackend.kernels.launch import layout_for, precompile_all
-from fusebackend.passes.attention import pack_grouped_queries
+from fusebackend.passes.attention import pack_grouped_queries, share_mask_conversion
 from fusebackend.passes.batching import batch_scalar_updates, batch_state_sums
 from fusebackend.passes.constants import fold_constants, fold_list_indices
 from fusebackend.passes.fx_util import static_tensor
@@ -142,9 +142,11 @@ def infinifuse(
     list_indices = fold_list_indices(gm)
     batched_updates: list[str] = []
     packed_attention: list[str] = []
+    shared_masks: list[str] = []
     if config.rewrites:
         batched_updates = batch_scalar_updates(gm, static_address)
         batched_updates += batch_state_sums(gm, static_address, device or torch.device("cpu"))
+        shared_masks = share_mask_conversion(gm)  # first: packing expands the converted mask
         packed_attention = pack_grouped_queries(gm)
     mutated = mutated_placeholders(gm.graph)
     # Nothing is captured without CUDA graphs: the split would only add snapshot clones.
@@ -200,6 +202,7 @@ def infinifuse(
         batched_updates=batched_updates,
         list_indices=list_indices,
         packed_attention=packed_attention,
+        shared_masks=shared_masks,
         host_nodes=split.nodes if split is not None else [],
     )
     record(report)

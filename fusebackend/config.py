@@ -49,8 +49,9 @@ class FusionConfig:
             kernel's outputs, as Inductor does: closer to the exact result and faster
             (two fewer conversions per op in half precision).
         rewrites: Rewrite the graph beside fusion: per-layer state updates and sums run as
-            foreach ops, and grouped-query attention reads K/V without transformers'
-            repeat_kv copies (passes/batching.py, passes/attention.py). ``False`` leaves
+            foreach ops, grouped-query attention reads K/V without transformers'
+            repeat_kv copies, and a boolean mask that every layer passes to SDPA is made
+            additive once per step (passes/batching.py, passes/attention.py). ``False`` leaves
             those as traced; constants and list indices are folded either way (capture
             needs them).
     """

@@ -61,6 +61,8 @@ class GraphReport:
     list_indices: list[str] = dataclasses.field(default_factory=list)
     # Grouped-query attention calls that read K/V unrepeated (passes/attention).
     packed_attention: list[str] = dataclasses.field(default_factory=list)
+    # Boolean attention masks made additive once for all their SDPA calls (passes/attention).
+    shared_masks: list[str] = dataclasses.field(default_factory=list)
     # Nodes that run on the host at each call, before the captured device part.
     host_nodes: list[str] = dataclasses.field(default_factory=list)
 
@@ -136,6 +138,9 @@ class FusionReport:
             if graph.packed_attention:
                 names = ", ".join(graph.packed_attention)
                 lines.append(f"attention without repeated K/V: {names}")
+            if graph.shared_masks:
+                names = ", ".join(graph.shared_masks)
+                lines.append(f"boolean attention masks made additive once: {names}")
             if graph.host_nodes:
                 lines.append(f"run on the host each call: {', '.join(graph.host_nodes)}")
         return "\n".join(lines)

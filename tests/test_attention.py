@@ -1,6 +1,7 @@
-"""Grouped-query attention reads K and V unrepeated (passes/attention.py): transformers'
-repeat_kv + SDPA becomes SDPA over packed query rows, equal to eager; calls it cannot
-rewrite (causal, a mask per head, dropout) are left as they are."""
+"""Attention rewrites (passes/attention.py). Grouped-query attention reads K and V
+unrepeated: transformers' repeat_kv + SDPA becomes SDPA over packed query rows, equal to
+eager; calls it cannot rewrite (causal, a mask per head, dropout) are left as they are. A
+boolean decode mask that several SDPA calls pass is made additive once, equal to eager."""
 
 from __future__ import annotations
 
@@ -141,6 +142,58 @@ def test_a_cache_written_after_its_repeat_is_not_packed():
     assert graph.packed_attention == []
 
 
+def _layers(q, k, v, mask):
+    """Three layers' attention passing one boolean mask, as a decoder's layers do."""
+    x = q
+    for scale in (0.3, 0.2, 0.25):
+        x = F.scaled_dot_product_attention(x, k, v, attn_mask=mask, scale=scale) + q
+    return x
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_one_bool_mask_for_several_calls_is_made_additive_once(dtype):
+    q, k, v, mask = _inputs(dtype, 1, "bool", heads=3, kv_heads=3, length=11)
+    mask[0, 0, 0, 5:7] = False  # a hole in the middle too: the conversion keeps every key
+    actual, graph = _compiled(_layers, q, k, v, mask)
+    assert_close(actual, eager(_layers, q, k, v, mask))
+    assert graph.shared_masks == ["l_mask_ (3 calls)"], graph.shared_masks
+    assert "boolean attention masks made additive once: l_mask_ (3 calls)" in str(
+        fusebackend.last_report()
+    )
+
+
+def test_shared_mask_and_grouped_queries_together_in_a_decode_step():
+    def grouped_layers(q, k, v, mask):
+        return _attention(q, k, v, mask) + _attention(q * 0.5, k, v, mask)
+
+    args = _inputs(torch.float32, 1, "bool")
+    actual, graph = _compiled(grouped_layers, *args)
+    assert_close(actual, eager(grouped_layers, *args))
+    assert graph.shared_masks == ["l_mask_ (2 calls)"], graph.shared_masks
+    assert len(graph.packed_attention) == 2, graph.packed_attention
+
+
+def test_prefill_single_call_float_and_rewrites_false_masks_stay_as_traced():
+    q, k, v, mask = _inputs(torch.float32, 3, "bool", heads=3, kv_heads=3)
+    actual, graph = _compiled(_layers, q, k, v, mask)  # three query rows: a prefill
+    assert_close(actual, eager(_layers, q, k, v, mask))
+    assert graph.shared_masks == []
+    q, k, v, mask = _inputs(torch.float32, 1, "bool")
+    actual, graph = _compiled(_attention, q, k, v, mask)  # one call
+    assert graph.shared_masks == []
+    q, k, v, mask = _inputs(torch.float32, 1, "float", heads=3, kv_heads=3)
+    actual, graph = _compiled(_layers, q, k, v, mask)  # already additive
+    assert_close(actual, eager(_layers, q, k, v, mask))
+    assert graph.shared_masks == []
+    q, k, v, mask = _inputs(torch.float32, 1, "bool", heads=3, kv_heads=3)
+    torch._dynamo.reset()
+    compiled = torch.compile(_layers, backend="infinifuse",
+                             options={"cudagraphs": False, "rewrites": False})  # fmt: skip
+    with torch.no_grad():
+        assert_close(compiled(q, k, v, mask), eager(_layers, q, k, v, mask))
+    assert fusebackend.last_report().graphs[-1].shared_masks == []
+
+
 def test_llama_decode_attention_reads_the_static_cache_unrepeated():
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
@@ -163,6 +216,10 @@ def test_llama_decode_attention_reads_the_static_cache_unrepeated():
     assert_close(got, want, rtol=1e-4, atol=1e-4)
     graph = fusebackend.last_report().graphs[-1]
     assert len(graph.packed_attention) == config.num_hidden_layers, str(graph.packed_attention)
+    # every layer passes the one decode mask: converted once for both layers
+    assert [m.endswith(f"({config.num_hidden_layers} calls)") for m in graph.shared_masks] == [
+        True
+    ], graph.shared_masks
 
 
 @pytest.mark.gpu
@@ -183,3 +240,23 @@ def test_grouped_queries_on_the_gpu_in_a_cuda_graph(dtype, rows):
     assert len(graph.packed_attention) == (1 if rows == 1 else 0)
     modes = [e["mode"] for e in graph.runtime_modes()]
     assert modes and "eager" not in modes, modes  # captured in a CUDA graph
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_shared_mask_on_the_gpu_in_a_cuda_graph(dtype):
+    # decode rows over a 176-slot cache with left padding, as SDPA's fused kernels see them
+    q, k, v, mask = (t.cuda() for t in _inputs(dtype, 1, "bool", heads=32, kv_heads=32,
+                                                length=176))  # fmt: skip
+    expected = eager(_layers, q, k, v, mask)
+    torch._dynamo.reset()
+    compiled = torch.compile(_layers, backend="infinifuse")
+    with torch.no_grad():
+        for _ in range(3):  # capture, then replays
+            actual = compiled(q, k, v, mask)
+    assert_close(actual, expected)
+    graph = fusebackend.last_report().graphs[-1]
+    assert graph.shared_masks == ["l_mask_ (3 calls)"], graph.shared_masks
+    modes = [e["mode"] for e in graph.runtime_modes()]
+    assert modes and "eager" not in modes, modes
