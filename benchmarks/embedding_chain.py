@@ -186,8 +186,12 @@ def main() -> None:
             "inductor (default mode)": inductor,
         }
         kept: dict[str, list[float]] = {name: [] for name in as_called}
+        from fusebackend.runtime.payoff import TRIAL_CALLS
+
         for fn in as_called.values():
-            for _ in range(3):  # first call, capture, decision: all before timing
+            # first call (validation), capture, then the payoff trial's timed calls (replay +
+            # copy and direct, alternating): all before timing, so the decision is made
+            for _ in range(2 + 2 * TRIAL_CALLS):
                 fn(ids, pos_ids)
         for _ in range(args.rounds):
             for name, fn in as_called.items():
@@ -198,9 +202,14 @@ def main() -> None:
         )
         users_call["infinifuse_modes"] = fusebackend.stats()["fusion_modes"]
         users_call["infinifuse_reasons"] = fusebackend.stats()["fallback_reasons"]
+        # whether capture pays for this signature (runtime/payoff.py), as the runtime decided
+        users_call["infinifuse_decisions"] = [
+            e.get("decision") for e in fusebackend.last_report().graphs[-1].runtime_modes()
+        ]
         fuse_ms, inductor_ms = [users_call[name] for name in as_called]
         print(f"as users call it (outputs kept): infinifuse {fuse_ms:.3f} ms vs inductor "
-              f"{inductor_ms:.3f} ms ({users_call['ratio']:.2f}x)")  # fmt: skip
+              f"{inductor_ms:.3f} ms ({users_call['ratio']:.2f}x); decision: "
+              f"{users_call['infinifuse_decisions']}")  # fmt: skip
 
         sweep = []
         if args.sweep:

@@ -2,17 +2,22 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|decode|rows|zoo|suite]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|decode|rows|zoo|suite|diag]...
+#
+# Knobs (environment): GPU_TESTS (test paths for "tests", default tests), DECODE_ONLY and
+# DECODE_BACKENDS (run.py's --only and --backends for "decode"), BUNDLE (a .tgz path: $OUT is
+# packed into it after every step, so a call cut off by its time limit still returns what
+# the finished steps wrote, in one file).
 #
 # (default: tests examples bench. Asked for by name: generate (transformers' generate() through
 # three backends, cold caches, ~5 min), decode (the four decode/encoder models of the suite,
 # ~8 min), rows (each row-kernel pattern vs Inductor and copy
 # bandwidth), zoo (21 architectures: kernels per call, captured or not, error vs eager), suite
-# (the whole benchmarks/run.py suite). One device call runs at most 10 minutes: split the
-# steps over calls. On an H100 (2026-11-23), under pytest-xdist: 121 of the GPU tests took
-# 52 s and the zoo's 42 about 40 s (the whole tests step not timed in one call), examples
-# ~2 min, generate ~5 min, decode with two models ~4 min; so "tests examples bench", then
-# "generate", then "decode".)
+# (the whole benchmarks/run.py suite), diag (why BERT's SDPA runs its math path under
+# Dynamo; which SDPA kernel a decode step's attention should get). One device call runs at most 10 minutes: split the steps over calls. On an H100
+# (2026-11-23), under pytest-xdist: all 227 GPU tests took 5 min, examples ~2 min, the
+# chain 30 s, generate ~3 min, decode with all four models and six backends ~7 min; so
+# "tests examples bench", then "generate", then "decode".)
 #
 # Logs and results land in $OUT (one file per step); the exit status is non-zero when a
 # step failed, and every step runs regardless, so one failure does not hide another.
@@ -38,6 +43,9 @@ run_step() {  # name, command...: log to $OUT/name.txt, print its tail and the o
     tail -n 15 "$OUT/$name.txt"
     echo "== $name: rc=$rc in $((SECONDS - start)) s"
     [ $rc -eq 0 ] || status=1
+    if [ -n "${BUNDLE:-}" ]; then
+        tar czf "$BUNDLE.tmp" -C "$(dirname "$OUT")" "$(basename "$OUT")" && mv "$BUNDLE.tmp" "$BUNDLE"
+    fi
 }
 
 for step in $steps; do
@@ -46,7 +54,7 @@ for step in $steps; do
         # pytest-xdist, where installed, compiles the kernels of 6 tests at once: the GPU tests
         # took 52 s with it on an H100 and ran past 10 minutes without it (2026-11-23).
         parallel=$(python3 -c "import xdist" 2>/dev/null && echo "-n 6 -p no:benchmark")
-        run_step gpu_tests python3 -m pytest -q -m gpu -rfEs $parallel tests
+        run_step gpu_tests python3 -m pytest -q -m gpu -rfEs $parallel ${GPU_TESTS:-tests}
         ;;
     examples)
         run_step example_quickstart python3 examples/quickstart.py
@@ -67,7 +75,8 @@ for step in $steps; do
     decode)
         # issue 10's four models (~2 min each on an H100, all six backends, cold compiles)
         run_step bench_decode python3 benchmarks/run.py --out-dir "$OUT/suite" \
-            --only llama-decode,qwen2-decode,gpt2-decode,bert
+            --only "${DECODE_ONLY:-llama-decode,qwen2-decode,gpt2-decode,bert}" \
+            ${DECODE_BACKENDS:+--backends "$DECODE_BACKENDS"}
         ;;
     zoo)
         run_step bench_zoo python3 benchmarks/run.py --out-dir "$OUT/suite" --only zoo
@@ -75,8 +84,12 @@ for step in $steps; do
     suite)
         run_step bench_suite python3 benchmarks/run.py --out-dir "$OUT/suite"
         ;;
+    diag)
+        run_step diag_bert_sdpa python3 benchmarks/diag/diag_bert_sdpa.py
+        run_step diag_decode_sdpa python3 benchmarks/diag/diag_decode_sdpa.py
+        ;;
     *)
-        echo "unknown step: $step (tests, examples, bench, generate, rows, decode, zoo, suite)"
+        echo "unknown step: $step (tests, examples, bench, generate, rows, decode, zoo, suite, diag)"
         status=1
         ;;
     esac

@@ -31,6 +31,7 @@ from fusebackend.kernels import (
 from fusebackend.kernels.launch import layout_for, precompile_all
 from fusebackend.passes.attention import pack_grouped_queries, share_mask_conversion
 from fusebackend.passes.batching import batch_scalar_updates, batch_state_sums
+from fusebackend.passes.cache_writes import pair_cache_writes
 from fusebackend.passes.constants import fold_constants, fold_list_indices
 from fusebackend.passes.fx_util import static_tensor
 from fusebackend.passes.graph import example_value
@@ -161,7 +162,7 @@ def infinifuse(
     # Inputs of the device part that are original inputs the graph writes (the host part
     # writes its own inputs itself, on the caller's tensors).
     mutated_here = frozenset(k for k, i in enumerate(part.original_indices) if i in mutated_indices)
-    fused_gm, groups, rejections = _fuse(part.graph, device, config)
+    fused_gm, groups, rejections, cache_writes = _fuse(part.graph, device, config)
     static = _static_inputs(part.example_inputs, mutated_here, part.host_inputs, config, device)
     cache = GraphCache(
         unfused=part.graph,
@@ -203,6 +204,7 @@ def infinifuse(
         list_indices=list_indices,
         packed_attention=packed_attention,
         shared_masks=shared_masks,
+        cache_writes=cache_writes,
         host_nodes=split.nodes if split is not None else [],
     )
     record(report)
@@ -287,15 +289,16 @@ def _apply_mode(
 
 def _fuse(
     gm: torch.fx.GraphModule, device: torch.device | None, config: FusionConfig
-) -> tuple[torch.fx.GraphModule | None, list[GroupReport], list[Any]]:
-    """Fuse a copy of ``gm``'s graph. Returns (fused module or None, groups, rejections)."""
+) -> tuple[torch.fx.GraphModule | None, list[GroupReport], list[Any], list[str]]:
+    """Fuse a copy of ``gm``'s graph. Returns (fused module or None, groups, rejections,
+    KV-cache write pairs joined)."""
     if not config.fusion:
-        return None, [], []
+        return None, [], [], []
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))  # node meta (example values) is kept
     candidates, rejections = find_groups(graph)
     if not candidates:
-        return None, [], rejections
+        return None, [], rejections, []
     reports: list[GroupReport] = []
     options = KernelOptions(config.index_checks, config.round_intermediates)
 
@@ -335,7 +338,7 @@ def _fuse(
             report(candidate, f"not rewritten: no Triton on {names} (set TRITON_INTERPRET=1)")
         # No fused graph: the runtime runs the traced graph once per call (a fused one would
         # be validated against itself on each signature's first call, running it twice).
-        return None, reports, rejections
+        return None, reports, rejections, []
 
     def make_op(candidate: Candidate) -> FusedGroupOp:
         assert candidate.program is not None
@@ -353,8 +356,11 @@ def _fuse(
         for op, twin in ((first, second), (second, first)):
             k = by_name[op.group]
             reports[k] = dataclasses.replace(reports[k], launched_with=twin.group)
+    # (Triton runs on one of the graph's devices here; a pair on another device runs its
+    # two index_copy_ calls.)
+    cache_writes = pair_cache_writes(graph, config.index_checks) if config.rewrites else []
     _precompile(graph)
-    return torch.fx.GraphModule(gm, graph), reports, rejections
+    return torch.fx.GraphModule(gm, graph), reports, rejections, cache_writes
 
 
 def _precompile(graph: torch.fx.Graph) -> None:

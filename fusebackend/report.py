@@ -63,6 +63,9 @@ class GraphReport:
     packed_attention: list[str] = dataclasses.field(default_factory=list)
     # Boolean attention masks made additive once for all their SDPA calls (passes/attention).
     shared_masks: list[str] = dataclasses.field(default_factory=list)
+    # Pairs of KV-cache index_copy_ writes run as one launch in the fused graph
+    # (passes/cache_writes).
+    cache_writes: list[str] = dataclasses.field(default_factory=list)
     # Nodes that run on the host at each call, before the captured device part.
     host_nodes: list[str] = dataclasses.field(default_factory=list)
 
@@ -141,6 +144,9 @@ class FusionReport:
             if graph.shared_masks:
                 names = ", ".join(graph.shared_masks)
                 lines.append(f"boolean attention masks made additive once: {names}")
+            if graph.cache_writes:
+                names = ", ".join(graph.cache_writes)
+                lines.append(f"KV-cache writes in one launch (fused graph): {names}")
             if graph.host_nodes:
                 lines.append(f"run on the host each call: {', '.join(graph.host_nodes)}")
         return "\n".join(lines)

@@ -97,9 +97,7 @@ def share_mask_conversion(gm: torch.fx.GraphModule) -> list[str]:
         if len(calls) < 2:
             continue  # one call: SDPA's own conversion costs the same
         with gm.graph.inserting_before(calls[0]):  # after the mask, before every call
-            blocked = gm.graph.call_function(
-                torch.full_like, (mask, -math.inf), {"dtype": dtype}
-            )
+            blocked = gm.graph.call_function(torch.full_like, (mask, -math.inf), {"dtype": dtype})
             blocked.meta["example_value"] = torch.full_like(
                 example_value(mask), -math.inf, dtype=dtype
             )

@@ -1,0 +1,93 @@
+"""A layer's two KV-cache writes as one launch (``kernels/cache_write.py``).
+
+transformers' StaticCache writes the new keys and values of a layer with
+``keys.index_copy_(2, cache_position, k)`` and then ``values.index_copy_(2, cache_position,
+v)``: two launches per layer. Two such writes ``a`` (earlier) and ``b`` become one call of
+``fusebackend::write_cache_pair`` at ``b``'s place when they use one index node along dim
+2 (or -2) of 4-D caches (``kernels.cache_write.can_write_pair``), nothing uses their
+results, the two caches and the new rows are four different storages, and no node between
+them reads or writes ``a``'s cache or writes ``a``'s new rows or the index (``a``'s write
+moves down to ``b``). Each write pairs at most once, with the next write that qualifies.
+
+Applied to the fused graph only: the unfused graph stays as traced and remains the
+reference that the fused one is validated against.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.fx
+
+from fusebackend.kernels.cache_write import can_write_pair
+from fusebackend.passes.fx_util import example_value, nodes_between
+from fusebackend.passes.mutations import storage_id, written_storages
+
+__all__ = ["pair_cache_writes"]
+
+log = logging.getLogger(__name__)
+
+
+def pair_cache_writes(graph: torch.fx.Graph, checks: bool) -> list[str]:
+    """Rewrite ``graph`` in place; return ``"<a> + <b>"`` for each pair of writes joined.
+    ``checks``: build the kernel with its device-side index assert."""
+    writes = [n for n in graph.nodes if _cache_write(n) is not None]
+    paired: list[str] = []
+    taken: set[torch.fx.Node] = set()
+    for k, first in enumerate(writes):
+        if first in taken:
+            continue
+        for second in writes[k + 1 :]:
+            if second not in taken and _can_join(first, second):
+                _join(graph, first, second, checks)
+                taken.update((first, second))
+                paired.append(f"{first.name} + {second.name}")
+                break
+    if paired:
+        graph.lint()
+        log.info("KV-cache writes paired into one launch: %s", ", ".join(paired))
+    return paired
+
+
+def _cache_write(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node] | None:
+    """(cache, index, new rows) of ``cache.index_copy_(2 or -2, index, rows)``, else None."""
+    if not (node.op == "call_method" and node.target == "index_copy_" and not node.kwargs):
+        return None
+    if len(node.args) != 4 or node.args[1] not in (2, -2) or node.users:
+        return None
+    cache, _, index, rows = node.args
+    if not all(isinstance(n, torch.fx.Node) for n in (cache, index, rows)):
+        return None
+    return cache, index, rows
+
+
+def _can_join(first: torch.fx.Node, second: torch.fx.Node) -> bool:
+    (k_cache, index, k), (v_cache, v_index, v) = _cache_write(first), _cache_write(second)
+    if index is not v_index:
+        return False
+    values = [example_value(n) for n in (k_cache, v_cache, index, k, v)]
+    if not can_write_pair(*values):
+        return False
+    storages = [storage_id(x) for x in (values[0], values[1], values[3], values[4])]
+    if None in storages or len(set(storages)) != 4:
+        return False
+    k_cache_storage, moved = storages[0], {storage_id(values[2]), storages[2]}
+    for node in nodes_between(first, second):
+        read = {storage_id(example_value(n)) for n in node.all_input_nodes}
+        written = written_storages([node])
+        if k_cache_storage in read | written or moved & written:
+            return False
+    return True
+
+
+def _join(graph: torch.fx.Graph, first: torch.fx.Node, second: torch.fx.Node, checks: bool) -> None:
+    (k_cache, index, k), (v_cache, _, v) = _cache_write(first), _cache_write(second)
+    with graph.inserting_before(second):
+        joined = graph.call_function(
+            torch.ops.fusebackend.write_cache_pair.default,
+            (k_cache, v_cache, index, k, v, checks),
+        )
+    joined.meta["example_value"] = None
+    graph.erase_node(second)
+    graph.erase_node(first)

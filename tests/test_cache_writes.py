@@ -1,0 +1,158 @@
+"""A layer's two KV-cache writes in one launch: the ``fusebackend::write_cache_pair`` kernel
+(kernels/cache_write.py) equals two ``index_copy_`` calls bit for bit, never writes outside
+the cache, and passes/cache_writes.py joins StaticCache's writes only where moving the
+first write down to the second changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import FLOAT_DTYPES, assert_close, eager
+
+import fusebackend
+from fusebackend.kernels.cache_write import write_cache_pair
+
+transformers = pytest.importorskip("transformers")
+
+
+def _caches(dtype, batch=2, heads=3, slots=13, width=24, rows=2, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    k_cache = torch.randn(batch, heads, slots, width, generator=g).to(device, dtype)
+    v_cache = torch.randn(batch, heads, slots, width, generator=g).to(device, dtype)
+    k = torch.randn(batch, heads, rows, width, generator=g).to(device, dtype)
+    # v as transformers makes it: a transposed view of [B, T, H, D], not contiguous
+    v = torch.randn(batch, rows, heads, width, generator=g).to(device, dtype).transpose(1, 2)
+    return k_cache, v_cache, k, v
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_pair_kernel_equals_two_index_copies_exactly(dtype):
+    k_cache, v_cache, k, v = _caches(dtype)
+    index = torch.tensor([7, 2])  # unsorted, odd width 24, strided v
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want_k.index_copy_(2, index, k)
+    want_v.index_copy_(2, index, v)
+    write_cache_pair(k_cache, v_cache, index, k, v, True)
+    assert torch.equal(k_cache, want_k)
+    assert torch.equal(v_cache, want_v)
+
+
+def test_an_index_outside_the_cache_raises_and_writes_nothing():
+    k_cache, v_cache, k, v = _caches(torch.float32)
+    before = k_cache.clone(), v_cache.clone()
+    for bad in (13, -1):
+        with pytest.raises(IndexError, match=f"index {bad} is out of bounds for a cache of 13"):
+            write_cache_pair(k_cache, v_cache, torch.tensor([3, bad]), k, v, True)
+        assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+
+
+def _layer_write(k_cache, v_cache, position, k, v):
+    k = k * 0.5 + 1.0  # a fused group, so that the graph has a fused version
+    k_cache.index_copy_(2, position, k)
+    v_cache.index_copy_(2, position, v)
+    return k.sum(dim=-1)
+
+
+def _read_between(k_cache, v_cache, position, k, v):
+    k = k * 0.5 + 1.0
+    k_cache.index_copy_(2, position, k)
+    seen = k_cache.amax(dim=-1)  # reads the written cache: the write must stay here
+    v_cache.index_copy_(2, position, v)
+    return seen
+
+
+def _two_indices(k_cache, v_cache, position, k, v):
+    k = k * 0.5 + 1.0
+    k_cache.index_copy_(2, position, k)
+    v_cache.index_copy_(2, position + 1, v)
+    return k.sum(dim=-1)
+
+
+@pytest.mark.parametrize(
+    ("fn", "paired"),
+    [(_layer_write, 1), (_read_between, 0), (_two_indices, 0)],
+    ids=["a layer's writes", "read between", "two indices"],
+)
+def test_writes_pair_only_where_the_first_may_move_down(fn, paired):
+    k_cache, v_cache, k, v = _caches(torch.float32)
+    position = torch.tensor([4, 9])
+    want_caches = k_cache.clone(), v_cache.clone()
+    want = eager(fn, *want_caches, position, k, v)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="infinifuse", options={"cudagraphs": False})
+    with torch.no_grad():
+        got = compiled(k_cache, v_cache, position, k, v)  # validated against the unfused
+        assert_close(got, want)
+        assert torch.equal(k_cache, want_caches[0]) and torch.equal(v_cache, want_caches[1])
+        position, k = torch.tensor([11, 0]), k.flip(2)  # the same signature: fused graph only
+        want = eager(fn, *want_caches, position, k, v)
+        got = compiled(k_cache, v_cache, position, k, v)
+    assert_close(got, want)
+    assert torch.equal(k_cache, want_caches[0]) and torch.equal(v_cache, want_caches[1])
+    graph = fusebackend.last_report().graphs[-1]
+    assert len(graph.cache_writes) == paired, graph.cache_writes
+    assert [e["mode"] for e in graph.runtime_modes()] == ["fusion"]  # validated, kept
+
+
+def test_llama_decode_writes_each_layer_s_cache_in_one_launch_and_equals_eager():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval()
+    cache = transformers.StaticCache(config=config, max_cache_len=32)
+    eager_cache = transformers.StaticCache(config=config, max_cache_len=32)
+    ids, mask = torch.randint(0, 97, (1, 5)), torch.ones(1, 5, dtype=torch.long)
+    compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": False})
+    with torch.no_grad():
+        for c in (cache, eager_cache):
+            model(input_ids=ids, attention_mask=mask, past_key_values=c)  # eager prefill
+        for step in range(3):  # each step writes the next slot, exactly once
+            token = torch.randint(0, 97, (1, 1))
+            mask = torch.ones(1, 6 + step, dtype=torch.long)
+            got = compiled(input_ids=token, attention_mask=mask, past_key_values=cache).logits
+            want = model(input_ids=token, attention_mask=mask, past_key_values=eager_cache).logits
+            assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for layer, eager_layer in zip(cache.layers, eager_cache.layers, strict=True):
+        assert_close(layer.keys, eager_layer.keys, rtol=1e-5, atol=1e-5)
+        assert_close(layer.values, eager_layer.values, rtol=1e-5, atol=1e-5)
+        assert layer.keys[:, :, 8:].abs().amax() == 0  # slots after the last step untouched
+    graph = fusebackend.last_report().graphs[-1]
+    assert len(graph.cache_writes) == config.num_hidden_layers, graph.cache_writes
+    modes = [e["mode"] for e in graph.runtime_modes()]
+    assert modes and set(modes) == {"fusion"}, modes  # the fused graph passed validation
+    assert "KV-cache writes in one launch" in str(fusebackend.last_report())
+
+
+def test_rewrites_false_keeps_two_index_copies():
+    k_cache, v_cache, k, v = _caches(torch.float32)
+    torch._dynamo.reset()
+    compiled = torch.compile(_layer_write, backend="infinifuse",
+                             options={"cudagraphs": False, "rewrites": False})  # fmt: skip
+    with torch.no_grad():
+        compiled(k_cache, v_cache, torch.tensor([1, 2]), k, v)
+    assert fusebackend.last_report().graphs[-1].cache_writes == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_pair_kernel_on_the_gpu_in_a_cuda_graph(dtype):
+    # TinyLlama's cache: 4 K/V heads, 64 wide, 176 slots; one decode row
+    k_cache, v_cache, k, v = _caches(dtype, batch=1, heads=4, slots=176, width=64, rows=1,
+                                     device="cuda")  # fmt: skip
+    index = torch.tensor([100], device="cuda")
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want_k.index_copy_(2, index, k)
+    want_v.index_copy_(2, index, v)
+    graph = torch.cuda.CUDAGraph()
+    write_cache_pair(k_cache, v_cache, index, k, v, True)  # compile outside the capture
+    with torch.cuda.graph(graph):
+        write_cache_pair(k_cache, v_cache, index, k, v, True)
+    k_cache.zero_(), v_cache.zero_()
+    want_k[:, :, :100].zero_(), want_k[:, :, 101:].zero_()
+    want_v[:, :, :100].zero_(), want_v[:, :, 101:].zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
