@@ -28,6 +28,7 @@ from fusebackend.kernels import (
     row_kernel_pair,
     triton_usable,
 )
+from fusebackend.kernels.cache_write import WRITE_CACHE_PAIR
 from fusebackend.kernels.launch import layout_for, precompile_all
 from fusebackend.passes.attention import pack_grouped_queries, share_mask_conversion
 from fusebackend.passes.batching import batch_scalar_updates, batch_state_sums
@@ -358,7 +359,9 @@ def _fuse(
             reports[k] = dataclasses.replace(reports[k], launched_with=twin.group)
     # (Triton runs on one of the graph's devices here; a pair on another device runs its
     # two index_copy_ calls.)
-    cache_writes = pair_cache_writes(graph, config.index_checks) if config.rewrites else []
+    cache_writes = []
+    if config.rewrites:
+        cache_writes = pair_cache_writes(graph, WRITE_CACHE_PAIR, config.index_checks)
     _precompile(graph)
     return torch.fx.GraphModule(gm, graph), reports, rejections, cache_writes
 

@@ -26,7 +26,7 @@ import torch
 
 from fusebackend.kernels.launch import triton_usable
 
-__all__ = ["write_cache_pair"]
+__all__ = ["WRITE_CACHE_PAIR", "write_cache_pair"]
 
 
 @torch.library.custom_op("fusebackend::write_cache_pair", mutates_args=("k_cache", "v_cache"))
@@ -70,28 +70,8 @@ def _(k_cache, v_cache, index, k, v, checks) -> None:
     return None
 
 
-def can_write_pair(k_cache: Any, v_cache: Any, index: Any, k: Any, v: Any) -> bool:
-    """Do these (example) values fit ``write_cache_pair``? Two 4-D caches of one shape,
-    dtype and device, two new-row tensors of one shape in that dtype, a 1-D int64 index
-    of one entry per new row, all sizes static."""
-    tensors = (k_cache, v_cache, index, k, v)
-    if not all(isinstance(t, torch.Tensor) for t in tensors):
-        return False
-    if not all(isinstance(n, int) for t in tensors for n in t.shape):
-        return False
-    return (
-        k_cache.dim() == 4
-        and k_cache.shape == v_cache.shape
-        and k.shape == v.shape
-        and k.dim() == 4
-        and k.shape[:2] == k_cache.shape[:2]
-        and k.shape[3] == k_cache.shape[3]
-        and {t.dtype for t in (k_cache, v_cache, k, v)} == {k_cache.dtype}
-        and len({t.device for t in tensors}) == 1
-        and index.dim() == 1
-        and index.dtype == torch.int64  # as index_copy_ demands
-        and index.shape[0] == k.shape[2]
-    )
+# The operator as graphs call it (passes/cache_writes.py puts it in the fused graph).
+WRITE_CACHE_PAIR = torch.ops.fusebackend.write_cache_pair.default
 
 
 @functools.cache

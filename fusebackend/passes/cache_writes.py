@@ -4,7 +4,7 @@ transformers' StaticCache writes the new keys and values of a layer with
 ``keys.index_copy_(2, cache_position, k)`` and then ``values.index_copy_(2, cache_position,
 v)``: two launches per layer. Two such writes ``a`` (earlier) and ``b`` become one call of
 ``fusebackend::write_cache_pair`` at ``b``'s place when they use one index node along dim
-2 (or -2) of 4-D caches (``kernels.cache_write.can_write_pair``), nothing uses their
+2 (or -2) of 4-D caches (``can_write_pair``), nothing uses their
 results, the two caches and the new rows are four different storages, and no node between
 them reads or writes ``a``'s cache or writes ``a``'s new rows or the index (``a``'s write
 moves down to ``b``). Each write pairs at most once, with the next write that qualifies.
@@ -16,11 +16,11 @@ reference that the fused one is validated against.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 import torch.fx
 
-from fusebackend.kernels.cache_write import can_write_pair
 from fusebackend.passes.fx_util import example_value, nodes_between
 from fusebackend.passes.mutations import storage_id, written_storages
 
@@ -29,9 +29,11 @@ __all__ = ["pair_cache_writes"]
 log = logging.getLogger(__name__)
 
 
-def pair_cache_writes(graph: torch.fx.Graph, checks: bool) -> list[str]:
+def pair_cache_writes(graph: torch.fx.Graph, write_pair: Any, checks: bool) -> list[str]:
     """Rewrite ``graph`` in place; return ``"<a> + <b>"`` for each pair of writes joined.
-    ``checks``: build the kernel with its device-side index assert."""
+    ``write_pair``: the operator called as ``write_pair(k_cache, v_cache, index, k, v,
+    checks)`` (``kernels.cache_write.WRITE_CACHE_PAIR``); ``checks``: build its kernel with
+    the device-side index assert."""
     writes = [n for n in graph.nodes if _cache_write(n) is not None]
     paired: list[str] = []
     taken: set[torch.fx.Node] = set()
@@ -40,7 +42,7 @@ def pair_cache_writes(graph: torch.fx.Graph, checks: bool) -> list[str]:
             continue
         for second in writes[k + 1 :]:
             if second not in taken and _can_join(first, second):
-                _join(graph, first, second, checks)
+                _join(graph, first, second, write_pair, checks)
                 taken.update((first, second))
                 paired.append(f"{first.name} + {second.name}")
                 break
@@ -81,13 +83,40 @@ def _can_join(first: torch.fx.Node, second: torch.fx.Node) -> bool:
     return True
 
 
-def _join(graph: torch.fx.Graph, first: torch.fx.Node, second: torch.fx.Node, checks: bool) -> None:
+def _join(
+    graph: torch.fx.Graph,
+    first: torch.fx.Node,
+    second: torch.fx.Node,
+    write_pair: Any,
+    checks: bool,
+) -> None:
     (k_cache, index, k), (v_cache, _, v) = _cache_write(first), _cache_write(second)
     with graph.inserting_before(second):
-        joined = graph.call_function(
-            torch.ops.fusebackend.write_cache_pair.default,
-            (k_cache, v_cache, index, k, v, checks),
-        )
+        joined = graph.call_function(write_pair, (k_cache, v_cache, index, k, v, checks))
     joined.meta["example_value"] = None
     graph.erase_node(second)
     graph.erase_node(first)
+
+
+def can_write_pair(k_cache: Any, v_cache: Any, index: Any, k: Any, v: Any) -> bool:
+    """Do these (example) values fit ``write_cache_pair``? Two 4-D caches of one shape,
+    dtype and device, two new-row tensors of one shape in that dtype, a 1-D int64 index
+    of one entry per new row, all sizes static."""
+    tensors = (k_cache, v_cache, index, k, v)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return False
+    if not all(isinstance(n, int) for t in tensors for n in t.shape):
+        return False
+    return (
+        k_cache.dim() == 4
+        and k_cache.shape == v_cache.shape
+        and k.shape == v.shape
+        and k.dim() == 4
+        and k.shape[:2] == k_cache.shape[:2]
+        and k.shape[3] == k_cache.shape[3]
+        and {t.dtype for t in (k_cache, v_cache, k, v)} == {k_cache.dtype}
+        and len({t.device for t in tensors}) == 1
+        and index.dim() == 1
+        and index.dtype == torch.int64  # as index_copy_ demands
+        and index.shape[0] == k.shape[2]
+    )
