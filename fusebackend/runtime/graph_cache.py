@@ -287,15 +287,12 @@ class GraphCache:
         user_args: tuple[Any, ...],
         batch: int | None,
         bucket: int | None,
-        after_replay: Callable[[], None] | None = None,
     ) -> Sequence[Any]:
-        """``after_replay``: called once the replay is enqueued, before the output copies
-        (the capture trial's timing mark)."""
         if self._replay_device is None:
-            return self._enqueue_replay(entry, args, user_args, batch, bucket, after_replay)
+            return self._enqueue_replay(entry, args, user_args, batch, bucket)
         with _capture.replay_lock():
             _capture.wait_for_last_replay(self._replay_device)
-            return self._enqueue_replay(entry, args, user_args, batch, bucket, after_replay)
+            return self._enqueue_replay(entry, args, user_args, batch, bucket)
 
     def _enqueue_replay(
         self,
@@ -304,7 +301,6 @@ class GraphCache:
         user_args: tuple[Any, ...],
         batch: int | None,
         bucket: int | None,
-        after_replay: Callable[[], None] | None = None,
     ) -> Sequence[Any]:
         """Copy the inputs in, replay, write mutations back, clone the outputs: all queued
         on the caller's current stream."""
@@ -314,8 +310,6 @@ class GraphCache:
         for i, buf, ring in entry.host_copies:
             ring.copy(buf, args[i])
         entry.graph.replay()
-        if after_replay is not None:
-            after_replay()
         if entry.written:
             write_back(entry.written, entry.buffers_by_index, user_args)
         clone = not self._static_outputs
@@ -589,14 +583,13 @@ class GraphCache:
         replayed or run directly, in turn; each call runs the graph once either way."""
         trial = entry.trial
         assert trial is not None
-        if trial.next_is_replay():
+        replayed = trial.next_is_replay()
+        if replayed:
             run = functools.partial(self._replay, entry, args, user_args, batch, bucket)
-            outputs, host, graph, copies = payoff.time_call(run, self._replay_device, marked=True)
-            trial.add_replay(host, graph, copies)
         else:
             run = functools.partial(self._direct, entry.fn, args, user_args, batch, bucket)
-            outputs, host, _, _ = payoff.time_call(run, self._replay_device)
-            trial.add_direct(host)
+        outputs, seconds = payoff.time_call(run, self._replay_device)
+        trial.add(replayed, seconds)
         verdict = trial.verdict()
         if verdict is None:
             return outputs

@@ -6,8 +6,8 @@ can cost more than the replay saves: the embedding chain at B=16, T=2048, D=2048
 H200 replays in 0.109 ms, and with its 128 MB output copy costs 0.188 ms per call, against
 0.114 ms for the same graph run uncaptured. So a captured signature whose outputs are large
 times a few calls of each kind (alternating, one kind per call, so each call still runs the
-graph once) and keeps the faster, as a loop of calls would see it (``CaptureTrial``).
-Small outputs (every decode step) skip the trial and stay captured at no cost.
+graph once) and keeps the faster. Small outputs (every decode step) skip the trial and stay
+captured at no cost.
 """
 
 from __future__ import annotations
@@ -40,79 +40,42 @@ def output_bytes(outputs: Sequence[Any], aliases: Sequence[int | None]) -> int:
     )
 
 
-def time_call(
-    fn: Callable[..., Any], device_index: int | None, marked: bool = False
-) -> tuple[Any, float, float, float]:
-    """Run ``fn`` once, the device idle before; return (its result, host seconds to issue
-    it, device seconds before the mark, device seconds after it).
+def time_call(fn: Callable[[], Any], device_index: int | None) -> tuple[Any, float]:
+    """Run ``fn`` once; return (its result, seconds from its start until the device is done).
 
-    ``marked``: ``fn`` takes ``after_replay``, a callable it calls once its graph replay is
-    enqueued (the output copies come after); otherwise the whole call counts as "before".
-    Device times come from CUDA events; on the CPU (``device_index`` None) the host clock
-    stands for both. Used only during a trial; tests replace it to inject timings.
+    Host clock around a synchronize on both sides: the host-side cost (launches, the
+    per-call Python work of an uncaptured graph) counts as well as the device time. Used only
+    during a trial; tests replace it to inject timings.
     """
-    if device_index is None:
-        start = time.perf_counter()
-        result = fn(after_replay=lambda: None) if marked else fn()
-        seconds = time.perf_counter() - start
-        return result, seconds, seconds, 0.0
-    torch.cuda.synchronize(device_index)
-    begin, mark, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-    begin.record()
+    if device_index is not None:
+        torch.cuda.synchronize(device_index)
     start = time.perf_counter()
-    result = fn(after_replay=mark.record) if marked else fn()
-    host = time.perf_counter() - start
-    end.record()
-    if not marked:
-        mark.record()
-    torch.cuda.synchronize(device_index)
-    return result, host, begin.elapsed_time(mark) / 1e3, mark.elapsed_time(end) / 1e3
+    result = fn()
+    if device_index is not None:
+        torch.cuda.synchronize(device_index)
+    return result, time.perf_counter() - start
 
 
 class CaptureTrial:
-    """Timings of one signature's first calls after capture, replayed and run directly.
+    """Timings of one signature's first calls after capture, replayed and run directly."""
 
-    Calls come back to back in a loop, so the host issues the next call while the device
-    runs the last: a call costs about the larger of its host time and its device time. A
-    replay's host time is small; its device time is the graph plus the output copies. A
-    direct run issues the same kernels as the graph, one by one: it costs the larger of its
-    host time and the graph's device time (measured on the replays: a direct run's own
-    device time also counts the device waiting for the host between its launches). On an
-    H100 (2026-11-23) the chain (B=16, T=2048) ran its kernel in 0.124 ms, a replay with its
-    128 MB copy took 0.233 ms per call, and timing a direct run as host + device (a
-    synchronize on both sides) made it look as slow as that, where back to back it takes
-    about the kernel's time.
-    """
-
-    __slots__ = ("replayed", "graph", "direct")
+    __slots__ = ("replayed", "direct")
 
     def __init__(self) -> None:
-        self.replayed: list[float] = []  # per call: max(host, graph + copies)
-        self.graph: list[float] = []  # device seconds of the graph alone
-        self.direct: list[float] = []  # host seconds of a direct run
+        self.replayed: list[float] = []
+        self.direct: list[float] = []
 
     def next_is_replay(self) -> bool:
         return len(self.replayed) <= len(self.direct)
 
-    def add_replay(self, host: float, graph: float, copies: float) -> None:
-        self.replayed.append(max(host, graph + copies))
-        self.graph.append(graph)
-
-    def add_direct(self, host: float) -> None:
-        self.direct.append(host)
+    def add(self, replayed: bool, seconds: float) -> None:
+        (self.replayed if replayed else self.direct).append(seconds)
 
     def verdict(self) -> tuple[bool, str] | None:
-        """(keep captured, why) once every call was timed, else None. The fastest call of
-        each kind counts, so the first replay's one-off upload of the graph does not."""
+        """(keep captured, why) once every call was timed, else None."""
         if len(self.replayed) < TRIAL_CALLS or len(self.direct) < TRIAL_CALLS:
             return None
-        replay = min(self.replayed) * 1e3
-        host, kernels = min(self.direct) * 1e3, min(self.graph) * 1e3
-        direct = max(host, kernels)
-        keep = replay <= direct
-        compared = "<=" if keep else ">"
-        why = (
-            f"{'captured' if keep else 'uncaptured'}: replay + output copy {replay:.3f} ms "
-            f"{compared} direct {direct:.3f} ms (host {host:.3f} ms, kernels {kernels:.3f} ms)"
-        )
-        return keep, why
+        replay, direct = min(self.replayed) * 1e3, min(self.direct) * 1e3
+        if replay <= direct:
+            return True, f"captured: replay + output copy {replay:.3f} ms <= direct {direct:.3f} ms"
+        return False, f"uncaptured: replay + output copy {replay:.3f} ms > direct {direct:.3f} ms"
