@@ -30,7 +30,11 @@ from fusebackend.kernels import (
 )
 from fusebackend.kernels.cache_write import WRITE_CACHE_PAIR
 from fusebackend.kernels.launch import layout_for, precompile_all
-from fusebackend.passes.attention import pack_grouped_queries, share_mask_conversion
+from fusebackend.passes.attention import (
+    drop_key_uniform_masks,
+    pack_grouped_queries,
+    share_mask_conversion,
+)
 from fusebackend.passes.batching import batch_scalar_updates, batch_state_sums
 from fusebackend.passes.cache_writes import pair_cache_writes
 from fusebackend.passes.constants import fold_constants, fold_list_indices
@@ -145,10 +149,12 @@ def infinifuse(
     batched_updates: list[str] = []
     packed_attention: list[str] = []
     shared_masks: list[str] = []
+    dropped_masks: list[str] = []
     if config.rewrites:
         batched_updates = batch_scalar_updates(gm, static_address)
         batched_updates += batch_state_sums(gm, static_address, device or torch.device("cpu"))
-        shared_masks = share_mask_conversion(gm)  # first: packing expands the converted mask
+        dropped_masks = drop_key_uniform_masks(gm)
+        shared_masks = share_mask_conversion(gm)  # before packing: it expands the mask
         packed_attention = pack_grouped_queries(gm)
     mutated = mutated_placeholders(gm.graph)
     # Nothing is captured without CUDA graphs: the split would only add snapshot clones.
@@ -205,6 +211,7 @@ def infinifuse(
         list_indices=list_indices,
         packed_attention=packed_attention,
         shared_masks=shared_masks,
+        dropped_masks=dropped_masks,
         cache_writes=cache_writes,
         host_nodes=split.nodes if split is not None else [],
     )

@@ -63,6 +63,8 @@ class GraphReport:
     packed_attention: list[str] = dataclasses.field(default_factory=list)
     # Boolean attention masks made additive once for all their SDPA calls (passes/attention).
     shared_masks: list[str] = dataclasses.field(default_factory=list)
+    # SDPA calls whose mask, the same for every key, was dropped (passes/attention).
+    dropped_masks: list[str] = dataclasses.field(default_factory=list)
     # Pairs of KV-cache index_copy_ writes run as one launch in the fused graph
     # (passes/cache_writes).
     cache_writes: list[str] = dataclasses.field(default_factory=list)
@@ -144,6 +146,9 @@ class FusionReport:
             if graph.shared_masks:
                 names = ", ".join(graph.shared_masks)
                 lines.append(f"boolean attention masks made additive once: {names}")
+            if graph.dropped_masks:
+                names = ", ".join(graph.dropped_masks)
+                lines.append(f"attention without a mask uniform along the keys: {names}")
             if graph.cache_writes:
                 names = ", ".join(graph.cache_writes)
                 lines.append(f"KV-cache writes in one launch (fused graph): {names}")

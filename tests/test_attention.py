@@ -52,6 +52,20 @@ def _inputs(dtype, rows, mask_kind, heads=6, kv_heads=2, length=9, g=None):
     return q, k, v, mask
 
 
+def _captured_on_the_gpu(fn, *args):
+    """Compile ``fn`` with CUDA graphs, call it three times (capture, then replays); return
+    the last output and the graph's report, asserting that no signature ran uncaptured."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="infinifuse")
+    with torch.no_grad():
+        for _ in range(3):
+            actual = compiled(*args)
+    graph = fusebackend.last_report().graphs[-1]
+    modes = [e["mode"] for e in graph.runtime_modes()]
+    assert modes and "eager" not in modes, modes  # captured in a CUDA graph
+    return actual, graph
+
+
 def _compiled(fn, *args):
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="infinifuse", options={"cudagraphs": False})
@@ -133,6 +147,16 @@ def test_other_spellings_compile_and_equal_eager(fn, packed):
     assert len(graph.packed_attention) == packed, graph.packed_attention
 
 
+def test_a_long_cache_keeps_the_repeat():
+    from fusebackend.passes.attention import PACK_MAX_SLOTS
+
+    for length, packed in ((PACK_MAX_SLOTS, 1), (PACK_MAX_SLOTS + 1, 0)):
+        args = _inputs(torch.float32, 1, "bool", length=length)
+        actual, graph = _compiled(_attention, *args)
+        assert_close(actual, eager(_attention, *args))
+        assert len(graph.packed_attention) == packed, (length, graph.packed_attention)
+
+
 def test_a_cache_written_after_its_repeat_is_not_packed():
     q, k, v, _ = _inputs(torch.float32, 1, "none")
     new_k, position = torch.randn(2, 2, 1, 16), torch.tensor([4])
@@ -194,6 +218,41 @@ def test_prefill_single_call_float_and_rewrites_false_masks_stay_as_traced():
     assert fusebackend.last_report().graphs[-1].shared_masks == []
 
 
+def _uniform_rows(q, k, v, allowed_rows):
+    """A mask that allows each query row every key or none, expanded along the keys (stride
+    0), as transformers 5.17's traced BERT mask is: twice, as two layers would."""
+    b, _, rows, _ = q.shape
+    mask = allowed_rows[:, None, :, None].expand(b, 1, rows, k.shape[2])
+    x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
+    return F.scaled_dot_product_attention(x + q, k, v, attn_mask=mask) * 2
+
+
+def _one_column(q, k, v, allowed_rows):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_rows[:, None, :, None])
+
+
+@pytest.mark.parametrize("fn", [_uniform_rows, _one_column], ids=["stride 0", "one column"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_a_mask_uniform_along_the_keys_is_dropped_and_rows_of_no_keys_are_zero(dtype, fn):
+    q, k, v, _ = _inputs(dtype, 5, "none", heads=3, kv_heads=3, length=7)
+    allowed_rows = torch.ones(2, 5, dtype=torch.bool)
+    allowed_rows[1, 3] = False  # a query row that may see no key: SDPA gives 0 there
+    expected = eager(fn, q, k, v, allowed_rows)
+    actual, graph = _compiled(fn, q, k, v, allowed_rows)
+    assert_close(actual, expected)
+    assert actual[1, :, 3].abs().amax() == 0 and expected[1, :, 3].abs().amax() == 0
+    calls = 2 if fn is _uniform_rows else 1
+    assert len(graph.dropped_masks) == calls, graph.dropped_masks
+    assert "attention without a mask uniform along the keys" in str(fusebackend.last_report())
+
+
+def test_masks_that_differ_along_the_keys_are_kept():
+    args = _inputs(torch.float32, 3, "bool", heads=3, kv_heads=3)
+    actual, graph = _compiled(_layers, *args)
+    assert_close(actual, eager(_layers, *args))
+    assert graph.dropped_masks == []
+
+
 def test_llama_decode_attention_reads_the_static_cache_unrepeated():
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
@@ -230,16 +289,9 @@ def test_grouped_queries_on_the_gpu_in_a_cuda_graph(dtype, rows):
     # TinyLlama's grouping: 32 query heads over 4 K/V heads, 64 wide, a 176-slot cache
     args = [t.cuda() for t in _inputs(dtype, rows, "bool", heads=32, kv_heads=4, length=176)]
     expected = eager(_attention, *args)
-    torch._dynamo.reset()
-    compiled = torch.compile(_attention, backend="infinifuse")
-    with torch.no_grad():
-        for _ in range(3):  # capture, then replays
-            actual = compiled(*args)
+    actual, graph = _captured_on_the_gpu(_attention, *args)
     assert_close(actual, expected)
-    graph = fusebackend.last_report().graphs[-1]
     assert len(graph.packed_attention) == (1 if rows == 1 else 0)
-    modes = [e["mode"] for e in graph.runtime_modes()]
-    assert modes and "eager" not in modes, modes  # captured in a CUDA graph
 
 
 @pytest.mark.gpu
@@ -250,13 +302,23 @@ def test_shared_mask_on_the_gpu_in_a_cuda_graph(dtype):
     q, k, v, mask = (t.cuda() for t in _inputs(dtype, 1, "bool", heads=32, kv_heads=32,
                                                 length=176))  # fmt: skip
     expected = eager(_layers, q, k, v, mask)
-    torch._dynamo.reset()
-    compiled = torch.compile(_layers, backend="infinifuse")
-    with torch.no_grad():
-        for _ in range(3):  # capture, then replays
-            actual = compiled(q, k, v, mask)
+    actual, graph = _captured_on_the_gpu(_layers, q, k, v, mask)
     assert_close(actual, expected)
-    graph = fusebackend.last_report().graphs[-1]
     assert graph.shared_masks == ["l_mask_ (3 calls)"], graph.shared_masks
-    modes = [e["mode"] for e in graph.runtime_modes()]
-    assert modes and "eager" not in modes, modes
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_key_uniform_mask_on_the_gpu_in_a_cuda_graph(dtype):
+    # BERT-base's attention at 8 x 128 with the stride-0 mask its traced graph passes; eager
+    # runs SDPA's math path on it, the rewritten graph a fused kernel without the mask
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(8, 12, 128, 64, generator=g).to("cuda", dtype) for _ in range(3))
+    allowed_rows = torch.ones(8, 128, dtype=torch.bool, device="cuda")
+    allowed_rows[5, 100:] = False
+    expected = eager(_uniform_rows, q, k, v, allowed_rows)
+    actual, graph = _captured_on_the_gpu(_uniform_rows, q, k, v, allowed_rows)
+    assert_close(actual, expected)
+    assert actual[5, :, 100:].abs().amax() == 0
+    assert len(graph.dropped_masks) == 2, graph.dropped_masks

@@ -1,5 +1,6 @@
 """Rewrites of the graph's attention calls (``F.scaled_dot_product_attention``): grouped-query
-attention without repeating K and V, and one boolean-to-additive mask conversion per step.
+attention without repeating K and V, one boolean-to-additive mask conversion per step, and
+no mask where a mask is the same for every key.
 
 **Grouped queries** (``pack_grouped_queries``): query heads that share a K/V head become
 query rows of that head.
@@ -24,7 +25,8 @@ and never copied. Applied to an SDPA call with no dropout, ``is_causal=False`` a
 ``enable_gqa``, whose mask (if any) has one head, whose K and V are repeat_kv of two
 tensors ``[B, Hkv, S, D]`` with one ``n_rep`` that nothing writes between the repeat and
 the call, with one query row and an output of the queries' shape, contiguous, all sizes
-static.
+static, and at most ``PACK_MAX_SLOTS`` (512) cache slots: beyond that the copies cost less
+than the parallelism packing loses (measured, see the constant).
 
 **Shared masks** (``share_mask_conversion``): SDPA turns a boolean mask into an additive
 one in the queries' dtype on every call, ``where(mask, 0, -inf)`` with both scalars made
@@ -36,10 +38,22 @@ values SDPA would make for itself (``-inf`` everywhere in the queries' dtype, ``
 the mask allows), so every backend sees the same mask as before. Decode steps only (one mask row):
 a row that masks every key would be a prefill's padding row, and this keeps such rows
 wherever SDPA puts them.
+
+**Masks uniform along the keys** (``drop_key_uniform_masks``): a boolean mask whose last
+dim has stride 0 (or size 1) allows each query row every key or none. Every fused GPU
+kernel of SDPA refuses a mask with a stride-0 last dim, so the math path runs: BERT traced
+by Dynamo passes an all-True ``[8, 1, 128, 128]`` mask expanded that way (H100,
+2026-11-23, ``benchmarks/results/diag_bert_sdpa_h100.txt``: 413 kernels per call against
+eager's 166, where eager passes no mask and gets cuDNN's kernel). Such a call runs without
+the mask, and ``where(mask[..., :1], out, 0)`` sets the rows that allowed no key to 0,
+which is what SDPA returns for them (the math path's safe softmax; the CPU kernel too).
+Applied when the call has no dropout and is not causal, and the ``where`` keeps SDPA's
+output layout. Not yet timed on a GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -53,7 +67,7 @@ import torch.nn.functional as F
 from fusebackend.passes.fx_util import example_value, nodes_between, static_tensor
 from fusebackend.passes.mutations import storage_id, written_storages
 
-__all__ = ["pack_grouped_queries", "share_mask_conversion"]
+__all__ = ["drop_key_uniform_masks", "pack_grouped_queries", "share_mask_conversion"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +79,14 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
 _SDPA = inspect.signature(_sdpa)
 _NEW_AXIS = (slice(None), slice(None), None, slice(None), slice(None))
 
+# Pack only caches of at most this many slots. Packed rows give SDPA one block of work per
+# K/V head instead of one per query head, and each block walks the whole cache: on an H100
+# (2026-11-23, benchmarks/results/diag_decode_sdpa_h100.txt; TinyLlama's 32 query and 4 K/V
+# heads, fp16, cuDNN) a packed layer took 8.8 us at 176 slots against 11.2 us for repeat_kv's
+# two copies plus SDPA, but 62.5 us at 4096 slots against 45.3 us. The two cross near 650
+# slots; 512 keeps to the side measured as a gain.
+PACK_MAX_SLOTS = 512
+
 
 def pack_grouped_queries(gm: torch.fx.GraphModule) -> list[str]:
     """Rewrite ``gm`` in place; return the names of the SDPA calls rewritten."""
@@ -72,11 +94,7 @@ def pack_grouped_queries(gm: torch.fx.GraphModule) -> list[str]:
     for node in list(gm.graph.nodes):
         if _pack(gm.graph, node):
             packed.append(node.name)
-    if packed:
-        gm.graph.lint()
-        gm.recompile()
-        log.info("attention without repeated K/V: %s", ", ".join(packed))
-    return packed
+    return _finish(gm, packed, "attention without repeated K/V")
 
 
 def share_mask_conversion(gm: torch.fx.GraphModule) -> list[str]:
@@ -108,11 +126,56 @@ def share_mask_conversion(gm: torch.fx.GraphModule) -> list[str]:
         for call in calls:
             call.replace_input_with(mask, converted)
         shared.append(f"{mask.name} ({len(calls)} calls)")
-    if shared:
+    return _finish(gm, shared, "boolean attention masks made additive once")
+
+
+def drop_key_uniform_masks(gm: torch.fx.GraphModule) -> list[str]:
+    """Rewrite ``gm`` in place: an SDPA call whose boolean mask is the same for every key of
+    a query row runs without the mask, and the rows that allowed no key are set to 0
+    afterwards. Return the names of the calls rewritten."""
+    dropped = []
+    for node in list(gm.graph.nodes):
+        a = _arguments(node)
+        if a is None or not isinstance(a["attn_mask"], torch.fx.Node):
+            continue
+        m, out = example_value(a["attn_mask"]), example_value(node)
+        if not (static_tensor(m) and static_tensor(out) and m.dtype == torch.bool and m.dim()):
+            continue
+        if m.shape[-1] == 0 or (m.shape[-1] > 1 and m.stride(-1) != 0):
+            continue  # keys masked one by one (or no keys)
+        if a["is_causal"] is not False or a["dropout_p"] != 0.0:
+            continue
+        rows = m[..., :1]
+        with getattr(m, "fake_mode", None) or contextlib.nullcontext():
+            kept = torch.where(rows, out, 0.0)
+        if kept.shape != out.shape or kept.stride() != out.stride():
+            continue  # later views rely on SDPA's output layout
+        with gm.graph.inserting_before(node):
+            row_mask = gm.graph.call_function(
+                operator.getitem, (a["attn_mask"], (Ellipsis, slice(None, 1)))
+            )
+            row_mask.meta["example_value"] = rows
+        if "attn_mask" in node.kwargs:
+            node.update_kwarg("attn_mask", None)
+        else:
+            node.update_arg(3, None)
+        users = list(node.users)
+        with gm.graph.inserting_after(node):
+            zeroed = gm.graph.call_function(torch.where, (row_mask, node, 0.0))
+            zeroed.meta["example_value"] = kept
+        for user in users:
+            user.replace_input_with(node, zeroed)
+        dropped.append(node.name)
+    return _finish(gm, dropped, "attention masks uniform along the keys dropped")
+
+
+def _finish(gm: torch.fx.GraphModule, rewritten: list[str], what: str) -> list[str]:
+    """After a rewrite of ``gm``: check and recompile it, and log what changed."""
+    if rewritten:
         gm.graph.lint()
         gm.recompile()
-        log.info("boolean attention masks made additive once: %s", ", ".join(shared))
-    return shared
+        log.info("%s: %s", what, ", ".join(rewritten))
+    return rewritten
 
 
 def _arguments(node: torch.fx.Node) -> dict[str, Any] | None:
@@ -149,6 +212,8 @@ def _pack(graph: torch.fx.Graph, sdpa: torch.fx.Node) -> bool:
         return False
     if heads % n_rep or tuple(original.shape) != (batch, heads, rows, width):
         return False  # a broadcast batch, or values of another width than the queries
+    if example_value(key_source).shape[2] > PACK_MAX_SLOTS:
+        return False  # a long cache: one block per K/V head walks it too slowly
     if not original.is_contiguous():
         # SDPA may return [B, H, T, D] laid out as [B, T, H, D]; the packed result is
         # contiguous, and later views (.transpose(1, 2).view(...)) rely on the layout.
