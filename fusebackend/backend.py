@@ -9,11 +9,12 @@ unfused, so gradients equal eager's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,8 +29,8 @@ from fusebackend.kernels import (
     row_kernel_pair,
     triton_usable,
 )
-from fusebackend.kernels.cache_write import WRITE_CACHE_PAIR
-from fusebackend.kernels.launch import layout_for, precompile_all
+from fusebackend.kernels.cache_write import WRITE_CACHE_PAIR, precompile_pair
+from fusebackend.kernels.launch import layout_for, precompile, precompile_all
 from fusebackend.passes.attention import (
     drop_key_uniform_masks,
     pack_grouped_queries,
@@ -377,18 +378,25 @@ def _precompile(graph: torch.fx.Graph) -> None:
     """Compile the graph's CUDA kernels now, concurrently, rather than one by one at their
     first launches (a 22-layer Llama's fused decode graph took 2.3 s longer to its first
     call than the unfused one on an H100, 2026-11-23, most of it compiling ~7 kernels)."""
-    jobs = []
+    jobs: list[Callable[[], None]] = []
     for node in graph.nodes:
         op = node.target
+        if op is WRITE_CACHE_PAIR:
+            *tensors, checks = node.args
+            values = [example_value(a) for a in tensors]
+            if all(_concrete_cuda_tensor(v) for v in values):
+                jobs.append(functools.partial(precompile_pair, *values, checks))
+            continue
         if not isinstance(op, FusedGroupOp | FusedPairOp) or not op.use_triton:
             continue
         values = [example_value(a) for a in node.args]
         if not all(_concrete_cuda_tensor(v) for v in values):
             continue  # symbolic shapes: the launch knows the sizes
         if isinstance(op, FusedPairOp):
-            jobs.append((op.first.program, values, op.first.options, op.split))
+            program, options, split = op.first.program, op.first.options, op.split
         else:
-            jobs.append((op.program, values, op.options, None))
+            program, options, split = op.program, op.options, None
+        jobs.append(functools.partial(precompile, program, values, options, split))
     if jobs:
         start = time.perf_counter()
         failed = precompile_all(jobs)

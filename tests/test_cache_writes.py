@@ -46,6 +46,38 @@ def test_an_index_outside_the_cache_raises_and_writes_nothing():
         assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
 
 
+def test_precompile_warms_the_kernel_the_write_launches(monkeypatch):
+    # The warm-up must specialise as the launch does (same grid, meta-parameters, ints; each
+    # tensor as its dtype and alignment), or the first call compiles the kernel again.
+    from fusebackend.kernels import cache_write
+
+    launches, warmups = [], []
+
+    class Recorder:
+        def warmup(self, *args, grid, **meta):
+            warmups.append((list(args), grid, meta))
+
+        def __getitem__(self, grid):
+            return lambda *args, **meta: launches.append((list(args), grid, meta))
+
+    monkeypatch.setattr(cache_write, "_kernel", lambda checks: Recorder())
+    k_cache, v_cache, k, v = _caches(torch.float16, width=40)
+    v_cache = v_cache[..., 1:]  # a view 2 bytes in: unaligned, as the launch sees it
+    k_cache, k, v = k_cache[..., :39], k[..., :39], v[..., 1:]
+    index = torch.tensor([3, 5])
+    write_cache_pair(k_cache, v_cache, index, k, v, False)
+    cache_write.precompile_pair(k_cache, v_cache, index, k, v, False)
+    ((run_args, run_grid, run_meta),) = launches
+    ((warm_args, warm_grid, warm_meta),) = warmups
+
+    def seen(x):  # what Triton specialises a pointer on: its dtype and 16-byte alignment
+        return (x.dtype, x.data_ptr() % 16 == 0) if hasattr(x, "data_ptr") else x
+
+    assert [seen(x) for x in warm_args] == [seen(x) for x in run_args]
+    assert seen(run_args[1]) == (torch.float16, False)  # the unaligned cache view
+    assert (warm_grid, warm_meta) == (run_grid, run_meta)
+
+
 def _layer_write(k_cache, v_cache, position, k, v):
     k = k * 0.5 + 1.0  # a fused group, so that the graph has a fused version
     k_cache.index_copy_(2, position, k)

@@ -4,6 +4,8 @@ q's and k's rotary embeddings of different head counts, norms of different row c
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from helpers import FLOAT_DTYPES, assert_close, eager, run_fused
@@ -169,10 +171,13 @@ def test_precompile_warms_the_kernel_the_launch_runs(monkeypatch, paired):
     options = KernelOptions()
     if paired:
         launch.row_kernel_pair(program, a, b, options)
-        assert launch.precompile_all([(program, [*a, *b], options, len(a))]) == 0
+        job = functools.partial(launch.precompile, program, [*a, *b], options, len(a))
+        assert launch.precompile_all([job]) == 0
     else:
         launch.row_kernel(program, a, options=options)
-        assert launch.precompile_all([(program, a, options, None)]) == 0
+        assert (
+            launch.precompile_all([functools.partial(launch.precompile, program, a, options)]) == 0
+        )
     ((run_args, run_grid, run_meta),) = recorder.launches
     ((warm_args, warm_grid, warm_meta),) = recorder.warmups
 
@@ -191,27 +196,24 @@ def test_an_interrupted_precompile_leaves_no_async_mode_behind(monkeypatch):
 
     from fusebackend.kernels import launch
 
-    def interrupted_compile(*job):
+    def interrupted_compile():
         def finalize(kernel):
             raise KeyboardInterrupt
 
         _async_compile.active_mode.get().submit("key", lambda: None, finalize)
 
-    monkeypatch.setattr(launch, "precompile", interrupted_compile)
     with pytest.raises(KeyboardInterrupt):
-        launch.precompile_all([(None,)])
+        launch.precompile_all([interrupted_compile])
     assert _async_compile.active_mode.get() is None
 
 
 def test_a_precompile_that_fails_is_counted_and_left_to_the_launch(monkeypatch):
     from fusebackend.kernels import launch
 
-    def broken(*args, **kwargs):
+    def broken():
         raise RuntimeError("no compiler")
 
-    monkeypatch.setattr(launch, "precompile", broken)
-    jobs = [(object(), [], KernelOptions(), None)] * 2
-    assert launch.precompile_all(jobs) == 2
+    assert launch.precompile_all([broken, broken]) == 2
 
 
 def _rotate_half(x):

@@ -19,14 +19,15 @@ Triton's debug mode and its device-side assert stops the program, as eager CUDA'
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
 import torch
 
-from fusebackend.kernels.launch import triton_usable
+from fusebackend.kernels.launch import triton_usable, warmup_pointer
 
-__all__ = ["WRITE_CACHE_PAIR", "write_cache_pair"]
+__all__ = ["WRITE_CACHE_PAIR", "precompile_pair", "write_cache_pair"]
 
 
 @torch.library.custom_op("fusebackend::write_cache_pair", mutates_args=("k_cache", "v_cache"))
@@ -54,15 +55,36 @@ def write_cache_pair(
             bad = low if low < 0 else high
             raise IndexError(f"index_copy_(): index {bad} is out of bounds for a cache of "
                              f"{slots} slots (shape {tuple(k_cache.shape)})")  # fmt: skip
+    args, grid, meta = _launch(k_cache, v_cache, index, k, v)
+    _kernel(checks)[grid](*args, **meta)
+
+
+def precompile_pair(k_cache, v_cache, index, k, v, checks: bool) -> None:
+    """Compile the kernel that ``write_cache_pair`` on tensors like these (fake tensors
+    suffice: shapes, strides, offsets, dtypes) would launch, without running it, so that it
+    compiles beside the row kernels (``launch.precompile_all``) instead of at the first call."""
+    args, grid, meta = _launch(k_cache, v_cache, index, k, v)
+    args = [
+        warmup_pointer(x.dtype, x.storage_offset() * x.element_size())
+        if isinstance(x, torch.Tensor)
+        else x
+        for x in args
+    ]
+    device = k_cache.device
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        _kernel(checks).warmup(*args, grid=grid, **meta)
+
+
+def _launch(k_cache, v_cache, index, k, v) -> tuple[list[Any], tuple[int], dict[str, int]]:
+    """(arguments, grid, meta-parameters) of the kernel's launch on these tensors."""
     batch, heads, rows, width = k.shape
-    kernel = _kernel(checks)
     block = 1 << max(0, (width - 1).bit_length())
-    kernel[(batch * heads * rows,)](
+    args = [
         k_cache, v_cache, index, k, v,
-        heads, rows, slots, width, index.stride(0),
+        heads, rows, k_cache.shape[2], width, index.stride(0),
         *k_cache.stride(), *v_cache.stride(), *k.stride(), *v.stride(),
-        BLOCK_D=block, num_warps=1 if block <= 256 else 4,
-    )  # fmt: skip
+    ]  # fmt: skip
+    return args, (batch * heads * rows,), {"BLOCK_D": block, "num_warps": 1 if block <= 256 else 4}
 
 
 @write_cache_pair.register_fake

@@ -20,7 +20,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -358,11 +358,12 @@ def row_kernel_pair(
     return (*a.outputs, *b.outputs)
 
 
-def precompile_all(jobs: Sequence[tuple[Any, ...]], threads: int = 8) -> int:
-    """``precompile(*job)`` for every job, compiling the distinct kernels concurrently
-    (Triton's ``AsyncCompileMode`` over a thread pool: the compiler's passes and ptxas run
-    outside the GIL). Returns the number of jobs that failed to warm up or to compile; their
-    kernels compile at their first launch, where an error is raised and handled as before.
+def precompile_all(jobs: Sequence[Callable[[], None]], threads: int = 8) -> int:
+    """Run every job (``functools.partial(precompile, ...)`` or another kernel's warm-up),
+    compiling the distinct kernels concurrently (Triton's ``AsyncCompileMode`` over a thread
+    pool: the compiler's passes and ptxas run outside the GIL). Returns the number of jobs
+    that failed to warm up or to compile; their kernels compile at their first launch, where
+    an error is raised and handled as before.
     """
     try:
         from triton.runtime import _async_compile
@@ -378,7 +379,7 @@ def precompile_all(jobs: Sequence[tuple[Any, ...]], threads: int = 8) -> int:
             with mode:
                 for job in jobs:
                     try:
-                        precompile(*job)
+                        job()
                     except Exception as exc:  # the launch compiles it and raises there
                         failed += 1
                         log.info("precompile failed (%s); it compiles at its launch", exc)
@@ -389,6 +390,28 @@ def precompile_all(jobs: Sequence[tuple[Any, ...]], threads: int = 8) -> int:
         if mode is not None and _async_compile.active_mode.get() is mode:
             _async_compile.active_mode.set(None)
     return failed + sum(1 for f in mode.raw_futures if f.exception() is not None)
+
+
+def warmup_pointer(dtype: torch.dtype, address: int) -> Any:
+    """A tensor as ``JITFunction.warmup`` sees it: a dtype and an address. Triton
+    specialises pointers on 16-byte alignment, so a view at a byte offset is given that
+    offset as its address (bases count as aligned: fresh allocations are)."""
+    return _pointer_class()(dtype, address)
+
+
+@functools.cache
+def _pointer_class() -> type:
+    from triton.runtime.jit import MockTensor
+
+    class Pointer(MockTensor):
+        def __init__(self, dtype: torch.dtype, address: int) -> None:
+            super().__init__(dtype)
+            self.address = address
+
+        def data_ptr(self) -> int:  # type: ignore[override]
+            return self.address
+
+    return Pointer
 
 
 def _pairable(a: _Launch, b: _Launch) -> bool:
@@ -425,19 +448,7 @@ def precompile(
     if not a.args:
         return
     plan = _plan(program, options, a, b)
-    from triton.runtime.jit import MockTensor
-
-    class Pointer(MockTensor):
-        """A tensor as the warm-up sees it: a dtype and an address (its offset)."""
-
-        def __init__(self, dtype: torch.dtype, address: int) -> None:
-            super().__init__(dtype)
-            self.address = address
-
-        def data_ptr(self) -> int:  # type: ignore[override]
-            return self.address
-
-    args = [Pointer(x.dtype, offsets.get(id(x), 0)) if isinstance(x, torch.Tensor) else x
+    args = [warmup_pointer(x.dtype, offsets.get(id(x), 0)) if isinstance(x, torch.Tensor) else x
             for x in plan.args]  # fmt: skip
     device = inputs[0].device
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
