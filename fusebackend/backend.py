@@ -29,7 +29,7 @@ from fusebackend.kernels import (
     row_kernel_pair,
     triton_usable,
 )
-from fusebackend.kernels.cache_write import WRITE_CACHE_PAIR, precompile_pair
+from fusebackend.kernels.cache_write import precompile_pair, write_cache_pair
 from fusebackend.kernels.launch import layout_for, precompile, precompile_all
 from fusebackend.passes.attention import (
     drop_key_uniform_masks,
@@ -369,7 +369,7 @@ def _fuse(
     # two index_copy_ calls.)
     cache_writes = []
     if config.rewrites:
-        cache_writes = pair_cache_writes(graph, WRITE_CACHE_PAIR, config.index_checks)
+        cache_writes = pair_cache_writes(graph, write_cache_pair, config.index_checks)
     _precompile(graph)
     return torch.fx.GraphModule(gm, graph), reports, rejections, cache_writes
 
@@ -381,7 +381,7 @@ def _precompile(graph: torch.fx.Graph) -> None:
     jobs: list[Callable[[], None]] = []
     for node in graph.nodes:
         op = node.target
-        if op is WRITE_CACHE_PAIR:
+        if op is write_cache_pair:
             *tensors, checks = node.args
             values = [example_value(a) for a in tensors]
             if all(_concrete_cuda_tensor(v) for v in values):

@@ -78,6 +78,15 @@ def test_precompile_warms_the_kernel_the_write_launches(monkeypatch):
     assert (warm_grid, warm_meta) == (run_grid, run_meta)
 
 
+def test_the_pair_s_node_writes_both_caches_and_nothing_else():
+    from fusebackend.passes.mutations import written_args
+
+    graph = torch.fx.Graph()
+    k_cache, v_cache, index, k, v = (graph.placeholder(n) for n in ("kc", "vc", "i", "k", "v"))
+    node = graph.call_function(write_cache_pair, (k_cache, v_cache, index, k, v, True))
+    assert written_args(node) == [k_cache, v_cache]
+
+
 def _layer_write(k_cache, v_cache, position, k, v):
     k = k * 0.5 + 1.0  # a fused group, so that the graph has a fused version
     k_cache.index_copy_(2, position, k)

@@ -3,7 +3,7 @@
 transformers' StaticCache writes the new keys and values of a layer with
 ``keys.index_copy_(2, cache_position, k)`` and then ``values.index_copy_(2, cache_position,
 v)``: two launches per layer. Two such writes ``a`` (earlier) and ``b`` become one call of
-``fusebackend::write_cache_pair`` at ``b``'s place when they use one index node along dim
+``kernels.cache_write.write_cache_pair`` at ``b``'s place when they use one index node along dim
 2 (or -2) of 4-D caches (``can_write_pair``), nothing uses their
 results, the two caches and the new rows are four different storages, and no node between
 them reads or writes ``a``'s cache or writes ``a``'s new rows or the index (``a``'s write
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 def pair_cache_writes(graph: torch.fx.Graph, write_pair: Any, checks: bool) -> list[str]:
     """Rewrite ``graph`` in place; return ``"<a> + <b>"`` for each pair of writes joined.
     ``write_pair``: the operator called as ``write_pair(k_cache, v_cache, index, k, v,
-    checks)`` (``kernels.cache_write.WRITE_CACHE_PAIR``); ``checks``: build its kernel with
+    checks)`` (``kernels.cache_write.write_cache_pair``); ``checks``: build its kernel with
     the device-side index assert."""
     writes = [n for n in graph.nodes if _cache_write(n) is not None]
     paired: list[str] = []
