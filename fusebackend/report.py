@@ -132,29 +132,25 @@ class FusionReport:
                 lines.append(f"host inputs copied to the device: {', '.join(graph.host_inputs)}")
             if graph.static_inputs:
                 lines.append(f"inputs used in place: {', '.join(graph.static_inputs)}")
-            if graph.constants:
-                lines.append(f"constants built once: {', '.join(graph.constants)}")
-            if graph.batched_updates:
-                names = ", ".join(graph.batched_updates)
-                lines.append(f"batched into foreach ops: {names}")
-            if graph.list_indices:
-                names = ", ".join(graph.list_indices)
-                lines.append(f"list indices as index tensors on the device: {names}")
-            if graph.packed_attention:
-                names = ", ".join(graph.packed_attention)
-                lines.append(f"attention without repeated K/V: {names}")
-            if graph.shared_masks:
-                names = ", ".join(graph.shared_masks)
-                lines.append(f"boolean attention masks made additive once: {names}")
-            if graph.dropped_masks:
-                names = ", ".join(graph.dropped_masks)
-                lines.append(f"attention without a mask uniform along the keys: {names}")
-            if graph.cache_writes:
-                names = ", ".join(graph.cache_writes)
-                lines.append(f"KV-cache writes in one launch (fused graph): {names}")
+            for field, label in _REWRITE_LINES:
+                names = getattr(graph, field)
+                if names:
+                    lines.append(f"{label}: {', '.join(names)}")
             if graph.host_nodes:
                 lines.append(f"run on the host each call: {', '.join(graph.host_nodes)}")
         return "\n".join(lines)
+
+
+# The graph rewrites a report lists, in order: (GraphReport field, explain's label).
+_REWRITE_LINES = (
+    ("constants", "constants built once"),
+    ("batched_updates", "batched into foreach ops"),
+    ("list_indices", "list indices as index tensors on the device"),
+    ("packed_attention", "attention without repeated K/V"),
+    ("shared_masks", "boolean attention masks made additive once"),
+    ("dropped_masks", "attention without a mask uniform along the keys"),
+    ("cache_writes", "KV-cache writes in one launch (fused graph)"),
+)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:

@@ -156,6 +156,17 @@ def assert_fused(report: FusionReport) -> None:
         assert entry["reason"] is None, entry
 
 
+def tiny_llama_config(layers: int = 2) -> Any:
+    """A Llama of 64 wide, 4 query and 2 K/V heads over a 97-token vocabulary (random
+    weights): the small decoder the CPU tests build (imports transformers)."""
+    import transformers
+
+    return transformers.LlamaConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+
+
 def eager(fn: Callable[..., Any], *args: Any) -> Any:
     with torch.no_grad():
         return fn(*args)

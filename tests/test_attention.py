@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import FLOAT_DTYPES, assert_close, eager
+from helpers import FLOAT_DTYPES, assert_close, eager, tiny_llama_config
 
 import fusebackend
 
@@ -255,10 +255,7 @@ def test_masks_that_differ_along_the_keys_are_kept():
 
 def test_llama_decode_attention_reads_the_static_cache_unrepeated():
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+    config = tiny_llama_config()
     model = transformers.LlamaForCausalLM(config).eval()
     cache = transformers.StaticCache(config=config, max_cache_len=32)
     ids = torch.randint(0, 97, (1, 5))

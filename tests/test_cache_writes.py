@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import FLOAT_DTYPES, assert_close, eager
+from helpers import FLOAT_DTYPES, assert_close, eager, tiny_llama_config
 
 import fusebackend
 from fusebackend.kernels.cache_write import write_cache_pair
@@ -137,10 +137,7 @@ def test_writes_pair_only_where_the_first_may_move_down(fn, paired):
 
 def test_llama_decode_writes_each_layer_s_cache_in_one_launch_and_equals_eager():
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+    config = tiny_llama_config()
     model = transformers.LlamaForCausalLM(config).eval()
     cache = transformers.StaticCache(config=config, max_cache_len=32)
     eager_cache = transformers.StaticCache(config=config, max_cache_len=32)

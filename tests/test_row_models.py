@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_close, eager, run_fused
+from helpers import assert_close, eager, run_fused, tiny_llama_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -16,10 +16,7 @@ def _norm_groups(report) -> int:
 
 def test_tiny_llama_equals_eager_with_norms_fused():
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+    config = tiny_llama_config()
     model = transformers.LlamaModel(config).eval()
     ids = torch.randint(0, 97, (2, 7))
     mask = torch.ones(2, 7, dtype=torch.long)
@@ -70,10 +67,7 @@ def test_more_layers_compile_no_more_distinct_kernels():
     # the kernels of layer 2, so a 4-layer model has the 2-layer model's distinct kernels.
     def distinct_kernels(layers: int) -> tuple[int, set[str]]:
         torch.manual_seed(2)
-        config = transformers.LlamaConfig(
-            vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        )  # fmt: skip
+        config = tiny_llama_config(layers)
         model = transformers.LlamaModel(config).eval()
         ids = torch.randint(0, 97, (1, 5))
         _, report = run_fused(lambda ids: model(input_ids=ids).last_hidden_state, ids)
