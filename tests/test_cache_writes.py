@@ -109,11 +109,29 @@ def _two_indices(k_cache, v_cache, position, k, v):
     return k.sum(dim=-1)
 
 
+def _one_projection(k_cache, v_cache, position, k, v):
+    kv = torch.cat([k, v], dim=-1) * 0.5 + 1.0  # GPT-2: K and V split from one tensor
+    k, v = kv.split(k.shape[-1], dim=-1)
+    k_cache.index_copy_(2, position, k)
+    v_cache.index_copy_(2, position, v)
+    return k.sum(dim=-1)
+
+
+def _rows_from_the_cache(k_cache, v_cache, position, k, v):
+    k = k * 0.5 + 1.0
+    v = k_cache[:, :, 3:5]  # a view of the cache that the first write changes
+    k_cache.index_copy_(2, position, k)
+    v_cache.index_copy_(2, position, v)  # reads k_cache after its write
+    return k.sum(dim=-1)
+
+
 @pytest.mark.parametrize(
     ("fn", "paired"),
-    [(_layer_write, 1), (_read_between, 0), (_two_indices, 0)],
-    ids=["a layer's writes", "read between", "two indices"],
-)
+    [(_layer_write, 1), (_one_projection, 1), (_read_between, 0), (_two_indices, 0),
+     (_rows_from_the_cache, 0)],
+    ids=["a layer's writes", "K and V of one tensor", "read between", "two indices",
+         "rows from the cache"],
+)  # fmt: skip
 def test_writes_pair_only_where_the_first_may_move_down(fn, paired):
     k_cache, v_cache, k, v = _caches(torch.float32)
     position = torch.tensor([4, 9])
@@ -135,19 +153,29 @@ def test_writes_pair_only_where_the_first_may_move_down(fn, paired):
     assert [e["mode"] for e in graph.runtime_modes()] == ["fusion"]  # validated, kept
 
 
-def test_llama_decode_writes_each_layer_s_cache_in_one_launch_and_equals_eager():
-    torch.manual_seed(0)
-    config = tiny_llama_config()
-    model = transformers.LlamaForCausalLM(config).eval()
+def _causal_lm(family):
+    if family == "llama":
+        torch.manual_seed(0)
+        return transformers.LlamaForCausalLM(tiny_llama_config()).eval()
+    import model_zoo  # tests/ is on sys.path (rootdir conftest)
+
+    return model_zoo.build_causal_lm(family)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_decode_writes_each_layer_s_cache_in_one_launch_and_equals_eager(family):
+    # GPT-2 splits K and V from one projection: rows of one storage, paired all the same
+    model = _causal_lm(family)
+    config, vocab = model.config, model.config.vocab_size
     cache = transformers.StaticCache(config=config, max_cache_len=32)
     eager_cache = transformers.StaticCache(config=config, max_cache_len=32)
-    ids, mask = torch.randint(0, 97, (1, 5)), torch.ones(1, 5, dtype=torch.long)
+    ids, mask = torch.randint(0, vocab, (1, 5)), torch.ones(1, 5, dtype=torch.long)
     compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": False})
     with torch.no_grad():
         for c in (cache, eager_cache):
             model(input_ids=ids, attention_mask=mask, past_key_values=c)  # eager prefill
         for step in range(3):  # each step writes the next slot, exactly once
-            token = torch.randint(0, 97, (1, 1))
+            token = torch.randint(0, vocab, (1, 1))
             mask = torch.ones(1, 6 + step, dtype=torch.long)
             got = compiled(input_ids=token, attention_mask=mask, past_key_values=cache).logits
             want = model(input_ids=token, attention_mask=mask, past_key_values=eager_cache).logits

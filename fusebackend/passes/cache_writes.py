@@ -5,7 +5,8 @@ transformers' StaticCache writes the new keys and values of a layer with
 v)``: two launches per layer. Two such writes ``a`` (earlier) and ``b`` become one call of
 ``kernels.cache_write.write_cache_pair`` at ``b``'s place when they use one index node along dim
 2 (or -2) of 4-D caches (``can_write_pair``), nothing uses their
-results, the two caches and the new rows are four different storages, and no node between
+results, the two caches are different storages and hold neither new rows (which may share
+one storage, as GPT-2's K and V split from one projection do), and no node between
 them reads or writes ``a``'s cache or writes ``a``'s new rows or the index (``a``'s write
 moves down to ``b``). Each write pairs at most once, with the next write that qualifies.
 
@@ -71,10 +72,13 @@ def _can_join(first: torch.fx.Node, second: torch.fx.Node) -> bool:
     values = [example_value(n) for n in (k_cache, v_cache, index, k, v)]
     if not can_write_pair(*values):
         return False
-    storages = [storage_id(x) for x in (values[0], values[1], values[3], values[4])]
-    if None in storages or len(set(storages)) != 4:
+    caches = [storage_id(values[0]), storage_id(values[1])]
+    rows = {storage_id(values[3]), storage_id(values[4])}
+    # The new rows may share a storage (GPT-2 splits K and V from one projection); the
+    # kernel writes a cache while it reads the rows, so neither cache may hold them.
+    if None in caches or None in rows or caches[0] == caches[1] or rows & set(caches):
         return False
-    k_cache_storage, moved = storages[0], {storage_id(values[2]), storages[2]}
+    k_cache_storage, moved = caches[0], {storage_id(values[2]), storage_id(values[3])}
     for node in nodes_between(first, second):
         read = {storage_id(example_value(n)) for n in node.all_input_nodes}
         written = written_storages([node])
