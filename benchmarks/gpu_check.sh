@@ -5,7 +5,8 @@
 #     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|decode|rows|zoo|suite|diag]...
 #
 # Knobs (environment): GPU_TESTS (test paths for "tests", default tests), DECODE_ONLY and
-# DECODE_BACKENDS (run.py's --only and --backends for "decode"), BUNDLE (a .tgz path: $OUT is
+# DECODE_BACKENDS (run.py's --only and --backends for "decode"), ROWS_ARGS (more arguments
+# of row_kernels.py for "rows", e.g. --sweep), BUNDLE (a .tgz path: $OUT is
 # packed into it after every step, so a call cut off by its time limit still returns what
 # the finished steps wrote, in one file).
 #
@@ -70,7 +71,8 @@ for step in $steps; do
         run_step bench_generate python3 benchmarks/generate.py --out "$OUT/generate.json"
         ;;
     rows)
-        run_step bench_rows python3 benchmarks/row_kernels.py --out "$OUT/row_kernels.json"
+        run_step bench_rows python3 benchmarks/row_kernels.py --out "$OUT/row_kernels.json" \
+            ${ROWS_ARGS:-}
         ;;
     decode)
         # issue 10's four models (~2 min each on an H100, all six backends, cold compiles)

@@ -3,7 +3,7 @@
 Patterns (fp16, transformers' spellings): RMSNorm (decomposed, LlamaRMSNorm), add + RMSNorm
 (two outputs: the residual sum and its norm), SwiGLU activation (silu(gate) * up), RoPE
 (``q * cos + rotate_half(q) * sin`` on rows of D = heads x 128, cos/sin per row), softmax with
-its scale and additive mask. Rows: decode (1 x D) and prefill (4096 x D); D in 2048, 4096,
+its scale and additive mask, add + LayerNorm and GPT-2's tanh GELU. Rows: decode (1 x D) and prefill (4096 x D); D in 2048, 4096,
 8192.
 
 Each variant is the same Python function compiled with ``dynamic=False``: infinifuse
@@ -16,9 +16,10 @@ ceiling is a 1 GiB device-to-device copy in the same run.
     python benchmarks/row_kernels.py --out benchmarks/results/row_kernels_h100.json
     python benchmarks/row_kernels.py --sweep --out benchmarks/results/row_sweep_h100.json
 
-``--sweep`` also times the persistent layout (rows of D <= 8192 in registers) and the
-chunked one (D = 16384, 32768) over warps x rows per program (x chunk width when chunked),
-by patching ``fusebackend.kernels.launch.launch_config``, so configs can be picked from data.
+``--sweep [CASES]`` also times each case's kernel over its layout's launch configs (row
+programs: warps x rows per program, x chunk width when chunked; pointwise ones: warps x
+columns per program), by patching ``fusebackend.kernels.launch.launch_config``, so configs
+can be picked from data. Its default cases are a decode step's rows of the suite's models.
 """
 
 from __future__ import annotations
@@ -71,6 +72,17 @@ def scaled_masked_softmax(x, mask):
     return (x * 0.088 + mask).softmax(-1)
 
 
+def add_layer_norm(x, r, w, b):
+    """GPT-2 and BERT's residual add and the LayerNorm after it."""
+    h = x + r
+    return h, F.layer_norm(h, (h.shape[-1],), w, b, 1e-5)
+
+
+def gelu_tanh(x):
+    """GPT-2's NewGELUActivation, as transformers spells it."""
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
 def make_inputs(name: str, rows: int, width: int, device: str) -> tuple[tuple, int]:
     """(arguments, bytes the pattern must move) for ``rows x width`` fp16 rows."""
     dt, n = torch.float16, rows * width
@@ -92,11 +104,26 @@ def make_inputs(name: str, rows: int, width: int, device: str) -> tuple[tuple, i
     if name == "softmax":
         mask = torch.where(torch.rand(1, width, device=device) < 0.9, 0.0, -65504.0).to(dt)
         return (rand(rows, width), mask), 2 * (2 * n + width)
+    if name == "add_layernorm":
+        return (rand(rows, width), rand(rows, width), rand(width), rand(width)), 2 * (
+            4 * n + 2 * width
+        )
+    if name == "gelu_tanh":
+        return (rand(rows, width),), 2 * 2 * n
     raise ValueError(name)
 
 
 PATTERNS = {"rmsnorm": rms_norm, "add_rmsnorm": add_rms_norm, "swiglu": swiglu, "rope": rope,
-            "softmax": scaled_masked_softmax}  # fmt: skip
+            "softmax": scaled_masked_softmax, "add_layernorm": add_layer_norm,
+            "gelu_tanh": gelu_tanh}  # fmt: skip
+POINTWISE = {"swiglu", "gelu_tanh"}  # no reduction: the tile layout
+
+# The sweep's default cases: a decode step's rows of the suite's four models (TinyLlama and
+# Qwen2: residual + RMSNorm and SwiGLU; GPT-2 and BERT: residual + LayerNorm and GELU) and a
+# prefill row block, as pattern:ROWSxWIDTH.
+SWEEP_CASES = ("add_rmsnorm:1x2048,swiglu:1x5632,add_rmsnorm:1x896,swiglu:1x4864,"
+               "add_layernorm:1x768,gelu_tanh:1x3072,add_layernorm:1024x768,"
+               "gelu_tanh:1024x3072,add_rmsnorm:4096x2048")  # fmt: skip
 
 
 def compiled(fn, backend: str):
@@ -141,39 +168,54 @@ def measure(name: str, rows: int, width: int, copy_gbs: float) -> dict:
 
 
 def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
-    """Device time of ``name``'s fused kernel for each launch config of its layout."""
+    """Device time of ``name``'s fused kernel for each launch config of its layout: warps x
+    rows per program (x chunk width when chunked) for row programs, warps x columns per
+    program for pointwise ones (tile layout)."""
     from fusebackend.kernels import launch
 
     fn = PATTERNS[name]
     args, moved = make_inputs(name, rows, width, "cuda")
     call = compiled(fn, "infinifuse")
-    layout = "persistent" if width <= launch._MAX_PERSISTENT_D else "chunked"
+    if name in POINTWISE:
+        layout = "tile"
+    else:
+        layout = "persistent" if width <= launch._MAX_PERSISTENT_D else "chunked"
     default = launch.launch_config
+    chosen = default(rows, width, layout)
     results = []
-    chunks = (1024, 2048, 4096, 8192) if layout == "chunked" else (None,)
+    if layout == "tile":
+        grid = itertools.product((1, 2, 4, 8), (256, 512, 1024, 2048, 4096), (None,))
+    else:
+        chunks = (1024, 2048, 4096, 8192) if layout == "chunked" else (None,)
+        grid = itertools.product((1, 2, 4, 8, 16), (1, 2, 4), chunks)
     try:
-        for warps, block_r, chunk in itertools.product((2, 4, 8, 16), (1, 2, 4), chunks):
-            if layout == "persistent" and block_r * launch.triton_next_power_of_2(width) > 32768:
+        for warps, block, chunk in grid:
+            if layout == "persistent" and block * launch.triton_next_power_of_2(width) > 32768:
                 continue  # > 64 fp32 registers per thread at 16 warps: spills
+            if layout == "tile" and block > 2 * launch.triton_next_power_of_2(width):
+                continue  # wider than the row: the same program as the next narrower one
 
-            def config(r, w, lay="tile", warps=warps, block_r=block_r, chunk=chunk):
+            def config(r, w, lay="tile", warps=warps, block=block, chunk=chunk):
+                if lay == "tile":  # block: columns per program; rows fill ~1024 elements
+                    return max(1, min(launch.triton_next_power_of_2(r), 1024 // block)), block, warps
                 if lay == "persistent":
-                    return block_r, launch.triton_next_power_of_2(w), warps
-                if lay == "chunked":
-                    return block_r, chunk, warps
-                return default(r, w, lay)
+                    return block, launch.triton_next_power_of_2(w), warps
+                return block, chunk, warps
 
             launch.launch_config = config
             with torch.no_grad():
                 call(*args)  # compile this variant outside the capture
                 torch.cuda.synchronize()
                 ms = device_ms(lambda: call(*args), reps=5)
+            picked = config(rows, width, layout)
             entry = {"pattern": name, "rows": rows, "width": width, "layout": layout,
-                     "num_warps": warps, "rows_per_program": block_r, "chunk": chunk, "ms": ms,
+                     "num_warps": warps, "block_r": picked[0], "block_d": picked[1],
+                     "chunk": chunk, "ms": ms, "default": picked == chosen,
                      "fraction_of_copy": moved / ms / 1e6 / copy_gbs}  # fmt: skip
             results.append(entry)
-            print(f"sweep {name} {rows}x{width} {layout} warps={warps} rows/program={block_r} "
-                  f"chunk={chunk}: {ms * 1000:.1f} us")  # fmt: skip
+            print(f"sweep {name} {rows}x{width} {layout} warps={warps} block_r={picked[0]} "
+                  f"block_d={picked[1]} chunk={chunk}: {ms * 1000:.2f} us"
+                  f"{' (default)' if entry['default'] else ''}")  # fmt: skip
     finally:
         launch.launch_config = default
     return results
@@ -200,7 +242,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--patterns", default=",".join(PATTERNS))
     parser.add_argument("--widths", default="2048,4096,8192")
     parser.add_argument("--rows", default="1,4096", help="decode and prefill row counts")
-    parser.add_argument("--sweep", action="store_true", help="also sweep launch configs")
+    parser.add_argument("--sweep", nargs="?", const=SWEEP_CASES, default=None,
+                        metavar="CASES", help="also sweep launch configs for these cases, "
+                        f"pattern:ROWSxWIDTH comma-separated (default: {SWEEP_CASES})")
+    parser.add_argument("--sweep-only", action="store_true",
+                        help="run the sweep alone, without the pattern table")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("row_kernels.py times CUDA kernels: no CUDA device")
@@ -212,6 +258,8 @@ def main(argv: list[str] | None = None) -> None:
     widths = [int(w) for w in args.widths.split(",")]
     row_counts = [int(r) for r in args.rows.split(",")]
     results = []
+    if args.sweep_only:
+        patterns = []
     print(f"{'pattern':12} {'rows x D':>12} {'infinifuse us':>14} {'inductor us':>12} "
           f"{'eager us':>9} {'ratio':>6} {'copy %':>7}")  # fmt: skip
     for name, rows, width in itertools.product(patterns, row_counts, widths):
@@ -225,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     targets = {
         "infinifuse <= 1.0x inductor (every row)": {
             "met": all(r["ratio_vs_inductor"] <= 1.0 for r in results),
-            "worst": max(r["ratio_vs_inductor"] for r in results),
+            "worst": max((r["ratio_vs_inductor"] for r in results), default=None),
         },
         ">= 80% of copy bandwidth at prefill": {
             "met": all(r["infinifuse_fraction_of_copy"] >= 0.8 for r in prefill),
@@ -237,12 +285,11 @@ def main(argv: list[str] | None = None) -> None:
     }
     report = {**versions(), "copy_gbs": copy, "results": results, "targets": targets}
     if args.sweep:
-        report["sweep"] = [
-            entry
-            for name in ("rmsnorm", "add_rmsnorm", "softmax")
-            for rows, width in itertools.product(row_counts, [*widths, 16384, 32768])
-            for entry in sweep(name, rows, width, copy_gbs)
-        ]
+        report["sweep"] = []
+        for case in args.sweep.split(","):
+            name, size = case.split(":")
+            rows, width = (int(n) for n in size.split("x"))
+            report["sweep"] += sweep(name, rows, width, copy_gbs)
     report["seconds"] = time.perf_counter() - started
     print(json.dumps(targets, indent=2))
     print(f"took {report['seconds']:.0f} s")

@@ -82,12 +82,13 @@ class FusedGroupOp:
         self.options = options
         self.use_triton = triton_usable(device)
         self.group = ""  # its GroupReport's name, for the report of a paired launch
+        self.plans: dict = {}  # launches per input signature (kernels/launch.py)
         self.__name__ = kernel_name  # FX's generated code calls the node after this name
         self.__qualname__ = kernel_name
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.use_triton:
-            return row_kernel(self.program, inputs, options=self.options)
+            return row_kernel(self.program, inputs, options=self.options, plans=self.plans)
         return tuple(self.reference(*inputs))
 
     def __repr__(self) -> str:
@@ -101,13 +102,16 @@ class FusedPairOp:
     def __init__(self, first: FusedGroupOp, second: FusedGroupOp, split: int) -> None:
         self.first, self.second, self.split = first, second, split
         self.use_triton = first.use_triton and second.use_triton
+        self.plans: dict = {}  # launches per input signature (kernels/launch.py)
         self.__name__ = f"{first.__name__}_pair"
         self.__qualname__ = self.__name__
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         first, second = inputs[: self.split], inputs[self.split :]
         if self.use_triton:
-            return row_kernel_pair(self.first.program, first, second, self.first.options)
+            return row_kernel_pair(
+                self.first.program, first, second, self.first.options, self.plans
+            )
         return (*self.first(*first), *self.second(*second))
 
     def __repr__(self) -> str:

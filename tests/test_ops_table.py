@@ -199,6 +199,11 @@ ROWS = [
     Row("cast-bfloat16", "cast", lambda x, y: x.bfloat16() * 1.5, nodes=3),
     Row("cast-double", "cast", lambda x, y: x.double() / 3, nodes=3),
     Row("cast-type_as", "cast", lambda x, y: x.type_as(y.double()) * 0.3, nodes=3),
+    # dropout outside training: an alias of its input, no instruction of its own
+    Row("dropout-eval", "dropout", lambda x, y: F.dropout(x * 2, 0.1, training=False) + y,
+        nodes=4),
+    Row("dropout-torch-p0", "dropout", lambda x, y: torch.dropout(x - y, 0.0, True) * 3,
+        nodes=4),
     Row("cast-type", "cast", lambda x, y: x.type(torch.float32) + 0.5, nodes=3),
     Row("cast-bool-to-float", "cast", lambda x, y: (x > 0).float() * x, nodes=4),
     Row("cast-float-to-bool", "cast", lambda x, y: (x - 1).to(torch.bool), "ints", nodes=3),
@@ -308,6 +313,8 @@ def test_op_row(row, dtype):
     elif OP_TABLE[row.op].kind != "elementwise":
         # reductions and norms lower to several instructions; the report names the node
         assert len(group.reductions) == 1, str(report)
+    elif row.op == "dropout":
+        assert not emitted, group.source  # an alias: nothing to compute
     elif row.op == "cast" and _casts_alias(fn, ids, table, y):
         # a cast to the dtype it already has returns its input in eager: the group keeps it
         # as an alias of that value, with no instruction of its own
@@ -489,3 +496,15 @@ def test_compare_with_python_scalar_like_eager(name, fn, dtype):
     actual, report = run_fused(f, ids, table)
     single_group(report)
     assert_close(actual, expected)
+
+
+def test_dropout_in_training_is_not_fused_and_says_why():
+    # A training-mode dropout draws a random mask: it must stay eager's own op.
+    def fn(ids, table):
+        return F.dropout(F.embedding(ids, table) * 2, 0.5, training=True) + 1
+
+    torch.manual_seed(0)
+    ids, table = rand_ids(V, (B, T)), _table("any", torch.float32)
+    _, report = run_fused(fn, ids, table)
+    assert [len(g.nodes) for g in report.groups] == [2], str(report)  # lookup * 2 only
+    assert any("draws random numbers" in r.reason for r in report.rejections), str(report)

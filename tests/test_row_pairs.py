@@ -93,6 +93,40 @@ def test_a_pair_of_other_widths_or_no_rows_gets_two_launches(monkeypatch):
     assert_close(actual[1], _rms(*some), rtol=1e-5, atol=1e-5)
 
 
+def test_kept_launches_are_reused_per_signature_with_each_call_s_tensors(monkeypatch):
+    # A caller's ``plans`` keep a launch per (shapes, strides, dtypes): a later call of the
+    # same signature builds nothing, yet reads its own tensors; another signature builds anew.
+    from fusebackend.kernels import launch
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(40, generator=g)
+    (program, _) = _programs(monkeypatch, _two_norms, torch.randn(3, 40), torch.randn(2, 40), w)
+    built = []
+    real = launch._make_plans
+    monkeypatch.setattr(launch, "_make_plans", lambda *a: built.append(1) or real(*a))
+    single, pairs, options = {}, {}, KernelOptions()
+
+    def check(a, b, builds):
+        assert_close(row_kernel(program, a, options=options, plans=single), (_rms(*a),),
+                     rtol=1e-5, atol=1e-5)  # fmt: skip
+        assert_close(row_kernel_pair(program, a, b, options, pairs), (_rms(*a), _rms(*b)),
+                     rtol=1e-5, atol=1e-5)  # fmt: skip
+        assert len(built) == builds
+
+    def rows(n):
+        return (torch.randn(n, 40, generator=g), w)
+
+    check(rows(3), rows(2), 2)
+    check(rows(3), rows(2), 2)  # new data, same signature: kept launches
+    transposed = (torch.randn(40, 3, generator=g).t(), w)  # same shape, other strides
+    check(transposed, rows(2), 4)
+    check(rows(5), rows(0), 6)  # other rows; a set without rows launches nothing
+    check(rows(5), rows(0), 6)
+    for n in range(1, 2 * launch._MAX_PLANS):  # dynamic shapes: the kept launches start over
+        row_kernel(program, rows(n), options=options, plans=single)
+    assert 0 < len(single) <= launch._MAX_PLANS
+
+
 def _used_between(q, k, cos, sin, m):
     qr = rope_slices(q, cos, sin)
     scores = qr @ m  # reads q's result before k's group: q's launch cannot wait for k's

@@ -153,7 +153,10 @@ class _Writer:
             "",
             # Row counts change with every batch size and sequence length; specialising on
             # them (==1, %16) would compile a new binary per size for no gain.
-            f"@triton.jit(debug={self.options.index_checks}, do_not_specialize={unspecialized!r})",
+            # Debug mode only where there is an index to assert on: a kernel in debug mode ran
+            # 5% slower on the H100 (16x2048x2048 chain: 0.125 vs 0.119 ms).
+            f"@triton.jit(debug={self.options.index_checks and bool(self.p.lookups)}, "
+            f"do_not_specialize={unspecialized!r})",
             f"def {name}(",
             *(f"    {q}" for q in params),
             "):",

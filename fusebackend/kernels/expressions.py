@@ -133,6 +133,7 @@ EXPRESSIONS: dict[str, Emitter] = {
     "less": _binary("({} < {})"),
     # the target dtype is the instruction's dtype; the kernel rounds to it like every value
     "cast": _unary("{}"),
+    "dropout": _unary("{}"),  # outside training only (passes/ops.py): the identity
 }
 
 

@@ -53,7 +53,7 @@ _LOCK = threading.Lock()
 # 3.6 vs 3.9 us; 4 x 2048 x 4096 (33M) 55.9 us with 2 warps vs 58.0 us with 4.
 _TILE_ELEMENTS = 1024
 _MAX_BLOCK_D = 2048
-_SMALL_GROUP_ELEMENTS = 1 << 21  # up to here 4 warps per program, above it 2
+_SMALL_GROUP_ELEMENTS = 1 << 21  # up to here the latency-bound configs (launch_config)
 # Row programs (a reduction along the row): whole rows in registers up to this width (the
 # brief's floor: D = 8192, Llama-3-70B's hidden size); wider rows loop over chunks.
 _MAX_PERSISTENT_D = 8192
@@ -228,52 +228,96 @@ def _broadcast_strides(t: torch.Tensor, shape: torch.Size) -> tuple[int, ...]:
 
 @dataclasses.dataclass
 class _Launch:
-    """One set of tensors for a kernel: its arguments, outputs and sizes."""
+    """One set of inputs of a kernel: its argument list, with ``None`` where a tensor goes
+    (``tensors`` says which: (place in ``args``, index into the set's inputs then its
+    outputs)), the shapes and dtypes of the outputs it allocates, and its sizes."""
 
-    args: list[Any]
-    outputs: tuple[torch.Tensor, ...]
+    args: list[Any]  # empty when there are no rows: nothing to launch
+    tensors: list[tuple[int, int]]
+    outputs: list[tuple[torch.Size, torch.dtype]]
     rank: int
     rows: int
     width: int
 
 
 def _prepare(program: RowProgram, inputs: Sequence[torch.Tensor]) -> _Launch:
-    """Allocate the outputs and build the kernel's arguments for ``inputs``."""
+    """The kernel's arguments for tensors shaped like ``inputs`` (shapes, strides and dtypes
+    are read; the tensors themselves are filled in by ``_Plans.run``)."""
     shapes, group_shape = value_shapes(program, inputs)
-    rank = len(group_shape) - 1
     lead, width = group_shape[:-1], group_shape[-1]
     narrow_shape = torch.Size((*lead, 1))
     rows = lead.numel()
-    device = inputs[0].device
-    outputs = tuple(
-        torch.empty(shapes[v], dtype=program.value_dtype(v), device=device) for v in program.outputs
-    )
+    outputs = [(shapes[v], program.value_dtype(v)) for v in program.outputs]
     if rows == 0 or width == 0:
-        return _Launch([], outputs, rank, rows, width)
-    check_indices(program, inputs)
+        return _Launch([], [], outputs, len(lead), rows, width)
+
+    # (pool index, strides over the lead dims, the sizes after them) of every tensor
+    table_width = {lk.table_slot: shapes[j][-1] for j, lk in enumerate(program.lookups)}
+    entries: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
+    for slot, t in enumerate(inputs):
+        if slot in program.index_slots:
+            entries.append((slot, _broadcast_strides(t, lead), ()))
+        elif slot in program.table_slots:
+            col_stride = 0 if table_width[slot] == 1 else t.stride(1)
+            entries.append((slot, (), (t.shape[0], t.stride(0), col_stride)))
+        else:
+            shape = narrow_shape if slot in program.narrow_inputs else group_shape
+            *lead_strides, col_stride = _broadcast_strides(t, shape)
+            entries.append((slot, tuple(lead_strides), (col_stride,)))
+    for j, value in enumerate(program.outputs):
+        shape = narrow_shape if value in program.narrow_values else group_shape
+        fresh = torch.empty(shapes[value], device="meta")  # as the output is allocated
+        *lead_strides, col_stride = _broadcast_strides(fresh, shape)
+        entries.append((len(inputs) + j, tuple(lead_strides), (col_stride,)))
+    strided = [i for i, (slot, _, _) in enumerate(entries) if slot not in program.table_slots]
+    sizes, lead_strides = _collapse_lead(lead, [entries[i][1] for i in strided])
+    for i, merged in zip(strided, lead_strides):
+        entries[i] = (entries[i][0], merged, entries[i][2])
 
     args: list[Any] = []
-    table_width = {lk.table_slot: shapes[j][-1] for j, lk in enumerate(program.lookups)}
-    for slot, tensor in enumerate(inputs):
-        if slot in program.index_slots:
-            args += [tensor, *_broadcast_strides(tensor, lead)]
-        elif slot in program.table_slots:
-            col_stride = 0 if table_width[slot] == 1 else tensor.stride(1)
-            args += [tensor, tensor.shape[0], tensor.stride(0), col_stride]
-        elif slot in program.narrow_inputs:
-            args += [tensor, *_broadcast_strides(tensor, narrow_shape)]
+    tensors: list[tuple[int, int]] = []
+    for index, strides, rest in entries:
+        tensors.append((len(args), index))
+        args.extend((None, *strides, *rest))
+    args += [*sizes, rows, width]
+    return _Launch(args, tensors, outputs, len(sizes), rows, width)
+
+
+def _collapse_lead(
+    lead: Sequence[int], strides: Sequence[Sequence[int]]
+) -> tuple[list[int], list[tuple[int, ...]]]:
+    """Fewer lead dims addressing the same elements: dims of size 1 dropped, and a dim
+    merged into the one before it wherever every tensor steps over both as over one
+    (outer stride == inner stride x inner size). A decode step's ``[1, 1, D]`` rows become
+    one dim: the kernel then splits its row number by no sizes (64-bit divisions per row
+    cost ~0.1-0.4 us per small kernel). At least one dim is kept."""
+    sizes: list[int] = []
+    merged: list[list[int]] = [[] for _ in strides]
+    for dim, size in enumerate(lead):
+        if size == 1:
+            continue
+        inner = [s[dim] for s in strides]
+        if sizes and all(m[-1] == x * size for m, x in zip(merged, inner)):
+            sizes[-1] *= size
+            for m, x in zip(merged, inner):
+                m[-1] = x
         else:
-            args += [tensor, *_broadcast_strides(tensor, group_shape)]
-    for value, out in zip(program.outputs, outputs):
-        shape = narrow_shape if value in program.narrow_values else group_shape
-        args += [out, *_broadcast_strides(out, shape)]
-    args += [*lead, rows, width]
-    return _Launch(args, outputs, rank, rows, width)
+            sizes.append(size)
+            for m, x in zip(merged, inner):
+                m.append(x)
+    if not sizes:
+        return [1], [(0,) for _ in strides]
+    return sizes, [tuple(m) for m in merged]
 
 
-def _run(plan: _Plan, device: torch.device) -> None:
-    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        plan.kernel[plan.grid](*plan.args, **plan.meta)
+def _run(kernel: Any, grid: tuple[int, int], args: list[Any], meta: dict[str, Any],
+         device: torch.device) -> None:  # fmt: skip
+    # Entering torch.cuda.device costs a few us per launch: only where it changes anything.
+    if device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
+        with torch.cuda.device(device):
+            kernel[grid](*args, **meta)
+    else:
+        kernel[grid](*args, **meta)
 
 
 def _blocks(layout: str, width: int, block_d: int) -> tuple[int, int]:
@@ -285,31 +329,122 @@ def _blocks(layout: str, width: int, block_d: int) -> tuple[int, int]:
 
 @dataclasses.dataclass
 class _Plan:
-    """Which kernel, grid and launch options run one launch (a group, or a pair)."""
+    """Which kernel, grid and launch options run one launch (a group, or a pair), and its
+    arguments with ``None`` where ``tensors`` (place, index into the pool of
+    ``_Plans.run``) put a tensor."""
 
     kernel: Any
     grid: tuple[int, int]
     args: list[Any]
+    tensors: list[tuple[int, int]]
     meta: dict[str, Any]  # BLOCK_R, BLOCK_D, CHUNKS, num_warps, sanitize_overflow
+    device: torch.device
 
 
-def _plan(program: RowProgram, options: KernelOptions, a: _Launch, b: _Launch | None) -> _Plan:
+def _plan(
+    program: RowProgram,
+    options: KernelOptions,
+    a: _Launch,
+    b: _Launch | None,
+    device: torch.device,
+    pool_offsets: tuple[int, int] = (0, 0),
+) -> _Plan:
+    """``pool_offsets``: where the tensors of ``a`` and of ``b`` start in the pool."""
     layout = layout_for(program, a.width)
     rows = a.rows if b is None else max(a.rows, b.rows)
     block_r, block_d, num_warps = launch_config(rows, a.width, layout)
     col_blocks, chunks = _blocks(layout, a.width, block_d)
     grid_a = (a.rows + block_r - 1) // block_r
+    tensors = [(place, index + pool_offsets[0]) for place, index in a.tensors]
     if b is None:
         grid, args = (grid_a, col_blocks), a.args
     else:
         grid = (grid_a + (b.rows + block_r - 1) // block_r, col_blocks)
         args = [*a.args, *b.args, grid_a]
+        tensors += [(place + len(a.args), index + pool_offsets[1]) for place, index in b.tensors]
     kernel = _compiled_kernel(program, a.rank, options, layout, pair=b is not None)
     # Debug mode (for the index assert) would also add overflow checks to every 32-bit
     # integer op; the index math that matters is 64-bit, so those are turned off.
     meta = {"BLOCK_R": block_r, "BLOCK_D": block_d, "CHUNKS": chunks,
             "num_warps": num_warps, "sanitize_overflow": False}  # fmt: skip
-    return _Plan(kernel, grid, args, meta)
+    return _Plan(kernel, grid, args, tensors, meta, device)
+
+
+@dataclasses.dataclass
+class _Plans:
+    """Everything about launching one or two sets of inputs that their shapes, strides and
+    dtypes decide: the outputs to allocate per set and the launches (none for sets without
+    rows; two for a pair that cannot share one)."""
+
+    outputs: list[tuple[list[tuple[torch.Size, torch.dtype]], torch.device]]
+    launches: list[_Plan]
+
+    def run(self, sets: Sequence[Sequence[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+        pool: list[torch.Tensor] = []
+        results: list[torch.Tensor] = []
+        for inputs, (specs, device) in zip(sets, self.outputs):
+            outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs]
+            pool += inputs
+            pool += outs
+            results += outs
+        for plan in self.launches:
+            args = list(plan.args)
+            for place, index in plan.tensors:
+                args[place] = pool[index]
+            _run(plan.kernel, plan.grid, args, plan.meta, plan.device)
+        return tuple(results)
+
+
+def _make_plans(
+    program: RowProgram, options: KernelOptions, sets: Sequence[Sequence[torch.Tensor]]
+) -> _Plans:
+    launches = [_prepare(program, inputs) for inputs in sets]
+    devices = [inputs[0].device for inputs in sets]
+    offsets, start = [], 0
+    for inputs, launch in zip(sets, launches):
+        offsets.append(start)
+        start += len(inputs) + len(launch.outputs)
+    if len(sets) == 2 and _pairable(*launches) and devices[0] == devices[1]:
+        plans = [_plan(program, options, *launches, devices[0], (offsets[0], offsets[1]))]
+    else:
+        plans = [
+            _plan(program, options, launch, None, device, (offset, 0))
+            for launch, device, offset in zip(launches, devices, offsets)
+            if launch.args
+        ]
+    return _Plans([(launch.outputs, d) for launch, d in zip(launches, devices)], plans)
+
+
+# A launch's grid, kernel and every argument but the tensors follow from its inputs' shapes,
+# strides and dtypes alone. A caller that passes ``plans`` (the backend: one dict per fused
+# group) keeps them per such signature, and a call then only allocates the outputs, fills in
+# the tensors and launches. Measured on a CPU (the chain of benchmarks/embedding_chain.py,
+# no-op kernel, 2026-11-23): an uncaptured call took 95-140 us with the launch built at every
+# call and 48 us with it kept (of which Dynamo and the graph cache take most).
+_MAX_PLANS = 64  # per group: one that sees more signatures (dynamic shapes) starts over
+
+
+def _launch_sets(
+    program: RowProgram,
+    options: KernelOptions,
+    sets: Sequence[Sequence[torch.Tensor]],
+    plans: dict[Any, _Plans] | None,
+) -> tuple[torch.Tensor, ...]:
+    for inputs in sets:
+        check_indices(program, inputs)
+    if plans is None:
+        return _make_plans(program, options, sets).run(sets)
+    # launch_config is read here so that a benchmark's sweep, which swaps it, misses
+    key = (launch_config, sets[0][0].device,
+           tuple((t.shape, t.stride(), t.dtype) for inputs in sets for t in inputs),
+           tuple(len(inputs) for inputs in sets))  # fmt: skip
+    found = plans.get(key)
+    if found is None:
+        found = _make_plans(program, options, sets)
+        if len(plans) >= _MAX_PLANS:
+            plans.clear()
+        plans[key] = found
+    return found.run(sets)
 
 
 def row_kernel(
@@ -318,26 +453,19 @@ def row_kernel(
     *,
     index_checks: bool = True,
     options: KernelOptions | None = None,
+    plans: dict[Any, Any] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Run a fused group: gather the lookups, run the program, return the outputs.
 
     ``inputs`` are the group's external tensors in slot order (indices, tables and
     operands). Outputs are new contiguous tensors, one per ``program.outputs``.
     ``options`` (default: ``KernelOptions(index_checks=index_checks)``) says how the kernel
-    is built.
+    is built. ``plans``: a dict owned by the caller, for this program and options only, in
+    which launches are kept per input signature (shapes, strides, dtypes).
     """
     if options is None:
         options = KernelOptions(index_checks=index_checks)
-    launch = _prepare(program, inputs)
-    _launch_alone(program, options, launch, inputs[0].device)
-    return launch.outputs
-
-
-def _launch_alone(
-    program: RowProgram, options: KernelOptions, launch: _Launch, device: torch.device
-) -> None:
-    if launch.args:  # no rows: nothing to launch
-        _run(_plan(program, options, launch, None), device)
+    return _launch_sets(program, options, (inputs,), plans)
 
 
 def row_kernel_pair(
@@ -345,17 +473,12 @@ def row_kernel_pair(
     first: Sequence[torch.Tensor],
     second: Sequence[torch.Tensor],
     options: KernelOptions,
+    plans: dict[Any, Any] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Run ``program`` over two sets of inputs in one launch; the outputs of the first set,
     then those of the second. Sets of another rank, width or device than each other, or
-    without rows, get a launch each (same results)."""
-    a, b = _prepare(program, first), _prepare(program, second)
-    if _pairable(a, b) and first[0].device == second[0].device:
-        _run(_plan(program, options, a, b), first[0].device)
-    else:
-        _launch_alone(program, options, a, first[0].device)
-        _launch_alone(program, options, b, second[0].device)
-    return (*a.outputs, *b.outputs)
+    without rows, get a launch each (same results). ``plans``: as for ``row_kernel``."""
+    return _launch_sets(program, options, (first, second), plans)
 
 
 def precompile_all(jobs: Sequence[Callable[[], None]], threads: int = 8) -> int:
@@ -436,20 +559,22 @@ def precompile(
     """
     meta = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
             for t in inputs]  # fmt: skip
+    sets = [meta] if split is None else [meta[:split], meta[split:]]
+    launches = [_prepare(program, part) for part in sets]
+    if not launches[0].args or (split is not None and not _pairable(*launches)):
+        return  # no rows, or a pair launched twice: compiled at its launches
+    plans = _make_plans(program, options, sets)
+    (plan,) = plans.launches
     # Triton specialises pointers on 16-byte alignment: an input that is a view at an offset
     # (x[..., 1:]) is warmed up as the launch will see it (assuming 16-byte aligned bases).
-    offsets = {id(m): t.storage_offset() * t.element_size() for m, t in zip(meta, inputs)}
-    if split is None:
-        a, b = _prepare(program, meta), None
-    else:
-        a, b = _prepare(program, meta[:split]), _prepare(program, meta[split:])
-        if not _pairable(a, b):
-            return
-    if not a.args:
-        return
-    plan = _plan(program, options, a, b)
-    args = [warmup_pointer(x.dtype, offsets.get(id(x), 0)) if isinstance(x, torch.Tensor) else x
-            for x in plan.args]  # fmt: skip
+    given = [inputs] if split is None else [inputs[:split], inputs[split:]]
+    pool: list[Any] = []
+    for part, (specs, _) in zip(given, plans.outputs):
+        pool += [warmup_pointer(t.dtype, t.storage_offset() * t.element_size()) for t in part]
+        pool += [warmup_pointer(dtype, 0) for _, dtype in specs]
+    args = list(plan.args)
+    for place, index in plan.tensors:
+        args[place] = pool[index]
     device = inputs[0].device
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         plan.kernel.warmup(*args, grid=plan.grid, **plan.meta)
@@ -467,10 +592,17 @@ def launch_config(rows: int, width: int, layout: str = "tile") -> tuple[int, int
         return block_r, block_d, num_warps
     if layout == "chunked":
         return 1, _CHUNK_D, 8
+    if rows * width <= _SMALL_GROUP_ELEMENTS:
+        # Latency-bound: programs of <= 1024 elements, ~4 per thread (8 warps). Swept on an
+        # H100 (benchmarks/results/row_kernels_h100.json, 2026-11-23): GPT-2's tanh GELU on
+        # 1 x 3072 took 1.63 us against 2.03 us with the earlier 2048-wide, 4-warp
+        # programs; SwiGLU on 1 x 5632 1.53 against 1.70 us.
+        block_d = min(triton_next_power_of_2(width), _TILE_ELEMENTS)
+        block_r = min(triton_next_power_of_2(rows), max(1, _TILE_ELEMENTS // block_d))
+        return block_r, block_d, max(1, min(8, block_r * block_d // 128))
     block_d = min(triton_next_power_of_2(width), _MAX_BLOCK_D)
     block_r = min(triton_next_power_of_2(rows), max(1, _TILE_ELEMENTS // block_d))
-    num_warps = 4 if rows * width <= _SMALL_GROUP_ELEMENTS else 2
-    return block_r, block_d, num_warps
+    return block_r, block_d, 2
 
 
 def triton_next_power_of_2(n: int) -> int:

@@ -31,7 +31,7 @@ from fusebackend.kernels.ir import (
 from fusebackend.passes.embedding_fusion import embedding_args
 from fusebackend.passes.graph import example_value
 from fusebackend.passes.ops import OpCall
-from fusebackend.passes.partition import Candidate, is_alias_cast, match
+from fusebackend.passes.partition import Candidate, is_alias, match
 
 __all__ = ["lower"]
 
@@ -193,7 +193,7 @@ def lower(candidate: Candidate) -> None:
         call = match(node)
         assert isinstance(call, OpCall), call
         candidate.calls[node] = call
-        if is_alias_cast(call, node):
+        if is_alias(call, node):
             b.values[node] = b.values[call.operands[0]]
             continue
         b.member(node, call)

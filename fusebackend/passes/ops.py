@@ -75,6 +75,17 @@ def _check_pow(params: dict[str, Any]) -> str | None:
     return None  # the exponent's type is checked by the operand rules (must be a number)
 
 
+def _check_dropout(params: dict[str, Any]) -> str | None:
+    # In eval mode (or with p = 0) eager returns its input itself; in training it draws a
+    # random mask, which a kernel cannot reproduce.
+    training = params.get("training", params.get("train", True))
+    if params.get("inplace"):
+        return "inplace=True mutates its input"
+    if training is False or params.get("p") == 0:
+        return None
+    return f"dropout with training={training!r} draws random numbers"
+
+
 def _check_gelu(params: dict[str, Any]) -> str | None:
     approximate = params.get("approximate", "none")
     return None if approximate in ("none", "tanh") else f"gelu approximate={approximate!r}"
@@ -136,6 +147,8 @@ def _sig_where_method(input, condition, other): ...
 def _sig_leaky_relu(input, negative_slope=0.01, inplace=False): ...
 def _sig_hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False): ...
 def _sig_cast(input, *args, **kwargs): ...
+def _sig_dropout(input, p=0.5, training=True, inplace=False): ...
+def _sig_dropout_torch(input, p, train): ...
 def _sig_sum(input, dim=None, keepdim=False, *, dtype=None, out=None): ...
 def _sig_amax(input, dim=(), keepdim=False, *, out=None): ...
 def _sig_var(input, dim=None, unbiased=None, keepdim=False, *, correction=None, out=None): ...
@@ -248,6 +261,10 @@ _CAST_SPELLINGS = [
     torch.Tensor.type_as,
 ]
 _op(OpDef("cast", _U, "float"), _sig_cast, _CAST_SPELLINGS)
+# Dropout outside training returns its input: an alias, like a same-dtype cast (GPT-2 and
+# BERT call it after their embeddings, where it stopped the lookup's group before the norm).
+_op(OpDef("dropout", _U, "float", _check_dropout), _sig_dropout, [F.dropout])
+_SPELLINGS[torch.dropout] = (OP_TABLE["dropout"], inspect.signature(_sig_dropout_torch))
 
 # Reductions along the last dim with keepdim=True (the dim is checked against the input's
 # rank by reduction_dim_reason, where the rank is known). var/std take correction (or the

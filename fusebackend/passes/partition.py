@@ -42,7 +42,7 @@ from fusebackend.passes.ops import OP_TABLE, OpCall, bind_op, lookup_op, reducti
 from fusebackend.passes.rotation import Rotation, match_rotation
 from fusebackend.report import RejectionReport
 
-__all__ = ["Candidate", "find_groups", "is_alias_cast", "match"]
+__all__ = ["Candidate", "find_groups", "is_alias", "match"]
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +85,10 @@ class Candidate:
 
     @property
     def cost(self) -> int:
-        """Eager kernels the group replaces: lookups and ops, less same-dtype casts and the
-        views among a rotation's parts (its negations are kernels)."""
-        aliases = sum(1 for m, call in self.calls.items() if is_alias_cast(call, m))
+        """Eager kernels the group replaces: lookups and ops, less aliases (same-dtype casts,
+        eval-mode dropout) and the views among a rotation's parts (its negations are
+        kernels)."""
+        aliases = sum(1 for m, call in self.calls.items() if is_alias(call, m))
         views = sum(1 for m in self.parts if not _is_negation(m))
         return len(self.members) - aliases - views
 
@@ -124,10 +125,11 @@ def _is_negation(node: torch.fx.Node) -> bool:
     return isinstance(call, OpCall) and call.op.name == "neg"
 
 
-def is_alias_cast(call: OpCall, node: torch.fx.Node) -> bool:
-    """A cast to the dtype (and device) it already has: eager returns the input itself."""
+def is_alias(call: OpCall, node: torch.fx.Node) -> bool:
+    """An op whose result eager returns as its input itself: a cast to the dtype (and
+    device) it already has, or dropout outside training."""
     source = call.operands[0]
-    if call.op.name != "cast" or not isinstance(source, torch.fx.Node):
+    if call.op.name not in ("cast", "dropout") or not isinstance(source, torch.fx.Node):
         return False
     before, after = example_value(source), example_value(node)
     return isinstance(before, torch.Tensor) and before.dtype == after.dtype
@@ -246,9 +248,9 @@ class _Grower:
         reason = self._check_result(node, call)
         if reason:
             return reason
-        if is_alias_cast(call, node) and call.operands[0] not in self.members:
+        if is_alias(call, node) and call.operands[0] not in self.members:
             # eager returns the external tensor itself; a kernel output would be a copy
-            return "a same-dtype cast of a tensor outside the group"
+            return f"a {call.op.name} that returns a tensor outside the group as it is"
         if call.op.kind == "move":
             source = call.operands[0]
             if source in self.members:
@@ -285,7 +287,7 @@ class _Grower:
             if any(u not in taken and u not in self.members for u in operand.users):
                 continue
             producer = match(operand)
-            if not isinstance(producer, OpCall) or is_alias_cast(producer, operand):
+            if not isinstance(producer, OpCall) or is_alias(producer, operand):
                 continue
             saved, lookups = (self.width, self.shape), list(new_lookups)
             if self._check_node(operand, producer, lookups):
