@@ -594,7 +594,7 @@ def launch_config(rows: int, width: int, layout: str = "tile") -> tuple[int, int
         return 1, _CHUNK_D, 8
     if rows * width <= _SMALL_GROUP_ELEMENTS:
         # Latency-bound: programs of <= 1024 elements, ~4 per thread (8 warps). Swept on an
-        # H100 (benchmarks/results/row_kernels_h100.json, 2026-11-23): GPT-2's tanh GELU on
+        # H100 (benchmarks/results/row_kernels_sweep_h100.json, 2026-11-23): GPT-2's tanh GELU on
         # 1 x 3072 took 1.63 us against 2.03 us with the earlier 2048-wide, 4-warp
         # programs; SwiGLU on 1 x 5632 1.53 against 1.70 us.
         block_d = min(triton_next_power_of_2(width), _TILE_ELEMENTS)
