@@ -3,8 +3,8 @@
 Patterns (fp16, transformers' spellings): RMSNorm (decomposed, LlamaRMSNorm), add + RMSNorm
 (two outputs: the residual sum and its norm), SwiGLU activation (silu(gate) * up), RoPE
 (``q * cos + rotate_half(q) * sin`` on rows of D = heads x 128, cos/sin per row), softmax with
-its scale and additive mask, add + LayerNorm and GPT-2's tanh GELU. Rows: decode (1 x D) and prefill (4096 x D); D in 2048, 4096,
-8192.
+its scale and additive mask, add + LayerNorm and GPT-2's tanh GELU. Rows: decode (1 x D) and
+prefill (4096 x D); D in 2048, 4096, 8192.
 
 Each variant is the same Python function compiled with ``dynamic=False``: infinifuse
 (``cudagraphs=False``: the kernel, not our replay), Inductor (torch.compile default mode)
@@ -197,7 +197,8 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
 
             def config(r, w, lay="tile", warps=warps, block=block, chunk=chunk):
                 if lay == "tile":  # block: columns per program; rows fill ~1024 elements
-                    return max(1, min(launch.triton_next_power_of_2(r), 1024 // block)), block, warps
+                    rows_per_program = min(launch.triton_next_power_of_2(r), 1024 // block)
+                    return max(1, rows_per_program), block, warps
                 if lay == "persistent":
                     return block, launch.triton_next_power_of_2(w), warps
                 return block, chunk, warps
@@ -242,11 +243,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--patterns", default=",".join(PATTERNS))
     parser.add_argument("--widths", default="2048,4096,8192")
     parser.add_argument("--rows", default="1,4096", help="decode and prefill row counts")
-    parser.add_argument("--sweep", nargs="?", const=SWEEP_CASES, default=None,
-                        metavar="CASES", help="also sweep launch configs for these cases, "
-                        f"pattern:ROWSxWIDTH comma-separated (default: {SWEEP_CASES})")
-    parser.add_argument("--sweep-only", action="store_true",
-                        help="run the sweep alone, without the pattern table")
+    parser.add_argument(
+        "--sweep",
+        nargs="?",
+        const=SWEEP_CASES,
+        default=None,
+        metavar="CASES",
+        help="also sweep launch configs for these cases, "
+        f"pattern:ROWSxWIDTH comma-separated (default: {SWEEP_CASES})",
+    )
+    parser.add_argument(
+        "--sweep-only", action="store_true", help="run the sweep alone, without the pattern table"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("row_kernels.py times CUDA kernels: no CUDA device")

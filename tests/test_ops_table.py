@@ -200,10 +200,8 @@ ROWS = [
     Row("cast-double", "cast", lambda x, y: x.double() / 3, nodes=3),
     Row("cast-type_as", "cast", lambda x, y: x.type_as(y.double()) * 0.3, nodes=3),
     # dropout outside training: an alias of its input, no instruction of its own
-    Row("dropout-eval", "dropout", lambda x, y: F.dropout(x * 2, 0.1, training=False) + y,
-        nodes=4),
-    Row("dropout-torch-p0", "dropout", lambda x, y: torch.dropout(x - y, 0.0, True) * 3,
-        nodes=4),
+    Row("dropout-eval", "dropout", lambda x, y: F.dropout(x * 2, 0.1, training=False) + y, nodes=4),
+    Row("dropout-torch-p0", "dropout", lambda x, y: torch.dropout(x - y, 0.0, True) * 3, nodes=4),
     Row("cast-type", "cast", lambda x, y: x.type(torch.float32) + 0.5, nodes=3),
     Row("cast-bool-to-float", "cast", lambda x, y: (x > 0).float() * x, nodes=4),
     Row("cast-float-to-bool", "cast", lambda x, y: (x - 1).to(torch.bool), "ints", nodes=3),
