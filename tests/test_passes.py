@@ -203,6 +203,32 @@ def test_a_row_reduction_joins_the_group_of_its_lookups():
     assert len(group.lookups) == 2 and group.reductions == ("s",), str(report)
 
 
+@pytest.mark.parametrize("alias", ["to-device", "same-dtype", "eval-dropout"])
+def test_a_lookup_read_through_an_alias_is_gathered_by_the_group(alias):
+    # GPT-2 adds its position rows as ``wpe(pos).to(inputs_embeds.device)``: a same-device
+    # cast, which eager returns as its input. The group gathers that lookup too; a tensor
+    # from outside reached through the same alias stays an operand, not a copy.
+    torch.manual_seed(9)
+    t1, t2 = _tables(2)
+    ids = rand_ids(V, (2, 6))
+    through = {
+        "to-device": lambda x: x.to(t1.device),
+        "same-dtype": lambda x: x.to(t1.dtype),
+        "eval-dropout": lambda x: F.dropout(x, 0.1, training=False),
+    }[alias]
+
+    def fn(ids, t1, t2, outside):
+        tokens = F.embedding(ids, t1)  # first: the group starts here, as GPT-2's does
+        positions = through(F.embedding(ids.flip(1), t2))
+        return F.layer_norm(tokens + positions, (t1.shape[1],)) + through(outside)
+
+    outside = torch.randn(2, 6, t1.shape[1])
+    report = check(fn, ids, t1, t2, outside)
+    group = single_group(report)
+    # inputs: both index tensors, both tables and `outside` (read as it is, no copy)
+    assert len(group.lookups) == 2 and len(group.inputs) == 5, str(report)
+
+
 def test_lookup_feeding_a_reduction_that_feeds_the_other_group():
     # emb1's value feeds a reduction that another group reads; emb1 must not join that
     # group later as an operand (it would make the fused node depend on itself).

@@ -248,9 +248,6 @@ class _Grower:
         reason = self._check_result(node, call)
         if reason:
             return reason
-        if is_alias(call, node) and call.operands[0] not in self.members:
-            # eager returns the external tensor itself; a kernel output would be a copy
-            return f"a {call.op.name} that returns a tensor outside the group as it is"
         if call.op.kind == "move":
             source = call.operands[0]
             if source in self.members:
@@ -262,6 +259,11 @@ class _Grower:
             reason = self._check_operand(call, name, operand, new_lookups)
             if reason:
                 return reason
+        if is_alias(call, node) and call.operands[0] not in (*self.members, *new_lookups):
+            # eager returns the external tensor itself; a kernel output would be a copy. An
+            # alias of a lookup the group gathers is that lookup's value (GPT-2's position
+            # rows reach the add through ``.to(device)``).
+            return f"a {call.op.name} that returns a tensor outside the group as it is"
         for value in call.params.values():
             if _contains_node(value):
                 return "a tensor argument in a non-operand position"
@@ -287,7 +289,7 @@ class _Grower:
             if any(u not in taken and u not in self.members for u in operand.users):
                 continue
             producer = match(operand)
-            if not isinstance(producer, OpCall) or is_alias(producer, operand):
+            if not isinstance(producer, OpCall):
                 continue
             saved, lookups = (self.width, self.shape), list(new_lookups)
             if self._check_node(operand, producer, lookups):
