@@ -10,15 +10,16 @@
 # packed into it after every step, so a call cut off by its time limit still returns what
 # the finished steps wrote, in one file).
 #
-# (default: tests examples bench. Asked for by name: generate (transformers' generate() through
-# three backends, cold caches, ~5 min), decode (the four decode/encoder models of the suite,
-# ~8 min), rows (each row-kernel pattern vs Inductor and copy
-# bandwidth), zoo (21 architectures: kernels per call, captured or not, error vs eager), suite
-# (the whole benchmarks/run.py suite), diag (why BERT's SDPA runs its math path under
-# Dynamo; which SDPA kernel a decode step's attention should get). One device call runs at most 10 minutes: split the steps over calls. On an H100
-# (2026-11-23), under pytest-xdist: all 227 GPU tests took 5 min, examples ~2 min, the
-# chain 30 s, generate ~3 min, decode with all four models and six backends ~7 min; so
-# "tests examples bench", then "generate", then "decode".)
+# (default: tests examples bench. Asked for by name: generate (transformers' generate()
+# through three backends, cold caches, ~4 min), decode (the four decode/encoder models of the
+# suite), rows (each row-kernel pattern vs Inductor and copy bandwidth, ~1 min; ROWS_ARGS=--sweep
+# adds the launch-config sweep), zoo (21 architectures: kernels per call, captured or not,
+# error vs eager), suite (the whole benchmarks/run.py suite), diag (why BERT's SDPA runs its
+# math path under Dynamo; which SDPA kernel a decode step's attention should get; the host
+# time of a replay and of a generate() step, ~3 min). One device call runs at most 10
+# minutes: split the steps over calls. On an H100 (2026-11-23), under pytest-xdist: all 234
+# GPU tests took 5 min, the chain 30 s, rows 70 s, decode ~75 s per model with four backends;
+# so "tests bench rows", then "decode generate".)
 #
 # Logs and results land in $OUT (one file per step); the exit status is non-zero when a
 # step failed, and every step runs regardless, so one failure does not hide another.
@@ -89,6 +90,8 @@ for step in $steps; do
     diag)
         run_step diag_bert_sdpa python3 benchmarks/diag/diag_bert_sdpa.py
         run_step diag_decode_sdpa python3 benchmarks/diag/diag_decode_sdpa.py
+        run_step diag_replay_host python3 benchmarks/diag/diag_replay_host.py
+        run_step diag_generate_host python3 benchmarks/diag/diag_generate_host.py
         ;;
     *)
         echo "unknown step: $step (tests, examples, bench, generate, rows, decode, zoo, suite, diag)"
