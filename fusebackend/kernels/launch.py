@@ -435,8 +435,8 @@ def _launch_sets(
     if plans is None:
         return _make_plans(program, options, sets).run(sets)
     # launch_config is read here so that a benchmark's sweep, which swaps it, misses
-    key = (launch_config, sets[0][0].device,
-           tuple((t.shape, t.stride(), t.dtype) for inputs in sets for t in inputs),
+    key = (launch_config,
+           tuple((t.shape, t.stride(), t.dtype, t.device) for inputs in sets for t in inputs),
            tuple(len(inputs) for inputs in sets))  # fmt: skip
     found = plans.get(key)
     if found is None:
@@ -461,7 +461,7 @@ def row_kernel(
     operands). Outputs are new contiguous tensors, one per ``program.outputs``.
     ``options`` (default: ``KernelOptions(index_checks=index_checks)``) says how the kernel
     is built. ``plans``: a dict owned by the caller, for this program and options only, in
-    which launches are kept per input signature (shapes, strides, dtypes).
+    which launches are kept per input signature (shapes, strides, dtypes, devices).
     """
     if options is None:
         options = KernelOptions(index_checks=index_checks)
