@@ -399,17 +399,28 @@ class _Writer:
         return f"v{index}"
 
     def _rotate(self, scope: _Scope, index: int, rot: Rotate) -> str:
-        """Load the operand at rotated columns: column j reads j + shift, wrapping past D."""
+        """Load the operand at rotated columns: column j reads j + shift, wrapping past D.
+
+        Two masked loads, each at its columns plus a constant (shift, or shift - D): their
+        addresses stay contiguous, so Triton can vectorise them, where one load at columns
+        picked by ``tl.where`` could not be proven contiguous (element by element loads).
+        """
         prefix, split = f"in{rot.operand.slot}", f"(D - {rot.shift})"
         first = f"first{index}"
         self.emit(scope, f"{first} = (cols < {split})[None, :]  # columns of the first part")
-        self.emit(scope, f"rcols{index} = tl.where(cols < {split}, cols + {rot.shift}, "
-                         f"cols - {split})")  # fmt: skip
-        offsets = f"{self._row_offset(prefix)}[:, None] + rcols{index}[None, :] * {prefix}_sc"
-        load = f"tl.load({prefix}_ptr + {offsets}, mask=mask, other=0).to({self.compute})"
-        self.emit(scope, f"r{index} = {load}")
+        row = f"{prefix}_ptr + {self._row_offset(prefix)}[:, None]"
+        parts = []
+        for name, cols, keep in (("hi", f"cols + {rot.shift}", first),
+                                 ("lo", f"cols - {split}", f"~{first}")):  # fmt: skip
+            parts.append(f"{name}{index}")
+            self.emit(
+                scope,
+                f"{name}{index} = tl.load({row} + ({cols})[None, :] * {prefix}_sc, "
+                f"mask=mask & {keep}, other=0).to({self.compute})",
+            )
         a, b = (format_scalar(float(s)) for s in rot.signs)
-        self.emit(scope, f"v{index} = tl.where({first}, {a} * r{index}, {b} * r{index})  # rotate")
+        hi, lo = parts
+        self.emit(scope, f"v{index} = tl.where({first}, {a} * {hi}, {b} * {lo})  # rotate")
         self._round(scope, index, rot.dtype)
         return f"v{index}"
 
