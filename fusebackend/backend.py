@@ -30,7 +30,7 @@ from fusebackend.kernels import (
     triton_usable,
 )
 from fusebackend.kernels.cache_write import precompile_pair, write_cache_pair
-from fusebackend.kernels.launch import layout_for, precompile, precompile_all
+from fusebackend.kernels.launch import launch_rank, layout_for, precompile, precompile_all
 from fusebackend.passes.attention import (
     drop_key_uniform_masks,
     pack_grouped_queries,
@@ -319,7 +319,8 @@ def _fuse(
         """Record the group's report; return its kernel name."""
         assert candidate.program is not None
         layout = layout_for(candidate.program, _static_width(candidate))
-        kernel_name, source = kernel_source(candidate.program, candidate.rank, options, layout)
+        kernel_name, source = kernel_source(candidate.program, _kernel_rank(candidate), options,
+                                            layout)  # fmt: skip
         calls = candidate.calls.items()
         reports.append(
             GroupReport(
@@ -418,6 +419,18 @@ def _concrete_cuda_tensor(value: Any) -> bool:
 
 def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _kernel_rank(candidate: Candidate) -> int:
+    """The rank of the kernel the group's launches run, for the report's name and source:
+    the launcher collapses lead dims (a decode row ``[1, 1, D]`` runs rank 1), so the
+    name in a profile matches ``explain``'s. Symbolic sizes: the traced rank."""
+    assert candidate.program is not None
+    values = [example_value(n) for n in candidate.inputs]
+    rank = None
+    if all(isinstance(v, torch.Tensor) for v in values):
+        rank = launch_rank(candidate.program, values)
+    return candidate.rank if rank is None else rank
 
 
 def _static_width(candidate: Candidate) -> int:

@@ -313,6 +313,25 @@ def test_lead_dims_collapse_only_where_every_tensor_steps_over_them_as_one(
     assert launch._collapse_lead(lead, strides) == (sizes, merged)
 
 
+def test_the_report_names_the_kernel_that_runs_for_collapsed_rows(monkeypatch):
+    # A decode row [1, 1, D] runs the rank-1 kernel (lead dims collapsed): explain's name
+    # must be that one, so that it can be found in a profile.
+    launched = []
+    real = launch._run
+
+    def spy(kernel, *args):
+        launched.append(getattr(kernel, "__name__", None) or kernel.fn.__name__)
+        return real(kernel, *args)
+
+    monkeypatch.setattr(launch, "_run", spy)
+    x, w = torch.randn(1, 1, 37), torch.randn(37)
+    out, report = run_fused(lambda x, w: F.rms_norm(x * 2, (37,), w) + 1, x, w,
+                            options={"cudagraphs": False})  # fmt: skip
+    group = single_group(report)
+    assert launched and set(launched) == {group.kernel_name}, (launched, group.kernel_name)
+    assert "size1" not in group.source  # rank 1: one lead size
+
+
 def test_a_kernel_without_lookups_is_not_built_in_debug_mode():
     # Debug mode exists for the index assert; it slows every other kernel down (5% measured).
     _, report = run_fused(lambda x: torch.relu(x * 2 + 1), torch.randn(3, 5),

@@ -30,6 +30,7 @@ from fusebackend.kernels.ir import InputRef, KernelOptions, Reduce, Rotate, RowP
 
 __all__ = [
     "kernel_source",
+    "launch_rank",
     "layout_for",
     "precompile",
     "precompile_all",
@@ -578,6 +579,16 @@ def precompile(
     device = inputs[0].device
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         plan.kernel.warmup(*args, grid=plan.grid, **plan.meta)
+
+
+def launch_rank(program: RowProgram, inputs: Sequence[torch.Tensor]) -> int | None:
+    """The rank of the kernel that a launch on tensors like ``inputs`` runs (its lead dims
+    collapsed, ``_collapse_lead``), or None where their sizes or strides are symbolic."""
+    if not all(isinstance(n, int) for t in inputs for n in (*t.shape, *t.stride())):
+        return None
+    meta = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+            for t in inputs]  # fmt: skip
+    return _prepare(program, meta).rank
 
 
 def launch_config(rows: int, width: int, layout: str = "tile") -> tuple[int, int, int]:
