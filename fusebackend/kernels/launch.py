@@ -482,13 +482,18 @@ def row_kernel_pair(
     return _launch_sets(program, options, (first, second), plans)
 
 
-def precompile_all(jobs: Sequence[Callable[[], None]], threads: int = 8) -> int:
+def precompile_all(jobs: Sequence[Callable[[], None]], threads: int | None = None) -> int:
     """Run every job (``functools.partial(precompile, ...)`` or another kernel's warm-up),
     compiling the distinct kernels concurrently (Triton's ``AsyncCompileMode`` over a thread
     pool: the compiler's passes and ptxas run outside the GIL). Returns the number of jobs
     that failed to warm up or to compile; their kernels compile at their first launch, where
     an error is raised and handled as before.
+
+    ``threads``: by default one per CPU core, up to 32. With 8 threads on the H100 machine's
+    16 cores, generate()'s 113 launches of a 22-layer Llama took 2.0-2.1 s (2026-11-23).
     """
+    if threads is None:
+        threads = max(1, min(32, os.cpu_count() or 8))
     try:
         from triton.runtime import _async_compile
     except ImportError:  # an older Triton: compile at first launch, one by one
