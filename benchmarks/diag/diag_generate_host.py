@@ -48,7 +48,8 @@ def profile(variant: str) -> None:
 
     with torch.no_grad():
         cache.reset()  # one eager token first: CUDA libraries load outside the timing
-        model.generate(ids, **{**kwargs, "max_new_tokens": 1, "min_new_tokens": 1,
+        eager_kwargs = {k: v for k, v in kwargs.items() if k != "compile_config"}
+        model.generate(ids, **{**eager_kwargs, "max_new_tokens": 1, "min_new_tokens": 1,
                                "disable_compile": True})  # fmt: skip
         torch.cuda.synchronize()
         first = cProfile.Profile()
