@@ -33,7 +33,6 @@ from fusebackend.kernels.cache_write import precompile_pair, write_cache_pair
 from fusebackend.kernels.launch import launch_rank, layout_for, precompile, precompile_all
 from fusebackend.passes.attention import (
     drop_key_uniform_masks,
-    pack_grouped_queries,
     share_mask_conversion,
 )
 from fusebackend.passes.batching import batch_scalar_updates, batch_state_sums
@@ -152,15 +151,13 @@ def infinifuse(
     constants = fold_constants(gm)
     list_indices = fold_list_indices(gm)
     batched_updates: list[str] = []
-    packed_attention: list[str] = []
     shared_masks: list[str] = []
     dropped_masks: list[str] = []
     if config.rewrites:
         batched_updates = batch_scalar_updates(gm, static_address)
         batched_updates += batch_state_sums(gm, static_address, device or torch.device("cpu"))
         dropped_masks = drop_key_uniform_masks(gm)
-        shared_masks = share_mask_conversion(gm)  # before packing: it expands the mask
-        packed_attention = pack_grouped_queries(gm)
+        shared_masks = share_mask_conversion(gm)
     mutated = mutated_placeholders(gm.graph)
     # Nothing is captured without CUDA graphs: the split would only add snapshot clones.
     split = split_host(gm, _on_host) if captures(config, device) else None
@@ -214,7 +211,6 @@ def infinifuse(
         constants=constants,
         batched_updates=batched_updates,
         list_indices=list_indices,
-        packed_attention=packed_attention,
         shared_masks=shared_masks,
         dropped_masks=dropped_masks,
         cache_writes=cache_writes,

@@ -60,7 +60,6 @@ class GraphReport:
     # Indexing nodes whose list indices became index tensors (passes/constants).
     list_indices: list[str] = dataclasses.field(default_factory=list)
     # Grouped-query attention calls that read K/V unrepeated (passes/attention).
-    packed_attention: list[str] = dataclasses.field(default_factory=list)
     # Boolean attention masks made additive once for all their SDPA calls (passes/attention).
     shared_masks: list[str] = dataclasses.field(default_factory=list)
     # SDPA calls whose mask, the same for every key, was dropped (passes/attention).
@@ -146,7 +145,6 @@ _REWRITE_LINES = (
     ("constants", "constants built once"),
     ("batched_updates", "batched into foreach ops"),
     ("list_indices", "list indices as index tensors on the device"),
-    ("packed_attention", "attention without repeated K/V"),
     ("shared_masks", "boolean attention masks made additive once"),
     ("dropped_masks", "attention without a mask uniform along the keys"),
     ("cache_writes", "KV-cache writes in one launch (fused graph)"),

@@ -1,7 +1,6 @@
-"""Attention rewrites (passes/attention.py). Grouped-query attention reads K and V
-unrepeated: transformers' repeat_kv + SDPA becomes SDPA over packed query rows, equal to
-eager; calls it cannot rewrite (causal, a mask per head, dropout) are left as they are. A
-boolean decode mask that several SDPA calls pass is made additive once, equal to eager."""
+"""Attention rewrites (passes/attention.py). A boolean decode mask that several SDPA calls
+pass is made additive once, and a mask uniform along the keys is dropped, both equal to
+eager; grouped-query attention (transformers' repeat_kv + SDPA) runs as traced."""
 
 from __future__ import annotations
 
@@ -28,12 +27,6 @@ def _attention(q, k, v, mask):
     )
 
 
-def _causal(q, k, v, mask):
-    n_rep = q.shape[1] // k.shape[1]
-    return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep),
-                                          is_causal=True)  # fmt: skip
-
-
 def _inputs(dtype, rows, mask_kind, heads=6, kv_heads=2, length=9, g=None):
     g = g or torch.Generator().manual_seed(rows)
     q = torch.randn(2, heads, rows, 16, generator=g).to(dtype)
@@ -41,7 +34,7 @@ def _inputs(dtype, rows, mask_kind, heads=6, kv_heads=2, length=9, g=None):
     v = torch.randn(2, kv_heads, length, 16, generator=g).to(dtype)
     allowed = torch.ones(2, 1, rows, length, dtype=torch.bool)
     allowed[1, :, :, :3] = False  # left padding in the second sequence
-    for t in range(rows):  # and causal rows, each different: packing must keep row order
+    for t in range(rows):  # and causal rows, each different
         allowed[:, :, t, length - rows + t + 1 :] = False
     if mask_kind == "bool":
         mask = allowed
@@ -77,93 +70,11 @@ def _compiled(fn, *args):
 @pytest.mark.parametrize("mask_kind", ["bool", "float", "none"])
 @pytest.mark.parametrize("rows", [1, 3], ids=["decode", "prefill"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
-def test_grouped_queries_read_kv_unrepeated_and_equal_eager(dtype, rows, mask_kind):
+def test_grouped_query_attention_equals_eager(dtype, rows, mask_kind):
     args = _inputs(dtype, rows, mask_kind)
     expected = eager(_attention, *args)
-    actual, graph = _compiled(_attention, *args)
+    actual, _ = _compiled(_attention, *args)
     assert_close(actual, expected)
-    # decode only: a prefill's output is laid out [B, T, H, D], which packing would not keep
-    assert len(graph.packed_attention) == (1 if rows == 1 else 0), graph.packed_attention
-
-
-def test_rewrites_false_leaves_the_repeat_as_traced():
-    args = _inputs(torch.float32, 1, "bool")
-    torch._dynamo.reset()
-    compiled = torch.compile(_attention, backend="infinifuse",
-                             options={"cudagraphs": False, "rewrites": False})  # fmt: skip
-    with torch.no_grad():
-        assert_close(compiled(*args), eager(_attention, *args))
-    assert fusebackend.last_report().graphs[-1].packed_attention == []
-
-
-def test_causal_or_per_head_masks_are_left_alone():
-    q, k, v, _ = _inputs(torch.float32, 3, "none", length=3)
-    actual, graph = _compiled(_causal, q, k, v, None)
-    assert_close(actual, eager(_causal, q, k, v, None))
-    assert graph.packed_attention == []
-    q, k, v, mask = _inputs(torch.float32, 3, "bool")
-    per_head = mask.expand(2, 6, 3, 9).clone()
-    per_head[0, 4] = False
-    per_head[0, 4, :, 0] = True  # head 4 of the first sequence sees one key only
-    actual, graph = _compiled(_attention, q, k, v, per_head)
-    assert_close(actual, eager(_attention, q, k, v, per_head))
-    assert graph.packed_attention == []
-
-
-def _cache_written_after_the_repeat(q, k, v, new_k, position):
-    kr, vr = repeat_kv(k, 3), repeat_kv(v, 3)  # copies of the cache, taken here
-    k.index_copy_(2, position, new_k)  # a write that the attention must not see
-    return F.scaled_dot_product_attention(q, kr, vr)
-
-
-def _values_wider_than_keys(q, k, v, mask):
-    return _attention(q, k, torch.cat([v, v], dim=-1), mask)
-
-
-def _one_tensor_for_keys_and_values(q, k, v, mask):
-    kr = repeat_kv(k, 3)
-    return F.scaled_dot_product_attention(q, kr, kr, attn_mask=mask)
-
-
-def _repeat_of_an_indexed_tensor(q, k, v, mask):
-    kv = torch.stack([k, v])
-    k_rep = kv[0][:, :, None].expand(2, 2, 3, 9, 16).reshape(2, 6, 9, 16)
-    return F.scaled_dot_product_attention(q, k_rep, kv[1].repeat_interleave(3, dim=1))
-
-
-@pytest.mark.parametrize(
-    ("fn", "packed"),
-    [
-        (_values_wider_than_keys, 0),
-        (_one_tensor_for_keys_and_values, 1),
-        (_repeat_of_an_indexed_tensor, 0),
-    ],  # fmt: skip
-    ids=["wider values", "K is V", "indexed source"],
-)
-def test_other_spellings_compile_and_equal_eager(fn, packed):
-    args = _inputs(torch.float32, 1, "bool")
-    actual, graph = _compiled(fn, *args)
-    assert_close(actual, eager(fn, *args))
-    assert len(graph.packed_attention) == packed, graph.packed_attention
-
-
-def test_a_long_cache_keeps_the_repeat():
-    from fusebackend.passes.attention import PACK_MAX_SLOTS
-
-    for length, packed in ((PACK_MAX_SLOTS, 1), (PACK_MAX_SLOTS + 1, 0)):
-        args = _inputs(torch.float32, 1, "bool", length=length)
-        actual, graph = _compiled(_attention, *args)
-        assert_close(actual, eager(_attention, *args))
-        assert len(graph.packed_attention) == packed, (length, graph.packed_attention)
-
-
-def test_a_cache_written_after_its_repeat_is_not_packed():
-    q, k, v, _ = _inputs(torch.float32, 1, "none")
-    new_k, position = torch.randn(2, 2, 1, 16), torch.tensor([4])
-    expected = eager(_cache_written_after_the_repeat, q, k.clone(), v, new_k, position)
-    actual, graph = _compiled(_cache_written_after_the_repeat, q, k.clone(), v, new_k, position)
-    assert_close(actual, expected)
-    assert graph.packed_attention == []
 
 
 def _layers(q, k, v, mask):
@@ -194,7 +105,6 @@ def test_shared_mask_and_grouped_queries_together_in_a_decode_step():
     actual, graph = _compiled(grouped_layers, *args)
     assert_close(actual, eager(grouped_layers, *args))
     assert graph.shared_masks == ["l_mask_ (2 calls)"], graph.shared_masks
-    assert len(graph.packed_attention) == 2, graph.packed_attention
 
 
 def test_prefill_single_call_float_and_rewrites_false_masks_stay_as_traced():
@@ -253,7 +163,7 @@ def test_masks_that_differ_along_the_keys_are_kept():
     assert graph.dropped_masks == []
 
 
-def test_llama_decode_attention_reads_the_static_cache_unrepeated():
+def test_llama_decode_step_converts_its_mask_once():
     torch.manual_seed(0)
     config = tiny_llama_config()
     model = transformers.LlamaForCausalLM(config).eval()
@@ -271,7 +181,6 @@ def test_llama_decode_attention_reads_the_static_cache_unrepeated():
         want = model(input_ids=token, attention_mask=mask, past_key_values=eager_cache).logits
     assert_close(got, want, rtol=1e-4, atol=1e-4)
     graph = fusebackend.last_report().graphs[-1]
-    assert len(graph.packed_attention) == config.num_hidden_layers, str(graph.packed_attention)
     # every layer passes the one decode mask: converted once for both layers
     assert [m.endswith(f"({config.num_hidden_layers} calls)") for m in graph.shared_masks] == [
         True
@@ -286,9 +195,8 @@ def test_grouped_queries_on_the_gpu_in_a_cuda_graph(dtype, rows):
     # TinyLlama's grouping: 32 query heads over 4 K/V heads, 64 wide, a 176-slot cache
     args = [t.cuda() for t in _inputs(dtype, rows, "bool", heads=32, kv_heads=4, length=176)]
     expected = eager(_attention, *args)
-    actual, graph = _captured_on_the_gpu(_attention, *args)
+    actual, _ = _captured_on_the_gpu(_attention, *args)
     assert_close(actual, expected)
-    assert len(graph.packed_attention) == (1 if rows == 1 else 0)
 
 
 @pytest.mark.gpu

@@ -1,19 +1,26 @@
-"""Host time of one CUDA-graph replay: infinifuse's decode graph against a plain capture.
+"""Why a replay of infinifuse's graph costs more host time than reduce-overhead's.
 
-A cProfile of generate() on an H100 (2026-11-23, `diag_generate_host_h100.txt`) put
-``CUDAGraph.replay`` at 159 us per call for infinifuse's TinyLlama decode graph against
-16 us for the graphs of Inductor's cudagraph trees, the largest difference in host time per
-token. This times the replay alone: the same 22-layer decode step captured by infinifuse
-(its cache entry's graph) and by ``torch.cuda.graph`` around the eager model, replayed 200
-times back to back (host time per ``replay()`` call, no synchronize between) and 50 times
-after a synchronize each (the launch into an idle GPU), plus each graph's device time per
-replay. Kernels per step without graphs, for scale: eager 1107, infinifuse 322 (H100 suite).
+A cProfile of generate() on an H100 (2026-11-25, ``diag_generate_host_h100.txt``) put the
+host time of ``CUDAGraph.replay`` at 63 us per call for infinifuse's TinyLlama decode graph
+against 16 us for the graphs of Inductor's cudagraph trees, with fewer kernels in ours; and
+GPT-2's replay spends 138 us outside its kernels against Inductor's 77 us. ``cudaGraphLaunch``
+should cost the host a few microseconds, whatever the graph holds.
 
-    python benchmarks/diag/diag_replay_host.py
+For each model (TinyLlama-shaped 22-layer decode, GPT-2 decode; fp16, batch 1, StaticCache)
+and each backend (infinifuse; Inductor with ``mode="reduce-overhead"``; a plain
+``torch.cuda.graph`` around the eager model), this keeps every CUDA graph captured and
+times ``replay()`` of the one with the most device time: host time back to back (a replay
+that waits for the one before it shows the device time here) and after a synchronize, and
+device time per replay. Backends
+``infinifuse:OPTION=False,...`` and ``infinifuse-without:REWRITE,...`` switch options or
+graph rewrites off, to find which one a cost comes from.
+
+    python benchmarks/diag/diag_replay_host.py [--models llama,gpt2]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -23,9 +30,20 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# Every graph captured while a backend runs.
+_GRAPHS: list = []
+_CAPTURE_BEGIN = torch.cuda.CUDAGraph.capture_begin
+
+
+def _capture_begin_kept(self, *args, **kwargs):
+    _GRAPHS.append(self)
+    return _CAPTURE_BEGIN(self, *args, **kwargs)
+
+
+torch.cuda.CUDAGraph.capture_begin = _capture_begin_kept
+
 
 def host_us(replay, calls: int, sync_each: bool) -> float:
-    """Median host microseconds of one ``replay()`` call."""
     times = []
     torch.cuda.synchronize()
     for _ in range(calls):
@@ -38,7 +56,7 @@ def host_us(replay, calls: int, sync_each: bool) -> float:
     return statistics.median(times) * 1e6
 
 
-def device_us(replay, calls: int = 50) -> float:
+def device_us(replay, calls: int = 40) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
@@ -49,58 +67,98 @@ def device_us(replay, calls: int = 50) -> float:
     return start.elapsed_time(end) * 1e3 / calls
 
 
-def report(name: str, replay) -> None:
-    print(f"{name:34s} host per replay: back to back {host_us(replay, 200, False):7.1f} us, "
-          f"after a sync {host_us(replay, 50, True):7.1f} us; device "
-          f"{device_us(replay):7.1f} us")  # fmt: skip
+def report(model_name: str, backend: str, graphs: list) -> None:
+    """Host and device time per replay of the graph with the most device time."""
+    timed = sorted((device_us(g), i) for i, g in enumerate(graphs))
+    device, index = timed[-1]
+    replay = graphs[index].replay
+    back_to_back, after_sync = host_us(replay, 100, False), host_us(replay, 40, True)
+    print(f"--- {model_name} / {backend}: {len(graphs)} graph(s); the largest: host per "
+          f"replay back to back {back_to_back:7.1f} us, after a sync {after_sync:6.1f} us; "
+          f"device {device:7.1f} us per replay")  # fmt: skip
 
 
-def main() -> None:
-    from generate import build_model
-    from transformers import StaticCache
+def build(model_name: str):
+    from suite.workloads import _causal_lm, _gpt2_config, _llama_config
 
-    import fusebackend
-    from fusebackend.runtime.counters import live_caches
+    config = {"llama": _llama_config(False), "gpt2": _gpt2_config(False)}[model_name]()
+    model = _causal_lm(config, torch.device("cuda"), torch.float16)
+    return model, config.vocab_size
 
-    model = build_model(22, torch.float16, "cuda")
+
+def run_backend(model, vocab: int, backend: str) -> list:
+    """Decode calls through one backend; the graphs it captured."""
+    from suite.workloads import static_cache
+
+    torch._dynamo.reset()
+    _GRAPHS.clear()
+    # Room for the prefill, the calls and every timed replay (each advances the position).
+    cache = static_cache(model, 1, 400)
     g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(3, 32000, (1, 16), generator=g).cuda()
-    token = torch.randint(3, 32000, (1, 1), generator=g).cuda()
-    cache = StaticCache(config=model.config, max_cache_len=128)
+    prompt = torch.randint(0, vocab, (1, 16), generator=g).cuda()
+    token = torch.randint(0, vocab, (1, 1), generator=g).cuda()
     with torch.no_grad():
-        model(input_ids=prompt, past_key_values=cache)  # eager prefill: allocates the cache
-        compiled = torch.compile(model, backend="infinifuse")
-        for _ in range(3):
-            compiled(input_ids=token, past_key_values=cache)
-        graphs = [
-            (c.name, e.graph)
-            for c in live_caches()
-            for e in getattr(c, "_entries", {}).values()
-            if getattr(e, "graph", None) is not None
-        ]
-        print(fusebackend.stats()["fusion_modes"])
-        for name, graph in graphs:
-            report(f"infinifuse {name}", graph.replay)
-
-        # The same step captured around the eager model (every eager kernel, no Dynamo), at
-        # an explicit position: computing it from the cache could sync inside the capture.
-        step = {"input_ids": token, "past_key_values": cache,
-                "cache_position": torch.tensor([16], device="cuda"),
-                "position_ids": torch.tensor([[16]], device="cuda")}  # fmt: skip
-        try:
+        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        if backend == "eager graph":
+            step = {"input_ids": token, "past_key_values": cache, "use_cache": True,
+                    "cache_position": torch.tensor([16], device="cuda"),
+                    "position_ids": torch.tensor([[16]], device="cuda")}  # fmt: skip
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):
                     model(**step)
             torch.cuda.current_stream().wait_stream(stream)
-            eager_graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(eager_graph):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
                 model(**step)
-        except Exception as exc:  # the comparison is lost, our graph's figures stand
-            print(f"eager model could not be captured: {type(exc).__name__}: {exc}")
-            return
-        report("eager model, torch.cuda.graph", eager_graph.replay)
+        else:
+            if backend.startswith("infinifuse-without:"):
+                # "infinifuse-without:pack_grouped_queries,share_mask_conversion": graph
+                # rewrites of backend.py replaced by ones that change nothing
+                import fusebackend.backend as fb
+
+                for name in backend.partition(":")[2].split(","):
+                    setattr(fb, name, lambda *args: [])
+                compiled = torch.compile(model, backend="infinifuse")
+            elif backend.startswith("infinifuse"):
+                # "infinifuse:rewrites=False,index_checks=False": options switched off
+                off = backend.partition(":")[2]
+                options = {name.split("=")[0]: False for name in off.split(",") if name}
+                compiled = torch.compile(model, backend="infinifuse", options=options)
+            else:
+                compiled = torch.compile(model, mode="reduce-overhead")
+            for _ in range(4):
+                compiled(input_ids=token, past_key_values=cache, use_cache=True)
+            torch.cuda.synchronize()
+    if backend.startswith("infinifuse"):
+        import fusebackend
+
+        print("  modes:", fusebackend.stats()["fusion_modes"])
+    return list(_GRAPHS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="llama,gpt2", help="comma-separated: llama, gpt2")
+    parser.add_argument(
+        "--backends",
+        default="infinifuse;reduce-overhead;eager graph",
+        help="semicolon-separated: infinifuse, infinifuse:OPTION=False,..., "
+        "infinifuse-without:REWRITE,... (a function backend.py calls), reduce-overhead, "
+        "eager graph",
+    )
+    args = parser.parse_args()
+    for model_name in args.models.split(","):
+        model, vocab = build(model_name)
+        for backend in args.backends.split(";"):
+            try:
+                graphs = run_backend(model, vocab, backend)
+                report(model_name, backend, graphs)
+            except Exception as exc:  # one backend's failure leaves the others' figures
+                print(f"--- {model_name} / {backend} failed: {type(exc).__name__}: {exc}")
+        del model
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -1,32 +1,14 @@
-"""Rewrites of the graph's attention calls (``F.scaled_dot_product_attention``): grouped-query
-attention without repeating K and V, one boolean-to-additive mask conversion per step, and
-no mask where a mask is the same for every key.
+"""Rewrites of the graph's attention calls (``F.scaled_dot_product_attention``): one
+boolean-to-additive mask conversion per step, and no mask where a mask is the same for every
+key.
 
-**Grouped queries** (``pack_grouped_queries``): query heads that share a K/V head become
-query rows of that head.
-
-transformers' SDPA attention repeats each K/V head ``n_rep`` times (``repeat_kv``: an expand
-and a reshape, which copies) whenever it passes a mask, because SDPA's ``enable_gqa`` would
-send masked attention to its math path. In a StaticCache decode step that copies the whole
-cache twice per layer: TinyLlama (32 query heads, 4 K/V heads, 22 layers) launches 44 copy
-kernels per token, about 740 MB written at 4096 cache slots (found on its graph, 2026-11-23),
-and SDPA then reads the 8 copies of every head.
-
-Attention is computed for each (batch, head, query row) on its own, so in a decode step
-(one query row) the ``n_rep`` query heads of one K/V head may as well be ``n_rep`` query
-rows of it:
-
-    q    [B, H, 1, D]  -> [B, Hkv, n_rep, D]   (head h = hkv * n_rep + r, repeat_kv's order)
-    mask [M, 1, 1, S]  -> [M, 1, n_rep, S]     (expanded: every row is the one mask row)
-    out  [B, Hkv, n_rep, D] -> [B, H, 1, D]
-
-Every row is the same sum over the same keys as before; K and V are read once per K/V head
-and never copied. Applied to an SDPA call with no dropout, ``is_causal=False`` and no
-``enable_gqa``, whose mask (if any) has one head, whose K and V are repeat_kv of two
-tensors ``[B, Hkv, S, D]`` with one ``n_rep`` that nothing writes between the repeat and
-the call, with one query row and an output of the queries' shape, contiguous, all sizes
-static, and at most ``PACK_MAX_SLOTS`` (512) cache slots: beyond that the copies cost less
-than the parallelism packing loses (measured, see the constant).
+Grouped-query attention keeps transformers' ``repeat_kv`` copies. A rewrite that made the
+query heads of one K/V head query rows of it (K/V read once, no copies) was removed on
+2026-11-25: on an H100, with it, a 22-layer TinyLlama decode graph's replay took 1834 us
+of device time against 1750 us without it (400-slot cache), and ``cudaGraphLaunch`` of the
+graph blocked the host until the previous replay had finished (1845 us per replay back to
+back, against 5.7 us without it), so nothing a client did between steps overlapped the GPU
+(``benchmarks/results/diag_replay_host_h100.txt``).
 
 **Shared masks** (``share_mask_conversion``): SDPA turns a boolean mask into an additive
 one in the queries' dtype on every call, ``where(mask, 0, -inf)`` with both scalars made
@@ -64,10 +46,9 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from fusebackend.passes.fx_util import example_value, nodes_between, static_tensor
-from fusebackend.passes.mutations import storage_id, written_storages
+from fusebackend.passes.fx_util import example_value, static_tensor
 
-__all__ = ["drop_key_uniform_masks", "pack_grouped_queries", "share_mask_conversion"]
+__all__ = ["drop_key_uniform_masks", "share_mask_conversion"]
 
 log = logging.getLogger(__name__)
 
@@ -77,24 +58,6 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
 
 
 _SDPA = inspect.signature(_sdpa)
-_NEW_AXIS = (slice(None), slice(None), None, slice(None), slice(None))
-
-# Pack only caches of at most this many slots. Packed rows give SDPA one block of work per
-# K/V head instead of one per query head, and each block walks the whole cache: on an H100
-# (2026-11-23, benchmarks/results/diag_decode_sdpa_h100.txt; TinyLlama's 32 query and 4 K/V
-# heads, fp16, cuDNN) a packed layer took 8.8 us at 176 slots against 11.2 us for repeat_kv's
-# two copies plus SDPA, but 62.5 us at 4096 slots against 45.3 us. The two cross near 650
-# slots; 512 keeps to the side measured as a gain.
-PACK_MAX_SLOTS = 512
-
-
-def pack_grouped_queries(gm: torch.fx.GraphModule) -> list[str]:
-    """Rewrite ``gm`` in place; return the names of the SDPA calls rewritten."""
-    packed = []
-    for node in list(gm.graph.nodes):
-        if _pack(gm.graph, node):
-            packed.append(node.name)
-    return _finish(gm, packed, "attention without repeated K/V")
 
 
 def share_mask_conversion(gm: torch.fx.GraphModule) -> list[str]:
@@ -188,118 +151,3 @@ def _arguments(node: torch.fx.Node) -> dict[str, Any] | None:
         return None
     bound.apply_defaults()
     return bound.arguments
-
-
-def _pack(graph: torch.fx.Graph, sdpa: torch.fx.Node) -> bool:
-    a = _arguments(sdpa)
-    if a is None:
-        return False
-    if a["dropout_p"] != 0.0 or a["is_causal"] is not False or a["enable_gqa"] is not False:
-        return False
-    query, mask = a["query"], a["attn_mask"]
-    keys, values = _repeated(a["key"]), _repeated(a["value"])
-    if keys is None or values is None or keys[1] != values[1]:
-        return False
-    (key_source, n_rep), (value_source, _) = keys, values
-    q, original = example_value(query), example_value(sdpa)
-    if not (static_tensor(q) and static_tensor(original)) or q.dim() != 4 or n_rep < 2:
-        return False
-    batch, heads, rows, width = q.shape
-    if rows != 1:
-        # Decode only: with several query rows SDPA returns [B, H, T, D] laid out as
-        # [B, T, H, D] (seen on the CPU), a layout the packed result would not keep, and a
-        # prefill is bound by its matmuls, not by the copies.
-        return False
-    if heads % n_rep or tuple(original.shape) != (batch, heads, rows, width):
-        return False  # a broadcast batch, or values of another width than the queries
-    if example_value(key_source).shape[2] > PACK_MAX_SLOTS:
-        return False  # a long cache: one block per K/V head walks it too slowly
-    if not original.is_contiguous():
-        # SDPA may return [B, H, T, D] laid out as [B, T, H, D]; the packed result is
-        # contiguous, and later views (.transpose(1, 2).view(...)) rely on the layout.
-        return False
-    if _written_between(a["key"], sdpa, key_source) or _written_between(
-        a["value"], sdpa, value_source
-    ):
-        return False  # the repeat copied the cache before a write that SDPA must not see
-    kv_heads = heads // n_rep
-    m = example_value(mask) if isinstance(mask, torch.fx.Node) else None
-    if mask is not None and not (static_tensor(m) and m.dim() == 4 and m.shape[1] == 1
-                                 and m.shape[2] == rows):  # fmt: skip
-        return False
-    with graph.inserting_before(sdpa):
-        packed_q = _call(graph, "reshape", query, (batch, kv_heads, n_rep * rows, width))
-        packed_mask = None
-        if mask is not None:  # a view: the one mask row serves every packed query row
-            packed_mask = _call(graph, "expand", mask, (m.shape[0], 1, n_rep, m.shape[3]))
-        out = graph.call_function(
-            F.scaled_dot_product_attention,
-            (packed_q, key_source, value_source),
-            {"attn_mask": packed_mask, "dropout_p": 0.0, "is_causal": False,
-             "scale": a["scale"]},
-        )  # fmt: skip
-        out.meta["example_value"] = original.reshape(batch, kv_heads, n_rep * rows, width)
-        result = _call(graph, "reshape", out, tuple(original.shape))
-    sdpa.replace_all_uses_with(result)
-    graph.erase_node(sdpa)
-    for repeated in dict.fromkeys((a["key"], a["value"])):  # K and V may be one node
-        _erase_unused_chain(graph, repeated)
-    return True
-
-
-def _call(graph: torch.fx.Graph, method: str, node: torch.fx.Node, args: tuple) -> Any:
-    call = graph.call_method(method, (node, *args))
-    call.meta["example_value"] = getattr(example_value(node), method)(*args)
-    return call
-
-
-def _repeated(node: Any) -> tuple[torch.fx.Node, int] | None:
-    """(source, n_rep) when ``node`` is repeat_kv of ``source``: ``source[:, :, None]`` (or
-    ``unsqueeze(2)``), expanded to ``[B, Hkv, n_rep, S, D]``, reshaped to ``[B, Hkv*n_rep,
-    S, D]``; else None."""
-    if not (isinstance(node, torch.fx.Node) and _method(node, "reshape")):
-        return None
-    expand = node.args[0]
-    if not (isinstance(expand, torch.fx.Node) and _method(expand, "expand")):
-        return None
-    new_axis = expand.args[0]
-    if not isinstance(new_axis, torch.fx.Node):
-        return None
-    if new_axis.op == "call_function" and new_axis.target is operator.getitem:
-        if not (isinstance(new_axis.args[1], tuple) and new_axis.args[1] == _NEW_AXIS):
-            return None
-    elif not (_method(new_axis, "unsqueeze") and tuple(new_axis.args[1:]) == (2,)):
-        return None
-    source = new_axis.args[0]
-    src, expanded, out = (example_value(n) for n in (source, expand, node))
-    if not all(static_tensor(v) for v in (src, expanded, out)) or src.dim() != 4:
-        return None
-    b, kv_heads, length, width = src.shape
-    n_rep = expanded.shape[2]
-    if tuple(expanded.shape) != (b, kv_heads, n_rep, length, width):
-        return None
-    if tuple(out.shape) != (b, kv_heads * n_rep, length, width):
-        return None
-    return source, n_rep
-
-
-def _written_between(start: torch.fx.Node, end: torch.fx.Node, source: torch.fx.Node) -> bool:
-    """Does a node after ``start`` and before ``end`` write ``source``'s storage?"""
-    target = storage_id(example_value(source))
-    return target is None or target in written_storages(nodes_between(start, end))
-
-
-def _method(node: torch.fx.Node, name: str) -> bool:
-    return node.op == "call_method" and node.target == name
-
-
-def _erase_unused_chain(graph: torch.fx.Graph, reshape: torch.fx.Node) -> None:
-    """Erase a repeat's reshape, expand and new axis once nothing reads them (its source
-    stays: the cache itself)."""
-    node = reshape
-    for _ in range(3):
-        if node.users:
-            return
-        source = node.args[0]
-        graph.erase_node(node)
-        node = source
