@@ -69,7 +69,7 @@ def device_us(replay, calls: int = 40) -> float:
 
 def report(model_name: str, backend: str, graphs: list) -> None:
     """Host and device time per replay of the graph with the most device time."""
-    timed = sorted((device_us(g), i) for i, g in enumerate(graphs))
+    timed = sorted((device_us(g.replay), i) for i, g in enumerate(graphs))
     device, index = timed[-1]
     replay = graphs[index].replay
     back_to_back, after_sync = host_us(replay, 100, False), host_us(replay, 40, True)
