@@ -144,8 +144,8 @@ def run_variant(args: argparse.Namespace) -> dict:
 
 
 class _BackendLog(logging.Handler):
-    """Keeps fusebackend's INFO lines about compile work (precompile, batched state, packed
-    attention, list indices) for the result."""
+    """Keeps fusebackend's INFO lines about compile work (precompile, batched state, list
+    indices) for the result."""
 
     KEYS = ("precompiled", "batched", "attention without", "list indices", "precompile")
 
