@@ -30,10 +30,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="gpt2-decode", help="a suite workload name")
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument(
+        "--backends",
+        default="infinifuse,reduce-overhead",
+        help="comma-separated, run in this order in the one process (the suite runs "
+        "reduce-overhead before infinifuse)",
+    )
     args = parser.parse_args()
     (workload,) = workloads.select(workloads.workloads(False, torch.device("cuda")), args.model)
     case = workload.build(torch.device("cuda"), 3 * args.calls + 20)
-    for backend in ("infinifuse", "reduce-overhead"):
+    for backend in args.backends.split(","):
         torch._dynamo.reset()
         case.prepare()
         if backend == "infinifuse":
