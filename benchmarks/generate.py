@@ -147,7 +147,7 @@ class _BackendLog(logging.Handler):
     """Keeps fusebackend's INFO lines about compile work (precompile, batched state, list
     indices) for the result."""
 
-    KEYS = ("precompiled", "batched", "attention without", "list indices", "precompile")
+    KEYS = ("precompiled", "batched", "list indices", "precompile")
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)

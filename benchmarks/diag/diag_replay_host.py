@@ -114,11 +114,14 @@ def run_backend(model, vocab: int, backend: str) -> list:
                 model(**step)
         else:
             if backend.startswith("infinifuse-without:"):
-                # "infinifuse-without:pack_grouped_queries,share_mask_conversion": graph
-                # rewrites of backend.py replaced by ones that change nothing
+                # "infinifuse-without:share_mask_conversion,batch_state_sums": graph rewrites
+                # of backend.py replaced by ones that change nothing, for the rest of this
+                # process (run one such backend per process)
                 import fusebackend.backend as fb
 
                 for name in backend.partition(":")[2].split(","):
+                    if not callable(getattr(fb, name, None)):
+                        raise ValueError(f"backend.py calls no rewrite named {name!r}")
                     setattr(fb, name, lambda *args: [])
                 compiled = torch.compile(model, backend="infinifuse")
             elif backend.startswith("infinifuse"):
