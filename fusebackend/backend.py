@@ -30,6 +30,7 @@ from fusebackend.kernels import (
     triton_usable,
 )
 from fusebackend.kernels.cache_write import precompile_pair, write_cache_pair
+from fusebackend.kernels.decode_attention import decode_attention, precompile_decode_attention
 from fusebackend.kernels.launch import launch_rank, layout_for, precompile, precompile_all
 from fusebackend.passes.attention import (
     drop_key_uniform_masks,
@@ -38,6 +39,7 @@ from fusebackend.passes.attention import (
 from fusebackend.passes.batching import batch_scalar_updates, batch_state_sums
 from fusebackend.passes.cache_writes import pair_cache_writes
 from fusebackend.passes.constants import fold_constants, fold_list_indices
+from fusebackend.passes.decode_attention import use_decode_attention
 from fusebackend.passes.fx_util import static_tensor
 from fusebackend.passes.graph import example_value
 from fusebackend.passes.host_inputs import (
@@ -171,7 +173,7 @@ def infinifuse(
     # Inputs of the device part that are original inputs the graph writes (the host part
     # writes its own inputs itself, on the caller's tensors).
     mutated_here = frozenset(k for k, i in enumerate(part.original_indices) if i in mutated_indices)
-    fused_gm, groups, rejections, cache_writes = _fuse(part.graph, device, config)
+    fused_gm, groups, rejections, cache_writes, attention = _fuse(part.graph, device, config)
     static = _static_inputs(part.example_inputs, mutated_here, part.host_inputs, config, device)
     cache = GraphCache(
         unfused=part.graph,
@@ -214,6 +216,7 @@ def infinifuse(
         shared_masks=shared_masks,
         dropped_masks=dropped_masks,
         cache_writes=cache_writes,
+        decode_attention=attention,
         host_nodes=split.nodes if split is not None else [],
     )
     record(report)
@@ -298,16 +301,16 @@ def _apply_mode(
 
 def _fuse(
     gm: torch.fx.GraphModule, device: torch.device | None, config: FusionConfig
-) -> tuple[torch.fx.GraphModule | None, list[GroupReport], list[Any], list[str]]:
+) -> tuple[torch.fx.GraphModule | None, list[GroupReport], list[Any], list[str], list[str]]:
     """Fuse a copy of ``gm``'s graph. Returns (fused module or None, groups, rejections,
-    KV-cache write pairs joined)."""
+    KV-cache write pairs joined, SDPA calls given to the decode attention kernel)."""
     if not config.fusion:
-        return None, [], [], []
+        return None, [], [], [], []
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))  # node meta (example values) is kept
     candidates, rejections = find_groups(graph)
     if not candidates:
-        return None, [], rejections, []
+        return None, [], rejections, [], []
     reports: list[GroupReport] = []
     options = KernelOptions(config.index_checks, config.round_intermediates)
 
@@ -348,7 +351,7 @@ def _fuse(
             report(candidate, f"not rewritten: no Triton on {names} (set TRITON_INTERPRET=1)")
         # No fused graph: the runtime runs the traced graph once per call (a fused one would
         # be validated against itself on each signature's first call, running it twice).
-        return None, reports, rejections, []
+        return None, reports, rejections, [], []
 
     def make_op(candidate: Candidate) -> FusedGroupOp:
         assert candidate.program is not None
@@ -368,11 +371,12 @@ def _fuse(
             reports[k] = dataclasses.replace(reports[k], launched_with=twin.group)
     # (Triton runs on one of the graph's devices here; a pair on another device runs its
     # two index_copy_ calls.)
-    cache_writes = []
+    cache_writes, attention = [], []
     if config.rewrites:
         cache_writes = pair_cache_writes(graph, write_cache_pair, config.index_checks)
+        attention = use_decode_attention(graph, decode_attention)
     _precompile(graph)
-    return torch.fx.GraphModule(gm, graph), reports, rejections, cache_writes
+    return torch.fx.GraphModule(gm, graph), reports, rejections, cache_writes, attention
 
 
 def _precompile(graph: torch.fx.Graph) -> None:
@@ -387,6 +391,13 @@ def _precompile(graph: torch.fx.Graph) -> None:
             values = [example_value(a) for a in tensors]
             if all(_concrete_cuda_tensor(v) for v in values):
                 jobs.append(functools.partial(precompile_pair, *values, checks))
+            continue
+        if op is decode_attention:
+            query, key, value, mask, *rest = node.args
+            values = [example_value(a) for a in (query, key, value)]
+            values.append(example_value(mask) if mask is not None else None)
+            if all(_concrete_cuda_tensor(v) for v in values if v is not None):
+                jobs.append(functools.partial(precompile_decode_attention, *values, *rest))
             continue
         if not isinstance(op, FusedGroupOp | FusedPairOp) or not op.use_triton:
             continue

@@ -49,13 +49,13 @@ class FusionConfig:
             kernel's outputs, as Inductor does: closer to the exact result and faster
             (two fewer conversions per op in half precision).
         rewrites: Rewrite the graph beside fusion: per-layer state updates and sums run as
-            foreach ops, grouped-query attention reads K/V without transformers'
-            repeat_kv copies, an SDPA mask the same for every key is dropped, a boolean
-            mask that every layer passes to SDPA is made additive once per step, and a
-            layer's two KV-cache writes run as one launch
-            (passes/batching.py, attention.py, cache_writes.py). ``False`` leaves
-            those as traced; constants and list indices are folded either way (capture
-            needs them).
+            foreach ops, an SDPA mask the same for every key is dropped, a boolean mask
+            that every layer passes to SDPA is made additive once per step, a layer's two
+            KV-cache writes run as one launch, and a decode step's attention reads K/V
+            without transformers' repeat_kv copies through its own kernel
+            (passes/batching.py, attention.py, cache_writes.py, decode_attention.py).
+            ``False`` leaves those as traced; constants and list indices are folded either
+            way (capture needs them).
     """
 
     fusion: bool = True

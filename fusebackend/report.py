@@ -59,7 +59,6 @@ class GraphReport:
     batched_updates: list[str] = dataclasses.field(default_factory=list)
     # Indexing nodes whose list indices became index tensors (passes/constants).
     list_indices: list[str] = dataclasses.field(default_factory=list)
-    # Grouped-query attention calls that read K/V unrepeated (passes/attention).
     # Boolean attention masks made additive once for all their SDPA calls (passes/attention).
     shared_masks: list[str] = dataclasses.field(default_factory=list)
     # SDPA calls whose mask, the same for every key, was dropped (passes/attention).
@@ -67,6 +66,9 @@ class GraphReport:
     # Pairs of KV-cache index_copy_ writes run as one launch in the fused graph
     # (passes/cache_writes).
     cache_writes: list[str] = dataclasses.field(default_factory=list)
+    # Decode steps' SDPA calls run by the kernel that reads K/V unrepeated, in the fused
+    # graph (passes/decode_attention).
+    decode_attention: list[str] = dataclasses.field(default_factory=list)
     # Nodes that run on the host at each call, before the captured device part.
     host_nodes: list[str] = dataclasses.field(default_factory=list)
 
@@ -148,6 +150,7 @@ _REWRITE_LINES = (
     ("shared_masks", "boolean attention masks made additive once"),
     ("dropped_masks", "attention without a mask uniform along the keys"),
     ("cache_writes", "KV-cache writes in one launch (fused graph)"),
+    ("decode_attention", "decode attention reading K/V unrepeated (fused graph)"),
 )
 
 

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 from fusebackend.passes.fx_util import example_value, static_tensor
 
-__all__ = ["drop_key_uniform_masks", "share_mask_conversion"]
+__all__ = ["drop_key_uniform_masks", "sdpa_arguments", "share_mask_conversion"]
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def share_mask_conversion(gm: torch.fx.GraphModule) -> list[str]:
     ``"<mask node> (<n> calls)"``."""
     by_mask: dict[tuple[torch.fx.Node, torch.dtype], list[torch.fx.Node]] = {}
     for node in gm.graph.nodes:
-        a = _arguments(node)
+        a = sdpa_arguments(node)
         if a is None or not isinstance(a["attn_mask"], torch.fx.Node):
             continue
         m, q = example_value(a["attn_mask"]), example_value(a["query"])
@@ -99,7 +99,7 @@ def drop_key_uniform_masks(gm: torch.fx.GraphModule) -> list[str]:
     afterwards. Return the names of the calls rewritten."""
     dropped = []
     for node in list(gm.graph.nodes):
-        a = _arguments(node)
+        a = sdpa_arguments(node)
         if a is None or not isinstance(a["attn_mask"], torch.fx.Node):
             continue
         m, out = example_value(a["attn_mask"]), example_value(node)
@@ -142,7 +142,7 @@ def _finish(gm: torch.fx.GraphModule, rewritten: list[str], what: str) -> list[s
     return rewritten
 
 
-def _arguments(node: torch.fx.Node) -> dict[str, Any] | None:
+def sdpa_arguments(node: torch.fx.Node) -> dict[str, Any] | None:
     """An SDPA call's arguments by name, defaults filled in; None for any other node."""
     if not (node.op == "call_function" and node.target is F.scaled_dot_product_attention):
         return None

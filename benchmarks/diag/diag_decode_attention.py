@@ -1,0 +1,157 @@
+"""The decode attention kernel against what the traced graph runs (repeat_kv + SDPA), and
+its launch parameters swept.
+
+Each variant is captured in a CUDA graph of 22 calls (a 22-layer decode step) and timed by
+replays: device microseconds per call, launch gaps included, as a replayed step sees them.
+The baseline is the traced graph's attention: transformers' ``repeat_kv`` copies of K and V,
+then SDPA with the additive mask the fused graph passes (passes/attention.py makes it once
+per step), with SDPA's own choice of kernel. Kernel variants: keys per block
+(``_BLOCK_S``), one program per (batch, K/V head) over the whole cache ("single") or the
+cache split into blocks of one program each, combined by a second kernel ("split"); and
+the kernel's own choice ("default").
+
+    python benchmarks/diag/diag_decode_attention.py --out decode_attention.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from fusebackend.kernels import decode_attention as kernel  # noqa: E402
+
+LAYERS = 22
+SHAPES = {  # name: (query heads, K/V heads, head width)
+    "tinyllama": (32, 4, 64),
+    "llama3-8b": (32, 8, 128),
+    "gpt2": (12, 12, 64),
+}
+SLOTS = (128, 176, 512, 1024, 4096)
+BLOCKS_S = (32, 64, 128)
+
+
+def _time_graph(fn, reps: int = 20) -> float:
+    """Device microseconds per call of ``fn`` (LAYERS calls captured in one graph)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(LAYERS):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / reps / LAYERS
+
+
+def _repeat(t: torch.Tensor, groups: int) -> torch.Tensor:
+    b, kv_heads, slots, width = t.shape
+    return t[:, :, None].expand(b, kv_heads, groups, slots, width).reshape(b, -1, slots, width)
+
+
+def _case(heads: int, kv_heads: int, width: int, slots: int) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dtype = torch.float16
+    q = torch.randn(1, 1, heads, width, device="cuda", generator=g, dtype=dtype).transpose(1, 2)
+    k = torch.randn(1, kv_heads, slots, width, device="cuda", generator=g, dtype=dtype)
+    v = torch.randn(1, kv_heads, slots, width, device="cuda", generator=g, dtype=dtype)
+    allowed = torch.arange(slots, device="cuda") < slots * 3 // 4  # a cache 3/4 full
+    bool_mask = allowed.view(1, 1, 1, slots)
+    additive = torch.full((1, 1, 1, slots), float("-inf"), device="cuda", dtype=dtype)
+    additive = additive.masked_fill(bool_mask, 0.0)
+    groups = heads // kv_heads
+
+    def baseline():
+        return F.scaled_dot_product_attention(q, _repeat(k, groups), _repeat(v, groups), additive)
+
+    reference = baseline()
+    row = {"heads": heads, "kv_heads": kv_heads, "width": width, "slots": slots,
+           "baseline_us": _time_graph(baseline), "variants": []}  # fmt: skip
+    stride = reference.stride()
+    defaults = (kernel._MIN_BLOCK_S, kernel._MAX_BLOCK_S, kernel._MAX_PROGRAMS)
+    variants = [("default", None)] + [(p, b) for b in BLOCKS_S for p in ("single", "split")]
+    for policy, block_s in variants:
+        kernel._MIN_BLOCK_S, kernel._MAX_BLOCK_S, kernel._MAX_PROGRAMS = defaults
+        if block_s is not None:
+            kernel._MIN_BLOCK_S = kernel._MAX_BLOCK_S = block_s
+            kernel._MAX_PROGRAMS = 1 if policy == "single" else 1 << 20
+        plan = kernel._Plan(q, k, v, bool_mask, None, groups, reference)
+
+        def attend():
+            return kernel.decode_attention(q, k, v, bool_mask, None, groups, stride)
+
+        error = (attend().float() - reference.float()).abs().max().item()
+        row["variants"].append({
+            "policy": policy, "block_s": plan.block_s, "splits": plan.splits,
+            "blocks_per_program": plan.meta["BLOCKS"], "us": _time_graph(attend),
+            "max_abs_error": error,
+        })  # fmt: skip
+    kernel._MIN_BLOCK_S, kernel._MAX_BLOCK_S, kernel._MAX_PROGRAMS = defaults
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", help="JSON file for the results")
+    args = parser.parse_args()
+    import transformers
+    import triton
+
+    result = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "transformers": transformers.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "dtype": "float16",
+        "batch": 1,
+        "defaults": {
+            "splits": kernel._SPLITS,
+            "block_s": [kernel._MIN_BLOCK_S, kernel._MAX_BLOCK_S],
+            "max_programs": kernel._MAX_PROGRAMS,
+        },
+        "rows": [],
+    }
+    for name, (heads, kv_heads, width) in SHAPES.items():
+        for slots in SLOTS:
+            row = {"shape": name, **_case(heads, kv_heads, width, slots)}
+            result["rows"].append(row)
+            best = min(row["variants"], key=lambda v: v["us"])
+            default = row["variants"][0]
+            worst_error = max(v["max_abs_error"] for v in row["variants"])
+            print(
+                f"{name:10s} {slots:5d} slots: repeat+SDPA {row['baseline_us']:6.2f} us; kernel "
+                f"{default['us']:6.2f} us (block {default['block_s']}, {default['splits']} "
+                f"splits); best variant {best['us']:6.2f} us ({best['policy']}, block "
+                f"{best['block_s']}); worst error {worst_error:.2e}",
+                flush=True,
+            )
+            for v in row["variants"]:
+                print(
+                    f"    {v['policy']:7s} block {v['block_s']:3d} splits {v['splits']:3d} x "
+                    f"{v['blocks_per_program']:2d}: {v['us']:6.2f} us"
+                )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
