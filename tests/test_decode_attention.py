@@ -232,3 +232,29 @@ def test_kernel_on_the_gpu_in_a_cuda_graph(dtype, slots):
     graph.replay()
     torch.cuda.synchronize()
     assert_close(out, want)
+
+
+def test_launches_alike_are_precompiled_once(monkeypatch):
+    # 22 layers launch the same kernels on tensors of one layout: one warm-up each, and one
+    # more for a launch Triton would specialise otherwise (an unaligned view).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import fusebackend.backend as backend
+
+    jobs = []
+    monkeypatch.setattr(backend, "precompile_all", lambda js: jobs.extend(js) or 0)
+    graph = torch.fx.Graph()
+    with FakeTensorMode():
+        q = torch.empty(1, 8, 1, 64, device="cuda", dtype=torch.float16)
+        kv = torch.empty(2 * 48 * 64 + 1, device="cuda", dtype=torch.float16)
+        layout = ((1, 2, 48, 64), (2 * 48 * 64, 48 * 64, 64, 1))
+        aligned, unaligned = kv.as_strided(*layout, 0), kv.as_strided(*layout, 1)
+        for cache in [aligned] * 22 + [unaligned]:
+            args = []
+            for name, value in (("q", q), ("k", cache), ("v", aligned)):
+                node = graph.placeholder(f"{name}{len(graph.nodes)}")
+                node.meta["example_value"] = value
+                args.append(node)
+            graph.call_function(decode_attention, (*args, None, None, 4, q.stride()))
+    backend._precompile(graph)
+    assert len(jobs) == 2

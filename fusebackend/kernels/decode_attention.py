@@ -111,7 +111,7 @@ def precompile_decode_attention(query, key, value, mask, scale, groups, out_stri
     def pointer(t: torch.Tensor, dtype: torch.dtype | None = None) -> Any:
         return warmup_pointer(dtype or t.dtype, t.storage_offset() * t.element_size())
 
-    scratch = [pointer(query, torch.float32)] * 3
+    scratch = [warmup_pointer(torch.float32, 0)] * 3  # fresh allocations: aligned
     mask_arg = pointer(mask if mask is not None else query)
     parts = scratch if plan.splits > 1 else [pointer(out)] * 3
     device = query.device
