@@ -12,7 +12,10 @@ warm-up (the precompile) or a launch, during the first call of the suite's workl
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import sys
 import time
 
@@ -34,6 +37,11 @@ def main() -> None:
         action="store_true",
         help="leave SDPA and repeat_kv as traced (for an A/B in two processes)",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile the first call; print the top functions by cumulative time",
+    )
     args = parser.parse_args()
     if args.without_decode_attention:
         import fusebackend.backend
@@ -54,10 +62,15 @@ def main() -> None:
         case.prepare()
         torch.cuda.synchronize()
         triton.knobs.runtime.jit_cache_hook = hook
+        profile = cProfile.Profile() if args.profile else None
         start = time.perf_counter()
+        if profile is not None:
+            profile.enable()
         torch.compile(case.model, backend="infinifuse")(**case.kwargs)
         torch.cuda.synchronize()
         first = time.perf_counter() - start
+        if profile is not None:
+            profile.disable()
         triton.knobs.runtime.jit_cache_hook = None
     graphs = fusebackend.last_report().graphs
     backend_s = sum(g.compile_seconds for g in graphs)
@@ -68,6 +81,10 @@ def main() -> None:
     print(f"{len(compiles)} Triton compiles, {len(at_launch)} at a launch (not precompiled):")
     for t, name, warmup in compiles:
         print(f"  {t:7.2f} s  {'warm-up' if warmup else 'LAUNCH '}  {name}")
+    if profile is not None:
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(60)
+        print(text.getvalue())
 
 
 if __name__ == "__main__":
