@@ -15,8 +15,9 @@
 # suite), rows (each row-kernel pattern vs Inductor and copy bandwidth, ~1 min; ROWS_ARGS=--sweep
 # adds the launch-config sweep), zoo (21 architectures: kernels per call, captured or not,
 # error vs eager), suite (the whole benchmarks/run.py suite), diag (why BERT's SDPA runs its
-# math path under Dynamo; which SDPA kernel a decode step's attention should get; the host
-# time of a replay and of a generate() step, ~3 min). One device call runs at most 10
+# math path under Dynamo; which SDPA kernel a decode step's attention should get; the decode
+# attention kernel against repeat_kv + SDPA and its launch sweep; the host time of a replay
+# and of a generate() step, ~5 min). One device call runs at most 10
 # minutes: split the steps over calls. On an H100 (2026-11-23), under pytest-xdist: all 234
 # GPU tests took 5 min, the chain 30 s, rows 70 s, decode ~75 s per model with four backends;
 # so "tests bench rows", then "decode generate".)
@@ -90,6 +91,8 @@ for step in $steps; do
     diag)
         run_step diag_bert_sdpa python3 benchmarks/diag/diag_bert_sdpa.py
         run_step diag_decode_sdpa python3 benchmarks/diag/diag_decode_sdpa.py
+        run_step diag_decode_attention python3 benchmarks/diag/diag_decode_attention.py \
+            --out "$OUT/decode_attention.json"
         run_step diag_replay_host python3 benchmarks/diag/diag_replay_host.py
         run_step diag_generate_host python3 benchmarks/diag/diag_generate_host.py
         ;;

@@ -217,3 +217,27 @@ def is_fused_graph(fn) -> bool:
     return isinstance(fn, torch.fx.GraphModule) and any(
         isinstance(n.target, fusebackend.backend.FusedGroupOp) for n in fn.graph.nodes
     )
+
+
+class LaunchRecorder:
+    """Stands in for a Triton kernel: records each launch (``kernel[grid](*args, **meta)``)
+    and each warm-up (``kernel.warmup(*args, grid=..., **meta)``) instead of running them."""
+
+    def __init__(self, launches: list[tuple], warmups: list[tuple]) -> None:
+        self.launches, self.warmups = launches, warmups
+
+    def warmup(self, *args: Any, grid: Any, **meta: Any) -> None:
+        self.warmups.append((list(args), grid, meta))
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        return lambda *args, **meta: self.launches.append((list(args), grid, meta))
+
+
+def as_triton_sees(x: Any) -> Any:
+    """What Triton specialises an argument on: a tensor (or a warm-up's pointer) as its dtype
+    and 16-byte alignment, anything else as itself."""
+    if hasattr(x, "data_ptr"):
+        return (x.dtype, x.data_ptr() % 16 == 0)
+    if hasattr(x, "address"):
+        return (x.dtype, x.address % 16 == 0)
+    return x

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import FLOAT_DTYPES, assert_close, eager, tiny_llama_config
+from helpers import (
+    FLOAT_DTYPES,
+    LaunchRecorder,
+    as_triton_sees,
+    assert_close,
+    eager,
+    tiny_llama_config,
+)
 
 import fusebackend
 from fusebackend.kernels.cache_write import write_cache_pair
@@ -52,15 +59,7 @@ def test_precompile_warms_the_kernel_the_write_launches(monkeypatch):
     from fusebackend.kernels import cache_write
 
     launches, warmups = [], []
-
-    class Recorder:
-        def warmup(self, *args, grid, **meta):
-            warmups.append((list(args), grid, meta))
-
-        def __getitem__(self, grid):
-            return lambda *args, **meta: launches.append((list(args), grid, meta))
-
-    monkeypatch.setattr(cache_write, "_kernel", lambda checks: Recorder())
+    monkeypatch.setattr(cache_write, "_kernel", lambda checks: LaunchRecorder(launches, warmups))
     k_cache, v_cache, k, v = _caches(torch.float16, width=40)
     v_cache = v_cache[..., 1:]  # a view 2 bytes in: unaligned, as the launch sees it
     k_cache, k, v = k_cache[..., :39], k[..., :39], v[..., 1:]
@@ -70,9 +69,7 @@ def test_precompile_warms_the_kernel_the_write_launches(monkeypatch):
     ((run_args, run_grid, run_meta),) = launches
     ((warm_args, warm_grid, warm_meta),) = warmups
 
-    def seen(x):  # what Triton specialises a pointer on: its dtype and 16-byte alignment
-        return (x.dtype, x.data_ptr() % 16 == 0) if hasattr(x, "data_ptr") else x
-
+    seen = as_triton_sees
     assert [seen(x) for x in warm_args] == [seen(x) for x in run_args]
     assert seen(run_args[1]) == (torch.float16, False)  # the unaligned cache view
     assert (warm_grid, warm_meta) == (run_grid, run_meta)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import FLOAT_DTYPES, assert_close, tiny_llama_config
+from helpers import FLOAT_DTYPES, LaunchRecorder, as_triton_sees, assert_close, tiny_llama_config
 
 import fusebackend
 from fusebackend.kernels import decode_attention as kernel
@@ -100,16 +100,9 @@ def test_precompile_warms_the_kernels_the_call_launches(monkeypatch):
     # The warm-up must specialise as the launch does (grid, meta-parameters, ints; each
     # tensor as its dtype and alignment), or the first call compiles the kernels again.
     launches, warmups = [], []
-
-    class Recorder:
-        def warmup(self, *args, grid, **meta):
-            warmups.append((list(args), grid, meta))
-
-        def __getitem__(self, grid):
-            return lambda *args, **meta: launches.append((list(args), grid, meta))
-
-    monkeypatch.setattr(kernel, "_attend_kernel", lambda: Recorder())
-    monkeypatch.setattr(kernel, "_combine_kernel", lambda: Recorder())
+    recorder = LaunchRecorder(launches, warmups)
+    monkeypatch.setattr(kernel, "_attend_kernel", lambda: recorder)
+    monkeypatch.setattr(kernel, "_combine_kernel", lambda: recorder)
     q, k, v, mask = _inputs(torch.float16, 1, 2, 4, 130, 64, "bool")
     # k a view 128 bytes in (aligned), v one 2 bytes in (not)
     k = torch.randn(1, 2, 131 * 64, dtype=torch.float16)[:, :, 64:].view(1, 2, 130, 64)
@@ -119,13 +112,7 @@ def test_precompile_warms_the_kernels_the_call_launches(monkeypatch):
     kernel.precompile_decode_attention(q, k, v, mask, None, 4, stride)
     assert len(launches) == len(warmups) == 2  # split: attend, then combine
 
-    def seen(x):  # what Triton specialises a pointer on: its dtype and 16-byte alignment
-        if hasattr(x, "data_ptr"):
-            return (x.dtype, x.data_ptr() % 16 == 0)
-        if hasattr(x, "address"):
-            return (x.dtype, x.address % 16 == 0)
-        return x
-
+    seen = as_triton_sees
     for (run_args, run_grid, run_meta), (warm_args, warm_grid, warm_meta) in zip(
         launches, warmups, strict=True
     ):

@@ -26,9 +26,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from layer_graph import repeat_kv, time_in_graph  # noqa: E402  (benchmarks/diag/)
+
 from fusebackend.kernels import decode_attention as kernel  # noqa: E402
 
-LAYERS = 22
 SHAPES = {  # name: (query heads, K/V heads, head width)
     "tinyllama": (32, 4, 64),
     "llama3-8b": (32, 8, 128),
@@ -36,34 +37,6 @@ SHAPES = {  # name: (query heads, K/V heads, head width)
 }
 SLOTS = (128, 176, 512, 1024, 4096)
 BLOCKS_S = (32, 64, 128)
-
-
-def _time_graph(fn, reps: int = 20) -> float:
-    """Device microseconds per call of ``fn`` (LAYERS calls captured in one graph)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(LAYERS):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps / LAYERS
-
-
-def _repeat(t: torch.Tensor, groups: int) -> torch.Tensor:
-    b, kv_heads, slots, width = t.shape
-    return t[:, :, None].expand(b, kv_heads, groups, slots, width).reshape(b, -1, slots, width)
 
 
 def _case(heads: int, kv_heads: int, width: int, slots: int) -> dict:
@@ -79,11 +52,13 @@ def _case(heads: int, kv_heads: int, width: int, slots: int) -> dict:
     groups = heads // kv_heads
 
     def baseline():
-        return F.scaled_dot_product_attention(q, _repeat(k, groups), _repeat(v, groups), additive)
+        return F.scaled_dot_product_attention(
+            q, repeat_kv(k, groups), repeat_kv(v, groups), additive
+        )
 
     reference = baseline()
     row = {"heads": heads, "kv_heads": kv_heads, "width": width, "slots": slots,
-           "baseline_us": _time_graph(baseline), "variants": []}  # fmt: skip
+           "baseline_us": time_in_graph(baseline), "variants": []}  # fmt: skip
     stride = reference.stride()
     defaults = (kernel._MIN_BLOCK_S, kernel._MAX_BLOCK_S, kernel._MAX_PROGRAMS)
     variants = [("default", None)] + [(p, b) for b in BLOCKS_S for p in ("single", "split")]
@@ -100,7 +75,7 @@ def _case(heads: int, kv_heads: int, width: int, slots: int) -> dict:
         error = (attend().float() - reference.float()).abs().max().item()
         row["variants"].append({
             "policy": policy, "block_s": plan.block_s, "splits": plan.splits,
-            "blocks_per_program": plan.meta["BLOCKS"], "us": _time_graph(attend),
+            "blocks_per_program": plan.meta["BLOCKS"], "us": time_in_graph(attend),
             "max_abs_error": error,
         })  # fmt: skip
     kernel._MIN_BLOCK_S, kernel._MAX_BLOCK_S, kernel._MAX_PROGRAMS = defaults

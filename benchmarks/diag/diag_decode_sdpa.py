@@ -14,46 +14,17 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from layer_graph import repeat_kv, time_in_graph  # benchmarks/diag/
 from torch.nn.attention import SDPBackend, sdpa_kernel
-
-LAYERS = 22
-
-
-def _time_graph(fn, reps: int = 20) -> float:
-    """Device microseconds per call of ``fn`` (LAYERS calls captured in one graph)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(LAYERS):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps / LAYERS
-
-
-def _repeat(t: torch.Tensor, n_rep: int) -> torch.Tensor:
-    b, kv_heads, slots, width = t.shape
-    return t[:, :, None].expand(b, kv_heads, n_rep, slots, width).reshape(b, -1, slots, width)
 
 
 def _measure(fn, backend, reference) -> str:
     try:
         if backend is None:
-            us, out = _time_graph(fn), fn()
+            us, out = time_in_graph(fn), fn()
         else:
             with sdpa_kernel(backend):
-                us, out = _time_graph(fn), fn()
+                us, out = time_in_graph(fn), fn()
     except RuntimeError as e:
         return f"unavailable: {str(e)[:120]}"
     err = (
@@ -74,7 +45,7 @@ def _compare(slots: int, heads: int = 32, kv_heads: int = 4, width: int = 64) ->
     allowed[..., : slots // 2] = True  # half the cache filled
     mask = torch.full(allowed.shape, float("-inf"), device="cuda", dtype=torch.float16)
     mask = mask.masked_fill(allowed, 0.0)
-    k_rep, v_rep = _repeat(k, n_rep), _repeat(v, n_rep)
+    k_rep, v_rep = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
     packed_q, packed_mask = q.reshape(1, kv_heads, n_rep, width), mask.expand(1, 1, n_rep, -1)
     reference = F.scaled_dot_product_attention(q, k_rep, v_rep, attn_mask=mask)
 
@@ -86,7 +57,7 @@ def _compare(slots: int, heads: int = 32, kv_heads: int = 4, width: int = 64) ->
 
     rows = [("packed [1,4,8,64]", packed, b, reference) for b in backends]
     rows += [("repeated K/V (copies not timed)", repeated, b, reference) for b in backends]
-    rows += [("repeat_kv copy of K alone", lambda: _repeat(k, n_rep), None, None)]
+    rows += [("repeat_kv copy of K alone", lambda: repeat_kv(k, n_rep), None, None)]
     for name, fn, backend, ref in rows:
         label = "default" if backend is None else backend.name
         print(f"slots {slots:5d} | {name:32s} | {label:20s} | {_measure(fn, backend, ref)}")
