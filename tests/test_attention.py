@@ -1,6 +1,7 @@
 """Attention rewrites (passes/attention.py). A boolean decode mask that several SDPA calls
 pass is made additive once, and a mask uniform along the keys is dropped, both equal to
-eager; grouped-query attention (transformers' repeat_kv + SDPA) runs as traced."""
+eager; grouped-query attention (transformers' repeat_kv + SDPA) is left to the decode
+attention kernel (tests/test_decode_attention.py)."""
 
 from __future__ import annotations
 
@@ -105,6 +106,38 @@ def test_shared_mask_and_grouped_queries_together_in_a_decode_step():
     actual, graph = _compiled(grouped_layers, *args)
     assert_close(actual, eager(grouped_layers, *args))
     assert graph.shared_masks == ["l_mask_ (2 calls)"], graph.shared_masks
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "expanded", "permuted"])
+def test_a_shared_mask_s_example_values_have_the_layout_the_ops_give(layout):
+    # The conversion's example values are made from the mask's layout alone (no fake ops):
+    # they must say what full_like and masked_fill return, for every mask layout.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    from fusebackend.passes.attention import share_mask_conversion
+
+    q, k, v, _ = _inputs(torch.float16, 1, None, heads=3, kv_heads=3)
+    masks = {
+        "contiguous": torch.rand(2, 1, 1, 9) > 0.5,
+        "expanded": (torch.rand(1, 1, 1, 9) > 0.5).expand(2, 1, 1, 9),
+        "permuted": (torch.rand(2, 9, 1) > 0.5).permute(0, 2, 1)[:, :, None],
+    }
+    mask = masks[layout]
+    gm = torch.fx.symbolic_trace(_layers)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        values = [mode.from_tensor(t) for t in (q, k, v, mask)]
+        FakeTensorProp(gm, mode).propagate(*values)
+    for node in gm.graph.nodes:
+        node.meta["example_value"] = node.meta.get("val")
+    assert share_mask_conversion(gm) == ["mask (3 calls)"]
+    blocked = torch.full_like(mask, float("-inf"), dtype=torch.float16)
+    converted = blocked.masked_fill(mask, 0.0)
+    made = {n.target: n.meta["example_value"] for n in gm.graph.nodes
+            if n.target in (torch.full_like, "masked_fill")}  # fmt: skip
+    for target, real in ((torch.full_like, blocked), ("masked_fill", converted)):
+        fake = made[target]
+        assert (fake.shape, fake.stride(), fake.dtype) == (real.shape, real.stride(), real.dtype)
 
 
 def test_prefill_single_call_float_and_rewrites_false_masks_stay_as_traced():
