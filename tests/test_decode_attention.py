@@ -141,9 +141,10 @@ def _calls(graph: torch.fx.Graph, target) -> list[torch.fx.Node]:
     return [n for n in graph.nodes if n.target is target]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma", "phi3", "gpt2", "gpt_neox"])
 def test_decode_steps_attend_through_the_kernel_and_equal_eager(family):
-    # Llama and Qwen2 repeat 2 K/V heads for 4 query heads; GPT-2 has one K/V head per query.
+    # Llama, Qwen2, Gemma (heads 16 wide) and Phi-3 (one fused QKV projection) repeat 2 K/V
+    # heads for 4 query heads; GPT-2 and GPT-NeoX have one K/V head per query head.
     model = _causal_lm(family)
     config, vocab = model.config, model.config.vocab_size
     cache = transformers.StaticCache(config=config, max_cache_len=32)
