@@ -52,7 +52,7 @@ from fusebackend.passes.lowering import lower
 from fusebackend.passes.mutations import mutated_placeholders
 from fusebackend.passes.pairing import pair_twin_groups
 from fusebackend.passes.partition import Candidate, find_groups
-from fusebackend.passes.rewrite import reference_module, rewrite
+from fusebackend.passes.rewrite import reference_graph, rewrite
 from fusebackend.report import GraphReport, GroupReport, record
 from fusebackend.runtime.graph_cache import GraphCache, captures
 
@@ -74,18 +74,23 @@ class FusedGroupOp:
         self,
         program: RowProgram,
         kernel_name: str,
-        reference: torch.fx.GraphModule,
+        reference: torch.fx.Graph,
         device: torch.device,
         options: KernelOptions,
     ) -> None:
         self.program = program
-        self.reference = reference
+        self._reference_graph = reference
         self.options = options
         self.use_triton = triton_usable(device)
         self.group = ""  # its GroupReport's name, for the report of a paired launch
         self.plans: dict = {}  # launches per input signature (kernels/launch.py)
         self.__name__ = kernel_name  # FX's generated code calls the node after this name
         self.__qualname__ = kernel_name
+
+    @functools.cached_property
+    def reference(self) -> torch.fx.GraphModule:
+        """The group's torch ops as a module, compiled on first use (passes/rewrite.py)."""
+        return torch.fx.GraphModule(torch.nn.Module(), self._reference_graph)
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.use_triton:
@@ -358,7 +363,7 @@ def _fuse(
         group_device = example_value(candidate.members[0]).device
         use_triton = triton_usable(group_device)
         kernel_name = report(candidate, "triton" if use_triton else "torch reference")
-        op = FusedGroupOp(candidate.program, kernel_name, reference_module(candidate),
+        op = FusedGroupOp(candidate.program, kernel_name, reference_graph(candidate),
                           group_device, options)  # fmt: skip
         op.group = reports[-1].name
         return op

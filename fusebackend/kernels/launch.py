@@ -95,6 +95,7 @@ def layout_for(program: RowProgram, width: int) -> str:
     return "persistent" if width <= _MAX_PERSISTENT_D else "chunked"
 
 
+@functools.lru_cache(maxsize=1024)
 def kernel_source(
     program: RowProgram,
     rank: int,
@@ -102,7 +103,8 @@ def kernel_source(
     layout: str | None = None,
 ) -> tuple[str, str]:
     """(kernel name, generated source): what ``row_kernel`` compiles (``layout``: by
-    default the one for rows that fit in registers)."""
+    default the one for rows that fit in registers). Memoized: every layer's groups ask for
+    the same few sources (113 groups, 10 programs in a 22-layer Llama's decode graph)."""
     layout = layout or layout_for(program, 1)
     return generate_source(program, rank, options or KernelOptions(), layout)
 

@@ -21,7 +21,7 @@ from fusebackend.passes.lowering import lower
 from fusebackend.passes.partition import Candidate
 from fusebackend.passes.rotation import is_split, rotate
 
-__all__ = ["reference_module", "rewrite"]
+__all__ = ["reference_graph", "rewrite"]
 
 
 def rewrite(
@@ -72,11 +72,11 @@ def _output_holders(candidate: Candidate) -> list[torch.fx.Node]:
     return [holders[k] for k in range(len(holders))]
 
 
-def reference_module(candidate: Candidate) -> torch.fx.GraphModule:
-    """The group's original torch ops as a small GraphModule (inputs -> outputs).
-
-    Runs the group when no Triton backend is usable (CPU without the interpreter), and
-    is what the kernel's first-run validation compares against.
+def reference_graph(candidate: Candidate) -> torch.fx.Graph:
+    """The group's original torch ops as a small graph (inputs -> outputs): what runs the
+    group when Triton cannot run on its device. A graph, not a GraphModule: generating and
+    compiling the module's code took 0.43 s for a 22-layer Llama's 113 groups (CPU,
+    2026-11-25), where a GPU never runs it; ``FusedGroupOp.reference`` makes it on first use.
     """
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -99,4 +99,4 @@ def reference_module(candidate: Candidate) -> torch.fx.GraphModule:
         elif call is not None:
             env[member] = graph.node_copy(member, lambda n: env[n])
     graph.output(tuple(env[h] for h in _output_holders(candidate)))
-    return torch.fx.GraphModule(torch.nn.Module(), graph)
+    return graph
