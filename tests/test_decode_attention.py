@@ -190,6 +190,28 @@ def test_prefill_and_rewrites_false_keep_sdpa():
     assert fusebackend.last_report().graphs[-1].decode_attention == []
 
 
+def test_a_write_between_the_repeat_and_sdpa_keeps_the_copy():
+    # repeat_kv copies K/V where it runs; a write to the cache after it must not reach the
+    # attention, so the kernel (which reads the cache at SDPA's place) is not used there.
+    def fn(q, k, v):
+        b, h, s, d = k.shape
+        k_all = k[:, :, None].expand(b, h, 2, s, d).reshape(b, h * 2, s, d)
+        v_all = v[:, :, None].expand(b, h, 2, s, d).reshape(b, h * 2, s, d)
+        k.mul_(3.0)  # after the copy
+        return torch.relu(F.scaled_dot_product_attention(q, k_all, v_all) * 2.0 + 1.0)
+
+    q, k, v, _ = _inputs(torch.float32, 1, 2, 2, 9, 16, None)
+    want_k = k.clone()
+    want = fn(q, want_k, v.clone())
+    compiled = torch.compile(fn, backend="infinifuse", options={"cudagraphs": False})
+    with torch.no_grad():
+        got = compiled(q, k, v)
+    assert_close(got, want)
+    assert_close(k, want_k)  # written once
+    graph = fusebackend.last_report().graphs[-1]
+    assert graph.groups and graph.decode_attention == []  # a fused graph, without the kernel
+
+
 def test_causal_calls_keep_sdpa():
     # is_causal with one query row allows the first key only (SDPA aligns it top left)
     def fn(q, k, v):

@@ -6,7 +6,9 @@ An SDPA call with one query row per head, no dropout and ``is_causal=False`` bec
 ``value`` are the tensors before transformers' ``repeat_kv`` (``x[:, :, None]`` expanded
 ``groups`` times along that dim and reshaped to ``groups`` times the heads), or SDPA's own
 arguments with ``enable_gqa`` or as many K/V heads as query heads. The repeat's nodes go
-when nothing else reads them, and with them their copies. Causal calls keep SDPA: with one
+when nothing else reads them, and with them their copies. The kernel reads the tensor at
+SDPA's place where the repeat copied it at its own, so a call is kept when a node between
+the two writes the tensor. Causal calls keep SDPA: with one
 query row, SDPA's causal mask (aligned to the top left) allows the first key only, which no
 decode step means.
 
@@ -24,7 +26,8 @@ import torch
 import torch.fx
 
 from fusebackend.passes.attention import sdpa_arguments
-from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.fx_util import example_value, nodes_between
+from fusebackend.passes.mutations import storage_id, written_storages
 
 __all__ = ["can_attend_decode", "use_decode_attention"]
 
@@ -50,6 +53,8 @@ def use_decode_attention(graph: torch.fx.Graph, attend: Any) -> list[str]:
         value, value_groups = _unrepeated(a["value"], a["query"], a["enable_gqa"])
         if key is None or value is None or key_groups != value_groups:
             continue
+        if _written_since_copy(a["key"], key, node) or _written_since_copy(a["value"], value, node):
+            continue  # the kernel would read the write, where SDPA reads the copy
         query, mask, out = a["query"], a["attn_mask"], example_value(node)
         if not isinstance(query, torch.fx.Node) or not (
             mask is None or isinstance(mask, torch.fx.Node)
@@ -124,6 +129,15 @@ def _unrepeated(node: Any, query: Any, enable_gqa: Any) -> tuple[torch.fx.Node |
         return None, 0
     groups = q.shape[1] // kv.shape[1]
     return (node, groups) if groups == 1 or enable_gqa is True else (None, 0)
+
+
+def _written_since_copy(argument: Any, source: torch.fx.Node, call: torch.fx.Node) -> bool:
+    """Does a node between the repeat's copy (``argument``, SDPA's key or value) and the
+    SDPA ``call`` write the repeat's ``source``? (False when ``argument`` is the source.)"""
+    if argument is source:
+        return False
+    storage = storage_id(example_value(source))
+    return storage is None or storage in written_storages(nodes_between(argument, call))
 
 
 def _repeat_source(node: torch.fx.Node) -> tuple[torch.fx.Node, int] | None:
