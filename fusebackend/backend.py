@@ -406,8 +406,8 @@ def _precompile(graph: torch.fx.Graph) -> None:
                 jobs.setdefault(key, functools.partial(precompile_pair, *values, checks))
             continue
         if op is decode_attention:
-            query, key_, value, mask, *rest = node.args
-            values = [example_value(a) for a in (query, key_, value)]
+            query, key_states, value, mask, *rest = node.args
+            values = [example_value(a) for a in (query, key_states, value)]
             values.append(example_value(mask) if mask is not None else None)
             if all(_concrete_cuda_tensor(v) for v in values if v is not None):
                 launches += 1

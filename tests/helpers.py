@@ -241,3 +241,10 @@ def as_triton_sees(x: Any) -> Any:
     if hasattr(x, "address"):
         return (x.dtype, x.address % 16 == 0)
     return x
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """transformers' ``repeat_kv``, in its spelling: each K/V head ``n_rep`` times in a row."""
+    b, kv_heads, length, width = x.shape
+    x = x[:, :, None, :, :].expand(b, kv_heads, n_rep, length, width)
+    return x.reshape(b, kv_heads * n_rep, length, width)

@@ -8,17 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import FLOAT_DTYPES, assert_close, eager, tiny_llama_config
+from helpers import FLOAT_DTYPES, assert_close, eager, repeat_kv, tiny_llama_config
 
 import fusebackend
 
 transformers = pytest.importorskip("transformers")
-
-
-def repeat_kv(x, n_rep):  # transformers' spelling
-    b, kv_heads, length, width = x.shape
-    x = x[:, :, None, :, :].expand(b, kv_heads, n_rep, length, width)
-    return x.reshape(b, kv_heads * n_rep, length, width)
 
 
 def _attention(q, k, v, mask):

@@ -13,7 +13,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import FLOAT_DTYPES, LaunchRecorder, as_triton_sees, assert_close, tiny_llama_config
+from helpers import (
+    FLOAT_DTYPES,
+    LaunchRecorder,
+    as_triton_sees,
+    assert_close,
+    repeat_kv,
+    tiny_llama_config,
+)
 
 import fusebackend
 from fusebackend.kernels import decode_attention as kernel
@@ -22,10 +29,9 @@ from fusebackend.kernels.decode_attention import decode_attention
 
 def _sdpa_repeated(q, k, v, mask, scale, groups):
     """What the traced graph computes: transformers' repeat_kv, then SDPA."""
-    b, h, s, d = k.shape
-    k = k[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
-    v = v[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
-    return F.scaled_dot_product_attention(q, k, v, mask, scale=scale)
+    return F.scaled_dot_product_attention(
+        q, repeat_kv(k, groups), repeat_kv(v, groups), mask, scale=scale
+    )
 
 
 def _inputs(dtype, batch, kv_heads, groups, slots, width, mask_kind, seed=0):
@@ -194,9 +200,7 @@ def test_a_write_between_the_repeat_and_sdpa_keeps_the_copy():
     # repeat_kv copies K/V where it runs; a write to the cache after it must not reach the
     # attention, so the kernel (which reads the cache at SDPA's place) is not used there.
     def fn(q, k, v):
-        b, h, s, d = k.shape
-        k_all = k[:, :, None].expand(b, h, 2, s, d).reshape(b, h * 2, s, d)
-        v_all = v[:, :, None].expand(b, h, 2, s, d).reshape(b, h * 2, s, d)
+        k_all, v_all = repeat_kv(k, 2), repeat_kv(v, 2)
         k.mul_(3.0)  # after the copy
         return torch.relu(F.scaled_dot_product_attention(q, k_all, v_all) * 2.0 + 1.0)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from fusebackend.kernels.launch import triton_usable, warmup_pointer
+from fusebackend.kernels.launch import triton_usable, warmup_pointer_of
 
 __all__ = ["precompile_pair", "write_cache_pair"]
 
@@ -67,12 +67,7 @@ def precompile_pair(k_cache, v_cache, index, k, v, checks: bool) -> None:
     suffice: shapes, strides, offsets, dtypes) would launch, without running it, so that it
     compiles beside the row kernels (``launch.precompile_all``) instead of at the first call."""
     args, grid, meta = _launch(k_cache, v_cache, index, k, v)
-    args = [
-        warmup_pointer(x.dtype, x.storage_offset() * x.element_size())
-        if isinstance(x, torch.Tensor)
-        else x
-        for x in args
-    ]
+    args = [warmup_pointer_of(x) if isinstance(x, torch.Tensor) else x for x in args]
     device = k_cache.device
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         _kernel(checks).warmup(*args, grid=grid, **meta)

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fusebackend.kernels.launch import triton_usable, warmup_pointer
+from fusebackend.kernels.launch import triton_usable, warmup_pointer, warmup_pointer_of
 
 __all__ = ["decode_attention", "precompile_decode_attention"]
 
@@ -108,20 +108,17 @@ def precompile_decode_attention(query, key, value, mask, scale, groups, out_stri
                               device="meta")  # fmt: skip
     plan = _Plan(query, key, value, mask, scale, groups, out)
 
-    def pointer(t: torch.Tensor, dtype: torch.dtype | None = None) -> Any:
-        return warmup_pointer(dtype or t.dtype, t.storage_offset() * t.element_size())
-
     scratch = [warmup_pointer(torch.float32, 0)] * 3  # fresh allocations: aligned
-    mask_arg = pointer(mask if mask is not None else query)
-    parts = scratch if plan.splits > 1 else [pointer(out)] * 3
+    q, k, v, o = (warmup_pointer_of(t) for t in (query, key, value, out))
+    mask_arg = warmup_pointer_of(mask) if mask is not None else q
+    parts = scratch if plan.splits > 1 else [o] * 3
     device = query.device
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        _attend_kernel().warmup(pointer(query), pointer(key), pointer(value), mask_arg,
-                                pointer(out), *parts, *plan.args, grid=plan.grid,
+        _attend_kernel().warmup(q, k, v, mask_arg, o, *parts, *plan.args, grid=plan.grid,
                                 **plan.meta)  # fmt: skip
         if plan.splits > 1:
-            _combine_kernel().warmup(*scratch, pointer(out), *plan.combine_args,
-                                     grid=(batch * heads,), **plan.combine_meta)  # fmt: skip
+            _combine_kernel().warmup(*scratch, o, *plan.combine_args, grid=(batch * heads,),
+                                     **plan.combine_meta)  # fmt: skip
 
 
 class _Plan:

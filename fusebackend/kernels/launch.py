@@ -530,6 +530,12 @@ def warmup_pointer(dtype: torch.dtype, address: int) -> Any:
     return _pointer_class()(dtype, address)
 
 
+def warmup_pointer_of(tensor: torch.Tensor) -> Any:
+    """``tensor`` as its launch will show it to Triton: its dtype at its view's byte offset
+    (fake tensors suffice)."""
+    return warmup_pointer(tensor.dtype, tensor.storage_offset() * tensor.element_size())
+
+
 @functools.cache
 def _pointer_class() -> type:
     from triton.runtime.jit import MockTensor
@@ -578,7 +584,7 @@ def precompile(
     given = [inputs] if split is None else [inputs[:split], inputs[split:]]
     pool: list[Any] = []
     for part, (specs, _) in zip(given, plans.outputs):
-        pool += [warmup_pointer(t.dtype, t.storage_offset() * t.element_size()) for t in part]
+        pool += [warmup_pointer_of(t) for t in part]
         pool += [warmup_pointer(dtype, 0) for _, dtype in specs]
     args = list(plan.args)
     for place, index in plan.tensors:
