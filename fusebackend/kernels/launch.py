@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from fusebackend.kernels import warmup
 from fusebackend.kernels.codegen import generate_pair_source, generate_source
 from fusebackend.kernels.ir import InputRef, KernelOptions, Reduce, Rotate, RowProgram, ValueRef
 
@@ -487,9 +488,10 @@ def row_kernel_pair(
 def precompile_all(jobs: Sequence[Callable[[], None]], threads: int | None = None) -> int:
     """Run every job (``functools.partial(precompile, ...)`` or another kernel's warm-up),
     compiling the distinct kernels concurrently (Triton's ``AsyncCompileMode`` over a thread
-    pool: the compiler's passes and ptxas run outside the GIL). Returns the number of jobs
-    that failed to warm up or to compile; their kernels compile at their first launch, where
-    an error is raised and handled as before.
+    pool: the compiler's passes and ptxas run outside the GIL), and loading each compiled
+    kernel in the same worker (``_LoadingExecutor``). Returns the number of jobs that failed
+    to warm up or to compile; their kernels compile at their first launch, where an error is
+    raised and handled as before.
 
     ``threads``: by default one per CPU core, up to 32. With 8 threads on the H100 machine's
     16 cores, generate()'s 113 launches of a 22-layer Llama took 2.0-2.1 s (2026-11-23).
@@ -503,9 +505,10 @@ def precompile_all(jobs: Sequence[Callable[[], None]], threads: int | None = Non
     if _async_compile.active_mode.get() is not None:
         log.info("another AsyncCompileMode is active; kernels compile at their launches")
         return len(jobs)
+    warmup.wait()  # Triton's cache key, computed beside Dynamo's trace (kernels/warmup.py)
     failed, mode = 0, None
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
+        with _LoadingExecutor(max_workers=threads) as pool:
             mode = _async_compile.AsyncCompileMode(pool, ignore_errors=True)
             with mode:
                 for job in jobs:
@@ -521,6 +524,37 @@ def precompile_all(jobs: Sequence[Callable[[], None]], threads: int | None = Non
         if mode is not None and _async_compile.active_mode.get() is mode:
             _async_compile.active_mode.set(None)
     return failed + sum(1 for f in mode.raw_futures if f.exception() is not None)
+
+
+class _LoadingExecutor(concurrent.futures.ThreadPoolExecutor):
+    """A thread pool whose jobs, Triton's compiles, also load the kernel they compiled.
+
+    A warm-up (``JITFunction.warmup``) compiles a kernel but leaves its loading to the first
+    launch: building its C launcher (with gcc where Triton's cache lacks it, ~0.3 s each)
+    and loading the binary onto the device, one kernel after another on the caller's
+    thread. Done here, they run concurrently with the other compiles: on an H100 with an
+    empty Triton cache, the first runs of a TinyLlama decode step's first call took
+    0.29-0.42 s against 3.05-3.52 s with the loads at the launches (2026-11-25,
+    ``benchmarks/results/first_call_ab_h100.txt``).
+    """
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        # Triton loads a kernel onto the current device: the one the warm-up runs under.
+        device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+        return super().submit(_compile_and_load, fn, device, *args, **kwargs)
+
+
+def _compile_and_load(compile_fn: Callable[..., Any], device: int | None, *args: Any,
+                      **kwargs: Any) -> Any:  # fmt: skip
+    kernel = compile_fn(*args, **kwargs)
+    load = getattr(kernel, "_init_handles", None)  # Triton's CompiledKernel (3.6, 3.7)
+    if load is not None and device is not None:
+        try:
+            with torch.cuda.device(device):
+                load()
+        except Exception as exc:  # noqa: BLE001  (the launch loads it again and raises)
+            log.info("loading a precompiled kernel failed (%s); its launch raises", exc)
+    return kernel
 
 
 def warmup_pointer(dtype: torch.dtype, address: int) -> Any:

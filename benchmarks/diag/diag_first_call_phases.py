@@ -1,0 +1,176 @@
+"""Where a compiled decode step's first call goes, phase by phase, against Dynamo alone.
+
+Issue 10 asks the TinyLlama decode step's first call to take <= 1.5x Dynamo alone's
+(``backend="eager"``) with a warm Triton cache. In one process, after a throwaway trace
+(``measure.prewarm``), this times, in turn and ``--rounds`` times:
+
+- Dynamo alone: ``torch.compile(model, backend="eager")``'s first call;
+- infinifuse's first call, split into Dynamo's share (the call minus the rest), the backend
+  (``infinifuse()``, under cProfile when ``--profile``), and the runtime's first run of the
+  signature: the fused run, the unfused reference run, validation, and the capture (its
+  warm-up and the recording). Each phase ends with a device synchronize, so it carries its
+  own GPU work.
+
+With ``--profile`` it prints, for the backend alone, the functions by own time and the
+callers of the costliest ones, which a profile of the whole call (Dynamo included) buries.
+
+    python benchmarks/diag/diag_first_call_phases.py [--model llama-decode] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import contextlib
+import cProfile
+import functools
+import io
+import os
+import pstats
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+PHASES: dict[str, float] = collections.defaultdict(float)
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, adding its wall time (device work included) to ``PHASES[name]``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _sync()
+            PHASES[name] += time.perf_counter() - start
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, phase: str) -> Iterator[None]:
+    original = getattr(owner, name)
+    setattr(owner, name, _timed(phase, original))
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def _runtime_phases() -> contextlib.ExitStack:
+    """Time the runtime's steps for a new signature (fusebackend.runtime.graph_cache)."""
+    from fusebackend.runtime import capture, graph_cache
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(_patched(graph_cache.GraphCache, "_first_fused_run", "runtime: runs"))
+    stack.enter_context(_patched(graph_cache, "mismatch", "runtime: validation"))
+    stack.enter_context(_patched(capture, "capture_graph", "runtime: capture"))
+    stack.enter_context(_patched(graph_cache.GraphCache, "__call__", "runtime: whole call"))
+    return stack
+
+
+def main() -> None:
+    from suite import measure, workloads
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="llama-decode", help="a suite workload name")
+    parser.add_argument("--rounds", type=int, default=2, help="Dynamo / infinifuse pairs")
+    parser.add_argument("--profile", action="store_true", help="cProfile the backend")
+    parser.add_argument("--quick", action="store_true", help="the suite's small configs")
+    parser.add_argument(
+        "--without-key-thread",
+        action="store_true",
+        help="compute Triton's cache key at the first compile (kernels/warmup.py off)",
+    )
+    parser.add_argument(
+        "--without-loading",
+        action="store_true",
+        help="load precompiled kernels at their first launches (launch._LoadingExecutor off)",
+    )
+    args = parser.parse_args()
+    if args.without_key_thread:  # before the backend's import starts the thread
+        from fusebackend.kernels import warmup
+
+        warmup.start = lambda: False
+    if args.without_loading:
+        from fusebackend.kernels import launch
+
+        launch._LoadingExecutor = concurrent.futures.ThreadPoolExecutor
+    import transformers
+    import triton
+
+    from fusebackend.backend import infinifuse
+
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    print(
+        f"{name}, torch {torch.__version__}, Triton {triton.__version__}, transformers "
+        f"{transformers.__version__}"
+    )
+    print(
+        f"{args.model}: key thread {'off' if args.without_key_thread else 'on'}, loading in "
+        f"the precompile {'off' if args.without_loading else 'on'}, TRITON_CACHE_DIR="
+        f"{os.environ.get('TRITON_CACHE_DIR', '(default)')}"
+    )
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    (workload,) = workloads.select(workloads.workloads(args.quick, device), args.model)
+    case = workload.build(device, 20)
+    profile = cProfile.Profile() if args.profile else None
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        start = time.perf_counter()
+        if profile is not None:
+            profile.enable()
+        try:
+            return infinifuse(gm, example_inputs)
+        finally:
+            if profile is not None:
+                profile.disable()
+            PHASES["backend"] += time.perf_counter() - start
+
+    def first_call(compile_backend: Any) -> float:
+        measure.fresh_state(device)
+        case.prepare()
+        _sync()
+        start = time.perf_counter()
+        torch.compile(case.model, backend=compile_backend)(**case.kwargs)
+        _sync()
+        return time.perf_counter() - start
+
+    with torch.no_grad():
+        measure.prewarm(case, device)
+        for r in range(args.rounds):
+            dynamo = first_call("eager")
+            PHASES.clear()
+            with _runtime_phases():
+                fused = first_call(backend)
+            rest = PHASES["backend"] + PHASES["runtime: whole call"]
+            print(
+                f"round {r}: Dynamo alone {dynamo:.2f} s; infinifuse {fused:.2f} s "
+                f"({fused / dynamo:.2f}x): Dynamo's share {fused - rest:.2f} s"
+            )
+            for name, seconds in sorted(PHASES.items()):
+                print(f"    {name:24s} {seconds:6.3f} s")
+    if profile is not None:
+        text = io.StringIO()
+        stats = pstats.Stats(profile, stream=text)
+        stats.sort_stats("tottime").print_stats(25)
+        stats.sort_stats("cumulative").print_stats("fusebackend", 30)
+        stats.sort_stats("tottime").print_callers(8)
+        print(text.getvalue())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""A process's first compiled call: Triton's cache key computed beside Dynamo's trace
+(kernels/warmup.py), and precompiled kernels loaded in the compile workers
+(launch._LoadingExecutor) instead of one by one at their first launches."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import pytest
+import torch
+
+from fusebackend.kernels import launch, warmup
+
+
+class _FakeCompiled:
+    """Stands in for Triton's CompiledKernel: records where it was loaded."""
+
+    def __init__(self, fail: bool = False):
+        self.loaded_on: list[tuple[str, int | None]] = []
+        self.fail = fail
+
+    def _init_handles(self):
+        self.loaded_on.append((threading.current_thread().name, _DEVICE[0]))
+        if self.fail:
+            raise RuntimeError("out of shared memory")
+
+
+_DEVICE: list[int | None] = [None]
+
+
+@contextlib.contextmanager
+def _device(index):
+    before, _DEVICE[0] = _DEVICE[0], index
+    try:
+        yield
+    finally:
+        _DEVICE[0] = before
+
+
+def _pretend_cuda(monkeypatch, current: int):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    monkeypatch.setattr(torch.cuda, "device", _device)
+
+
+def test_a_compiled_kernel_is_loaded_in_the_worker_on_the_compiling_device(monkeypatch):
+    _pretend_cuda(monkeypatch, current=3)
+    kernel = _FakeCompiled()
+    with launch._LoadingExecutor(max_workers=2, thread_name_prefix="compile") as pool:
+        assert pool.submit(lambda: kernel).result() is kernel
+    ((thread, device),) = kernel.loaded_on
+    assert thread.startswith("compile") and device == 3
+
+
+def test_a_kernel_that_fails_to_load_is_returned_for_its_launch_to_raise(monkeypatch, caplog):
+    _pretend_cuda(monkeypatch, current=0)
+    kernel = _FakeCompiled(fail=True)
+    with caplog.at_level("INFO", logger="fusebackend.kernels.launch"):
+        with launch._LoadingExecutor(max_workers=1) as pool:
+            assert pool.submit(lambda: kernel).result() is kernel
+    assert len(kernel.loaded_on) == 1
+    assert "out of shared memory" in caplog.text
+
+
+def test_nothing_is_loaded_before_cuda_is_initialised(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    kernel = _FakeCompiled()
+    with launch._LoadingExecutor(max_workers=1) as pool:
+        assert pool.submit(lambda: kernel).result() is kernel
+    assert kernel.loaded_on == []
+
+
+def test_precompile_all_uses_the_loading_pool(monkeypatch):
+    # The jobs' compiles go through AsyncCompileMode's executor: it must be the loading one.
+    from triton.runtime import _async_compile
+
+    _pretend_cuda(monkeypatch, current=1)
+    kernel = _FakeCompiled()
+
+    def job():
+        _async_compile.active_mode.get().submit("key", lambda: kernel, lambda k: None)
+
+    assert launch.precompile_all([job]) == 0
+    assert [device for _, device in kernel.loaded_on] == [1]
+
+
+def test_the_key_thread_starts_once_and_only_for_gpu_builds(monkeypatch):
+    monkeypatch.setattr(warmup, "_THREAD", None)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert warmup.start() is False  # the interpreter compiles nothing
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert warmup.start() is False  # a CPU build of torch
+    assert warmup._THREAD is None
+    warmup.wait()  # nothing started: returns at once
+
+
+def test_the_key_is_computed_on_the_thread_and_wait_joins_it(monkeypatch):
+    from triton.runtime.cache import triton_key
+
+    monkeypatch.setattr(warmup, "_THREAD", None)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    triton_key.cache_clear()
+    assert warmup.start() is True
+    assert warmup.start() is False  # once per process
+    warmup.wait()
+    assert not warmup._THREAD.is_alive()
+    assert triton_key.cache_info().currsize == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_precompiled_kernels_are_loaded_before_the_first_launch():
+    # A fresh kernel (its constant is new to this process): its load must happen in the
+    # precompile's workers, not on the calling thread at its first launch.
+    import triton
+
+    scale = 1.0 + torch.rand(()).item()
+    loads: list[str] = []
+    triton.knobs.runtime.kernel_load_start_hook = lambda *a, **k: loads.append(
+        threading.current_thread().name
+    )
+    try:
+        table = torch.randn(50, 40, device="cuda")
+        ids = torch.randint(0, 50, (3, 7), device="cuda")
+
+        def fn(ids, table):
+            return torch.relu(torch.nn.functional.embedding(ids, table) * scale) + 1.0
+
+        with torch.no_grad():
+            out = torch.compile(fn, backend="infinifuse")(ids, table)
+        torch.testing.assert_close(out, fn(ids, table))
+    finally:
+        triton.knobs.runtime.kernel_load_start_hook = None
+    assert loads, "the fused kernel was not compiled in this test"
+    assert threading.main_thread().name not in loads, loads
