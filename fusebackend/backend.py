@@ -28,7 +28,6 @@ from fusebackend.kernels import (
     row_kernel,
     row_kernel_pair,
     triton_usable,
-    warmup,
 )
 from fusebackend.kernels.cache_write import precompile_pair, write_cache_pair
 from fusebackend.kernels.decode_attention import decode_attention, precompile_decode_attention
@@ -61,10 +60,6 @@ __all__ = ["FusedGroupOp", "infinifuse"]
 
 log = logging.getLogger(__name__)
 _graph_ids = itertools.count()
-# torch.compile imports this module when it looks the backend up, before Dynamo traces the
-# first call: Triton's per-process cache key is computed beside that trace (0.8 s on the
-# H100 machine otherwise paid by the first compile; kernels/warmup.py).
-warmup.start()
 
 
 class FusedGroupOp:

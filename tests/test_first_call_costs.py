@@ -1,5 +1,4 @@
-"""A process's first compiled call: Triton's cache key computed beside Dynamo's trace
-(kernels/warmup.py), and precompiled kernels loaded in the compile workers
+"""A first compiled call: precompiled kernels are loaded in the compile workers
 (launch._LoadingExecutor) instead of one by one at their first launches."""
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from fusebackend.kernels import launch, warmup
+from fusebackend.kernels import launch
 
 
 class _FakeCompiled:
@@ -83,32 +82,6 @@ def test_precompile_all_uses_the_loading_pool(monkeypatch):
 
     assert launch.precompile_all([job]) == 0
     assert [device for _, device in kernel.loaded_on] == [1]
-
-
-def test_the_key_thread_starts_once_and_only_for_gpu_builds(monkeypatch):
-    monkeypatch.setattr(warmup, "_THREAD", None)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert warmup.start() is False  # the interpreter compiles nothing
-    monkeypatch.delenv("TRITON_INTERPRET")
-    monkeypatch.setattr(torch.version, "cuda", None)
-    monkeypatch.setattr(torch.version, "hip", None)
-    assert warmup.start() is False  # a CPU build of torch
-    assert warmup._THREAD is None
-    warmup.wait()  # nothing started: returns at once
-
-
-def test_the_key_is_computed_on_the_thread_and_wait_joins_it(monkeypatch):
-    from triton.runtime.cache import triton_key
-
-    monkeypatch.setattr(warmup, "_THREAD", None)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(torch.version, "cuda", "13.0")
-    triton_key.cache_clear()
-    assert warmup.start() is True
-    assert warmup.start() is False  # once per process
-    warmup.wait()
-    assert not warmup._THREAD.is_alive()
-    assert triton_key.cache_info().currsize == 1
 
 
 @pytest.mark.gpu

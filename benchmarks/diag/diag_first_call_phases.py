@@ -91,20 +91,11 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile the backend")
     parser.add_argument("--quick", action="store_true", help="the suite's small configs")
     parser.add_argument(
-        "--without-key-thread",
-        action="store_true",
-        help="compute Triton's cache key at the first compile (kernels/warmup.py off)",
-    )
-    parser.add_argument(
         "--without-loading",
         action="store_true",
         help="load precompiled kernels at their first launches (launch._LoadingExecutor off)",
     )
     args = parser.parse_args()
-    if args.without_key_thread:  # before the backend's import starts the thread
-        from fusebackend.kernels import warmup
-
-        warmup.start = lambda: False
     if args.without_loading:
         from fusebackend.kernels import launch
 
@@ -120,8 +111,8 @@ def main() -> None:
         f"{transformers.__version__}"
     )
     print(
-        f"{args.model}: key thread {'off' if args.without_key_thread else 'on'}, loading in "
-        f"the precompile {'off' if args.without_loading else 'on'}, TRITON_CACHE_DIR="
+        f"{args.model}: loading in the precompile {'off' if args.without_loading else 'on'}, "
+        f"TRITON_CACHE_DIR="
         f"{os.environ.get('TRITON_CACHE_DIR', '(default)')}"
     )
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

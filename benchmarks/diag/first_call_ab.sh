@@ -7,7 +7,7 @@ OUT=${OUT:-/tmp/first_call_ab}
 mkdir -p "$OUT"
 model=${1:-llama-decode}
 for turn in 1 2; do
-    for variant in "--without-key-thread --without-loading" ""; do
+    for variant in "--without-loading" ""; do
         cache=$(mktemp -d)
         TRITON_CACHE_DIR=$cache python3 benchmarks/diag/diag_first_call_phases.py \
             --model "$model" --rounds 2 $variant 2>&1 | grep -v "Warning\|forward_call" \

@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from fusebackend.kernels import warmup
 from fusebackend.kernels.codegen import generate_pair_source, generate_source
 from fusebackend.kernels.ir import InputRef, KernelOptions, Reduce, Rotate, RowProgram, ValueRef
 
@@ -505,7 +504,6 @@ def precompile_all(jobs: Sequence[Callable[[], None]], threads: int | None = Non
     if _async_compile.active_mode.get() is not None:
         log.info("another AsyncCompileMode is active; kernels compile at their launches")
         return len(jobs)
-    warmup.wait()  # Triton's cache key, computed beside Dynamo's trace (kernels/warmup.py)
     failed, mode = 0, None
     try:
         with _LoadingExecutor(max_workers=threads) as pool:
