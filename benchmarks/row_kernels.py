@@ -18,8 +18,9 @@ ceiling is a 1 GiB device-to-device copy in the same run.
 
 ``--sweep [CASES]`` also times each case's kernel over its layout's launch configs (row
 programs: warps x rows per program, x chunk width when chunked; pointwise ones: warps x
-columns per program), by patching ``fusebackend.kernels.launch.launch_config``, so configs
-can be picked from data. Its default cases are a decode step's rows of the suite's models.
+columns per program x elements per program), by patching
+``fusebackend.kernels.launch.launch_config``, so configs can be picked from data. Its
+default cases are a decode step's rows of the suite's models.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def make_inputs(name: str, rows: int, width: int, device: str) -> tuple[tuple, i
 PATTERNS = {"rmsnorm": rms_norm, "add_rmsnorm": add_rms_norm, "swiglu": swiglu, "rope": rope,
             "softmax": scaled_masked_softmax, "add_layernorm": add_layer_norm,
             "gelu_tanh": gelu_tanh}  # fmt: skip
-POINTWISE = {"swiglu", "gelu_tanh"}  # no reduction: the tile layout
+POINTWISE = {"swiglu", "gelu_tanh", "rope"}  # no reduction: the tile layout
 
 # The sweep's default cases: a decode step's rows of the suite's four models (TinyLlama and
 # Qwen2: residual + RMSNorm and SwiGLU; GPT-2 and BERT: residual + LayerNorm and GELU) and a
@@ -170,7 +171,7 @@ def measure(name: str, rows: int, width: int, copy_gbs: float) -> dict:
 def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
     """Device time of ``name``'s fused kernel for each launch config of its layout: warps x
     rows per program (x chunk width when chunked) for row programs, warps x columns per
-    program for pointwise ones (tile layout)."""
+    program x elements per program (the entry's ``chunk``) for pointwise ones (tile layout)."""
     from fusebackend.kernels import launch
 
     fn = PATTERNS[name]
@@ -181,10 +182,21 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
     else:
         layout = "persistent" if width <= launch._MAX_PERSISTENT_D else "chunked"
     default = launch.launch_config
-    chosen = default(rows, width, layout)
+    # The config the default launch picks, from the kernel's own rows and width (RoPE's rows
+    # are rows x heads of HEAD columns once lead dims collapse).
+    seen: list[tuple] = []
+    launch.launch_config = lambda *a: seen.append(a) or default(*a)
+    try:
+        with torch.no_grad():
+            call(*args)
+    finally:
+        launch.launch_config = default
+    chosen = default(*seen[-1])
     results = []
-    if layout == "tile":
-        grid = itertools.product((1, 2, 4, 8), (256, 512, 1024, 2048, 4096), (None,))
+    if layout == "tile":  # (warps, columns per program, elements per program)
+        grid = itertools.product(
+            (1, 2, 4, 8), (128, 256, 512, 1024, 2048, 4096), (1024, 2048, 4096, 8192)
+        )
     else:
         chunks = (1024, 2048, 4096, 8192) if layout == "chunked" else (None,)
         grid = itertools.product((1, 2, 4, 8, 16), (1, 2, 4), chunks)
@@ -192,12 +204,14 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
         for warps, block, chunk in grid:
             if layout == "persistent" and block * launch.triton_next_power_of_2(width) > 32768:
                 continue  # > 64 fp32 registers per thread at 16 warps: spills
-            if layout == "tile" and block > 2 * launch.triton_next_power_of_2(width):
-                continue  # wider than the row: the same program as the next narrower one
+            if layout == "tile" and (
+                block > 2 * launch.triton_next_power_of_2(width) or block > chunk
+            ):
+                continue  # wider than the row (or the program): as the next narrower one
 
-            def config(r, w, lay="tile", warps=warps, block=block, chunk=chunk):
-                if lay == "tile":  # block: columns per program; rows fill ~1024 elements
-                    rows_per_program = min(launch.triton_next_power_of_2(r), 1024 // block)
+            def config(r, w, lay="tile", gathers=False, warps=warps, block=block, chunk=chunk):
+                if lay == "tile":  # block: columns per program; rows fill `chunk` elements
+                    rows_per_program = min(launch.triton_next_power_of_2(r), chunk // block)
                     return max(1, rows_per_program), block, warps
                 if lay == "persistent":
                     return block, launch.triton_next_power_of_2(w), warps

@@ -19,7 +19,7 @@ import fusebackend.kernels.launch as launch  # noqa: E402
 new_config = launch.launch_config
 
 
-def old_config(rows, width, layout="tile"):  # tile programs only (the chain)
+def old_config(rows, width, layout="tile", gathers=True):  # tile programs (the chain)
     block_d = min(launch.triton_next_power_of_2(width), 2048)
     return min(launch.triton_next_power_of_2(rows), max(1, 4096 // block_d)), block_d, 4
 

@@ -123,7 +123,7 @@ def main() -> None:
         configs = [tuple(map(int, c.split("x"))) for c in args.configs.split(",")]
         for tile, warps in configs:
 
-            def config(rows, width, layout="tile", tile=tile, warps=warps):  # the chain: tile
+            def config(rows, width, layout="tile", gathers=True, tile=tile, warps=warps):
                 block_d = min(launch.triton_next_power_of_2(width), 2048)
                 block_r = min(launch.triton_next_power_of_2(rows), max(1, tile // block_d))
                 return block_r, block_d, warps
