@@ -110,6 +110,9 @@ def run_variant(args: argparse.Namespace) -> dict:
             again = generate(**compile_kwargs)
             times.append(time.perf_counter() - start)
         expected = generate(disable_compile=True)
+        divergence = None
+        if args.variant != "eager" and not torch.equal(tokens, expected):
+            divergence = _divergence(generate, compile_kwargs, args.prompt)
     new = tokens[0, args.prompt :]
     result = {
         "variant": args.variant,
@@ -124,6 +127,8 @@ def run_variant(args: argparse.Namespace) -> dict:
         "tokens": new.tolist(),
         "repeat_equal_first": bool(torch.equal(again, tokens)),
     }
+    if divergence is not None:
+        result["divergence"] = divergence
     if args.variant != "eager":
         # Where the first generate's time goes: Dynamo's own table (tracing; the backend's
         # call is call_user_compiler), for the first-generate target (issue 9: <= 0.3x
@@ -141,6 +146,38 @@ def run_variant(args: argparse.Namespace) -> dict:
             k: v for k, v in stats.items() if isinstance(v, int) and not isinstance(v, bool)
         }
     return result
+
+
+def _divergence(generate, compile_kwargs: dict, prompt: int) -> dict:
+    """Where this variant's greedy tokens first part from eager's, and whether that step is
+    a near-tie: eager's logits of its own token and of this variant's token there, and how
+    far the two backends' logits were apart at the steps before (the same tokens fed)."""
+    import torch
+
+    kept = {"output_logits": True, "return_dict_in_generate": True}
+    mine = generate(**compile_kwargs, **kept)
+    eager = generate(disable_compile=True, **kept)
+    new_mine, new_eager = mine.sequences[0, prompt:], eager.sequences[0, prompt:]
+    step = int((new_mine != new_eager).nonzero()[0, 0])
+    logits = eager.logits[step][0].float()
+    chosen, other = int(new_eager[step]), int(new_mine[step])
+    before = [
+        float((a[0].float() - b[0].float()).abs().max())
+        for a, b in zip(mine.logits[:step], eager.logits[:step])
+    ]
+    top = float(logits[chosen])
+    return {
+        "step": step,
+        "eager_token": chosen,
+        "variant_token": other,
+        "eager_logit_of_eager_token": top,
+        "eager_logit_of_variant_token": float(logits[other]),
+        "gap": top - float(logits[other]),
+        # the spacing of fp16 values at the logit's magnitude: one rounding step
+        "fp16_spacing_at_logit": float(torch.finfo(torch.float16).eps)
+        * 2.0 ** max(0.0, float(torch.floor(torch.log2(torch.tensor(abs(top) or 1.0))))),
+        "max_logit_difference_before": max(before) if before else None,
+    }
 
 
 class _BackendLog(logging.Handler):
@@ -258,6 +295,14 @@ def summarize(runs: list[dict]) -> dict:
                 same = sum(a == b for a, b in zip(fuse["tokens"], auto["tokens"]))
                 out[f"tokens_equal_autocompile_{n}"] = same
                 out["lines"][-1] += f", equal auto-compile {same}/{fuse['tokens_total']}"
+            gap = fuse.get("divergence")
+            if gap is not None:
+                out["lines"].append(
+                    f"cache {n}: infinifuse parts from eager at token {gap['step']}, where "
+                    f"eager's two logits are {gap['gap']:.4f} apart (fp16 spacing there "
+                    f"{gap['fp16_spacing_at_logit']:.4f}); the backends' logits differed by up "
+                    f"to {gap['max_logit_difference_before']} on the tokens before"
+                )
     if len(lens) >= 2:
         short, long = lens[0], lens[-1]
         falls = {}
