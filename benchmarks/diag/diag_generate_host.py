@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import os
 import pstats
@@ -59,15 +60,19 @@ def profile(variant: str) -> None:
         first.disable()
         first_s = time.perf_counter() - start
         generate()  # a warm one
+        pauses = _GcPauses()
         start = time.perf_counter()
         generate()
         plain = time.perf_counter() - start
+        pauses.stop()
         profiler = cProfile.Profile()
         profiler.enable()
         generate()
         profiler.disable()
     print(f"{variant}: {plain * 1e3 / 64:.3f} ms per token without the profiler; "
           f"first generate {first_s:.2f} s under the profiler")  # fmt: skip
+    print(f"{variant}: during that generate {pauses.summary()}; "
+          f"{len(gc.get_objects())} objects tracked by the collector")  # fmt: skip
     for key, title in (("tottime", "own time"), ("cumulative", "cumulative")):
         text = io.StringIO()
         stats = pstats.Stats(profiler, stream=text).sort_stats(key)
@@ -80,6 +85,33 @@ def profile(variant: str) -> None:
     pstats.Stats(first, stream=text).sort_stats("cumulative").print_stats(80)
     print(f"--- {variant}: first generate by cumulative time ---")
     print(text.getvalue())
+
+
+class _GcPauses:
+    """Python's garbage-collector pauses while it is installed (gc.callbacks): a process
+    holding many more objects (FX graphs, example values) pays more per full collection."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.counts = [0, 0, 0]
+        self._start = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self._start
+            self.counts[info["generation"]] += 1
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary(self) -> str:
+        return ", ".join(
+            f"gen{g}: {n} collections, {s * 1e3:.2f} ms"
+            for g, (n, s) in enumerate(zip(self.counts, self.seconds))
+        )
 
 
 def main() -> None:
