@@ -388,3 +388,33 @@ def test_broadcast_shapes_agrees_with_torch(shapes):
             launch.broadcast_shapes(*shapes)
         return
     assert launch.broadcast_shapes(*shapes) == expected
+
+
+def test_large_tile_groups_take_four_warps_unless_they_gather():
+    # From the H100 prefill sweep (row_kernels_sweep_prefill_h100.json): 1024-element
+    # programs of 4 warps for pointwise work; groups with lookups keep the chain's 2 warps.
+    rows = launch._SMALL_GROUP_ELEMENTS  # past the latency-bound regime for any width >= 2
+    assert launch.launch_config(rows, 128, "tile") == (8, 128, 4)
+    assert launch.launch_config(rows, 4096, "tile") == (1, 1024, 4)
+    assert launch.launch_config(rows, 4096, "tile", gathers=True) == (1, 2048, 2)
+    assert launch.launch_config(rows, 64, "tile", gathers=True) == (16, 64, 2)
+
+
+@pytest.mark.parametrize("with_lookup", [False, True], ids=["pointwise", "lookup"])
+def test_a_launch_asks_for_the_config_of_a_program_that_gathers(monkeypatch, with_lookup):
+    asked = []
+    real = launch.launch_config
+
+    def spy(rows, width, layout="tile", gathers=False):
+        asked.append(gathers)
+        return real(rows, width, layout, gathers)
+
+    monkeypatch.setattr(launch, "launch_config", spy)
+    table, x = torch.randn(11, 6), torch.randn(4, 6)
+    ids = torch.tensor([1, 3, 10, 0])
+    if with_lookup:
+        run_fused(lambda i, t, x: F.embedding(i, t) * 2 + x, ids, table, x,
+                  options={"cudagraphs": False})  # fmt: skip
+    else:
+        run_fused(lambda x: torch.relu(x * 2 + 1), x, options={"cudagraphs": False})
+    assert asked and set(asked) == {with_lookup}
