@@ -83,9 +83,10 @@ def share_mask_conversion(gm: torch.fx.GraphModule) -> list[str]:
             converted = gm.graph.call_method("masked_fill", (blocked, mask, 0.0))
             # Example values from the layout alone (full_like keeps a dense mask's, and
             # masked_fill returns a contiguous tensor), without running ops on the fake mask.
-            # This pass took 0.5-0.7 s of a TinyLlama decode graph's first call under
-            # cProfile on an H100 either way (2026-11-25, diag_first_call --profile), against
-            # 27 ms for a 22-layer graph on a CPU: not yet explained.
+            # A profile of a TinyLlama decode step's whole first call put 0.5-0.7 s in this
+            # pass on an H100; profiling the backend alone (diag_first_call_phases.py
+            # --profile, three first calls, 2026-11-25) put under 0.03 s per call here, as on
+            # a CPU (27 ms): the larger figure was the whole-call profile's.
             mask_value = example_value(mask)
             blocked.meta["example_value"] = torch.empty_like(mask_value, dtype=dtype)
             converted.meta["example_value"] = torch.empty_like(
