@@ -550,7 +550,7 @@ def _compile_and_load(compile_fn: Callable[..., Any], device: int | None, *args:
         try:
             with torch.cuda.device(device):
                 load()
-        except Exception as exc:  # noqa: BLE001  (the launch loads it again and raises)
+        except Exception as exc:  # noqa: BLE001  (its first launch raises the error)
             log.info("loading a precompiled kernel failed (%s); its launch raises", exc)
     return kernel
 
