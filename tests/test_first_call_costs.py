@@ -1,9 +1,11 @@
-"""A first compiled call: precompiled kernels are loaded in the compile workers
-(launch._LoadingExecutor) instead of one by one at their first launches."""
+"""A first compiled call's costs: precompiled kernels are loaded in the compile workers
+(launch._LoadingExecutor) instead of one by one at their first launches, and the backend's
+passes run with Python's garbage collector paused (backend._collector_paused)."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 
 import pytest
@@ -82,6 +84,45 @@ def test_precompile_all_uses_the_loading_pool(monkeypatch):
 
     assert launch.precompile_all([job]) == 0
     assert [device for _, device in kernel.loaded_on] == [1]
+
+
+def _compile_recording_the_collector(monkeypatch, fail: bool = False) -> list[bool]:
+    from fusebackend import backend
+
+    seen: list[bool] = []
+    real = backend.fold_constants
+
+    def recording(gm):
+        seen.append(gc.isenabled())
+        if fail:
+            raise RuntimeError("a pass failed")
+        return real(gm)
+
+    monkeypatch.setattr(backend, "fold_constants", recording)
+    with torch.no_grad():
+        torch.compile(lambda x: torch.relu(x * 2), backend="infinifuse")(torch.randn(3, 5))
+    return seen
+
+
+def test_the_passes_run_with_the_collector_paused_and_it_is_back_after(monkeypatch):
+    assert gc.isenabled()
+    assert _compile_recording_the_collector(monkeypatch) == [False]
+    assert gc.isenabled()
+
+
+def test_a_collector_the_user_paused_stays_paused(monkeypatch):
+    gc.disable()
+    try:
+        assert _compile_recording_the_collector(monkeypatch) == [False]
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_the_collector_is_back_after_a_backend_error(monkeypatch):
+    with pytest.raises(Exception, match="a pass failed"):
+        _compile_recording_the_collector(monkeypatch, fail=True)
+    assert gc.isenabled()
 
 
 @pytest.mark.gpu
