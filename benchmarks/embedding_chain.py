@@ -219,8 +219,8 @@ def main() -> None:
                 for max_d in (1024, 2048):
                     for warps in (1, 2, 4, 8):
 
-                        def config(rows, width, layout="tile", tile=tile, max_d=max_d,
-                                   warps=warps):  # fmt: skip
+                        def config(rows, width, layout="tile", gathers=True, tile=tile,
+                                   max_d=max_d, warps=warps):  # fmt: skip
                             block_d = min(launch.triton_next_power_of_2(width), max_d)
                             block_r = min(launch.triton_next_power_of_2(rows),
                                           max(1, tile // block_d))  # fmt: skip

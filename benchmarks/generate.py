@@ -158,7 +158,11 @@ def _divergence(generate, compile_kwargs: dict, prompt: int) -> dict:
     mine = generate(**compile_kwargs, **kept)
     eager = generate(disable_compile=True, **kept)
     new_mine, new_eager = mine.sequences[0, prompt:], eager.sequences[0, prompt:]
-    step = int((new_mine != new_eager).nonzero()[0, 0])
+    n = min(len(new_mine), len(new_eager))
+    parted = (new_mine[:n] != new_eager[:n]).nonzero()
+    if len(parted) == 0:  # this re-run matched eager (or only its length differed)
+        return {"step": None, "tokens": n}
+    step = int(parted[0, 0])
     logits = eager.logits[step][0].float()
     chosen, other = int(new_eager[step]), int(new_mine[step])
     before = [
@@ -296,7 +300,7 @@ def summarize(runs: list[dict]) -> dict:
                 out[f"tokens_equal_autocompile_{n}"] = same
                 out["lines"][-1] += f", equal auto-compile {same}/{fuse['tokens_total']}"
             gap = fuse.get("divergence")
-            if gap is not None:
+            if gap is not None and gap.get("step") is not None:
                 out["lines"].append(
                     f"cache {n}: infinifuse parts from eager at token {gap['step']}, where "
                     f"eager's two logits are {gap['gap']:.4f} apart (fp16 spacing there "

@@ -191,7 +191,9 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
             call(*args)
     finally:
         launch.launch_config = default
-    chosen = default(*seen[-1])
+    launched = seen[-1]  # (rows, width, layout, gathers) of the kernel's launch
+    kernel_width = launched[1]
+    chosen = default(*launched)
     results = []
     if layout == "tile":  # (warps, columns per program, elements per program)
         grid = itertools.product(
@@ -202,11 +204,10 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
         grid = itertools.product((1, 2, 4, 8, 16), (1, 2, 4), chunks)
     try:
         for warps, block, chunk in grid:
-            if layout == "persistent" and block * launch.triton_next_power_of_2(width) > 32768:
+            wide = launch.triton_next_power_of_2(kernel_width)
+            if layout == "persistent" and block * wide > 32768:
                 continue  # > 64 fp32 registers per thread at 16 warps: spills
-            if layout == "tile" and (
-                block > 2 * launch.triton_next_power_of_2(width) or block > chunk
-            ):
+            if layout == "tile" and (block > 2 * wide or block > chunk):
                 continue  # wider than the row (or the program): as the next narrower one
 
             def config(r, w, lay="tile", gathers=False, warps=warps, block=block, chunk=chunk):
@@ -222,7 +223,7 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
                 call(*args)  # compile this variant outside the capture
                 torch.cuda.synchronize()
                 ms = device_ms(lambda: call(*args), reps=5)
-            picked = config(rows, width, layout)
+            picked = config(*launched)
             entry = {"pattern": name, "rows": rows, "width": width, "layout": layout,
                      "num_warps": warps, "block_r": picked[0], "block_d": picked[1],
                      "chunk": chunk, "ms": ms, "default": picked == chosen,

@@ -15,34 +15,42 @@ from fusebackend.kernels import launch
 
 
 class _FakeCompiled:
-    """Stands in for Triton's CompiledKernel: records where it was loaded."""
+    """Stands in for Triton's CompiledKernel: records where it was loaded. Like Triton's,
+    it sets its launcher (``_run``) before it loads the binary (``module``)."""
 
     def __init__(self, fail: bool = False):
         self.loaded_on: list[tuple[str, int | None]] = []
         self.fail = fail
+        self.module = None
+        self._run = None
 
     def _init_handles(self):
-        self.loaded_on.append((threading.current_thread().name, _DEVICE[0]))
+        self.loaded_on.append((threading.current_thread().name, torch.cuda.current_device()))
+        self._run = "a launcher"
         if self.fail:
-            raise RuntimeError("out of shared memory")
+            raise RuntimeError("the binary does not load")
+        self.module = "a module"
 
 
-_DEVICE: list[int | None] = [None]
+# The current device is per thread, as CUDA's is: a worker thread starts on device 0.
+_CURRENT = threading.local()
 
 
 @contextlib.contextmanager
 def _device(index):
-    before, _DEVICE[0] = _DEVICE[0], index
+    before = getattr(_CURRENT, "index", 0)
+    _CURRENT.index = index
     try:
         yield
     finally:
-        _DEVICE[0] = before
+        _CURRENT.index = before
 
 
 def _pretend_cuda(monkeypatch, current: int):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: getattr(_CURRENT, "index", 0))
     monkeypatch.setattr(torch.cuda, "device", _device)
+    monkeypatch.setattr(_CURRENT, "index", current, raising=False)
 
 
 def test_a_compiled_kernel_is_loaded_in_the_worker_on_the_compiling_device(monkeypatch):
@@ -61,7 +69,10 @@ def test_a_kernel_that_fails_to_load_is_returned_for_its_launch_to_raise(monkeyp
         with launch._LoadingExecutor(max_workers=1) as pool:
             assert pool.submit(lambda: kernel).result() is kernel
     assert len(kernel.loaded_on) == 1
-    assert "out of shared memory" in caplog.text
+    assert "the binary does not load" in caplog.text
+    # Its launcher is unset, so that the launch loads again and raises the load's error
+    # (left set, Triton would launch a missing function).
+    assert kernel._run is None and kernel.module is None
 
 
 def test_nothing_is_loaded_before_cuda_is_initialised(monkeypatch):
