@@ -664,18 +664,17 @@ def launch_config(
         block_d = min(triton_next_power_of_2(width), _TILE_ELEMENTS)
         block_r = min(triton_next_power_of_2(rows), max(1, _TILE_ELEMENTS // block_d))
         return block_r, block_d, max(1, min(8, block_r * block_d // 128))
-    if gathers:  # the chain's regime (_TILE_ELEMENTS' comment): 2 warps
-        block_d = min(triton_next_power_of_2(width), _MAX_BLOCK_D)
-        block_r = min(triton_next_power_of_2(rows), max(1, _TILE_ELEMENTS // block_d))
-        return block_r, block_d, 2
-    # Without lookups, 1024-element programs of 4 warps. Swept on an H100 at prefill sizes
-    # (benchmarks/results/row_kernels_sweep_prefill_h100.json, 2026-11-25): RoPE on
-    # 4096 x 32 heads x 128 took 25.1 us against 27.6 us with 2 warps, on 16 heads 9.6 against
-    # 10.0 us; tanh GELU on 4096 x 4096 25.1 against 26.1 us with 2048-wide, 2-warp programs;
-    # SwiGLU on 4096 x 8192 69.6 against 69.4 us (the best config swept took 68.6 us).
-    block_d = min(triton_next_power_of_2(width), _TILE_ELEMENTS)
+    # With lookups, the chain's regime (_TILE_ELEMENTS' comment): rows up to 2048 wide per
+    # program, 2 warps. Without, 1024-element programs of 4 warps. Swept on an H100 at
+    # prefill sizes (benchmarks/results/row_kernels_sweep_prefill_h100.json, 2026-11-25):
+    # RoPE on 4096 x 32 heads x 128 took 25.1 us against 27.6 us with 2 warps, on 16 heads
+    # 9.6 against 10.0 us; tanh GELU on 4096 x 4096 25.1 against 26.1 us with 2048-wide,
+    # 2-warp programs; SwiGLU on 4096 x 8192 69.6 against 69.4 us (the best config swept
+    # took 68.6 us).
+    max_block_d, num_warps = (_MAX_BLOCK_D, 2) if gathers else (_TILE_ELEMENTS, 4)
+    block_d = min(triton_next_power_of_2(width), max_block_d)
     block_r = min(triton_next_power_of_2(rows), max(1, _TILE_ELEMENTS // block_d))
-    return block_r, block_d, 4
+    return block_r, block_d, num_warps
 
 
 def triton_next_power_of_2(n: int) -> int:
