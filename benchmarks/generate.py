@@ -26,6 +26,7 @@ import argparse
 import datetime
 import json
 import logging
+import math
 import os
 import platform
 import statistics
@@ -178,8 +179,8 @@ def _divergence(generate, compile_kwargs: dict, prompt: int) -> dict:
         "eager_logit_of_variant_token": float(logits[other]),
         "gap": top - float(logits[other]),
         # the spacing of fp16 values at the logit's magnitude: one rounding step
-        "fp16_spacing_at_logit": float(torch.finfo(torch.float16).eps)
-        * 2.0 ** max(0.0, float(torch.floor(torch.log2(torch.tensor(abs(top) or 1.0))))),
+        "fp16_spacing_at_logit": torch.finfo(torch.float16).eps
+        * 2.0 ** max(0, math.floor(math.log2(abs(top) or 1.0))),
         "max_logit_difference_before": max(before) if before else None,
     }
 

@@ -117,7 +117,6 @@ def make_inputs(name: str, rows: int, width: int, device: str) -> tuple[tuple, i
 PATTERNS = {"rmsnorm": rms_norm, "add_rmsnorm": add_rms_norm, "swiglu": swiglu, "rope": rope,
             "softmax": scaled_masked_softmax, "add_layernorm": add_layer_norm,
             "gelu_tanh": gelu_tanh}  # fmt: skip
-POINTWISE = {"swiglu", "gelu_tanh", "rope"}  # no reduction: the tile layout
 
 # The sweep's default cases: a decode step's rows of the suite's four models (TinyLlama and
 # Qwen2: residual + RMSNorm and SwiGLU; GPT-2 and BERT: residual + LayerNorm and GELU) and a
@@ -177,13 +176,9 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
     fn = PATTERNS[name]
     args, moved = make_inputs(name, rows, width, "cuda")
     call = compiled(fn, "infinifuse")
-    if name in POINTWISE:
-        layout = "tile"
-    else:
-        layout = "persistent" if width <= launch._MAX_PERSISTENT_D else "chunked"
     default = launch.launch_config
-    # The config the default launch picks, from the kernel's own rows and width (RoPE's rows
-    # are rows x heads of HEAD columns once lead dims collapse).
+    # The layout and config the default launch picks, from the kernel's own rows and width
+    # (RoPE's rows are rows x heads of HEAD columns once lead dims collapse).
     seen: list[tuple] = []
     launch.launch_config = lambda *a: seen.append(a) or default(*a)
     try:
@@ -192,7 +187,8 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
     finally:
         launch.launch_config = default
     launched = seen[-1]  # (rows, width, layout, gathers) of the kernel's launch
-    kernel_width = launched[1]
+    layout = launched[2]
+    wide = launch.triton_next_power_of_2(launched[1])
     chosen = default(*launched)
     results = []
     if layout == "tile":  # (warps, columns per program, elements per program)
@@ -204,7 +200,6 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
         grid = itertools.product((1, 2, 4, 8, 16), (1, 2, 4), chunks)
     try:
         for warps, block, chunk in grid:
-            wide = launch.triton_next_power_of_2(kernel_width)
             if layout == "persistent" and block * wide > 32768:
                 continue  # > 64 fp32 registers per thread at 16 warps: spills
             if layout == "tile" and (block > 2 * wide or block > chunk):
