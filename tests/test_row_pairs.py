@@ -8,7 +8,7 @@ import functools
 
 import pytest
 import torch
-from helpers import FLOAT_DTYPES, assert_close, eager, run_fused
+from helpers import FLOAT_DTYPES, LaunchRecorder, as_triton_sees, assert_close, eager, run_fused
 from test_row_rope_softmax import _rope_tolerance, rope_slices
 
 import fusebackend
@@ -176,19 +176,6 @@ def test_paired_rotary_embeddings_on_the_gpu_in_a_cuda_graph(dtype):
         assert modes == ["fusion"], modes
 
 
-class _Recorder:
-    """Stands in for a compiled kernel: records warm-ups and launches."""
-
-    def __init__(self):
-        self.warmups, self.launches = [], []
-
-    def warmup(self, *args, grid, **meta):
-        self.warmups.append((list(args), grid, meta))
-
-    def __getitem__(self, grid):
-        return lambda *args, **meta: self.launches.append((list(args), grid, meta))
-
-
 @pytest.mark.parametrize("paired", [False, True], ids=["group", "pair"])
 def test_precompile_warms_the_kernel_the_launch_runs(monkeypatch, paired):
     # The warm-up must specialise as the launch does (same grid, options, ints; each tensor
@@ -198,7 +185,8 @@ def test_precompile_warms_the_kernel_the_launch_runs(monkeypatch, paired):
     g = torch.Generator().manual_seed(5)
     w = torch.randn(48, generator=g)
     (program, _) = _programs(monkeypatch, _two_norms, torch.randn(3, 48), torch.randn(2, 48), w)
-    recorder = _Recorder()
+    launches, warmups = [], []
+    recorder = LaunchRecorder(launches, warmups)
     monkeypatch.setattr(launch, "_compiled_kernel", lambda *a, **k: recorder)
     a = [torch.randn(2, 7, 49, generator=g)[:, 1:, 1:], w]  # a view 200 bytes in: unaligned
     b = [torch.randn(3, 48, 5, generator=g).transpose(1, 2), w]  # columns not contiguous
@@ -212,12 +200,9 @@ def test_precompile_warms_the_kernel_the_launch_runs(monkeypatch, paired):
         assert (
             launch.precompile_all([functools.partial(launch.precompile, program, a, options)]) == 0
         )
-    ((run_args, run_grid, run_meta),) = recorder.launches
-    ((warm_args, warm_grid, warm_meta),) = recorder.warmups
-
-    def seen(x):  # what Triton specialises a pointer on: its dtype and 16-byte alignment
-        return (x.dtype, x.data_ptr() % 16 == 0) if hasattr(x, "data_ptr") else x
-
+    ((run_args, run_grid, run_meta),) = launches
+    ((warm_args, warm_grid, warm_meta),) = warmups
+    seen = as_triton_sees  # a pointer as Triton specialises on it: dtype, 16-byte alignment
     assert [seen(x) for x in warm_args] == [seen(x) for x in run_args]
     assert seen(run_args[0]) == (torch.float32, False)  # the unaligned view stays unaligned
     assert (warm_grid, warm_meta) == (run_grid, run_meta)
