@@ -8,6 +8,8 @@ graph) under a few launch configs:
     assert_end      the assert after the stores (codegen's current choice)
     assert_gather   the assert right after the gather
     scalar_assert   one scalar assert per program: count of bad rows == 0
+    branch_assert   the tensor assert inside ``if count of bad rows != 0`` (the assert and
+                    the barrier Triton puts after it run only when an index is bad)
     no_assert       debug build without any assert (what the build mode alone costs)
     release         the index_checks=False kernel (no debug build)
 
@@ -54,8 +56,13 @@ def variants(source: str) -> dict[str, str]:
             f"    tl.device_assert(tl.sum((~{ok} & row_mask).to(tl.int32), axis=0) == 0, "
             f"{message})\n"
         )
+    branch = bare.rstrip("\n") + "\n"
+    for ok, message in asserts:
+        bad = f"tl.sum((~{ok} & row_mask).to(tl.int32), axis=0)"
+        branch += f"    if {bad} != 0:\n        tl.device_assert({ok} | ~row_mask, {message})\n"
     return {
         "assert_end": source,
+        "branch_assert": branch,
         "assert_gather": after_gather,
         "scalar_assert": scalar,
         "no_assert": bare,
