@@ -24,6 +24,7 @@ row reads the same rows).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -118,7 +119,7 @@ def main() -> None:
         keys = {key[2].index_checks: key for key in launch._KERNELS}
         key = keys[True]
         release_kernel = launch._KERNELS[keys[False]]
-        name, source = launch.kernel_source(*key)
+        name, source = launch.kernel_source(*key[:4])
         kernels = {
             label: getattr(launch._import_source(name, text), name)
             for label, text in (variants if args.family == "assert" else hint_variants)(
@@ -135,9 +136,11 @@ def main() -> None:
                 block_r = min(launch.triton_next_power_of_2(rows), max(1, tile // block_d))
                 return block_r, block_d, warps
 
-            launch.launch_config = config
             for label, kernel in kernels.items():
                 launch._KERNELS[key] = kernel
+                # a new launch_config object per variant: the backend keeps each group's
+                # launch plan (kernel included) per signature and launch_config
+                launch.launch_config = functools.partial(config)
                 out = checked(ids, pos_ids)
                 torch.cuda.synchronize()
                 ok = torch.equal(out, ref) or bool((out - ref).abs().max() < 1e-2)

@@ -22,6 +22,7 @@ time inside a CUDA graph), beside Inductor's kernel in the same process:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -104,35 +105,44 @@ def run_case(name: str, rows: int, width: int) -> list[dict]:
         ref = fn(*args)
         inductor = compiled(fn, "inductor")
         inductor(*args)
-        before = set(launch._KERNELS)
         call = compiled(fn, "infinifuse")
-        call(*args)
-        keys = [k for k in launch._KERNELS if k not in before]
-        assert len(keys) == 1, f"{name}: expected one new kernel, got {len(keys)}"
-        key = keys[0]
+        keys = set()
+        compiled_kernel = launch._compiled_kernel
+
+        def recording(program, rank, options, layout, pair=False):
+            keys.add((program, rank, options, layout, pair))
+            return compiled_kernel(program, rank, options, layout, pair)
+
+        with unittest.mock.patch.object(launch, "_compiled_kernel", recording):
+            call(*args)
+        assert len(keys) == 1, f"{name}: expected one kernel, got {len(keys)}"
+        (key,) = keys
         original = launch._KERNELS[key]
-        timed = {"inductor": inductor}
         kernels = {}
         for label, source in variant_sources(key).items():
             kname = re.search(r"^def (\w+)\(", source, re.M).group(1)
             kernels[label] = getattr(launch._import_source(kname, source), kname)
+        # The backend keeps each group's launch plan (kernel included) per signature and
+        # launch_config; a distinct launch_config object per variant gives each its own plan.
+        default_config = launch.launch_config
+        configs = {label: functools.partial(default_config) for label in kernels}
         try:
             for label, kernel in kernels.items():
                 launch._KERNELS[key] = kernel
+                launch.launch_config = configs[label]
                 out = call(*args)
                 torch.cuda.synchronize()
-                timed[label] = call
                 results.append({"label": label, "error": max_error(out, ref)})
             # alternate the variants over rounds so drift hits all alike
             times: dict[str, list[float]] = {label: [] for label in ["inductor", *kernels]}
             for _ in range(3):
                 for label in times:
-                    if label != "inductor":
-                        launch._KERNELS[key] = kernels[label]
-                    fn_ = timed[label]
+                    fn_ = inductor if label == "inductor" else call
+                    launch.launch_config = configs.get(label, default_config)
                     times[label].append(device_ms(lambda fn_=fn_: fn_(*args), reps=5))
         finally:
             launch._KERNELS[key] = original
+            launch.launch_config = default_config
     errors = {r["label"]: r["error"] for r in results}
     rows_out = []
     for label, ts in times.items():
