@@ -95,7 +95,8 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--dim", type=int, default=2048)
     parser.add_argument("--configs", default="4096x4,2048x4,8192x4,4096x8,8192x8",
-                        help="launch configs to try, as TILExWARPS,...")  # fmt: skip
+                        help="launch configs to try, as TILExWARPS,...: programs of TILE elements, "
+                        "rows up to min(TILE, 2048) wide")  # fmt: skip
     parser.add_argument("--family", choices=("assert", "hints"), default="assert")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -132,7 +133,7 @@ def main() -> None:
         for tile, warps in configs:
 
             def config(rows, width, layout="tile", gathers=True, tile=tile, warps=warps):
-                block_d = min(launch.triton_next_power_of_2(width), 2048)
+                block_d = min(launch.triton_next_power_of_2(width), 2048, tile)
                 block_r = min(launch.triton_next_power_of_2(rows), max(1, tile // block_d))
                 return block_r, block_d, warps
 

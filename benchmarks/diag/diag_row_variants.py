@@ -13,6 +13,9 @@ time inside a CUDA graph), beside Inductor's kernel in the same process:
     libdevice_tanh  tanh from libdevice (as Inductor) instead of the exp-based expression the
                     interpreter can run (GELU cases only)
     fast_div        fp32 divisions approximate (div.full, 2 ulp) instead of IEEE-rounded
+    columns_fastest one flat grid whose consecutive programs take consecutive column blocks
+                    of a row (Inductor's order: neighbours read neighbouring memory) instead
+                    of the 2-D grid whose first axis, the fastest, steps over rows
     no_mask         loads and stores without masks (valid only because every case's shape
                     divides its blocks; Inductor drops its masks then)
 
@@ -60,7 +63,21 @@ def variant_sources(key: tuple) -> dict[str, str]:
     out["fast_div"] = _fast_div(base)
     # the shapes here divide the blocks, so the masks only cost (Inductor drops them then)
     out["no_mask"] = re.sub(r", mask=mask(, other=0(\.0)?)?\)", ")", base)
+    if layout == "tile" and not pair:
+        blocks = "tl.cdiv(D, BLOCK_D)"
+        flat = base.replace("pid_r = tl.program_id(0)", f"pid_r = tl.program_id(0) // {blocks}")
+        out["columns_fastest"] = flat.replace("tl.program_id(1)", f"(tl.program_id(0) % {blocks})")
     return {k: v for k, v in out.items() if k == "base" or v != base}
+
+
+class FlatGrid:
+    """A kernel launched on one flat grid of the 2-D grid's programs (columns_fastest)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        return self.kernel[(grid[0] * grid[1], 1)]
 
 
 def _fast_div(source: str) -> str:
@@ -122,6 +139,8 @@ def run_case(name: str, rows: int, width: int) -> list[dict]:
         for label, source in variant_sources(key).items():
             kname = re.search(r"^def (\w+)\(", source, re.M).group(1)
             kernels[label] = getattr(launch._import_source(kname, source), kname)
+            if label == "columns_fastest":
+                kernels[label] = FlatGrid(kernels[label])
         # The backend keeps each group's launch plan (kernel included) per signature and
         # launch_config; a distinct launch_config object per variant gives each its own plan.
         default_config = launch.launch_config
