@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from embedding_chain import Chain, device_ms  # noqa: E402
+from row_kernels import versions  # noqa: E402
 
 import fusebackend.kernels.launch as launch  # noqa: E402
 
@@ -161,7 +162,7 @@ def main() -> None:
                 )
         launch.launch_config = default_config
     with open(args.out, "w") as handle:
-        json.dump({"device": torch.cuda.get_device_name(), "results": results}, handle, indent=2)
+        json.dump({**versions(), "configs": args.configs, "results": results}, handle, indent=2)
 
 
 if __name__ == "__main__":

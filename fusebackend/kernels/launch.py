@@ -45,15 +45,17 @@ log = logging.getLogger(__name__)
 _KERNELS: dict[tuple[RowProgram, int, KernelOptions, str, bool], Any] = {}
 _LOCK = threading.Lock()
 
-# Launch configs, from benchmarks/diag/diag_index_assert.py (H200, fp16 chain, index checks
-# on; device time in a CUDA graph). Programs cover ~1024 elements: one row up to 2048 wide,
-# several rows of a narrow table. 16x2048x2048: 0.109 ms with 2 warps vs 0.141 ms for the
-# earlier 4096-element tiles with 4 warps (0.117 ms with 4 warps); 16 x 512 x 768 0.017 vs
-# 0.019 ms. Small groups (decode steps) are latency-bound and gain from more threads per
-# row: 1 x 1 x 2048 2.4 us with 4 warps vs 3.0 us with 2, 64 x 4 x 4096 (1M elements)
-# 3.6 vs 3.9 us; 4 x 2048 x 4096 (33M) 55.9 us with 2 warps vs 58.0 us with 4.
+# Launch configs, from benchmarks/diag/diag_index_assert.py (fp16 chain, index checks on;
+# device time in a CUDA graph). Programs cover ~1024 elements: at most 1024 columns of a
+# row, several rows of a narrow table. On the H200 (results/launch_config_h200.json,
+# 2026-11-22) 16x2048x2048 took 0.109 ms with 2 warps vs 0.141 ms for the earlier
+# 4096-element tiles with 4 warps (0.117 ms with 4 warps); 16 x 512 x 768 0.0165 vs
+# 0.019 ms. On the H100 (results/diag_index_assert_h100.json, 2026-11-25) the index assert
+# cost 4-5% in programs of a whole 2048-wide row with 2 warps (0.124 vs 0.119 ms without it)
+# and nothing in 1024-wide ones (0.1186-0.1190 vs 0.1197 ms). Small groups (decode steps)
+# are latency-bound and gain from more threads per row: 1 x 1 x 2048 2.4 us with 4 warps vs
+# 3.0 us with 2, 64 x 4 x 4096 (1M elements) 3.6 vs 3.9 us.
 _TILE_ELEMENTS = 1024
-_MAX_BLOCK_D = 2048
 _SMALL_GROUP_ELEMENTS = 1 << 21  # up to here the latency-bound configs (launch_config)
 # Row programs (a reduction along the row): whole rows in registers up to this width (the
 # brief's floor: D = 8192, Llama-3-70B's hidden size); wider rows loop over chunks.
@@ -656,25 +658,23 @@ def launch_config(
         return block_r, block_d, num_warps
     if layout == "chunked":
         return 1, _CHUNK_D, 8
+    # Tile programs cover <= 1024 elements: at most 1024 columns, several rows of a narrow
+    # table (_TILE_ELEMENTS' comment).
+    block_d = min(triton_next_power_of_2(width), _TILE_ELEMENTS)
+    block_r = min(triton_next_power_of_2(rows), max(1, _TILE_ELEMENTS // block_d))
     if rows * width <= _SMALL_GROUP_ELEMENTS:
-        # Latency-bound: programs of <= 1024 elements, ~4 per thread (8 warps). Swept on an
-        # H100 (benchmarks/results/row_kernels_sweep_h100.json, 2026-11-23): GPT-2's tanh GELU on
+        # Latency-bound: ~4 elements per thread (8 warps). Swept on an H100
+        # (benchmarks/results/row_kernels_sweep_h100.json, 2026-11-23): GPT-2's tanh GELU on
         # 1 x 3072 took 1.63 us against 2.03 us with the earlier 2048-wide, 4-warp
         # programs; SwiGLU on 1 x 5632 1.53 against 1.70 us.
-        block_d = min(triton_next_power_of_2(width), _TILE_ELEMENTS)
-        block_r = min(triton_next_power_of_2(rows), max(1, _TILE_ELEMENTS // block_d))
         return block_r, block_d, max(1, min(8, block_r * block_d // 128))
-    # With lookups, the chain's regime (_TILE_ELEMENTS' comment): rows up to 2048 wide per
-    # program, 2 warps. Without, 1024-element programs of 4 warps. Swept on an H100 at
-    # prefill sizes (benchmarks/results/row_kernels_sweep_prefill_h100.json, 2026-11-25):
-    # RoPE on 4096 x 32 heads x 128 took 25.1 us against 27.6 us with 2 warps, on 16 heads
-    # 9.6 against 10.0 us; tanh GELU on 4096 x 4096 25.1 against 26.1 us with 2048-wide,
-    # 2-warp programs; SwiGLU on 4096 x 8192 69.6 against 69.4 us (the best config swept
-    # took 68.6 us).
-    max_block_d, num_warps = (_MAX_BLOCK_D, 2) if gathers else (_TILE_ELEMENTS, 4)
-    block_d = min(triton_next_power_of_2(width), max_block_d)
-    block_r = min(triton_next_power_of_2(rows), max(1, _TILE_ELEMENTS // block_d))
-    return block_r, block_d, num_warps
+    # Bandwidth-bound: 2 warps with lookups (the chain's regime), 4 without. Swept on an
+    # H100 at prefill sizes (benchmarks/results/row_kernels_sweep_prefill_h100.json,
+    # 2026-11-25): RoPE on 4096 x 32 heads x 128 took 25.1 us against 27.6 us with 2 warps,
+    # on 16 heads 9.6 against 10.0 us; tanh GELU on 4096 x 4096 25.1 against 26.1 us with
+    # 2048-wide, 2-warp programs; SwiGLU on 4096 x 8192 69.6 against 69.4 us (the best
+    # config swept took 68.6 us).
+    return block_r, block_d, 2 if gathers else 4
 
 
 def triton_next_power_of_2(n: int) -> int:
