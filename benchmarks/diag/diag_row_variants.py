@@ -16,6 +16,7 @@ time inside a CUDA graph), beside Inductor's kernel in the same process:
     columns_fastest one flat grid whose consecutive programs take consecutive column blocks
                     of a row (Inductor's order: neighbours read neighbouring memory) instead
                     of the 2-D grid whose first axis, the fastest, steps over rows
+    columns_first_2d  the same order from the 2-D grid with its axes swapped (no division)
     no_mask         loads and stores without masks (valid only because every case's shape
                     divides its blocks; Inductor drops its masks then)
 
@@ -67,7 +68,21 @@ def variant_sources(key: tuple) -> dict[str, str]:
         blocks = "tl.cdiv(D, BLOCK_D)"
         flat = base.replace("pid_r = tl.program_id(0)", f"pid_r = tl.program_id(0) // {blocks}")
         out["columns_fastest"] = flat.replace("tl.program_id(1)", f"(tl.program_id(0) % {blocks})")
+        swapped = base.replace("tl.program_id(0)", "PID_ZERO").replace(
+            "tl.program_id(1)", "tl.program_id(0)"
+        )
+        out["columns_first_2d"] = swapped.replace("PID_ZERO", "tl.program_id(1)")
     return {k: v for k, v in out.items() if k == "base" or v != base}
+
+
+class SwappedGrid:
+    """A kernel launched on the 2-D grid with its axes swapped (columns_first_2d)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        return self.kernel[(grid[1], grid[0])]
 
 
 class FlatGrid:
@@ -141,6 +156,8 @@ def run_case(name: str, rows: int, width: int) -> list[dict]:
             kernels[label] = getattr(launch._import_source(kname, source), kname)
             if label == "columns_fastest":
                 kernels[label] = FlatGrid(kernels[label])
+            if label == "columns_first_2d":
+                kernels[label] = SwappedGrid(kernels[label])
         # The backend keeps each group's launch plan (kernel included) per signature and
         # launch_config; a distinct launch_config object per variant gives each its own plan.
         default_config = launch.launch_config
