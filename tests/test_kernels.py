@@ -4,6 +4,7 @@ host-side bounds check and the masked gather behind it."""
 
 from __future__ import annotations
 
+import helpers
 import pytest
 import torch
 import torch.nn.functional as F
@@ -420,3 +421,48 @@ def test_a_launch_asks_for_the_config_of_a_program_that_gathers(monkeypatch, wit
     else:
         run_fused(lambda x: torch.relu(x * 2 + 1), x, options={"cudagraphs": False})
     assert asked and set(asked) == {with_lookup}
+
+
+def relu_times_two_spec(dtype):
+    """v0 = relu(x); v1 = v0 * 2 -> outputs (v1,): a tile program without lookups."""
+    return RowProgram(
+        input_dtypes=(dtype,),
+        lookups=(),
+        instrs=(
+            Instr("relu", (InputRef(0),), dtype),
+            Instr("mul", (ValueRef(0), Const("2.0")), dtype),
+        ),
+        outputs=(1,),
+    )
+
+
+@pytest.mark.parametrize(
+    "rows, width, grid, rows_axis",
+    [
+        (3, 3000, (3, 3), 1),  # 1024-column blocks: column blocks step first (axis 0)
+        (5, 1000, (5, 1), 0),  # one column block: rows on axis 0
+        (70000 * 4, 4096, (70000 * 4, 4), 0),  # row blocks past axis 1's 65535: rows first
+    ],
+)
+def test_tile_grid_puts_column_blocks_first_while_row_blocks_fit_axis_1(
+    monkeypatch, rows, width, grid, rows_axis
+):
+    # Inductor's order, neighbouring programs on neighbouring blocks of a row, measured
+    # faster (diag_row_variants_h100.json); axis 1 holds at most 65535 blocks.
+    launches, warmups = [], []
+    monkeypatch.setattr(
+        launch, "_compiled_kernel", lambda *a, **k: helpers.LaunchRecorder(launches, warmups)
+    )
+    x = torch.empty(rows, width, device="meta")
+    row_kernel(relu_times_two_spec(torch.float32), [x])
+    ((_, launched_grid, meta),) = launches
+    assert (launched_grid, meta["ROWS_AXIS"]) == (grid, rows_axis)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_column_first_tile_grid_covers_every_element(dtype):
+    # 3 rows x 2500 columns: three 1024-column blocks per row, the last one partial, so a
+    # swapped axis would leave columns or rows unwritten (outputs start uninitialised).
+    x = torch.randn(3, 2500).to(dtype)
+    (out,) = row_kernel(relu_times_two_spec(dtype), [x])
+    assert_close(out, torch.relu(x) * 2)

@@ -3,7 +3,9 @@
 Each program instance handles ``BLOCK_R`` rows (the ``lead`` positions of the group's shape
 ``lead + [D]``, flattened). Three layouts, picked by the launcher (``layout``):
 
-- ``tile``: no reduction. Rows x columns are tiled ``BLOCK_R x BLOCK_D`` (grid over both).
+- ``tile``: no reduction. Rows x columns are tiled ``BLOCK_R x BLOCK_D`` (grid over both;
+  ``ROWS_AXIS`` says which grid axis steps over the row blocks, the other steps over the
+  column blocks).
 - ``persistent``: the program reduces along the row and ``D`` fits in registers: one
   column block of ``BLOCK_D = next_power_of_2(D)`` holds whole rows, so every value is
   computed once and a reduction is one ``tl.sum``/``tl.max`` over axis 1 (Liger-Kernel's
@@ -121,7 +123,7 @@ class _Writer:
         body = self.body()
         lines = self._header(name, self._unspecialized(), [f"{q},  # {d}" for q, d in
                                                            zip(params, docs)])  # fmt: skip
-        lines += ["    pid_r = tl.program_id(0)", *body]
+        lines += ["    pid_r = tl.program_id(ROWS_AXIS)", *body]
         return name, "\n".join(lines) + "\n"
 
     def write_pair(self) -> tuple[str, str]:
@@ -138,9 +140,12 @@ class _Writer:
         params_text += ["GRID_A,  # programs of the first set", *(f"{q}," for q in constexprs)]
         doc, *statements = body  # the docstring stays first, once
         lines = [*self._header(name, [*unspecialized, "GRID_A"], params_text), doc]
-        lines += ["    if tl.program_id(0) < GRID_A:", "        pid_r = tl.program_id(0)"]
+        lines += [
+            "    if tl.program_id(ROWS_AXIS) < GRID_A:",
+            "        pid_r = tl.program_id(ROWS_AXIS)",
+        ]
         lines += ["    " + _prefixed(line, "a_", per_set) for line in statements]
-        lines += ["    else:", "        pid_r = tl.program_id(0) - GRID_A"]
+        lines += ["    else:", "        pid_r = tl.program_id(ROWS_AXIS) - GRID_A"]
         lines += ["    " + _prefixed(line, "b_", per_set) for line in statements]
         return name, "\n".join(lines) + "\n"
 
@@ -170,7 +175,7 @@ class _Writer:
         self.emit(out, "rows = (pid_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)")
         self.emit(out, "row_mask = rows < R")
         if self.layout != "chunked":
-            self.emit(out, "cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)")
+            self.emit(out, "cols = tl.program_id(1 - ROWS_AXIS) * BLOCK_D + tl.arange(0, BLOCK_D)")
             self.emit(out, "mask = row_mask[:, None] & (cols < D)[None, :]")
         self._coordinates()
         # row offsets first: loops below must find them computed
@@ -222,10 +227,16 @@ class _Writer:
         params += [f"size{d}" for d in range(self.rank)] + ["R", "D"]
         docs += [f"row dim {d} of the group's shape" for d in range(self.rank)]
         docs += ["number of rows (product of the row dims)", "row width (last dim)"]
-        params += ["BLOCK_R: tl.constexpr", "BLOCK_D: tl.constexpr", "CHUNKS: tl.constexpr"]
+        params += ["BLOCK_R: tl.constexpr", "BLOCK_D: tl.constexpr", "CHUNKS: tl.constexpr",
+                   "ROWS_AXIS: tl.constexpr"]  # fmt: skip
         block_d = {"tile": "columns per program", "persistent": "next_power_of_2(D): whole rows",
                    "chunked": "columns per chunk of the row loop"}[self.layout]  # fmt: skip
-        docs += ["rows per program", block_d, "chunks per row (chunked layout), else 1"]
+        docs += [
+            "rows per program",
+            block_d,
+            "chunks per row (chunked layout), else 1",
+            "grid axis of the row blocks (0 or 1; column blocks on the other)",
+        ]
         return params, docs
 
     def _unspecialized(self) -> list[str]:
@@ -524,7 +535,7 @@ class _Writer:
         prefix = f"out{k}"
         if value in self.p.narrow_values:
             # narrow: one value per row, written by the first column block only
-            first = " & (tl.program_id(1) == 0)" if self.layout == "tile" else ""
+            first = " & (tl.program_id(1 - ROWS_AXIS) == 0)" if self.layout == "tile" else ""
             self.emit(scope, f"tl.store({prefix}_ptr + {self._row_offset(prefix)}[:, None], "
                              f"{v}.to({dtype}), mask=row_mask[:, None]{first})")  # fmt: skip
         else:

@@ -56,6 +56,7 @@ _LOCK = threading.Lock()
 # are latency-bound and gain from more threads per row: 1 x 1 x 2048 2.4 us with 4 warps vs
 # 3.0 us with 2, 64 x 4 x 4096 (1M elements) 3.6 vs 3.9 us.
 _TILE_ELEMENTS = 1024
+_MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis
 _SMALL_GROUP_ELEMENTS = 1 << 21  # up to here the latency-bound configs (launch_config)
 # Row programs (a reduction along the row): whole rows in registers up to this width (the
 # brief's floor: D = 8192, Llama-3-70B's hidden size); wider rows loop over chunks.
@@ -342,7 +343,7 @@ class _Plan:
     grid: tuple[int, int]
     args: list[Any]
     tensors: list[tuple[int, int]]
-    meta: dict[str, Any]  # BLOCK_R, BLOCK_D, CHUNKS, num_warps, sanitize_overflow
+    meta: dict[str, Any]  # BLOCK_R, BLOCK_D, CHUNKS, ROWS_AXIS, num_warps, sanitize_overflow
     device: torch.device
 
 
@@ -367,10 +368,18 @@ def _plan(
         grid = (grid_a + (b.rows + block_r - 1) // block_r, col_blocks)
         args = [*a.args, *b.args, grid_a]
         tensors += [(place + len(a.args), index + pool_offsets[1]) for place, index in b.tensors]
+    # Rows split into several column blocks: neighbouring programs (grid axis 0 steps
+    # first) take neighbouring blocks of one row, as Inductor's flat grid does, unless the
+    # row blocks overflow axis 1 (65535). On an H100 (results/diag_row_variants_h100.json,
+    # 2026-11-25) SwiGLU on 4096 x 8192 took 68.3 against 71.0 us with rows first (Inductor
+    # 68.2 us), tanh GELU on 4096 x 8192 46.6 against 48.5 us (Inductor 47.3 us).
+    rows_axis = 0
+    if col_blocks > 1 and grid[0] <= _MAX_GRID_Y:
+        grid, rows_axis = (grid[1], grid[0]), 1
     kernel = _compiled_kernel(program, a.rank, options, layout, pair=b is not None)
     # Debug mode (for the index assert) would also add overflow checks to every 32-bit
     # integer op; the index math that matters is 64-bit, so those are turned off.
-    meta = {"BLOCK_R": block_r, "BLOCK_D": block_d, "CHUNKS": chunks,
+    meta = {"BLOCK_R": block_r, "BLOCK_D": block_d, "CHUNKS": chunks, "ROWS_AXIS": rows_axis,
             "num_warps": num_warps, "sanitize_overflow": False}  # fmt: skip
     return _Plan(kernel, grid, args, tensors, meta, device)
 
