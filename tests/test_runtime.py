@@ -1057,11 +1057,12 @@ def test_large_outputs_keep_the_faster_of_replay_and_direct(
 
     kinds = []
 
-    def fake_time(fn, device_index):
+    def fake_time(fn, device_index, prime_s=0.0):
         # The partial tells which path the trial took: _replay or _direct.
         replayed = fn.func.__name__ == "_replay"
         kinds.append(replayed)
-        return fn(), (replay_ms if replayed else direct_ms) / 1e3
+        seconds = (replay_ms if replayed else direct_ms) / 1e3
+        return fn(), seconds / 2, seconds  # device-bound: the device time decides
 
     monkeypatch.setattr(payoff, "time_call", fake_time)
     cache = make(unfused=_big, fused=_big, device=FAKE_CUDA, cudagraphs=True)
@@ -1087,13 +1088,70 @@ def test_large_outputs_keep_the_faster_of_replay_and_direct(
         assert cache.describe()[0]["captured"] is False
 
 
+def test_a_trial_costs_each_kind_as_back_to_back_calls_do():
+    """Per call, the larger of the fastest host and the fastest device time: the chain's
+    direct run (0.1 ms host before its 0.12 ms kernel) costs 0.12 ms back to back, though
+    timed serially it looked as slow as the replay with its output copy (0.22 ms)."""
+    from fusebackend.runtime import payoff
+
+    trial = payoff.CaptureTrial()
+    for _ in range(payoff.TRIAL_CALLS):
+        trial.add(True, 0.02e-3, 0.22e-3)  # replay + copy: device-bound
+        trial.add(False, 0.10e-3, 0.12e-3)  # direct: host 0.10, kernel 0.12
+    assert trial.cost(True) == pytest.approx(0.22e-3)
+    assert trial.cost(False) == pytest.approx(0.12e-3)
+    keep, why = trial.verdict()
+    assert not keep
+    assert why == "uncaptured: replay + output copy 0.220 ms > direct 0.120 ms"
+
+    host_bound = payoff.CaptureTrial()
+    for _ in range(payoff.TRIAL_CALLS):
+        host_bound.add(True, 0.05e-3, 0.30e-3)
+        host_bound.add(False, 2.0e-3, 0.25e-3)  # thousands of launches: the host decides
+    assert host_bound.verdict()[0] is True
+
+
+def test_a_trial_primes_each_call_past_the_host_time_of_its_kind():
+    from fusebackend.runtime import payoff
+
+    trial = payoff.CaptureTrial()
+    assert trial.prime_for(True) == 0.0 and trial.prime_for(False) == 0.0
+    trial.add(True, 0.2e-3, 0.5e-3)
+    trial.add(False, 1.0e-3, 0.4e-3)
+    assert trial.prime_for(True) == pytest.approx(payoff.PRIME_FACTOR * 0.2e-3)
+    assert trial.prime_for(False) == pytest.approx(payoff.PRIME_FACTOR * 1.0e-3)
+    trial.add(False, 1.0, 0.4e-3)  # a host-bound call: the prime is capped
+    assert trial.prime_for(False) == payoff.MAX_PRIME_S
+
+
+def test_the_graph_cache_passes_each_trial_call_its_prime(fake_capture, monkeypatch):
+    from fusebackend.runtime import payoff
+
+    primes = []
+
+    def fake_time(fn, device_index, prime_s=0.0):
+        primes.append((fn.func.__name__ == "_replay", prime_s))
+        return fn(), 1e-3, 1e-3
+
+    monkeypatch.setattr(payoff, "time_call", fake_time)
+    cache = make(unfused=_big, fused=_big, device=FAKE_CUDA, cudagraphs=True)
+    x = torch.randn(payoff.LARGE_OUTPUT_BYTES // 4)
+    for _ in range(1 + 2 * payoff.TRIAL_CALLS):
+        cache(x)
+    later = [prime for _, prime in primes[2:]]
+    assert primes[:2] == [(True, 0.0), (False, 0.0)]
+    assert later == [pytest.approx(payoff.PRIME_FACTOR * 1e-3)] * len(later)
+
+
 def test_a_kept_capture_decision_survives_a_rerecord(fake_capture, monkeypatch):
     """The trial's "capture pays" is kept when a moved static input re-records the entry:
     each trial call synchronizes the host, so it must not run again after every move."""
     from fusebackend.runtime import payoff
 
     timed = []
-    monkeypatch.setattr(payoff, "time_call", lambda fn, d: (timed.append(1), (fn(), 1e-4))[1])
+    monkeypatch.setattr(
+        payoff, "time_call", lambda fn, d, p=0.0: (timed.append(1), (fn(), 1e-4, 1e-4))[1]
+    )
     cache = captured(lambda x, w: (x * w,), static={1})
     x = torch.randn(payoff.LARGE_OUTPUT_BYTES // 4)
     w = torch.randn(1)
@@ -1111,7 +1169,9 @@ def test_a_kept_capture_decision_survives_a_rerecord(fake_capture, monkeypatch):
 def test_small_outputs_skip_the_trial(fake_capture, monkeypatch):
     from fusebackend.runtime import payoff
 
-    monkeypatch.setattr(payoff, "time_call", lambda fn, d: pytest.fail("timed a small graph"))
+    monkeypatch.setattr(
+        payoff, "time_call", lambda fn, d, p=0.0: pytest.fail("timed a small graph")
+    )
     cache = make(unfused=_big, fused=_big, device=FAKE_CUDA, cudagraphs=True)
     x = torch.randn(payoff.LARGE_OUTPUT_BYTES // 4 - 1)
     for _ in range(4):
@@ -1123,7 +1183,7 @@ def test_small_outputs_skip_the_trial(fake_capture, monkeypatch):
 def test_static_outputs_skip_the_trial(fake_capture, monkeypatch):
     from fusebackend.runtime import payoff
 
-    monkeypatch.setattr(payoff, "time_call", lambda fn, d: pytest.fail("timed"))
+    monkeypatch.setattr(payoff, "time_call", lambda fn, d, p=0.0: pytest.fail("timed"))
     cache = make(unfused=_big, fused=_big, device=FAKE_CUDA, cudagraphs=True, static_outputs=True)
     x = torch.randn(payoff.LARGE_OUTPUT_BYTES // 4)
     for _ in range(4):
@@ -1134,8 +1194,8 @@ def test_static_outputs_skip_the_trial(fake_capture, monkeypatch):
 def test_graph_replay_entry_uncaptured_by_the_trial_becomes_eager(fake_capture, monkeypatch):
     from fusebackend.runtime import payoff
 
-    def fake_time(fn, device_index):
-        return fn(), (1.0 if fn.func.__name__ == "_replay" else 0.5)
+    def fake_time(fn, device_index, prime_s=0.0):
+        return fn(), 0.0, (1.0 if fn.func.__name__ == "_replay" else 0.5)
 
     monkeypatch.setattr(payoff, "time_call", fake_time)
     cache = make(unfused=_big, fused=None, device=FAKE_CUDA, cudagraphs=True)

@@ -588,8 +588,10 @@ class GraphCache:
             run = functools.partial(self._replay, entry, args, user_args, batch, bucket)
         else:
             run = functools.partial(self._direct, entry.fn, args, user_args, batch, bucket)
-        outputs, seconds = payoff.time_call(run, self._replay_device)
-        trial.add(replayed, seconds)
+        outputs, host_s, device_s = payoff.time_call(
+            run, self._replay_device, trial.prime_for(replayed)
+        )
+        trial.add(replayed, host_s, device_s)
         verdict = trial.verdict()
         if verdict is None:
             return outputs
