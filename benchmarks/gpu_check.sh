@@ -6,9 +6,12 @@
 #
 # Knobs (environment): GPU_TESTS (test paths for "tests", default tests), DECODE_ONLY and
 # DECODE_BACKENDS (run.py's --only and --backends for "decode"), ROWS_ARGS (more arguments
-# of row_kernels.py for "rows", e.g. --sweep), BUNDLE (a .tgz path: $OUT is
-# packed into it after every step, so a call cut off by its time limit still returns what
-# the finished steps wrote, in one file).
+# of row_kernels.py for "rows", e.g. --sweep), SUITE_ONLY and SUITE_FROM (a part of the
+# suite, merged into an earlier part's suite.json: see "suite" below), BUNDLE (a .tgz path:
+# $OUT is packed into it after every step, so a call cut off by its time limit still
+# returns what the finished steps wrote, in one file; the device tool returns at most 8
+# files, so a call with many steps sets OUT to a scratch folder and BUNDLE under the real
+# $OUT).
 #
 # (default: tests examples bench. Asked for by name: generate (transformers' generate()
 # through three backends, cold caches, ~4 min), decode (the four decode/encoder models of the
@@ -86,7 +89,15 @@ for step in $steps; do
         run_step bench_zoo python3 benchmarks/run.py --out-dir "$OUT/suite" --only zoo
         ;;
     suite)
-        run_step bench_suite python3 benchmarks/run.py --out-dir "$OUT/suite"
+        # The whole suite runs past one device call (10 min): split it with SUITE_ONLY
+        # (run.py's --only) and hand each part the suite.json of the parts before it with
+        # SUITE_FROM (a folder of the checkout), which this part merges into (--merge).
+        merge=""
+        if [ -n "${SUITE_FROM:-}" ]; then
+            mkdir -p "$OUT/suite" && cp "$SUITE_FROM"/suite.json "$OUT/suite/" && merge=--merge
+        fi
+        run_step bench_suite python3 benchmarks/run.py --out-dir "$OUT/suite" $merge \
+            ${SUITE_ONLY:+--only "$SUITE_ONLY"}
         ;;
     diag)
         run_step diag_bert_sdpa python3 benchmarks/diag/diag_bert_sdpa.py

@@ -400,11 +400,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     json_path = out_dir / "suite.json"
     env = environment(device, args.quick)
     env["suite_seconds"] = time.perf_counter() - start
-    result: dict[str, Any] = {"environment": env}
+    result: dict[str, Any] = {"environment": env, "parts": [env]}
     if args.merge and json_path.exists():
         previous = json.loads(json_path.read_text())
         rows = merge(previous, rows)
-        result["merged_with"] = previous.get("environment")
+        # each run merged into this file, in order: its environment (argv, date, seconds)
+        result["parts"] = previous.get("parts", [previous.get("environment")]) + [env]
         if generate is None:
             generate = previous.get("generate")
     result["rows"] = rows

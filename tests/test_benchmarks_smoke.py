@@ -87,6 +87,19 @@ def test_zoo_sweep_quick_writes_rows_with_counts_and_captures(tmp_path):
     assert "| llama |" in markdown and "| bert |" in markdown
     assert "## Rows" not in markdown  # zoo rows have their own table only
 
+    # A second part merged in (as a suite split over device calls is: gpu_check.sh's
+    # SUITE_FROM): its rows replace those it redid, the others stay, and both runs are named.
+    merged = [*command[:-1], "zoo-bert", "--backends", "eager", "--merge"]
+    done = subprocess.run(merged, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    second = json.loads((tmp_path / "suite.json").read_text())
+    assert {(r["workload"], r["backend"]) for r in second["rows"]} == set(rows)
+    assert [part["argv"][-2:] for part in second["parts"]] == [
+        ["--only", "zoo-llama,zoo-bert"],
+        ["eager", "--merge"],
+    ]
+    assert "Merged from 2 runs" in (tmp_path / "suite.md").read_text()
+
 
 def _row(workload, backend, status="ok", **metrics):
     return {"workload": workload, "backend": backend, "status": status, "rel_error": 0.0,

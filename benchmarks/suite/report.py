@@ -282,6 +282,17 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
+def _parts_line(parts: list[dict[str, Any] | None]) -> list[str]:
+    """Where the rows come from when several runs were merged (``run.py --merge``)."""
+    if len(parts) < 2:
+        return []
+    described = [
+        f"{(p or {}).get('date', '?')} ({' '.join((p or {}).get('argv', [])) or 'no argv'})"
+        for p in parts
+    ]
+    return [f"Merged from {len(parts)} runs: " + "; ".join(described) + ".", ""]
+
+
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     lines = [
@@ -291,6 +302,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{env['transformers']} · {env['date']}"
         + (" · **quick (tiny sizes)**" if env["quick"] else ""),
         "",
+        *_parts_line(report.get("parts", [])),
         "Per call: median over rounds of a timed loop (CPU overhead included); first call: "
         "compile included, after `torch._dynamo.reset()` (gpt2-sweep: the whole first pass "
         "over every length; its per call is the median of each length's warm call). "
