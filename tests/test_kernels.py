@@ -436,33 +436,82 @@ def relu_times_two_spec(dtype):
     )
 
 
+def _launched(monkeypatch, run) -> tuple[tuple, dict]:
+    """(grid, meta) of the one launch that ``run()`` makes, recorded instead of run."""
+    launches, warmups = [], []
+    monkeypatch.setattr(
+        launch, "_compiled_kernel", lambda *a, **k: helpers.LaunchRecorder(launches, warmups)
+    )
+    run()
+    ((_, grid, meta),) = launches
+    return grid, meta
+
+
 @pytest.mark.parametrize(
     "rows, width, grid, rows_axis",
     [
-        (3, 3000, (3, 3), 1),  # 1024-column blocks: column blocks step first (axis 0)
+        (5, 3000, (3, 5), 1),  # three 1024-column blocks step first, on axis 0
         (5, 1000, (5, 1), 0),  # one column block: rows on axis 0
-        (70000 * 4, 4096, (70000 * 4, 4), 0),  # row blocks past axis 1's 65535: rows first
+        (65535, 2048, (2, 65535), 1),  # one row per program: axis 1 holds 65535 blocks
+        (65536, 2048, (65536, 2), 0),  # one more and the rows go back to axis 0
     ],
 )
 def test_tile_grid_puts_column_blocks_first_while_row_blocks_fit_axis_1(
     monkeypatch, rows, width, grid, rows_axis
 ):
     # Inductor's order, neighbouring programs on neighbouring blocks of a row, measured
-    # faster (diag_row_variants_h100.json); axis 1 holds at most 65535 blocks.
-    launches, warmups = [], []
-    monkeypatch.setattr(
-        launch, "_compiled_kernel", lambda *a, **k: helpers.LaunchRecorder(launches, warmups)
-    )
+    # faster (diag_row_variants_h100.json); CUDA's grid axis 1 holds at most 65535 blocks.
     x = torch.empty(rows, width, device="meta")
-    row_kernel(relu_times_two_spec(torch.float32), [x])
-    ((_, launched_grid, meta),) = launches
-    assert (launched_grid, meta["ROWS_AXIS"]) == (grid, rows_axis)
+    launched = _launched(monkeypatch, lambda: row_kernel(relu_times_two_spec(torch.float32), [x]))
+    assert (launched[0], launched[1]["ROWS_AXIS"]) == (grid, rows_axis)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_column_first_tile_grid_covers_every_element(dtype):
-    # 3 rows x 2500 columns: three 1024-column blocks per row, the last one partial, so a
-    # swapped axis would leave columns or rows unwritten (outputs start uninitialised).
-    x = torch.randn(3, 2500).to(dtype)
+    # 5 rows x 2500 columns: a (3, 5) grid, the last column block partial; a grid or an
+    # axis left unswapped would leave rows or columns unwritten (outputs start empty).
+    x = torch.randn(5, 2500).to(dtype)
     (out,) = row_kernel(relu_times_two_spec(dtype), [x])
     assert_close(out, torch.relu(x) * 2)
+
+
+def narrow_and_row_spec(dtype):
+    """v0 = x * s (a row value), v1 = s * 3 (narrow: s is [rows, 1]) -> outputs (v0, v1)."""
+    return RowProgram(
+        input_dtypes=(dtype, dtype),
+        lookups=(),
+        instrs=(
+            Instr("mul", (InputRef(0), InputRef(1)), dtype),
+            Instr("mul", (InputRef(1), Const("3.0")), dtype),
+        ),
+        outputs=(0, 1),
+        narrow_inputs=frozenset({1}),
+    )
+
+
+def test_a_narrow_output_of_a_column_first_tile_is_written_once_per_row(monkeypatch):
+    # Only the first column block stores a narrow (per-row) value: the guard must test the
+    # column axis, which is grid axis 0 here.
+    x, s = torch.randn(5, 2500), torch.randn(5, 1)
+    row, narrow = row_kernel(narrow_and_row_spec(torch.float32), [x, s])
+    assert_close(row, x * s)
+    assert_close(narrow, s * 3)
+    meta_inputs = [x.to("meta"), s.to("meta")]
+    spec = narrow_and_row_spec(torch.float32)
+    grid, meta = _launched(monkeypatch, lambda: row_kernel(spec, meta_inputs))
+    assert (grid, meta["ROWS_AXIS"]) == ((3, 5), 1)
+
+
+def test_a_column_first_pair_splits_its_row_blocks_on_axis_1(monkeypatch):
+    # Two sets (3 and 6 rows of 2500 columns) in one launch: 3 column blocks on axis 0 and
+    # 3 + 6 row blocks on axis 1, split at GRID_A = 3 along that axis.
+    spec = relu_times_two_spec(torch.float32)
+    a, b = [torch.randn(3, 2500)], [torch.randn(6, 2500)]
+    out_a, out_b = launch.row_kernel_pair(spec, a, b, KernelOptions())
+    assert_close(out_a, torch.relu(a[0]) * 2)
+    assert_close(out_b, torch.relu(b[0]) * 2)
+    meta_a, meta_b = [a[0].to("meta")], [b[0].to("meta")]
+    grid, meta = _launched(
+        monkeypatch, lambda: launch.row_kernel_pair(spec, meta_a, meta_b, KernelOptions())
+    )
+    assert (grid, meta["ROWS_AXIS"]) == ((3, 9), 1)

@@ -1116,12 +1116,14 @@ def test_a_trial_primes_each_call_past_the_host_time_of_its_kind():
 
     trial = payoff.CaptureTrial()
     assert trial.prime_for(True) == 0.0 and trial.prime_for(False) == 0.0
+    trial.add(True, 2.0e-3, 0.5e-3)  # the first replay: its host time carries the upload
     trial.add(True, 0.2e-3, 0.5e-3)
     trial.add(False, 1.0e-3, 0.4e-3)
-    assert trial.prime_for(True) == pytest.approx(payoff.PRIME_FACTOR * 0.2e-3)
+    assert trial.prime_for(True) == pytest.approx(payoff.PRIME_FACTOR * 0.2e-3)  # shortest
     assert trial.prime_for(False) == pytest.approx(payoff.PRIME_FACTOR * 1.0e-3)
-    trial.add(False, 1.0, 0.4e-3)  # a host-bound call: the prime is capped
-    assert trial.prime_for(False) == payoff.MAX_PRIME_S
+    host_bound = payoff.CaptureTrial()
+    host_bound.add(False, 1.0, 0.4e-3)
+    assert host_bound.prime_for(False) == payoff.MAX_PRIME_S  # capped
 
 
 def test_the_graph_cache_passes_each_trial_call_its_prime(fake_capture, monkeypatch):

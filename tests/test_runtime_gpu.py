@@ -378,7 +378,7 @@ def test_capture_on_another_stream_waits_for_a_slow_replay(dev):
 @pytest.mark.parametrize("batch", [16, 1])
 def test_large_outputs_get_a_capture_decision_and_equal_eager(dev, batch):
     # 16 x 2048 x 2048 fp16: 128 MiB per output, the chain benchmark's size (issue 9 item 7):
-    # the first calls after capture time replay + copy against direct and keep the faster.
+    # the first calls after capture time replay + copy against direct and keep the cheaper.
     # A 1 x 2048 x 2048 output (8 MiB) is at the threshold; 1 x 1 x 2048 skips the trial.
     from fusebackend.runtime import payoff
 
@@ -410,3 +410,27 @@ def test_large_outputs_get_a_capture_decision_and_equal_eager(dev, batch):
         torch.testing.assert_close(small(ids, table)[0], chain(ids, table)[0])
     (row,) = small.describe()
     assert row["captured"] is True and row["decision"] is None and row["mode"] == GRAPH_REPLAY
+
+
+@pytest.mark.gpu
+def test_time_call_leaves_host_gaps_and_the_prime_out_of_the_device_time(dev):
+    # The large-output trial's measure (payoff.time_call). Deliberate sleeps with wide
+    # margins: what is asserted is which intervals the device figure spans, not a speed.
+    import time
+
+    from fusebackend.runtime import payoff
+
+    index = dev.index
+    x = torch.ones(1, device=dev)
+
+    def host_then_kernel():
+        time.sleep(0.005)  # 5 ms of host work before the one launch
+        return x + 1
+
+    _, host, device = payoff.time_call(host_then_kernel, index)
+    assert host >= 0.005 and device >= 0.004, (host, device)  # unprimed: the idle wait counts
+    _, host, device = payoff.time_call(host_then_kernel, index, prime_s=0.010)
+    assert host >= 0.005 and device < 0.002, (host, device)  # primed: the kernel alone
+    cycles = int(0.003 * payoff._sleep_cycles_per_second(index))
+    _, _, device = payoff.time_call(lambda: torch.cuda._sleep(cycles), index, prime_s=0.002)
+    assert 0.002 < device < 0.0045, device  # the 3 ms sleep, not the 2 ms prime before it

@@ -13,10 +13,12 @@ time inside a CUDA graph), beside Inductor's kernel in the same process:
     libdevice_tanh  tanh from libdevice (as Inductor) instead of the exp-based expression the
                     interpreter can run (GELU cases only)
     fast_div        fp32 divisions approximate (div.full, 2 ulp) instead of IEEE-rounded
-    columns_fastest one flat grid whose consecutive programs take consecutive column blocks
-                    of a row (Inductor's order: neighbours read neighbouring memory) instead
-                    of the 2-D grid whose first axis, the fastest, steps over rows
-    columns_first_2d  the same order from the 2-D grid with its axes swapped (no division)
+    rows_first      the same kernel on the grid order used until 2026-11-25: axis 0 (the
+                    fastest) over row blocks, axis 1 over column blocks (ROWS_AXIS=0), where
+                    the launcher now puts a row's column blocks first as Inductor's flat grid
+                    does (tile layout with several column blocks; the H100 run that chose this
+                    also timed a flat grid with a division per program: SwiGLU 1.00x,
+                    tanh GELU 1.12x, recorded in results/diag_row_variants_h100.json)
     no_mask         loads and stores without masks (valid only because every case's shape
                     divides its blocks; Inductor drops its masks then)
 
@@ -61,38 +63,33 @@ def variant_sources(key: tuple) -> dict[str, str]:
         with unittest.mock.patch.object(expressions, "_tanh", lambda x: f"libdevice.tanh({x})"):
             text = generate(program, rank, options, layout)[1]
         out["libdevice_tanh"] = text.replace("import triton\n", "import triton\n" + LIBDEVICE, 1)
-    out["fast_div"] = _fast_div(base)
+    fast = _fast_div(base)
+    if fast != base:  # only where the program divides
+        out["fast_div"] = fast
     # the shapes here divide the blocks, so the masks only cost (Inductor drops them then)
     out["no_mask"] = re.sub(r", mask=mask(, other=0(\.0)?)?\)", ")", base)
-    if layout == "tile" and not pair:
-        blocks = "tl.cdiv(D, BLOCK_D)"
-        flat = base.replace("pid_r = tl.program_id(0)", f"pid_r = tl.program_id(0) // {blocks}")
-        out["columns_fastest"] = flat.replace("tl.program_id(1)", f"(tl.program_id(0) % {blocks})")
-        swapped = base.replace("tl.program_id(0)", "PID_ZERO").replace(
-            "tl.program_id(1)", "tl.program_id(0)"
-        )
-        out["columns_first_2d"] = swapped.replace("PID_ZERO", "tl.program_id(1)")
-    return {k: v for k, v in out.items() if k == "base" or v != base}
+    if layout == "tile":
+        out["rows_first"] = base  # the same source, launched by RowsFirst
+    for label, text in out.items():
+        if label not in ("base", "rows_first") and text == base:
+            raise SystemExit(f"variant {label} came out as the base kernel: its rewrite is stale")
+    return out
 
 
-class SwappedGrid:
-    """A kernel launched on the 2-D grid with its axes swapped (columns_first_2d)."""
+class RowsFirst:
+    """A kernel launched with its row blocks on grid axis 0 (ROWS_AXIS=0) whatever the
+    launcher chose."""
 
     def __init__(self, kernel):
         self.kernel = kernel
 
     def __getitem__(self, grid):
-        return self.kernel[(grid[1], grid[0])]
+        def launch(*args, **meta):
+            if meta["ROWS_AXIS"] == 1:
+                return self.kernel[(grid[1], grid[0])](*args, **{**meta, "ROWS_AXIS": 0})
+            return self.kernel[grid](*args, **meta)
 
-
-class FlatGrid:
-    """A kernel launched on one flat grid of the 2-D grid's programs (columns_fastest)."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-
-    def __getitem__(self, grid):
-        return self.kernel[(grid[0] * grid[1], 1)]
+        return launch
 
 
 def _fast_div(source: str) -> str:
@@ -154,10 +151,8 @@ def run_case(name: str, rows: int, width: int) -> list[dict]:
         for label, source in variant_sources(key).items():
             kname = re.search(r"^def (\w+)\(", source, re.M).group(1)
             kernels[label] = getattr(launch._import_source(kname, source), kname)
-            if label == "columns_fastest":
-                kernels[label] = FlatGrid(kernels[label])
-            if label == "columns_first_2d":
-                kernels[label] = SwappedGrid(kernels[label])
+            if label == "rows_first":
+                kernels[label] = RowsFirst(kernels[label])
         # The backend keeps each group's launch plan (kernel included) per signature and
         # launch_config; a distinct launch_config object per variant gives each its own plan.
         default_config = launch.launch_config

@@ -175,7 +175,8 @@ class _Writer:
         self.emit(out, "rows = (pid_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)")
         self.emit(out, "row_mask = rows < R")
         if self.layout != "chunked":
-            self.emit(out, "cols = tl.program_id(1 - ROWS_AXIS) * BLOCK_D + tl.arange(0, BLOCK_D)")
+            self.emit(out, "pid_c = tl.program_id(1 - ROWS_AXIS)  # column block")
+            self.emit(out, "cols = pid_c * BLOCK_D + tl.arange(0, BLOCK_D)")
             self.emit(out, "mask = row_mask[:, None] & (cols < D)[None, :]")
         self._coordinates()
         # row offsets first: loops below must find them computed
@@ -535,7 +536,7 @@ class _Writer:
         prefix = f"out{k}"
         if value in self.p.narrow_values:
             # narrow: one value per row, written by the first column block only
-            first = " & (tl.program_id(1 - ROWS_AXIS) == 0)" if self.layout == "tile" else ""
+            first = " & (pid_c == 0)" if self.layout == "tile" else ""
             self.emit(scope, f"tl.store({prefix}_ptr + {self._row_offset(prefix)}[:, None], "
                              f"{v}.to({dtype}), mask=row_mask[:, None]{first})")  # fmt: skip
         else:

@@ -29,7 +29,7 @@ except during a large-output trial (below) and when the staging ring is full.
 Each call executes the model's in-place effects exactly once: a new key's call runs its
 graph on private copies of the mutated inputs, captures, and commits the winning run's
 values into the caller's tensors last (``effects.py``). A key whose outputs are large times
-replay + copy against a direct run on its first calls and keeps the faster (``payoff.py``).
+replay + copy against a direct run on its first calls and keeps the cheaper (``payoff.py``).
 Captures and dropped entries are ordered against replays on other streams (``capture.py``).
 
 Inference only: capture records no autograd graph.
@@ -114,7 +114,7 @@ class _Entry:
     aliases: tuple[int | None, ...] = ()  # output j is input aliases[j] itself
     out_tuple: bool = True
     hits: int = 0
-    trial: payoff.CaptureTrial | None = None  # large outputs: is capture faster? (timing)
+    trial: payoff.CaptureTrial | None = None  # large outputs: does capture pay? (timing)
     decision: str | None = None  # the trial's outcome
 
     def resources(self) -> list[Any]:

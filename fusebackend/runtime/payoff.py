@@ -46,7 +46,7 @@ def time_call(
 ) -> tuple[Any, float, float]:
     """Run ``fn`` once; return (its result, host seconds, device seconds).
 
-    Host seconds: until ``fn`` returns, from an idle device. Device seconds: between CUDA
+    Host seconds: until ``fn`` returns, after a synchronize. Device seconds: between CUDA
     events around ``fn`` on the current stream, behind a ``prime_s`` sleep kernel that keeps
     the device busy while the host launches, so that (when the prime outlasts the host's
     launches) the figure is the device's own work and not the host's gaps between launches.
@@ -76,23 +76,29 @@ _SLEEP_RATE: dict[int, float] = {}
 
 
 def _sleep_cycles_per_second(device_index: int) -> float:
-    """``torch.cuda._sleep`` counts clock cycles: measured once per device (~1 ms)."""
+    """``torch.cuda._sleep`` counts clock cycles: measured once per device, over ~5 ms
+    after a warm-up sleep that loads the kernel and lets the clocks rise from idle (an H100
+    idles at 345 MHz and boosts to 1980 MHz). A later slower clock only shortens primes,
+    which lets host gaps back into the device figure: the serial timing's error, no worse."""
     rate = _SLEEP_RATE.get(device_index)
     if rate is None:
-        cycles = 1_000_000
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(cycles)  # the first launch loads the kernel
-        begin.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-        rate = _SLEEP_RATE[device_index] = cycles / (begin.elapsed_time(end) / 1e3)
+        cycles = 10_000_000  # ~5 ms at 2 GHz
+        with torch.cuda.device(device_index):
+            torch.cuda._sleep(cycles)
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            rate = _SLEEP_RATE[device_index] = cycles / (begin.elapsed_time(end) / 1e3)
     return rate
 
 
-# The prime of a timed call: a little over the host time of the kind's earlier calls,
-# capped (a call whose host part is longer is host-bound: its device figure then carries at
-# most the host's excess over the cap, while its host figure decides).
+# The prime of a timed call: a little over the shortest host time of the kind's earlier
+# calls (the first replay's includes the graph's upload; a call that waits on the stream
+# has the prime in its host time), capped (a call whose host part is longer is host-bound:
+# its device figure then carries at most the host's excess over the cap, while its host
+# figure decides).
 PRIME_FACTOR = 1.5
 MAX_PRIME_S = 0.02
 
@@ -122,7 +128,7 @@ class CaptureTrial:
     def prime_for(self, replayed: bool) -> float:
         """The sleep to put ahead of the next call of this kind (none for its first)."""
         seen = self.host[replayed]
-        return min(MAX_PRIME_S, PRIME_FACTOR * max(seen)) if seen else 0.0
+        return min(MAX_PRIME_S, PRIME_FACTOR * min(seen)) if seen else 0.0
 
     def add(self, replayed: bool, host_s: float, device_s: float) -> None:
         self.host[replayed].append(host_s)
