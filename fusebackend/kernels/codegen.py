@@ -283,11 +283,14 @@ class _Writer:
         if self.rank == 1:
             self.emit(out, "c0 = rows")
             return
-        self.emit(out, "rem = rows")
+        # Divide in R's width: Triton passes R as int32 below 2**31 (as Inductor indexes), where
+        # a 64-bit division is a ~70-instruction routine per row; the coordinates then widen
+        # for the offsets, which can pass 2**31.
+        self.emit(out, "rem = rows.to(R.dtype)")
         for d in reversed(range(1, self.rank)):
-            self.emit(out, f"c{d} = rem % size{d}")
+            self.emit(out, f"c{d} = (rem % size{d}).to(tl.int64)")
             self.emit(out, f"rem = rem // size{d}")
-        self.emit(out, "c0 = rem")
+        self.emit(out, "c0 = rem.to(tl.int64)")
 
     def _row_offset(self, prefix: str) -> str:
         """Name of the [BLOCK_R] vector of row offsets of tensor ``prefix`` (outer scope)."""
