@@ -79,11 +79,11 @@ def test_compiled_chain_on_device_matches_eager(dtype, index_dtype):
     ],
 )
 def test_every_launch_config_regime_matches_eager(batch, seq, dim):
-    from fusebackend.kernels import launch
+    from fusebackend.kernels import configs, launch
 
     rows = batch * seq
     block_r, block_d, warps = launch.launch_config(rows, dim, gathers=True)
-    if rows * dim <= launch._SMALL_GROUP_ELEMENTS:
+    if rows * dim <= configs.SMALL_GROUP_ELEMENTS:
         assert block_d <= 1024 and warps == max(1, min(8, block_r * block_d // 128))
     else:
         assert block_d <= 1024 and warps == 2

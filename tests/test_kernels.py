@@ -12,6 +12,7 @@ from helpers import INDEX_DTYPES, assert_close, rand_ids, rand_table, run_fused,
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import fusebackend.kernels.configs as configs
 import fusebackend.kernels.launch as launch
 from fusebackend.kernels import (
     Const,
@@ -396,7 +397,7 @@ def test_large_tile_groups_take_four_warps_unless_they_gather():
     # programs of 4 warps for pointwise work; groups with lookups keep the chain's 2 warps,
     # also in 1024-element programs (diag_index_assert_h100.json: the index assert costs
     # nothing there and 4-5% in whole 2048-wide rows).
-    rows = launch._SMALL_GROUP_ELEMENTS  # past the latency-bound regime for any width >= 2
+    rows = configs.SMALL_GROUP_ELEMENTS  # past the latency-bound regime for any width >= 2
     assert launch.launch_config(rows, 128, "tile") == (8, 128, 4)
     assert launch.launch_config(rows, 4096, "tile") == (1, 1024, 4)
     assert launch.launch_config(rows, 4096, "tile", gathers=True) == (1, 1024, 2)

@@ -1,0 +1,79 @@
+"""Launch parameters of the generated row kernels: the code layout for a row width and the
+(rows per program, columns per program, warps) of a launch, from recorded sweeps.
+
+Each rule cites the measurement it comes from (``benchmarks/results/``); a benchmark sweep
+replaces ``launch.launch_config`` (the name the launcher calls) to time other configs.
+"""
+
+from __future__ import annotations
+
+from fusebackend.kernels.ir import RowProgram
+
+__all__ = ["MAX_GRID_Y", "launch_config", "layout_for", "triton_next_power_of_2"]
+
+# Launch configs, from benchmarks/diag/diag_index_assert.py (fp16 chain, index checks on;
+# device time in a CUDA graph). Programs cover ~1024 elements: at most 1024 columns of a
+# row, several rows of a narrow table. On the H200 (results/launch_config_h200.json,
+# 2026-11-22) 16x2048x2048 took 0.109 ms with 2 warps vs 0.141 ms for the earlier
+# 4096-element tiles with 4 warps (0.117 ms with 4 warps); 16 x 512 x 768 0.0165 vs
+# 0.019 ms. On the H100 (results/diag_index_assert_h100.json, 2026-11-25) the index assert
+# cost 4-5% in programs of a whole 2048-wide row with 2 warps (0.124 vs 0.119 ms without it)
+# and nothing in 1024-wide ones (0.1186-0.1190 vs 0.1197 ms). Small groups (decode steps)
+# are latency-bound and gain from more threads per row: 1 x 1 x 2048 2.4 us with 4 warps vs
+# 3.0 us with 2, 64 x 4 x 4096 (1M elements) 3.6 vs 3.9 us.
+TILE_ELEMENTS = 1024
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis
+SMALL_GROUP_ELEMENTS = 1 << 21  # up to here the latency-bound configs (launch_config)
+# Row programs (a reduction along the row): whole rows in registers up to this width (the
+# brief's floor: D = 8192, Llama-3-70B's hidden size); wider rows loop over chunks.
+MAX_PERSISTENT_D = 8192
+CHUNK_D = 4096
+# Rows per persistent program: narrow rows share a program so each one holds ~2048 elements
+# (Liger-Kernel's rms_norm runs one row per program; several short rows per program keep
+# the grid small for D = 128-512 heads). Not yet swept on a GPU.
+PERSISTENT_ELEMENTS = 2048
+
+
+def layout_for(program: RowProgram, width: int) -> str:
+    """The code layout for rows of ``width`` (see kernels/codegen.py)."""
+    if not program.has_reduction:
+        return "tile"
+    return "persistent" if width <= MAX_PERSISTENT_D else "chunked"
+
+
+def launch_config(
+    rows: int, width: int, layout: str = "tile", gathers: bool = False
+) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_D, num_warps) for a group of ``rows`` x ``width`` elements;
+    ``gathers``: the program looks rows up in tables (embedding lookups)."""
+    if layout == "persistent":
+        block_d = triton_next_power_of_2(width)
+        block_r = min(triton_next_power_of_2(rows), max(1, PERSISTENT_ELEMENTS // block_d))
+        # Liger-Kernel's calculate_settings: warps from the row block (4 up to 2048
+        # elements, 8 up to 8192, 16 above), so a thread holds <= 16-32 fp32 per value.
+        elements = block_r * block_d
+        num_warps = 4 if elements < 2048 else 8 if elements < 8192 else 16
+        return block_r, block_d, num_warps
+    if layout == "chunked":
+        return 1, CHUNK_D, 8
+    # Tile programs cover <= 1024 elements: at most 1024 columns, several rows of a narrow
+    # table (TILE_ELEMENTS' comment).
+    block_d = min(triton_next_power_of_2(width), TILE_ELEMENTS)
+    block_r = min(triton_next_power_of_2(rows), max(1, TILE_ELEMENTS // block_d))
+    if rows * width <= SMALL_GROUP_ELEMENTS:
+        # Latency-bound: ~4 elements per thread (8 warps). Swept on an H100
+        # (benchmarks/results/row_kernels_sweep_h100.json, 2026-11-23): GPT-2's tanh GELU on
+        # 1 x 3072 took 1.63 us against 2.03 us with the earlier 2048-wide, 4-warp
+        # programs; SwiGLU on 1 x 5632 1.53 against 1.70 us.
+        return block_r, block_d, max(1, min(8, block_r * block_d // 128))
+    # Bandwidth-bound: 2 warps with lookups (the chain's regime), 4 without. Swept on an
+    # H100 at prefill sizes (benchmarks/results/row_kernels_sweep_prefill_h100.json,
+    # 2026-11-25): RoPE on 4096 x 32 heads x 128 took 25.1 us against 27.6 us with 2 warps,
+    # on 16 heads 9.6 against 10.0 us; tanh GELU on 4096 x 4096 25.1 against 26.1 us with
+    # 2048-wide, 2-warp programs; SwiGLU on 4096 x 8192 69.6 against 69.4 us (the best
+    # config swept took 68.6 us).
+    return block_r, block_d, 2 if gathers else 4
+
+
+def triton_next_power_of_2(n: int) -> int:
+    return 1 << (max(1, n) - 1).bit_length()
