@@ -118,6 +118,7 @@ def main() -> None:
     import triton
 
     import fusebackend
+    import fusebackend.kernels.configs as configs
     import fusebackend.kernels.launch as launch
 
     torch.manual_seed(0)
@@ -221,8 +222,8 @@ def main() -> None:
 
                         def config(rows, width, layout="tile", gathers=True, tile=tile,
                                    max_d=max_d, warps=warps):  # fmt: skip
-                            block_d = min(launch.triton_next_power_of_2(width), max_d)
-                            block_r = min(launch.triton_next_power_of_2(rows),
+                            block_d = min(configs.triton_next_power_of_2(width), max_d)
+                            block_r = min(configs.triton_next_power_of_2(rows),
                                           max(1, tile // block_d))  # fmt: skip
                             return block_r, block_d, warps
 

@@ -171,7 +171,7 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
     """Device time of ``name``'s fused kernel for each launch config of its layout: warps x
     rows per program (x chunk width when chunked) for row programs, warps x columns per
     program x elements per program (the entry's ``chunk``) for pointwise ones (tile layout)."""
-    from fusebackend.kernels import launch
+    from fusebackend.kernels import configs, launch
 
     fn = PATTERNS[name]
     args, moved = make_inputs(name, rows, width, "cuda")
@@ -188,7 +188,7 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
         launch.launch_config = default
     launched = seen[-1]  # (rows, width, layout, gathers) of the kernel's launch
     layout = launched[2]
-    wide = launch.triton_next_power_of_2(launched[1])
+    wide = configs.triton_next_power_of_2(launched[1])
     chosen = default(*launched)
     results = []
     if layout == "tile":  # (warps, columns per program, elements per program)
@@ -207,10 +207,10 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
 
             def config(r, w, lay="tile", gathers=False, warps=warps, block=block, chunk=chunk):
                 if lay == "tile":  # block: columns per program; rows fill `chunk` elements
-                    rows_per_program = min(launch.triton_next_power_of_2(r), chunk // block)
+                    rows_per_program = min(configs.triton_next_power_of_2(r), chunk // block)
                     return max(1, rows_per_program), block, warps
                 if lay == "persistent":
-                    return block, launch.triton_next_power_of_2(w), warps
+                    return block, configs.triton_next_power_of_2(w), warps
                 return block, chunk, warps
 
             launch.launch_config = config

@@ -245,3 +245,22 @@ def test_generate_summary_becomes_targets_and_a_section(suite_modules):
     assert "| eager | 128 | error: `RuntimeError: boom` |" in section, section
     assert "- cache 128: tokens/s 200 vs 250 (0.80x)" in section
     assert "- generate/infinifuse/128: fallback `fusion -> eager: capture failed`" in markdown
+
+
+def test_row_kernel_sweep_runs_every_config_on_the_cpu(monkeypatch):
+    # The sweep swaps launch.launch_config and reads configs' helpers: a rename there breaks
+    # it only on a GPU run otherwise. Timing is faked; what runs is every config's launch.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import row_kernels
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    real_inputs = row_kernels.make_inputs
+    monkeypatch.setattr(row_kernels, "device_ms", lambda fn, calls=20, reps=10: (fn(), 1e-3)[1])
+    monkeypatch.setattr(row_kernels, "make_inputs", lambda n, r, w, d: real_inputs(n, r, w, "cpu"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    results = row_kernels.sweep("swiglu", 2, 96, copy_gbs=1000.0)
+    assert len(results) > 10 and any(r["default"] for r in results)
+    from fusebackend.kernels import launch
+
+    assert launch.launch_config.__module__ == "fusebackend.kernels.configs"  # restored

@@ -14,14 +14,15 @@ import triton.testing
 sys.path.insert(0, "benchmarks")
 from embedding_chain import Chain  # noqa: E402
 
+import fusebackend.kernels.configs as configs  # noqa: E402
 import fusebackend.kernels.launch as launch  # noqa: E402
 
 new_config = launch.launch_config
 
 
 def old_config(rows, width, layout="tile", gathers=True):  # tile programs (the chain)
-    block_d = min(launch.triton_next_power_of_2(width), 2048)
-    return min(launch.triton_next_power_of_2(rows), max(1, 4096 // block_d)), block_d, 4
+    block_d = min(configs.triton_next_power_of_2(width), 2048)
+    return min(configs.triton_next_power_of_2(rows), max(1, 4096 // block_d)), block_d, 4
 
 
 torch.manual_seed(0)

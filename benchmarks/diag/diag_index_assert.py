@@ -37,6 +37,7 @@ from embedding_chain import Chain, device_ms  # noqa: E402
 from row_kernels import versions  # noqa: E402
 
 import fusebackend.kernels.launch as launch  # noqa: E402
+from fusebackend.kernels.configs import triton_next_power_of_2  # noqa: E402
 
 ASSERT = re.compile(r"^ *tl\.device_assert\((ok\d+) \| ~row_mask, (\"[^\"]*\")\)\n", re.M)
 
@@ -134,8 +135,8 @@ def main() -> None:
         for tile, warps in configs:
 
             def config(rows, width, layout="tile", gathers=True, tile=tile, warps=warps):
-                block_d = min(launch.triton_next_power_of_2(width), 2048, tile)
-                block_r = min(launch.triton_next_power_of_2(rows), max(1, tile // block_d))
+                block_d = min(triton_next_power_of_2(width), 2048, tile)
+                block_r = min(triton_next_power_of_2(rows), max(1, tile // block_d))
                 return block_r, block_d, warps
 
             for label, kernel in kernels.items():
