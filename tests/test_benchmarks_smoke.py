@@ -247,19 +247,46 @@ def test_generate_summary_becomes_targets_and_a_section(suite_modules):
     assert "- generate/infinifuse/128: fallback `fusion -> eager: capture failed`" in markdown
 
 
-def test_row_kernel_sweep_runs_every_config_on_the_cpu(monkeypatch):
-    # The sweep swaps launch.launch_config and reads configs' helpers: a rename there breaks
-    # it only on a GPU run otherwise. Timing is faked; what runs is every config's launch.
+@pytest.fixture
+def row_kernels_on_cpu(monkeypatch):
+    """benchmarks/row_kernels.py with its timing faked and its inputs on the CPU."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import row_kernels
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     real_inputs = row_kernels.make_inputs
-    monkeypatch.setattr(row_kernels, "device_ms", lambda fn, calls=20, reps=10: (fn(), 1e-3)[1])
+    timed = []
+
+    def fake_device_ms(fn, calls=20, reps=10):
+        fn()
+        timed.append(1)
+        return 1e-3 * len(timed)
+
+    monkeypatch.setattr(row_kernels, "device_ms", fake_device_ms)
     monkeypatch.setattr(row_kernels, "make_inputs", lambda n, r, w, d: real_inputs(n, r, w, "cpu"))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    results = row_kernels.sweep("swiglu", 2, 96, copy_gbs=1000.0)
+    return row_kernels
+
+
+def test_row_kernel_measure_alternates_the_backends_over_rounds(row_kernels_on_cpu, monkeypatch):
+    rk = row_kernels_on_cpu
+    real_compiled = rk.compiled  # Inductor's CPU compile is slow and not what is under test
+    monkeypatch.setattr(
+        rk, "compiled", lambda fn, b: real_compiled(fn, "eager" if b == "inductor" else b)
+    )
+    row = rk.measure("swiglu", 2, 96, copy_gbs=1000.0, rounds=3)
+    # fake times count the calls: infinifuse, inductor, eager, then again
+    assert row["infinifuse_ms_rounds"] == pytest.approx([1e-3, 4e-3, 7e-3])
+    assert row["eager_ms_rounds"] == pytest.approx([3e-3, 6e-3, 9e-3])
+    assert row["infinifuse_ms"] == pytest.approx(4e-3)  # the median
+    assert row["ratio_vs_inductor"] == pytest.approx(4 / 5)
+
+
+def test_row_kernel_sweep_runs_every_config_on_the_cpu(row_kernels_on_cpu):
+    # The sweep swaps launch.launch_config and reads configs' helpers: a rename there breaks
+    # it only on a GPU run otherwise. Timing is faked; what runs is every config's launch.
+    results = row_kernels_on_cpu.sweep("swiglu", 2, 96, copy_gbs=1000.0)
     assert len(results) > 10 and any(r["default"] for r in results)
     from fusebackend.kernels import launch
 
