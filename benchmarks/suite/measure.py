@@ -10,17 +10,20 @@ replayed path for every CUDA-graph backend).
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 import fusebackend
 import fusebackend.report as fusebackend_report  # _reports_since: every graph of one row
+
+# No garbage collection while timing, as timeit does: one collection inside a short loop
+# would be that round's outlier, not a cost of the backend. The backend pauses it the same way.
+from fusebackend.backend import _collector_paused as _gc_off
 
 from .workloads import Case, Workload
 
@@ -293,19 +296,6 @@ def borrow_kernel_counts(rows: list[dict[str, Any]]) -> None:
         for key in ("copies_per_call", "kernel_us_per_call", "kernel_kinds"):
             row[key] = source.get(key)
         row["kernels_source"] = "Inductor's default mode (its graphs hide launches)"
-
-
-@contextlib.contextmanager
-def _gc_off() -> Iterator[None]:
-    """No garbage collection while timing, as timeit does: one collection inside a short
-    loop would be that round's outlier, not a cost of the backend."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _call(fn: Callable[..., Any], kwargs: dict[str, Any], step: Callable | None) -> Any:
