@@ -8,6 +8,11 @@ and off) on an embedding chain and transformers models built from configs (rando
 
     python benchmarks/run.py --out-dir benchmarks/results --only zoo --merge     # model zoo
     python benchmarks/run.py --out-dir benchmarks/results --only generate --merge
+    python benchmarks/run.py --out-dir benchmarks/results --combine a/suite.json b/suite.json
+
+--combine joins the suite.json files of parts run apart (one per device call) into one
+report without running anything: rows of a later file replace those of the same (workload,
+backend) in an earlier one, and "parts" lists every run in order.
 
 Parts beyond the per-call/first-call rows:
 - Kernels per call without CUDA graphs (torch.profiler, CUDA activity, one steady call) for
@@ -382,8 +387,56 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with the generate workload selected: merge this JSON of an earlier "
         "benchmarks/generate.py run instead of running it again",
     )
+    parser.add_argument(
+        "--combine",
+        nargs="+",
+        metavar="SUITE_JSON",
+        help="run nothing: join these suite.json files (later rows replace earlier ones of "
+        "the same workload and backend) into --out-dir's suite.json, suite.md and suite.png",
+    )
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
     return parser.parse_args(argv)
+
+
+def combine(paths: list[str]) -> dict[str, Any]:
+    """The suite.json files at paths joined in order: merged rows, every part, and the last
+    generate record."""
+    result: dict[str, Any] = {"parts": [], "rows": []}
+    for path in paths:
+        part = json.loads(Path(path).read_text())
+        result["environment"] = part["environment"]
+        result["parts"] += part.get("parts", [part["environment"]])
+        result["rows"] = merge(result, part["rows"])
+        if part.get("generate") is not None:
+            result["generate"] = part["generate"]
+    return result
+
+
+def write_report(result: dict[str, Any], out_dir: Path) -> None:
+    """Targets computed from result's rows; suite.json, suite.md and suite.png written to
+    out_dir; the targets printed."""
+    rows, generate = result["rows"], result.get("generate")
+    result["targets"] = report.compute_targets(rows, generate)
+    json_path = out_dir / "suite.json"
+    json_path.write_text(json.dumps(result, indent=2, default=str))
+    (out_dir / "suite.md").write_text(report.markdown(result))
+    plot_note = report.plot(result, out_dir / "suite.png")
+
+    if generate is not None:
+        print(f"generate: {generate['status']} {generate.get('error', '')}".rstrip())
+        for line in generate.get("summary", {}).get("lines", []):
+            print(f"  {line}")
+    seconds = sum(p.get("suite_seconds") or 0 for p in result["parts"])
+    print(
+        f"\nsuite: {len(rows)} rows in {seconds:.0f} s -> {json_path}, "
+        f"suite.md" + ("" if plot_note else ", suite.png")
+    )
+    if plot_note:
+        print(plot_note)
+    print("targets:")
+    for t in result["targets"]:
+        value = "-" if t["value"] is None else f"{t['value']:.3g}"
+        print(f"  [{t['status']:>12s}] {t['name']}: {value} (limit {t['limit']}; {t['note']})")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -395,6 +448,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.combine:
+        result = combine(args.combine)
+        write_report(result, out_dir)
+        return result
     start = time.perf_counter()
     rows, generate = run_suite(args, device, out_dir)
     json_path = out_dir / "suite.json"
@@ -411,25 +468,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["rows"] = rows
     if generate is not None:
         result["generate"] = generate
-    result["targets"] = report.compute_targets(rows, generate)
-    json_path.write_text(json.dumps(result, indent=2, default=str))
-    (out_dir / "suite.md").write_text(report.markdown(result))
-    plot_note = report.plot(result, out_dir / "suite.png")
-
-    if generate is not None:
-        print(f"generate: {generate['status']} {generate.get('error', '')}".rstrip())
-        for line in generate.get("summary", {}).get("lines", []):
-            print(f"  {line}")
-    print(
-        f"\nsuite: {len(rows)} rows in {env['suite_seconds']:.0f} s -> {out_dir}/suite.json, "
-        f"suite.md" + ("" if plot_note else ", suite.png")
-    )
-    if plot_note:
-        print(plot_note)
-    print("targets:")
-    for t in result["targets"]:
-        value = "-" if t["value"] is None else f"{t['value']:.3g}"
-        print(f"  [{t['status']:>12s}] {t['name']}: {value} (limit {t['limit']}; {t['note']})")
+    write_report(result, out_dir)
     return result
 
 

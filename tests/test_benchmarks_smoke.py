@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,10 @@ def test_zoo_sweep_quick_writes_rows_with_counts_and_captures(tmp_path):
     assert "| llama |" in markdown and "| bert |" in markdown
     assert "## Rows" not in markdown  # zoo rows have their own table only
 
+    first_part = tmp_path / "first" / "suite.json"
+    first_part.parent.mkdir()
+    shutil.copy(tmp_path / "suite.json", first_part)
+
     # A second part merged in (as a suite split over device calls is: gpu_check.sh's
     # SUITE_FROM): its rows replace those it redid, the others stay, and both runs are named.
     merged = [*command[:-1], "zoo-bert", "--backends", "eager", "--merge"]
@@ -99,6 +104,20 @@ def test_zoo_sweep_quick_writes_rows_with_counts_and_captures(tmp_path):
         ["eager", "--merge"],
     ]
     assert "Merged from 2 runs" in (tmp_path / "suite.md").read_text()
+
+    # --combine joins parts run apart, running nothing: the later part's rows replace the
+    # earlier part's of the same (workload, backend), the others stay, every run is listed.
+    redone = [r for r in second["rows"] if r["backend"] == "eager" and r["workload"] == "zoo-bert"]
+    second_part = tmp_path / "second.json"
+    second_part.write_text(json.dumps({**second, "parts": second["parts"][1:], "rows": redone}))
+    combined_dir = tmp_path / "combined"
+    joined = [*command[:3], str(combined_dir), "--combine", str(first_part), str(second_part)]
+    done = subprocess.run(joined, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    combined = json.loads((combined_dir / "suite.json").read_text())
+    assert sorted(map(json.dumps, combined["rows"])) == sorted(map(json.dumps, second["rows"]))
+    assert len(combined["parts"]) == 2 and combined["targets"]
+    assert "Merged from 2 runs" in (combined_dir / "suite.md").read_text()
 
 
 def _row(workload, backend, status="ok", **metrics):
