@@ -132,6 +132,13 @@ def environment(device: torch.device, quick: bool) -> dict[str, Any]:
     }
 
 
+def _environment_of(generate_json: Path) -> dict[str, Any]:
+    """The machine and versions a generate.py JSON was measured with."""
+    measured = json.loads(generate_json.read_text())
+    keys = ("device", "torch", "triton", "transformers", "python", "date")
+    return {"cuda": None, **{k: measured.get(k) for k in keys}, "read_from": str(generate_json)}
+
+
 def _error_text(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".strip().replace("\n", " ")
     return text[:600]
@@ -457,6 +464,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     json_path = out_dir / "suite.json"
     env = environment(device, args.quick)
     env["suite_seconds"] = time.perf_counter() - start
+    if args.generate_json and not rows:
+        # Nothing ran here: this part is the generate.py run it read, on that run's machine.
+        env.update(_environment_of(Path(args.generate_json)))
     result: dict[str, Any] = {"environment": env, "parts": [env]}
     if args.merge and json_path.exists():
         previous = json.loads(json_path.read_text())

@@ -266,6 +266,30 @@ def test_generate_summary_becomes_targets_and_a_section(suite_modules):
     assert "- generate/infinifuse/128: fallback `fusion -> eager: capture failed`" in markdown
 
 
+def test_generate_json_read_in_is_recorded_as_measured_where_it_ran(tmp_path):
+    # A suite part that only reads an earlier generate.py JSON measured nothing here: its
+    # environment is the machine that JSON names, not this one.
+    measured = {"device": "NVIDIA Test GPU", "torch": "9.9+cu", "triton": "9.9",
+                "transformers": "9.9", "python": "3.99", "date": "2026-01-01T00:00:00+00:00",
+                "model": "m", "prompt_tokens": 16, "new_tokens": 64,
+                "runs": [{"variant": "infinifuse", "cache_len": 128, "first_generate_s": 4.0,
+                          "tokens_per_s": 1.0, "tokens_equal_eager": 64, "tokens_total": 64}],
+                "summary": {"lines": ["cache 128: a line"]}}  # fmt: skip
+    source = tmp_path / "generate.json"
+    source.write_text(json.dumps(measured))
+    command = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--out-dir", str(tmp_path),
+               "--only", "generate", "--generate-json", str(source)]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "suite.json").read_text())
+    environment = result["environment"]
+    for key in ("device", "torch", "triton", "transformers", "python", "date"):
+        assert environment[key] == measured[key], (key, environment)
+    assert environment["read_from"] == str(source)
+    assert result["parts"] == [environment]
+    assert result["generate"]["status"] == "ok" and result["generate"]["runs"] == measured["runs"]
+
+
 @pytest.fixture
 def row_kernels_on_cpu(monkeypatch):
     """benchmarks/row_kernels.py with its timing faked and its inputs on the CPU."""
