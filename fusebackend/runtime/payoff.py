@@ -28,8 +28,13 @@ __all__ = ["LARGE_OUTPUT_BYTES", "TRIAL_CALLS", "CaptureTrial", "output_bytes", 
 LARGE_OUTPUT_BYTES = 8 << 20
 
 # Timed calls of each kind (replay + copy, direct) before deciding; the fastest of each is
-# compared, so the first replay's one-off upload of the graph does not count against it.
-TRIAL_CALLS = 3
+# compared, so one-off costs do not count: the first replay uploads the graph (14 ms host),
+# and the first two direct calls of the B=16, T=2048 chain on an H100 took 0.19-0.26 ms of
+# host time against 0.10-0.13 ms for the third (diag_capture_trial.py, 2026-11-25). With 3
+# calls one steady direct sample decided, and once a disturbed one kept that chain captured
+# at 0.252 ms per call (the full suite's chain-prefill row) where direct costs 0.13 ms; 5
+# calls leave three steady samples, for ~5 ms more of trial once per signature.
+TRIAL_CALLS = 5
 
 
 def output_bytes(outputs: Sequence[Any], aliases: Sequence[int | None]) -> int:
