@@ -30,7 +30,8 @@ MAX_PERSISTENT_D = 8192
 CHUNK_D = 4096
 # Rows per persistent program: narrow rows share a program so each one holds ~2048 elements
 # (Liger-Kernel's rms_norm runs one row per program; several short rows per program keep
-# the grid small for D = 128-512 heads). Not yet swept on a GPU.
+# the grid small for D = 128-512 heads). The H100 sweep (row_kernels_sweep_h100.json) put
+# this rule within 0.1 us of the best config at the decode shapes, 0.6 us off at 4096 x 2048.
 PERSISTENT_ELEMENTS = 2048
 
 
