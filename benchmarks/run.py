@@ -405,18 +405,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def join(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """suite.json results joined in order: the last one's environment, every run in
+    "parts", rows merged (later rows replace earlier ones of the same workload and backend),
+    and the last generate record."""
+    joined: dict[str, Any] = {"environment": None, "parts": [], "rows": []}
+    for result in results:
+        joined["environment"] = result.get("environment")
+        joined["parts"] += result.get("parts", [result.get("environment")])
+        joined["rows"] = merge(joined, result["rows"])
+        if result.get("generate") is not None:
+            joined["generate"] = result["generate"]
+    return joined
+
+
 def combine(paths: list[str]) -> dict[str, Any]:
-    """The suite.json files at paths joined in order: merged rows, every part, and the last
-    generate record."""
-    result: dict[str, Any] = {"parts": [], "rows": []}
-    for path in paths:
-        part = json.loads(Path(path).read_text())
-        result["environment"] = part["environment"]
-        result["parts"] += part.get("parts", [part["environment"]])
-        result["rows"] = merge(result, part["rows"])
-        if part.get("generate") is not None:
-            result["generate"] = part["generate"]
-    return result
+    """The suite.json files at paths, joined in order."""
+    return join([json.loads(Path(path).read_text()) for path in paths])
 
 
 def write_report(result: dict[str, Any], out_dir: Path) -> None:
@@ -467,17 +472,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.generate_json and not rows:
         # Nothing ran here: this part is the generate.py run it read, on that run's machine.
         env.update(_environment_of(Path(args.generate_json)))
-    result: dict[str, Any] = {"environment": env, "parts": [env]}
-    if args.merge and json_path.exists():
-        previous = json.loads(json_path.read_text())
-        rows = merge(previous, rows)
-        # each run merged into this file, in order: its environment (argv, date, seconds)
-        result["parts"] = previous.get("parts", [previous.get("environment")]) + [env]
-        if generate is None:
-            generate = previous.get("generate")
-    result["rows"] = rows
+    result: dict[str, Any] = {"environment": env, "parts": [env], "rows": rows}
     if generate is not None:
         result["generate"] = generate
+    if args.merge and json_path.exists():
+        # each run merged into this file, in order: its environment (argv, date, seconds)
+        result = join([json.loads(json_path.read_text()), result])
     write_report(result, out_dir)
     return result
 
