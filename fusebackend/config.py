@@ -26,14 +26,36 @@ class FusionConfig:
         cudagraphs: Capture the compiled graph in CUDA graphs, one per input signature.
             ``None`` (default) means "when the graph runs on a CUDA device".
         warmup_iterations: Eager runs on a side stream before a capture (>= 1).
-        max_graphs: Entries (input signatures, captured or not) kept per compiled graph
-            (LRU); older ones are evicted.
+        max_graphs: An optional cap on the entries (input signatures, captured or not)
+            kept per compiled graph (LRU); ``None`` (default): no count cap, captured
+            entries are bounded by ``graph_memory`` instead.
+        graph_memory: Bytes of device memory that the captured entries of every compiled
+            graph together may hold (their static input and output buffers; the pool's
+            shared intermediates come on top, see ``stats()["graph_pool_bytes"]``). Past
+            it, the least recently used captured entries of any graph are evicted
+            (``stats()["eviction_reasons"]["graph_memory"]``); an entry larger than the
+            budget by itself runs uncaptured. ``None``: no limit.
+        capture_on_call: A signature is captured in a CUDA graph on its N-th call; its
+            earlier calls run the graph directly. 2 (default) captures what recurs, so a
+            shape seen once costs one run and no warm-up or capture, and a decode step is
+            replayed from its third call; 1 captures on the first call.
         batch_buckets: Increasing batch sizes; the batch is the leading dim of the first
             non-parameter tensor input, inputs with that leading dim are padded up to the
             next bucket and the outputs sliced back, so many batch sizes share a few
             captures; batches above the largest bucket run unpadded. Only correct for
             row-independent models (row i of the output depends only on row i of the
-            inputs).
+            inputs). Takes effect on graphs whose batch dim is dynamic (a graph Dynamo
+            traced for one batch size runs that size unpadded).
+        length_buckets: Increasing sequence lengths, for masked encoders (BERT-like models
+            called with an attention mask): the length is dim 1 of the first non-parameter
+            integer tensor input of rank 2 (``input_ids``); every non-parameter tensor input
+            with that dim 1 (``attention_mask``, ``token_type_ids``) is zero-padded up to the
+            next bucket (mask 0 and pad id 0 at the padded positions), and outputs whose
+            dim 1 is that length are sliced back. Each bucket's first call is checked
+            against the unpadded run; a mismatch leaves that bucket unpadded, with the
+            reason in ``stats()["ignored_options"]``. Only correct for models whose padded
+            positions are masked out (every output position depends only on unmasked
+            positions). Takes effect on graphs whose length dim is dynamic.
         static_outputs: Return views of the captured graph's own output buffers instead
             of fresh tensors. Zero-copy, but a later call OVERWRITES what an earlier call
             returned (any shape: the captured graphs share one memory pool); only for
@@ -62,8 +84,11 @@ class FusionConfig:
     fusion: bool = True
     cudagraphs: bool | None = None
     warmup_iterations: int = 1
-    max_graphs: int = 16
+    max_graphs: int | None = None
+    graph_memory: int | None = 2 << 30
+    capture_on_call: int = 2
     batch_buckets: tuple[int, ...] | None = None
+    length_buckets: tuple[int, ...] | None = None
     static_outputs: bool = False
     validate: bool = True
     index_checks: bool = True
@@ -87,21 +112,35 @@ class FusionConfig:
             self.warmup_iterations,
         )
         _expect(
-            _is_int(self.max_graphs) and self.max_graphs >= 1,
+            self.max_graphs is None or (_is_int(self.max_graphs) and self.max_graphs >= 1),
             "max_graphs",
-            "an int >= 1",
+            "an int >= 1 or None",
             self.max_graphs,
         )
-        if self.batch_buckets is not None:
-            buckets = self.batch_buckets
+        _expect(
+            self.graph_memory is None or (_is_int(self.graph_memory) and self.graph_memory >= 0),
+            "graph_memory",
+            "a number of bytes (an int >= 0) or None",
+            self.graph_memory,
+        )
+        _expect(
+            _is_int(self.capture_on_call) and self.capture_on_call >= 1,
+            "capture_on_call",
+            "an int >= 1",
+            self.capture_on_call,
+        )
+        for name in ("batch_buckets", "length_buckets"):
+            buckets = getattr(self, name)
+            if buckets is None:
+                continue
             ok = (
                 isinstance(buckets, (list, tuple))
                 and len(buckets) > 0
                 and all(_is_int(b) and b >= 1 for b in buckets)
                 and all(a < b for a, b in zip(buckets, buckets[1:]))
             )
-            _expect(ok, "batch_buckets", "a strictly increasing list of ints >= 1", buckets)
-            object.__setattr__(self, "batch_buckets", tuple(buckets))
+            _expect(ok, name, "a strictly increasing list of ints >= 1", buckets)
+            object.__setattr__(self, name, tuple(buckets))
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | FusionConfig | None) -> FusionConfig:

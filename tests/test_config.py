@@ -15,7 +15,10 @@ ALL_OPTIONS = [
     "cudagraphs",
     "warmup_iterations",
     "max_graphs",
+    "graph_memory",
+    "capture_on_call",
     "batch_buckets",
+    "length_buckets",
     "static_outputs",
     "validate",
     "index_checks",
@@ -29,8 +32,11 @@ def test_defaults():
     assert cfg.fusion is True
     assert cfg.cudagraphs is None
     assert cfg.warmup_iterations == 1
-    assert cfg.max_graphs == 16
+    assert cfg.max_graphs is None  # no count cap: graph_memory bounds the captured entries
+    assert cfg.graph_memory == 2 << 30
+    assert cfg.capture_on_call == 2
     assert cfg.batch_buckets is None
+    assert cfg.length_buckets is None
     assert cfg.static_outputs is False
     assert cfg.validate is True
     assert cfg.index_checks is True
@@ -58,7 +64,10 @@ def test_from_options_sets_every_option():
         "cudagraphs": True,
         "warmup_iterations": 3,
         "max_graphs": 2,
+        "graph_memory": 1 << 20,
+        "capture_on_call": 3,
         "batch_buckets": [1, 4, 16],
+        "length_buckets": [16, 32],
         "static_outputs": True,
         "validate": False,
         "index_checks": False,
@@ -67,9 +76,10 @@ def test_from_options_sets_every_option():
     }
     cfg = FusionConfig.from_options(options)
     for name, value in options.items():
-        expected = tuple(value) if name == "batch_buckets" else value
+        expected = tuple(value) if name.endswith("_buckets") else value
         assert getattr(cfg, name) == expected, name
     assert isinstance(cfg.batch_buckets, tuple)  # lists are frozen into tuples
+    assert isinstance(cfg.length_buckets, tuple)
 
 
 @pytest.mark.parametrize(
@@ -95,15 +105,30 @@ def test_cudagraphs_rejects_other_values(bad):
         FusionConfig.from_options({"cudagraphs": bad})
 
 
-@pytest.mark.parametrize("name", ["warmup_iterations", "max_graphs"])
+@pytest.mark.parametrize("name", ["warmup_iterations", "max_graphs", "capture_on_call"])
 @pytest.mark.parametrize("bad", [0, -1, 1.0, True, "2", None])
 def test_positive_int_options_reject_bad_values(name, bad):
+    if name == "max_graphs" and bad is None:
+        assert FusionConfig.from_options({name: bad}).max_graphs is None  # no count cap
+        return
     with pytest.raises(ValueError, match=rf"'{name}' must be an int >= 1") as info:
         FusionConfig.from_options({name: bad})
     assert repr(bad) in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["warmup_iterations", "max_graphs"])
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "1GB"])
+def test_graph_memory_rejects_what_is_not_a_byte_count(bad):
+    with pytest.raises(ValueError, match=r"'graph_memory' must be a number of bytes") as info:
+        FusionConfig.from_options({"graph_memory": bad})
+    assert repr(bad) in str(info.value)
+
+
+@pytest.mark.parametrize("good", [0, 1 << 30, None])
+def test_graph_memory_accepts_bytes_or_none(good):
+    assert FusionConfig(graph_memory=good).graph_memory == good
+
+
+@pytest.mark.parametrize("name", ["warmup_iterations", "max_graphs", "capture_on_call"])
 def test_positive_int_options_accept_ints(name):
     assert getattr(FusionConfig.from_options({name: 1}), name) == 1
     assert getattr(FusionConfig.from_options({name: 100}), name) == 100
@@ -117,9 +142,15 @@ def test_batch_buckets_accepts_increasing_ints(good):
 @pytest.mark.parametrize(
     "bad", [[], [0], [-1, 2], [2, 1], [1, 1], [1, 2.0], [1, True], 4, "1,2", [None]]
 )
-def test_batch_buckets_rejects_bad_values(bad):
-    with pytest.raises(ValueError, match="'batch_buckets' must be a strictly increasing list"):
-        FusionConfig.from_options({"batch_buckets": bad})
+@pytest.mark.parametrize("name", ["batch_buckets", "length_buckets"])
+def test_buckets_reject_bad_values(bad, name):
+    with pytest.raises(ValueError, match=f"'{name}' must be a strictly increasing list"):
+        FusionConfig.from_options({name: bad})
+
+
+@pytest.mark.parametrize("good", [[16], (16, 32, 64, 128, 256, 512)])
+def test_length_buckets_accepts_increasing_ints(good):
+    assert FusionConfig(length_buckets=good).length_buckets == tuple(good)
 
 
 def test_unknown_option_lists_valid_ones():
@@ -155,7 +186,7 @@ def test_config_is_frozen_and_hashable():
 def test_replace_validates_and_keeps_the_original():
     cfg = FusionConfig()
     changed = cfg.replace(max_graphs=4)
-    assert changed.max_graphs == 4 and cfg.max_graphs == 16
+    assert changed.max_graphs == 4 and cfg.max_graphs is None
     with pytest.raises(ValueError, match="max_graphs"):
         cfg.replace(max_graphs=0)
 

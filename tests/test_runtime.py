@@ -54,6 +54,9 @@ STATS_KEYS = {
     "capture_failures",
     "graph_pool_bytes",
     "fallback_reasons",
+    "eviction_reasons",
+    "validations",
+    "captured_bytes",
 }
 COUNTER_KEYS = {
     "cache_hits",
@@ -62,6 +65,7 @@ COUNTER_KEYS = {
     "fusion_attempts",
     "fusion_successes",
     "fusion_fallbacks",
+    "validations",
     "evictions",
     "rerecords",
     "capture_failures",
@@ -120,11 +124,17 @@ def mul_add(x, y):
     return (x * y + 1,)
 
 
+# Most tests here are about what a captured entry does, so their caches capture on a
+# signature's first call (capture_on_call=1); the tests of capture on recurrence (the default,
+# 2) pass it explicitly.
+FIRST_CALL = {"capture_on_call": 1}
+
+
 def make(unfused=mul_add, fused=mul_add, device=None, **options) -> GraphCache:
     return GraphCache(
         unfused=unfused,
         fused=fused,
-        config=FusionConfig(**options),
+        config=FusionConfig(**(FIRST_CALL | options)),
         device=device,
         name="t",
     )
@@ -135,7 +145,7 @@ def captured(fn, static=(), mutated=(), **options) -> GraphCache:
     return GraphCache(
         unfused=fn,
         fused=None,
-        config=FusionConfig(cudagraphs=True, **options),
+        config=FusionConfig(cudagraphs=True, **(FIRST_CALL | options)),
         device=FAKE_CUDA,
         static_input_indices=frozenset(static),
         mutated_input_indices=frozenset(mutated),
@@ -242,6 +252,7 @@ def test_stats_exact_keys_and_counters_move_only_on_events():
         "cache_misses": 1,
         "fusion_attempts": 1,
         "fusion_successes": 1,
+        "validations": 1,
     }
     cache(x, x)
     cache(torch.randn(2, 3), x)
@@ -255,6 +266,7 @@ def test_stats_exact_keys_and_counters_move_only_on_events():
     (label,) = s["fusion_modes"]
     assert "float32[2, 3]" in label and "fused" in label
     assert s["fallback_reasons"] == {}
+    assert (s["eviction_reasons"], s["captured_bytes"]) == ({}, 0)
 
     reset_stats()
     assert all(v == 0 for v in counters().values())

@@ -16,6 +16,7 @@ from typing import Any
 __all__ = [
     "COUNTERS",
     "Counters",
+    "EVICTION_REASONS",
     "fusion_enabled",
     "live_caches",
     "register_cache",
@@ -33,6 +34,7 @@ class Counters:
     fusion_attempts: int = 0
     fusion_successes: int = 0
     fusion_fallbacks: int = 0
+    validations: int = 0
     evictions: int = 0
     rerecords: int = 0
     capture_failures: int = 0
@@ -40,10 +42,20 @@ class Counters:
     def reset(self) -> None:
         for field in dataclasses.fields(self):
             setattr(self, field.name, 0)
+        EVICTION_REASONS.clear()
+
+    def evicted(self, cause: str) -> None:
+        """One entry dropped to make room or as stale; ``cause`` names the rule (see
+        ``stats.stats``: eviction_reasons)."""
+        self.evictions += 1
+        EVICTION_REASONS[cause] = EVICTION_REASONS.get(cause, 0) + 1
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
+
+# Evictions by cause: "max_graphs", "graph_memory", "superseded", "entry_limit".
+EVICTION_REASONS: dict[str, int] = {}
 
 COUNTERS = Counters()
 

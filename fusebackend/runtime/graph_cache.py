@@ -53,8 +53,15 @@ from torch import Tensor
 from fusebackend.config import FusionConfig
 from fusebackend.runtime import capture as _capture
 from fusebackend.runtime import payoff
-from fusebackend.runtime.buckets import pad, slice_outputs
-from fusebackend.runtime.counters import COUNTERS, register_cache
+from fusebackend.runtime.buckets import (
+    LengthInputs,
+    length_inputs,
+    pad,
+    pad_length,
+    slice_length,
+    slice_outputs,
+)
+from fusebackend.runtime.counters import COUNTERS, live_caches, register_cache
 from fusebackend.runtime.effects import (
     Effects,
     RngState,
@@ -62,7 +69,15 @@ from fusebackend.runtime.effects import (
     storage_ptr,
     write_back,
 )
-from fusebackend.runtime.keys import Key, Signatures, label, shapes, static_ptrs_equal
+from fusebackend.runtime.keys import (
+    Key,
+    Signatures,
+    label,
+    plan_class,
+    shapes,
+    static_ptrs_equal,
+    tensor_signature,
+)
 from fusebackend.runtime.staging import PinnedRing
 from fusebackend.runtime.validation import mismatch, one_line
 
@@ -74,8 +89,15 @@ FUSION = "fusion"
 GRAPH_REPLAY = "graph_replay"
 EAGER = "eager"
 
-# Fallback verdicts kept per cache after their entries are evicted; a few hundred bytes each.
-_MAX_VERDICTS = 1024
+# Verdicts (a key's mode, reason and call count, successes included) kept per cache after
+# their entries are evicted; a few hundred bytes each. A key seen again finds its verdict:
+# no second validation, and it is captured at once (it recurs).
+_MAX_VERDICTS = 4096
+
+# Entries kept per cache whatever their memory: an uncaptured entry holds no device memory,
+# so graph_memory never evicts it; this bounds the keys and entry objects (~1 KB each) of a
+# stream of ever-new shapes.
+_MAX_ENTRIES = 4096
 
 # A static input (used in place: parameters, buffers, KV caches, every mutated input) that
 # arrives at a new address on this many consecutive calls is copied in from then on, like any
@@ -85,9 +107,35 @@ _MAX_VERDICTS = 1024
 _MAX_ADDRESS_CHANGES = 3
 
 _serials = itertools.count()
+# Process-wide use clock: each entry's last use, so graph_memory evicts the least recently
+# used captured entry of any cache (one counter step per call, no shared structure to move).
+_clock = itertools.count(1).__next__
 
-# A key's remembered outcome: (mode, reason, whether it is captured).
-_Verdict = tuple[str, str | None, bool]
+# Caches by the Dynamo frame they were compiled for, in compile order (see _supersede).
+_FRAMES: dict[Any, list[weakref.ref[GraphCache]]] = {}
+_FRAMES_LOCK = threading.Lock()
+
+
+class _Verdict(NamedTuple):
+    """A key's remembered outcome: its mode and reason, whether it may be captured, and how
+    many calls it has had (a key that returns after an eviction recurs: captured at once)."""
+
+    mode: str
+    reason: str | None
+    capture: bool
+    calls: int
+
+
+def _compile_frame() -> Any:
+    """The Dynamo frame being compiled (the function, not this one compilation of it), or
+    None outside a Dynamo compile (a cache built directly)."""
+    try:
+        from torch._guards import CompileContext
+
+        compile_id = CompileContext.current_compile_id()
+    except Exception:  # an older or newer torch without it: no supersession
+        return None
+    return None if compile_id is None else getattr(compile_id, "frame_id", None)
 
 
 class StatsRow(NamedTuple):
@@ -116,6 +164,9 @@ class _Entry:
     hits: int = 0
     trial: payoff.CaptureTrial | None = None  # large outputs: does capture pay? (timing)
     decision: str | None = None  # the trial's outcome
+    pending: bool = False  # uncaptured until its capture_on_call-th call
+    nbytes: int = 0  # device memory it holds alone (static input and output buffers)
+    last_use: int = 0  # the process-wide use clock at its last call
 
     def resources(self) -> list[Any]:
         """What a queued replay may still read: held by ``capture.retire`` once dropped."""
@@ -127,6 +178,96 @@ def captures(config: FusionConfig, device: torch.device | None) -> bool:
     if device is None or device.type != "cuda":
         return False
     return config.cudagraphs is True or (config.cudagraphs is None and torch.cuda.is_available())
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+def _nbytes(t: Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _symbols_of(values: Sequence[Any]) -> dict[int, Any]:
+    """Input index -> the dynamic-shape symbol of each dim of a tensor (None: static), or of
+    an integer input; read once from the traced example values (nothing of them is kept)."""
+
+    def symbol(value: Any) -> str | None:
+        if isinstance(value, torch.SymInt) and getattr(value.node.expr, "free_symbols", None):
+            return str(value.node.expr)
+        return None
+
+    out: dict[int, Any] = {}
+    for i, value in enumerate(values):
+        if isinstance(value, Tensor):
+            out[i] = tuple(symbol(size) for size in value.shape)
+        elif isinstance(value, torch.SymInt):
+            out[i] = symbol(value)
+    return out
+
+
+_EVICTION_HINTS: dict[str, Callable[[FusionConfig], str]] = {
+    "max_graphs": lambda c: (
+        f"more than max_graphs={c.max_graphs} input signatures; the oldest are evicted "
+        "and re-captured when they return (raise max_graphs, or use batch_buckets / "
+        "length_buckets for varying batch sizes / lengths)"
+    ),
+    "graph_memory": lambda c: (
+        f"captured graphs hold more than graph_memory={c.graph_memory} bytes; the least "
+        "recently used are evicted and re-captured when they return (raise graph_memory, or "
+        "use batch_buckets / length_buckets)"
+    ),
+    "entry_limit": lambda c: (
+        f"more than {_MAX_ENTRIES} input signatures; the oldest are evicted (use "
+        "batch_buckets / length_buckets, or dynamic=True)"
+    ),
+    "superseded": lambda c: (
+        "a newer compilation of this function serves its shapes; their entries here are "
+        "dropped"
+    ),
+}
+
+
+def _enforce_memory(budget: int, cache: GraphCache, key: Key) -> None:
+    """Evict the least recently used captured entries of any cache until the captured entries
+    of all caches hold at most ``budget`` bytes (``key`` of ``cache``, just captured, stays).
+
+    The caller holds ``cache``'s lock; another cache whose lock is busy (a call in flight on
+    another thread) is skipped, never waited on.
+    """
+    busy: set[int] = set()
+    while True:
+        caches = live_caches()
+        if sum(c._held_bytes for c in caches) <= budget:
+            return
+        oldest: tuple[int, GraphCache, Key] | None = None
+        for other in caches:
+            if id(other) in busy or not other._held_bytes:
+                continue
+            if not other._lock.acquire(blocking=False):
+                busy.add(id(other))
+                continue
+            try:
+                # Entries are in use order (moved to the end on each call): the first
+                # captured one is the cache's least recently used.
+                for k, entry in other._entries.items():
+                    if entry.graph is not None and not (other is cache and k == key):
+                        if oldest is None or entry.last_use < oldest[0]:
+                            oldest = (entry.last_use, other, k)
+                        break
+            finally:
+                other._lock.release()
+        if oldest is None:
+            return
+        _, other, k = oldest
+        if not other._lock.acquire(blocking=False):
+            busy.add(id(other))
+            continue
+        try:
+            if k in other._entries:
+                other._evict(k, "graph_memory")
+        finally:
+            other._lock.release()
 
 
 def _retire_entries(entries: Mapping[Key, _Entry], device_index: int | None) -> None:
@@ -142,7 +283,8 @@ class GraphCache:
         unfused: The graph without fusion; returns a tuple or list of outputs.
         fused: The fused graph, or None when nothing was fused.
         config: Options; reads ``cudagraphs``, ``warmup_iterations``, ``max_graphs``,
-            ``batch_buckets``, ``static_outputs``, ``validate`` and ``fusion``.
+            ``graph_memory``, ``capture_on_call``, ``batch_buckets``, ``length_buckets``,
+            ``static_outputs``, ``validate`` and ``fusion``.
         device: The CUDA device the graph runs on; None for a CPU graph (never captured,
             no CUDA call at all).
         static_input_indices: Inputs used in place (parameters, buffers, KV caches): not
@@ -156,6 +298,9 @@ class GraphCache:
         batch_size_input_indices: Integer inputs that carry the batch size (a dynamic-shape
             symbol); with ``batch_buckets`` they are replaced by the bucket like the padded
             tensors. Other integers are passed unchanged.
+        example_values: The graph's inputs as traced (fake tensors with symbolic sizes,
+            SymInts), or None (a plain callable: every dim may vary). Buckets pad only dims
+            that are dynamic in the graph: a graph traced for batch 3 fails at batch 4.
     """
 
     def __init__(
@@ -170,6 +315,7 @@ class GraphCache:
         host_inputs: Mapping[int, torch.device] | None = None,
         name: str = "graph",
         batch_size_input_indices: frozenset[int] = frozenset(),
+        example_values: Sequence[Any] | None = None,
     ) -> None:
         if device is not None and device.type != "cuda":
             device = None  # only CUDA graphs are captured; anything else runs directly
@@ -200,6 +346,18 @@ class GraphCache:
                 + "; nothing is captured"
             )
         self._buckets_checked = self._buckets is None
+        # Input index -> dynamic-shape symbol of each dim (tensors) or of the value (ints).
+        self._symbols = None if example_values is None else _symbols_of(example_values)
+        self._lengths = config.length_buckets
+        # length_buckets: which inputs carry the length (found at the first call), and each
+        # bucket's check against the unpadded run: bucket -> outputs to slice, or the reason
+        # it is not used.
+        self._length_plan: LengthInputs | None = None
+        self._lengths_checked = self._lengths is None
+        self._length_state: dict[int, tuple[bool, ...] | str] = {}
+        # Validation classes (keys.plan_class) whose fused run matched the unfused graph.
+        self._validated: set[Key] = set()
+        self._held_bytes = 0  # nbytes of the captured entries (graph_memory)
         # Device whose replays are ordered across streams (None: test doubles without CUDA).
         self._replay_device: int | None = None
         if self._capture and torch.cuda.is_available():
@@ -219,6 +377,12 @@ class GraphCache:
             self._static, self._fused is not None, self._capture, frozenset(self._host)
         )
         register_cache(self)
+        self._frame = _compile_frame()
+        if self._frame is not None:
+            with _FRAMES_LOCK:
+                siblings = _FRAMES.setdefault(self._frame, [])
+                siblings[:] = [ref for ref in siblings if ref() is not None]
+                siblings.append(weakref.ref(self))
         # A cache collected with live entries (Dynamo recompiled, the model was deleted) lets
         # them go through retire like an eviction: a replay queued on another stream may still
         # read their buffers (review finding).
@@ -227,6 +391,16 @@ class GraphCache:
     # ----------------------------------------------------------------------------- hot path
 
     def __call__(self, *args: Any) -> Sequence[Any]:
+        if self._lengths is not None:
+            if not self._lengths_checked:
+                self._check_lengths(args)
+            if self._length_plan is not None:
+                padded = pad_length(args, self._length_plan, self._lengths)
+                if padded is not None:
+                    return self._length_call(args, *padded)
+        return self._call(args)
+
+    def _call(self, args: tuple[Any, ...]) -> Sequence[Any]:
         user_args = args
         batch = bucket = None
         if self._buckets is not None:
@@ -242,10 +416,16 @@ class GraphCache:
             if entry is None:
                 COUNTERS.cache_misses += 1
                 verdict = self._verdicts.get(key)
-                return self._new_entry(key, verdict, args, user_args, batch, bucket)
+                seen = 0
+                if verdict is None and self._frame is not None:
+                    seen = self._supersede(key)
+                return self._new_entry(key, verdict, args, user_args, batch, bucket, seen)
             self._entries.move_to_end(key)
             COUNTERS.cache_hits += 1
             entry.hits += 1
+            entry.last_use = _clock()
+            if entry.pending and entry.hits + 1 >= self._config.capture_on_call:
+                return self._promote(key, entry, args, user_args, batch, bucket)
             if entry.graph is not None:
                 if entry.static_idx and not static_ptrs_equal(
                     args, entry.static_ptrs, entry.static_idx
@@ -276,8 +456,9 @@ class GraphCache:
                 # An entry the large-output trial left uncaptured runs directly from now on.
                 fallback = self._unfused_mode if entry.decision is None else EAGER
                 mode, reason = self._fall_back(key, FUSION, fallback, why, entry.reason)
-                entry.mode, entry.fn, entry.reason = mode, self._unfused, reason
-                self._remember(key, (mode, reason, False))
+                capture = entry.pending and self._capture and mode != EAGER
+                entry.mode, entry.fn, entry.reason, entry.pending = mode, self._unfused, reason, capture
+                self._remember(key, _Verdict(mode, reason, capture, entry.hits + 1))
             return outputs
 
     def _replay(
@@ -349,20 +530,31 @@ class GraphCache:
         user_args: tuple[Any, ...],
         batch: int | None,
         bucket: int | None,
+        seen: int = 0,
     ) -> Sequence[Any]:
-        """First call of a signature (again after an eviction or a re-record): run the graph
-        (validated, for a new fused key), capture it, and commit the call's in-place effects
-        into the caller's tensors once, last (``effects.Effects``)."""
+        """A call of a signature without a live entry (its first, again after an eviction, a
+        re-record, or the call that captures it): run the graph (a new fused key validated
+        unless its class already matched), capture it from its ``capture_on_call``-th call,
+        and commit the call's in-place effects into the caller's tensors once, last
+        (``effects.Effects``). ``seen``: calls of this signature known from elsewhere (an
+        older compilation of the same function that served it)."""
         if verdict is not None:
-            mode, reason, capture = verdict
+            mode, reason, capture = verdict.mode, verdict.reason, verdict.capture
+            seen = max(seen, verdict.calls)
         else:
             mode, reason, capture = (FUSION if key[0] else self._unfused_mode), None, True
+        calls = seen + 1
         capture = capture and self._capture and mode != EAGER
-        if capture:
+        # Capture pays for what recurs: a shape seen once (a corpus of varied lengths, one
+        # query) costs one run instead of warm-up + capture, and what comes back (a decode
+        # step, on its 2nd call; any shape of a second pass) is captured then.
+        defer = capture and calls < self._config.capture_on_call
+        capture_now = capture and not defer
+        if capture_now:
             _capture.join_replay_order(self._replay_device)
         effects = Effects(self._to_device(args) if self._host else args, self._mutated)
-        if mode == FUSION and verdict is None:
-            outputs, winner, failure = self._first_fused_run(effects)
+        if mode == FUSION:
+            outputs, winner, failure = self._fused_run(key, effects, first=verdict is None)
             if failure is not None:
                 mode, reason = self._fall_back(key, FUSION, self._unfused_mode, failure, reason)
         else:
@@ -372,24 +564,37 @@ class GraphCache:
         try:
             # Warm-up and capture write mutated static inputs (parameters, buffers, a KV
             # cache marked static) in place; the commit below overwrites whatever they did.
-            entry = self._settle(key, mode, reason, capture, args)
+            entry = self._settle(key, mode, reason, capture, defer, args)
         finally:
             effects.commit(winner, user_args)
-            if capture:
+            if capture_now:
                 _capture.join_replay_order(self._replay_device)
+        entry.hits = calls - 1
+        self._remember(
+            key, _Verdict(entry.mode, entry.reason, entry.graph is not None or entry.pending, calls)
+        )
         self._insert(key, entry)
         outputs = effects.own_outputs(outputs, winner, user_args)
         return outputs if bucket is None else slice_outputs(outputs, batch, bucket)
 
-    def _first_fused_run(self, effects: Effects) -> tuple[Sequence[Any], list[Any], str | None]:
-        """Run the fused callable once, validating it; return (outputs, the inputs of the run
-        whose effects count, failure reason or None).
+    def _fused_run(
+        self, key: Key, effects: Effects, first: bool
+    ) -> tuple[Sequence[Any], list[Any], str | None]:
+        """Run the fused callable once; return (outputs, the inputs of the run whose effects
+        count, failure reason or None).
 
-        The fused and the reference run each write into their own copies of the mutated
-        inputs (``effects.isolate``), so a fused callable that fails halfway leaves no trace.
+        ``first``: the key's first run in this cache (counted in ``fusion_attempts``); it is
+        compared with the unfused graph (``validate``) unless another key of its validation
+        class (``keys.plan_class``: the same graph at other sizes) already matched. A fused
+        run that raises falls back when the unfused graph does not. The fused and the
+        reference run each write into their own copies of the mutated inputs
+        (``effects.isolate``), so a fused callable that fails halfway leaves no trace.
         """
         assert self._fused is not None
-        COUNTERS.fusion_attempts += 1
+        if first:
+            COUNTERS.fusion_attempts += 1
+        cls = plan_class(key)
+        validate = first and self._config.validate and cls not in self._validated
         fused_args = effects.isolate()
         # The reference run must draw the same random numbers (dropout in the graph) and
         # leave the generators where one run of the model would.
@@ -409,7 +614,8 @@ class GraphCache:
                 raise exc from None  # the fused error names the bad value (kernels' checks)
             return expected, ref_args, f"fused graph raised {type(exc).__name__}: {one_line(exc)}"
         winner, failure = fused_args, None
-        if self._config.validate:
+        if validate:
+            COUNTERS.validations += 1
             ref_args = effects.isolate()
             effects.release()
             rng.restore()
@@ -420,16 +626,26 @@ class GraphCache:
                     [fused_args[i]], [ref_args[i]], f"mutated input {i} after"
                 )
             if failure is not None:
+                # The class stays unvalidated: its next new key is compared again.
                 failure = f"fused graph does not match the unfused graph: {failure}"
                 outputs, winner = expected, ref_args
-        if failure is None:
+            else:
+                self._validated.add(cls)
+        if failure is None and first:
             COUNTERS.fusion_successes += 1
         return outputs, winner, failure
 
     def _settle(
-        self, key: Key, mode: str, reason: str | None, capture: bool, args: tuple[Any, ...]
+        self,
+        key: Key,
+        mode: str,
+        reason: str | None,
+        capture: bool,
+        defer: bool,
+        args: tuple[Any, ...],
     ) -> _Entry:
-        """Make the entry for ``key`` starting from ``mode``: capture, or fall back."""
+        """Make the entry for ``key`` starting from ``mode``: capture (or, with ``defer``, an
+        uncaptured entry captured on a later call), or fall back."""
         entry = None
         blocker = self._capture_blocker(args) if capture else None
         if blocker is not None:
@@ -440,6 +656,8 @@ class GraphCache:
                 log.log(self._warn_once(), "%s: %s %s", self.name, self._label(key), step)
             else:
                 mode, reason = self._fall_back(key, mode, EAGER, blocker, reason)
+        if capture and defer:
+            return _Entry(mode, self._callable(mode), reason, pending=True)
         while entry is None and capture and mode != EAGER:
             try:
                 entry = self._record(mode, self._callable(mode), args)
@@ -448,11 +666,24 @@ class GraphCache:
                 why = f"capture failed: {type(exc).__name__}: {one_line(exc)}"
                 next_mode = GRAPH_REPLAY if mode == FUSION else EAGER
                 mode, reason = self._fall_back(key, mode, next_mode, why, reason)
+        budget = self._config.graph_memory
+        if entry is not None and budget is not None and entry.nbytes > budget:
+            # Kept, it would evict every other captured entry and then itself at the next
+            # capture; run directly instead.
+            _capture.retire(entry.resources(), self._replay_device)
+            why = (
+                f"its buffers ({_mib(entry.nbytes)}) exceed graph_memory ({_mib(budget)})"
+            )
+            entry = None
+            if mode == FUSION:
+                step = f"not captured: {why}"
+                reason = step if reason is None else f"{reason}; {step}"
+                log.log(self._warn_once(), "%s: %s %s", self.name, self._label(key), step)
+            else:
+                mode, reason = self._fall_back(key, mode, EAGER, f"not captured: {why}", reason)
         if entry is None:
             entry = _Entry(mode, self._callable(mode))
         entry.reason = reason
-        if reason is not None:
-            self._remember(key, (mode, reason, entry.graph is not None))
         return entry
 
     def _ignore(self, why: str) -> None:
@@ -463,15 +694,93 @@ class GraphCache:
         """Once, at the first call: batch_buckets needs a non-static tensor input with a
         leading (batch) dim; a graph without one (only parameters and scalars) pads nothing."""
         self._buckets_checked = True
-        if not any(
-            isinstance(a, Tensor) and a.dim() > 0
-            for i, a in enumerate(args)
-            if i not in self._static
-        ):
+        first = next(
+            (
+                i
+                for i, a in enumerate(args)
+                if i not in self._static and isinstance(a, Tensor) and a.dim() > 0
+            ),
+            None,
+        )
+        if first is None:
             self._ignore(
                 f"batch_buckets={list(self._buckets or ())} has no effect: the graph has no "
                 "non-parameter tensor input with a batch dimension"
             )
+        elif self._symbols is not None and self._symbols.get(first, (None,))[0] is None:
+            # Dynamo traced this graph for one batch size (its first call: a transformers
+            # BertModel then views with that size baked in, and batch 3 padded to 4 failed
+            # with "The size of tensor a (4) must match the size of tensor b (3)"). Dynamo
+            # routes only that size here; the next batch size recompiles with a dynamic
+            # batch, where the buckets apply.
+            log.info(
+                "%s: batch_buckets: the graph's batch dim is static (%d); it runs unpadded",
+                self.name,
+                args[first].shape[0],
+            )
+            self._buckets = None
+
+    def _check_lengths(self, args: tuple[Any, ...]) -> None:
+        """Once, at the first call: which inputs carry the length (``buckets.length_inputs``)."""
+        self._lengths_checked = True
+        given = f"length_buckets={list(self._lengths or ())}"
+        if self._mutated:
+            self._ignore(
+                f"{given} has no effect: the graph writes its inputs in place (a cache or "
+                "state padded along the length would not be the caller's)"
+            )
+            return
+        plan = length_inputs(args, self._static, self._symbols)
+        if isinstance(plan, LengthInputs):
+            self._length_plan = plan
+        elif "static" in plan:
+            log.info("%s: %s: %s; it runs unpadded", self.name, given, plan)
+        else:
+            self._ignore(f"{given} has no effect: {plan}")
+
+    def _length_call(
+        self, args: tuple[Any, ...], padded: tuple[Any, ...], length: int, bucket: int
+    ) -> Sequence[Any]:
+        """A call padded to a length bucket. The bucket's first call also runs the unpadded
+        graph and compares: a model whose padded positions are not masked out (no attention
+        mask passed, a position-dependent output) leaves the bucket unpadded, with the
+        reason in ``ignored_options``."""
+        state = self._length_state.get(bucket)
+        if isinstance(state, str):
+            return self._call(args)
+        if state is not None:
+            return slice_length(self._call(padded), length, state)
+        reference = self._direct(self._unfused, args, args, None, None)
+        why = None
+        try:
+            outputs = self._call(padded)
+        except Exception as exc:
+            why = f"the padded run raised {type(exc).__name__}: {one_line(exc)}"
+        else:
+            along = tuple(
+                isinstance(o, Tensor)
+                and isinstance(r, Tensor)
+                and o.dim() >= 2
+                and o.dim() == r.dim()
+                and o.shape[1] == bucket
+                and r.shape[1] == length
+                for o, r in zip(outputs, reference, strict=False)
+            )
+            if len(outputs) != len(reference):
+                why = f"{len(outputs)} outputs, expected {len(reference)}"
+            else:
+                sliced = slice_length(outputs, length, along)
+                why = mismatch(sliced, reference, "output")
+                if why is None:
+                    self._length_state[bucket] = along
+                    return sliced
+            why = f"the padded run differs from the unpadded run: {why}"
+        self._length_state[bucket] = why
+        self._ignore(
+            f"length_buckets: bucket {bucket} is not used (length {length} and the others "
+            f"padded to it run unpadded): {why}"
+        )
+        return reference
 
     def _capture_blocker(self, args: tuple[Any, ...]) -> str | None:
         """Why the graph must not be captured for these inputs, or None."""
@@ -512,7 +821,8 @@ class GraphCache:
         return logging.WARNING
 
     def _remember(self, key: Key, verdict: _Verdict) -> None:
-        """Keep a key's fallback verdict, so it never retries (bounded: oldest dropped)."""
+        """Keep a key's verdict, success or fallback: it never retries a fallback, is not
+        validated again and is captured at once when it returns (bounded: oldest dropped)."""
         if key not in self._verdicts and len(self._verdicts) >= _MAX_VERDICTS:
             del self._verdicts[next(iter(self._verdicts))]
         self._verdicts[key] = verdict
@@ -561,8 +871,9 @@ class GraphCache:
         # Retire the old graph before capturing the new one (freed once replays are past it).
         del self._entries[key]
         self._drop(entry)
+        seen = max(entry.hits, self._config.capture_on_call - 1)
         outputs = self._new_entry(
-            key, (entry.mode, entry.reason, True), args, user_args, batch, bucket
+            key, _Verdict(entry.mode, entry.reason, True, seen), args, user_args, batch, bucket
         )
         new = self._entries[key]
         new.hits = entry.hits
@@ -602,8 +913,10 @@ class GraphCache:
             mode = FUSION if entry.mode == FUSION else EAGER
             step = why if mode == entry.mode else f"{entry.mode} -> {mode}: {why}"
             reason = step if entry.reason is None else f"{entry.reason}; {step}"
-            self._entries[key] = _Entry(mode, entry.fn, reason, hits=entry.hits, decision=why)
-            self._remember(key, (mode, reason, False))
+            self._entries[key] = _Entry(
+                mode, entry.fn, reason, hits=entry.hits, decision=why, last_use=entry.last_use
+            )
+            self._remember(key, _Verdict(mode, reason, False, entry.hits + 1))
             self._drop(entry)
         return outputs
 
@@ -652,7 +965,8 @@ class GraphCache:
         # the CPU, so it is returned as a device copy like any other output.
         aliases = tuple(None if a in host_idx else a for a in aliases)
         buffers = {i: buf for i, buf in copies} | {i: buf for i, buf, _ in host_copies}
-        large = payoff.output_bytes(outputs, aliases) >= payoff.LARGE_OUTPUT_BYTES
+        out_bytes = payoff.output_bytes(outputs, aliases)
+        large = out_bytes >= payoff.LARGE_OUTPUT_BYTES
         return _Entry(
             mode=mode,
             fn=fn,
@@ -667,37 +981,98 @@ class GraphCache:
             outputs=tuple(outputs),
             aliases=aliases,
             out_tuple=isinstance(outputs, tuple),
+            # What this entry holds alone: the pool's intermediates are shared by all graphs
+            # of the device (replays never overlap), its outputs and input buffers are not.
+            nbytes=out_bytes + sum(_nbytes(buf) for buf in buffers.values()),
             # Kept outputs are copied after each replay; static_outputs copies nothing.
             trial=payoff.CaptureTrial() if large and not self._static_outputs else None,
         )
 
     def _insert(self, key: Key, entry: _Entry) -> None:
+        entry.last_use = _clock()
         self._entries[key] = entry
-        while len(self._entries) > self._config.max_graphs:
-            old_key, old = self._entries.popitem(last=False)
-            self._drop(old)
-            COUNTERS.evictions += 1
-            if not self._evicting:
-                self._evicting = True
-                log.log(
-                    self._warn_once(),
-                    "%s: more than max_graphs=%d input signatures; the oldest are evicted "
-                    "and re-captured when they return (raise max_graphs, or use batch_buckets "
-                    "for varying batch sizes)",
-                    self.name,
-                    self._config.max_graphs,
-                )
-            log.debug(
-                "%s: evicted %s (max_graphs=%d)",
-                self.name,
-                self._label(old_key),
-                self._config.max_graphs,
-            )
+        self._held_bytes += entry.nbytes
+        cap = self._config.max_graphs
+        while cap is not None and len(self._entries) > cap:
+            self._evict(next(iter(self._entries)), "max_graphs")
+        while len(self._entries) > _MAX_ENTRIES:
+            self._evict(next(iter(self._entries)), "entry_limit")
+        if entry.nbytes and self._config.graph_memory is not None:
+            _enforce_memory(self._config.graph_memory, self, key)
+
+    def _evict(self, key: Key, cause: str) -> None:
+        """Drop one entry (the caller holds this cache's lock); its verdict stays, so it is
+        neither validated nor kept uncaptured again when it returns."""
+        entry = self._entries.pop(key)
+        self._drop(entry)
+        COUNTERS.evicted(cause)
+        if cause == "superseded":  # the expected course of Dynamo's recompiles: no warning
+            log.debug("%s: %s superseded by a newer compilation", self.name, self._label(key))
+            return
+        if not self._evicting:
+            self._evicting = True
+            log.log(self._warn_once(), "%s: %s", self.name, _EVICTION_HINTS[cause](self._config))
+        log.debug("%s: evicted %s (%s)", self.name, self._label(key), cause)
 
     def _drop(self, entry: _Entry) -> None:
         """Let go of a dropped entry's graph and buffers once no queued replay reads them."""
+        self._held_bytes -= entry.nbytes
         if entry.graph is not None:
             _capture.retire(entry.resources(), self._replay_device)
+
+    def _promote(
+        self,
+        key: Key,
+        entry: _Entry,
+        args: tuple[Any, ...],
+        user_args: tuple[Any, ...],
+        batch: int | None,
+        bucket: int | None,
+    ) -> Sequence[Any]:
+        """The ``capture_on_call``-th call of an uncaptured entry: capture it now."""
+        del self._entries[key]
+        self._drop(entry)
+        verdict = _Verdict(entry.mode, entry.reason, True, entry.hits)
+        return self._new_entry(key, verdict, args, user_args, batch, bucket)
+
+    def _supersede(self, key: Key) -> int:
+        """Drop the entries of older compilations of this cache's function that served the
+        tensor shapes of ``key``; return how many calls they had (0: none).
+
+        Dynamo checks its newest graph first, and a recompile after a new shape makes a more
+        general graph (a dynamic length, then batch): from then on a shape first served by
+        an older graph goes to the newer one, and the older entry, captured graph and
+        buffers included, would stay alive unused (4 shapes twice made 7 entries). The rule
+        needs no guess about Dynamo's guards: the newer graph has just been handed these
+        shapes, so its guards won. Should an older graph still be routed the same shapes
+        (two graphs that differ in a Python value, called in turn), it pays one more miss
+        per shape; its verdicts stay, so that miss captures at once.
+        """
+        with _FRAMES_LOCK:
+            refs = list(_FRAMES.get(self._frame, ()))
+        older = []
+        for ref in refs:
+            cache = ref()
+            if cache is self:
+                break
+            if cache is not None:
+                older.append(cache)
+        if not older:
+            return 0
+        signature = tensor_signature(key)
+        seen = 0
+        for cache in older:
+            # Never wait on another cache's lock while holding this one's (two caches
+            # superseding each other would deadlock); a busy cache keeps its entry for now.
+            if not cache._lock.acquire(blocking=False):
+                continue
+            try:
+                for old in [k for k in cache._entries if tensor_signature(k) == signature]:
+                    seen = max(seen, cache._entries[old].hits + 1)
+                    cache._evict(old, "superseded")
+            finally:
+                cache._lock.release()
+        return seen
 
     # ------------------------------------------------------------------------- arg plumbing
 
@@ -711,7 +1086,11 @@ class GraphCache:
     # -------------------------------------------------------------------------- inspection
 
     def key_for(self, *args: Any) -> Key:
-        """The cache key a call with ``args`` uses (after batch-bucket padding)."""
+        """The cache key a call with ``args`` uses (after length- and batch-bucket padding)."""
+        if self._length_plan is not None:
+            padded = pad_length(args, self._length_plan, self._lengths or ())
+            if padded is not None and not isinstance(self._length_state.get(padded[2]), str):
+                args = padded[0]
         if self._buckets is not None:
             args = pad(args, self._buckets, self._static, self._batch_ints)[0]
         return self._signatures.key(args)
@@ -758,7 +1137,10 @@ class GraphCache:
             for entry in self._entries.values():
                 self._drop(entry)
             self._entries.clear()
+            self._held_bytes = 0
             self._verdicts.clear()
+            self._validated.clear()
+            self._length_state.clear()
             self._moves.clear()
             self._copied_static.clear()
 

@@ -17,7 +17,16 @@ from torch import Tensor
 
 from fusebackend.runtime.counters import fusion_enabled
 
-__all__ = ["Key", "Signatures", "contiguous_strides", "label", "shapes", "static_ptrs_equal"]
+__all__ = [
+    "Key",
+    "Signatures",
+    "contiguous_strides",
+    "label",
+    "plan_class",
+    "shapes",
+    "static_ptrs_equal",
+    "tensor_signature",
+]
 
 Key = tuple[Any, ...]
 
@@ -113,6 +122,28 @@ def label(prefix: str, own: torch.device | None, key: Key) -> str:
 def shapes(key: Key) -> tuple[tuple[int, ...], ...]:
     """Shapes of the key's tensor inputs."""
     return tuple(tuple(item[0]) for item in key[1:] if len(item) == 4)
+
+
+def plan_class(key: Key) -> Key:
+    """The key without its sizes: what a signature shares with every other shape of one
+    compiled graph (fusion switch, then dtype, device, rank and contiguity of each tensor
+    input, the type of every other input: integers under dynamic shapes are sizes; CPU
+    scalars baked in by value count by type). Validation runs once per class: a graph that
+    matched the unfused graph at one shape runs its other shapes unchecked."""
+    items: list[Any] = [key[0]]
+    for item in key[1:]:
+        if len(item) == 4:
+            shape, stride, dtype, device = item
+            items.append((dtype, device, len(shape), tuple(stride) == contiguous_strides(shape)))
+        else:
+            items.append(item[0])
+    return tuple(items)
+
+
+def tensor_signature(key: Key) -> Key:
+    """Fusion switch, then (shape, dtype) of each tensor input: what two compilations of one
+    function (Dynamo's recompiles) see alike for one call, whatever their other inputs."""
+    return (key[0], *[(tuple(item[0]), item[2]) for item in key[1:] if len(item) == 4])
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:

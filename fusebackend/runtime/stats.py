@@ -16,6 +16,7 @@ import torch
 from fusebackend.runtime.capture import pool_bytes, release_pools
 from fusebackend.runtime.counters import (
     COUNTERS,
+    EVICTION_REASONS,
     Counters,
     fusion_enabled,
     live_caches,
@@ -68,9 +69,14 @@ def stats() -> dict[str, Any]:
             its entry was evicted or cleared).
         recordings: Successful CUDA-graph captures (re-records included).
         fusion_attempts: First runs of a fused callable (one per new signature in "fusion").
-        fusion_successes: Fused first runs that ran without error and, when
-            ``validate`` is on, matched the unfused graph; with ``validate`` off, that ran
-            without error. A graph rewritten but never run counts nothing.
+        fusion_successes: Fused first runs that ran without error and, when compared with
+            the unfused graph (``validations``), matched it; uncompared ones (``validate``
+            off, or their class already matched) that ran without error. A graph rewritten
+            but never run counts nothing.
+        validations: First runs compared with the unfused graph: once per compiled graph and
+            validation class (``keys.plan_class``: the dtypes, ranks and layouts of the
+            inputs, not their sizes) until one matches; a failed one falls back and the
+            class's next new signature is compared again.
         fusion_fallbacks: Signatures that left "fusion" for another mode (fused callable
             raised, mismatched, or could not be captured).
         cached_shapes: For each live entry, the shapes of its non-static tensor inputs as a
@@ -81,7 +87,12 @@ def stats() -> dict[str, Any]:
             unfused graph, captured; "eager": the unfused graph run directly.
         fallback_reasons: Readable key -> why the entry is not in its first-choice mode, for
             live entries that fell back.
-        evictions: Entries dropped by the ``max_graphs`` LRU limit.
+        evictions: Entries dropped, for any of ``eviction_reasons``.
+        eviction_reasons: Cause -> entries dropped for it: ``"graph_memory"`` (the least
+            recently used captured entries of all graphs past the ``graph_memory`` budget),
+            ``"max_graphs"`` (the per-graph count cap), ``"superseded"`` (a newer compilation
+            of the same function, after Dynamo's recompiles, serves those shapes),
+            ``"entry_limit"`` (more than 4096 signatures in one graph).
         rerecords: Captures redone because an input used in place (parameter, buffer, KV
             cache, written input) changed address (e.g. ``param.data = ...``); one that moves
             on 3 consecutive calls is copied in from then on.
@@ -89,10 +100,15 @@ def stats() -> dict[str, Any]:
             its signature one step down the fallback chain.
         graph_pool_bytes: Device memory reserved by the shared graph memory pools (0 without
             CUDA).
+        captured_bytes: Device memory the live captured entries hold alone (their static
+            input and output buffers): what ``graph_memory`` bounds. The pools' shared
+            intermediates (in ``graph_pool_bytes``) come on top.
         ignored_options: Compiled graph (name#number) -> the options it was given that cannot
             take effect on it, with the reason (``cudagraphs=True`` on a CPU graph or without
-            CUDA, ``batch_buckets`` on a graph with no batch dimension); each is also logged
-            once as a warning.
+            CUDA, ``batch_buckets`` on a graph with no batch dimension, ``length_buckets`` on
+            a graph without ``input_ids`` or that writes its inputs, a length bucket whose
+            padded run differed from the unpadded one); each is also logged once as a
+            warning.
 
     Readable keys look like ``"embed#0 fused (int64[4, 7], float16[7, 64]@cpu, 3)"``: cache
     name and number, whether the fused graph is selected, then each non-static input (dtype
@@ -108,7 +124,9 @@ def stats() -> dict[str, Any]:
     result["cached_shapes"] = [row.shapes for row in rows]
     result["fusion_modes"] = {row.label: row.mode for row in rows}
     result["fallback_reasons"] = {row.label: row.reason for row in rows if row.reason}
+    result["eviction_reasons"] = dict(EVICTION_REASONS)
     result["graph_pool_bytes"] = pool_bytes()
+    result["captured_bytes"] = sum(cache._held_bytes for cache in live_caches())
     result["ignored_options"] = {
         cache.label_prefix: list(cache.ignored_options)
         for cache in live_caches()
