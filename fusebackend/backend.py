@@ -213,6 +213,7 @@ def infinifuse(
         host_inputs=part.host_inputs,
         name=name,
         batch_size_input_indices=_batch_size_inputs(placeholders, static),
+        example_values=[example_value(p) for p in placeholders],
     )
     if not config.fusion:
         path = "unfused (option fusion=False)"
