@@ -248,3 +248,57 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     b, kv_heads, length, width = x.shape
     x = x[:, :, None, :, :].expand(b, kv_heads, n_rep, length, width)
     return x.reshape(b, kv_heads * n_rep, length, width)
+
+
+class TritonCompiles:
+    """Counts the binaries Triton would compile on a GPU for the fused launches made while
+    it is active (``with TritonCompiles() as compiles``), while the interpreter runs them.
+
+    Each launch's key is what Triton's JIT caches binaries by: its specialisation of every
+    argument, computed by Triton's own binder (``create_function_from_signature`` with the
+    base backend's rules: pointers by dtype and 16-byte alignment, integers by 32/64-bit,
+    equal to 1 and divisible by 16 unless ``do_not_specialize`` names them, floats by type
+    only), its constexprs, and its launch options (warps, debug).
+    """
+
+    def __init__(self) -> None:
+        self.keys: list[tuple] = []  # one per launch
+        self._binders: dict[Any, Any] = {}
+        self._patches: list[Any] = []
+
+    @property
+    def distinct(self) -> set[tuple]:
+        """One key per binary Triton would compile."""
+        return set(self.keys)
+
+    def key(self, kernel: Any, args: Sequence[Any], meta: dict[str, Any]) -> tuple:
+        from triton.backends.compiler import BaseBackend
+        from triton.runtime.jit import JITFunction, create_function_from_signature
+
+        binder = self._binders.get(kernel)
+        if binder is None:
+            options = {k: v for k, v in kernel.kwargs.items() if k.startswith("do_not_")}
+            jit = JITFunction(kernel.fn, **options)
+            binder = create_function_from_signature(jit.signature, jit.params, BaseBackend)
+            self._binders[kernel] = binder
+        _, specialization, options = binder(*args, **meta)
+        return (kernel.fn.__name__, tuple(specialization), tuple(sorted(options.items())),
+                kernel.kwargs.get("debug"))  # fmt: skip
+
+    def __enter__(self) -> TritonCompiles:
+        import fusebackend.kernels.launch as launch
+
+        real_run = launch._run
+
+        def run(kernel: Any, grid: Any, args: list[Any], meta: dict[str, Any], device: Any):
+            self.keys.append(self.key(kernel, args, meta))
+            return real_run(kernel, grid, args, meta, device)
+
+        self._patches = [mock.patch.object(launch, "_run", run)]
+        for patch in self._patches:
+            patch.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for patch in self._patches:
+            patch.stop()

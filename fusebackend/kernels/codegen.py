@@ -138,15 +138,16 @@ class _Writer:
         unspecialized = [f"{prefix}{q}" for prefix in ("a_", "b_") for q in self._unspecialized()]
         params_text = [f"{prefix}{q}," for prefix in ("a_", "b_") for q in per_set]
         params_text += ["GRID_A,  # programs of the first set", *(f"{q}," for q in constexprs)]
+        names = [q.split(":")[0] for q in per_set]  # a scalar's annotation is no part of it
         doc, *statements = body  # the docstring stays first, once
         lines = [*self._header(name, [*unspecialized, "GRID_A"], params_text), doc]
         lines += [
             "    if tl.program_id(ROWS_AXIS) < GRID_A:",
             "        pid_r = tl.program_id(ROWS_AXIS)",
         ]
-        lines += ["    " + _prefixed(line, "a_", per_set) for line in statements]
+        lines += ["    " + _prefixed(line, "a_", names) for line in statements]
         lines += ["    else:", "        pid_r = tl.program_id(ROWS_AXIS) - GRID_A"]
-        lines += ["    " + _prefixed(line, "b_", per_set) for line in statements]
+        lines += ["    " + _prefixed(line, "b_", names) for line in statements]
         return name, "\n".join(lines) + "\n"
 
     def _header(self, name: str, unspecialized: list[str], params: list[str]) -> list[str]:
@@ -157,7 +158,8 @@ class _Writer:
             "",
             "",
             # Row counts change with every batch size and sequence length; specialising on
-            # them (==1, %16) would compile a new binary per size for no gain.
+            # them (==1, %16) would compile a new binary per size for no gain
+            # (_unspecialized).
             # Debug mode only where there is an index to assert on: a kernel in debug mode ran
             # 5% slower on the H100 (16x2048x2048 chain: 0.125 vs 0.119 ms).
             f"@triton.jit(debug={self.options.index_checks and bool(self.p.lookups)}, "
@@ -181,7 +183,7 @@ class _Writer:
         self._coordinates()
         # row offsets first: loops below must find them computed
         for slot in range(len(p.input_dtypes)):
-            if slot not in p.table_slots:
+            if slot not in p.table_slots and slot not in p.scalar_inputs:
                 self._row_offset(f"in{slot}")
         for k in range(len(p.outputs)):
             self._row_offset(f"out{k}")
@@ -207,6 +209,11 @@ class _Writer:
                 params += [f"in{slot}_ptr"] + [f"in{slot}_{s}" for s in leads]
                 docs += [f"indices ({dtype}), broadcast to the row shape"]
                 docs += [f"  stride of row dim {d}" for d in range(self.rank)]
+            elif slot in p.scalar_inputs:
+                # Typed, so that Triton takes it as this float type whatever the number
+                params += [f"in{slot}: {TL_DTYPES[dtype]}"]
+                docs += [f"a number read at each call ({dtype}; a norm's eps given as a graph "
+                         "input)"]  # fmt: skip
             elif slot in p.table_slots:
                 params += [f"in{slot}_ptr", f"in{slot}_rows", f"in{slot}_s0", f"in{slot}_s1"]
                 docs += [
@@ -241,7 +248,18 @@ class _Writer:
         return params, docs
 
     def _unspecialized(self) -> list[str]:
-        return [f"size{d}" for d in range(self.rank)] + ["R"]
+        """Arguments Triton must not specialise (on == 1 or divisibility by 16): each would
+        compile a binary per class of lengths for no gain. The row sizes and count; and the
+        strides of an index tensor's outer row dims, which scale with the inner sizes (BERT's
+        [B, T] ids against [1, T] positions do not collapse: the ids' stride is T). An index
+        is loaded once per row, so knowing its alignment vectorises nothing; the innermost
+        stride stays specialised (1 for contiguous ids: consecutive rows' indices load as
+        one vector in a rank-1 kernel). Strides of row tensors stay specialised: their
+        divisibility by 16 is what lets a row's columns load as vectors, and for widths
+        divisible by 16 every multiple of the width is too."""
+        index_strides = [f"in{slot}_s{d}" for slot in sorted(self.p.index_slots)
+                         for d in range(self.rank - 1)]  # fmt: skip
+        return [f"size{d}" for d in range(self.rank)] + ["R", *index_strides]
 
     def _math_doc(self) -> str:
         p = self.p
@@ -360,6 +378,8 @@ class _Writer:
         return self._load(scope, operand.slot)
 
     def _load(self, scope: _Scope, slot: int) -> str:
+        if slot in self.p.scalar_inputs:
+            return f"in{slot}"  # a scalar argument, already of its type
         narrow = slot in self.p.narrow_inputs
         scope = self._scope_for(scope, narrow)
         key = ("load", slot)

@@ -141,6 +141,11 @@ class RowProgram:
     ``narrow_inputs``: slots whose last dim is 1 (a table of width 1, an operand of shape
     ``[..., 1]`` or 0-d). They are read once per row, not broadcast along the row, so a
     reduction over them reduces one element, as eager does.
+
+    ``scalar_inputs``: slots that are Python numbers at run time, not tensors (a norm's
+    ``eps`` that Dynamo passes into the graph as an input under dynamic shapes). The kernel
+    takes each as a scalar argument (fp32; fp64 in fp64 programs), read at every call, so
+    the program holds no value of it. Their ``input_dtypes`` entry is that type.
     """
 
     input_dtypes: tuple[torch.dtype, ...]
@@ -148,6 +153,7 @@ class RowProgram:
     instrs: tuple[Instr | Reduce | Rotate, ...]
     outputs: tuple[int, ...]  # value indices written out, in the order returned
     narrow_inputs: frozenset[int] = frozenset()
+    scalar_inputs: frozenset[int] = frozenset()
 
     def value_dtype(self, index: int) -> torch.dtype:
         if index < len(self.lookups):
@@ -179,7 +185,7 @@ class RowProgram:
 
         def is_narrow(op: Operand) -> bool:
             if isinstance(op, InputRef):
-                return op.slot in self.narrow_inputs
+                return op.slot in self.narrow_inputs or op.slot in self.scalar_inputs
             return not isinstance(op, ValueRef) or op.index in narrow
 
         for i, instr in enumerate(self.instrs):
@@ -191,7 +197,7 @@ class RowProgram:
 
     def operand_is_narrow(self, operand: Operand) -> bool:
         if isinstance(operand, InputRef):
-            return operand.slot in self.narrow_inputs
+            return operand.slot in self.narrow_inputs or operand.slot in self.scalar_inputs
         if isinstance(operand, ValueRef):
             return operand.index in self.narrow_values
         return True  # constants and left-out operands have no width

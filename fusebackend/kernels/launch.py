@@ -140,7 +140,7 @@ def value_shapes(
             if isinstance(operand, ValueRef):
                 operand_shapes.append(shapes[operand.index])
             elif isinstance(operand, InputRef):
-                operand_shapes.append(inputs[operand.slot].shape)
+                operand_shapes.append(_shape(inputs[operand.slot]))
         if isinstance(instr, Reduce):
             (shape,) = operand_shapes
             if not program.operand_is_narrow(instr.operand):
@@ -162,6 +162,14 @@ def value_shapes(
                 f"{group_shape[-1]} (shape {tuple(group_shape)})"
             )
     return shapes, group_shape
+
+
+_NO_DIMS = torch.Size(())
+
+
+def _shape(value: Any) -> torch.Size:
+    """A tensor's shape; a number (a scalar input) has none."""
+    return value.shape if isinstance(value, torch.Tensor) else _NO_DIMS
 
 
 def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
@@ -237,7 +245,9 @@ def _prepare(program: RowProgram, inputs: Sequence[torch.Tensor]) -> _Launch:
     table_width = {lk.table_slot: shapes[j][-1] for j, lk in enumerate(program.lookups)}
     entries: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
     for slot, t in enumerate(inputs):
-        if slot in program.index_slots:
+        if slot in program.scalar_inputs:
+            entries.append((slot, (), ()))  # the number itself, filled in at each call
+        elif slot in program.index_slots:
             entries.append((slot, _broadcast_strides(t, lead), ()))
         elif slot in program.table_slots:
             col_stride = 0 if table_width[slot] == 1 else t.stride(1)
@@ -251,7 +261,8 @@ def _prepare(program: RowProgram, inputs: Sequence[torch.Tensor]) -> _Launch:
         fresh = torch.empty(shapes[value], device="meta")  # as the output is allocated
         *lead_strides, col_stride = _broadcast_strides(fresh, shape)
         entries.append((len(inputs) + j, tuple(lead_strides), (col_stride,)))
-    strided = [i for i, (slot, _, _) in enumerate(entries) if slot not in program.table_slots]
+    unstrided = program.table_slots | program.scalar_inputs
+    strided = [i for i, (slot, _, _) in enumerate(entries) if slot not in unstrided]
     sizes, lead_strides = _collapse_lead(lead, [entries[i][1] for i in strided])
     for i, merged in zip(strided, lead_strides):
         entries[i] = (entries[i][0], merged, entries[i][2])
@@ -389,7 +400,7 @@ def _make_plans(
     program: RowProgram, options: KernelOptions, sets: Sequence[Sequence[torch.Tensor]]
 ) -> _Plans:
     launches = [_prepare(program, inputs) for inputs in sets]
-    devices = [inputs[0].device for inputs in sets]
+    devices = [_device(inputs) for inputs in sets]
     offsets, start = [], 0
     for inputs, launch in zip(sets, launches):
         offsets.append(start)
@@ -414,6 +425,10 @@ def _make_plans(
 _MAX_PLANS = 64  # per group: one that sees more signatures (dynamic shapes) starts over
 
 
+def _device(inputs: Sequence[Any]) -> torch.device:
+    return next(t.device for t in inputs if isinstance(t, torch.Tensor))
+
+
 def _launch_sets(
     program: RowProgram,
     options: KernelOptions,
@@ -422,11 +437,16 @@ def _launch_sets(
 ) -> tuple[torch.Tensor, ...]:
     for inputs in sets:
         check_indices(program, inputs)
+    if program.scalar_inputs:  # numbers of any Python type: the kernel takes floats
+        scalars = program.scalar_inputs
+        sets = [[float(x) if slot in scalars else x for slot, x in enumerate(inputs)]
+                for inputs in sets]  # fmt: skip
     if plans is None:
         return _make_plans(program, options, sets).run(sets)
     # launch_config is read here so that a benchmark's sweep, which swaps it, misses
     key = (launch_config,
-           tuple((t.shape, t.stride(), t.dtype, t.device) for inputs in sets for t in inputs),
+           tuple((t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor)
+                 else float for inputs in sets for t in inputs),
            tuple(len(inputs) for inputs in sets))  # fmt: skip
     found = plans.get(key)
     if found is None:
@@ -595,8 +615,7 @@ def precompile(
     ``split``: the inputs are a pair's, the first ``split`` of them the first set's. A
     group without rows, or a pair that launches twice, is compiled at its launch.
     """
-    meta = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-            for t in inputs]  # fmt: skip
+    meta = [_meta(t) for t in inputs]
     sets = [meta] if split is None else [meta[:split], meta[split:]]
     launches = [_prepare(program, part) for part in sets]
     if not launches[0].args or (split is not None and not _pairable(*launches)):
@@ -608,12 +627,12 @@ def precompile(
     given = [inputs] if split is None else [inputs[:split], inputs[split:]]
     pool: list[Any] = []
     for part, (specs, _) in zip(given, plans.outputs):
-        pool += [warmup_pointer_of(t) for t in part]
+        pool += [warmup_pointer_of(t) if _is_tensor_like(t) else 1.0 for t in part]
         pool += [warmup_pointer(dtype, 0) for _, dtype in specs]
     args = list(plan.args)
     for place, index in plan.tensors:
         args[place] = pool[index]
-    device = inputs[0].device
+    device = _device(inputs)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         plan.kernel.warmup(*args, grid=plan.grid, **plan.meta)
 
@@ -621,8 +640,19 @@ def precompile(
 def launch_rank(program: RowProgram, inputs: Sequence[torch.Tensor]) -> int | None:
     """The rank of the kernel that a launch on tensors like ``inputs`` runs (its lead dims
     collapsed, ``_collapse_lead``), or None where their sizes or strides are symbolic."""
-    if not all(isinstance(n, int) for t in inputs for n in (*t.shape, *t.stride())):
+    tensors = [t for t in inputs if _is_tensor_like(t)]
+    if not all(isinstance(n, int) for t in tensors for n in (*t.shape, *t.stride())):
         return None
-    meta = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-            for t in inputs]  # fmt: skip
-    return _prepare(program, meta).rank
+    return _prepare(program, [_meta(t) for t in inputs]).rank
+
+
+def _is_tensor_like(value: Any) -> bool:
+    return not isinstance(value, (int, float, torch.SymInt, torch.SymFloat))
+
+
+def _meta(value: Any) -> Any:
+    """A meta tensor shaped like ``value`` (a tensor or a fake one); a number (a scalar
+    input) as a float, whose value no compile depends on (Triton types it by annotation)."""
+    if not _is_tensor_like(value):
+        return 1.0
+    return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")

@@ -61,6 +61,7 @@ class _Builder:
         self.inputs: list[torch.fx.Node] = []
         self.dtypes: list[torch.dtype] = []
         self.narrow: set[int] = set()
+        self.scalars: set[int] = set()
         self.lookups: list[Lookup] = []
         self.instrs: list[Instr | Reduce | Rotate] = []
         self.values: dict[torch.fx.Node, int] = {}
@@ -76,6 +77,23 @@ class _Builder:
             if role != "index" and isinstance(width, int) and width == 1:
                 self.narrow.add(self.slots[key])
         return self.slots[key]
+
+    def scalar(self, node: torch.fx.Node, dtype: torch.dtype) -> InputRef:
+        """A number computed in the graph (a norm's eps under dynamic shapes): a scalar
+        argument of the kernel, of ``dtype``, read at each call."""
+        key = (node, "scalar")
+        if key not in self.slots:
+            self.slots[key] = len(self.inputs)
+            self.inputs.append(node)
+            self.dtypes.append(dtype)
+            self.scalars.add(self.slots[key])
+        return InputRef(self.slots[key])
+
+    def eps(self, call: OpCall, default: float, acc: torch.dtype) -> Operand:
+        eps = call.params.get("eps")
+        if isinstance(eps, torch.fx.Node):
+            return self.scalar(eps, acc)
+        return Const.of(default if eps is None else eps)
 
     def ref(self, call: OpCall, operand: Any) -> Operand:
         if operand is None:
@@ -130,13 +148,13 @@ class _Builder:
     def _layer_norm(self, call: OpCall, operands: list[Operand], dtype: torch.dtype) -> ValueRef:
         x, weight, bias = operands
         acc = accumulate_dtype(example_value(call.operands[0]).dtype)
-        eps = call.params.get("eps")
+        eps = self.eps(call, 1e-5, acc)
         xf = self.add(Instr("cast", (x,), acc))
         mean = self.add(Reduce("mean", xf, acc))
         centred = self.add(Instr("sub", (xf, mean), acc))
         square = self.add(Instr("mul", (centred, centred), acc))
         var = self.add(Reduce("mean", square, acc))
-        inv = self.add(Instr("rsqrt", (self.add(Instr("add", (var, Const.of(eps)), acc)),), acc))
+        inv = self.add(Instr("rsqrt", (self.add(Instr("add", (var, eps), acc)),), acc))
         y = self.add(Instr("mul", (centred, inv), acc))
         if weight is not None:
             y = self.add(Instr("mul", (y, weight), acc))
@@ -167,12 +185,11 @@ class _Builder:
         x, weight = operands
         source = example_value(call.operands[0]).dtype
         acc = accumulate_dtype(source)
-        eps = call.params.get("eps")
-        eps = torch.finfo(source).eps if eps is None else eps
+        eps = self.eps(call, torch.finfo(source).eps, acc)
         xf = self.add(Instr("cast", (x,), acc))
         square = self.add(Instr("mul", (xf, xf), acc))
         mean = self.add(Reduce("mean", square, acc))
-        inv = self.add(Instr("rsqrt", (self.add(Instr("add", (mean, Const.of(eps)), acc)),), acc))
+        inv = self.add(Instr("rsqrt", (self.add(Instr("add", (mean, eps), acc)),), acc))
         y = self.add(Instr("mul", (xf, inv), acc))
         if weight is not None:
             y = self.add(Instr("mul", (y, weight), acc))
@@ -208,5 +225,6 @@ def lower(candidate: Candidate) -> None:
     values = [example_value(m) for m in candidate.members]  # a split's value is a tuple
     candidate.rank = max(v.dim() for v in values if isinstance(v, torch.Tensor)) - 1
     candidate.program = RowProgram(
-        tuple(b.dtypes), tuple(b.lookups), tuple(b.instrs), tuple(distinct), frozenset(b.narrow)
+        tuple(b.dtypes), tuple(b.lookups), tuple(b.instrs), tuple(distinct), frozenset(b.narrow),
+        frozenset(b.scalars),
     )

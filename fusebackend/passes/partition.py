@@ -105,7 +105,53 @@ def match(node: torch.fx.Node) -> OpCall | str | None:
             params = {"shift": rotation.shift, "signs": rotation.signs}
             return OpCall(OP_TABLE["rotate"], (rotation.source,), params)
         return rotation
-    return bind_op(row[0], row[1], node.args, dict(node.kwargs))
+    call = bind_op(row[0], row[1], node.args, dict(node.kwargs))
+    if isinstance(call, str) and row[0].kind == "norm":
+        return _bind_graph_eps(row[0], row[1], node, call)
+    return call
+
+
+def _bind_graph_eps(op: Any, signature: Any, node: torch.fx.Node, reason: str) -> OpCall | str:
+    """A norm whose ``eps`` is a number computed in the graph, bound with ``eps`` kept as
+    that node (the kernel reads it as a scalar argument at each call), or ``reason``.
+
+    Under dynamic shapes (``dynamic=True``, or after Dynamo's recompiles) Dynamo passes a
+    module's float attributes into the graph as inputs: ``nn.LayerNorm.eps`` arrives as a
+    0-d tensor and ``.item()`` of it, so BERT's norms read ``eps`` from a graph node. The op
+    table checks ``eps`` as a Python number; it is bound with a stand-in number instead and
+    the node put back, so every other check still applies."""
+    try:
+        bound = signature.bind(*node.args, **node.kwargs)
+    except TypeError:
+        return reason
+    eps = bound.arguments.get("eps")
+    if not is_graph_scalar(eps):
+        return reason
+    bound.arguments["eps"] = 0.0
+    call = bind_op(op, signature, bound.args, bound.kwargs)
+    if isinstance(call, str):
+        return call
+    return OpCall(call.op, call.operands, {**call.params, "eps": eps})
+
+
+def _scalar_param(call: OpCall, name: str, value: Any) -> bool:
+    """A param that may be a graph number (dynamic shapes pass module attributes in as
+    inputs): a norm's eps (a scalar argument of the kernel) and the ``p`` of a dropout
+    outside training, which returns its input whatever ``p`` is."""
+    if call.op.name == "dropout" and name == "p" or call.op.kind == "norm" and name == "eps":
+        return is_graph_scalar(value)
+    return False
+
+
+def is_graph_scalar(value: Any) -> bool:
+    """Is ``value`` an FX node that holds a Python number (a SymFloat or SymInt, or a plain
+    number) when the graph runs?"""
+    if not isinstance(value, torch.fx.Node):
+        return False
+    example = example_value(value)
+    return isinstance(example, (float, int, torch.SymFloat, torch.SymInt)) and not isinstance(
+        example, bool
+    )
 
 
 def rotation_of(node: torch.fx.Node) -> Rotation:
@@ -264,8 +310,8 @@ class _Grower:
             # alias of a lookup the group gathers is that lookup's value (GPT-2's position
             # rows reach the add through ``.to(device)``).
             return f"a {call.op.name} that returns a tensor outside the group as it is"
-        for value in call.params.values():
-            if _contains_node(value):
+        for name, value in call.params.items():
+            if _contains_node(value) and not _scalar_param(call, name, value):
                 return "a tensor argument in a non-operand position"
         return self._check_rows(node, call)
 

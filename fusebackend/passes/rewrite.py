@@ -93,6 +93,9 @@ def reference_graph(candidate: Candidate) -> torch.fx.Graph:
         elif call is not None and call.op.name == "cast":  # the dtype may come from a tensor
             env[member] = graph.call_method("to", (env[call.operands[0]],
                                                    example_value(member).dtype))  # fmt: skip
+        elif call is not None and call.op.name == "dropout":  # outside training: its input
+            # (p may be a graph value under dynamic shapes, which the group does not read)
+            env[member] = env[call.operands[0]]
         elif call is not None and call.op.name == "rotate":  # its parts are not copied
             source, params = env[call.operands[0]], call.params
             env[member] = graph.call_function(rotate, (source, params["shift"], params["signs"]))

@@ -1,0 +1,192 @@
+"""Fused groups under Dynamo's dynamic shapes (``dynamic=True``): norms whose ``eps`` arrives
+as a graph input still fuse (the kernel reads it as a scalar argument at each call), and a new
+sequence length costs no new Triton compile beyond the launch configs the rows ask for, and
+no full planning of the launch."""
+
+from __future__ import annotations
+
+import helpers
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from helpers import TritonCompiles, assert_close
+
+import fusebackend
+import fusebackend.kernels.launch as launch
+
+transformers = pytest.importorskip("transformers")
+
+
+def _bert(dtype: torch.dtype = torch.float32) -> nn.Module:
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=101, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=80, max_position_embeddings=64,
+    )  # fmt: skip
+    return transformers.BertModel(config).eval().to(dtype)
+
+
+def _batch(length: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(0, 101, (3, length), generator=g)
+    mask = torch.ones(3, length, dtype=torch.long)
+    mask[1, length // 2 :] = 0  # right padding
+    mask[2, -1:] = 0
+    return ids, mask
+
+
+def _compiled_groups(model: nn.Module, dynamic: bool, lengths, g) -> list:
+    compiled = torch.compile(model, backend="infinifuse", dynamic=dynamic,
+                             options={"validate": False})  # fmt: skip
+    for length in lengths:
+        ids, mask = _batch(length, g)
+        with torch.no_grad():
+            actual = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+            expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    report = fusebackend.last_report()
+    helpers.assert_fused(report)
+    return report.groups
+
+
+def test_bert_under_dynamic_true_fuses_its_norms_as_the_static_graph_does():
+    # Dynamo passes nn.LayerNorm.eps (and dropout's p) into a dynamic graph as inputs; the
+    # norms used to be rejected ("eps is not a Python number"): 1 group instead of 5.
+    g = torch.Generator().manual_seed(1)
+    model = _bert()
+    static = _compiled_groups(model, False, [7], g)
+    torch._dynamo.reset()
+    dynamic = _compiled_groups(model, True, [7, 13, 33], g)
+    assert len(dynamic) == len(static) == 5, [grp.nodes for grp in dynamic]
+    assert sum(1 for grp in dynamic if grp.reductions) == 5  # every norm runs in a kernel
+    assert [len(grp.nodes) for grp in dynamic] == [len(grp.nodes) for grp in static]
+    assert not any("eps" in r.reason for r in fusebackend.last_report().rejections)
+    assert "a number read at each call" in dynamic[0].source  # eps: a kernel argument
+
+
+def test_a_graph_input_eps_is_read_at_each_call():
+    # The eps of a dynamic graph is an input, not a constant of the kernel: a module whose
+    # eps changes after the compile gets the new one (Dynamo does not recompile for it).
+    g = torch.Generator().manual_seed(2)
+    norm = nn.LayerNorm(37).eval()
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(37, generator=g))
+        norm.bias.copy_(torch.randn(37, generator=g))
+
+    def fn(x, y):
+        return norm(x * 2 + y) * 3
+
+    compiled = torch.compile(fn, backend="infinifuse", dynamic=True,
+                             options={"validate": False, "cudagraphs": False})  # fmt: skip
+    for length, eps in ((7, 1e-5), (13, 0.25), (13, 4.0)):
+        norm.eps = eps
+        x = torch.randn(2, length, 37, generator=g) * 0.1  # small rows: eps matters
+        y = torch.randn(2, length, 37, generator=g) * 0.1
+        with torch.no_grad():
+            assert_close(compiled(x, y), fn(x, y))
+    group = helpers.single_group(fusebackend.last_report())
+    assert group.reductions and "a number read at each call" in group.source
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64], ids=str)
+def test_rms_norm_with_a_graph_input_eps_in_other_dtypes(dtype):
+    g = torch.Generator().manual_seed(3)
+    norm = nn.RMSNorm(24, eps=1e-3).to(dtype)
+
+    def fn(x, y):
+        return norm(x + y) * 2
+
+    compiled = torch.compile(fn, backend="infinifuse", dynamic=True,
+                             options={"validate": False, "cudagraphs": False})  # fmt: skip
+    for length in (5, 11):
+        x = torch.randn(3, length, 24, generator=g).to(dtype) * 0.05
+        y = torch.randn(3, length, 24, generator=g).to(dtype) * 0.05
+        with torch.no_grad():
+            assert_close(compiled(x, y), fn(x, y))
+    group = helpers.single_group(fusebackend.last_report())
+    assert group.reductions
+    if dtype == torch.float64:  # an fp64 program takes its eps in fp64
+        assert "tl.float64,  # a number read at each call" in group.source
+
+
+class _Embeddings(nn.Module):
+    """BERT's embeddings spelled out: three lookups (position and token-type ids from
+    buffers, sliced to the length), a sum, a LayerNorm, a residual add and a second norm."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.word = nn.Embedding(101, width)
+        self.position = nn.Embedding(64, width)
+        self.token_type = nn.Embedding(2, width)
+        self.register_buffer("position_ids", torch.arange(64)[None])
+        self.register_buffer("token_type_ids", torch.zeros(1, 64, dtype=torch.long))
+        self.norm = nn.LayerNorm(width)
+        self.norm2 = nn.LayerNorm(width)
+
+    def forward(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        batch, length = ids.shape
+        types = self.token_type_ids[:, :length].expand(batch, length)
+        h = self.word(ids) + self.token_type(types) + self.position(self.position_ids[:, :length])
+        return self.norm2(self.norm(h) + x) * 2
+
+
+LENGTHS = [7, 13, 33, 2, 3, 5, 9, 16, 17, 31, 32, 48, 11, 19, 23, 29, 37, 41, 47, 63]
+
+
+@pytest.mark.parametrize("width", [48, 37])
+def test_new_lengths_compile_no_binary_beyond_the_launch_configs(width):
+    # 20 lengths through one fused chain of a dynamic graph. Triton compiles a binary per
+    # specialisation of the kernel's arguments: the row counts and sizes are not
+    # specialised, nor the strides of the index tensors that scale with the length ([B, T]
+    # ids against [1, T] positions: a stride of T, divisible by 16 or not), so only a new
+    # launch config (configs.py: the rows per program follow the row count up to their cap)
+    # compiles anew. Odd widths (37) keep the strides of row tensors specialised: T * 37 is
+    # divisible by 16 for some lengths only, and those binaries count apart.
+    g = torch.Generator().manual_seed(4)
+    model = _Embeddings(width).eval()
+    compiled = torch.compile(model, backend="infinifuse", dynamic=True,
+                             options={"validate": False, "cudagraphs": False})  # fmt: skip
+    with torch.no_grad(), TritonCompiles() as compiles:
+        for length in LENGTHS:
+            ids = torch.randint(0, 101, (2, length), generator=g)
+            x = torch.randn(2, length, width, generator=g)
+            assert_close(compiled(ids, x), model(ids, x))
+    report = fusebackend.last_report()
+    helpers.assert_fused(report)
+    assert len(report.graphs) == 1  # one dynamic graph served every length
+    group = helpers.single_group(report)
+    assert len(group.lookups) == 3 and len(group.reductions) == 2, group.nodes
+    assert len(compiles.keys) == len(LENGTHS)
+    configs = {(key[0], key[1][-4:], key[2]) for key in compiles.distinct}  # constexprs, warps
+    if width % 16 == 0:
+        assert len(compiles.distinct) == len(configs), sorted(compiles.distinct)
+    else:
+        assert len(compiles.distinct) <= 2 * len(configs)
+    # the configs are configs.py's, by rows: 2 x length rows, up to 32 rows of 64 columns
+    blocks = {launch.launch_config(2 * n, width, "persistent", True) for n in LENGTHS}
+    assert len(configs) == len(blocks) <= 5
+
+
+def test_the_kernel_of_a_dynamic_graph_is_the_one_triton_compiles_once_per_config():
+    # The same check on the launcher alone, for a rank-2 kernel whose index stride is the
+    # length: one binary for every length of one launch config.
+    from fusebackend.kernels import Instr, Lookup, RowProgram, ValueRef
+
+    program = RowProgram(
+        input_dtypes=(torch.int64, torch.float32, torch.int64, torch.float32),
+        lookups=(Lookup(0, 1), Lookup(2, 3)),
+        instrs=(Instr("add", (ValueRef(0), ValueRef(1)), torch.float32),
+                Instr("mul", (ValueRef(2), ValueRef(2)), torch.float32)),  # fmt: skip
+        outputs=(3,),
+    )
+    g = torch.Generator().manual_seed(5)
+    word, pos = torch.randn(50, 64, generator=g), torch.randn(64, 64, generator=g)
+    plans: dict = {}
+    with TritonCompiles() as compiles:
+        for length in (16, 17, 32, 33, 40):  # 8 x length rows: one config (16 rows of 64)
+            ids = torch.randint(0, 50, (8, length), generator=g)
+            positions = torch.arange(length)[None]
+            (out,) = launch.row_kernel(program, [ids, word, positions, pos], plans=plans)
+            expected = F.embedding(ids, word) + F.embedding(positions, pos)
+            assert_close(out, expected * expected)
+    assert len(compiles.keys) == 5 and len(compiles.distinct) == 1, compiles.distinct
