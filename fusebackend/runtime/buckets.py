@@ -120,7 +120,7 @@ def length_inputs(
     )  # fmt: skip
     if ref is None:
         return "the graph has no integer tensor input of shape [batch, length] (input_ids)"
-    if symbols is None:
+    if symbols is None or not isinstance(symbols.get(ref), tuple):  # untraced: match sizes
         length = args[ref].shape[1]
         tensors = tuple(i for i in candidates if args[i].shape[1] == length)
         return LengthInputs(ref, tensors, ())

@@ -707,7 +707,7 @@ class GraphCache:
                 f"batch_buckets={list(self._buckets or ())} has no effect: the graph has no "
                 "non-parameter tensor input with a batch dimension"
             )
-        elif self._symbols is not None and self._symbols.get(first, (None,))[0] is None:
+        elif self._symbols is not None and (self._symbols.get(first) or (0,))[0] is None:
             # Dynamo traced this graph for one batch size (its first call: a transformers
             # BertModel then views with that size baked in, and batch 3 padded to 4 failed
             # with "The size of tensor a (4) must match the size of tensor b (3)"). Dynamo

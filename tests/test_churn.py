@@ -1,0 +1,445 @@
+"""Shapes that keep changing (issue 25): what a new signature costs, and what the cache keeps.
+
+- A signature is captured on its ``capture_on_call``-th call (2 by default): a shape seen
+  once costs one run, a decode step is captured on its 2nd call and replayed from its 3rd.
+- The fused graph is compared with the unfused one once per compiled graph and validation
+  class, not once per shape; verdicts (successes too) outlive evictions.
+- Captured entries are bounded by bytes across every compiled graph (``graph_memory``), not
+  by a count; evictions are counted by cause.
+- Entries of older compilations of a function that Dynamo no longer routes a shape to are
+  dropped ("superseded").
+
+Capture runs on the CPU through a fake ``capture_graph`` (as in test_runtime.py); counts come
+from ``stats()``.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_close, rand_ids, rand_table
+
+import fusebackend
+from fusebackend.config import FusionConfig
+from fusebackend.runtime import capture as cap
+from fusebackend.runtime import graph_cache
+from fusebackend.runtime.graph_cache import EAGER, FUSION, GRAPH_REPLAY, GraphCache
+
+FAKE_CUDA = torch.device("cuda", 0)
+V, D = 50, 16
+
+
+class FakeGraph:
+    """CPU stand-in for a captured graph: replay recomputes into the same output buffers."""
+
+    def __init__(self, fn, inputs):
+        self.fn = fn
+        self.inputs = list(inputs)
+        self.outputs = fn(*self.inputs)
+
+    def replay(self):
+        for buf, new in zip(self.outputs, self.fn(*self.inputs), strict=True):
+            if isinstance(buf, torch.Tensor) and buf is not new:
+                buf.copy_(new)
+
+
+class Captures:
+    def __init__(self):
+        self.graphs: list[weakref.ref[FakeGraph]] = []
+
+    def __call__(self, fn, inputs, *, device, warmup_iterations):
+        assert device == FAKE_CUDA
+        for _ in range(warmup_iterations):
+            fn(*inputs)
+        graph = FakeGraph(fn, inputs)
+        self.graphs.append(weakref.ref(graph))
+        return graph, graph.outputs
+
+    def live(self) -> int:
+        gc.collect()
+        return sum(ref() is not None for ref in self.graphs)
+
+
+@pytest.fixture
+def fake_capture(monkeypatch) -> Captures:
+    captures = Captures()
+    monkeypatch.setattr(cap, "capture_graph", captures)
+    return captures
+
+
+@pytest.fixture
+def fake_cuda_backend(fake_capture, monkeypatch) -> Captures:
+    """torch.compile's graphs are captured (through the fake) as if they ran on a GPU."""
+    monkeypatch.setattr(fusebackend.backend, "_graph_device", lambda inputs: FAKE_CUDA)
+    return fake_capture
+
+
+@pytest.fixture
+def reference_groups(monkeypatch):
+    # These tests are about the cache, not the kernels: each fused group runs its torch
+    # reference instead of interpreted Triton launches (the graph is still rewritten).
+    def run_reference(self, *inputs):
+        return tuple(self.reference(*inputs))
+
+    monkeypatch.setattr(fusebackend.backend.FusedGroupOp, "__call__", run_reference)
+
+
+def embed_norm(ids, table, weight, bias):
+    return (F.layer_norm(F.embedding(ids, table) * 2.0, (table.shape[1],), weight, bias),)
+
+
+def norm_cache(fused=embed_norm, **options) -> GraphCache:
+    """A captured cache of ``embed_norm`` with the table and norm weights used in place."""
+    return GraphCache(
+        unfused=embed_norm,
+        fused=fused,
+        config=FusionConfig(cudagraphs=True, **options),
+        device=FAKE_CUDA,
+        static_input_indices=frozenset({1, 2, 3}),
+        name="churn",
+    )
+
+
+def counts(*names: str) -> tuple[int, ...]:
+    s = fusebackend.stats()
+    return tuple(s[n] for n in names)
+
+
+def weights():
+    return rand_table(V, D), torch.randn(D), torch.randn(D)
+
+
+LENGTHS = list(range(3, 63))  # 60 distinct lengths
+
+
+# ------------------------------------------------------------------------------ churn
+
+
+def test_sixty_lengths_twice_capture_once_each_and_validate_once(fake_capture):
+    """Round 1: one run per new length, one validation for the graph, nothing captured.
+    Round 2: each length recurs and is captured once (no validation, no miss). Round 3 and
+    after: replays only."""
+    table, w, b = weights()
+    cache = norm_cache()
+    rounds = []
+    for _ in range(3):
+        before = counts("cache_misses", "recordings", "validations", "fusion_attempts")
+        for n in LENGTHS:
+            ids = rand_ids(V, (2, n))
+            assert_close(cache(ids, table, w, b)[0], embed_norm(ids, table, w, b)[0])
+        after = counts("cache_misses", "recordings", "validations", "fusion_attempts")
+        rounds.append(tuple(a - c for a, c in zip(after, before, strict=True)))
+    # (misses, recordings, validations, fused first runs) per round
+    assert rounds == [(60, 0, 1, 60), (0, 60, 0, 0), (0, 0, 0, 0)]
+    s = fusebackend.stats()
+    assert s["cache_size"] == 60 and s["evictions"] == 0  # the default holds them all
+    assert set(s["fusion_modes"].values()) == {FUSION}
+    assert fake_capture.live() == 60
+
+
+def test_capture_on_the_first_call_leaves_the_second_round_nothing_to_do(fake_capture):
+    table, w, b = weights()
+    cache = norm_cache(capture_on_call=1)
+    for expected in [(60, 60, 1), (0, 0, 0)]:
+        before = counts("cache_misses", "recordings", "validations")
+        for n in LENGTHS:
+            ids = rand_ids(V, (2, n))
+            assert_close(cache(ids, table, w, b)[0], embed_norm(ids, table, w, b)[0])
+        after = counts("cache_misses", "recordings", "validations")
+        assert tuple(a - c for a, c in zip(after, before, strict=True)) == expected
+
+
+def test_a_decode_step_is_captured_on_its_second_call_and_advances_state_once(fake_capture):
+    """A StaticCache decode step: the same signature every call, a cache written in place.
+    Captured on call 2, replayed from call 3; the state moves exactly once per call."""
+
+    def step(cache_, pos, x):
+        cache_.index_copy_(0, pos, x)
+        return (cache_.sum(0, keepdim=True) * 2,)
+
+    kv = torch.zeros(8, 4)
+    cache = GraphCache(
+        unfused=step,
+        fused=step,
+        config=FusionConfig(cudagraphs=True),
+        device=FAKE_CUDA,
+        static_input_indices=frozenset({0}),
+        mutated_input_indices=frozenset({0}),
+    )
+    expected = torch.zeros(8, 4)
+    recordings = []
+    for t in range(5):
+        x = torch.randn(1, 4)
+        pos = torch.tensor([t])
+        out = cache(kv, pos, x)[0]
+        expected[t] = x[0]
+        assert_close(kv, expected)  # written once, whatever ran inside the call
+        assert_close(out, expected.sum(0, keepdim=True) * 2)
+        recordings.append(fusebackend.stats()["recordings"])
+    assert recordings == [0, 1, 1, 1, 1]
+    assert counts("cache_misses", "cache_hits") == (1, 4)
+    assert [e["captured"] for e in cache.describe()] == [True]
+
+
+def test_a_third_call_captures_with_capture_on_call_3(fake_capture):
+    table, w, b = weights()
+    cache = norm_cache(capture_on_call=3)
+    ids = rand_ids(V, (2, 5))
+    seen = []
+    for _ in range(4):
+        assert_close(cache(ids, table, w, b)[0], embed_norm(ids, table, w, b)[0])
+        seen.append(fusebackend.stats()["recordings"])
+    assert seen == [0, 0, 1, 1]
+
+
+def test_a_returning_signature_is_neither_validated_nor_left_uncaptured(fake_capture):
+    """Verdicts (successes too) outlive evictions: a key evicted and seen again recurs, so it
+    is captured at once, and it is not compared with the unfused graph again."""
+    table, w, b = weights()
+    cache = norm_cache(max_graphs=1, validate=True)
+    a, c = rand_ids(V, (2, 4)), rand_ids(V, (2, 9))
+    cache(a, table, w, b)
+    cache(c, table, w, b)  # evicts a (never captured: seen once)
+    assert counts("validations", "recordings", "evictions") == (1, 0, 1)
+    out = cache(a, table, w, b)[0]  # a returns: its 2nd call, captured now
+    assert_close(out, embed_norm(a, table, w, b)[0])
+    assert counts("validations", "recordings") == (1, 1)
+    assert fusebackend.stats()["eviction_reasons"] == {"max_graphs": 2}
+    assert len(cache._verdicts) == 2
+
+
+def test_verdict_memory_is_bounded(fake_capture, monkeypatch):
+    monkeypatch.setattr(graph_cache, "_MAX_VERDICTS", 5)
+    table, w, b = weights()
+    cache = norm_cache(max_graphs=2)
+    for n in range(1, 12):
+        cache(rand_ids(V, (1, n)), table, w, b)
+    assert len(cache._verdicts) == 5
+
+
+def test_validation_runs_once_per_graph_until_one_matches(fake_capture):
+    """The first new signature is compared; once one matched, later new signatures of the
+    graph run unchecked. A mismatch falls back with its reason, and the next new signature
+    is compared again."""
+    table, w, b = weights()
+    calls = {"n": 0}
+
+    def wrong_first(ids, table, weight, bias):
+        calls["n"] += 1
+        (out,) = embed_norm(ids, table, weight, bias)
+        return (out + 1.0,) if calls["n"] == 1 else (out,)
+
+    cache = norm_cache(fused=wrong_first)
+    shapes = [(2, 3), (2, 4), (2, 5), (2, 6)]
+    for shape in shapes:
+        ids = rand_ids(V, shape)
+        assert_close(cache(ids, table, w, b)[0], embed_norm(ids, table, w, b)[0])
+    s = fusebackend.stats()
+    assert s["validations"] == 2  # the mismatch, then the first match
+    assert s["fusion_attempts"] == 4 and s["fusion_successes"] == 3
+    modes = [e["mode"] for e in cache.describe()]
+    assert modes == [GRAPH_REPLAY, FUSION, FUSION, FUSION]
+    (reason,) = s["fallback_reasons"].values()
+    assert "fused graph does not match the unfused graph" in reason
+
+
+def test_another_dtype_is_another_validation_class(fake_capture):
+    table, w, b = weights()
+    cache = norm_cache()
+    for dtype in (torch.int64, torch.int32):
+        for n in (3, 4):
+            cache(rand_ids(V, (2, n)).to(dtype), table, w, b)
+    assert fusebackend.stats()["validations"] == 2
+
+
+def test_a_fused_run_that_raises_at_capture_falls_back_with_its_reason(fake_capture):
+    """The call that captures a recurring signature runs the fused graph again; if it raises
+    there, the entry falls back to the unfused graph (captured) with the reason."""
+    table, w, b = weights()
+    calls = {"n": 0}
+
+    def fails_second(*args):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("kernel fault (injected)")
+        return embed_norm(*args)
+
+    cache = norm_cache(fused=fails_second)
+    ids = rand_ids(V, (2, 5))
+    for _ in range(3):
+        assert_close(cache(ids, table, w, b)[0], embed_norm(ids, table, w, b)[0])
+    (entry,) = cache.describe()
+    assert entry["mode"] == GRAPH_REPLAY and entry["captured"]
+    assert "kernel fault (injected)" in entry["reason"]
+
+
+# ---------------------------------------------------------------------- memory budget
+
+
+def big(x):
+    return (x.repeat(1, 4),)  # 4x the input: an output of a known size
+
+
+def big_cache(**options) -> GraphCache:
+    return GraphCache(
+        unfused=big, fused=None, config=FusionConfig(cudagraphs=True, capture_on_call=1,
+                                                     **options), device=FAKE_CUDA,
+    )  # fmt: skip
+
+
+def test_graph_memory_evicts_the_least_recently_used_across_graphs(fake_capture):
+    """Each entry holds its input buffer (128 fp32) and its output (512 fp32): 2560 bytes. A
+    budget of 3 entries, shared by two compiled graphs: the 4th capture evicts the least
+    recently used entry of either graph."""
+    entry_bytes = (128 + 512) * 4
+    budget = 3 * entry_bytes
+    first, second = big_cache(graph_memory=budget), big_cache(graph_memory=budget)
+    a = torch.randn(8, 16)
+    first(a)
+    second(torch.randn(16, 8))
+    first(torch.randn(8, 16))  # a's entry used again: second's is now the oldest
+    first(torch.randn(4, 32))
+    s = fusebackend.stats()
+    assert s["captured_bytes"] == budget and s["evictions"] == 0
+    second(torch.randn(32, 4))
+    s = fusebackend.stats()
+    assert s["eviction_reasons"] == {"graph_memory": 1}
+    assert s["captured_bytes"] == budget
+    assert len(first) == 2 and len(second) == 1
+    assert second.mode_for(torch.randn(16, 8)) is None  # the one evicted
+    assert fake_capture.live() == 3
+    assert_close(first(a)[0], big(a)[0])  # still replayed correctly
+
+
+def test_an_entry_larger_than_the_budget_runs_uncaptured_with_its_reason(fake_capture):
+    cache = big_cache(graph_memory=1000)
+    x = torch.randn(8, 16)  # 512 + 2048 bytes
+    for _ in range(3):
+        assert_close(cache(x)[0], big(x)[0])
+    (entry,) = cache.describe()
+    assert entry["mode"] == EAGER and not entry["captured"]
+    assert "exceed graph_memory" in entry["reason"]
+    assert fusebackend.stats()["captured_bytes"] == 0
+    assert fake_capture.live() == 0
+
+
+def test_max_graphs_is_an_optional_count_cap(fake_capture):
+    cache = big_cache(max_graphs=2)
+    for n in (1, 2, 3):
+        cache(torch.randn(n, 16))
+    s = fusebackend.stats()
+    assert s["eviction_reasons"] == {"max_graphs": 1} and len(cache) == 2
+
+
+def test_the_entry_limit_bounds_uncaptured_entries(monkeypatch):
+    monkeypatch.setattr(graph_cache, "_MAX_ENTRIES", 3)
+    cache = GraphCache(unfused=big, fused=None, config=FusionConfig(), device=None)
+    for n in range(1, 6):
+        cache(torch.randn(n, 2))
+    assert len(cache) == 3
+    assert fusebackend.stats()["eviction_reasons"] == {"entry_limit": 2}
+
+
+# ------------------------------------------------------- through torch.compile (Dynamo)
+
+
+def chain(ids, mask, table, weight, bias):
+    h = F.layer_norm(F.embedding(ids, table) * 2.0, (table.shape[1],), weight, bias)
+    return (h * mask.unsqueeze(-1)).sum(1)
+
+
+def _corpus_pass(compiled, table, w, b, shapes):
+    with torch.no_grad():
+        for batch, length in shapes:
+            ids = rand_ids(V, (batch, length))
+            mask = torch.ones(batch, length, dtype=torch.long)
+            assert_close(compiled(ids, mask, table, w, b), chain(ids, mask, table, w, b))
+
+
+def test_dynamo_recompiles_leave_one_entry_per_shape():
+    """The issue's CPU reproduction: Dynamo compiles a static graph, then one dynamic in the
+    length, then one dynamic in both; a second pass sends every shape to the newest graph.
+    The older graphs' entries for those shapes are dropped: 4 entries for 4 shapes (7
+    before)."""
+    table, w, b = weights()
+    compiled = torch.compile(chain, backend="infinifuse")
+    shapes = [(32, 81), (32, 70), (32, 39), (16, 9)]
+    for _ in range(2):
+        _corpus_pass(compiled, table, w, b, shapes)
+    s = fusebackend.stats()
+    assert s["cache_size"] == 4
+    assert s["eviction_reasons"] == {"superseded": 3}
+    assert sorted(shape[0] for shape in s["cached_shapes"]) == sorted(shapes)
+
+
+def test_churn_across_dynamo_recompiles_captures_each_shape_once(
+    fake_cuda_backend, reference_groups
+):
+    """60 lengths through torch.compile (default dynamic=None: a static graph for the first
+    length, a dynamic one for the rest). Round 2 captures each length once, the length first
+    served by the static graph included (moved to the newer graph, not captured twice);
+    nothing is validated again; round 3 adds nothing."""
+    table, w, b = weights()
+    compiled = torch.compile(chain, backend="infinifuse", options={"cudagraphs": True})
+    shapes = [(2, n) for n in LENGTHS]
+    per_round = []
+    for _ in range(3):
+        before = counts("recordings", "validations", "cache_misses")
+        _corpus_pass(compiled, table, w, b, shapes)
+        after = counts("recordings", "validations", "cache_misses")
+        per_round.append(tuple(a - c for a, c in zip(after, before, strict=True)))
+    graphs = fusebackend.last_report().graphs
+    assert all(g.path == "fused" for g in graphs), [g.path for g in graphs]
+    # (recordings, validations, misses): one validation per compiled graph; in round 2 the
+    # first length misses in the newer graph (its old entry superseded) and is captured then
+    assert per_round == [(0, 2, 60), (60, 0, 1), (0, 0, 0)]
+    s = fusebackend.stats()
+    assert s["cache_size"] == 60 and s["eviction_reasons"] == {"superseded": 1}
+    assert fake_cuda_backend.live() == 60
+
+
+class Embed(torch.nn.Module):
+    """Token + position embeddings and a scale: parameters, so dynamic=True keeps D static."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = torch.nn.Embedding(V, D)
+        self.pos = torch.nn.Embedding(64, D)
+
+    def forward(self, ids, mask):
+        pos = torch.arange(ids.shape[1]).unsqueeze(0)
+        h = (self.tok(ids) * 2.0 + self.pos(pos)) * 0.5
+        return (h * mask.unsqueeze(-1)).sum(1)
+
+
+def test_churn_under_dynamic_true(fake_cuda_backend, reference_groups):
+    torch.manual_seed(0)
+    model = Embed()
+    compiled = torch.compile(
+        model, backend="infinifuse", dynamic=True, options={"cudagraphs": True}
+    )
+    per_round = []
+    for _ in range(2):
+        before = counts("recordings", "validations", "cache_misses")
+        with torch.no_grad():
+            for n in LENGTHS:
+                ids, mask = rand_ids(V, (2, n)), torch.ones(2, n, dtype=torch.long)
+                assert_close(compiled(ids, mask), model(ids, mask))
+        after = counts("recordings", "validations", "cache_misses")
+        per_round.append(tuple(a - c for a, c in zip(after, before, strict=True)))
+    (graph,) = fusebackend.last_report().graphs  # one graph for every length
+    assert graph.path == "fused", str(fusebackend.last_report())
+    assert per_round == [(0, 1, 60), (60, 0, 0)]
+
+
+def test_eviction_warning_names_its_cause(fake_capture, caplog):
+    with caplog.at_level(logging.WARNING, logger="fusebackend"):
+        cache = big_cache(max_graphs=1)
+        cache(torch.randn(1, 16))
+        cache(torch.randn(2, 16))
+    assert any("max_graphs=1" in r.getMessage() for r in caplog.records)
