@@ -377,7 +377,8 @@ def _fuse(
         names = ", ".join(sorted(str(d) for d in devices))
         for candidate in candidates:
             lower(candidate)
-            report(candidate, f"not rewritten: no Triton on {names} (set TRITON_INTERPRET=1)")
+            report(candidate, f"not rewritten: Triton cannot run on {names} "
+                              "(the CPU needs TRITON_INTERPRET=1)")  # fmt: skip
         # No fused graph: the runtime runs the traced graph once per call (a fused one would
         # be validated against itself on each signature's first call, running it twice).
         return None, reports, rejections, [], []
