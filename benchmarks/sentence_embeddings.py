@@ -1,0 +1,417 @@
+"""sentence-transformers encode: eager vs infinifuse vs Inductor reduce-overhead (issue 25).
+
+The workload of ``examples/sentence_embeddings.py`` (built locally; nothing is downloaded): a
+random-weight BertModel with a locally built WordPiece tokenizer under
+``SentenceTransformer(modules=[Transformer(dir), Pooling(hidden, "mean")])``, the inner
+transformers model's forward compiled; a synthetic corpus (3000 sentences of 2-199 words,
+median ~14, fixed seed) encoded twice with ``batch_size=32``, then single queries one at a time.
+Shapes: ``minilm-l6`` (6 layers, hidden 384) and ``bert-base`` (12 layers, hidden 768: BERT-base's
+and MPNet-base's widths). fp16 on CUDA, fp32 on the CPU.
+
+Every (shape, backend) runs in its own process with empty Inductor and Triton cache directories
+(so Dynamo's profile-guided dynamism starts empty too): a cold start, as a user's first run.
+Each process first runs one small eager ``encode`` (CUDA context, cuBLAS), then, with nothing
+compiled yet, times: the first corpus pass (compiles and captures included), the second pass,
+and each single query (p50 / p90 over all of them, the first call of each new length
+included); then, uncompiled, eager's embeddings of the same inputs for the cosine check. For
+infinifuse, ``fusebackend.stats()`` per phase: new entries, captures (``recordings``),
+evictions, live entries and the graph pool's bytes; ``second_pass_recaptures`` is the captures
+made while encoding the corpus a second time.
+
+    python benchmarks/sentence_embeddings.py --out benchmarks/results/sentence_embeddings_h100.json
+    python benchmarks/sentence_embeddings.py --quick --out /tmp/s.json        # 1000 sentences
+    python benchmarks/sentence_embeddings.py --tiny --backends eager,infinifuse --out /tmp/s.json
+
+Writes the JSON (environment: device, torch, CUDA, Triton, transformers, sentence-transformers,
+date, commit) after every process, so a run cut short keeps what finished, and prints the
+table and the issue's target ratios last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = ("eager", "infinifuse", "reduce-overhead")
+DEFAULT_SHAPES = ("minilm-l6", "bert-base")
+_MARKER = "SENTENCE_BENCH_RESULT "
+
+
+def _example() -> Any:
+    """examples/sentence_embeddings.py, the workload's one definition (loaded by path: this
+    file has the same module name)."""
+    import importlib.util
+
+    name = "_sentence_embeddings_example"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, ROOT / "examples" / "sentence_embeddings.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+# ---------------------------------------------------------------- child: one shape, one backend
+
+
+def child_environment() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(0)
+        if torch.cuda.is_available()
+        else f"cpu ({platform.processor() or platform.machine()})",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
+    }
+    for key, module in (("triton", "triton"), ("transformers", "transformers"),
+                        ("sentence_transformers", "sentence_transformers"),
+                        ("fusebackend", "fusebackend")):  # fmt: skip
+        try:
+            info[key] = __import__(module).__version__
+        except ImportError:
+            info[key] = None
+    return info
+
+
+def run_child(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    if not torch.cuda.is_available():
+        # Without a GPU infinifuse's kernels run in Triton's interpreter; set before Triton is
+        # first imported (fusebackend and transformers' model classes import it).
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    ex = _example()
+    import fusebackend
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    corpus = ex.make_sentences(args.sentences, seed=args.seed, high=args.max_words)
+    # queries: the same length distribution, without the two forced extremes
+    queries = ex.make_sentences(args.queries + 2, seed=args.seed + 1, high=args.max_words)[2:]
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        shape = ex.SHAPES[args.shape]
+        ex.build_model_dir(tmp, shape, args.seed)
+        model = ex.load_sentence_transformer(tmp, device, dtype, shape["hidden_size"])
+    build_s = time.perf_counter() - start
+    shapes = ex.padded_shapes(model, corpus, args.batch_size)
+    model.encode(["warm up the device", "and its libraries"], batch_size=2)  # eager
+    fusebackend.reset_stats()
+    result, embeddings = ex.measure(
+        model, args.backend, corpus, queries, args.batch_size, device, args.options
+    )
+    result.update(
+        shape=args.shape,
+        model=ex.describe(model),
+        dtype=str(dtype).replace("torch.", ""),
+        build_s=build_s,
+        batches=len(shapes),
+        distinct_padded_shapes=len(set(shapes)),
+    )
+    if args.backend != "eager":  # eager's embeddings of the same inputs, same process
+        reference_corpus = model.encode(corpus, batch_size=args.batch_size)
+        reference_queries = [model.encode(q) for q in queries]
+        result["cosine_vs_eager"] = ex.cosine(embeddings["corpus"], reference_corpus)
+        if reference_queries:
+            import numpy as np
+
+            result["query_cosine_vs_eager"] = ex.cosine(
+                embeddings["queries"], np.stack(reference_queries)
+            )
+    if args.backend == "infinifuse":
+        stats = fusebackend.stats()
+        result["fallback_reasons"] = {str(k): str(v)[:300] for k, v in
+                                      stats.get("fallback_reasons", {}).items()}  # fmt: skip
+    result["environment"] = child_environment()
+    return result
+
+
+# ---------------------------------------------------------------- parent: every child, the JSON
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def commit(given: str | None) -> dict[str, Any]:
+    """The checkout's commit (git), else --commit; and whether tracked files were modified."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=10)  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=10)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        head = dirty = None
+    if head is not None and head.returncode == 0:
+        return {"commit": head.stdout.strip(), "commit_source": "git",
+                "modified_tracked_files": bool(dirty and dirty.stdout.strip())}  # fmt: skip
+    return {"commit": given, "commit_source": "--commit" if given else "unknown (no git)"}
+
+
+def run_one(args: argparse.Namespace, shape: str, backend: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as cache_dir:
+        env = dict(os.environ)
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "inductor")
+        env["TRITON_CACHE_DIR"] = os.path.join(cache_dir, "triton")
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("TRANSFORMERS_OFFLINE", "1")
+        env["TOKENIZERS_PARALLELISM"] = "false"
+        command = [sys.executable, os.path.abspath(__file__), "--child", "--out", args.out,
+                   "--shape", shape, "--backend", backend, "--sentences", str(args.sentences),
+                   "--queries", str(args.queries), "--batch-size", str(args.batch_size),
+                   "--max-words", str(args.max_words),
+                   "--seed", str(args.seed)]  # fmt: skip
+        if args.options is not None:
+            command += ["--options", json.dumps(args.options)]
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(command, env=env, capture_output=True, text=True,
+                                  timeout=args.child_timeout)  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            tail = (exc.stderr or b"")[-3000:]
+            tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+            return {"shape": shape, "backend": backend,
+                    "error": f"timed out after {args.child_timeout} s (--child-timeout)",
+                    "stderr_tail": tail}  # fmt: skip
+    wall = time.perf_counter() - start
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith(_MARKER)]
+    if done.returncode != 0 or not lines:
+        return {"shape": shape, "backend": backend, "process_s": wall,
+                "error": f"exit {done.returncode}", "stderr_tail": done.stderr[-4000:],
+                "stdout_tail": done.stdout[-1000:]}  # fmt: skip
+    result = json.loads(lines[-1][len(_MARKER) :])
+    result["process_s"] = wall
+    return result
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+# (name, numerator backend, key, denominator backend, target): the issue's targets
+TARGETS = (
+    ("first pass / eager", "infinifuse", "first_pass_s", "eager", 1.0),
+    ("second pass / eager", "infinifuse", "second_pass_s", "eager", 0.7),
+    ("query p50 / reduce-overhead", "infinifuse", "query_p50_ms", "reduce-overhead", 1.0),
+    ("query p50 / eager", "infinifuse", "query_p50_ms", "eager", 0.5),
+    ("query p90 / reduce-overhead", "infinifuse", "query_p90_ms", "reduce-overhead", 1.0),
+)
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    by = {(r["shape"], r["backend"]): r for r in runs if "error" not in r}
+    out: dict[str, Any] = {}
+    for shape in dict.fromkeys(r["shape"] for r in runs):
+        rows = []
+        for name, num, key, den, target in TARGETS:
+            a, b = by.get((shape, num)), by.get((shape, den))
+            value = _ratio(a.get(key) if a else None, b.get(key) if b else None)
+            rows.append({"name": name, "ratio": value, "target": target,
+                         "met": None if value is None else value <= target})  # fmt: skip
+        fuse = by.get((shape, "infinifuse"))
+        recaptures = fuse.get("second_pass_recaptures") if fuse else None
+        rows.append({"name": "re-captures on the second pass", "value": recaptures,
+                     "target": 0, "met": None if recaptures is None else recaptures == 0})  # fmt: skip
+        ro, eager = by.get((shape, "reduce-overhead")), by.get((shape, "eager"))
+        context = {
+            "reduce-overhead first pass / eager": _ratio(
+                ro.get("first_pass_s") if ro else None, eager.get("first_pass_s") if eager else None
+            ),
+            "infinifuse first pass / reduce-overhead": _ratio(
+                fuse.get("first_pass_s") if fuse else None, ro.get("first_pass_s") if ro else None
+            ),
+        }
+        out[shape] = {"targets": rows, "context": context}
+    return out
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(runs: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
+    head = ("shape", "backend", "1st pass s", "2nd pass s", "query p50 ms", "p90 ms",
+            "cos min", "captures", "evict", "2nd-pass recap", "pool MiB")  # fmt: skip
+    rows = [head]
+    for r in runs:
+        if "error" in r:
+            rows.append((r["shape"], r["backend"], "ERROR: " + r["error"][:60]) + ("",) * 8)
+            continue
+        end = r.get("stats", {}).get("queries", {})
+        pool = end.get("graph_pool_bytes")
+        rows.append((
+            r["shape"], r["backend"], _fmt(r.get("first_pass_s"), ".2f"),
+            _fmt(r.get("second_pass_s"), ".3f"), _fmt(r.get("query_p50_ms"), ".2f"),
+            _fmt(r.get("query_p90_ms"), ".2f"),
+            _fmt(r.get("cosine_vs_eager", {}).get("min"), ".5f"),
+            _fmt(end.get("recordings"), "d"), _fmt(end.get("evictions"), "d"),
+            _fmt(r.get("second_pass_recaptures"), "d"),
+            _fmt(pool / 2**20 if pool is not None else None, ".1f"),
+        ))  # fmt: skip
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    for shape, s in summary.items():
+        parts = []
+        for t in s["targets"]:
+            shown = _fmt(t.get("ratio", t.get("value")), ".2f" if "ratio" in t else "d")
+            mark = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]
+            parts.append(f"{t['name']} {shown} (<= {t['target']}: {mark})")
+        lines.append(f"{shape}: " + "; ".join(parts))
+    return lines
+
+
+def write(path: str, result: dict[str, Any]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+def run_parent(args: argparse.Namespace) -> int:
+    ex = _example()
+    corpus = ex.make_sentences(args.sentences, seed=args.seed, high=args.max_words)
+    words = sorted(len(s.split()) for s in corpus)
+    result: dict[str, Any] = {
+        "benchmark": "sentence_embeddings",
+        "environment": {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            **commit(args.commit),
+            "python": platform.python_version(),
+            "torch": _version("torch"),
+            "triton": _version("triton"),
+            "transformers": _version("transformers"),
+            "sentence_transformers": _version("sentence-transformers"),
+            "argv": sys.argv[1:],
+            "quick": args.quick,
+            "tiny": args.tiny,
+        },
+        "workload": {
+            "sentences": args.sentences, "queries": args.queries,
+            "sentence_words": {"min": words[0], "median": words[len(words) // 2],
+                               "max": words[-1]},
+            "max_words": args.max_words, "batch_size": args.batch_size, "seed": args.seed,
+            "options": args.options,
+            "shapes": {s: ex.SHAPES[s] for s in args.shapes},
+        },  # fmt: skip
+        "runs": [],
+    }
+    started = time.perf_counter()
+    for shape in args.shapes:
+        for backend in args.backends:
+            print(f"== {shape} / {backend} ...", flush=True)
+            run = run_one(args, shape, backend)
+            result["runs"].append(run)
+            if "environment" in run and "device" not in result["environment"]:
+                # the device and versions as the measuring process saw them
+                keys = ("device", "torch", "cuda", "triton", "transformers",
+                        "sentence_transformers", "fusebackend", "triton_interpret")  # fmt: skip
+                result["environment"].update({k: run["environment"].get(k) for k in keys})
+            brief = {k: run.get(k) for k in ("first_pass_s", "second_pass_s", "query_p50_ms",
+                     "query_p90_ms", "second_pass_recaptures", "process_s", "error")}  # fmt: skip
+            print(json.dumps({k: v for k, v in brief.items() if v is not None}), flush=True)
+            if "error" in run:
+                print(run.get("stderr_tail", "")[-2000:], flush=True)
+            result["summary"] = summarize(result["runs"])
+            result["total_s"] = time.perf_counter() - started
+            write(args.out, result)
+    lines = table(result["runs"], result["summary"])
+    result["lines"] = lines
+    write(args.out, result)
+    print(f"\nwrote {args.out} in {result['total_s']:.0f} s "
+          f"({result['environment'].get('device')})")  # fmt: skip
+    for line in lines:
+        print(line)
+    return 1 if any("error" in r for r in result["runs"]) else 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(ln for ln in __doc__.splitlines() if ln.startswith("    python")),
+    )
+    parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser.add_argument("--shapes", default=",".join(DEFAULT_SHAPES),
+                        help="comma-separated: minilm-l6, bert-base, tiny (default "
+                        "minilm-l6,bert-base)")  # fmt: skip
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help="comma-separated, in order (default eager,infinifuse,"
+                        "reduce-overhead; also: inductor)")  # fmt: skip
+    parser.add_argument("--quick", action="store_true",
+                        help="1000 sentences and 100 queries (unless given)")
+    parser.add_argument("--tiny", action="store_true",
+                        help="a CPU smoke run: shape tiny, 24 sentences of up to 40 words, batch "
+                        "size 8, 6 queries (each unless given)")  # fmt: skip
+    parser.add_argument("--sentences", type=int, help="corpus size (default 3000)")
+    parser.add_argument("--queries", type=int, help="single queries (default 200)")
+    parser.add_argument("--batch-size", type=int, help="encode's batch_size (default 32; --tiny 8)")
+    parser.add_argument("--max-words", type=int,
+                        help="longest sentence, in words (default 199; --tiny 40)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--options", type=json.loads, default=None,
+                        help="infinifuse's options as JSON, e.g. '{\"max_graphs\": 64}'")
+    parser.add_argument("--child-timeout", type=int, default=240,
+                        help="seconds one (shape, backend) process may take (default 240)")
+    parser.add_argument("--commit", help="the commit measured, where the checkout has no git")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)  # the child's one shape
+    parser.add_argument("--backend", help=argparse.SUPPRESS)  # the child's one backend
+    args = parser.parse_args(argv)
+    args.shapes = [s for s in args.shapes.split(",") if s]
+    args.backends = [b for b in args.backends.split(",") if b]
+    if args.tiny and args.shapes == list(DEFAULT_SHAPES):
+        args.shapes = ["tiny"]
+    known_shapes = ("minilm-l6", "bert-base", "tiny")
+    for shape in args.shapes:
+        if shape not in known_shapes:
+            parser.error(f"--shapes: unknown shape {shape!r} (known: {', '.join(known_shapes)})")
+    for backend in args.backends:
+        if backend not in (*BACKENDS, "inductor"):
+            parser.error(f"--backends: unknown backend {backend!r} "
+                         f"(known: {', '.join(BACKENDS)}, inductor)")  # fmt: skip
+    if args.sentences is None:
+        args.sentences = 24 if args.tiny else 1000 if args.quick else 3000
+    if args.queries is None:
+        args.queries = 6 if args.tiny else 100 if args.quick else 200
+    if args.batch_size is None:
+        args.batch_size = 8 if args.tiny else 32
+    if args.max_words is None:
+        args.max_words = 40 if args.tiny else 199
+    if args.max_words < 2 or args.sentences < 1 or args.batch_size < 1 or args.queries < 0:
+        parser.error("--max-words >= 2, --sentences >= 1, --batch-size >= 1, --queries >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        result = run_child(args)
+        print(_MARKER + json.dumps(result, default=str), flush=True)
+        return 0
+    return run_parent(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

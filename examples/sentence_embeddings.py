@@ -1,0 +1,476 @@
+"""sentence-transformers with the inner transformers model compiled by infinifuse.
+
+    python examples/sentence_embeddings.py                  # MiniLM-L6 shape, 3000 sentences
+    python examples/sentence_embeddings.py --compare        # also eager and Inductor reduce-overhead
+    python examples/sentence_embeddings.py --shape bert-base    # 12 layers, hidden 768
+    python examples/sentence_embeddings.py --tiny --interpret   # CPU: 2 layers, hidden 64, 40 sentences
+    python examples/sentence_embeddings.py --model-dir DIR  # a local model (never downloads)
+
+The workload of issue 25, built locally (nothing is downloaded): a BertModel of the MiniLM-L6
+shape (6 layers, hidden 384, 12 heads, intermediate 1536; random weights) saved to a temporary
+directory beside a WordPiece tokenizer built from the synthetic corpus' vocabulary (transformers'
+``BertTokenizerFast`` on a vocab file this script writes), loaded as
+
+    SentenceTransformer(modules=[models.Transformer(dir), models.Pooling(384, "mean")])
+
+and the inner transformers model compiled in place::
+
+    hf = st[0].auto_model
+    hf.forward = torch.compile(hf.forward, backend="infinifuse")
+
+(sentence-transformers 6 calls ``auto_model.forward`` directly, not ``auto_model(...)``, so
+``auto_model.compile()`` would not take effect, and ``auto_model`` is a read-only property.)
+
+The corpus: 3000 synthetic sentences of 2-199 words (median ~14, fixed seed) of pseudo-words
+that the tokenizer splits into one to three pieces. ``encode(corpus, batch_size=32)`` runs twice
+(the first pass compiles and captures; the second shows what a warm cache costs): sentence-
+transformers sorts the corpus by length and pads each batch to its longest sentence, so every
+batch may be a new shape. Then 200 single queries, one ``encode`` call each (p50/p90 latency).
+
+Printed: per backend the two passes' times, query latencies, the embeddings' cosine against
+eager's (per sentence, the smallest), and for infinifuse ``fusebackend.stats()``: captures,
+evictions, live entries, graph-pool bytes, per phase. ``--compare`` runs eager and Inductor
+(``mode="reduce-overhead"``) in this process too, one after the other with Dynamo reset
+between; ``benchmarks/sentence_embeddings.py`` runs each backend in its own cold process.
+fp16 on CUDA, fp32 on the CPU. Needs sentence-transformers (``pip install -e ".[test]"`` or
+``pip install sentence-transformers``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from typing import Any
+
+# Everything is local; a real model given with --model-dir must not be fetched either.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+# Model shapes (BertConfig fields). bert-base has BERT-base's and MPNet-base's widths.
+SHAPES: dict[str, dict[str, int]] = {
+    "minilm-l6": {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 12,
+                  "intermediate_size": 1536},
+    "bert-base": {"num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12,
+                  "intermediate_size": 3072},
+    "tiny": {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2,
+             "intermediate_size": 128},
+}  # fmt: skip
+MAX_SEQ_LENGTH = 256  # all-MiniLM-L6-v2's max_seq_length
+BACKENDS = ("eager", "infinifuse", "reduce-overhead", "inductor")
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# The counters of fusebackend.stats() reported per phase (those present in this version).
+STAT_KEYS = ("cache_size", "cache_hits", "cache_misses", "recordings", "evictions", "rerecords",
+             "capture_failures", "fusion_attempts", "fusion_successes", "fusion_fallbacks",
+             "graph_pool_bytes")  # fmt: skip
+
+# Pseudo-words are consonant + vowel syllables: every word is a run of syllables, and the vocab
+# holds every syllable as a word start and as a "##" continuation, so WordPiece's greedy
+# longest match always splits a word into whole syllables and never yields [UNK].
+_CONSONANTS = "bdfgklmnprstvz"
+_VOWELS = "aeiou"
+_SYLLABLES = [c + v for c in _CONSONANTS for v in _VOWELS]  # 70
+_SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def _needs(name: str) -> Any:
+    try:
+        return __import__(name)
+    except ImportError as exc:
+        raise SystemExit(
+            f"{exc}: this example needs {name}; install it with "
+            'pip install -e ".[test]" (from the repository root) or pip install sentence-transformers'
+        ) from exc
+
+
+def lexicon(size: int = 6000, seed: int = 0) -> list[str]:
+    """Distinct pseudo-words of 1-3 syllables, most frequent first (Zipf ranks)."""
+    rng = random.Random(seed)
+    words: list[str] = []
+    seen: set[str] = set()
+    while len(words) < size:
+        word = "".join(rng.choice(_SYLLABLES) for _ in range(rng.choice((1, 2, 2, 3, 3))))
+        if word not in seen:
+            seen.add(word)
+            words.append(word)
+    return words
+
+
+def make_sentences(
+    n: int, seed: int = 0, median: int = 14, low: int = 2, high: int = 199
+) -> list[str]:
+    """``n`` sentences of ``low``..``high`` words, log-normal lengths around ``median``; the
+    first two (when n >= 2) are exactly ``low`` and ``high`` words long, so the range is the
+    stated one. Words are drawn by Zipf frequency from ``lexicon()``; deterministic per seed."""
+    words = lexicon()
+    weights = [1.0 / (rank + 1) for rank in range(len(words))]
+    rng = random.Random(seed)
+    lengths = [min(high, max(low, round(rng.lognormvariate(math.log(median), 0.75))))
+               for _ in range(n)]  # fmt: skip
+    if n >= 2:
+        lengths[0], lengths[1] = low, high
+    return [" ".join(rng.choices(words, weights=weights, k=k)) + "." for k in lengths]
+
+
+def write_vocab(path: str, whole_words: int = 3000) -> int:
+    """A WordPiece vocab: special tokens, the ``whole_words`` most frequent pseudo-words, every
+    syllable as a start and as a ``##`` continuation, and the period. Returns its size."""
+    tokens = list(_SPECIAL) + ["."]
+    tokens += _SYLLABLES + ["##" + s for s in _SYLLABLES]
+    tokens += [w for w in lexicon()[:whole_words] if w not in _SYLLABLES]
+    with open(path, "w") as f:
+        f.write("\n".join(tokens) + "\n")
+    return len(tokens)
+
+
+def build_model_dir(directory: str, shape: dict[str, int], seed: int = 0) -> str:
+    """Write a random-weight BertModel of ``shape`` and its WordPiece tokenizer to ``directory``."""
+    transformers = _needs("transformers")
+    transformers.utils.logging.disable_progress_bar()  # "Writing model shards" bars
+    vocab_path = os.path.join(directory, "vocab.txt")
+    vocab_size = write_vocab(vocab_path)
+    tokenizer = transformers.BertTokenizerFast(
+        vocab_file=vocab_path, do_lower_case=True, model_max_length=MAX_SEQ_LENGTH
+    )
+    tokenizer.save_pretrained(directory)
+    config = transformers.BertConfig(
+        vocab_size=max(vocab_size, 30522) if shape["hidden_size"] >= 384 else vocab_size,
+        max_position_embeddings=512,
+        **shape,
+    )
+    torch.manual_seed(seed)
+    transformers.BertModel(config).eval().save_pretrained(directory)
+    return directory
+
+
+def load_sentence_transformer(
+    directory: str, device: torch.device, dtype: torch.dtype, hidden: int | None = None
+) -> Any:
+    """``SentenceTransformer(modules=[Transformer(dir), Pooling(hidden, "mean")])``, or the
+    directory's own modules when it is a saved sentence-transformers model (modules.json)."""
+    st = _needs("sentence_transformers")
+    try:  # 6.x; sentence_transformers.models (the issue's spelling) warns there
+        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    except ImportError:
+        from sentence_transformers.models import Pooling, Transformer
+
+    if os.path.exists(os.path.join(directory, "modules.json")):
+        model = st.SentenceTransformer(directory, device=str(device), local_files_only=True)
+    else:
+        transformer = Transformer(directory)
+        if hidden is None:
+            hidden = transformer.auto_model.config.hidden_size
+        model = st.SentenceTransformer(
+            modules=[transformer, Pooling(hidden, "mean")], device=str(device)
+        )
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def compile_inner(model: Any, backend: str, options: dict[str, Any] | None = None) -> None:
+    """Compile the inner transformers model's forward in place (see the module docstring)."""
+    if backend == "eager":
+        return
+    hf = model[0].auto_model
+    if backend == "infinifuse":
+        hf.forward = torch.compile(hf.forward, backend="infinifuse", options=options)
+    elif backend == "reduce-overhead":
+        hf.forward = torch.compile(hf.forward, mode="reduce-overhead")
+    elif backend == "inductor":
+        hf.forward = torch.compile(hf.forward)
+    else:
+        raise ValueError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+
+
+def uncompile_inner(model: Any) -> None:
+    """Undo ``compile_inner``: the class's own forward again."""
+    hf = model[0].auto_model
+    if "forward" in vars(hf):
+        del hf.forward
+
+
+def padded_shapes(model: Any, sentences: list[str], batch_size: int) -> list[tuple[int, ...]]:
+    """The ``input_ids`` shapes ``encode(sentences, batch_size)`` hands the model: sentence-
+    transformers sorts by character length (longest first) and pads each batch."""
+    order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
+    shapes = []
+    for start in range(0, len(order), batch_size):
+        batch = [sentences[i] for i in order[start : start + batch_size]]
+        prepare = getattr(model, "preprocess", None) or model.tokenize  # tokenize: before 6.0
+        shapes.append(tuple(prepare(batch)["input_ids"].shape))
+    return shapes
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(device: torch.device, fn: Any) -> tuple[Any, float]:
+    _sync(device)
+    start = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return out, time.perf_counter() - start
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def fuse_stats() -> dict[str, Any]:
+    """The counters of ``fusebackend.stats()`` this report uses, and the modes of live entries."""
+    import fusebackend
+
+    stats = fusebackend.stats()
+    out = {k: stats[k] for k in STAT_KEYS if k in stats}
+    out["modes"] = dict(Counter(stats.get("fusion_modes", {}).values()))
+    return out
+
+
+def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    keys = ("cache_misses", "cache_hits", "recordings", "evictions", "fusion_attempts",
+            "capture_failures", "rerecords")  # fmt: skip
+    return {k: after[k] - before[k] for k in keys if k in after and k in before}
+
+
+def cosine(a: Any, b: Any) -> dict[str, float]:
+    """Per-row cosine of two embedding matrices (float64): smallest and mean; largest |a-b|."""
+    x = torch.as_tensor(a, dtype=torch.float64)
+    y = torch.as_tensor(b, dtype=torch.float64)
+    cos = torch.nn.functional.cosine_similarity(x, y, dim=-1)
+    return {"min": float(cos.min()), "mean": float(cos.mean()),
+            "max_abs_diff": float((x - y).abs().max())}  # fmt: skip
+
+
+def measure(
+    model: Any,
+    backend: str,
+    corpus: list[str],
+    queries: list[str],
+    batch_size: int,
+    device: torch.device,
+    options: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One backend on the workload: two corpus passes, then single queries.
+
+    Returns (numbers, embeddings); the inner model is restored to eager afterwards. The first
+    pass includes Dynamo's and the backend's compile work (nothing is compiled before it).
+    """
+    result: dict[str, Any] = {"backend": backend}
+    compile_inner(model, backend, options)
+    fused = backend == "infinifuse"
+    try:
+        counters_before = dict(torch._dynamo.utils.counters["stats"])
+        phases: dict[str, Any] = {"start": fuse_stats()} if fused else {}
+        encode = lambda batch: model.encode(batch, batch_size=batch_size)  # noqa: E731
+        _, result["first_pass_s"] = _timed(device, lambda: encode(corpus))
+        if fused:
+            phases["first_pass"] = fuse_stats()
+        embeddings, result["second_pass_s"] = _timed(device, lambda: encode(corpus))
+        if fused:
+            phases["second_pass"] = fuse_stats()
+        latencies, query_embeddings = [], []
+        for query in queries:
+            out, seconds = _timed(device, lambda q=query: model.encode(q))
+            latencies.append(seconds)
+            query_embeddings.append(out)
+        if fused:
+            phases["queries"] = fuse_stats()
+        counters = torch._dynamo.utils.counters["stats"]
+        result["dynamo_graphs"] = counters["unique_graphs"] - counters_before.get(
+            "unique_graphs", 0
+        )
+    finally:
+        uncompile_inner(model)
+    if latencies:
+        result.update(
+            query_p50_ms=1e3 * _percentile(latencies, 0.5),
+            query_p90_ms=1e3 * _percentile(latencies, 0.9),
+            query_mean_ms=1e3 * statistics.fmean(latencies),
+            queries=len(latencies),
+        )
+    if fused:
+        result["stats"] = phases
+        result["first_pass_delta"] = _delta(phases["first_pass"], phases["start"])
+        result["second_pass_delta"] = _delta(phases["second_pass"], phases["first_pass"])
+        result["queries_delta"] = _delta(phases["queries"], phases["second_pass"])
+        # captures made while re-encoding a corpus already seen: 0 when the cache kept them
+        result["second_pass_recaptures"] = result["second_pass_delta"].get("recordings")
+        result["second_pass_new_entries"] = result["second_pass_delta"].get("cache_misses")
+        import fusebackend
+
+        report = fusebackend.last_report()
+        result["fused_groups_last_graph"] = len(report.groups)
+    if device.type == "cuda":
+        result["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        result["memory_reserved_bytes"] = torch.cuda.memory_reserved(device)
+    import numpy as np
+
+    queries_out = np.stack(query_embeddings) if query_embeddings else np.zeros((0, 0))
+    return result, {"corpus": embeddings, "queries": queries_out}
+
+
+def describe(model: Any) -> str:
+    config = model[0].auto_model.config
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    return (f"{config.model_type}, {config.num_hidden_layers} layers, hidden "
+            f"{config.hidden_size}, {config.num_attention_heads} heads, intermediate "
+            f"{config.intermediate_size}, {params:.1f}M parameters")  # fmt: skip
+
+
+def print_result(result: dict[str, Any]) -> None:
+    print(f"\n[{result['backend']}]")
+    print(f"encode(corpus), first pass (compiles included): {result['first_pass_s']:.2f} s")
+    print(f"encode(corpus), second pass: {result['second_pass_s']:.3f} s")
+    if "query_p50_ms" in result:
+        print(f"single queries ({result['queries']}): p50 {result['query_p50_ms']:.2f} ms, "
+              f"p90 {result['query_p90_ms']:.2f} ms")  # fmt: skip
+    if "cosine_vs_eager" in result:
+        c, q = result["cosine_vs_eager"], result["query_cosine_vs_eager"]
+        print(f"cosine vs eager: corpus min {c['min']:.6f} (mean {c['mean']:.6f}), queries "
+              f"min {q['min']:.6f}; largest |difference| {c['max_abs_diff']:.2e}")  # fmt: skip
+    if result["backend"] != "eager":
+        print(f"Dynamo graphs compiled: {result['dynamo_graphs']}")
+    if "stats" in result:
+        end = result["stats"]["queries"]
+        print(f"fused groups in the last graph: {result['fused_groups_last_graph']}")
+        for phase in ("first_pass", "second_pass", "queries"):
+            d = result[f"{phase}_delta"]
+            print(f"  {phase}: new entries {d.get('cache_misses')}, captures "
+                  f"{d.get('recordings')}, evictions {d.get('evictions')}, hits "
+                  f"{d.get('cache_hits')}")  # fmt: skip
+        print(f"  at the end: live entries {end.get('cache_size')}, captures "
+              f"{end.get('recordings')}, evictions {end.get('evictions')}, graph pool "
+              f"{end.get('graph_pool_bytes', 0) / 2**20:.1f} MiB, modes {end['modes']}")  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(ln for ln in __doc__.splitlines() if ln.startswith("    python")),
+    )
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="minilm-l6",
+                        help="the random model's shape (default minilm-l6)")  # fmt: skip
+    parser.add_argument("--tiny", action="store_true",
+                        help="a CPU-sized run: shape 'tiny' (2 layers, hidden 64), 40 sentences, "
+                        "10 queries (unless given)")  # fmt: skip
+    parser.add_argument("--model-dir",
+                        help="a local model directory (a sentence-transformers model, or a "
+                        "transformers encoder with its tokenizer: mean pooling is added); "
+                        "loaded offline, never downloaded")  # fmt: skip
+    parser.add_argument("--sentences", type=int, help="corpus size (default 3000; --tiny 40)")
+    parser.add_argument("--max-words", type=int,
+                        help="longest sentence, in words (default 199; --tiny 48)")  # fmt: skip
+    parser.add_argument("--queries", type=int, help="single queries (default 200; --tiny 10)")
+    parser.add_argument("--batch-size", type=int, default=32, help="encode's batch_size")
+    parser.add_argument("--backend", choices=BACKENDS, default="infinifuse",
+                        help="the backend to show (default infinifuse)")  # fmt: skip
+    parser.add_argument("--options", type=json.loads, default=None,
+                        help="infinifuse's options as JSON, e.g. '{\"max_graphs\": 64}'")
+    parser.add_argument("--compare", action="store_true",
+                        help="also run eager and Inductor reduce-overhead (this process)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="default: cuda if available")  # fmt: skip
+    parser.add_argument("--dtype", choices=sorted(_DTYPES),
+                        help="default: float16 on cuda, float32 on cpu")  # fmt: skip
+    parser.add_argument("--interpret", action="store_true",
+                        help="set TRITON_INTERPRET=1: on the CPU, run the generated Triton "
+                        "kernels in Triton's interpreter (slow) instead of leaving the graph "
+                        "as traced")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.model_dir and args.tiny:
+        parser.error("--tiny shapes a random model; --model-dir loads its own")
+    if args.model_dir and not os.path.isdir(args.model_dir):
+        parser.error(f"--model-dir {args.model_dir!r} is not a directory")
+    if args.tiny:
+        args.shape = "tiny"
+    if args.sentences is None:
+        args.sentences = 40 if args.tiny else 3000
+    if args.queries is None:
+        args.queries = 10 if args.tiny else 200
+    if args.max_words is None:
+        args.max_words = 48 if args.tiny else 199
+    if args.max_words < 2:
+        parser.error("--max-words: at least 2")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the example; returns the numbers it prints."""
+    args = parse_args(argv)
+    if args.interpret:
+        # Read when a kernel is first compiled, below (Triton is imported lazily by then).
+        os.environ["TRITON_INTERPRET"] = "1"
+    _needs("transformers")
+    _needs("sentence_transformers")
+    device = torch.device(args.device)
+    dtype = _DTYPES[args.dtype or ("float16" if device.type == "cuda" else "float32")]
+    corpus = make_sentences(args.sentences, seed=args.seed, high=args.max_words)
+    # queries: the same length distribution, without the two forced extremes
+    queries = make_sentences(args.queries + 2, seed=args.seed + 1, high=args.max_words)[2:]
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = args.model_dir or build_model_dir(tmp, SHAPES[args.shape], args.seed)
+        model = load_sentence_transformer(
+            directory, device, dtype, None if args.model_dir else SHAPES[args.shape]["hidden_size"]
+        )
+    shapes = padded_shapes(model, corpus, args.batch_size)
+    words = sorted(len(s.split()) for s in corpus)
+    print(f"model: {args.model_dir or args.shape} ({describe(model)}), {dtype}, {device}")
+    print(f"corpus: {len(corpus)} sentences of {words[0]}-{words[-1]} words (median "
+          f"{statistics.median(words):.0f}), batch_size {args.batch_size}: {len(shapes)} "
+          f"batches, {len(set(shapes))} distinct padded shapes; {len(queries)} single "
+          f"queries")  # fmt: skip
+    # CUDA context, cuBLAS and the allocator start before anything is timed, for every backend.
+    model.encode(["warm up the device", "and its libraries"], batch_size=2)
+    backends = [args.backend]
+    if args.compare:
+        backends = ["eager"] + [b for b in (args.backend, "reduce-overhead") if b != "eager"]
+    results: dict[str, Any] = {"shapes": len(set(shapes)), "batches": len(shapes), "runs": {}}
+    reference = None
+    if "eager" not in backends:  # the reference embeddings, untimed
+        reference = {"corpus": model.encode(corpus, batch_size=args.batch_size),
+                     "queries": model.encode(queries)}  # fmt: skip
+    import fusebackend
+
+    for backend in backends:
+        torch._dynamo.reset()
+        fusebackend.clear_cache()
+        fusebackend.reset_stats()
+        result, embeddings = measure(
+            model, backend, corpus, queries, args.batch_size, device, args.options
+        )
+        if backend == "eager":
+            reference = embeddings
+        else:
+            result["cosine_vs_eager"] = cosine(embeddings["corpus"], reference["corpus"])
+            result["query_cosine_vs_eager"] = cosine(embeddings["queries"], reference["queries"])
+        results["runs"][backend] = result
+        print_result(result)
+    eager = results["runs"].get("eager")
+    if eager:
+        print()
+        for backend, r in results["runs"].items():
+            if backend == "eager":
+                continue
+            print(f"{backend} / eager: first pass {r['first_pass_s'] / eager['first_pass_s']:.2f}x,"
+                  f" second pass {r['second_pass_s'] / eager['second_pass_s']:.2f}x, query p50 "
+                  f"{r['query_p50_ms'] / eager['query_p50_ms']:.2f}x")  # fmt: skip
+    return results
+
+
+if __name__ == "__main__":
+    main()
