@@ -358,6 +358,7 @@ class GraphCache:
         # Validation classes (keys.plan_class) whose fused run matched the unfused graph.
         self._validated: set[Key] = set()
         self._held_bytes = 0  # nbytes of the captured entries (graph_memory)
+        self._unpadded_seen: set[Key] = set()  # caller signatures of padded calls (_supersede)
         # Device whose replays are ordered across streams (None: test doubles without CUDA).
         self._replay_device: int | None = None
         if self._capture and torch.cuda.is_available():
@@ -400,7 +401,10 @@ class GraphCache:
                     return self._length_call(args, *padded)
         return self._call(args)
 
-    def _call(self, args: tuple[Any, ...]) -> Sequence[Any]:
+    def _call(
+        self, args: tuple[Any, ...], original: tuple[Any, ...] | None = None
+    ) -> Sequence[Any]:
+        """A call with ``args`` (``original``: the caller's, before length padding)."""
         user_args = args
         batch = bucket = None
         if self._buckets is not None:
@@ -408,17 +412,25 @@ class GraphCache:
                 self._check_buckets(args)
             # Padding copies each input on its own: inputs sharing a storage with a written
             # one would lose the write through the other, so such a call runs unpadded.
-            if not (self._mutated and shared_storages(args, self._mutated)):
-                args, batch, bucket = pad(args, self._buckets, self._static, self._batch_ints)
+            buckets = self._buckets  # None once the first call found a static batch dim
+            if buckets is not None and not (
+                self._mutated and shared_storages(args, self._mutated)
+            ):
+                args, batch, bucket = pad(args, buckets, self._static, self._batch_ints)
         key = self._signatures.key(args)
+        given = original if original is not None else user_args
         with self._lock:
             entry = self._entries.get(key)
+            if given is not args and self._frame is not None:
+                # A padded call: an older compilation may hold the caller's own shapes even
+                # when this padded key is a hit here (its bucket served other sizes first).
+                self._supersede_unpadded(given, key if entry is None else None)
             if entry is None:
                 COUNTERS.cache_misses += 1
                 verdict = self._verdicts.get(key)
                 seen = 0
                 if verdict is None and self._frame is not None:
-                    seen = self._supersede(key)
+                    seen = self._supersede(key, given if given is not args else None)
                 return self._new_entry(key, verdict, args, user_args, batch, bucket, seen)
             self._entries.move_to_end(key)
             COUNTERS.cache_hits += 1
@@ -749,11 +761,11 @@ class GraphCache:
         if isinstance(state, str):
             return self._call(args)
         if state is not None:
-            return slice_length(self._call(padded), length, state)
+            return slice_length(self._call(padded, args), length, state)
         reference = self._direct(self._unfused, args, args, None, None)
         why = None
         try:
-            outputs = self._call(padded)
+            outputs = self._call(padded, args)
         except Exception as exc:
             why = f"the padded run raised {type(exc).__name__}: {one_line(exc)}"
         else:
@@ -776,6 +788,12 @@ class GraphCache:
                     return sliced
             why = f"the padded run differs from the unpadded run: {why}"
         self._length_state[bucket] = why
+        # The padded entry made by the check serves no later call: let it go.
+        padded_key = self.key_for(*padded)
+        with self._lock:
+            stale = self._entries.pop(padded_key, None)
+            if stale is not None:
+                self._drop(stale)
         self._ignore(
             f"length_buckets: bucket {bucket} is not used (length {length} and the others "
             f"padded to it run unpadded): {why}"
@@ -1035,7 +1053,19 @@ class GraphCache:
         verdict = _Verdict(entry.mode, entry.reason, True, entry.hits)
         return self._new_entry(key, verdict, args, user_args, batch, bucket)
 
-    def _supersede(self, key: Key) -> int:
+    def _supersede_unpadded(self, given: tuple[Any, ...], key: Key | None) -> None:
+        """Once per caller signature of padded calls: drop older compilations' entries for
+        it (``_supersede``; a miss, ``key`` given, does so itself)."""
+        own = self._signatures.key(given)
+        if own in self._unpadded_seen:
+            return
+        if len(self._unpadded_seen) >= _MAX_VERDICTS:
+            self._unpadded_seen.clear()
+        self._unpadded_seen.add(own)
+        if key is None:
+            self._supersede(own, None)
+
+    def _supersede(self, key: Key, unpadded: tuple[Any, ...] | None) -> int:
         """Drop the entries of older compilations of this cache's function that served the
         tensor shapes of ``key``; return how many calls they had (0: none).
 
@@ -1046,7 +1076,8 @@ class GraphCache:
         needs no guess about Dynamo's guards: the newer graph has just been handed these
         shapes, so its guards won. Should an older graph still be routed the same shapes
         (two graphs that differ in a Python value, called in turn), it pays one more miss
-        per shape; its verdicts stay, so that miss captures at once.
+        per shape; its verdicts stay, so that miss captures at once. With buckets, an older
+        entry matches the call's padded shapes or its own (``unpadded``: the caller's inputs).
         """
         with _FRAMES_LOCK:
             refs = list(_FRAMES.get(self._frame, ()))
@@ -1059,7 +1090,9 @@ class GraphCache:
                 older.append(cache)
         if not older:
             return 0
-        signature = tensor_signature(key)
+        signatures = {tensor_signature(key)}
+        if unpadded is not None:
+            signatures.add(tensor_signature(self._signatures.key(unpadded)))
         seen = 0
         for cache in older:
             # Never wait on another cache's lock while holding this one's (two caches
@@ -1067,7 +1100,7 @@ class GraphCache:
             if not cache._lock.acquire(blocking=False):
                 continue
             try:
-                for old in [k for k in cache._entries if tensor_signature(k) == signature]:
+                for old in [k for k in cache._entries if tensor_signature(k) in signatures]:
                     seen = max(seen, cache._entries[old].hits + 1)
                     cache._evict(old, "superseded")
             finally:
@@ -1141,6 +1174,7 @@ class GraphCache:
             self._verdicts.clear()
             self._validated.clear()
             self._length_state.clear()
+            self._unpadded_seen.clear()
             self._moves.clear()
             self._copied_static.clear()
 
