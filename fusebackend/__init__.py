@@ -4,14 +4,15 @@
     compiled = torch.compile(model, backend="infinifuse")   # no import needed
     import fusebackend
     fusebackend.explain(model, ids)      # what was fused, what was not, and why
+    fusebackend.reports()                # every graph compiled so far (graph breaks, recompiles)
     fusebackend.stats()                  # CUDA-graph cache and fusion counters
 
-Public API: ``FusionConfig`` (the options), ``explain``, ``last_report``, ``FusionReport``,
+Public API: ``FusionConfig`` (the options), ``explain``, ``last_report``, ``reports``, ``FusionReport``,
 ``stats``, ``reset_stats``, ``set_fusion_enabled``, ``clear_cache``.
 """
 
 from fusebackend.config import FusionConfig
-from fusebackend.report import FusionReport, explain, last_report
+from fusebackend.report import FusionReport, explain, last_report, reports
 from fusebackend.runtime.stats import clear_cache, reset_stats, set_fusion_enabled, stats
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "clear_cache",
     "explain",
     "last_report",
+    "reports",
     "reset_stats",
     "set_fusion_enabled",
     "stats",

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 import threading
 from collections.abc import Callable
 from typing import Any
 
 __all__ = ["FusionReport", "GraphReport", "GroupReport", "RejectionReport", "explain",
-           "last_report"]  # fmt: skip
+           "last_report", "reports"]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +106,7 @@ class FusionReport:
         if not self.graphs:
             return "FusionReport: no graph was compiled (was the function already compiled?)"
         lines = []
-        for graph in self.graphs:
+        for index, graph in enumerate(self.graphs):
             lines.append(
                 f"== {graph.name} on {graph.device}: {graph.path}, "
                 f"{len(graph.groups)} group(s), compiled in {graph.compile_seconds:.3f}s"
@@ -123,7 +124,7 @@ class FusionReport:
             if graph.rejections:
                 lines.append("not fused:")
                 lines += _table(["node", "reason"],
-                                [[r.node, r.reason] for r in graph.rejections])  # fmt: skip
+                                [[r.node, r.reason] for r in graph.rejections], 90)  # fmt: skip
             for entry in graph.runtime_modes():
                 reason = f" ({entry['reason']})" if entry.get("reason") else ""
                 lines.append(f"  signature {entry['key']}: mode {entry['mode']}{reason}")
@@ -133,6 +134,17 @@ class FusionReport:
                 lines.append(f"host inputs copied to the device: {', '.join(graph.host_inputs)}")
             if graph.static_inputs:
                 lines.append(f"inputs used in place: {', '.join(graph.static_inputs)}")
+            if graph.constants:
+                # The folded nodes' names are Dynamo's (arange, tensor_3, getitem): a count
+                # says what happened, the names stay one attribute away.
+                lines.append(
+                    f"constants built once: {len(graph.constants)} tensor(s) made from Python "
+                    "values alone (torch.arange, torch.tensor and ops on them),"
+                )
+                lines.append(
+                    "  computed at compile time, not at each call (node names: "
+                    f"report.graphs[{index}].constants)"
+                )
             for field, label in _REWRITE_LINES:
                 names = getattr(graph, field)
                 if names:
@@ -142,9 +154,9 @@ class FusionReport:
         return "\n".join(lines)
 
 
-# The graph rewrites a report lists, in order: (GraphReport field, explain's label).
+# The graph rewrites a report lists after its constants, in order: (GraphReport field,
+# explain's label).
 _REWRITE_LINES = (
-    ("constants", "constants built once"),
     ("batched_updates", "batched into foreach ops"),
     ("list_indices", "list indices as index tensors on the device"),
     ("shared_masks", "boolean attention masks made additive once"),
@@ -154,15 +166,27 @@ _REWRITE_LINES = (
 )
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [min(60, max(len(str(c)) for c in col)) for col in zip(header, *rows)]
+def _table(header: list[str], rows: list[list[str]], width: int = 60) -> list[str]:
+    """Rows as text columns; a cell wider than ``width`` wraps at spaces onto the next lines
+    of its row (nothing is cut: node lists and rejection reasons are shown whole)."""
+    cells = [[_wrap(str(c), width) for c in row] for row in rows]
+    widths = [max(len(line) for cell in col for line in cell) for col in
+              zip([[h] for h in header], *cells)]  # fmt: skip
 
     def fmt(row: list[str]) -> str:
-        cells = [str(c) if len(str(c)) <= w else str(c)[: w - 3] + "..." for c, w in
-                 zip(row, widths)]  # fmt: skip
-        return "  " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+        return "  " + " | ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
 
-    return [fmt(header), "  " + "-+-".join("-" * w for w in widths)] + [fmt(r) for r in rows]
+    lines = [fmt(header), "  " + "-+-".join("-" * w for w in widths)]
+    for row in cells:
+        for k in range(max(len(cell) for cell in row)):
+            lines.append(fmt([cell[k] if k < len(cell) else "" for cell in row]))
+    return lines
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    # break_on_hyphens off: node names (embedding_1) and op spellings stay whole; a single
+    # word longer than the column (a long kernel name) is broken only then.
+    return textwrap.wrap(text, width, break_on_hyphens=False) or [""]
 
 
 _REPORTS: list[GraphReport] = []
@@ -186,9 +210,32 @@ def _reports_since(count: int) -> list[GraphReport]:
 
 
 def last_report() -> FusionReport:
-    """The report of the most recent compilation (one graph), or an empty report."""
+    """The report of the most recent graph compiled (one graph), or an empty report.
+
+    A compiled model that Dynamo split at graph breaks, or recompiled, has several graphs:
+    ``reports()`` shows them all."""
     with _REPORTS_LOCK:
         return FusionReport(_REPORTS[-1:])
+
+
+def reports() -> FusionReport:
+    """The reports of every graph compiled in this process so far, oldest first.
+
+    One ``torch.compile``d model makes one graph per piece Dynamo splits it into at graph
+    breaks, and one more per recompile (a new shape, dtype or grad mode): all are here,
+    beside those of other compiled models (each graph's header names its device and path).
+    The most recent 256 are kept."""
+    with _REPORTS_LOCK:
+        return FusionReport(list(_REPORTS))
+
+
+def _uncompiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` itself when it is the result of ``torch.compile`` (a module or a function)."""
+    import torch
+
+    if isinstance(fn, torch._dynamo.eval_frame.OptimizedModule):
+        return fn._orig_mod
+    return getattr(fn, "_torchdynamo_orig_callable", fn)
 
 
 def explain(
@@ -199,13 +246,31 @@ def explain(
     Returns the report of every graph Dynamo produced during that call: the fused
     groups (nodes absorbed, kernel name, inputs, outputs, generated source) and every
     candidate not fused, with its reason. ``options`` are the backend's options.
+
+    An inference tool: ``fn`` runs under ``torch.no_grad()`` (graphs that need gradients are
+    never fused). ``fn`` is traced anew whether or not it was compiled before, by the user
+    or by an earlier ``explain`` (a ``torch.compile``d module or function is unwrapped
+    first); that compile is kept apart from the user's own (``isolate_recompiles``), so it
+    neither reuses nor counts against their compiled entries.
     """
+    import inspect
+
     import torch
 
     from fusebackend.backend import infinifuse
 
+    def backend(gm: Any, example_inputs: Any, **backend_kwargs: Any) -> Any:
+        # A new callable per explain call: Dynamo reuses a compiled entry only for the
+        # backend that made it, so the user's earlier torch.compile(fn, backend="infinifuse")
+        # is not served here (it was: "no graph was compiled", issue 25).
+        return infinifuse(gm, example_inputs, **backend_kwargs)
+
+    extra: dict[str, Any] = {}
+    if "isolate_recompiles" in inspect.signature(torch.compile).parameters:  # torch >= 2.13
+        extra["isolate_recompiles"] = True
     with _REPORTS_LOCK:
         start = _recorded
-    compiled = torch.compile(fn, backend=infinifuse, options=options)
-    compiled(*args, **kwargs)
+    compiled = torch.compile(_uncompiled(fn), backend=backend, options=options, **extra)
+    with torch.no_grad():
+        compiled(*args, **kwargs)
     return FusionReport(_reports_since(start))
