@@ -89,12 +89,32 @@ def _cpu_group_runner() -> str:
     )
 
 
+# The Triton versions the test suite ran with (pyproject.toml's test extra: CI has 3.6.0,
+# torch 2.13's CUDA build pins 3.7.1). Others may work; they are untested (a report saw
+# 3.9's interpreter disagree with torch on fp32 -> bf16 rounding).
+TESTED_TRITON = ((3, 6), (3, 7))
+
+
 def _triton_version() -> str:
     try:
         import triton
+    except ModuleNotFoundError:
+        return "Triton not installed (groups are found and reported; no kernel runs)"
     except Exception as exc:  # a broken Triton leaves the backend's unfused/reference path
         return f"Triton not importable ({type(exc).__name__}: {exc})"
-    return f"triton {triton.__version__}"
+    return f"triton {triton.__version__} ({triton_tested(triton.__version__)})"
+
+
+def triton_tested(version: str) -> str:
+    """Whether ``version`` is one the tests ran with, in words."""
+    try:
+        major_minor = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        major_minor = ()
+    tested = " or ".join(f"{a}.{b}.x" for a, b in TESTED_TRITON)
+    if major_minor in TESTED_TRITON:
+        return f"tested: the suite runs with {tested}"
+    return f"UNTESTED: the suite runs with {tested}; pip install -e \".[test]\" installs one"
 
 
 def _cpu_backend() -> str:

@@ -78,3 +78,22 @@ def test_cuda_machine_passes_the_full_checklist(capsys):
     assert failures == 0, text
     for name in GPU_CHECKS:
         assert any(line.startswith(f"[ ok ] {name}") for line in lines), (name, text)
+
+
+def test_doctor_prints_the_triton_version_and_whether_it_is_the_tested_one(monkeypatch, capsys):
+    import triton
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _, lines = _doctor(capsys)
+    first = lines[0]
+    assert f"triton {triton.__version__} (" in first, first
+    tested = tuple(int(p) for p in triton.__version__.split(".")[:2]) in ((3, 6), (3, 7))
+    assert ("(tested: the suite runs with 3.6.x or 3.7.x)" in first) == tested, first
+    # A version outside the range is called untested (what `pip install -e .` gives on a CPU
+    # machine: PyPI's newest Triton, 3.9.0 on 2026-11-26).
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    _, lines = _doctor(capsys)
+    assert "triton 3.9.0 (UNTESTED: the suite runs with 3.6.x or 3.7.x" in lines[0], lines[0]
+    assert doctor.triton_tested("3.7.1").startswith("tested")
+    assert doctor.triton_tested("3.6.0").startswith("tested")
+    assert doctor.triton_tested("3.8.0").startswith("UNTESTED")
