@@ -109,6 +109,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
         shape = ex.SHAPES[args.shape]
         ex.build_model_dir(tmp, shape, args.seed)
         model = ex.load_sentence_transformer(tmp, device, dtype, shape["hidden_size"])
+    ex.check_tokenizer(model)
     build_s = time.perf_counter() - start
     shapes = ex.padded_shapes(model, corpus, args.batch_size)
     model.encode(["warm up the device", "and its libraries"], batch_size=2)  # eager

@@ -71,7 +71,7 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 # The counters of fusebackend.stats() reported per phase (those present in this version).
 STAT_KEYS = ("cache_size", "cache_hits", "cache_misses", "recordings", "evictions", "rerecords",
              "capture_failures", "fusion_attempts", "fusion_successes", "fusion_fallbacks",
-             "graph_pool_bytes")  # fmt: skip
+             "validations", "graph_pool_bytes", "captured_bytes")  # fmt: skip
 
 # Pseudo-words are consonant + vowel syllables: every word is a run of syllables, and the vocab
 # holds every syllable as a word start and as a "##" continuation, so WordPiece's greedy
@@ -121,29 +121,48 @@ def make_sentences(
     return [" ".join(rng.choices(words, weights=weights, k=k)) + "." for k in lengths]
 
 
-def write_vocab(path: str, whole_words: int = 3000) -> int:
-    """A WordPiece vocab: special tokens, the ``whole_words`` most frequent pseudo-words, every
-    syllable as a start and as a ``##`` continuation, and the period. Returns its size."""
+def vocab_tokens(whole_words: int = 3000) -> list[str]:
+    """A WordPiece vocab: special tokens, the period, every syllable as a start and as a ``##``
+    continuation, and the ``whole_words`` most frequent pseudo-words."""
     tokens = list(_SPECIAL) + ["."]
     tokens += _SYLLABLES + ["##" + s for s in _SYLLABLES]
     tokens += [w for w in lexicon()[:whole_words] if w not in _SYLLABLES]
-    with open(path, "w") as f:
+    return tokens
+
+
+def wordpiece_tokenizer(tokens: list[str], directory: str) -> Any:
+    """transformers' BertTokenizerFast on ``tokens`` (also written to directory/vocab.txt).
+
+    transformers 5 takes the vocab as ``vocab=`` (a dict or a path); a ``vocab_file=`` there
+    is silently ignored and leaves only the special tokens, every word then [UNK]. 4.x takes
+    ``vocab_file=``. Either way the result is checked."""
+    transformers = _needs("transformers")
+    vocab_path = os.path.join(directory, "vocab.txt")
+    with open(vocab_path, "w") as f:
         f.write("\n".join(tokens) + "\n")
-    return len(tokens)
+    common = {"do_lower_case": True, "model_max_length": MAX_SEQ_LENGTH}
+    vocab = {token: i for i, token in enumerate(tokens)}
+    tokenizer = transformers.BertTokenizerFast(vocab=vocab, **common)
+    if len(tokenizer.get_vocab()) != len(vocab):  # transformers 4.x
+        tokenizer = transformers.BertTokenizerFast(vocab_file=vocab_path, **common)
+    if len(tokenizer.get_vocab()) != len(vocab):
+        raise RuntimeError(
+            f"transformers {transformers.__version__}: BertTokenizerFast holds "
+            f"{len(tokenizer.get_vocab())} tokens, not the {len(vocab)} given"
+        )
+    return tokenizer
 
 
 def build_model_dir(directory: str, shape: dict[str, int], seed: int = 0) -> str:
     """Write a random-weight BertModel of ``shape`` and its WordPiece tokenizer to ``directory``."""
     transformers = _needs("transformers")
     transformers.utils.logging.disable_progress_bar()  # "Writing model shards" bars
-    vocab_path = os.path.join(directory, "vocab.txt")
-    vocab_size = write_vocab(vocab_path)
-    tokenizer = transformers.BertTokenizerFast(
-        vocab_file=vocab_path, do_lower_case=True, model_max_length=MAX_SEQ_LENGTH
-    )
-    tokenizer.save_pretrained(directory)
+    tokens = vocab_tokens()
+    wordpiece_tokenizer(tokens, directory).save_pretrained(directory)
     config = transformers.BertConfig(
-        vocab_size=max(vocab_size, 30522) if shape["hidden_size"] >= 384 else vocab_size,
+        # a real vocabulary's embedding table (30522 rows, MiniLM's and BERT's) where the
+        # shape is a real model's; ids past the synthetic vocab are never looked up
+        vocab_size=max(len(tokens), 30522) if shape["hidden_size"] >= 384 else len(tokens),
         max_position_embeddings=512,
         **shape,
     )
@@ -173,6 +192,18 @@ def load_sentence_transformer(
             modules=[transformer, Pooling(hidden, "mean")], device=str(device)
         )
     return model.to(device=device, dtype=dtype).eval()
+
+
+def check_tokenizer(model: Any) -> None:
+    """The loaded tokenizer splits the synthetic corpus' words into vocab pieces (no [UNK]):
+    with only the special tokens every word would be one [UNK], a different workload."""
+    tokenizer = model.tokenizer
+    probe = tokenizer(make_sentences(20, seed=99))["input_ids"]
+    if any(tokenizer.unk_token_id in row for row in probe):
+        raise RuntimeError(
+            f"the tokenizer maps words of the synthetic corpus to [UNK] (its vocab holds "
+            f"{len(tokenizer.get_vocab())} tokens, {len(vocab_tokens())} were written)"
+        )
 
 
 def compile_inner(model: Any, backend: str, options: dict[str, Any] | None = None) -> None:
@@ -236,13 +267,18 @@ def fuse_stats() -> dict[str, Any]:
     stats = fusebackend.stats()
     out = {k: stats[k] for k in STAT_KEYS if k in stats}
     out["modes"] = dict(Counter(stats.get("fusion_modes", {}).values()))
+    out["eviction_reasons"] = dict(stats.get("eviction_reasons", {}))
     return out
 
 
 def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     keys = ("cache_misses", "cache_hits", "recordings", "evictions", "fusion_attempts",
-            "capture_failures", "rerecords")  # fmt: skip
-    return {k: after[k] - before[k] for k in keys if k in after and k in before}
+            "validations", "capture_failures", "rerecords")  # fmt: skip
+    out = {k: after[k] - before[k] for k in keys if k in after and k in before}
+    reasons = after.get("eviction_reasons", {})
+    evicted = {r: n - before.get("eviction_reasons", {}).get(r, 0) for r, n in reasons.items()}
+    out["eviction_reasons"] = {r: n for r, n in evicted.items() if n}
+    return out
 
 
 def cosine(a: Any, b: Any) -> dict[str, float]:
@@ -349,11 +385,15 @@ def print_result(result: dict[str, Any]) -> None:
         for phase in ("first_pass", "second_pass", "queries"):
             d = result[f"{phase}_delta"]
             print(f"  {phase}: new entries {d.get('cache_misses')}, captures "
-                  f"{d.get('recordings')}, evictions {d.get('evictions')}, hits "
-                  f"{d.get('cache_hits')}")  # fmt: skip
+                  f"{d.get('recordings')}, evictions {d.get('evictions')}"
+                  f"{' ' + str(d['eviction_reasons']) if d.get('eviction_reasons') else ''}, "
+                  f"hits {d.get('cache_hits')}, "
+                  f"validations {d.get('validations')}")  # fmt: skip
         print(f"  at the end: live entries {end.get('cache_size')}, captures "
               f"{end.get('recordings')}, evictions {end.get('evictions')}, graph pool "
-              f"{end.get('graph_pool_bytes', 0) / 2**20:.1f} MiB, modes {end['modes']}")  # fmt: skip
+              f"{end.get('graph_pool_bytes', 0) / 2**20:.1f} MiB (captured entries' own "
+              f"buffers {end.get('captured_bytes', 0) / 2**20:.1f} MiB), modes "
+              f"{end['modes']}")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -365,8 +405,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="minilm-l6",
                         help="the random model's shape (default minilm-l6)")  # fmt: skip
     parser.add_argument("--tiny", action="store_true",
-                        help="a CPU-sized run: shape 'tiny' (2 layers, hidden 64), 40 sentences, "
-                        "10 queries (unless given)")  # fmt: skip
+                        help="a CPU-sized run: shape 'tiny' (2 layers, hidden 64), 40 sentences of "
+                        "up to 48 words, batch size 8, 10 queries (each unless given)")  # fmt: skip
     parser.add_argument("--model-dir",
                         help="a local model directory (a sentence-transformers model, or a "
                         "transformers encoder with its tokenizer: mean pooling is added); "
@@ -375,7 +415,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-words", type=int,
                         help="longest sentence, in words (default 199; --tiny 48)")  # fmt: skip
     parser.add_argument("--queries", type=int, help="single queries (default 200; --tiny 10)")
-    parser.add_argument("--batch-size", type=int, default=32, help="encode's batch_size")
+    parser.add_argument("--batch-size", type=int, help="encode's batch_size (default 32; --tiny 8)")
     parser.add_argument("--backend", choices=BACKENDS, default="infinifuse",
                         help="the backend to show (default infinifuse)")  # fmt: skip
     parser.add_argument("--options", type=json.loads, default=None,
@@ -404,6 +444,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.queries = 10 if args.tiny else 200
     if args.max_words is None:
         args.max_words = 48 if args.tiny else 199
+    if args.batch_size is None:
+        args.batch_size = 8 if args.tiny else 32
     if args.max_words < 2:
         parser.error("--max-words: at least 2")
     return args
@@ -427,6 +469,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model = load_sentence_transformer(
             directory, device, dtype, None if args.model_dir else SHAPES[args.shape]["hidden_size"]
         )
+    if not args.model_dir:
+        check_tokenizer(model)
     shapes = padded_shapes(model, corpus, args.batch_size)
     words = sorted(len(s.split()) for s in corpus)
     print(f"model: {args.model_dir or args.shape} ({describe(model)}), {dtype}, {device}")

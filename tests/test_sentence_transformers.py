@@ -42,10 +42,15 @@ def _sentence_transformers():
     return sentence_transformers
 
 
+def _words() -> list[str]:
+    rng = random.Random(1)
+    return sorted({"".join(rng.choices(SYLLABLES, k=rng.choice((1, 2, 3)))) for _ in range(400)})
+
+
 def _sentences(n: int = 40, seed: int = 0) -> list[str]:
     """``n`` sentences of 2-24 pseudo-words (varied lengths, so varied padded shapes)."""
     rng = random.Random(seed)
-    words = sorted({"".join(rng.choices(SYLLABLES, k=rng.choice((1, 2, 3)))) for _ in range(400)})
+    words = _words()
     lengths = [2, 24] + [rng.randint(2, 24) for _ in range(n - 2)]
     return [" ".join(rng.choices(words, k=k)) + "." for k in lengths]
 
@@ -57,11 +62,13 @@ def model_dir(tmp_path_factory):
 
     directory = tmp_path_factory.mktemp("tiny_bert")
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."]
-    vocab += SYLLABLES + ["##" + s for s in SYLLABLES]  # every pseudo-word splits into these
-    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    vocab += SYLLABLES + ["##" + s for s in SYLLABLES]  # any pseudo-word splits into these
+    vocab += [w for w in _words()[::2] if w not in vocab]  # half the words are whole tokens
+    # transformers 5 takes vocab= (vocab_file= is ignored there: every word would be [UNK])
     tokenizer = transformers.BertTokenizerFast(
-        vocab_file=str(directory / "vocab.txt"), model_max_length=128
+        vocab={t: i for i, t in enumerate(vocab)}, model_max_length=128
     )
+    assert len(tokenizer.get_vocab()) == len(vocab)
     tokenizer.save_pretrained(directory)
     config = transformers.BertConfig(
         vocab_size=len(vocab), hidden_size=HIDDEN, num_hidden_layers=LAYERS,
@@ -101,6 +108,8 @@ def test_embeddings_equal_eager_and_groups_fuse(model_dir, batch_size):
     _compile_inner(model)
     got = _encode(model, sentences, batch_size)
 
+    ids = model.tokenizer(sentences)["input_ids"]  # the words really are split, not [UNK]
+    assert all(model.tokenizer.unk_token_id not in row for row in ids)
     assert got.shape == (40, HIDDEN)
     torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL)
     stats = fusebackend.stats()

@@ -1,0 +1,132 @@
+"""benchmarks/sentence_embeddings.py at a tiny size on the CPU, and the workload it shares with
+examples/sentence_embeddings.py (corpus, tokenizer). The benchmark runs in a subprocess, as it
+starts one cold process per backend (~30 s on two CPU cores: a 2-layer, hidden-64 BERT, 24
+sentences of up to 40 words, 6 queries, eager and infinifuse). No test asserts a time.
+Without sentence-transformers the tests skip, except in CI (``CI=true``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENVIRONMENT_KEYS = ("device", "torch", "triton", "transformers", "sentence_transformers", "date",
+                    "commit", "python")  # fmt: skip
+RUN_KEYS = ("first_pass_s", "second_pass_s", "query_p50_ms", "query_p90_ms", "dynamo_graphs",
+            "distinct_padded_shapes", "batches", "model", "dtype", "environment")  # fmt: skip
+TARGET_NAMES = ["first pass / eager", "second pass / eager", "query p50 / reduce-overhead",
+                "query p50 / eager", "query p90 / reduce-overhead",
+                "re-captures on the second pass"]  # fmt: skip
+
+
+def _needs_sentence_transformers() -> None:
+    try:
+        import sentence_transformers  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI", "").lower() in ("1", "true"):
+            pytest.fail('sentence-transformers is missing in CI: .ci/run installs ".[test]"')
+        pytest.skip('needs sentence-transformers: pip install -e ".[test]"')
+
+
+@pytest.fixture(scope="module")
+def example():
+    path = ROOT / "examples" / "sentence_embeddings.py"
+    spec = importlib.util.spec_from_file_location("_example_sentence_embeddings", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_corpus_is_the_issues_shape_and_deterministic(example):
+    corpus = example.make_sentences(3000, seed=0)
+    words = [len(s.split()) for s in corpus]
+    assert len(corpus) == 3000 and min(words) == 2 and max(words) == 199
+    assert 12 <= statistics.median(words) <= 16, statistics.median(words)
+    assert corpus == example.make_sentences(3000, seed=0)
+    assert corpus != example.make_sentences(3000, seed=1)
+    assert max(len(s.split()) for s in example.make_sentences(50, high=40)) == 40
+
+
+def test_tokenizer_splits_every_word_without_unknown_tokens(example, tmp_path):
+    """transformers 5 ignores BertTokenizerFast(vocab_file=...): every word was [UNK] once."""
+    _needs_sentence_transformers()
+    tokenizer = example.wordpiece_tokenizer(example.vocab_tokens(), str(tmp_path))
+    tokenizer.save_pretrained(tmp_path)
+    import transformers
+
+    loaded = transformers.AutoTokenizer.from_pretrained(tmp_path)  # as Transformer(dir) loads
+    corpus = example.make_sentences(300, seed=3)
+    ids = loaded(corpus)["input_ids"]
+    assert ids == tokenizer(corpus)["input_ids"]
+    assert all(loaded.unk_token_id not in row for row in ids)
+    pieces = [len(row) - 2 for row in ids]  # [CLS] and [SEP]
+    words = [len(s.split()) + 1 for s in corpus]  # the period is a token
+    # frequent words are whole tokens, rare ones split into syllables
+    assert all(w <= p <= 3 * w for w, p in zip(words, pieces)) and sum(pieces) > sum(words)
+    assert loaded.model_max_length == example.MAX_SEQ_LENGTH
+
+
+def test_sentence_benchmark_tiny_writes_runs_environment_and_targets(tmp_path):
+    _needs_sentence_transformers()
+    out = tmp_path / "sentence.json"
+    env = dict(os.environ)
+    command = [sys.executable, str(ROOT / "benchmarks" / "sentence_embeddings.py"), "--tiny",
+               "--backends", "eager,infinifuse", "--out", str(out)]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+
+    environment = result["environment"]
+    missing = [k for k in ENVIRONMENT_KEYS if k not in environment]
+    assert not missing, (missing, environment)
+    assert environment["tiny"] is True and environment["sentence_transformers"]
+    assert result["workload"]["sentences"] == 24 and result["workload"]["max_words"] == 40
+    runs = {(r["shape"], r["backend"]): r for r in result["runs"]}
+    assert set(runs) == {("tiny", "eager"), ("tiny", "infinifuse")}, runs
+    for run in runs.values():
+        assert "error" not in run, run
+        missing = [k for k in RUN_KEYS if k not in run]
+        assert not missing, (missing, run)
+        assert run["first_pass_s"] > 0 and run["second_pass_s"] > 0 and run["queries"] == 6
+        assert run["batches"] == 3 and run["distinct_padded_shapes"] >= 2, run
+    fused = runs["tiny", "infinifuse"]
+    # the same embeddings as eager's (fp32 on the CPU)
+    assert fused["cosine_vs_eager"]["min"] > 0.99999, fused["cosine_vs_eager"]
+    assert fused["query_cosine_vs_eager"]["min"] > 0.99999, fused["query_cosine_vs_eager"]
+    assert fused["dynamo_graphs"] >= 1 and fused["fused_groups_last_graph"] >= 5, fused
+    # per-phase stats: the first pass made the entries, the second pass captured nothing
+    assert set(fused["stats"]) == {"start", "first_pass", "second_pass", "queries"}
+    assert fused["first_pass_delta"]["cache_misses"] >= 2, fused["first_pass_delta"]
+    assert fused["second_pass_recaptures"] == 0, fused["second_pass_delta"]
+    assert set(fused["stats"]["queries"]["modes"]) == {"fusion"}, fused["stats"]["queries"]
+    assert fused["fallback_reasons"] == {}, fused["fallback_reasons"]
+
+    targets = {t["name"]: t for t in result["summary"]["tiny"]["targets"]}
+    assert list(targets) == TARGET_NAMES
+    assert targets["first pass / eager"]["ratio"] == pytest.approx(
+        fused["first_pass_s"] / runs["tiny", "eager"]["first_pass_s"]
+    )
+    assert targets["query p50 / reduce-overhead"]["ratio"] is None  # not run here
+    assert targets["re-captures on the second pass"]["met"] is True
+    # the table is printed last, a line per run, then the targets
+    tail = done.stdout.strip().splitlines()[-4:]
+    assert tail[0].split()[:2] == ["shape", "backend"], tail
+    assert tail[1].split()[:2] == ["tiny", "eager"] and tail[2].split()[:2] == ["tiny", "infinifuse"]
+    assert tail[3].startswith("tiny: first pass / eager"), tail
+
+
+def test_sentence_benchmark_names_a_bad_backend(tmp_path):
+    command = [sys.executable, str(ROOT / "benchmarks" / "sentence_embeddings.py"), "--backends",
+               "eager,tensorrt", "--out", str(tmp_path / "x.json")]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "unknown backend 'tensorrt'" in done.stderr, done.stderr
+    assert not (tmp_path / "x.json").exists()
