@@ -33,7 +33,13 @@ from fusebackend.kernels import (
 )
 from fusebackend.kernels.cache_write import precompile_pair, write_cache_pair
 from fusebackend.kernels.decode_attention import decode_attention, precompile_decode_attention
-from fusebackend.kernels.launch import launch_rank, layout_for, precompile, precompile_all
+from fusebackend.kernels.launch import (
+    hinted_examples,
+    launch_rank,
+    layout_for,
+    precompile,
+    precompile_all,
+)
 from fusebackend.passes.attention import (
     drop_key_uniform_masks,
     share_mask_conversion,
@@ -444,7 +450,12 @@ def _precompile(graph: torch.fx.Graph) -> None:
             continue
         values = [example_value(a) for a in node.args]
         if not all(_concrete_cuda_tensor(v) for v in values):
-            continue  # symbolic shapes: the launch knows the sizes
+            # Symbolic shapes (dynamic=True, Dynamo's recompiles) or a number (a norm's eps):
+            # compiled for the traced call's sizes (their hints), whose binary later lengths
+            # of the same launch config share; none where a size has no hint
+            values = hinted_examples(values)
+            if values is None:
+                continue
         if isinstance(op, FusedPairOp):
             program, options, split = op.first.program, op.first.options, op.split
         else:

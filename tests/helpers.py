@@ -258,11 +258,13 @@ class TritonCompiles:
     argument, computed by Triton's own binder (``create_function_from_signature`` with the
     base backend's rules: pointers by dtype and 16-byte alignment, integers by 32/64-bit,
     equal to 1 and divisible by 16 unless ``do_not_specialize`` names them, floats by type
-    only), its constexprs, and its launch options (warps, debug).
+    only), its constexprs, and its launch options (warps, debug). Warm-ups
+    (``launch.precompile``) are keyed alike, in ``warmed``.
     """
 
     def __init__(self) -> None:
         self.keys: list[tuple] = []  # one per launch
+        self.warmed: list[tuple] = []  # one per warm-up
         self._binders: dict[Any, Any] = {}
         self._patches: list[Any] = []
 
@@ -275,15 +277,22 @@ class TritonCompiles:
         from triton.backends.compiler import BaseBackend
         from triton.runtime.jit import JITFunction, create_function_from_signature
 
+        # the interpreter's kernels keep their options in ``kwargs``; a JITFunction (GPU) has
+        # them as attributes
+        settings = getattr(kernel, "kwargs", None) or {
+            "do_not_specialize": kernel.do_not_specialize,
+            "do_not_specialize_on_alignment": kernel.do_not_specialize_on_alignment,
+            "debug": kernel.debug,
+        }
         binder = self._binders.get(kernel)
         if binder is None:
-            options = {k: v for k, v in kernel.kwargs.items() if k.startswith("do_not_")}
+            options = {k: v for k, v in settings.items() if k.startswith("do_not_")}
             jit = JITFunction(kernel.fn, **options)
             binder = create_function_from_signature(jit.signature, jit.params, BaseBackend)
             self._binders[kernel] = binder
         _, specialization, options = binder(*args, **meta)
         return (kernel.fn.__name__, tuple(specialization), tuple(sorted(options.items())),
-                kernel.kwargs.get("debug"))  # fmt: skip
+                settings.get("debug"))  # fmt: skip
 
     def __enter__(self) -> TritonCompiles:
         import fusebackend.kernels.launch as launch
@@ -294,7 +303,14 @@ class TritonCompiles:
             self.keys.append(self.key(kernel, args, meta))
             return real_run(kernel, grid, args, meta, device)
 
-        self._patches = [mock.patch.object(launch, "_run", run)]
+        real_warmup = launch._warmup
+
+        def warmup(kernel: Any, grid: Any, args: list[Any], meta: dict[str, Any]) -> None:
+            self.warmed.append(self.key(kernel, args, meta))
+            return real_warmup(kernel, grid, args, meta)
+
+        self._patches = [mock.patch.object(launch, "_run", run),
+                         mock.patch.object(launch, "_warmup", warmup)]  # fmt: skip
         for patch in self._patches:
             patch.start()
         return self

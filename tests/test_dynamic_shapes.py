@@ -190,3 +190,156 @@ def test_the_kernel_of_a_dynamic_graph_is_the_one_triton_compiles_once_per_confi
             expected = F.embedding(ids, word) + F.embedding(positions, pos)
             assert_close(out, expected * expected)
     assert len(compiles.keys) == 5 and len(compiles.distinct) == 1, compiles.distinct
+
+
+def test_a_new_length_plans_its_launch_from_the_recipe_of_its_pattern(monkeypatch):
+    # The broadcast of every value of the program (value_shapes) is derived once per input
+    # pattern; each further length only reads its sizes and strides.
+    derived = []
+    real = launch.value_shapes
+    monkeypatch.setattr(launch, "value_shapes", lambda *a: derived.append(1) or real(*a))
+    g = torch.Generator().manual_seed(6)
+    model = _Embeddings(48).eval()
+    compiled = torch.compile(model, backend="infinifuse", dynamic=True,
+                             options={"validate": False, "cudagraphs": False})  # fmt: skip
+    with torch.no_grad():
+        for length in LENGTHS:
+            ids = torch.randint(0, 101, (2, length), generator=g)
+            x = torch.randn(2, length, 48, generator=g)
+            assert_close(compiled(ids, x), model(ids, x))
+    helpers.assert_fused(fusebackend.last_report())
+    assert len(derived) == 1
+
+
+def _broadcast_program():
+    """v0 = table[ids]; v1 = v0 * a (a row operand, [T, D] against [B, T] rows);
+    v2 = v1 + b ([B, 1, 1]: narrow); v3 = mean(v2); v4 = v2 - v3 -> outputs v4, v3."""
+    from fusebackend.kernels import InputRef, Instr, Lookup, Reduce, RowProgram, ValueRef
+
+    f32 = torch.float32
+    return RowProgram(
+        input_dtypes=(torch.int64, f32, f32, f32),
+        lookups=(Lookup(0, 1),),
+        instrs=(Instr("mul", (ValueRef(0), InputRef(2)), f32),
+                Instr("add", (ValueRef(1), InputRef(3)), f32),
+                Reduce("mean", ValueRef(2), f32),
+                Instr("sub", (ValueRef(2), ValueRef(3)), f32)),  # fmt: skip
+        outputs=(4, 3),
+        narrow_inputs=frozenset({3}),
+    )
+
+
+def _broadcast_inputs(length: int, g: torch.Generator, transposed: bool = False):
+    ids = torch.randint(0, 30, (3, length), generator=g)
+    if transposed:
+        a = torch.randn(13, length, generator=g).t()
+    else:
+        a = torch.randn(length, 13, generator=g)
+    return [ids, torch.randn(30, 13, generator=g), a, torch.randn(3, 1, 1, generator=g)]
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_recipe_gives_the_launch_that_the_full_derivation_gives(transposed):
+    g = torch.Generator().manual_seed(7)
+    program = _broadcast_program()
+    recipes: dict = {}
+    launch._prepare(program, _broadcast_inputs(5, g, transposed), recipes)
+    assert len(recipes) == 1 and None not in recipes.values()
+    for length in (2, 7, 16, 33):
+        inputs = _broadcast_inputs(length, g, transposed)
+        assert launch._prepare(program, inputs, recipes) == launch._prepare(program, inputs)
+    ids, table, a, b = _broadcast_inputs(9, g, transposed)
+    plans: dict = {}
+    for _ in range(2):  # the launch planned, then the kept one
+        out, mean = launch.row_kernel(program, [ids, table, a, b], plans=plans)
+    v2 = F.embedding(ids, table) * a + b
+    expected_mean = v2.mean(-1, keepdim=True)
+    assert_close((out, mean), (v2 - expected_mean, expected_mean))
+
+
+def test_a_size_that_does_not_broadcast_raises_as_eager_does_past_the_recipe():
+    g = torch.Generator().manual_seed(8)
+    program = _broadcast_program()
+    plans: dict = {}
+    launch.row_kernel(program, _broadcast_inputs(5, g), plans=plans)
+    ids, table, a, b = _broadcast_inputs(6, g)
+    with pytest.raises(RuntimeError, match="cannot be broadcast"):
+        launch.row_kernel(program, [ids, table, a[:5], b], plans=plans)  # the same pattern
+
+
+def test_past_the_cap_the_oldest_signature_goes_and_recent_ones_stay(monkeypatch):
+    # Dynamic shapes bring a new signature per length; the kept launches were all dropped
+    # at the cap, so every recent length planned again.
+    made = []
+    real = launch._make_plans
+    monkeypatch.setattr(launch, "_make_plans", lambda *a: made.append(1) or real(*a))
+    monkeypatch.setattr(launch, "_run", lambda *a: None)  # planning only
+    program, g = _broadcast_program(), torch.Generator().manual_seed(9)
+    plans: dict = {}
+    lengths = range(2, launch._MAX_PLANS + 12)
+    for length in lengths:
+        launch.row_kernel(program, _broadcast_inputs(length, g), plans=plans)
+    assert len(made) == len(lengths) and len(plans) <= launch._MAX_PLANS
+    for length in lengths[-20:]:  # recent lengths: kept
+        launch.row_kernel(program, _broadcast_inputs(length, g), plans=plans)
+    assert len(made) == len(lengths)
+    launch.row_kernel(program, _broadcast_inputs(2, g), plans=plans)  # the oldest: gone
+    assert len(made) == len(lengths) + 1
+
+
+def test_a_dynamic_graph_precompiles_the_binary_its_first_call_launches(monkeypatch):
+    # backend._precompile skipped symbolic shapes: a dynamic graph compiled its kernels one
+    # by one at their first launches. With its example values' hints (the traced call's
+    # sizes) the warm-up compiles the binary that call launches, and a later length of the
+    # same launch config launches it too. (CUDA tensors only: here the CPU's are let in.)
+    import fusebackend.backend as backend
+
+    asked = []
+
+    def on_cpu(values):
+        asked.append(launch.hinted_examples(values))  # not CUDA tensors: None
+        return launch.hinted_examples(values, device_type="cpu")
+
+    monkeypatch.setattr(backend, "hinted_examples", on_cpu)
+    g = torch.Generator().manual_seed(10)
+    model = _Embeddings(48).eval()
+    compiled = torch.compile(model, backend="infinifuse", dynamic=True,
+                             options={"validate": False, "cudagraphs": False})  # fmt: skip
+    ids, x = torch.randint(0, 101, (2, 21), generator=g), torch.randn(2, 21, 48, generator=g)
+    with torch.no_grad(), TritonCompiles() as compiles:
+        compiled(ids, x)  # compiles the graph: its fused node's example values are symbolic
+        compiled(ids[:, :19].clone(), x[:, :19].clone())  # another length, the same config
+    assert asked == [None]  # one fused node, not of static shapes
+    helpers.assert_fused(fusebackend.last_report())
+    assert len(compiles.warmed) == 1 and len(compiles.keys) == 2
+    assert set(compiles.keys) == set(compiles.warmed), (compiles.keys, compiles.warmed)
+
+
+
+def _binaries() -> int:
+    """Binaries Triton has compiled (or loaded) for the row kernels made so far (GPU)."""
+    return sum(len(caches[0]) for kernel in launch._KERNELS.values()
+               for caches in getattr(kernel, "device_caches", {}).values())  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bert_under_dynamic_true_on_the_gpu_compiles_per_launch_config_not_per_length():
+    # Triton's own kernel caches: over 12 lengths of a dynamic graph, each row kernel holds a
+    # binary per launch config its launches used, none per length.
+    g = torch.Generator().manual_seed(11)
+    model = _bert(torch.float16).cuda()
+    compiled = torch.compile(model, backend="infinifuse", dynamic=True)
+    before = _binaries()
+    lengths = [7, 13, 33, 9, 16, 17, 31, 32, 48, 11, 47, 63]
+    with torch.no_grad(), TritonCompiles() as compiles:
+        for length in lengths:
+            ids, mask = (t.cuda() for t in _batch(length, g))
+            actual = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+            expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            assert_close(actual, expected, atol=2e-2, rtol=2e-2)  # fp16 through 2 layers
+    report = fusebackend.last_report()
+    assert len(report.groups) == 5 and all(grp.backend == "triton" for grp in report.groups)
+    configs = {(key[0], key[1][-4:], key[2]) for key in compiles.keys}
+    assert compiles.keys and len(compiles.distinct) == len(configs)
+    assert _binaries() - before <= len(configs), (_binaries() - before, sorted(configs))

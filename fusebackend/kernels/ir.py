@@ -155,6 +155,22 @@ class RowProgram:
     narrow_inputs: frozenset[int] = frozenset()
     scalar_inputs: frozenset[int] = frozenset()
 
+    def __hash__(self) -> int:
+        # Computed once: a program keys the compiled-kernel cache at every new launch plan,
+        # and hashing its nested tuples took ~70 hash calls (a third of a plan from a
+        # recipe, launch._ShapeRecipe). Equal programs still hash alike (same fields).
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        # str hashes differ between processes: a pickled program must not carry its hash
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
+
     def value_dtype(self, index: int) -> torch.dtype:
         if index < len(self.lookups):
             return self.input_dtypes[self.lookups[index].table_slot]

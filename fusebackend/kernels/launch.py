@@ -34,6 +34,8 @@ from fusebackend.kernels.configs import (
 from fusebackend.kernels.ir import InputRef, KernelOptions, Reduce, Rotate, RowProgram, ValueRef
 
 __all__ = [
+    "TensorExample",
+    "hinted_examples",
     "kernel_source",
     "launch_rank",
     "layout_for",
@@ -212,8 +214,102 @@ def check_indices(spec: RowProgram, inputs: Sequence[torch.Tensor]) -> None:
             )
 
 
-def _broadcast_strides(t: torch.Tensor, shape: torch.Size) -> tuple[int, ...]:
-    return t.expand(shape).stride()
+def _expand_strides(
+    size: Sequence[int], stride: Sequence[int], target: Sequence[int]
+) -> tuple[int, ...]:
+    """The strides of ``t.expand(target)`` for ``t`` of ``size`` and ``stride``, computed
+    (a call of expand took ~2 us): kept where the size matches (a dim of 1 included), 0
+    where a dim of 1 broadcasts or a leading dim is new."""
+    new = len(target) - len(size)
+    return (0,) * new + tuple(s if n == want else 0
+                              for n, s, want in zip(size, stride, target[new:]))  # fmt: skip
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """The strides of ``torch.empty(shape)`` (sizes 0 and 1 step as 1, as torch's do)."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+@dataclasses.dataclass(frozen=True)
+class _ShapeRecipe:
+    """How a launch's group shape and output shapes follow from its inputs' sizes, for
+    inputs of one pattern (``_pattern``: dtypes, ranks, which dims are 1, row widths).
+
+    ``value_shapes`` broadcasts every value of the program (~35 us for BERT's embeddings
+    group of 3 lookups and 2 norms on a CPU); under dynamic shapes a new sequence length
+    keeps the pattern, so the broadcast is derived once per pattern and a new length only
+    reads the sizes: each group dim's from one input dim, with every other non-1 input dim
+    checked equal to it (a mismatch takes the full path, which raises eager's error)."""
+
+    group: tuple[tuple[int, int], ...]  # per group dim: (slot, dim) giving its size; (-1, 0): 1
+    checks: tuple[tuple[int, int, int], ...]  # (slot, dim, group dim): non-1 sizes to compare
+    outputs: tuple[tuple[int, ...], ...]  # per output: the group dim of each dim, -1 for 1
+
+    def shapes(self, inputs: Sequence[Any]) -> tuple[list[torch.Size], torch.Size] | None:
+        group = [1 if slot < 0 else inputs[slot].shape[dim] for slot, dim in self.group]
+        for slot, dim, j in self.checks:
+            if inputs[slot].shape[dim] != group[j]:
+                return None
+        outputs = [torch.Size([1 if j < 0 else group[j] for j in dims]) for dims in self.outputs]
+        return outputs, torch.Size(group)
+
+
+def _aligned_dims(program: RowProgram, inputs: Sequence[Any], rank: int):
+    """(slot, dim, group dim) of every input dim that lines up with a dim of a group of
+    ``rank`` dims (an index's dims with the row dims, a table's width with the last)."""
+    for slot, t in enumerate(inputs):
+        if slot in program.scalar_inputs:
+            continue
+        if slot in program.table_slots:
+            yield slot, 1, rank - 1
+        elif slot in program.index_slots:
+            yield from ((slot, d, rank - 1 - t.dim() + d) for d in range(t.dim()))
+        else:
+            yield from ((slot, d, rank - t.dim() + d) for d in range(t.dim()))
+
+
+def _recipe(
+    program: RowProgram,
+    inputs: Sequence[Any],
+    outputs: Sequence[torch.Size],
+    group_shape: torch.Size,
+) -> _ShapeRecipe | None:
+    rank = len(group_shape)
+    group: list[tuple[int, int] | None] = [None if n != 1 else (-1, 0) for n in group_shape]
+    checks = []
+    for slot, dim, j in _aligned_dims(program, inputs, rank):
+        if j < 0 or inputs[slot].shape[dim] == 1:
+            continue
+        if group[j] is None:
+            group[j] = (slot, dim)
+        else:
+            checks.append((slot, dim, j))
+    if any(g is None for g in group):
+        return None  # a size no input gives (cannot happen): the full path every time
+    maps = []
+    for shape in outputs:
+        offset = rank - len(shape)
+        maps.append(tuple(-1 if n == 1 and group_shape[offset + i] != 1 else offset + i
+                          for i, n in enumerate(shape)))  # fmt: skip
+    return _ShapeRecipe(tuple(group), tuple(checks), tuple(maps))  # type: ignore[arg-type]
+
+
+def _pattern(program: RowProgram, inputs: Sequence[Any]) -> tuple[Any, ...]:
+    """What a ``_ShapeRecipe`` holds for: per input its dtype, device, which dims are 1 and
+    its row width (not an index's last dim: that is a row dim)."""
+    key: list[Any] = []
+    for slot, t in enumerate(inputs):
+        if slot in program.scalar_inputs:
+            key.append(None)
+            continue
+        ones = tuple(n == 1 for n in t.shape)
+        width = None if slot in program.index_slots or not ones else t.shape[-1]
+        key.append((t.dtype, t.device, ones, width))
+    return tuple(key)
 
 
 @dataclasses.dataclass
@@ -230,36 +326,52 @@ class _Launch:
     width: int
 
 
-def _prepare(program: RowProgram, inputs: Sequence[torch.Tensor]) -> _Launch:
+def _prepare(
+    program: RowProgram,
+    inputs: Sequence[torch.Tensor],
+    recipes: dict[Any, _ShapeRecipe | None] | None = None,
+) -> _Launch:
     """The kernel's arguments for tensors shaped like ``inputs`` (shapes, strides and dtypes
-    are read; the tensors themselves are filled in by ``_Plans.run``)."""
-    shapes, group_shape = value_shapes(program, inputs)
+    are read; the tensors themselves are filled in by ``_Plans.run``). ``recipes``: a
+    caller's ``_ShapeRecipe`` per input pattern, used and filled in."""
+    found = None
+    if recipes is not None:
+        pattern = _pattern(program, inputs)
+        recipe = recipes.get(pattern)
+        found = recipe.shapes(inputs) if recipe is not None else None
+    if found is not None:
+        out_shapes, group_shape = found
+    else:
+        shapes, group_shape = value_shapes(program, inputs)
+        out_shapes = [shapes[v] for v in program.outputs]
+        if recipes is not None and pattern not in recipes:
+            recipes[pattern] = _recipe(program, inputs, out_shapes, group_shape)
     lead, width = group_shape[:-1], group_shape[-1]
     narrow_shape = torch.Size((*lead, 1))
     rows = lead.numel()
-    outputs = [(shapes[v], program.value_dtype(v)) for v in program.outputs]
+    outputs = [(shape, program.value_dtype(v)) for shape, v in zip(out_shapes, program.outputs)]
     if rows == 0 or width == 0:
         return _Launch([], [], outputs, len(lead), rows, width)
 
     # (pool index, strides over the lead dims, the sizes after them) of every tensor
-    table_width = {lk.table_slot: shapes[j][-1] for j, lk in enumerate(program.lookups)}
     entries: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
     for slot, t in enumerate(inputs):
         if slot in program.scalar_inputs:
             entries.append((slot, (), ()))  # the number itself, filled in at each call
         elif slot in program.index_slots:
-            entries.append((slot, _broadcast_strides(t, lead), ()))
+            entries.append((slot, _expand_strides(t.shape, t.stride(), lead), ()))
         elif slot in program.table_slots:
-            col_stride = 0 if table_width[slot] == 1 else t.stride(1)
+            col_stride = 0 if t.shape[1] == 1 else t.stride(1)
             entries.append((slot, (), (t.shape[0], t.stride(0), col_stride)))
         else:
             shape = narrow_shape if slot in program.narrow_inputs else group_shape
-            *lead_strides, col_stride = _broadcast_strides(t, shape)
+            *lead_strides, col_stride = _expand_strides(t.shape, t.stride(), shape)
             entries.append((slot, tuple(lead_strides), (col_stride,)))
-    for j, value in enumerate(program.outputs):
+    for j, (value, (out_shape, _)) in enumerate(zip(program.outputs, outputs)):
         shape = narrow_shape if value in program.narrow_values else group_shape
-        fresh = torch.empty(shapes[value], device="meta")  # as the output is allocated
-        *lead_strides, col_stride = _broadcast_strides(fresh, shape)
+        # as the output is allocated: contiguous
+        strides = _expand_strides(out_shape, _contiguous_strides(out_shape), shape)
+        *lead_strides, col_stride = strides
         entries.append((len(inputs) + j, tuple(lead_strides), (col_stride,)))
     unstrided = program.table_slots | program.scalar_inputs
     strided = [i for i, (slot, _, _) in enumerate(entries) if slot not in unstrided]
@@ -397,9 +509,12 @@ class _Plans:
 
 
 def _make_plans(
-    program: RowProgram, options: KernelOptions, sets: Sequence[Sequence[torch.Tensor]]
+    program: RowProgram,
+    options: KernelOptions,
+    sets: Sequence[Sequence[torch.Tensor]],
+    recipes: dict[Any, _ShapeRecipe | None] | None = None,
 ) -> _Plans:
-    launches = [_prepare(program, inputs) for inputs in sets]
+    launches = [_prepare(program, inputs, recipes) for inputs in sets]
     devices = [_device(inputs) for inputs in sets]
     offsets, start = [], 0
     for inputs, launch in zip(sets, launches):
@@ -422,11 +537,14 @@ def _make_plans(
 # the tensors and launches. Measured on a CPU (the chain of benchmarks/embedding_chain.py,
 # no-op kernel, 2026-11-23): an uncaptured call took 95-140 us with the launch built at every
 # call and 48 us with it kept (of which Dynamo and the graph cache take most).
-_MAX_PLANS = 64  # per group: one that sees more signatures (dynamic shapes) starts over
+# A signature seen for the first time (a new sequence length under dynamic shapes) reuses
+# the ``_ShapeRecipe`` of its pattern, kept in the same dict under ``_RECIPES``.
+_MAX_PLANS = 64  # per group: past it (dynamic shapes), the oldest signature's launch goes
+_RECIPES = "shape recipes"  # plans[_RECIPES]: pattern -> _ShapeRecipe (or None)
 
 
 def _device(inputs: Sequence[Any]) -> torch.device:
-    return next(t.device for t in inputs if isinstance(t, torch.Tensor))
+    return next(t.device for t in inputs if _is_tensor_like(t))
 
 
 def _launch_sets(
@@ -450,9 +568,12 @@ def _launch_sets(
            tuple(len(inputs) for inputs in sets))  # fmt: skip
     found = plans.get(key)
     if found is None:
-        found = _make_plans(program, options, sets)
+        recipes = plans.setdefault(_RECIPES, {})
+        found = _make_plans(program, options, sets, recipes)
         if len(plans) >= _MAX_PLANS:
-            plans.clear()
+            del plans[next(k for k in plans if k != _RECIPES)]
+        if len(recipes) > _MAX_PLANS:
+            recipes.clear()
         plans[key] = found
     return found.run(sets)
 
@@ -634,7 +755,69 @@ def precompile(
         args[place] = pool[index]
     device = _device(inputs)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        plan.kernel.warmup(*args, grid=plan.grid, **plan.meta)
+        _warmup(plan.kernel, plan.grid, args, plan.meta)
+
+
+def _warmup(kernel: Any, grid: tuple[int, int], args: list[Any], meta: dict[str, Any]) -> None:
+    kernel.warmup(*args, grid=grid, **meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorExample:
+    """What a precompile reads of a tensor (``precompile``, ``launch_rank``): sizes,
+    strides, byte offset, dtype and device, with plain ints where a graph's example value
+    had symbolic ones (``hinted_examples``). Hashable: it keys a precompile job as is."""
+
+    shape: torch.Size
+    strides: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    device: torch.device
+
+    def stride(self) -> tuple[int, ...]:
+        return self.strides
+
+    def storage_offset(self) -> int:
+        return self.offset
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+
+def _hint(n: Any) -> int | None:
+    """A size as an int: a SymInt's hint (the size Dynamo traced with), or None."""
+    if isinstance(n, int):
+        return n
+    hint = getattr(getattr(n, "node", None), "hint", None)
+    return int(hint) if hint is not None else None
+
+
+def hinted_examples(values: Sequence[Any], device_type: str = "cuda") -> list[Any] | None:
+    """A fused node's example values (fake tensors, numbers) as ``precompile`` takes them,
+    symbolic sizes, strides and offsets replaced by their hints: the sizes of the call that
+    Dynamo traced, so the kernel compiled is the one that call launches; later lengths of
+    the same launch config share its binary (row counts and sizes are runtime arguments,
+    ``codegen._Writer._unspecialized``). Numbers (a norm's eps) become a float: a float
+    argument compiles the same whatever its value. None where a size has no hint or a
+    tensor is not on a device of ``device_type``."""
+    examples: list[Any] = []
+    for value in values:
+        if not _is_tensor_like(value):
+            examples.append(1.0)
+            continue
+        if not isinstance(value, torch.Tensor) or value.device.type != device_type:
+            return None
+        sizes = [_hint(n) for n in (*value.shape, *value.stride(), value.storage_offset())]
+        if any(n is None for n in sizes):
+            return None
+        rank = value.dim()
+        shape, strides, offset = sizes[:rank], sizes[rank:-1], sizes[-1]
+        examples.append(TensorExample(torch.Size(shape), tuple(strides), offset, value.dtype,
+                                      value.device))  # fmt: skip
+    return examples
 
 
 def launch_rank(program: RowProgram, inputs: Sequence[torch.Tensor]) -> int | None:
