@@ -73,6 +73,9 @@ def test_an_output_whose_dim_1_only_equals_the_bucket_is_not_sliced():
         pooled = cache(ids, mask, table)[1]
         assert pooled.shape == (2, 16)
         assert_close(pooled, masked_mean(ids, mask, table)[1])
+    s = fusebackend.stats()
+    assert s["ignored_options"] == {}  # the bucket is used: the check passed
+    assert s["cached_shapes"] == [((2, 16), (2, 16))]  # padded to 16
 
 
 def test_a_model_that_sees_its_padding_keeps_the_bucket_unpadded_with_the_reason():
