@@ -14,7 +14,20 @@ first unfused mode. It moves down the chain with each reason recorded and logged
 the fused callable raises on its first run or (``validate``) its outputs differ from the
 unfused ones -> unfused; a capture fails (host sync such as ``.item()``, CPU tensors,
 out of memory) -> "graph_replay" from "fusion", "eager" from "graph_replay". A key's
-final verdict is remembered, so a key that fell back never retries after an eviction.
+verdict (success too) is remembered, so a key that fell back never retries after an
+eviction, and a returning key is neither validated nor left uncaptured again.
+
+What a new shape costs (shapes that keep changing: a corpus sorted by length, one query at a
+time): a key is captured on its ``capture_on_call``-th call (2 by default), its earlier
+calls run the graph directly, so a shape seen once costs one run, not warm-up + capture; a
+decode step (the same key every call) is captured on its 2nd call. The fused graph is
+compared with the unfused one once per cache and validation class (``keys.plan_class``:
+the inputs' dtypes, ranks and layouts, not their sizes) until one comparison matches.
+Captured entries are bounded by bytes across every cache (``graph_memory``, least recently
+used first), with ``max_graphs`` an optional count cap; a cache drops the entries that
+older compilations of the same Dynamo frame hold for the shapes it is now handed
+(``_supersede``). ``length_buckets`` pads the sequence dim of masked encoders' inputs,
+checked against the unpadded run on each bucket's first call.
 
 Captured entries: warm-up runs on a side stream, capture goes into one memory pool shared
 by all graphs of the device (``torch.cuda.graph_pool_handle()``). Non-static tensor inputs
