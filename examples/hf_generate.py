@@ -2,7 +2,7 @@
 
     python examples/hf_generate.py                    # TinyLlama-shaped config, random weights
     python examples/hf_generate.py --layers 2         # the same shape with 2 layers
-    python examples/hf_generate.py --tiny --layers 2  # narrow too (hidden 64): a CPU smoke test
+    python examples/hf_generate.py --tiny             # 2 layers, hidden 64: a CPU smoke test
     python examples/hf_generate.py --model-dir DIR    # a local model directory (never downloads)
     python examples/hf_generate.py --compare          # also transformers' own auto-compile
 
@@ -37,7 +37,7 @@ import time
 from typing import Any
 
 import torch
-from llama_shapes import TINY_WIDTHS, TINYLLAMA  # noqa: E402  (examples/ is on sys.path)
+from llama_shapes import TINY_LAYERS, TINY_WIDTHS, TINYLLAMA  # noqa: E402  (examples/ on sys.path)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # The marker before the JSON line a --compare subprocess prints for its parent.
@@ -62,9 +62,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a local model directory (config and weights; loaded with local_files_only, "
         "never downloaded). Default: a TinyLlama-shaped config with random weights",
     )
-    parser.add_argument("--layers", type=int, help="layers of the config (default 22)")
     parser.add_argument(
-        "--tiny", action="store_true", help="shrink the config's widths (hidden 64, vocab 512)"
+        "--layers", type=int, help=f"layers of the config (default 22; --tiny: {TINY_LAYERS})"
+    )
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help=f"a tiny config: {TINY_LAYERS} layers (unless --layers), hidden 64, vocab 512",
     )
     parser.add_argument(
         "--device",
@@ -118,7 +122,7 @@ def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dty
         return model.to(device).eval()
     shape = dict(TINYLLAMA)
     if args.tiny:
-        shape.update(TINY_WIDTHS)
+        shape.update(TINY_WIDTHS, num_hidden_layers=TINY_LAYERS)
     if args.layers is not None:
         shape["num_hidden_layers"] = args.layers
     config = transformers.LlamaConfig(**shape)

@@ -1,5 +1,16 @@
 """Llama shapes shared by the examples and benchmarks/generate.py (configs only: random
-weights, nothing is downloaded)."""
+weights, nothing is downloaded).
+
+    python examples/llama_shapes.py    # print them (a module the other examples import)
+
+``TINYLLAMA`` is TinyLlama-1.1B's shape (``hf_generate.py`` and ``llama_generate.py``'s
+``--tinyllama``); ``TINY_WIDTHS`` and ``TINY_LAYERS`` shrink it for a CPU (``--tiny``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
 
 # TinyLlama-1.1B's shape (TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T config.json).
 TINYLLAMA = dict(
@@ -22,3 +33,20 @@ TINY_WIDTHS = dict(
     vocab_size=512,
     max_position_embeddings=256,
 )
+# The layers of a tiny model: 22 narrow layers still took 5.5 minutes in Triton's interpreter
+# (hf_generate.py --tiny --interpret on a CPU, issue 25).
+TINY_LAYERS = 2
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        epilog="Prints TINYLLAMA, TINY_WIDTHS and TINY_LAYERS as JSON; takes no options.",
+    )
+    parser.parse_args(argv)
+    shapes = {"TINYLLAMA": TINYLLAMA, "TINY_WIDTHS": TINY_WIDTHS, "TINY_LAYERS": TINY_LAYERS}
+    print(json.dumps(shapes, indent=2))
+
+
+if __name__ == "__main__":
+    main()

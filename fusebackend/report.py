@@ -166,7 +166,7 @@ _REWRITE_LINES = (
 )
 
 
-def _table(header: list[str], rows: list[list[str]], width: int = 60) -> list[str]:
+def _table(header: list[str], rows: list[list[str]], width: int = 80) -> list[str]:
     """Rows as text columns; a cell wider than ``width`` wraps at spaces onto the next lines
     of its row (nothing is cut: node lists and rejection reasons are shown whole)."""
     cells = [[_wrap(str(c), width) for c in row] for row in rows]

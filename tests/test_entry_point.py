@@ -67,3 +67,32 @@ def test_compile_by_name_in_a_fresh_process_without_importing_fusebackend():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip().endswith("OK 1"), result.stdout
+
+
+def test_option_errors_surface_at_the_first_call_as_dynamos_backend_compiler_failed():
+    # torch.compile offers a custom backend no hook that sees options before the first call
+    # (_TorchCompileWrapper only looks the backend up), so the README documents this.
+    import pytest
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    from fusebackend import FusionConfig
+
+    model = torch.nn.Linear(4, 4)
+    compiled = torch.compile(model, backend="infinifuse", options={"max_graph": 4})  # no error
+    with pytest.raises(BackendCompilerFailed) as caught, torch.no_grad():
+        compiled(torch.randn(2, 4))
+    inner = caught.value.inner_exception
+    assert isinstance(inner, ValueError) and not isinstance(caught.value, ValueError)
+    assert "'max_graph'" in str(inner) and "valid options:" in str(inner), inner
+    # The documented early check: the same ValueError at once, before any compile.
+    with pytest.raises(ValueError, match="unknown infinifuse option.*'max_graph'"):
+        FusionConfig.from_options({"max_graph": 4})
+    with pytest.raises(ValueError, match="max_graphs"):
+        FusionConfig.from_options({"max_graphs": 0})
+    # A mode infinifuse does not know: the same, at the first call.
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="infinifuse", mode="fastest")
+    with pytest.raises(BackendCompilerFailed) as caught, torch.no_grad():
+        compiled(torch.randn(2, 4))
+    assert isinstance(caught.value.inner_exception, ValueError)
+    assert "unknown torch.compile mode 'fastest'" in str(caught.value.inner_exception)
