@@ -7,8 +7,8 @@
     fusebackend.reports()                # every graph compiled so far (graph breaks, recompiles)
     fusebackend.stats()                  # CUDA-graph cache and fusion counters
 
-Public API: ``FusionConfig`` (the options), ``explain``, ``last_report``, ``reports``, ``FusionReport``,
-``stats``, ``reset_stats``, ``set_fusion_enabled``, ``clear_cache``.
+Public API: ``FusionConfig`` (the options), ``explain``, ``last_report``, ``reports``,
+``FusionReport``, ``stats``, ``reset_stats``, ``set_fusion_enabled``, ``clear_cache``.
 """
 
 from fusebackend.config import FusionConfig

@@ -114,7 +114,7 @@ def triton_tested(version: str) -> str:
     tested = " or ".join(f"{a}.{b}.x" for a, b in TESTED_TRITON)
     if major_minor in TESTED_TRITON:
         return f"tested: the suite runs with {tested}"
-    return f"UNTESTED: the suite runs with {tested}; pip install -e \".[test]\" installs one"
+    return f'UNTESTED: the suite runs with {tested}; pip install -e ".[test]" installs one'
 
 
 def _cpu_backend() -> str:
