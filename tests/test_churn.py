@@ -443,3 +443,24 @@ def test_eviction_warning_names_its_cause(fake_capture, caplog):
         cache(torch.randn(1, 16))
         cache(torch.randn(2, 16))
     assert any("max_graphs=1" in r.getMessage() for r in caplog.records)
+
+
+def test_another_function_after_a_dynamo_reset_supersedes_nothing():
+    """torch._dynamo.reset() numbers frames from 0 again: a new function's first graph must
+    not take an older function's graph (still alive here) for its earlier compilation."""
+    table, w, b = weights()
+    first = torch.compile(chain, backend="infinifuse")
+    _corpus_pass(first, table, w, b, [(2, 5)])
+    (report,) = fusebackend.last_report().graphs
+    kept = report.runtime_ref()  # a caller still holding the first function's graph
+    torch._dynamo.reset()
+
+    def other(ids, mask, table, weight, bias):
+        return chain(ids, mask, table, weight, bias) * 2
+
+    second = torch.compile(other, backend="infinifuse")
+    with torch.no_grad():
+        ids, mask = rand_ids(V, (2, 5)), torch.ones(2, 5, dtype=torch.long)
+        assert_close(second(ids, mask, table, w, b), other(ids, mask, table, w, b))
+    s = fusebackend.stats()
+    assert s["eviction_reasons"] == {} and len(kept) == 1

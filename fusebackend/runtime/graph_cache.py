@@ -139,16 +139,20 @@ class _Verdict(NamedTuple):
     calls: int
 
 
-def _compile_frame() -> Any:
-    """The Dynamo frame being compiled (the function, not this one compilation of it), or
-    None outside a Dynamo compile (a cache built directly)."""
+def _compile_frame() -> tuple[Any, Any] | None:
+    """(frame, compilation of that frame) of the Dynamo compile in progress, or None outside
+    one (a cache built directly). The frame stands for the compiled function; Dynamo numbers
+    its recompiles 0, 1, ... (``torch._dynamo.reset()`` starts frames again at 0)."""
     try:
         from torch._guards import CompileContext
 
         compile_id = CompileContext.current_compile_id()
     except Exception:  # an older or newer torch without it: no supersession
         return None
-    return None if compile_id is None else getattr(compile_id, "frame_id", None)
+    frame = getattr(compile_id, "frame_id", None)
+    if frame is None:
+        return None
+    return frame, getattr(compile_id, "frame_compile_id", None)
 
 
 class StatsRow(NamedTuple):
@@ -391,9 +395,14 @@ class GraphCache:
             self._static, self._fused is not None, self._capture, frozenset(self._host)
         )
         register_cache(self)
-        self._frame = _compile_frame()
-        if self._frame is not None:
+        compiled = _compile_frame()
+        self._frame = None if compiled is None else compiled[0]
+        if compiled is not None:
             with _FRAMES_LOCK:
+                if compiled[1] == 0:
+                    # A frame's first compilation: caches listed under its number belong to
+                    # another function, compiled before a torch._dynamo.reset().
+                    _FRAMES[self._frame] = []
                 siblings = _FRAMES.setdefault(self._frame, [])
                 siblings[:] = [ref for ref in siblings if ref() is not None]
                 siblings.append(weakref.ref(self))
