@@ -81,14 +81,20 @@ def test_gradients_equal_eager(dtype, kwargs):
     assert report.groups == []
 
 
-def test_explain_with_gradients_reports_the_reason():
+def test_a_graph_compiled_with_gradients_reports_the_reason_and_explain_the_inference_graph():
+    # explain is an inference tool: it runs under torch.no_grad() (issue 25: the README's
+    # snippet reported "gradients needed"); the training graph's report says why it is unfused.
     torch.manual_seed(1)
     model = Embeddings()
-    report = fusebackend.explain(model, rand_ids(V, (2, 5)))
-    assert len(report.graphs) == 1
+    ids = rand_ids(V, (2, 5))
+    torch.compile(model, backend="infinifuse")(ids)
+    report = fusebackend.last_report()
     assert report.graphs[0].path.startswith(GRAD_REASON)
     assert "torch.no_grad()" in report.graphs[0].path  # tells the user how to fuse
     assert GRAD_REASON in str(report)
+    explained = fusebackend.explain(model, ids)
+    assert len(explained.graphs) == 1 and len(explained.groups) == 1, str(explained)
+    assert not explained.graphs[0].path.startswith(GRAD_REASON), str(explained)
 
 
 def test_gradient_of_a_float_input():
