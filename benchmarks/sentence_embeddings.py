@@ -232,8 +232,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                          "met": None if value is None else value <= target})  # fmt: skip
         fuse = by.get((shape, "infinifuse"))
         recaptures = fuse.get("second_pass_recaptures") if fuse else None
+        met = None if recaptures is None else recaptures == 0
         rows.append({"name": "re-captures on the second pass", "value": recaptures,
-                     "target": 0, "met": None if recaptures is None else recaptures == 0})  # fmt: skip
+                     "target": 0, "met": met})  # fmt: skip
         ro, eager = by.get((shape, "reduce-overhead")), by.get((shape, "eager"))
         context = {
             "reduce-overhead first pass / eager": _ratio(
@@ -309,10 +310,12 @@ def run_parent(args: argparse.Namespace) -> int:
             "tiny": args.tiny,
         },
         "workload": {
-            "sentences": args.sentences, "queries": args.queries,
-            "sentence_words": {"min": words[0], "median": words[len(words) // 2],
-                               "max": words[-1]},
-            "max_words": args.max_words, "batch_size": args.batch_size, "seed": args.seed,
+            "sentences": args.sentences,
+            "queries": args.queries,
+            "sentence_words": {"min": words[0], "median": words[len(words) // 2], "max": words[-1]},
+            "max_words": args.max_words,
+            "batch_size": args.batch_size,
+            "seed": args.seed,
             "options": args.options,
             "shapes": {s: ex.SHAPES[s] for s in args.shapes},
         },  # fmt: skip
@@ -360,8 +363,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="comma-separated, in order (default eager,infinifuse,"
                         "reduce-overhead; also: inductor)")  # fmt: skip
-    parser.add_argument("--quick", action="store_true",
-                        help="1000 sentences and 100 queries (unless given)")
+    parser.add_argument(
+        "--quick", action="store_true", help="1000 sentences and 100 queries (unless given)"
+    )
     parser.add_argument("--tiny", action="store_true",
                         help="a CPU smoke run: shape tiny, 24 sentences of up to 40 words, batch "
                         "size 8, 6 queries (each unless given)")  # fmt: skip
@@ -371,10 +375,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-words", type=int,
                         help="longest sentence, in words (default 199; --tiny 40)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--options", type=json.loads, default=None,
-                        help="infinifuse's options as JSON, e.g. '{\"max_graphs\": 64}'")
-    parser.add_argument("--child-timeout", type=int, default=240,
-                        help="seconds one (shape, backend) process may take (default 240)")
+    parser.add_argument(
+        "--options",
+        type=json.loads,
+        default=None,
+        help="infinifuse's options as JSON, e.g. '{\"max_graphs\": 64}'",
+    )
+    parser.add_argument(
+        "--child-timeout",
+        type=int,
+        default=240,
+        help="seconds one (shape, backend) process may take (default 240)",
+    )
     parser.add_argument("--commit", help="the commit measured, where the checkout has no git")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)  # the child's one shape

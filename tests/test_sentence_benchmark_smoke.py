@@ -120,7 +120,10 @@ def test_sentence_benchmark_tiny_writes_runs_environment_and_targets(tmp_path):
     # the table is printed last, a line per run, then the targets
     tail = done.stdout.strip().splitlines()[-4:]
     assert tail[0].split()[:2] == ["shape", "backend"], tail
-    assert tail[1].split()[:2] == ["tiny", "eager"] and tail[2].split()[:2] == ["tiny", "infinifuse"]
+    assert tail[1].split()[:2] == ["tiny", "eager"] and tail[2].split()[:2] == [
+        "tiny",
+        "infinifuse",
+    ]
     assert tail[3].startswith("tiny: first pass / eager"), tail
 
 
