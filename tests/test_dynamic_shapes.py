@@ -343,3 +343,91 @@ def test_bert_under_dynamic_true_on_the_gpu_compiles_per_launch_config_not_per_l
     configs = {(key[0], key[1][-4:], key[2]) for key in compiles.keys}
     assert compiles.keys and len(compiles.distinct) == len(configs)
     assert _binaries() - before <= len(configs), (_binaries() - before, sorted(configs))
+
+
+def test_tiny_llama_under_dynamic_true_fuses_as_the_static_graph_does():
+    # transformers' LlamaRMSNorm adds self.variance_epsilon, a graph input under dynamic
+    # shapes, in an elementwise add: it split each norm into two groups ("operand item_2 is
+    # a symbolic scalar"), 16 groups instead of 13.
+    g = torch.Generator().manual_seed(12)
+    torch.manual_seed(0)
+    model = transformers.LlamaModel(helpers.tiny_llama_config()).eval()
+    groups = {}
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="infinifuse", dynamic=dynamic,
+                                 options={"validate": False})  # fmt: skip
+        for length in (7, 13):
+            ids = torch.randint(0, 97, (2, length), generator=g)
+            mask = torch.ones(2, length, dtype=torch.long)
+            mask[1, :3] = 0  # left padding
+            with torch.no_grad():
+                actual = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+                expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+        report = fusebackend.last_report()
+        helpers.assert_fused(report)
+        groups[dynamic] = [grp.nodes for grp in report.groups]
+    assert [len(n) for n in groups[True]] == [len(n) for n in groups[False]], groups
+    assert not any("symbolic scalar" in r.reason for r in fusebackend.last_report().rejections)
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = 0.5
+        self.shift = 3
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x * self.scale + y) - self.shift
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64], ids=str)
+def test_float_attributes_in_arithmetic_are_read_at_each_call(dtype):
+    g = torch.Generator().manual_seed(13)
+    module = _Scaled()
+    compiled = torch.compile(module, backend="infinifuse", dynamic=True,
+                             options={"validate": False, "cudagraphs": False})  # fmt: skip
+    for length, scale in ((5, 0.5), (9, -1.75), (9, 1 / 3)):
+        module.scale = scale
+        x = torch.randn(2, length, 19, generator=g).to(dtype)
+        y = torch.randn(2, length, 19, generator=g).to(dtype)
+        with torch.no_grad():
+            assert_close(compiled(x, y), module(x, y))
+    group = helpers.single_group(fusebackend.last_report())
+    assert len(group.nodes) == 4, group.nodes
+    assert "a number read at each call" in group.source
+
+
+def test_a_comparison_with_a_graph_number_stays_unfused():
+    # eager rounds a number to the tensor's dtype before comparing; a value known at run
+    # time only cannot be rounded in the program
+    module = _Scaled()
+
+    def fn(x):
+        return torch.where(x > module.scale, x * 2, x + 1)
+
+    compiled = torch.compile(fn, backend="infinifuse", dynamic=True,
+                             options={"validate": False, "cudagraphs": False})  # fmt: skip
+    x = torch.randn(3, 7, 5)
+    with torch.no_grad():
+        assert_close(compiled(x), fn(x))
+    group = helpers.single_group(fusebackend.last_report())
+    assert group.nodes == ("mul", "add", "where"), group.nodes  # the comparison stays out
+
+
+def test_the_torch_reference_of_a_group_takes_its_graph_numbers(monkeypatch):
+    # Where Triton cannot run, a fused group runs its torch ops (reference_graph): with the
+    # eps and the dropout p of a dynamic graph as inputs it must give eager's result.
+    import fusebackend.backend as backend
+
+    ran = []
+
+    def by_reference(self, *inputs):
+        ran.append(self.program.scalar_inputs)
+        return tuple(self.reference(*inputs))
+
+    monkeypatch.setattr(backend.FusedGroupOp, "__call__", by_reference)
+    g = torch.Generator().manual_seed(14)
+    _compiled_groups(_bert(), True, [7, 13], g)
+    assert ran and all(ran)  # every group read a graph number (its eps)

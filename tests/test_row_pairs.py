@@ -256,3 +256,41 @@ def test_a_group_reading_its_twin_is_not_paired_with_it():
     actual, report = run_fused(_chained, *args, options={"cudagraphs": False})
     assert_close(actual, expected, rtol=1e-5, atol=1e-5)
     assert len([g for g in report.groups if g.moves]) == 2 and _paired(report) == [], str(report)
+
+
+def test_a_pair_reads_each_set_s_own_graph_number():
+    # A norm's eps given as a graph input (dynamic shapes) is a scalar argument; a paired
+    # launch takes one per set (a_in2, b_in2), each set normalised with its own.
+    from fusebackend.kernels import InputRef, Instr, Reduce, RowProgram, ValueRef
+    from fusebackend.kernels.codegen import generate_pair_source
+    from fusebackend.kernels.launch import kernel_source
+
+    f32 = torch.float32
+    program = RowProgram(
+        input_dtypes=(f32, f32, f32),  # x, w, eps (a number)
+        lookups=(),
+        instrs=(Instr("mul", (InputRef(0), InputRef(0)), f32),
+                Reduce("mean", ValueRef(0), f32),
+                Instr("add", (ValueRef(1), InputRef(2)), f32),
+                Instr("rsqrt", (ValueRef(2),), f32),
+                Instr("mul", (InputRef(0), ValueRef(3)), f32),
+                Instr("mul", (ValueRef(4), InputRef(1)), f32)),  # fmt: skip
+        outputs=(5,),
+        scalar_inputs=frozenset({2}),
+    )
+    g = torch.Generator().manual_seed(15)
+    w = torch.randn(24, generator=g)
+    a, b = torch.randn(3, 5, 24, generator=g) * 0.1, torch.randn(2, 24, generator=g) * 0.1
+
+    def rms(x, eps):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+    assert "a number read at each call" in kernel_source(program, 1)[1]
+    pair_source = generate_pair_source(program, 1, KernelOptions(), "persistent")[1]
+    assert "a_in2: tl.float32," in pair_source and "b_in2: tl.float32," in pair_source
+    plans: dict = {}
+    for eps_a, eps_b in ((1e-6, 0.5), (2.0, 1e-3)):
+        actual = row_kernel_pair(program, (a, w, eps_a), (b, w, eps_b), KernelOptions(), plans)
+        assert_close(actual, (rms(a, eps_a), rms(b, eps_b)))
+    (kept,) = [v for k, v in plans.items() if k != "shape recipes"]  # numbers: one signature
+    assert len(kept.launches) == 1  # one paired launch

@@ -31,7 +31,7 @@ from fusebackend.kernels.ir import (
 from fusebackend.passes.embedding_fusion import embedding_args
 from fusebackend.passes.graph import example_value
 from fusebackend.passes.ops import OpCall
-from fusebackend.passes.partition import Candidate, is_alias, match
+from fusebackend.passes.partition import Candidate, is_alias, is_graph_scalar, match
 
 __all__ = ["lower"]
 
@@ -81,7 +81,7 @@ class _Builder:
     def scalar(self, node: torch.fx.Node, dtype: torch.dtype) -> InputRef:
         """A number computed in the graph (a norm's eps under dynamic shapes): a scalar
         argument of the kernel, of ``dtype``, read at each call."""
-        key = (node, "scalar")
+        key = (node, f"scalar {dtype}")
         if key not in self.slots:
             self.slots[key] = len(self.inputs)
             self.inputs.append(node)
@@ -95,12 +95,15 @@ class _Builder:
             return self.scalar(eps, acc)
         return Const.of(default if eps is None else eps)
 
-    def ref(self, call: OpCall, operand: Any) -> Operand:
+    def ref(self, call: OpCall, operand: Any, dtype: torch.dtype) -> Operand:
+        """``operand`` of an op whose result is of ``dtype``."""
         if operand is None:
             return None
         if isinstance(operand, torch.fx.Node):
             if operand in self.values:
                 return ValueRef(self.values[operand])
+            if is_graph_scalar(operand):  # used as eager uses a number: in fp32 (fp64 ops: fp64)
+                return self.scalar(operand, accumulate_dtype(dtype))
             return InputRef(self.slot(operand, "tensor"))
         return Const.of(_scalar_for(call, operand))
 
@@ -111,7 +114,7 @@ class _Builder:
     def member(self, node: torch.fx.Node, call: OpCall) -> None:
         dtype = example_value(node).dtype
         name, kind = call.op.name, call.op.kind
-        operands = [self.ref(call, op) for op in call.operands]
+        operands = [self.ref(call, op, dtype) for op in call.operands]
         if kind == "elementwise":
             result = self.add(Instr(name, tuple(operands), dtype, _params(call)))
         elif name in _REDUCE_KIND:

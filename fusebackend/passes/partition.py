@@ -143,6 +143,17 @@ def _scalar_param(call: OpCall, name: str, value: Any) -> bool:
     return False
 
 
+def _takes_graph_scalar(call: OpCall, name: str) -> bool:
+    """Can operand ``name`` of ``call`` be a number computed in the graph? In arithmetic
+    (a float result) it is used as eager uses a Python number: in the op's compute dtype,
+    fp32 for half and fp32 tensors (transformers' RMSNorm adds ``self.variance_epsilon``,
+    a graph input under dynamic shapes). Comparisons round a number to the tensor's dtype
+    first (``lowering._scalar_for``), which a value known only at run time cannot be."""
+    if call.op.kind != "elementwise" or call.op.result != "float":
+        return False
+    return name not in call.op.bool_operands and call.op.name not in ("cast", "dropout")
+
+
 def is_graph_scalar(value: Any) -> bool:
     """Is ``value`` an FX node that holds a Python number (a SymFloat or SymInt, or a plain
     number) when the graph runs?"""
@@ -440,6 +451,8 @@ class _Grower:
         else:
             value = example_value(operand)
             if not isinstance(value, torch.Tensor):
+                if is_graph_scalar(operand) and _takes_graph_scalar(call, name):
+                    return None  # a scalar argument of the kernel, read at each call
                 return f"operand {operand.name} is a symbolic scalar"
             if value.device != self.device:
                 return f"operand {operand.name} on {value.device}, group on {self.device}"
