@@ -203,3 +203,17 @@ def test_bert_batch_buckets_whatever_the_first_batch(first, token_types):
     # batch 3 runs padded to 4 in the dynamic graph (unpadded only in a static first graph,
     # dropped once batch 3 goes to the dynamic one), 5 is above the largest bucket
     assert 3 not in batches and {2, 4, 5} <= set(batches)
+
+
+def test_bert_length_and_batch_buckets_together():
+    """A corpus pass: batches of varied size and length share a few padded signatures."""
+    model = tiny_bert()
+    compiled = torch.compile(
+        model, backend="infinifuse",
+        options={"length_buckets": [16, 32, 64], "batch_buckets": [1, 2, 4], "fusion": False},
+    )  # fmt: skip
+    for batch, length in [(3, 20), (2, 13), (3, 9), (4, 30), (3, 5), (3, 20), (2, 13)]:
+        assert_bert_close(compiled, model, bert_inputs(batch, length, token_types=False))
+    s = fusebackend.stats()
+    assert sorted(shape[0] for shape in s["cached_shapes"]) == [(2, 16), (4, 16), (4, 32)]
+    assert s["ignored_options"] == {}
