@@ -173,6 +173,7 @@ def test_a_decode_step_is_captured_on_its_second_call_and_advances_state_once(fa
     )
     expected = torch.zeros(8, 4)
     recordings = []
+    decisions = []
     for t in range(5):
         x = torch.randn(1, 4)
         pos = torch.tensor([t])
@@ -181,7 +182,9 @@ def test_a_decode_step_is_captured_on_its_second_call_and_advances_state_once(fa
         assert_close(kv, expected)  # written once, whatever ran inside the call
         assert_close(out, expected.sum(0, keepdim=True) * 2)
         recordings.append(fusebackend.stats()["recordings"])
+        decisions.append(cache.describe()[0]["decision"])
     assert recordings == [0, 1, 1, 1, 1]
+    assert decisions == ["captured on its call 2 (recurs)"] + [None] * 4
     assert counts("cache_misses", "cache_hits") == (1, 4)
     assert [e["captured"] for e in cache.describe()] == [True]
 

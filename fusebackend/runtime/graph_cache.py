@@ -1159,7 +1159,8 @@ class GraphCache:
 
     def describe(self) -> list[dict[str, Any]]:
         """One dict per live entry: key (readable), mode, reason, captured, decision (whether
-        capture pays, for large outputs: see ``payoff``), hits."""
+        capture pays, for large outputs: see ``payoff``; when an uncaptured entry is captured),
+        hits."""
         with self._lock:
             items = list(self._entries.items())
         return [
@@ -1169,7 +1170,12 @@ class GraphCache:
                 "reason": entry.reason,
                 "captured": entry.graph is not None,
                 "decision": entry.decision
-                or ("timing replay + output copy against direct" if entry.trial else None),
+                or ("timing replay + output copy against direct" if entry.trial else None)
+                or (
+                    f"captured on its call {self._config.capture_on_call} (recurs)"
+                    if entry.pending
+                    else None
+                ),
                 "hits": entry.hits,
             }
             for key, entry in items
