@@ -15,8 +15,10 @@ compiled yet, times: the first corpus pass (compiles and captures included), the
 and each single query (p50 / p90 over all of them, the first call of each new length
 included); then, uncompiled, eager's embeddings of the same inputs for the cosine check. For
 infinifuse, ``fusebackend.stats()`` per phase: new entries, captures (``recordings``),
-evictions, live entries and the graph pool's bytes; ``second_pass_recaptures`` is the captures
-made while encoding the corpus a second time.
+evictions, live entries and the graph pool's bytes. ``second_pass_captures`` counts every
+capture made while encoding the corpus a second time; ``second_pass_recaptures`` only those of
+signatures captured before (a runtime that captures a signature on its second call makes its
+first captures there; ``recaptures_counted_as`` says how the count was made).
 
     python benchmarks/sentence_embeddings.py --out benchmarks/results/sentence_embeddings_h100.json
     python benchmarks/sentence_embeddings.py --quick --out /tmp/s.json        # 1000 sentences
@@ -254,11 +256,12 @@ def _fmt(value: Any, spec: str) -> str:
 
 def table(runs: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
     head = ("shape", "backend", "1st pass s", "2nd pass s", "query p50 ms", "p90 ms",
-            "cos min", "captures", "evict", "2nd-pass recap", "pool MiB")  # fmt: skip
+            "cos min", "entries", "captures", "evict", "2nd pass: cap", "recap",
+            "pool MiB")  # fmt: skip
     rows = [head]
     for r in runs:
         if "error" in r:
-            rows.append((r["shape"], r["backend"], "ERROR: " + r["error"][:60]) + ("",) * 8)
+            rows.append((r["shape"], r["backend"], "ERROR: " + r["error"][:60]) + ("",) * 10)
             continue
         end = r.get("stats", {}).get("queries", {})
         pool = end.get("graph_pool_bytes")
@@ -267,7 +270,8 @@ def table(runs: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
             _fmt(r.get("second_pass_s"), ".3f"), _fmt(r.get("query_p50_ms"), ".2f"),
             _fmt(r.get("query_p90_ms"), ".2f"),
             _fmt(r.get("cosine_vs_eager", {}).get("min"), ".5f"),
-            _fmt(end.get("recordings"), "d"), _fmt(end.get("evictions"), "d"),
+            _fmt(end.get("cache_size"), "d"), _fmt(end.get("recordings"), "d"),
+            _fmt(end.get("evictions"), "d"), _fmt(r.get("second_pass_captures"), "d"),
             _fmt(r.get("second_pass_recaptures"), "d"),
             _fmt(pool / 2**20 if pool is not None else None, ".1f"),
         ))  # fmt: skip
@@ -333,7 +337,8 @@ def run_parent(args: argparse.Namespace) -> int:
                         "sentence_transformers", "fusebackend", "triton_interpret")  # fmt: skip
                 result["environment"].update({k: run["environment"].get(k) for k in keys})
             brief = {k: run.get(k) for k in ("first_pass_s", "second_pass_s", "query_p50_ms",
-                     "query_p90_ms", "second_pass_recaptures", "process_s", "error")}  # fmt: skip
+                     "query_p90_ms", "second_pass_captures", "second_pass_recaptures",
+                     "process_s", "error")}  # fmt: skip
             print(json.dumps({k: v for k, v in brief.items() if v is not None}), flush=True)
             if "error" in run:
                 print(run.get("stderr_tail", "")[-2000:], flush=True)

@@ -272,6 +272,42 @@ def fuse_stats() -> dict[str, Any]:
     return out
 
 
+def captured_signatures() -> set[str] | None:
+    """Readable keys of the live entries that hold a captured CUDA graph, over every graph
+    compiled so far (``fusebackend.reports()``); None where this version cannot tell."""
+    import fusebackend
+
+    if not hasattr(fusebackend, "reports"):
+        return None
+    keys: set[str] = set()
+    for graph in fusebackend.reports().graphs:
+        for entry in graph.runtime_modes():
+            if "captured" not in entry:
+                return None
+            if entry["captured"]:
+                keys.add(entry["key"])
+    return keys
+
+
+def recaptures(
+    captures: int | None, before: set[str] | None, after: set[str] | None, evictions: int
+) -> tuple[int | None, str]:
+    """Captures of a phase that captured a signature again, and how that was counted.
+
+    A signature's first capture may come late (the runtime captures on a later call of a
+    signature, e.g. the second pass's): captured keys new since ``before`` are first captures
+    and are not counted. That needs ``before`` to hold every key captured until then, so
+    when an entry was evicted before the phase, every capture of the phase is counted."""
+    if captures is None:
+        return None, "no recordings counter"
+    if before is None or after is None:
+        return captures, "every capture (no per-entry capture state in this version)"
+    if evictions:
+        return captures, "every capture (entries were evicted before: first captures unknown)"
+    first = len(after - before)
+    return max(0, captures - first), f"captures minus {first} first captures of new keys"
+
+
 def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     keys = ("cache_misses", "cache_hits", "recordings", "evictions", "fusion_attempts",
             "validations", "capture_failures", "rerecords")  # fmt: skip
@@ -315,9 +351,11 @@ def measure(
         _, result["first_pass_s"] = _timed(device, lambda: encode(corpus))
         if fused:
             phases["first_pass"] = fuse_stats()
+            captured_first = captured_signatures()
         embeddings, result["second_pass_s"] = _timed(device, lambda: encode(corpus))
         if fused:
             phases["second_pass"] = fuse_stats()
+            captured_second = captured_signatures()
         latencies, query_embeddings = [], []
         for query in queries:
             out, seconds = _timed(device, lambda q=query: model.encode(q))
@@ -343,13 +381,28 @@ def measure(
         result["first_pass_delta"] = _delta(phases["first_pass"], phases["start"])
         result["second_pass_delta"] = _delta(phases["second_pass"], phases["first_pass"])
         result["queries_delta"] = _delta(phases["queries"], phases["second_pass"])
-        # captures made while re-encoding a corpus already seen: 0 when the cache kept them
-        result["second_pass_recaptures"] = result["second_pass_delta"].get("recordings")
-        result["second_pass_new_entries"] = result["second_pass_delta"].get("cache_misses")
+        second = result["second_pass_delta"]
+        result["second_pass_captures"] = second.get("recordings")
+        result["second_pass_new_entries"] = second.get("cache_misses")
+        # captures, while re-encoding the corpus, of signatures captured before: 0 when the
+        # cache kept them (the issue's target); first captures on a later call don't count
+        result["second_pass_recaptures"], result["recaptures_counted_as"] = recaptures(
+            second.get("recordings"),
+            captured_first,
+            captured_second,
+            phases["first_pass"].get("evictions", 0),
+        )
+        if captured_second is not None:
+            result["captured_signatures_after_second_pass"] = len(captured_second)
         import fusebackend
 
         report = fusebackend.last_report()
         result["fused_groups_last_graph"] = len(report.groups)
+        if hasattr(fusebackend, "reports"):  # every graph of this run (Dynamo's recompiles)
+            result["graphs"] = [
+                {"name": g.name, "path": g.path, "groups": len(g.groups)}
+                for g in fusebackend.reports().graphs
+            ]
     if device.type == "cuda":
         result["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
         result["memory_reserved_bytes"] = torch.cuda.memory_reserved(device)
@@ -385,6 +438,8 @@ def print_result(result: dict[str, Any]) -> None:
     if "stats" in result:
         end = result["stats"]["queries"]
         print(f"fused groups in the last graph: {result['fused_groups_last_graph']}")
+        print(f"re-captures on the second pass: {result['second_pass_recaptures']} "
+              f"({result['recaptures_counted_as']})")  # fmt: skip
         for phase in ("first_pass", "second_pass", "queries"):
             d = result[f"{phase}_delta"]
             print(f"  {phase}: new entries {d.get('cache_misses')}, captures "

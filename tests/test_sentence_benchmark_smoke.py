@@ -75,6 +75,18 @@ def test_tokenizer_splits_every_word_without_unknown_tokens(example, tmp_path):
     assert loaded.model_max_length == example.MAX_SEQ_LENGTH
 
 
+def test_recaptures_count_only_signatures_captured_before(example):
+    # capture on the second call: the second pass's captures are first captures of new keys
+    assert example.recaptures(3, {"a"}, {"a", "b", "c", "d"}, evictions=0)[0] == 0
+    # a key captured in the first pass captured again (re-recorded or dropped and made again)
+    assert example.recaptures(2, {"a", "b"}, {"a", "b", "c"}, evictions=0)[0] == 1
+    # entries evicted before the pass: first captures cannot be told apart, all count
+    count, how = example.recaptures(3, {"a"}, {"a", "b", "c", "d"}, evictions=1)
+    assert count == 3 and "evicted" in how
+    assert example.recaptures(4, None, None, evictions=0)[0] == 4
+    assert example.recaptures(None, set(), set(), evictions=0)[0] is None
+
+
 def test_sentence_benchmark_tiny_writes_runs_environment_and_targets(tmp_path):
     _needs_sentence_transformers()
     out = tmp_path / "sentence.json"
@@ -106,7 +118,9 @@ def test_sentence_benchmark_tiny_writes_runs_environment_and_targets(tmp_path):
     # per-phase stats: the first pass made the entries, the second pass captured nothing
     assert set(fused["stats"]) == {"start", "first_pass", "second_pass", "queries"}
     assert fused["first_pass_delta"]["cache_misses"] >= 2, fused["first_pass_delta"]
-    assert fused["second_pass_recaptures"] == 0, fused["second_pass_delta"]
+    assert fused["second_pass_recaptures"] == fused["second_pass_captures"] == 0, fused
+    assert fused["recaptures_counted_as"], fused
+    assert [g["groups"] >= 5 for g in fused["graphs"]] == [True] * fused["dynamo_graphs"], fused
     assert set(fused["stats"]["queries"]["modes"]) == {"fusion"}, fused["stats"]["queries"]
     assert fused["fallback_reasons"] == {}, fused["fallback_reasons"]
 
