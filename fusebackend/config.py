@@ -55,7 +55,10 @@ class FusionConfig:
             against the unpadded run; a mismatch leaves that bucket unpadded, with the
             reason in ``stats()["ignored_options"]``. Only correct for models whose padded
             positions are masked out (every output position depends only on unmasked
-            positions). Takes effect on graphs whose length dim is dynamic.
+            positions). Takes effect on graphs whose length dim is dynamic. No bucket may
+            exceed the model's maximum length (a BERT's ``max_position_embeddings``): a
+            padded run past it indexes outside the position table, a device-side assert on
+            a GPU.
         static_outputs: Return views of the captured graph's own output buffers instead
             of fresh tensors. Zero-copy, but a later call OVERWRITES what an earlier call
             returned (any shape: the captured graphs share one memory pool); only for
