@@ -10,15 +10,15 @@ and MPNet-base's widths). fp16 on CUDA, fp32 on the CPU.
 
 Every (shape, backend) runs in its own process with empty Inductor and Triton cache directories
 (so Dynamo's profile-guided dynamism starts empty too): a cold start, as a user's first run.
-Each process first runs one small eager ``encode`` (CUDA context, cuBLAS), then, with nothing
-compiled yet, times: the first corpus pass (compiles and captures included), the second pass,
-and each single query (p50 / p90 over all of them, the first call of each new length
-included); then, uncompiled, eager's embeddings of the same inputs for the cosine check. For
-infinifuse, ``fusebackend.stats()`` per phase: new entries, captures (``recordings``),
-evictions, live entries and the graph pool's bytes. ``second_pass_captures`` counts every
-capture made while encoding the corpus a second time; ``second_pass_recaptures`` only those of
-signatures captured before (a runtime that captures a signature on its second call makes its
-first captures there; ``recaptures_counted_as`` says how the count was made).
+Each process first runs one small eager ``encode`` (CUDA context, cuBLAS; ``warmup_s``; left out
+with ``--no-warmup``), then, with nothing compiled yet, times: the first corpus pass (compiles
+and captures included), the second pass, and each single query (p50 / p90 over all of them, the
+first call of each new length included); then, uncompiled, eager's embeddings of the same inputs
+for the cosine check. For infinifuse, ``fusebackend.stats()`` per phase: new entries, captures
+(``recordings``), evictions, live entries and the graph pool's bytes. ``second_pass_captures``
+counts every capture made while encoding the corpus a second time; ``second_pass_recaptures``
+only those of signatures captured before (a runtime that captures a signature on its second call
+makes its first captures there; ``recaptures_counted_as`` says how the count was made).
 
     python benchmarks/sentence_embeddings.py --out benchmarks/results/sentence_embeddings_h100.json
     python benchmarks/sentence_embeddings.py --quick --out /tmp/s.json        # 1000 sentences
@@ -114,7 +114,9 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     ex.check_tokenizer(model)
     build_s = time.perf_counter() - start
     shapes = ex.padded_shapes(model, corpus, args.batch_size)
-    model.encode(["warm up the device", "and its libraries"], batch_size=2)  # eager
+    warmup_s = None
+    if args.warmup:  # CUDA context, cuBLAS, the allocator: the same for every backend
+        _, warmup_s = ex._timed(device, lambda: model.encode(["warm up", "the device"]))
     fusebackend.reset_stats()
     result, embeddings = ex.measure(
         model, args.backend, corpus, queries, args.batch_size, device, args.options
@@ -124,6 +126,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
         model=ex.describe(model),
         dtype=str(dtype).replace("torch.", ""),
         build_s=build_s,
+        warmup_s=warmup_s,
         batches=len(shapes),
         distinct_padded_shapes=len(set(shapes)),
     )
@@ -183,7 +186,7 @@ def run_one(args: argparse.Namespace, shape: str, backend: str) -> dict[str, Any
         command = [sys.executable, os.path.abspath(__file__), "--child", "--out", args.out,
                    "--shape", shape, "--backend", backend, "--sentences", str(args.sentences),
                    "--queries", str(args.queries), "--batch-size", str(args.batch_size),
-                   "--max-words", str(args.max_words),
+                   "--max-words", str(args.max_words), *([] if args.warmup else ["--no-warmup"]),
                    "--seed", str(args.seed)]  # fmt: skip
         if args.options is not None:
             command += ["--options", json.dumps(args.options)]
@@ -312,6 +315,7 @@ def run_parent(args: argparse.Namespace) -> int:
             "argv": sys.argv[1:],
             "quick": args.quick,
             "tiny": args.tiny,
+            "warmup": args.warmup,
         },
         "workload": {
             "sentences": args.sentences,
@@ -392,6 +396,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=240,
         help="seconds one (shape, backend) process may take (default 240)",
     )
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false",
+                        help="leave out the eager encode of two short sentences before the timed "
+                        "passes, so the first pass includes starting the device (CUDA context, "
+                        "cuBLAS) too")  # fmt: skip
     parser.add_argument("--commit", help="the commit measured, where the checkout has no git")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)  # the child's one shape
