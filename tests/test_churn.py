@@ -337,6 +337,8 @@ def test_max_graphs_is_an_optional_count_cap(fake_capture):
         cache(torch.randn(n, 16))
     s = fusebackend.stats()
     assert s["eviction_reasons"] == {"max_graphs": 1} and len(cache) == 2
+    fusebackend.reset_stats()
+    assert fusebackend.stats()["eviction_reasons"] == {}
 
 
 def test_the_entry_limit_bounds_uncaptured_entries(monkeypatch):

@@ -200,3 +200,17 @@ def test_torch_compile_reports_the_bad_option_by_name():
     compiled = torch.compile(lambda x: x * 2, backend="infinifuse", options={"warmup": 1})
     with pytest.raises(Exception, match=r"unknown infinifuse option\(s\) \['warmup'\]"):
         compiled(torch.randn(3))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"length_buckets": [32, 16]}, "'length_buckets' must be a strictly increasing list"),
+        ({"capture_on_call": 0}, "'capture_on_call' must be an int >= 1"),
+        ({"graph_memory": "2GB"}, "'graph_memory' must be a number of bytes"),
+    ],
+)
+def test_torch_compile_reports_the_new_options_by_name(options, message):
+    compiled = torch.compile(lambda x: x * 2, backend="infinifuse", options=options)
+    with pytest.raises(Exception, match=message):
+        compiled(torch.randn(3))
