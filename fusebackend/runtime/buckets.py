@@ -105,9 +105,7 @@ def length_inputs(
     unknown (a plain callable: every dim may vary, matched by size).
     """
     candidates = [
-        i
-        for i, a in enumerate(args)
-        if i not in static and isinstance(a, Tensor) and a.dim() >= 2
+        i for i, a in enumerate(args) if i not in static and isinstance(a, Tensor) and a.dim() >= 2
     ]
     ref = next(
         (

@@ -239,8 +239,7 @@ _EVICTION_HINTS: dict[str, Callable[[FusionConfig], str]] = {
         "batch_buckets / length_buckets, or dynamic=True)"
     ),
     "superseded": lambda c: (
-        "a newer compilation of this function serves its shapes; their entries here are "
-        "dropped"
+        "a newer compilation of this function serves its shapes; their entries here are dropped"
     ),
 }
 
@@ -435,9 +434,7 @@ class GraphCache:
             # Padding copies each input on its own: inputs sharing a storage with a written
             # one would lose the write through the other, so such a call runs unpadded.
             buckets = self._buckets  # None once the first call found a static batch dim
-            if buckets is not None and not (
-                self._mutated and shared_storages(args, self._mutated)
-            ):
+            if buckets is not None and not (self._mutated and shared_storages(args, self._mutated)):
                 args, batch, bucket = pad(args, buckets, self._static, self._batch_ints)
         key = self._signatures.key(args)
         given = original if original is not None else user_args
@@ -446,13 +443,13 @@ class GraphCache:
             if given is not args and self._frame is not None:
                 # A padded call: an older compilation may hold the caller's own shapes even
                 # when this padded key is a hit here (its bucket served other sizes first).
-                self._supersede_unpadded(given, key if entry is None else None)
+                self._supersede_unpadded(given)
             if entry is None:
                 COUNTERS.cache_misses += 1
                 verdict = self._verdicts.get(key)
                 seen = 0
                 if verdict is None and self._frame is not None:
-                    seen = self._supersede(key, given if given is not args else None)
+                    seen = self._supersede(key)
                 return self._new_entry(key, verdict, args, user_args, batch, bucket, seen)
             self._entries.move_to_end(key)
             COUNTERS.cache_hits += 1
@@ -491,7 +488,8 @@ class GraphCache:
                 fallback = self._unfused_mode if entry.decision is None else EAGER
                 mode, reason = self._fall_back(key, FUSION, fallback, why, entry.reason)
                 capture = entry.pending and self._capture and mode != EAGER
-                entry.mode, entry.fn, entry.reason, entry.pending = mode, self._unfused, reason, capture
+                entry.mode, entry.fn, entry.reason = mode, self._unfused, reason
+                entry.pending = capture
                 self._remember(key, _Verdict(mode, reason, capture, entry.hits + 1))
             return outputs
 
@@ -705,9 +703,7 @@ class GraphCache:
             # Kept, it would evict every other captured entry and then itself at the next
             # capture; run directly instead.
             _capture.retire(entry.resources(), self._replay_device)
-            why = (
-                f"its buffers ({_mib(entry.nbytes)}) exceed graph_memory ({_mib(budget)})"
-            )
+            why = f"its buffers ({_mib(entry.nbytes)}) exceed graph_memory ({_mib(budget)})"
             entry = None
             if mode == FUSION:
                 step = f"not captured: {why}"
@@ -1075,19 +1071,18 @@ class GraphCache:
         verdict = _Verdict(entry.mode, entry.reason, True, entry.hits)
         return self._new_entry(key, verdict, args, user_args, batch, bucket)
 
-    def _supersede_unpadded(self, given: tuple[Any, ...], key: Key | None) -> None:
+    def _supersede_unpadded(self, given: tuple[Any, ...]) -> None:
         """Once per caller signature of padded calls: drop older compilations' entries for
-        it (``_supersede``; a miss, ``key`` given, does so itself)."""
+        the caller's own shapes (``_supersede``), hit or miss of the padded key."""
         own = self._signatures.key(given)
         if own in self._unpadded_seen:
             return
         if len(self._unpadded_seen) >= _MAX_VERDICTS:
             self._unpadded_seen.clear()
         self._unpadded_seen.add(own)
-        if key is None:
-            self._supersede(own, None)
+        self._supersede(own)
 
-    def _supersede(self, key: Key, unpadded: tuple[Any, ...] | None) -> int:
+    def _supersede(self, key: Key) -> int:
         """Drop the entries of older compilations of this cache's function that served the
         tensor shapes of ``key``; return how many calls they had (0: none).
 
@@ -1098,8 +1093,8 @@ class GraphCache:
         needs no guess about Dynamo's guards: the newer graph has just been handed these
         shapes, so its guards won. Should an older graph still be routed the same shapes
         (two graphs that differ in a Python value, called in turn), it pays one more miss
-        per shape; its verdicts stay, so that miss captures at once. With buckets, an older
-        entry matches the call's padded shapes or its own (``unpadded``: the caller's inputs).
+        per shape; its verdicts stay, so that miss captures at once. A padded call also
+        drops the entries of the caller's own shapes (``_supersede_unpadded``).
         """
         with _FRAMES_LOCK:
             refs = list(_FRAMES.get(self._frame, ()))
@@ -1112,9 +1107,7 @@ class GraphCache:
                 older.append(cache)
         if not older:
             return 0
-        signatures = {tensor_signature(key)}
-        if unpadded is not None:
-            signatures.add(tensor_signature(self._signatures.key(unpadded)))
+        signature = tensor_signature(key)
         seen = 0
         for cache in older:
             # Never wait on another cache's lock while holding this one's (two caches
@@ -1122,7 +1115,7 @@ class GraphCache:
             if not cache._lock.acquire(blocking=False):
                 continue
             try:
-                for old in [k for k in cache._entries if tensor_signature(k) in signatures]:
+                for old in [k for k in cache._entries if tensor_signature(k) == signature]:
                     seen = max(seen, cache._entries[old].hits + 1)
                     cache._evict(old, "superseded")
             finally:
