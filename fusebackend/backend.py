@@ -495,12 +495,10 @@ def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 def _kernel_rank(candidate: Candidate) -> int:
     """The rank of the kernel the group's launches run, for the report's name and source:
     the launcher collapses lead dims (a decode row ``[1, 1, D]`` runs rank 1), so the
-    name in a profile matches ``explain``'s. Symbolic sizes: the traced rank."""
+    name in a profile matches ``explain``'s. Symbolic sizes: at their hints (the traced
+    call's), else the traced rank."""
     assert candidate.program is not None
-    values = [example_value(n) for n in candidate.inputs]
-    rank = None
-    if all(isinstance(v, torch.Tensor) for v in values):
-        rank = launch_rank(candidate.program, values)
+    rank = launch_rank(candidate.program, [example_value(n) for n in candidate.inputs])
     return candidate.rank if rank is None else rank
 
 

@@ -555,17 +555,20 @@ def _launch_sets(
 ) -> tuple[torch.Tensor, ...]:
     for inputs in sets:
         check_indices(program, inputs)
-    if program.scalar_inputs:  # numbers of any Python type: the kernel takes floats
-        scalars = program.scalar_inputs
+    scalars = program.scalar_inputs
+    if scalars:  # numbers of any Python type: the kernel takes floats
         sets = [[float(x) if slot in scalars else x for slot, x in enumerate(inputs)]
                 for inputs in sets]  # fmt: skip
     if plans is None:
         return _make_plans(program, options, sets).run(sets)
     # launch_config is read here so that a benchmark's sweep, which swaps it, misses
-    key = (launch_config,
-           tuple((t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor)
-                 else float for inputs in sets for t in inputs),
-           tuple(len(inputs) for inputs in sets))  # fmt: skip
+    if scalars:  # a number's value is no part of the plan: it is filled in like a tensor
+        signature = tuple((t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor)
+                          else float for inputs in sets for t in inputs)  # fmt: skip
+    else:
+        signature = tuple((t.shape, t.stride(), t.dtype, t.device) for inputs in sets
+                          for t in inputs)  # fmt: skip
+    key = (launch_config, signature, tuple(len(inputs) for inputs in sets))
     found = plans.get(key)
     if found is None:
         recipes = plans.setdefault(_RECIPES, {})
@@ -795,20 +798,24 @@ def _hint(n: Any) -> int | None:
     return int(hint) if hint is not None else None
 
 
-def hinted_examples(values: Sequence[Any], device_type: str = "cuda") -> list[Any] | None:
+def hinted_examples(
+    values: Sequence[Any], device_type: str | None = "cuda"
+) -> list[Any] | None:
     """A fused node's example values (fake tensors, numbers) as ``precompile`` takes them,
     symbolic sizes, strides and offsets replaced by their hints: the sizes of the call that
     Dynamo traced, so the kernel compiled is the one that call launches; later lengths of
     the same launch config share its binary (row counts and sizes are runtime arguments,
     ``codegen._Writer._unspecialized``). Numbers (a norm's eps) become a float: a float
     argument compiles the same whatever its value. None where a size has no hint or a
-    tensor is not on a device of ``device_type``."""
+    tensor is not on a device of ``device_type`` (None: any)."""
     examples: list[Any] = []
     for value in values:
         if not _is_tensor_like(value):
             examples.append(1.0)
             continue
-        if not isinstance(value, torch.Tensor) or value.device.type != device_type:
+        if not isinstance(value, torch.Tensor):
+            return None
+        if device_type is not None and value.device.type != device_type:
             return None
         sizes = [_hint(n) for n in (*value.shape, *value.stride(), value.storage_offset())]
         if any(n is None for n in sizes):
@@ -822,11 +829,13 @@ def hinted_examples(values: Sequence[Any], device_type: str = "cuda") -> list[An
 
 def launch_rank(program: RowProgram, inputs: Sequence[torch.Tensor]) -> int | None:
     """The rank of the kernel that a launch on tensors like ``inputs`` runs (its lead dims
-    collapsed, ``_collapse_lead``), or None where their sizes or strides are symbolic."""
-    tensors = [t for t in inputs if _is_tensor_like(t)]
-    if not all(isinstance(n, int) for t in tensors for n in (*t.shape, *t.stride())):
+    collapsed, ``_collapse_lead``): symbolic sizes and strides read at their hints (the
+    traced call's; Dynamo specialises sizes 1, so the dims that collapse stay those), or
+    None where one has no hint."""
+    examples = hinted_examples(inputs, device_type=None)
+    if examples is None:
         return None
-    return _prepare(program, [_meta(t) for t in inputs]).rank
+    return _prepare(program, [_meta(t) for t in examples]).rank
 
 
 def _is_tensor_like(value: Any) -> bool:
