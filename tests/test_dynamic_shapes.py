@@ -43,17 +43,18 @@ def _compiled_groups(model: nn.Module, dynamic: bool, lengths, g) -> list:
         with torch.no_grad():
             actual = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
             expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
-        assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+        assert_close(actual, expected)  # the dtype's tolerance (helpers.TOLERANCES)
     report = fusebackend.last_report()
     helpers.assert_fused(report)
     return report.groups
 
 
-def test_bert_under_dynamic_true_fuses_its_norms_as_the_static_graph_does():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_bert_under_dynamic_true_fuses_its_norms_as_the_static_graph_does(dtype):
     # Dynamo passes nn.LayerNorm.eps (and dropout's p) into a dynamic graph as inputs; the
     # norms used to be rejected ("eps is not a Python number"): 1 group instead of 5.
     g = torch.Generator().manual_seed(1)
-    model = _bert()
+    model = _bert(dtype)
     static = _compiled_groups(model, False, [7], g)
     torch._dynamo.reset()
     dynamic = _compiled_groups(model, True, [7, 13, 33], g)
