@@ -469,3 +469,27 @@ def test_another_function_after_a_dynamo_reset_supersedes_nothing():
         assert_close(second(ids, mask, table, w, b), other(ids, mask, table, w, b))
     s = fusebackend.stats()
     assert s["eviction_reasons"] == {} and len(kept) == 1
+
+
+def test_two_graphs_of_one_function_called_in_turn_keep_their_entries():
+    """Two compilations that differ in a Python value (not a more general recompile) are
+    both routed calls: the newer one's first miss drops the older's entry once (the older
+    graph had no call since), and after that neither drops the other's shapes (5 drops
+    without that rule)."""
+    table, w, b = weights()
+
+    def scaled(ids, mask, table, weight, bias, double: bool):
+        out = chain(ids, mask, table, weight, bias)
+        return out * 2 if double else out
+
+    compiled = torch.compile(scaled, backend="infinifuse", dynamic=True)
+    with torch.no_grad():
+        for n in (4, 6, 8, 10, 12) * 2:
+            for double in (True, False):
+                ids, mask = rand_ids(V, (2, n)), torch.ones(2, n, dtype=torch.long)
+                expected = scaled(ids, mask, table, w, b, double)
+                assert_close(compiled(ids, mask, table, w, b, double), expected)
+    s = fusebackend.stats()
+    assert len({label.split()[0] for label in s["fusion_modes"]}) == 2  # two graphs
+    assert s["eviction_reasons"] == {"superseded": 1}
+    assert s["cache_size"] == 10

@@ -374,6 +374,8 @@ class GraphCache:
         # Validation classes (keys.plan_class) whose fused run matched the unfused graph.
         self._validated: set[Key] = set()
         self._held_bytes = 0  # nbytes of the captured entries (graph_memory)
+        # The use clock at this cache's creation and at its last call (_supersede).
+        self._created = self._last_call = _clock()
         self._unpadded_seen: set[Key] = set()  # caller signatures of padded calls (_supersede)
         # Device whose replays are ordered across streams (None: test doubles without CUDA).
         self._replay_device: int | None = None
@@ -454,7 +456,7 @@ class GraphCache:
             self._entries.move_to_end(key)
             COUNTERS.cache_hits += 1
             entry.hits += 1
-            entry.last_use = _clock()
+            entry.last_use = self._last_call = _clock()
             if entry.pending and entry.hits + 1 >= self._config.capture_on_call:
                 return self._promote(key, entry, args, user_args, batch, bucket)
             if entry.graph is not None:
@@ -1025,7 +1027,7 @@ class GraphCache:
         )
 
     def _insert(self, key: Key, entry: _Entry) -> None:
-        entry.last_use = _clock()
+        entry.last_use = self._last_call = _clock()
         self._entries[key] = entry
         self._held_bytes += entry.nbytes
         cap = self._config.max_graphs
@@ -1093,8 +1095,10 @@ class GraphCache:
         needs no guess about Dynamo's guards: the newer graph has just been handed these
         shapes, so its guards won. Should an older graph still be routed the same shapes
         (two graphs that differ in a Python value, called in turn), it pays one more miss
-        per shape; its verdicts stay, so that miss captures at once. A padded call also
-        drops the entries of the caller's own shapes (``_supersede_unpadded``).
+        per shape once; its verdicts stay, so that miss captures at once. An older cache
+        called since this one was created is still routed calls and keeps its entries (after
+        Dynamo's recompiles the older graphs get none). A padded call also drops the entries
+        of the caller's own shapes (``_supersede_unpadded``).
         """
         with _FRAMES_LOCK:
             refs = list(_FRAMES.get(self._frame, ()))
@@ -1103,7 +1107,7 @@ class GraphCache:
             cache = ref()
             if cache is self:
                 break
-            if cache is not None:
+            if cache is not None and cache._last_call < self._created:
                 older.append(cache)
         if not older:
             return 0
