@@ -112,6 +112,9 @@ def _options(path: str, request, **options) -> dict:
     if path == "captured":
         request.getfixturevalue("fake_capture")
         options.setdefault("cudagraphs", True)
+        # Capture on a signature's first call (the default waits for it to recur), so that
+        # each test's first call already exercises the captured path.
+        options.setdefault("capture_on_call", 1)
     return options
 
 
@@ -662,8 +665,9 @@ def test_300_shapes_keep_the_cache_bounded_and_warn_at_most_once(
 ):
     table = rand_table(V, D)
     compiled = torch.compile(
-        chain, backend="infinifuse", dynamic=True, options={"cudagraphs": True, "max_graphs": 4}
-    )
+        chain, backend="infinifuse", dynamic=True,
+        options={"cudagraphs": True, "max_graphs": 4, "capture_on_call": 1},
+    )  # fmt: skip
     with (
         warnings.catch_warnings(record=True) as caught,
         caplog.at_level(logging.INFO, logger=LOGGER),
@@ -689,8 +693,9 @@ def test_a_fault_on_every_shape_is_logged_once_not_300_times(
     )
     table = rand_table(V, D)
     compiled = torch.compile(
-        chain, backend="infinifuse", dynamic=True, options={"cudagraphs": True, "max_graphs": 4}
-    )
+        chain, backend="infinifuse", dynamic=True,
+        options={"cudagraphs": True, "max_graphs": 4, "capture_on_call": 1},
+    )  # fmt: skip
     with caplog.at_level(logging.INFO, logger=LOGGER):
         _many_shapes(compiled, table, 300)
     s = fusebackend.stats()
@@ -760,7 +765,8 @@ def test_kept_output_is_never_overwritten(path, buckets, request):
 
 def test_clear_cache_and_dynamo_reset_free_every_graph(fake_capture):
     model = TokPos()
-    compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": True})
+    options = {"cudagraphs": True, "capture_on_call": 1}
+    compiled = torch.compile(model, backend="infinifuse", options=options)
     with torch.no_grad():
         for batch in (1, 2, 3):
             compiled(rand_ids(V, (batch, 4)))
@@ -780,7 +786,8 @@ def test_dropping_a_compiled_model_frees_its_graphs():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fusebackend.backend, "_graph_device", lambda inputs: FAKE_CUDA)
         mp.setattr(cap, "capture_graph", capture)
-        compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": True})
+        options = {"cudagraphs": True, "capture_on_call": 1}
+        compiled = torch.compile(model, backend="infinifuse", options=options)
         with torch.no_grad():
             compiled(rand_ids(V, (2, 4)))
     assert capture.live() == 1

@@ -47,7 +47,7 @@ def make_embed_cache(dev, *, fused=embed_scale_other_order, **options) -> GraphC
     return GraphCache(
         unfused=embed_scale,
         fused=fused,
-        config=FusionConfig(**options),
+        config=FusionConfig(**{"capture_on_call": 1, **options}),
         device=dev,
         static_input_indices=frozenset({1}),
         name="embed",
@@ -120,7 +120,9 @@ def expected_syncing(x):
 
 @pytest.mark.gpu
 def test_item_inside_falls_back_to_eager_with_reason(dev):
-    cache = GraphCache(unfused=syncing, fused=None, config=FusionConfig(), device=dev)
+    cache = GraphCache(
+        unfused=syncing, fused=None, config=FusionConfig(capture_on_call=1), device=dev
+    )
     x = torch.randn(16, device=dev)
     torch.testing.assert_close(cache(x)[0], expected_syncing(x))
     assert cache.mode_for(x) == EAGER
@@ -136,7 +138,9 @@ def test_item_inside_falls_back_to_eager_with_reason(dev):
 
 @pytest.mark.gpu
 def test_capture_failure_leaves_stream_and_pool_usable(dev):
-    failing = GraphCache(unfused=syncing, fused=None, config=FusionConfig(), device=dev)
+    failing = GraphCache(
+        unfused=syncing, fused=None, config=FusionConfig(capture_on_call=1), device=dev
+    )
     for n in (8, 9):  # two failed captures in a row
         failing(torch.randn(n, device=dev))
     assert stats()["capture_failures"] == 2
@@ -148,7 +152,10 @@ def test_capture_failure_leaves_stream_and_pool_usable(dev):
     torch.cuda.synchronize()
 
     working = GraphCache(
-        unfused=lambda x: (x.sin() + 1,), fused=None, config=FusionConfig(), device=dev
+        unfused=lambda x: (x.sin() + 1,),
+        fused=None,
+        config=FusionConfig(capture_on_call=1),
+        device=dev,
     )
     for _ in range(3):
         x = torch.randn(32, device=dev)
@@ -167,7 +174,7 @@ def test_cpu_host_input_is_captured_and_replayed_without_sync(dev):
     cache = GraphCache(
         unfused=lookup,
         fused=None,
-        config=FusionConfig(),
+        config=FusionConfig(capture_on_call=1),
         device=dev,
         static_input_indices=frozenset({1}),
         host_inputs={0: dev},
@@ -231,7 +238,7 @@ def test_mutated_input_written_once_per_call(dev):
     cache = GraphCache(
         unfused=step,
         fused=step,
-        config=FusionConfig(warmup_iterations=3),
+        config=FusionConfig(warmup_iterations=3, capture_on_call=1),
         device=dev,
         mutated_input_indices=frozenset({0}),
     )
@@ -309,7 +316,7 @@ def test_replays_on_two_streams_never_overlap(dev):
     cache = GraphCache(
         unfused=_slow_double_plus_one,
         fused=None,
-        config=FusionConfig(cudagraphs=True),
+        config=FusionConfig(cudagraphs=True, capture_on_call=1),
         device=dev,
         name="streams",
     )
@@ -340,7 +347,7 @@ def test_capture_on_another_stream_waits_for_a_slow_replay(dev):
     cache = GraphCache(
         unfused=_slow_double_plus_one,
         fused=None,
-        config=FusionConfig(cudagraphs=True, max_graphs=1),
+        config=FusionConfig(cudagraphs=True, max_graphs=1, capture_on_call=1),
         device=dev,
         name="capture-streams",
     )
@@ -389,7 +396,7 @@ def test_large_outputs_get_a_capture_decision_and_equal_eager(dev, batch):
     cache = GraphCache(
         unfused=chain,
         fused=None,
-        config=FusionConfig(cudagraphs=True),
+        config=FusionConfig(cudagraphs=True, capture_on_call=1),
         device=dev,
         static_input_indices=frozenset({1}),
         name="large",
@@ -404,7 +411,12 @@ def test_large_outputs_get_a_capture_decision_and_equal_eager(dev, batch):
     assert row["captured"] is decision.startswith("captured"), row
     assert row["mode"] == (GRAPH_REPLAY if row["captured"] else EAGER)
 
-    small = GraphCache(unfused=chain, fused=None, config=FusionConfig(cudagraphs=True), device=dev)
+    small = GraphCache(
+        unfused=chain,
+        fused=None,
+        config=FusionConfig(cudagraphs=True, capture_on_call=1),
+        device=dev,
+    )
     ids = torch.randint(0, VOCAB, (1, 1), device=dev)
     for _ in range(3):
         torch.testing.assert_close(small(ids, table)[0], chain(ids, table)[0])
