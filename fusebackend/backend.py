@@ -42,6 +42,7 @@ from fusebackend.passes.batching import batch_scalar_updates, batch_state_sums
 from fusebackend.passes.cache_writes import pair_cache_writes
 from fusebackend.passes.constants import fold_constants, fold_list_indices
 from fusebackend.passes.decode_attention import use_decode_attention
+from fusebackend.passes.dtensor import unwrap_dtensors
 from fusebackend.passes.fx_util import static_tensor
 from fusebackend.passes.graph import example_value
 from fusebackend.passes.host_inputs import (
@@ -172,6 +173,10 @@ def infinifuse(
                            time.perf_counter() - start))  # fmt: skip
         return compiled
 
+    # Tensor parallelism: DTensor inputs (sharded parameters) run as their local shards.
+    shards = unwrap_dtensors(gm, example_inputs)
+    if shards is not None:
+        example_inputs = shards.local_inputs(example_inputs)
     static_address = [
         node
         for node, value in zip(_placeholders(gm), example_inputs, strict=False)
@@ -202,7 +207,11 @@ def infinifuse(
     # writes its own inputs itself, on the caller's tensors).
     mutated_here = frozenset(k for k, i in enumerate(part.original_indices) if i in mutated_indices)
     fused_gm, groups, rejections, cache_writes, attention = _fuse(part.graph, device, config)
+    sharded_parameters = frozenset(
+        k for k, i in enumerate(part.original_indices) if shards and i in shards.parameters
+    )
     static = _static_inputs(part.example_inputs, mutated_here, part.host_inputs, config, device)
+    static |= sharded_parameters
     cache = GraphCache(
         unfused=part.graph,
         fused=fused_gm,
@@ -225,7 +234,9 @@ def infinifuse(
         else:
             path = "unfused (nothing to fuse)"
     in_place = [
-        placeholders[i].name for i in sorted(static) if not _is_module_state(part.example_inputs[i])
+        placeholders[i].name
+        for i in sorted(static)
+        if not _is_module_state(part.example_inputs[i]) and i not in sharded_parameters
     ]
     report = GraphReport(
         name=name,
@@ -254,7 +265,8 @@ def infinifuse(
         name, path, len(groups), len(rejections), len(placeholders), in_place,
         report.mutated_inputs, len(constants), len(report.host_nodes),
     )  # fmt: skip
-    return cache if split is None else split.bind(cache)
+    compiled = cache if split is None else split.bind(cache)
+    return compiled if shards is None else shards.bind(compiled)
 
 
 def _on_host(value: torch.Tensor) -> bool:
