@@ -33,6 +33,7 @@ from fusebackend.kernels import (
 )
 from fusebackend.kernels.cache_write import precompile_pair, write_cache_pair
 from fusebackend.kernels.decode_attention import decode_attention, precompile_decode_attention
+from fusebackend.kernels.vocab_lookup import precompile_vocab_lookup, vocab_parallel_lookup
 from fusebackend.kernels.launch import launch_rank, layout_for, precompile, precompile_all
 from fusebackend.passes.attention import (
     drop_key_uniform_masks,
@@ -40,6 +41,7 @@ from fusebackend.passes.attention import (
 )
 from fusebackend.passes.batching import batch_scalar_updates, batch_state_sums
 from fusebackend.passes.cache_writes import pair_cache_writes
+from fusebackend.passes.collectives import drop_reduce_copies, use_vocab_parallel_lookup
 from fusebackend.passes.constants import fold_constants, fold_list_indices
 from fusebackend.passes.decode_attention import use_decode_attention
 from fusebackend.passes.dtensor import unwrap_dtensors
@@ -186,6 +188,7 @@ def infinifuse(
     constants = fold_constants(gm)
     list_indices = fold_list_indices(gm)
     batched_updates: list[str] = []
+    reduce_copies: list[str] = []
     shared_masks: list[str] = []
     dropped_masks: list[str] = []
     if config.rewrites:
@@ -193,6 +196,9 @@ def infinifuse(
         batched_updates += batch_state_sums(gm, static_address, device or torch.device("cpu"))
         dropped_masks = drop_key_uniform_masks(gm)
         shared_masks = share_mask_conversion(gm)
+        reduce_copies = drop_reduce_copies(gm.graph)
+        if reduce_copies:
+            gm.recompile()
     mutated = mutated_placeholders(gm.graph)
     # Nothing is captured without CUDA graphs: the split would only add snapshot clones.
     split = split_host(gm, _on_host) if captures(config, device) else None
@@ -206,7 +212,9 @@ def infinifuse(
     # Inputs of the device part that are original inputs the graph writes (the host part
     # writes its own inputs itself, on the caller's tensors).
     mutated_here = frozenset(k for k, i in enumerate(part.original_indices) if i in mutated_indices)
-    fused_gm, groups, rejections, cache_writes, attention = _fuse(part.graph, device, config)
+    fused_gm, groups, rejections, cache_writes, attention, vocab_lookups = _fuse(
+        part.graph, device, config
+    )
     sharded_parameters = frozenset(
         k for k, i in enumerate(part.original_indices) if shards and i in shards.parameters
     )
@@ -341,16 +349,22 @@ def _apply_mode(
 
 def _fuse(
     gm: torch.fx.GraphModule, device: torch.device | None, config: FusionConfig
-) -> tuple[torch.fx.GraphModule | None, list[GroupReport], list[Any], list[str], list[str]]:
+) -> tuple[
+    torch.fx.GraphModule | None, list[GroupReport], list[Any], list[str], list[str], list[str]
+]:
     """Fuse a copy of ``gm``'s graph. Returns (fused module or None, groups, rejections,
-    KV-cache write pairs joined, SDPA calls given to the decode attention kernel)."""
+    KV-cache write pairs joined, SDPA calls given to the decode attention kernel,
+    vocab-parallel lookups given to their kernel)."""
     if not config.fusion:
-        return None, [], [], [], []
+        return None, [], [], [], [], []
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))  # node meta (example values) is kept
+    vocab_lookups = []
+    if config.rewrites:
+        vocab_lookups = use_vocab_parallel_lookup(graph, vocab_parallel_lookup, config.index_checks)
     candidates, rejections = find_groups(graph)
     if not candidates:
-        return None, [], rejections, [], []
+        return None, [], rejections, [], [], []
     reports: list[GroupReport] = []
     options = KernelOptions(config.index_checks, config.round_intermediates)
 
@@ -391,7 +405,7 @@ def _fuse(
             report(candidate, f"not rewritten: no Triton on {names} (set TRITON_INTERPRET=1)")
         # No fused graph: the runtime runs the traced graph once per call (a fused one would
         # be validated against itself on each signature's first call, running it twice).
-        return None, reports, rejections, [], []
+        return None, reports, rejections, [], [], []
 
     def make_op(candidate: Candidate) -> FusedGroupOp:
         assert candidate.program is not None
@@ -416,7 +430,8 @@ def _fuse(
         cache_writes = pair_cache_writes(graph, write_cache_pair, config.index_checks)
         attention = use_decode_attention(graph, decode_attention)
     _precompile(graph)
-    return torch.fx.GraphModule(gm, graph), reports, rejections, cache_writes, attention
+    return (torch.fx.GraphModule(gm, graph), reports, rejections, cache_writes, attention,
+            vocab_lookups)
 
 
 def _precompile(graph: torch.fx.Graph) -> None:
@@ -439,6 +454,14 @@ def _precompile(graph: torch.fx.Graph) -> None:
                 launches += 1
                 key = ("pair", checks, *map(_launch_key, values))
                 jobs.setdefault(key, functools.partial(precompile_pair, *values, checks))
+            continue
+        if op is vocab_parallel_lookup:
+            ids, table, *rest = node.args
+            values = [example_value(ids), example_value(table)]
+            if all(_concrete_cuda_tensor(v) for v in values):
+                launches += 1
+                key = ("vocab", *rest, *map(_launch_key, values))
+                jobs.setdefault(key, functools.partial(precompile_vocab_lookup, *values, *rest))
             continue
         if op is decode_attention:
             query, key_states, value, mask, *rest = node.args
