@@ -149,7 +149,8 @@ def fused_summary() -> dict[str, Any]:
             {"name": g.name, "path": g.path, "groups": len(g.groups),
              "local_shards": len(getattr(g, "local_shards", [])),
              "reduce_copies": list(getattr(g, "reduce_copies", [])),
-             "vocab_lookups": list(getattr(g, "vocab_lookups", []))}
+             "vocab_lookups": list(getattr(g, "vocab_lookups", [])),
+             "collectives": len(getattr(g, "collectives", []))}
             for g in graphs if g is not None
         ]  # fmt: skip
     }
@@ -236,7 +237,9 @@ def _print(result: dict[str, Any]) -> None:
         lines.append(f"  tokens equal one device's eager: "
                      f"{result['tokens_equal_single_device']}/{total}")  # fmt: skip
     for graph in cc["graphs"]:
-        lines.append(f"  {graph['name']}: {graph['path']}, {graph['groups']} fused group(s)")
+        lines.append(f"  {graph['name']}: {graph['path']}, {graph['groups']} fused group(s), "
+                     f"{graph['collectives']} collective(s), {graph['local_shards']} DTensor "
+                     f"inputs as local shards")  # fmt: skip
     modes = result["stats"]["fusion_modes"]
     lines.append(f"  signatures: {len(modes)}, modes: {sorted(set(modes.values()))}, "
                  f"captures: {result['stats']['recordings']}")  # fmt: skip

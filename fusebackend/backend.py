@@ -41,7 +41,11 @@ from fusebackend.passes.attention import (
 )
 from fusebackend.passes.batching import batch_scalar_updates, batch_state_sums
 from fusebackend.passes.cache_writes import pair_cache_writes
-from fusebackend.passes.collectives import drop_reduce_copies, use_vocab_parallel_lookup
+from fusebackend.passes.collectives import (
+    collective_nodes,
+    drop_reduce_copies,
+    use_vocab_parallel_lookup,
+)
 from fusebackend.passes.constants import fold_constants, fold_list_indices
 from fusebackend.passes.decode_attention import use_decode_attention
 from fusebackend.passes.dtensor import unwrap_dtensors
@@ -265,6 +269,10 @@ def infinifuse(
         cache_writes=cache_writes,
         decode_attention=attention,
         host_nodes=split.nodes if split is not None else [],
+        local_shards=list(shards.names) if shards is not None else [],
+        reduce_copies=reduce_copies,
+        vocab_lookups=vocab_lookups,
+        collectives=collective_nodes((fused_gm or part.graph).graph),
     )
     record(report)
     log.info(

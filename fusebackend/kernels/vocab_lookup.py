@@ -34,22 +34,28 @@ def vocab_parallel_lookup(
 
     ``vocab``: rows of the full table (the ids' valid range, for the index check).
     """
+    _check_host_ids(ids, vocab)
     if not triton_usable(table.device) or ids.numel() == 0:
-        return _reference(ids, table, start, vocab)
+        return _reference(ids, table, start)
     out = torch.empty((*ids.shape, table.shape[1]), dtype=table.dtype, device=table.device)
     args, grid, meta = _launch(ids, table, start, vocab, out)
     _kernel(checks)[grid](*args, **meta)
     return out
 
 
-def _reference(ids: torch.Tensor, table: torch.Tensor, start: int, vocab: int) -> torch.Tensor:
-    """The same in torch ops (no Triton on this device). A CPU id out of range raises."""
-    if ids.device.type == "cpu" and ids.numel():  # on a GPU this check would be a host sync
+def _check_host_ids(ids: torch.Tensor, vocab: int) -> None:
+    """CPU ids outside ``[0, vocab)`` raise eager's IndexError (on a GPU this check would be
+    a host sync: the kernel's device-side assert checks there)."""
+    if ids.device.type == "cpu" and ids.numel():
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= vocab:
             bad = low if low < 0 else high
-            raise IndexError(f"embedding: index {bad} is out of range for a vocabulary of "
-                             f"{vocab} rows")  # fmt: skip
+            raise IndexError(f"index out of range in self: embedding index {bad} is outside "
+                             f"[0, {vocab}) of a vocabulary split across ranks")  # fmt: skip
+
+
+def _reference(ids: torch.Tensor, table: torch.Tensor, start: int) -> torch.Tensor:
+    """The same in torch ops (no Triton on this device)."""
     local = ids - start
     inside = (local >= 0) & (local < table.shape[0])
     rows = torch.nn.functional.embedding(torch.where(inside, local, 0), table)

@@ -32,7 +32,7 @@ from fusebackend.passes.dtensor import Rewrap, is_dtensor
 from fusebackend.passes.fx_util import example_value, nodes_between
 from fusebackend.passes.mutations import storage_id
 
-__all__ = ["drop_reduce_copies", "use_vocab_parallel_lookup"]
+__all__ = ["collective_nodes", "drop_reduce_copies", "use_vocab_parallel_lookup"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,22 @@ def _is_op(node: torch.fx.Node, name: str) -> bool:
         return False
     packet = getattr(torch.ops._c10d_functional, name)
     return node.target is packet or node.target is packet.default
+
+
+def collective_nodes(graph: torch.fx.Graph) -> list[str]:
+    """Names of the nodes that communicate: functional collectives (their waits aside) and
+    DTensor ``redistribute`` calls (which run one inside)."""
+    names = []
+    for node in graph.nodes:
+        # An OpOverload's namespace, or an OpOverloadPacket's "namespace::name".
+        target = node.target
+        namespace = getattr(target, "namespace", None) or getattr(target, "_qualified_op_name", "")
+        if node.op == "call_function" and namespace.split("::")[0] == "_c10d_functional":
+            if not _is_op(node, "wait_tensor"):
+                names.append(node.name)
+        elif node.op == "call_method" and node.target == "redistribute":
+            names.append(node.name)
+    return names
 
 
 def drop_reduce_copies(graph: torch.fx.Graph) -> list[str]:

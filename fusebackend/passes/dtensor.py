@@ -103,6 +103,7 @@ class LocalShards:
     inputs: tuple[int, ...]
     parameters: frozenset[int]
     outputs: dict[int, Spec]
+    names: tuple[str, ...] = ()  # the inputs' placeholder names, for explain
 
     def local_inputs(self, example_inputs: Sequence[Any]) -> list[Any]:
         """``example_inputs`` with each DTensor replaced by its local tensor."""
@@ -165,7 +166,8 @@ def unwrap_dtensors(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> 
     gm.recompile()
     log.info("DTensor inputs run as local shards: %s; outputs wrapped again: %s",
              [placeholders[i].name for i in inputs], sorted(outputs))  # fmt: skip
-    return LocalShards(tuple(inputs), parameters, outputs)
+    names = tuple(placeholders[i].name for i in inputs)
+    return LocalShards(tuple(inputs), parameters, outputs, names)
 
 
 def _localize(graph: torch.fx.Graph, placeholder: torch.fx.Node, value: Any) -> None:
