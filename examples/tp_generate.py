@@ -35,6 +35,14 @@ TINY = dict(
     vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
 )  # fmt: skip
+MARK = None  # diagnostics: called with a phase's name as each starts (benchmarks/diag)
+
+
+def _mark(text: str) -> None:
+    if MARK is not None:
+        MARK(text)
+
+
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -182,9 +190,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     inputs = prompts(args, model.config.vocab_size, device)
     n = args.new_tokens
     with torch.no_grad():
+        _mark("eager TP generate")
         eager, eager_s = timed(device, lambda: generate(model, inputs, n, disable_compile=True))
         cc = compile_config()
+        _mark("first CompileConfig generate")
         _, first_s = timed(device, lambda: generate(model, inputs, n, compile_config=cc))
+        _mark("second CompileConfig generate")
         tokens, warm_s = timed(device, lambda: generate(model, inputs, n, compile_config=cc))
         result["compile_config"] = {"first_generate_s": first_s, "generate_s": warm_s,
                                     "tokens_per_s": n * args.batch / warm_s,
@@ -195,6 +206,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         forward = model.forward
         model.forward = torch.compile(forward, backend="infinifuse")
         try:
+            _mark("compiled forward generate")
             generate(model, inputs, n, disable_compile=True)
             compiled, compiled_s = timed(
                 device, lambda: generate(model, inputs, n, disable_compile=True)
@@ -209,6 +221,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if single is not None:
             reference = generate(single, inputs, n, disable_compile=True)
             result["tokens_equal_single_device"] = int((tokens == reference).sum())
+    _mark("done")
     stats = fusebackend.stats()
     result["stats"] = {k: v for k, v in stats.items() if k not in ("cached_shapes",)}
     result["tokens_total"] = n * args.batch

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -164,12 +165,21 @@ def test_vocab_parallel_lookup_rejects_an_id_outside_the_vocabulary(bad):
         vocab_parallel_lookup(ids, table, 13, 41, True)
 
 
-def _torchrun(nproc: int, *args: str, env: dict[str, str] | None = None, timeout: int = 600):
+def _torchrun(nproc: int, *args: str, env: dict[str, str] | None = None, timeout: int = 300):
+    """Run examples/tp_generate.py on ``nproc`` processes; a run past ``timeout`` (a hung
+    collective) kills the whole process group and fails the test with what it printed."""
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                f"--master_port={_free_port()}", str(ROOT / "examples" / "tp_generate.py"), *args]  # fmt: skip
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env=environment)  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=environment, start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"torchrun ran past {timeout} s:\n{stdout[-3000:]}\n{stderr[-6000:]}")
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
 def _rank_results(prefix: Path, nproc: int) -> list[dict]:
