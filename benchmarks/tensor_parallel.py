@@ -273,6 +273,10 @@ def main() -> None:
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
+    # Captured graphs first: NCCL's teardown hung while graphs holding its collectives lived
+    # (examples/tp_generate.py's shutdown).
+    reset_compilers()
+    sync(device)
     barrier(world)
     if world > 1:
         dist.destroy_process_group()

@@ -229,9 +229,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.json:
         with open(f"{args.json}.rank{rank}.json", "w") as f:
             json.dump(result, f, indent=1, default=str)
+    shutdown(device)
+    return result
+
+
+def shutdown(device: torch.device) -> None:
+    """Free the captured graphs, then leave the process group. NCCL's communicator teardown
+    waited forever while CUDA graphs holding its collectives were alive (2 H100s, NCCL
+    2.28, torch 2.11: destroy_process_group hung on both ranks after a captured generate)."""
+    import fusebackend
+
+    torch._dynamo.reset()
+    fusebackend.clear_cache()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     dist.barrier()
     dist.destroy_process_group()
-    return result
 
 
 def _print(result: dict[str, Any]) -> None:
