@@ -17,7 +17,8 @@
 # through three backends, cold caches, ~4 min), decode (the four decode/encoder models of the
 # suite), rows (each row-kernel pattern vs Inductor and copy bandwidth, ~1 min; ROWS_ARGS=--sweep
 # adds the launch-config sweep), zoo (21 architectures: kernels per call, captured or not,
-# error vs eager), suite (the whole benchmarks/run.py suite), diag (why BERT's SDPA runs its
+# error vs eager), suite (the whole benchmarks/run.py suite), tp (tensor parallelism on every
+# GPU of the machine: its GPU tests and benchmarks/tensor_parallel.py), diag (why BERT's SDPA runs its
 # math path under Dynamo; which SDPA kernel a decode step's attention should get; the decode
 # attention kernel against repeat_kv + SDPA and its launch sweep; the host time of a replay
 # and of a generate() step, ~5 min). One device call runs at most 10
@@ -103,6 +104,21 @@ for step in $steps; do
         run_step bench_suite python3 benchmarks/run.py --out-dir "$OUT/suite" $merge \
             ${SUITE_ONLY:+--only "$SUITE_ONLY"}
         ;;
+    tp)
+        # Tensor parallelism on every GPU of the machine (2 or more): the GPU tests of
+        # tests/test_tensor_parallel.py, then benchmarks/tensor_parallel.py at TP=N and TP=1
+        # for each shape in TP_SHAPES (default tinyllama; llama3-8b saves 16 GB of random
+        # weights first), TP_ARGS passed on (e.g. --parts decode).
+        gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+        run_step tp_tests python3 -m pytest -q -m gpu -rfEs tests/test_tensor_parallel.py
+        for shape in ${TP_SHAPES:-tinyllama}; do
+            for n in "$gpus" 1; do
+                run_step "bench_tp_${shape}_tp$n" torchrun --nproc_per_node "$n" \
+                    benchmarks/tensor_parallel.py --shape "$shape" ${TP_ARGS:-} \
+                    --out "$OUT/tensor_parallel_${shape}_tp$n.json"
+            done
+        done
+        ;;
     diag)
         run_step diag_bert_sdpa python3 benchmarks/diag/diag_bert_sdpa.py
         run_step diag_decode_sdpa python3 benchmarks/diag/diag_decode_sdpa.py
@@ -112,7 +128,7 @@ for step in $steps; do
         run_step diag_generate_host python3 benchmarks/diag/diag_generate_host.py
         ;;
     *)
-        echo "unknown step: $step (tests, examples, bench, generate, rows, decode, zoo, suite, diag)"
+        echo "unknown step: $step (tests, examples, bench, generate, rows, decode, zoo, suite, tp, diag)"
         status=1
         ;;
     esac

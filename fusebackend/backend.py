@@ -40,14 +40,21 @@ from fusebackend.kernels.launch import (
     precompile,
     precompile_all,
 )
+from fusebackend.kernels.vocab_lookup import precompile_vocab_lookup, vocab_parallel_lookup
 from fusebackend.passes.attention import (
     drop_key_uniform_masks,
     share_mask_conversion,
 )
 from fusebackend.passes.batching import batch_scalar_updates, batch_state_sums
 from fusebackend.passes.cache_writes import pair_cache_writes
+from fusebackend.passes.collectives import (
+    collective_nodes,
+    drop_reduce_copies,
+    use_vocab_parallel_lookup,
+)
 from fusebackend.passes.constants import fold_constants, fold_list_indices
 from fusebackend.passes.decode_attention import use_decode_attention
+from fusebackend.passes.dtensor import unwrap_dtensors
 from fusebackend.passes.fx_util import static_tensor
 from fusebackend.passes.graph import example_value
 from fusebackend.passes.host_inputs import (
@@ -178,6 +185,10 @@ def infinifuse(
                            time.perf_counter() - start))  # fmt: skip
         return compiled
 
+    # Tensor parallelism: DTensor inputs (sharded parameters) run as their local shards.
+    shards = unwrap_dtensors(gm, example_inputs)
+    if shards is not None:
+        example_inputs = shards.local_inputs(example_inputs)
     static_address = [
         node
         for node, value in zip(_placeholders(gm), example_inputs, strict=False)
@@ -187,6 +198,7 @@ def infinifuse(
     constants = fold_constants(gm)
     list_indices = fold_list_indices(gm)
     batched_updates: list[str] = []
+    reduce_copies: list[str] = []
     shared_masks: list[str] = []
     dropped_masks: list[str] = []
     if config.rewrites:
@@ -194,6 +206,9 @@ def infinifuse(
         batched_updates += batch_state_sums(gm, static_address, device or torch.device("cpu"))
         dropped_masks = drop_key_uniform_masks(gm)
         shared_masks = share_mask_conversion(gm)
+        reduce_copies = drop_reduce_copies(gm.graph)
+        if reduce_copies:
+            gm.recompile()
     mutated = mutated_placeholders(gm.graph)
     # Nothing is captured without CUDA graphs: the split would only add snapshot clones.
     split = split_host(gm, _on_host) if captures(config, device) else None
@@ -207,8 +222,14 @@ def infinifuse(
     # Inputs of the device part that are original inputs the graph writes (the host part
     # writes its own inputs itself, on the caller's tensors).
     mutated_here = frozenset(k for k, i in enumerate(part.original_indices) if i in mutated_indices)
-    fused_gm, groups, rejections, cache_writes, attention = _fuse(part.graph, device, config)
+    fused_gm, groups, rejections, cache_writes, attention, vocab_lookups = _fuse(
+        part.graph, device, config
+    )
+    sharded_parameters = frozenset(
+        k for k, i in enumerate(part.original_indices) if shards and i in shards.parameters
+    )
     static = _static_inputs(part.example_inputs, mutated_here, part.host_inputs, config, device)
+    static |= sharded_parameters
     cache = GraphCache(
         unfused=part.graph,
         fused=fused_gm,
@@ -232,7 +253,9 @@ def infinifuse(
         else:
             path = "unfused (nothing to fuse)"
     in_place = [
-        placeholders[i].name for i in sorted(static) if not _is_module_state(part.example_inputs[i])
+        placeholders[i].name
+        for i in sorted(static)
+        if not _is_module_state(part.example_inputs[i]) and i not in sharded_parameters
     ]
     report = GraphReport(
         name=name,
@@ -253,6 +276,10 @@ def infinifuse(
         cache_writes=cache_writes,
         decode_attention=attention,
         host_nodes=split.nodes if split is not None else [],
+        local_shards=list(shards.names) if shards is not None else [],
+        reduce_copies=reduce_copies,
+        vocab_lookups=vocab_lookups,
+        collectives=collective_nodes((fused_gm or part.graph).graph),
     )
     record(report)
     log.info(
@@ -261,7 +288,8 @@ def infinifuse(
         name, path, len(groups), len(rejections), len(placeholders), in_place,
         report.mutated_inputs, len(constants), len(report.host_nodes),
     )  # fmt: skip
-    return cache if split is None else split.bind(cache)
+    compiled = cache if split is None else split.bind(cache)
+    return compiled if shards is None else shards.bind(compiled)
 
 
 def _on_host(value: torch.Tensor) -> bool:
@@ -336,16 +364,22 @@ def _apply_mode(
 
 def _fuse(
     gm: torch.fx.GraphModule, device: torch.device | None, config: FusionConfig
-) -> tuple[torch.fx.GraphModule | None, list[GroupReport], list[Any], list[str], list[str]]:
+) -> tuple[
+    torch.fx.GraphModule | None, list[GroupReport], list[Any], list[str], list[str], list[str]
+]:
     """Fuse a copy of ``gm``'s graph. Returns (fused module or None, groups, rejections,
-    KV-cache write pairs joined, SDPA calls given to the decode attention kernel)."""
+    KV-cache write pairs joined, SDPA calls given to the decode attention kernel,
+    vocab-parallel lookups given to their kernel)."""
     if not config.fusion:
-        return None, [], [], [], []
+        return None, [], [], [], [], []
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))  # node meta (example values) is kept
+    vocab_lookups = []
+    if config.rewrites:
+        vocab_lookups = use_vocab_parallel_lookup(graph, vocab_parallel_lookup, config.index_checks)
     candidates, rejections = find_groups(graph)
     if not candidates:
-        return None, [], rejections, [], []
+        return None, [], rejections, [], [], []
     reports: list[GroupReport] = []
     options = KernelOptions(config.index_checks, config.round_intermediates)
 
@@ -387,7 +421,7 @@ def _fuse(
                               "(the CPU needs TRITON_INTERPRET=1)")  # fmt: skip
         # No fused graph: the runtime runs the traced graph once per call (a fused one would
         # be validated against itself on each signature's first call, running it twice).
-        return None, reports, rejections, [], []
+        return None, reports, rejections, [], [], []
 
     def make_op(candidate: Candidate) -> FusedGroupOp:
         assert candidate.program is not None
@@ -412,7 +446,8 @@ def _fuse(
         cache_writes = pair_cache_writes(graph, write_cache_pair, config.index_checks)
         attention = use_decode_attention(graph, decode_attention)
     _precompile(graph)
-    return torch.fx.GraphModule(gm, graph), reports, rejections, cache_writes, attention
+    return (torch.fx.GraphModule(gm, graph), reports, rejections, cache_writes, attention,
+            vocab_lookups)
 
 
 def _precompile(graph: torch.fx.Graph) -> None:
@@ -435,6 +470,14 @@ def _precompile(graph: torch.fx.Graph) -> None:
                 launches += 1
                 key = ("pair", checks, *map(_launch_key, values))
                 jobs.setdefault(key, functools.partial(precompile_pair, *values, checks))
+            continue
+        if op is vocab_parallel_lookup:
+            ids, table, *rest = node.args
+            values = [example_value(ids), example_value(table)]
+            if all(_concrete_cuda_tensor(v) for v in values):
+                launches += 1
+                key = ("vocab", *rest, *map(_launch_key, values))
+                jobs.setdefault(key, functools.partial(precompile_vocab_lookup, *values, *rest))
             continue
         if op is decode_attention:
             query, key_states, value, mask, *rest = node.args

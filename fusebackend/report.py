@@ -72,6 +72,14 @@ class GraphReport:
     decode_attention: list[str] = dataclasses.field(default_factory=list)
     # Nodes that run on the host at each call, before the captured device part.
     host_nodes: list[str] = dataclasses.field(default_factory=list)
+    # Tensor parallelism: DTensor inputs run as their local shards (passes/dtensor).
+    local_shards: list[str] = dataclasses.field(default_factory=list)
+    # all-reduce copies dropped: readers take the reduced tensor (passes/collectives).
+    reduce_copies: list[str] = dataclasses.field(default_factory=list)
+    # Vocab-parallel embeddings run as one kernel + all-reduce (passes/collectives).
+    vocab_lookups: list[str] = dataclasses.field(default_factory=list)
+    # Collectives in the graph the runtime runs (captured with it on CUDA graphs).
+    collectives: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def runtime(self) -> Any:
@@ -163,6 +171,10 @@ _REWRITE_LINES = (
     ("dropped_masks", "attention without a mask uniform along the keys"),
     ("cache_writes", "KV-cache writes in one launch (fused graph)"),
     ("decode_attention", "decode attention reading K/V unrepeated (fused graph)"),
+    ("local_shards", "DTensor inputs run as their local shards"),
+    ("reduce_copies", "all-reduce copies dropped"),
+    ("vocab_lookups", "vocab-parallel lookups as one kernel + all-reduce (fused graph)"),
+    ("collectives", "collectives (in the captured graph on CUDA)"),
 )
 
 

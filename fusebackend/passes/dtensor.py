@@ -1,0 +1,191 @@
+"""Tensor-parallel graphs: DTensor inputs run as their local shards.
+
+transformers' ``tp_plan="auto"`` and torch's ``parallelize_module`` turn parameters into
+``DTensor``s on a ``DeviceMesh``; Dynamo passes them to the backend as DTensor inputs, and
+the mesh as one more input. A DTensor owns no storage of its own (its storage reports 16
+bytes and ``data_ptr()`` is 0), so the runtime, which reads inputs' storages and addresses
+to find in-place effects and static inputs, cannot take it. This pass rewrites the graph so
+that no DTensor crosses its boundary:
+
+- Each DTensor input becomes its local shard: the placeholder stands for
+  ``DTensor._local_tensor`` (the parameter's own storage: used in place, never copied), and
+  ``LocalShards.bind`` hands the runtime that tensor at each call. ``x.to_local()`` of such
+  an input is the placeholder itself; any other use reads ``DTensor.from_local(shard, ...)``
+  built once in the graph, with the input's mesh, placements, global shape and stride (a
+  new wrapper around the same storage: no copy).
+- A DTensor output leaves the graph as its local tensor (``to_local``) and ``bind`` wraps
+  it again, with the traced mesh and placements, after the runtime returns it.
+
+What remains between the local tensors is DTensor's own dispatch where the model calls it
+(``redistribute`` around a sharded LM head, the vocab-parallel embedding) and functional
+collectives (``_c10d_functional.all_reduce`` + ``wait_tensor`` after a row-parallel
+projection); passes/collectives.py rewrites the common ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from fusebackend.passes.fx_util import example_value
+
+__all__ = ["LocalShards", "Rewrap", "is_dtensor", "unwrap_dtensors"]
+
+log = logging.getLogger(__name__)
+
+
+def is_dtensor(value: object) -> bool:
+    """Is ``value`` a DTensor (real or fake)? False where torch.distributed is absent."""
+    dtensor = _dtensor_class()
+    return dtensor is not None and isinstance(value, dtensor)
+
+
+def _dtensor_class() -> type | None:
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed.tensor import DTensor
+
+    return DTensor
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """What makes a local tensor a DTensor again: mesh, placements, global shape, stride."""
+
+    mesh: Any
+    placements: tuple[Any, ...]
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    @classmethod
+    def of(cls, value: Any) -> Spec:
+        return cls(value.device_mesh, tuple(value.placements), tuple(value.shape),
+                   tuple(value.stride()))  # fmt: skip
+
+    def wrap(self, local: torch.Tensor) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(local, self.mesh, self.placements, run_check=False,
+                                  shape=self.shape, stride=self.stride)  # fmt: skip
+
+
+class Rewrap:
+    """Graph target: a local shard as the DTensor it was traced as (no copy, no
+    communication: ``from_local`` without ``run_check``)."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.__name__ = "rewrap_dtensor"  # FX's generated code calls the node after this name
+        self.__qualname__ = self.__name__
+
+    def __call__(self, local: torch.Tensor) -> Any:
+        return self.spec.wrap(local)
+
+    def __repr__(self) -> str:
+        return f"Rewrap({list(self.spec.placements)}, shape={list(self.spec.shape)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalShards:
+    """The DTensor inputs and outputs of a rewritten graph.
+
+    ``inputs``: indices of the inputs the runtime gets as local shards; ``parameters``: the
+    ones that are parameters (used in place, like any parameter); ``outputs``: output
+    position -> the spec that wraps it again. Indices are the graph's (unchanged by this
+    pass: the mesh input stays an input).
+    """
+
+    inputs: tuple[int, ...]
+    parameters: frozenset[int]
+    outputs: dict[int, Spec]
+    names: tuple[str, ...] = ()  # the inputs' placeholder names, for explain
+
+    def local_inputs(self, example_inputs: Sequence[Any]) -> list[Any]:
+        """``example_inputs`` with each DTensor replaced by its local tensor."""
+        inputs = list(example_inputs)
+        for i in self.inputs:
+            inputs[i] = inputs[i]._local_tensor
+        return inputs
+
+    def bind(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """The callable that replaces the graph: local shards in, DTensor outputs out."""
+        indices, outputs = self.inputs, tuple(self.outputs.items())
+
+        def run(*args: Any) -> Any:
+            args = list(args)
+            for i in indices:
+                # The attribute, not to_local(): that is an autograd Function call (~10 us
+                # each, for every weight of a model on every step).
+                args[i] = args[i]._local_tensor
+            result = fn(*args)
+            if not outputs:
+                return result
+            result = list(result)
+            for j, spec in outputs:
+                result[j] = spec.wrap(result[j])
+            return result
+
+        run.local_shards = self  # type: ignore[attr-defined]  # for tests and explain
+        return run
+
+
+def unwrap_dtensors(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> LocalShards | None:
+    """Rewrite ``gm`` in place so that its DTensor inputs and outputs are local tensors;
+    None (and ``gm`` unchanged) when no input or output is a DTensor."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs = [i for i, v in enumerate(example_inputs) if i < len(placeholders) and is_dtensor(v)]
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    returned = output.args[0]
+    as_tuple = isinstance(returned, (tuple, list))
+    items = list(returned) if as_tuple else [returned]
+    out_positions = [
+        j for j, a in enumerate(items) if isinstance(a, torch.fx.Node) and is_dtensor(example_value(a))
+    ]
+    if not inputs and not out_positions:
+        return None
+    parameters = frozenset(i for i in inputs if isinstance(example_inputs[i], torch.nn.Parameter))
+    for i in inputs:
+        _localize(gm.graph, placeholders[i], example_inputs[i])
+    outputs: dict[int, Spec] = {}
+    for j in out_positions:
+        node = items[j]
+        spec = Spec.of(example_value(node))
+        with gm.graph.inserting_before(output):
+            local = gm.graph.call_method("to_local", (node,))
+        local.meta["example_value"] = example_value(node)._local_tensor
+        items[j] = local
+        outputs[j] = spec
+    if outputs:
+        output.args = (type(returned)(items) if as_tuple else items[0],)
+    gm.graph.lint()
+    gm.recompile()
+    log.info("DTensor inputs run as local shards: %s; outputs wrapped again: %s",
+             [placeholders[i].name for i in inputs], sorted(outputs))  # fmt: skip
+    names = tuple(placeholders[i].name for i in inputs)
+    return LocalShards(tuple(inputs), parameters, outputs, names)
+
+
+def _localize(graph: torch.fx.Graph, placeholder: torch.fx.Node, value: Any) -> None:
+    """Make ``placeholder`` stand for ``value``'s local shard."""
+    fake = example_value(placeholder)
+    spec = Spec.of(value)
+    placeholder.meta["example_value"] = fake._local_tensor if is_dtensor(fake) else value
+    placeholder.meta.pop("val", None)
+    rewrapped = None
+    for user in list(placeholder.users):
+        if user.op == "call_method" and user.target == "to_local" and len(user.args) == 1:
+            if not user.kwargs:
+                user.replace_all_uses_with(placeholder)
+                graph.erase_node(user)
+                continue
+        if rewrapped is None:
+            first_op = next(n for n in graph.nodes if n.op != "placeholder")
+            with graph.inserting_before(first_op):  # placeholders stay first
+                rewrapped = graph.call_function(Rewrap(spec), (placeholder,))
+            rewrapped.meta["example_value"] = fake
+        user.replace_input_with(placeholder, rewrapped)
