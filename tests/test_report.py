@@ -122,3 +122,18 @@ def test_constants_are_counted_with_a_pointer_not_listed_by_dynamos_names():
     assert "4 tensor(s)" in line, text
     assert "report.graphs[1].constants" in text, text
     assert "tensor_3" not in text and "getitem" not in text, text
+
+
+def test_explain_leaves_the_users_compiled_entry_in_place():
+    # explain() compiles the same frame again in its own recompile slot; keyed by frame
+    # alone, its graph superseded the user's and the user's next call of that shape missed.
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.LayerNorm(16))
+    ids = torch.randint(0, 50, (2, 7))
+    compiled = torch.compile(model, backend="infinifuse")
+    with torch.no_grad():
+        compiled(ids)
+        fusebackend.explain(compiled, ids)
+        fusebackend.reset_stats()
+        compiled(ids)
+    stats = fusebackend.stats()
+    assert (stats["cache_hits"], stats["cache_misses"]) == (1, 0), stats

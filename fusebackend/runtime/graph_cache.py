@@ -152,7 +152,12 @@ def _compile_frame() -> tuple[Any, Any] | None:
     frame = getattr(compile_id, "frame_id", None)
     if frame is None:
         return None
-    return frame, getattr(compile_id, "frame_compile_id", None)
+    # explain() compiles the same frame again with its own backend in an isolated recompile
+    # slot (-1 outside one): keyed by frame alone, its graph superseded the user's and their
+    # next call of that shape missed.
+    isolate = getattr(torch._C._dynamo.eval_frame, "get_eval_frame_isolate_recompiles_id", None)
+    slot = isolate() if isolate is not None else -1
+    return (frame, slot), getattr(compile_id, "frame_compile_id", None)
 
 
 class StatsRow(NamedTuple):
