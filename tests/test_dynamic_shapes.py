@@ -11,6 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from helpers import TritonCompiles, assert_close
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fusebackend
 import fusebackend.kernels.launch as launch
@@ -454,3 +456,19 @@ def test_the_report_names_the_kernels_a_dynamic_graph_launches(monkeypatch):
     assert launched == named, (launched, named)
     for grp in groups:
         assert f"def {grp.kernel_name}(" in grp.source
+
+
+_sizes = st.lists(st.sampled_from([0, 1, 2, 3, 5]), max_size=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(size=_sizes, extra=_sizes, data=st.data())
+def test_computed_strides_agree_with_torch(size, extra, data):
+    # The launcher computes what it used to ask torch for (expand, a fresh tensor's strides)
+    t = torch.empty(size)
+    assert launch._contiguous_strides(size) == t.stride()
+    if t.dim() > 1:
+        t = t.transpose(0, -1)
+    target = [data.draw(st.sampled_from([n, 4])) if n == 1 else n for n in t.shape]
+    target = [*extra, *target]
+    assert launch._expand_strides(t.shape, t.stride(), target) == t.expand(target).stride()

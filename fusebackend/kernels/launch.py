@@ -218,11 +218,18 @@ def _expand_strides(
     size: Sequence[int], stride: Sequence[int], target: Sequence[int]
 ) -> tuple[int, ...]:
     """The strides of ``t.expand(target)`` for ``t`` of ``size`` and ``stride``, computed
-    (a call of expand took ~2 us): kept where the size matches (a dim of 1 included), 0
-    where a dim of 1 broadcasts or a leading dim is new."""
+    as torch's ``inferExpandGeometry`` does (a call of expand took ~2 us): kept where the
+    size matches (a dim of 1 included), 0 where a dim of 1 broadcasts; a new leading dim
+    of 1 steps over the dims after it (0 with none after it), one of more is 0."""
+    out = [0] * len(target)
     new = len(target) - len(size)
-    return (0,) * new + tuple(s if n == want else 0
-                              for n, s, want in zip(size, stride, target[new:]))  # fmt: skip
+    for i in reversed(range(len(target))):
+        if i >= new:
+            n, step = size[i - new], stride[i - new]
+        else:
+            n, step = 1, target[i + 1] * out[i + 1] if i + 1 < len(target) else 0
+        out[i] = step if n == target[i] else 0
+    return tuple(out)
 
 
 def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
