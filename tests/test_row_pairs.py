@@ -122,7 +122,7 @@ def test_kept_launches_are_reused_per_signature_with_each_call_s_tensors(monkeyp
     check(transposed, rows(2), 4)
     check(rows(5), rows(0), 6)  # other rows; a set without rows launches nothing
     check(rows(5), rows(0), 6)
-    for n in range(1, 2 * launch._MAX_PLANS):  # dynamic shapes: the kept launches start over
+    for n in range(1, 2 * launch._MAX_PLANS):  # dynamic shapes: the oldest launches go
         row_kernel(program, rows(n), options=options, plans=single)
     assert 0 < len(single) <= launch._MAX_PLANS
 
