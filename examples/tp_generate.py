@@ -150,8 +150,7 @@ def fused_summary() -> dict[str, Any]:
     """Graphs compiled so far on this rank: path, groups and rewrites of each."""
     import fusebackend
 
-    report = fusebackend.last_report()
-    graphs = getattr(report, "graphs", [report])
+    graphs = fusebackend.reports().graphs
     return {
         "graphs": [
             {"name": g.name, "path": g.path, "groups": len(g.groups),
@@ -159,7 +158,7 @@ def fused_summary() -> dict[str, Any]:
              "reduce_copies": list(getattr(g, "reduce_copies", [])),
              "vocab_lookups": list(getattr(g, "vocab_lookups", [])),
              "collectives": len(getattr(g, "collectives", []))}
-            for g in graphs if g is not None
+            for g in graphs
         ]  # fmt: skip
     }
 

@@ -221,5 +221,6 @@ def test_tp_plan_auto_is_captured_with_its_all_reduces_on_two_gpus(tmp_path):
         assert "eager" not in stats["fusion_modes"].values(), stats
         assert stats["recordings"] > 0 and stats["capture_failures"] == 0, stats
         graphs = result["compile_config"]["graphs"]
-        # 2 layers: o_proj's and down_proj's all-reduces, the embedding's, the LM head's.
-        assert any(g["collectives"] >= 5 for g in graphs), graphs
+        # 2 layers: o_proj's and down_proj's all-reduces at least, inside the captured decode
+        # graph (transformers 5.17 looks the tokens up outside it; 5.24 inside, with one more).
+        assert any(g["collectives"] >= 4 for g in graphs), graphs
