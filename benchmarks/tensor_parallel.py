@@ -34,14 +34,32 @@ import torch
 import torch.distributed as dist
 
 SHAPES = {
-    "tinyllama": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                      num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4),
-    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                      rope_theta=500000.0),
-    "tiny": dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2),
-}  # fmt: skip
+    "tinyllama": dict(
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+    ),
+    "llama3-8b": dict(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        rope_theta=500000.0,
+    ),
+    "tiny": dict(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ),
+}
 
 
 def parse_args() -> argparse.Namespace:
@@ -108,7 +126,9 @@ def load(path: str, device: torch.device, world: int) -> Any:
 
     kwargs: dict[str, Any] = {"dtype": dtype_of(), "local_files_only": True}
     if world > 1:
-        return transformers.AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", **kwargs).eval()
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            path, tp_plan="auto", **kwargs
+        ).eval()
     return transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device).eval()
 
 
@@ -139,7 +159,12 @@ def decode(model: Any, backend: str, args: argparse.Namespace, device, world) ->
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(1, model.config.vocab_size, (1, prompt), generator=generator).to(device)
     with torch.no_grad():
-        model(ids, past_key_values=cache, use_cache=True, cache_position=torch.arange(prompt, device=device))
+        model(
+            ids,
+            past_key_values=cache,
+            use_cache=True,
+            cache_position=torch.arange(prompt, device=device),
+        )
     if backend == "eager":
         forward = model.forward
     elif backend == "infinifuse":
@@ -151,8 +176,12 @@ def decode(model: Any, backend: str, args: argparse.Namespace, device, world) ->
 
     def step() -> None:
         p = position[0]
-        out = forward(token, past_key_values=cache, use_cache=True,
-                      cache_position=torch.tensor([p], device=device))  # fmt: skip
+        out = forward(
+            token,
+            past_key_values=cache,
+            use_cache=True,
+            cache_position=torch.tensor([p], device=device),
+        )
         token.copy_(out.logits[:, -1:].argmax(-1))
         position[0] = p + 1
 
@@ -168,8 +197,11 @@ def decode(model: Any, backend: str, args: argparse.Namespace, device, world) ->
                     step()
 
             rounds.append(synced(device, world, run)[1] / args.steps)
-    return {"first_call_s": first, "step_ms": statistics.median(rounds) * 1e3,
-            "step_ms_rounds": [r * 1e3 for r in rounds]}  # fmt: skip
+    return {
+        "first_call_s": first,
+        "step_ms": statistics.median(rounds) * 1e3,
+        "step_ms_rounds": [r * 1e3 for r in rounds],
+    }
 
 
 def generate(model: Any, backend: str, args: argparse.Namespace, device, world) -> dict[str, Any]:
@@ -177,9 +209,13 @@ def generate(model: Any, backend: str, args: argparse.Namespace, device, world) 
 
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(1, model.config.vocab_size, (1, 16), generator=generator).to(device)
-    kwargs: dict[str, Any] = {"do_sample": False, "max_new_tokens": args.new_tokens,
-                              "min_new_tokens": args.new_tokens, "cache_implementation": "static",
-                              "pad_token_id": 0}  # fmt: skip
+    kwargs: dict[str, Any] = {
+        "do_sample": False,
+        "max_new_tokens": args.new_tokens,
+        "min_new_tokens": args.new_tokens,
+        "cache_implementation": "static",
+        "pad_token_id": 0,
+    }
     if backend == "eager":
         kwargs["disable_compile"] = True
     elif backend == "infinifuse":
@@ -190,8 +226,12 @@ def generate(model: Any, backend: str, args: argparse.Namespace, device, world) 
         tokens, first = synced(device, world, lambda: model.generate(ids, **kwargs))
         times = [synced(device, world, lambda: model.generate(ids, **kwargs))[1] for _ in range(3)]
     median = statistics.median(times)
-    return {"first_generate_s": first, "generate_s": median,
-            "tokens_per_s": args.new_tokens / median, "tokens": tokens[0, 16:].tolist()}  # fmt: skip
+    return {
+        "first_generate_s": first,
+        "generate_s": median,
+        "tokens_per_s": args.new_tokens / median,
+        "tokens": tokens[0, 16:].tolist(),
+    }
 
 
 def all_reduce_ms(model: Any, device: torch.device, world: int) -> float | None:
@@ -222,13 +262,17 @@ def environment(world: int, commit: str | None) -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     return {
         "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.machine()})",
-        "gpus": world if cuda else 0, "torch": torch.__version__,
-        "cuda": torch.version.cuda, "triton": triton.__version__,
-        "transformers": transformers.__version__, "fusebackend": fusebackend.__version__,
-        "commit": commit, "python": platform.python_version(),
+        "gpus": world if cuda else 0,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "transformers": transformers.__version__,
+        "fusebackend": fusebackend.__version__,
+        "commit": commit,
+        "python": platform.python_version(),
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
@@ -261,8 +305,9 @@ def main() -> None:
                 row[part]["modes"] = sorted(set(stats["fusion_modes"].values()))
                 row[part]["recordings"] = stats["recordings"]
         result["backends"][backend] = row
-        print(f"[rank {rank}] {args.shape} TP={world} {backend}: {json.dumps(row)[:600]}",
-              flush=True)  # fmt: skip
+        print(
+            f"[rank {rank}] {args.shape} TP={world} {backend}: {json.dumps(row)[:600]}", flush=True
+        )
     gathered: list[Any] = [result]
     if world > 1:
         gathered = [None] * world
@@ -286,15 +331,19 @@ def _summary(report: dict[str, Any]) -> None:
     rank0 = report["ranks"][0]
     print(f"\n{rank0['shape']}, TP={rank0['tp']} on {report['environment']['device']}")
     if "all_reduce_ms_per_step" in rank0:
-        print(f"  all-reduce: {rank0['all_reduce_ms'] * 1e3:.1f} us each, "
-              f"{rank0['all_reduce_ms_per_step']:.3f} ms per step")  # fmt: skip
+        print(
+            f"  all-reduce: {rank0['all_reduce_ms'] * 1e3:.1f} us each, "
+            f"{rank0['all_reduce_ms_per_step']:.3f} ms per step"
+        )
     for backend, row in rank0["backends"].items():
         d, g = row.get("decode", {}), row.get("generate", {})
-        print(f"  {backend:10s} step {d.get('step_ms', float('nan')):7.3f} ms  first call "
-              f"{d.get('first_call_s', float('nan')):6.2f} s | generate "
-              f"{g.get('tokens_per_s', float('nan')):7.1f} tok/s  first "
-              f"{g.get('first_generate_s', float('nan')):6.2f} s  {d.get('error', '')}"
-              f"{g.get('error', '')}"[:300])  # fmt: skip
+        print(
+            f"  {backend:10s} step {d.get('step_ms', float('nan')):7.3f} ms  first call "
+            f"{d.get('first_call_s', float('nan')):6.2f} s | generate "
+            f"{g.get('tokens_per_s', float('nan')):7.1f} tok/s  first "
+            f"{g.get('first_generate_s', float('nan')):6.2f} s  {d.get('error', '')}"
+            f"{g.get('error', '')}"[:300]
+        )
 
 
 if __name__ == "__main__":

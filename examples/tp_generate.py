@@ -28,13 +28,23 @@ import torch
 import torch.distributed as dist
 
 TINYLLAMA = dict(
-    vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-    num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048,
-)  # fmt: skip
+    vocab_size=32000,
+    hidden_size=2048,
+    intermediate_size=5632,
+    num_hidden_layers=22,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    max_position_embeddings=2048,
+)
 TINY = dict(
-    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-)  # fmt: skip
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
 MARK = None  # diagnostics: called with a phase's name as each starts (benchmarks/diag)
 
 
@@ -47,22 +57,34 @@ _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torc
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model-dir", help="a local transformers model (never downloads)")
-    parser.add_argument("--kind", choices=("llama", "qwen2"), default="llama",
-                        help="random config's family; qwen2 ties the LM head to the embedding")  # fmt: skip
+    parser.add_argument(
+        "--kind",
+        choices=("llama", "qwen2"),
+        default="llama",
+        help="random config's family; qwen2 ties the LM head to the embedding",
+    )
     parser.add_argument("--tiny", action="store_true", help="2 layers, hidden 64 (CPU runs)")
     parser.add_argument("--layers", type=int, help="layers of the random config")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--batch", type=int, default=1,
-                        help="prompts; above 1 the first is left-padded by 3 tokens")  # fmt: skip
+    parser.add_argument(
+        "--batch", type=int, default=1, help="prompts; above 1 the first is left-padded by 3 tokens"
+    )
     parser.add_argument("--dtype", choices=sorted(_DTYPES), help="default: float16 on GPUs")
-    parser.add_argument("--single", action="store_true",
-                        help="also generate with the whole model on one device (eager)")  # fmt: skip
-    parser.add_argument("--interpret", action="store_true",
-                        help="run the fused kernels in Triton's interpreter (CPU)")  # fmt: skip
+    parser.add_argument(
+        "--single",
+        action="store_true",
+        help="also generate with the whole model on one device (eager)",
+    )
+    parser.add_argument(
+        "--interpret",
+        action="store_true",
+        help="run the fused kernels in Triton's interpreter (CPU)",
+    )
     parser.add_argument("--json", help="write each rank's results to this path + .rankN.json")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -121,9 +143,15 @@ def generate(model: Any, inputs: dict[str, torch.Tensor], new_tokens: int, **kwa
     eos = model.generation_config.eos_token_id
     pad = model.generation_config.pad_token_id
     pad = pad if pad is not None else (eos[0] if isinstance(eos, list) else eos)
-    out = model.generate(**inputs, do_sample=False, max_new_tokens=new_tokens,
-                         min_new_tokens=new_tokens, cache_implementation="static",
-                         pad_token_id=pad, **kwargs)  # fmt: skip
+    out = model.generate(
+        **inputs,
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        cache_implementation="static",
+        pad_token_id=pad,
+        **kwargs,
+    )
     return out[:, inputs["input_ids"].shape[1] :].cpu()
 
 
@@ -153,25 +181,34 @@ def fused_summary() -> dict[str, Any]:
     graphs = fusebackend.reports().graphs
     return {
         "graphs": [
-            {"name": g.name, "path": g.path, "groups": len(g.groups),
-             "local_shards": len(getattr(g, "local_shards", [])),
-             "reduce_copies": list(getattr(g, "reduce_copies", [])),
-             "vocab_lookups": list(getattr(g, "vocab_lookups", [])),
-             "collectives": len(getattr(g, "collectives", []))}
+            {
+                "name": g.name,
+                "path": g.path,
+                "groups": len(g.groups),
+                "local_shards": len(getattr(g, "local_shards", [])),
+                "reduce_copies": list(getattr(g, "reduce_copies", [])),
+                "vocab_lookups": list(getattr(g, "vocab_lookups", [])),
+                "collectives": len(getattr(g, "collectives", [])),
+            }
             for g in graphs
-        ]  # fmt: skip
+        ]
     }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import fusebackend
     import transformers
+
+    import fusebackend
 
     device = setup()
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = _DTYPES[args.dtype or ("float16" if device.type == "cuda" else "float32")]
-    result: dict[str, Any] = {"rank": rank, "world": world, "device": str(device),
-                              "dtype": str(dtype).removeprefix("torch.")}  # fmt: skip
+    result: dict[str, Any] = {
+        "rank": rank,
+        "world": world,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+    }
     with tempfile.TemporaryDirectory() as root:
         # Every rank needs the same path: rank 0's temporary directory, broadcast.
         shared = [root]
@@ -182,9 +219,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ).eval()
         single = None
         if args.single:
-            single = transformers.AutoModelForCausalLM.from_pretrained(
-                path, dtype=dtype, local_files_only=True
-            ).to(device).eval()
+            single = (
+                transformers.AutoModelForCausalLM.from_pretrained(
+                    path, dtype=dtype, local_files_only=True
+                )
+                .to(device)
+                .eval()
+            )
         dist.barrier()  # rank 0's directory outlives every rank's load
     inputs = prompts(args, model.config.vocab_size, device)
     n = args.new_tokens
@@ -196,10 +237,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         _, first_s = timed(device, lambda: generate(model, inputs, n, compile_config=cc))
         _mark("second CompileConfig generate")
         tokens, warm_s = timed(device, lambda: generate(model, inputs, n, compile_config=cc))
-        result["compile_config"] = {"first_generate_s": first_s, "generate_s": warm_s,
-                                    "tokens_per_s": n * args.batch / warm_s,
-                                    "tokens_equal_eager_tp": int((tokens == eager).sum()),
-                                    "tokens": tokens.tolist()}  # fmt: skip
+        result["compile_config"] = {
+            "first_generate_s": first_s,
+            "generate_s": warm_s,
+            "tokens_per_s": n * args.batch / warm_s,
+            "tokens_equal_eager_tp": int((tokens == eager).sum()),
+            "tokens": tokens.tolist(),
+        }
         result["compile_config"].update(fused_summary())
         # A compiled forward: what torch.compile(model) users run, here under generate().
         forward = model.forward
@@ -212,11 +256,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         finally:
             model.forward = forward
-        result["compiled_forward"] = {"generate_s": compiled_s,
-                                      "tokens_per_s": n * args.batch / compiled_s,
-                                      "tokens_equal_eager_tp": int((compiled == eager).sum())}  # fmt: skip
-        result["eager_tp"] = {"generate_s": eager_s, "tokens_per_s": n * args.batch / eager_s,
-                              "tokens": eager.tolist()}  # fmt: skip
+        result["compiled_forward"] = {
+            "generate_s": compiled_s,
+            "tokens_per_s": n * args.batch / compiled_s,
+            "tokens_equal_eager_tp": int((compiled == eager).sum()),
+        }
+        result["eager_tp"] = {
+            "generate_s": eager_s,
+            "tokens_per_s": n * args.batch / eager_s,
+            "tokens": eager.tolist(),
+        }
         if single is not None:
             reference = generate(single, inputs, n, disable_compile=True)
             result["tokens_equal_single_device"] = int((tokens == reference).sum())
@@ -259,15 +308,20 @@ def _print(result: dict[str, Any]) -> None:
         f"tokens/s; tokens equal eager TP {fwd['tokens_equal_eager_tp']}/{total}",
     ]
     if "tokens_equal_single_device" in result:
-        lines.append(f"  tokens equal one device's eager: "
-                     f"{result['tokens_equal_single_device']}/{total}")  # fmt: skip
+        lines.append(
+            f"  tokens equal one device's eager: {result['tokens_equal_single_device']}/{total}"
+        )
     for graph in cc["graphs"]:
-        lines.append(f"  {graph['name']}: {graph['path']}, {graph['groups']} fused group(s), "
-                     f"{graph['collectives']} collective(s), {graph['local_shards']} DTensor "
-                     f"inputs as local shards")  # fmt: skip
+        lines.append(
+            f"  {graph['name']}: {graph['path']}, {graph['groups']} fused group(s), "
+            f"{graph['collectives']} collective(s), {graph['local_shards']} DTensor "
+            f"inputs as local shards"
+        )
     modes = result["stats"]["fusion_modes"]
-    lines.append(f"  signatures: {len(modes)}, modes: {sorted(set(modes.values()))}, "
-                 f"captures: {result['stats']['recordings']}")  # fmt: skip
+    lines.append(
+        f"  signatures: {len(modes)}, modes: {sorted(set(modes.values()))}, "
+        f"captures: {result['stats']['recordings']}"
+    )
     print("\n".join(lines), flush=True)
 
 

@@ -168,11 +168,25 @@ def test_vocab_parallel_lookup_rejects_an_id_outside_the_vocabulary(bad):
 def _torchrun(nproc: int, *args: str, env: dict[str, str] | None = None, timeout: int = 300):
     """Run examples/tp_generate.py on ``nproc`` processes; a run past ``timeout`` (a hung
     collective) kills the whole process group and fails the test with what it printed."""
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               f"--master_port={_free_port()}", str(ROOT / "examples" / "tp_generate.py"), *args]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        f"--master_port={_free_port()}",
+        str(ROOT / "examples" / "tp_generate.py"),
+        *args,
+    ]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT, env=environment, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=environment,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -192,8 +206,20 @@ def test_tp_plan_auto_generate_equals_eager_tp_on_two_gloo_ranks(kind, tmp_path)
     # through a compiled forward, a batch of 2 with a left-padded prompt; qwen2 ties its LM
     # head to the vocab-parallel embedding.
     prefix = tmp_path / "result"
-    proc = _torchrun(2, "--tiny", "--kind", kind, "--batch", "2", "--new-tokens", "5",
-                     "--single", "--json", str(prefix), env={"TRITON_INTERPRET": "1"})  # fmt: skip
+    proc = _torchrun(
+        2,
+        "--tiny",
+        "--kind",
+        kind,
+        "--batch",
+        "2",
+        "--new-tokens",
+        "5",
+        "--single",
+        "--json",
+        str(prefix),
+        env={"TRITON_INTERPRET": "1"},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     for result in _rank_results(prefix, 2):
         total = result["tokens_total"]

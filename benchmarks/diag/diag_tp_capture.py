@@ -52,8 +52,9 @@ def main() -> None:
             mark(f"compiled all-reduce call {call}")
             out = compiled(x, w, r)
             torch.cuda.synchronize()
-    mark(f"max diff {(out - want).abs().max().item():.3g}; stats {fusebackend.stats()['fusion_modes']} "
-         f"recordings {fusebackend.stats()['recordings']}")
+    stats = fusebackend.stats()
+    diff = (out - want).abs().max().item()
+    mark(f"max diff {diff:.3g}; modes {stats['fusion_modes']}, recordings {stats['recordings']}")
     fusebackend.clear_cache()
     torch._dynamo.reset()
     sys.argv = [sys.argv[0], "--tiny", "--batch", "2", "--new-tokens", "4"]

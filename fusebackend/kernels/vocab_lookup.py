@@ -50,8 +50,10 @@ def _check_host_ids(ids: torch.Tensor, vocab: int) -> None:
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= vocab:
             bad = low if low < 0 else high
-            raise IndexError(f"index out of range in self: embedding index {bad} is outside "
-                             f"[0, {vocab}) of a vocabulary split across ranks")  # fmt: skip
+            raise IndexError(
+                f"index out of range in self: embedding index {bad} is outside "
+                f"[0, {vocab}) of a vocabulary split across ranks"
+            )
 
 
 def _reference(ids: torch.Tensor, table: torch.Tensor, start: int) -> torch.Tensor:
@@ -110,8 +112,9 @@ def _kernel(checks: bool) -> Any:
         local = index - start
         mine = (local >= 0) & (local < rows)
         keep = cols < width
-        row = tl.load(table + local * table_row_stride + cols * table_col_stride,
-                      mask=keep & mine, other=0.0)  # fmt: skip
+        row = tl.load(
+            table + local * table_row_stride + cols * table_col_stride, mask=keep & mine, other=0.0
+        )
         tl.store(out + token * width + cols, row, mask=keep)
 
     return _vocab_parallel_lookup

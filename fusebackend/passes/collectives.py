@@ -155,7 +155,9 @@ def _vocab_parallel(node: torch.fx.Node) -> tuple[Any, ...] | None:
     if not (isinstance(table, torch.fx.Node) and isinstance(table.target, Rewrap)):
         return None
     spec = table.target.spec
-    if not (len(spec.placements) == 1 and _is_shard(spec.placements[0], 0) and len(spec.shape) == 2):
+    if not (
+        len(spec.placements) == 1 and _is_shard(spec.placements[0], 0) and len(spec.shape) == 2
+    ):
         return None
     if not (isinstance(ids, torch.fx.Node) and _replicated_from_local(ids, spec.mesh)):
         return None

@@ -64,14 +64,16 @@ class Spec:
 
     @classmethod
     def of(cls, value: Any) -> Spec:
-        return cls(value.device_mesh, tuple(value.placements), tuple(value.shape),
-                   tuple(value.stride()))  # fmt: skip
+        return cls(
+            value.device_mesh, tuple(value.placements), tuple(value.shape), tuple(value.stride())
+        )
 
     def wrap(self, local: torch.Tensor) -> Any:
         from torch.distributed.tensor import DTensor
 
-        return DTensor.from_local(local, self.mesh, self.placements, run_check=False,
-                                  shape=self.shape, stride=self.stride)  # fmt: skip
+        return DTensor.from_local(
+            local, self.mesh, self.placements, run_check=False, shape=self.shape, stride=self.stride
+        )
 
 
 class Rewrap:
@@ -144,7 +146,9 @@ def unwrap_dtensors(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> 
     as_tuple = isinstance(returned, (tuple, list))
     items = list(returned) if as_tuple else [returned]
     out_positions = [
-        j for j, a in enumerate(items) if isinstance(a, torch.fx.Node) and is_dtensor(example_value(a))
+        j
+        for j, a in enumerate(items)
+        if isinstance(a, torch.fx.Node) and is_dtensor(example_value(a))
     ]
     if not inputs and not out_positions:
         return None
@@ -164,8 +168,11 @@ def unwrap_dtensors(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> 
         output.args = (type(returned)(items) if as_tuple else items[0],)
     gm.graph.lint()
     gm.recompile()
-    log.info("DTensor inputs run as local shards: %s; outputs wrapped again: %s",
-             [placeholders[i].name for i in inputs], sorted(outputs))  # fmt: skip
+    log.info(
+        "DTensor inputs run as local shards: %s; outputs wrapped again: %s",
+        [placeholders[i].name for i in inputs],
+        sorted(outputs),
+    )
     names = tuple(placeholders[i].name for i in inputs)
     return LocalShards(tuple(inputs), parameters, outputs, names)
 
