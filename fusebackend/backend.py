@@ -446,8 +446,14 @@ def _fuse(
         cache_writes = pair_cache_writes(graph, write_cache_pair, config.index_checks)
         attention = use_decode_attention(graph, decode_attention)
     _precompile(graph)
-    return (torch.fx.GraphModule(gm, graph), reports, rejections, cache_writes, attention,
-            vocab_lookups)
+    return (
+        torch.fx.GraphModule(gm, graph),
+        reports,
+        rejections,
+        cache_writes,
+        attention,
+        vocab_lookups,
+    )
 
 
 def _precompile(graph: torch.fx.Graph) -> None:

@@ -178,8 +178,10 @@ def test_the_kernel_of_a_dynamic_graph_is_the_one_triton_compiles_once_per_confi
     program = RowProgram(
         input_dtypes=(torch.int64, torch.float32, torch.int64, torch.float32),
         lookups=(Lookup(0, 1), Lookup(2, 3)),
-        instrs=(Instr("add", (ValueRef(0), ValueRef(1)), torch.float32),
-                Instr("mul", (ValueRef(2), ValueRef(2)), torch.float32)),  # fmt: skip
+        instrs=(
+            Instr("add", (ValueRef(0), ValueRef(1)), torch.float32),
+            Instr("mul", (ValueRef(2), ValueRef(2)), torch.float32),
+        ),  # fmt: skip
         outputs=(3,),
     )
     g = torch.Generator().manual_seed(5)
@@ -226,10 +228,12 @@ def _broadcast_program():
     return RowProgram(
         input_dtypes=(torch.int64, f32, f32, f32),
         lookups=(Lookup(0, 1),),
-        instrs=(Instr("mul", (ValueRef(0), InputRef(2)), f32),
-                Instr("add", (ValueRef(1), InputRef(3)), f32),
-                Reduce("mean", ValueRef(2), f32),
-                Instr("sub", (ValueRef(2), ValueRef(3)), f32)),  # fmt: skip
+        instrs=(
+            Instr("mul", (ValueRef(0), InputRef(2)), f32),
+            Instr("add", (ValueRef(1), InputRef(3)), f32),
+            Reduce("mean", ValueRef(2), f32),
+            Instr("sub", (ValueRef(2), ValueRef(3)), f32),
+        ),  # fmt: skip
         outputs=(4, 3),
         narrow_inputs=frozenset({3}),
     )
@@ -319,7 +323,6 @@ def test_a_dynamic_graph_precompiles_the_binary_its_first_call_launches(monkeypa
     helpers.assert_fused(fusebackend.last_report())
     assert len(compiles.warmed) == 1 and len(compiles.keys) == 2
     assert set(compiles.keys) == set(compiles.warmed), (compiles.keys, compiles.warmed)
-
 
 
 def _binaries() -> int:

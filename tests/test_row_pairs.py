@@ -269,12 +269,14 @@ def test_a_pair_reads_each_set_s_own_graph_number():
     program = RowProgram(
         input_dtypes=(f32, f32, f32),  # x, w, eps (a number)
         lookups=(),
-        instrs=(Instr("mul", (InputRef(0), InputRef(0)), f32),
-                Reduce("mean", ValueRef(0), f32),
-                Instr("add", (ValueRef(1), InputRef(2)), f32),
-                Instr("rsqrt", (ValueRef(2),), f32),
-                Instr("mul", (InputRef(0), ValueRef(3)), f32),
-                Instr("mul", (ValueRef(4), InputRef(1)), f32)),  # fmt: skip
+        instrs=(
+            Instr("mul", (InputRef(0), InputRef(0)), f32),
+            Reduce("mean", ValueRef(0), f32),
+            Instr("add", (ValueRef(1), InputRef(2)), f32),
+            Instr("rsqrt", (ValueRef(2),), f32),
+            Instr("mul", (InputRef(0), ValueRef(3)), f32),
+            Instr("mul", (ValueRef(4), InputRef(1)), f32),
+        ),  # fmt: skip
         outputs=(5,),
         scalar_inputs=frozenset({2}),
     )

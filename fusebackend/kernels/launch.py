@@ -805,9 +805,7 @@ def _hint(n: Any) -> int | None:
     return int(hint) if hint is not None else None
 
 
-def hinted_examples(
-    values: Sequence[Any], device_type: str | None = "cuda"
-) -> list[Any] | None:
+def hinted_examples(values: Sequence[Any], device_type: str | None = "cuda") -> list[Any] | None:
     """A fused node's example values (fake tensors, numbers) as ``precompile`` takes them,
     symbolic sizes, strides and offsets replaced by their hints: the sizes of the call that
     Dynamo traced, so the kernel compiled is the one that call launches; later lengths of

@@ -228,6 +228,10 @@ def lower(candidate: Candidate) -> None:
     values = [example_value(m) for m in candidate.members]  # a split's value is a tuple
     candidate.rank = max(v.dim() for v in values if isinstance(v, torch.Tensor)) - 1
     candidate.program = RowProgram(
-        tuple(b.dtypes), tuple(b.lookups), tuple(b.instrs), tuple(distinct), frozenset(b.narrow),
+        tuple(b.dtypes),
+        tuple(b.lookups),
+        tuple(b.instrs),
+        tuple(distinct),
+        frozenset(b.narrow),
         frozenset(b.scalars),
     )
