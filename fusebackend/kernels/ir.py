@@ -99,9 +99,6 @@ class Instr:
         return dict(self.params)
 
 
-REDUCE_KINDS = ("sum", "mean", "max", "min")
-
-
 @dataclasses.dataclass(frozen=True)
 class Reduce:
     """A reduction of ``operand`` along the last dim, keepdim: a narrow value.
@@ -111,7 +108,7 @@ class Reduce:
     accumulates in fp32 (fp64 for fp64 programs); masked columns never contribute.
     """
 
-    kind: str  # one of REDUCE_KINDS
+    kind: str  # "sum", "mean", "max" or "min"
     operand: InputRef | ValueRef
     dtype: torch.dtype
     correction: float = 0.0

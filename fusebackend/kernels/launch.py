@@ -440,7 +440,7 @@ def _blocks(layout: str, width: int, block_d: int) -> tuple[int, int]:
 
 
 @dataclasses.dataclass
-class _Plan:
+class _LaunchPlan:
     """Which kernel, grid and launch options run one launch (a group, or a pair), and its
     arguments with ``None`` where ``tensors`` (place, index into the pool of
     ``_Plans.run``) put a tensor."""
@@ -460,7 +460,7 @@ def _plan(
     b: _Launch | None,
     device: torch.device,
     pool_offsets: tuple[int, int] = (0, 0),
-) -> _Plan:
+) -> _LaunchPlan:
     """``pool_offsets``: where the tensors of ``a`` and of ``b`` start in the pool."""
     layout = layout_for(program, a.width)
     rows = a.rows if b is None else max(a.rows, b.rows)
@@ -487,7 +487,7 @@ def _plan(
     # integer op; the index math that matters is 64-bit, so those are turned off.
     meta = {"BLOCK_R": block_r, "BLOCK_D": block_d, "CHUNKS": chunks, "ROWS_AXIS": rows_axis,
             "num_warps": num_warps, "sanitize_overflow": False}  # fmt: skip
-    return _Plan(kernel, grid, args, tensors, meta, device)
+    return _LaunchPlan(kernel, grid, args, tensors, meta, device)
 
 
 @dataclasses.dataclass
@@ -497,7 +497,7 @@ class _Plans:
     rows; two for a pair that cannot share one)."""
 
     outputs: list[tuple[list[tuple[torch.Size, torch.dtype]], torch.device]]
-    launches: list[_Plan]
+    launches: list[_LaunchPlan]
 
     def run(self, sets: Sequence[Sequence[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
         pool: list[torch.Tensor] = []

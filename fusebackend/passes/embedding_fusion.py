@@ -14,11 +14,11 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from fusebackend.passes.graph import example_value
+from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.ops import FLOATING
 
 __all__ = ["check_lookup", "embedding_args", "is_embedding"]
 
-_FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -55,7 +55,7 @@ def check_lookup(node: torch.fx.Node) -> str | None:
         return "no example value recorded for the weight, indices or result"
     if w.dim() != 2:
         return f"weight must be 2-D, got shape {tuple(w.shape)}"
-    if w.dtype not in _FLOATING:
+    if w.dtype not in FLOATING:
         return f"weight dtype {w.dtype} is not floating point"
     if i.dtype not in _INDEX_DTYPES:
         return f"indices dtype {i.dtype} is not int32/int64"

@@ -7,12 +7,17 @@ from collections.abc import Iterator
 import torch
 import torch.fx
 
-__all__ = ["example_value", "nodes_between", "static_tensor"]
+__all__ = ["example_value", "nodes_between", "placeholders", "static_tensor"]
 
 
 def example_value(node: torch.fx.Node) -> object:
     """The fake tensor (or value) Dynamo recorded for ``node``, or None."""
     return node.meta.get("example_value", node.meta.get("val"))
+
+
+def placeholders(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The graph's inputs, in order."""
+    return [n for n in graph.nodes if n.op == "placeholder"]
 
 
 def static_tensor(value: object) -> bool:

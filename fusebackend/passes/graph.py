@@ -14,6 +14,7 @@ from collections.abc import Iterable
 import torch
 import torch.fx
 
+# example_value is re-exported for backend.py only; the passes import it from fx_util
 from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.mutations import written_args
 

@@ -26,7 +26,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.fx_util import example_value, placeholders
 from fusebackend.passes.mutations import storage_id, written_args, written_storages
 
 __all__ = ["HostSplit", "hoist_host_to_device", "host_nodes", "split_host", "stage_scalars"]
@@ -51,9 +51,9 @@ def hoist_host_to_device(
 ) -> dict[int, torch.device]:
     """Rewrite ``gm`` in place; return {input index: device the runtime must move it to}."""
     moved: dict[int, torch.device] = {}
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs = placeholders(gm.graph)
     written = written_storages(gm.graph.nodes)  # clones below keep their storage ids
-    for index, node in enumerate(placeholders):
+    for index, node in enumerate(inputs):
         value = example_inputs[index] if index < len(example_inputs) else None
         if not isinstance(value, torch.Tensor) or value.device.type != "cpu" or not node.users:
             continue
@@ -218,11 +218,11 @@ def split_host(
             value = example_value(arg)
             if isinstance(value, torch.Tensor) and is_host(value):
                 return None
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    inputs = placeholders(graph)
     host_written = written_storages(hosts)
 
     host_graph = torch.fx.Graph()
-    henv: dict[torch.fx.Node, torch.fx.Node] = {p: host_graph.node_copy(p) for p in placeholders}
+    henv: dict[torch.fx.Node, torch.fx.Node] = {p: host_graph.node_copy(p) for p in inputs}
     boundary: list[torch.fx.Node] = []  # host graph values the device part reads
     boundary_meta: list[dict[str, Any]] = []
     passed: dict[torch.fx.Node, int] = {}  # host value -> its (unsnapshotted) boundary slot
@@ -242,7 +242,7 @@ def split_host(
 
     # Host part, in graph order; what each device node reads from it, as boundary slots.
     reads: dict[torch.fx.Node, dict[torch.fx.Node, int]] = {}
-    direct: set[torch.fx.Node] = set()  # placeholders the device part reads as they come
+    direct: set[torch.fx.Node] = set()  # inputs the device part reads as they come
     for node in inner:
         if node in host_set or node.op == "get_attr":  # constants: copied into both parts
             henv[node] = host_graph.node_copy(node, henv.__getitem__)
@@ -265,9 +265,9 @@ def split_host(
     # Device part: the original inputs it reads, then one placeholder per boundary slot.
     device_graph = torch.fx.Graph()
     denv: dict[torch.fx.Node, torch.fx.Node] = {}
-    device_args = [i for i, p in enumerate(placeholders) if p in direct]
+    device_args = [i for i, p in enumerate(inputs) if p in direct]
     for i in device_args:
-        denv[placeholders[i]] = device_graph.node_copy(placeholders[i])
+        denv[inputs[i]] = device_graph.node_copy(inputs[i])
     boundary_inputs = []
     for k, meta in enumerate(boundary_meta):
         ph = device_graph.placeholder(f"host_value_{k}")
@@ -290,7 +290,7 @@ def split_host(
         elif r in host_set:
             outputs.append(("host", host_returned.index(r)))
         elif r.op == "placeholder":
-            outputs.append(("arg", placeholders.index(r)))
+            outputs.append(("arg", inputs.index(r)))
         else:
             outputs.append(("device", len(device_results)))
             device_results.append(denv[r])
@@ -327,9 +327,9 @@ def stage_scalars(gm: torch.fx.GraphModule, first: int, device: torch.device) ->
     by its value: a position counter that the host part computes would re-capture at every
     step. A 0-d tensor promotes the same on either device, so moving it changes no result.
     """
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs = placeholders(gm.graph)
     changed = False
-    for node in placeholders[first:]:
+    for node in inputs[first:]:
         value = example_value(node)
         if not (isinstance(value, FakeTensor) and value.dim() == 0 and value.device.type == "cpu"):
             continue
@@ -337,7 +337,7 @@ def stage_scalars(gm: torch.fx.GraphModule, first: int, device: torch.device) ->
         on_device = all(getattr(example_value(u), "device", None) == device for u in users)
         if not users or not on_device or all(_is_device_move(u, value) for u in users):
             continue
-        with gm.graph.inserting_before(placeholders[-1].next):
+        with gm.graph.inserting_before(inputs[-1].next):
             move = gm.graph.call_method("to", (node, device))
         meta = torch.empty((), dtype=value.dtype, device="meta")
         move.meta["example_value"] = FakeTensor(value.fake_mode, meta, device)

@@ -29,8 +29,8 @@ from fusebackend.kernels.ir import (
     accumulate_dtype,
 )
 from fusebackend.passes.embedding_fusion import embedding_args
-from fusebackend.passes.graph import example_value
-from fusebackend.passes.ops import OpCall
+from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.ops import OpCall, OpKind
 from fusebackend.passes.partition import Candidate, is_alias, is_graph_scalar, match
 
 __all__ = ["lower"]
@@ -115,7 +115,7 @@ class _Builder:
         dtype = example_value(node).dtype
         name, kind = call.op.name, call.op.kind
         operands = [self.ref(call, op, dtype) for op in call.operands]
-        if kind == "elementwise":
+        if kind == OpKind.ELEMENTWISE:
             result = self.add(Instr(name, tuple(operands), dtype, _params(call)))
         elif name in _REDUCE_KIND:
             result = self.add(Reduce(_REDUCE_KIND[name], operands[0], dtype))

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 import torch
 import torch.fx
 
-from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.fx_util import example_value, placeholders
 
 __all__ = ["mutated_placeholders", "storage_id", "written_args", "written_storages"]
 
@@ -107,9 +107,9 @@ def mutated_placeholders(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     every tensor) counts as writing every input it is computed from: more inputs than
     needed are then treated as mutated, never fewer.
     """
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    inputs = placeholders(graph)
     by_storage: dict[int, list[torch.fx.Node]] = {}
-    for node in placeholders:
+    for node in inputs:
         sid = storage_id(example_value(node))
         if sid is not None:
             by_storage.setdefault(sid, []).append(node)
@@ -121,7 +121,7 @@ def mutated_placeholders(graph: torch.fx.Graph) -> list[torch.fx.Node]:
                 mutated.update(by_storage.get(sid, ()))
             else:
                 mutated.update(_ancestor_placeholders(target))
-    return [p for p in placeholders if p in mutated]
+    return [p for p in inputs if p in mutated]
 
 
 def _nodes(value: object) -> list[torch.fx.Node]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import enum
 import inspect
 import numbers
 import operator
@@ -27,7 +28,35 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["OpCall", "OpDef", "OP_TABLE", "bind_op", "lookup_op", "reduction_dim_reason"]
+__all__ = [
+    "FLOATING",
+    "OpCall",
+    "OpDef",
+    "OpKind",
+    "OP_TABLE",
+    "bind_op",
+    "lookup_op",
+    "reduction_dim_reason",
+]
+
+# The floating dtypes a group computes in and an embedding table may hold.
+FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class OpKind(str, enum.Enum):
+    """What kind of op a table row is. A ``str`` enum: a kind compares equal to its name
+    (``OpKind.NORM == "norm"``) and formats as it, so reports and reasons read the same."""
+
+    ELEMENTWISE = "elementwise"
+    REDUCTION = "reduction"  # along the last dim, keepdim
+    NORM = "norm"  # layer_norm / rms_norm over the last dim
+    SOFTMAX = "softmax"  # softmax / log_softmax along the last dim
+    MOVE = "move"  # a column rearrangement (rotate)
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +70,7 @@ class OpDef:
         check: returns a reason string when these params cannot be fused, else None.
         bool_operands: operand names that must be boolean (where's condition).
         optional: operand names that may be None (clamp's bounds, a norm's weight).
-        kind: "elementwise", "reduction" (last dim, keepdim), "norm", "softmax" or "move".
+        kind: an ``OpKind``.
     """
 
     name: str
@@ -50,7 +79,7 @@ class OpDef:
     check: Callable[[dict[str, Any]], str | None] = lambda params: None
     bool_operands: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()
-    kind: str = "elementwise"
+    kind: OpKind = OpKind.ELEMENTWISE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,10 +98,6 @@ def _reject_rounding_mode(params: dict[str, Any]) -> str | None:
 
 def _reject_inplace(params: dict[str, Any]) -> str | None:
     return "inplace=True mutates its input" if params.get("inplace") else None
-
-
-def _check_pow(params: dict[str, Any]) -> str | None:
-    return None  # the exponent's type is checked by the operand rules (must be a number)
 
 
 def _check_dropout(params: dict[str, Any]) -> str | None:
@@ -198,7 +223,8 @@ _op(
 )
 for _name in ("exp", "log", "sqrt", "rsqrt", "reciprocal", "square", "tanh", "erf", "sin", "cos"):
     _op(OpDef(_name, _U, "float"), _sig_unary, _both(_name))
-_op(OpDef("pow", ("input",), "float", _check_pow), _sig_pow, [*_both("pow"), operator.pow])
+# pow's exponent must be a number: bind_op checks it (the exponent is a param, not an operand)
+_op(OpDef("pow", ("input",), "float"), _sig_pow, [*_both("pow"), operator.pow])
 _op(OpDef("sigmoid", _U, "float"), _sig_unary, [*_both("sigmoid"), torch.special.expit])
 _op(OpDef("relu", _U, "float", _reject_inplace), _sig_unary_inplace, _both("relu"))
 _op(
@@ -269,7 +295,7 @@ _SPELLINGS[torch.dropout] = (OP_TABLE["dropout"], inspect.signature(_sig_dropout
 # Reductions along the last dim with keepdim=True (the dim is checked against the input's
 # rank by reduction_dim_reason, where the rank is known). var/std take correction (or the
 # legacy unbiased flag); the lowering writes var as mean((x - mean(x))**2, correction).
-_R = "reduction"
+_R = OpKind.REDUCTION
 _op(OpDef("sum", _U, "float", _check_reduction, kind=_R), _sig_sum, _both("sum"))
 _op(OpDef("mean", _U, "float", _check_reduction, kind=_R), _sig_sum, _both("mean"))
 _op(OpDef("amax", _U, "float", _check_reduction, kind=_R), _sig_amax, _both("amax"))
@@ -280,13 +306,13 @@ _op(OpDef("std", _U, "float", _check_reduction, kind=_R), _sig_var, _both("std")
 # Norms over the last dim. Eager computes both in fp32 for half inputs and rounds once.
 _W = ("input", "weight", "bias")
 _op(
-    OpDef("layer_norm", _W, "float", _check_norm, optional=("weight", "bias"), kind="norm"),
+    OpDef("layer_norm", _W, "float", _check_norm, optional=("weight", "bias"), kind=OpKind.NORM),
     _sig_layer_norm,
     [F.layer_norm, torch.layer_norm],
 )
 _op(
     OpDef("rms_norm", ("input", "weight"), "float", _check_norm, optional=("weight",),
-          kind="norm"),
+          kind=OpKind.NORM),
     _sig_rms_norm,
     [F.rms_norm, torch.rms_norm],
 )  # fmt: skip
@@ -296,7 +322,7 @@ _op(
 # fp64), rounded once, as eager's kernels do. F.softmax's third positional is _stacklevel,
 # torch.softmax's and Tensor.softmax's is dtype: two signatures.
 for _name in ("softmax", "log_softmax"):
-    _op(OpDef(_name, _U, "float", _check_softmax, kind="softmax"), _sig_softmax_functional,
+    _op(OpDef(_name, _U, "float", _check_softmax, kind=OpKind.SOFTMAX), _sig_softmax_functional,
         [getattr(F, _name)])  # fmt: skip
     _SPELLINGS[getattr(torch, _name)] = (OP_TABLE[_name], inspect.signature(_sig_softmax))
     _SPELLINGS[getattr(torch.Tensor, _name)] = _SPELLINGS[getattr(torch, _name)]
@@ -305,7 +331,7 @@ for _name in ("softmax", "log_softmax"):
 
 # A column rotation (rotate_half): no spelling; passes/rotation.py matches the slices,
 # negation and concatenation that spell it. Params: shift, signs.
-OP_TABLE["rotate"] = OpDef("rotate", _U, "float", kind="move")
+OP_TABLE["rotate"] = OpDef("rotate", _U, "float", kind=OpKind.MOVE)
 
 
 def lookup_op(op_kind: str, target: Any) -> tuple[OpDef, inspect.Signature] | None:
@@ -335,7 +361,7 @@ def bind_op(
     if values.pop("out", None) is not None:
         return f"{op.name} with out= writes into an existing tensor"
     operands = tuple(values.pop(name) for name in op.operands)
-    if op.kind == "norm" or op.name in ("var", "std"):
+    if op.kind == OpKind.NORM or op.name in ("var", "std"):
         values = _norm_params(op, values)
     if op.name == "pow":
         exponent = values.get("exponent")
@@ -363,8 +389,6 @@ def _bind_cast(op: OpDef, args: Sequence[Any], kwargs: dict[str, Any]) -> OpCall
     bad = sorted(set(kwargs) - {"dtype", "non_blocking", "copy", "device"})
     if bad:
         return f"cast with {bad} is not fused"
-    if kwargs.get("memory_format") is not None:
-        return "cast with memory_format is not fused"
     if not args:
         return "cast without a tensor"
     return OpCall(op, (args[0],), {})

@@ -37,8 +37,17 @@ import torch.fx
 
 from fusebackend.kernels.ir import RowProgram
 from fusebackend.passes.embedding_fusion import check_lookup, is_embedding
-from fusebackend.passes.graph import example_value, is_mutation
-from fusebackend.passes.ops import OP_TABLE, OpCall, bind_op, lookup_op, reduction_dim_reason
+from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.graph import is_mutation
+from fusebackend.passes.ops import (
+    FLOATING,
+    OP_TABLE,
+    OpCall,
+    OpKind,
+    bind_op,
+    lookup_op,
+    reduction_dim_reason,
+)
 from fusebackend.passes.rotation import Rotation, match_rotation
 from fusebackend.report import RejectionReport
 
@@ -46,7 +55,6 @@ __all__ = ["Candidate", "find_groups", "is_alias", "match"]
 
 log = logging.getLogger(__name__)
 
-FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MIN_OPS = 2  # a group must replace at least this many ops (eager kernels) to pay
 _OTHER_REDUCTIONS = {
     "max", "min", "prod", "norm", "group_norm", "batch_norm",
@@ -106,7 +114,7 @@ def match(node: torch.fx.Node) -> OpCall | str | None:
             return OpCall(OP_TABLE["rotate"], (rotation.source,), params)
         return rotation
     call = bind_op(row[0], row[1], node.args, dict(node.kwargs))
-    if isinstance(call, str) and row[0].kind == "norm":
+    if isinstance(call, str) and row[0].kind == OpKind.NORM:
         return _bind_graph_eps(row[0], row[1], node, call)
     return call
 
@@ -138,7 +146,7 @@ def _scalar_param(call: OpCall, name: str, value: Any) -> bool:
     """A param that may be a graph number (dynamic shapes pass module attributes in as
     inputs): a norm's eps (a scalar argument of the kernel) and the ``p`` of a dropout
     outside training, which returns its input whatever ``p`` is."""
-    if call.op.name == "dropout" and name == "p" or call.op.kind == "norm" and name == "eps":
+    if call.op.name == "dropout" and name == "p" or call.op.kind == OpKind.NORM and name == "eps":
         return is_graph_scalar(value)
     return False
 
@@ -149,7 +157,7 @@ def _takes_graph_scalar(call: OpCall, name: str) -> bool:
     fp32 for half and fp32 tensors (transformers' RMSNorm adds ``self.variance_epsilon``,
     a graph input under dynamic shapes). Comparisons round a number to the tensor's dtype
     first (``lowering._scalar_for``), which a value known only at run time cannot be."""
-    if call.op.kind != "elementwise" or call.op.result != "float":
+    if call.op.kind != OpKind.ELEMENTWISE or call.op.result != "float":
         return False
     return name not in call.op.bool_operands and call.op.name not in ("cast", "dropout")
 
@@ -190,10 +198,6 @@ def is_alias(call: OpCall, node: torch.fx.Node) -> bool:
         return False
     before, after = example_value(source), example_value(node)
     return isinstance(before, torch.Tensor) and before.dtype == after.dtype
-
-
-def _last_dim(value: torch.Tensor) -> int | None:
-    return value.shape[-1] if value.dim() else None
 
 
 # --- growth ---------------------------------------------------------------------------
@@ -286,8 +290,9 @@ class _Grower:
                     break
                 self.width, self.shape = saved
                 taken, new_lookups = {user: call}, []
-                if self._check_node(user, call, new_lookups):
-                    break  # cannot happen: it passed above with the same shape state
+                # it passed above from the same shape state: this only redoes its lookups
+                # and the group's shape
+                self._check_node(user, call, new_lookups)
             reason = self._legal(user, taken, new_lookups)
             if reason is None:
                 parts = [p for node, c in taken.items() if c.op.name == "rotate"
@@ -305,7 +310,7 @@ class _Grower:
         reason = self._check_result(node, call)
         if reason:
             return reason
-        if call.op.kind == "move":
+        if call.op.kind == OpKind.MOVE:
             source = call.operands[0]
             if source in self.members:
                 return _rotation_reason(source)
@@ -398,15 +403,15 @@ class _Grower:
         """Reductions reduce the last dim; every value keeps the group's row width."""
         value = example_value(user)
         reduced: tuple[torch.Size, ...] = ()
-        if call.op.kind != "elementwise":
+        if call.op.kind != OpKind.ELEMENTWISE:
             source = example_value(call.operands[0])
             if source.dim() == 0:
                 return f"{call.op.name} of a 0-d tensor"
-            if call.op.kind in ("reduction", "softmax"):
+            if call.op.kind in (OpKind.REDUCTION, OpKind.SOFTMAX):
                 reason = reduction_dim_reason(call.params, source.dim())
                 if reason:
                     return reason
-            elif call.op.kind == "norm":
+            elif call.op.kind == OpKind.NORM:
                 (size,) = call.params["normalized_shape"]
                 if not _same_size(size, source.shape[-1]):
                     return f"normalizes {size} elements of rows {source.shape[-1]} wide"
@@ -441,7 +446,7 @@ class _Grower:
         if isinstance(operand, bool) or _is_real_number(operand):
             if wants_bool:
                 return f"{name} must be a tensor"
-            if call.op.kind != "elementwise" and name == "input":
+            if call.op.kind != OpKind.ELEMENTWISE and name == "input":
                 return f"{call.op.name} of a number"
             return None
         if not isinstance(operand, torch.fx.Node):
@@ -468,7 +473,7 @@ class _Grower:
             return f"operand {name} has dtype {dtype}"
         if dtype not in (*FLOATING, torch.bool):
             return f"integer tensor operand {name} ({dtype}) is not fused"
-        if call.op.kind != "elementwise" and dtype == torch.bool:
+        if call.op.kind != OpKind.ELEMENTWISE and dtype == torch.bool:
             return f"{call.op.name} of a bool tensor"
         return None
 
@@ -593,14 +598,14 @@ class _FusionPass:
                 if reason:
                     rejections.append(RejectionReport(node.name, reason))
                     continue
-            elif node in self.part_of or _kind(node) == "other":
+            elif node in self.part_of or _kind(node) is None:
                 continue
             if not isinstance(example_value(node), torch.Tensor):
                 continue  # Python-number arithmetic (a SymInt + 1 beside a sliding window)
             grower = _Grower(self, node)
             reason = grower.start()
             if reason:
-                if match(node) is not None and _kind(node) != "elementwise":
+                if match(node) is not None and _kind(node) != OpKind.ELEMENTWISE:
                     rejections.append(RejectionReport(node.name, reason))
                 continue  # an elementwise op that cannot seed is not worth a line
             candidate = grower.grow()
@@ -609,7 +614,7 @@ class _FusionPass:
                     stops = "; ".join(s.reason for s in candidate.stops) or "unused"
                     reason = f"no fusible consumer ({stops})"
                     rejections.append(RejectionReport(node.name, reason))
-                elif _kind(node) != "elementwise":
+                elif _kind(node) != OpKind.ELEMENTWISE:
                     reason = (f"alone: a lone {_kind(node)} is one kernel in eager too; "
                               "fused only with another op")  # fmt: skip
                     rejections.append(RejectionReport(node.name, reason))
@@ -624,11 +629,12 @@ class _FusionPass:
         return groups, rejections
 
 
-def _kind(node: torch.fx.Node) -> str:
+def _kind(node: torch.fx.Node) -> OpKind | None:
+    """The node's op kind; None for a node that is not a table op."""
     row = lookup_op(node.op, node.target)
     if row is not None:
         return row[0].kind
-    return "move" if isinstance(match_rotation(node), Rotation) else "other"
+    return OpKind.MOVE if isinstance(match_rotation(node), Rotation) else None
 
 
 def find_groups(graph: torch.fx.Graph) -> tuple[list[Candidate], list[RejectionReport]]:

@@ -16,7 +16,8 @@ import torch.fx
 import torch.nn.functional as F
 
 from fusebackend.passes.embedding_fusion import embedding_args
-from fusebackend.passes.graph import example_value, resort_stably
+from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.graph import resort_stably
 from fusebackend.passes.lowering import lower
 from fusebackend.passes.partition import Candidate
 from fusebackend.passes.rotation import is_split, rotate

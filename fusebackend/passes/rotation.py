@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from fusebackend.passes.graph import example_value
+from fusebackend.passes.fx_util import example_value
 
 __all__ = ["Rotation", "is_split", "match_rotation", "rotate"]
 
