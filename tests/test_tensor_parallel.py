@@ -97,6 +97,32 @@ def test_a_dtensor_output_is_a_dtensor_again(mesh):
     assert fusebackend.last_report().graphs[0].local_shards
 
 
+def test_a_dtensor_cache_written_in_place_is_a_mutated_input(mesh):
+    # A DTensor KV cache (not a parameter) written through DTensor ops: the write is on the
+    # local shard, which the graph's mutated inputs must list (the validation run wrote it
+    # a second time, and the fused graph fell back, when they did not).
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    def f(x, cache, pos):
+        cache.index_copy_(0, pos, x)
+        cache[2:3].mul_(2.0)  # through a view of the DTensor
+        return (cache.to_local() * 2.0 + 1.0).relu()
+
+    torch.manual_seed(0)
+    caches = [distribute_tensor(torch.ones(4, 6), mesh, [Replicate()]) for _ in range(2)]
+    compiled = torch.compile(f, backend="infinifuse")
+    with torch.no_grad():
+        for step in range(3):
+            x = distribute_tensor(torch.randn(1, 6), mesh, [Replicate()])
+            pos = torch.tensor([step])
+            got, want = compiled(x, caches[0], pos), f(x, caches[1], pos)
+            torch.testing.assert_close(got, want)
+            torch.testing.assert_close(caches[0].to_local(), caches[1].to_local())
+    report = fusebackend.last_report().graphs[0]
+    assert report.mutated_inputs == ["l_cache_"], str(fusebackend.last_report())
+    assert set(fusebackend.stats()["fusion_modes"].values()) == {"fusion"}, fusebackend.stats()
+
+
 def _reduced(group: str):
     """transformers' row-parallel all-reduce as traced: x.copy_(wait(all_reduce(x)))."""
     functional = torch.ops._c10d_functional

@@ -13,6 +13,11 @@ that no DTensor crosses its boundary:
   an input is the placeholder itself; any other use reads ``DTensor.from_local(shard, ...)``
   built once in the graph, with the input's mesh, placements, global shape and stride (a
   new wrapper around the same storage: no copy).
+- A node that writes into such an input through a DTensor (``cache.index_copy_(...)`` on a
+  DTensor KV cache, ``c.add_(x)``) is followed by ``written_through(shard, node)``, which
+  declares the write on the local shard (``writes_arguments``): a DTensor's storage is not
+  its shard's, so the passes that follow writes by storage identity (mutated inputs, the
+  fusion pass's ordering, constants, the host split) would otherwise miss it.
 - A DTensor output leaves the graph as its local tensor (``to_local``) and ``bind`` wraps
   it again, with the traced mesh and placements, after the runtime returns it.
 
@@ -33,8 +38,9 @@ import torch
 import torch.fx
 
 from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.mutations import storage_id, written_args
 
-__all__ = ["LocalShards", "Rewrap", "is_dtensor", "unwrap_dtensors"]
+__all__ = ["LocalShards", "Rewrap", "is_dtensor", "unwrap_dtensors", "written_through"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +96,16 @@ class Rewrap:
 
     def __repr__(self) -> str:
         return f"Rewrap({list(self.spec.placements)}, shape={list(self.spec.shape)})"
+
+
+def written_through(shard: torch.Tensor, write: Any) -> None:
+    """Graph marker placed after ``write``, a node that writes into the DTensor input whose
+    local shard is ``shard``: nothing to run, it declares the write (``writes_arguments``)
+    for passes/mutations.py, which follows writes by storage (a DTensor's is not its
+    shard's)."""
+
+
+written_through.writes_arguments = (0,)  # type: ignore[attr-defined]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +171,7 @@ def unwrap_dtensors(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> 
     parameters = frozenset(i for i in inputs if isinstance(example_inputs[i], torch.nn.Parameter))
     for i in inputs:
         _localize(gm.graph, placeholders[i], example_inputs[i])
+    _declare_writes(gm.graph, [placeholders[i] for i in inputs])
     outputs: dict[int, Spec] = {}
     for j in out_positions:
         node = items[j]
@@ -196,3 +213,26 @@ def _localize(graph: torch.fx.Graph, placeholder: torch.fx.Node, value: Any) -> 
                 rewrapped = graph.call_function(Rewrap(spec), (placeholder,))
             rewrapped.meta["example_value"] = fake
         user.replace_input_with(placeholder, rewrapped)
+
+
+def _declare_writes(graph: torch.fx.Graph, shards: list[torch.fx.Node]) -> None:
+    """Follow each node that writes into a DTensor alias of a localized input (the Rewrap
+    node, a view of it) with ``written_through(shard, node)``. The alias is found by the
+    storage of its example value's ``_local_tensor``: a fake DTensor view's local tensor is
+    a view of its base's."""
+    by_storage = {storage_id(example_value(p)): p for p in shards}
+    by_storage.pop(None, None)
+    if not by_storage:
+        return
+    for node in list(graph.nodes):
+        written = {
+            by_storage.get(storage_id(value._local_tensor))
+            for target in written_args(node)
+            if is_dtensor(value := example_value(target))
+        }
+        written.discard(None)
+        anchor = node
+        for shard in sorted(written, key=lambda p: p.name):
+            with graph.inserting_after(anchor):
+                anchor = graph.call_function(written_through, (shard, node))
+            anchor.meta["example_value"] = None
