@@ -123,6 +123,30 @@ def test_a_dtensor_cache_written_in_place_is_a_mutated_input(mesh):
     assert set(fusebackend.stats()["fusion_modes"].values()) == {"fusion"}, fusebackend.stats()
 
 
+def test_dtensor_activations_of_changing_sizes_come_back_with_their_sizes(mesh):
+    # A DTensor activation (not a parameter) whose batch size changes: Dynamo's second
+    # compile traces it with a SymInt size, and the DTensors the graph returned carried that
+    # SymInt as their shape (TypeError: unhashable type: non-nested SymInt, on use).
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    w = _sharded(mesh, torch.randn(6, 6))
+
+    def f(x):
+        y = x * 2.0 + w.to_local().sum()
+        return {"y": y, "pair": (y.relu(), y.to_local() + 1.0)}
+
+    compiled = torch.compile(f, backend="infinifuse")
+    with torch.no_grad():
+        for rows in (3, 5, 7, 9):
+            x = distribute_tensor(torch.randn(rows, 6), mesh, [Shard(0)])
+            got, want = compiled(x), f(x)
+            for a, b in ((got["y"], want["y"]), (got["pair"][0], want["pair"][0])):
+                assert isinstance(a, DTensor) and a.shape == b.shape == (rows, 6)
+                assert a.placements == b.placements and a.stride() == b.stride()
+                torch.testing.assert_close(a.full_tensor(), b.full_tensor())
+            torch.testing.assert_close(got["pair"][1], want["pair"][1])
+
+
 def _reduced(group: str):
     """transformers' row-parallel all-reduce as traced: x.copy_(wait(all_reduce(x)))."""
     functional = torch.ops._c10d_functional

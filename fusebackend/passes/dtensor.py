@@ -30,6 +30,7 @@ projection); passes/collectives.py rewrites the common ones.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -77,9 +78,19 @@ class Spec:
     def wrap(self, local: torch.Tensor) -> Any:
         from torch.distributed.tensor import DTensor
 
+        if self.symbolic:
+            # Traced with dynamic sizes: the SymInts mean nothing at run time. from_local
+            # derives the global shape and stride from the local tensor (even shards).
+            return DTensor.from_local(local, self.mesh, self.placements, run_check=False)
         return DTensor.from_local(
             local, self.mesh, self.placements, run_check=False, shape=self.shape, stride=self.stride
         )
+
+    @functools.cached_property
+    def symbolic(self) -> bool:
+        """Does the traced shape or stride hold a SymInt (a graph compiled with dynamic
+        sizes)?"""
+        return not all(type(n) is int for n in (*self.shape, *self.stride))
 
 
 class Rewrap:
