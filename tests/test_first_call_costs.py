@@ -1,5 +1,5 @@
 """A first compiled call's costs: precompiled kernels are loaded in the compile workers
-(launch._LoadingExecutor) instead of one by one at their first launches, and the backend's
+(triton_api._LoadingExecutor) instead of one by one at their first launches, and the backend's
 passes run with Python's garbage collector paused (backend._collector_paused)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from fusebackend.kernels import launch
+from fusebackend.kernels import launch, triton_api
 
 
 class _FakeCompiled:
@@ -56,7 +56,7 @@ def _pretend_cuda(monkeypatch, current: int):
 def test_a_compiled_kernel_is_loaded_in_the_worker_on_the_compiling_device(monkeypatch):
     _pretend_cuda(monkeypatch, current=3)
     kernel = _FakeCompiled()
-    with launch._LoadingExecutor(max_workers=2, thread_name_prefix="compile") as pool:
+    with triton_api._LoadingExecutor(max_workers=2, thread_name_prefix="compile") as pool:
         assert pool.submit(lambda: kernel).result() is kernel
     ((thread, device),) = kernel.loaded_on
     assert thread.startswith("compile") and device == 3
@@ -65,8 +65,8 @@ def test_a_compiled_kernel_is_loaded_in_the_worker_on_the_compiling_device(monke
 def test_a_kernel_that_fails_to_load_is_returned_for_its_launch_to_raise(monkeypatch, caplog):
     _pretend_cuda(monkeypatch, current=0)
     kernel = _FakeCompiled(fail=True)
-    with caplog.at_level("INFO", logger="fusebackend.kernels.launch"):
-        with launch._LoadingExecutor(max_workers=1) as pool:
+    with caplog.at_level("INFO", logger="fusebackend.kernels.triton_api"):
+        with triton_api._LoadingExecutor(max_workers=1) as pool:
             assert pool.submit(lambda: kernel).result() is kernel
     assert len(kernel.loaded_on) == 1
     assert "the binary does not load" in caplog.text
@@ -78,7 +78,7 @@ def test_a_kernel_that_fails_to_load_is_returned_for_its_launch_to_raise(monkeyp
 def test_nothing_is_loaded_before_cuda_is_initialised(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     kernel = _FakeCompiled()
-    with launch._LoadingExecutor(max_workers=1) as pool:
+    with triton_api._LoadingExecutor(max_workers=1) as pool:
         assert pool.submit(lambda: kernel).result() is kernel
     assert kernel.loaded_on == []
 

@@ -268,16 +268,7 @@ class _Writer:
         ]
         for i, instr in enumerate(p.instrs):
             index = len(p.lookups) + i
-            if isinstance(instr, Reduce):
-                corr = f", correction={instr.correction:g}" if instr.correction else ""
-                desc = f"{instr.kind}({self._describe(instr.operand)}, dim=-1{corr})"
-            elif isinstance(instr, Rotate):
-                src, (a, b) = self._describe(instr.operand), instr.signs
-                desc = f"rotate({src}, shift={instr.shift}, signs=({a}, {b}))"
-            else:
-                args = ", ".join(self._describe(op) for op in instr.operands)
-                extra = "".join(f", {k}={v!r}" for k, v in instr.params)
-                desc = f"{instr.name}({args}{extra})"
+            desc = instr.describe(self._describe)
             parts.append(f"v{index} = {desc} -> {str(instr.dtype).replace('torch.', '')}")
         outs = ", ".join(f"v{v}" for v in p.outputs)
         layout = f"layout: {self.layout}"
@@ -549,7 +540,7 @@ class _Writer:
         instr = self.p.instrs[operand.index - len(self.p.lookups)]
         if isinstance(instr, Rotate):
             return  # reads a row input, no narrow value
-        for op in instr.operands if isinstance(instr, Instr) else (instr.operand,):
+        for op in instr.operands:
             self._narrow_deps(op, seen)
 
     # -- outputs ---------------------------------------------------------------------------

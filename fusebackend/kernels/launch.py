@@ -1,26 +1,20 @@
 """Compile generated kernels once and launch them: the public ``row_kernel`` launcher.
 
-Triton's JIT reads a kernel's source from its file, so each generated module is written
-to a per-user cache directory (named by a hash of its source) and imported from there.
-Kernels are cached in-process by (RowProgram, rank, KernelOptions, layout): the program
-names no graph node, so the same group in every layer of a model compiles once. Triton
-caches the binaries per argument specialisation (dtypes, 16-byte alignment, strides equal
-to 1).
+Generated source is imported through ``triton_api.import_source`` (Triton's JIT reads a
+kernel's source from its file). Kernels are cached in-process by (RowProgram, rank,
+KernelOptions, layout): the program names no graph node, so the same group in every layer
+of a model compiles once. Triton caches the binaries per argument specialisation (dtypes,
+16-byte alignment, strides equal to 1).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import functools
-import hashlib
-import importlib.util
 import logging
-import os
-import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -31,10 +25,34 @@ from fusebackend.kernels.configs import (
     launch_config,
     layout_for,
 )
-from fusebackend.kernels.ir import InputRef, KernelOptions, Reduce, Rotate, RowProgram, ValueRef
+from fusebackend.kernels.ir import (
+    KernelOptions,
+    RowProgram,
+    ShapeRecipe,
+    broadcast_shapes,
+    shape_pattern,
+    shape_recipe,
+    value_shapes,
+)
+
+# The Triton-facing names this module has always offered (backend.py, the hand-written
+# kernels, benchmarks and tests import them from here); they live in triton_api.py.
+from fusebackend.kernels.triton_api import (
+    import_source,
+    interpreter_enabled,
+    precompile_all,
+    triton_usable,
+    warmup_pointer,
+    warmup_pointer_of,
+)
+from fusebackend.kernels.triton_api import warmup as _warmup
+
+_import_source = import_source  # benchmarks/diag import it by this name
 
 __all__ = [
     "TensorExample",
+    "broadcast_shapes",
+    "interpreter_enabled",
     "hinted_examples",
     "kernel_source",
     "launch_rank",
@@ -45,35 +63,14 @@ __all__ = [
     "row_kernel_pair",
     "triton_usable",
     "value_shapes",
+    "warmup_pointer",
+    "warmup_pointer_of",
 ]
 
 log = logging.getLogger(__name__)
 
 _KERNELS: dict[tuple[RowProgram, int, KernelOptions, str, bool], Any] = {}
 _LOCK = threading.Lock()
-
-
-@functools.cache
-def _triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except Exception as exc:  # a broken install must not break the unfused path
-        log.info("Triton is not importable (%s); fused groups use the torch reference", exc)
-        return False
-    return True
-
-
-def interpreter_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def triton_usable(device: torch.device) -> bool:
-    """Can generated kernels run for tensors on ``device``?"""
-    if not _triton_importable():
-        return False
-    if device.type == "cuda":
-        return torch.cuda.is_available() and not interpreter_enabled()
-    return device.type == "cpu" and interpreter_enabled()
 
 
 @functools.lru_cache(maxsize=1024)
@@ -101,98 +98,8 @@ def _compiled_kernel(
         if key not in _KERNELS:
             generate = generate_pair_source if pair else generate_source
             name, source = generate(program, rank, options, layout)
-            _KERNELS[key] = getattr(_import_source(name, source), name)
+            _KERNELS[key] = getattr(import_source(name, source), name)
         return _KERNELS[key]
-
-
-def _import_source(name: str, source: str) -> Any:
-    directory = os.path.join(tempfile.gettempdir(), f"fusebackend-{os.getuid()}")
-    os.makedirs(directory, exist_ok=True)
-    digest = hashlib.sha1(source.encode()).hexdigest()[:16]
-    path = os.path.join(directory, f"{name}_{digest}.py")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(tmp, "w") as handle:
-            handle.write(source)
-        os.replace(tmp, path)  # atomic: concurrent processes never see half a file
-    module_spec = importlib.util.spec_from_file_location(f"fusebackend_generated.{name}", path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
-
-
-def value_shapes(
-    program: RowProgram, inputs: Sequence[torch.Tensor]
-) -> tuple[list[torch.Size], torch.Size]:
-    """(shape of every value, the group's shape), from the input shapes (eager broadcasting).
-
-    The group's shape also covers the operands of reductions, whose rows the kernel reads
-    although no value of the program has their width.
-    """
-    shapes: list[torch.Size] = []
-    reduced: list[torch.Size] = []
-    for lookup in program.lookups:
-        index, table = inputs[lookup.index_slot], inputs[lookup.table_slot]
-        shapes.append(torch.Size((*index.shape, table.shape[1])))
-    for instr in program.instrs:
-        operands = (instr.operand,) if isinstance(instr, Reduce | Rotate) else instr.operands
-        operand_shapes = []
-        for operand in operands:
-            if isinstance(operand, ValueRef):
-                operand_shapes.append(shapes[operand.index])
-            elif isinstance(operand, InputRef):
-                operand_shapes.append(_shape(inputs[operand.slot]))
-        if isinstance(instr, Reduce):
-            (shape,) = operand_shapes
-            if not program.operand_is_narrow(instr.operand):
-                reduced.append(shape)
-            shapes.append(torch.Size((*shape[:-1], 1)))
-        elif isinstance(instr, Rotate):
-            (shape,) = operand_shapes
-            reduced.append(shape)  # its columns move: it must span the whole row
-            if not 0 < instr.shift < shape[-1]:
-                raise ValueError(f"a rotation by {instr.shift} of rows {shape[-1]} wide")
-            shapes.append(shape)
-        else:
-            shapes.append(broadcast_shapes(*operand_shapes))
-    group_shape = broadcast_shapes(*shapes, *reduced)
-    for shape in reduced:
-        if shape[-1] != group_shape[-1]:
-            raise ValueError(
-                f"a reduction or rotation reads rows of width {shape[-1]} in a group of width "
-                f"{group_shape[-1]} (shape {tuple(group_shape)})"
-            )
-    return shapes, group_shape
-
-
-_NO_DIMS = torch.Size(())
-
-
-def _shape(value: Any) -> torch.Size:
-    """A tensor's shape; a number (a scalar input) has none."""
-    return value.shape if isinstance(value, torch.Tensor) else _NO_DIMS
-
-
-def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
-    """Eager's broadcasting of concrete shapes, for the per-call path.
-
-    ``torch.broadcast_shapes`` goes through the symbolic-shape reference implementation:
-    24.5 us a call for three shapes on a CPU against 1.7 us for this loop, and the launcher
-    broadcasts 6 times per call of a two-lookup chain (an uncaptured call of that chain
-    with a no-op kernel went from 164 to 87 us).
-    """
-    rank = max((len(shape) for shape in shapes), default=0)
-    out = [1] * rank
-    for shape in shapes:
-        for dim, size in enumerate(shape, rank - len(shape)):
-            if size != 1:
-                if out[dim] != 1 and out[dim] != size:
-                    raise RuntimeError(
-                        f"shapes {[tuple(s) for s in shapes]} cannot be broadcast together"
-                    )
-                out[dim] = size
-    return torch.Size(out)
 
 
 def check_indices(spec: RowProgram, inputs: Sequence[torch.Tensor]) -> None:
@@ -241,84 +148,6 @@ def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-@dataclasses.dataclass(frozen=True)
-class _ShapeRecipe:
-    """How a launch's group shape and output shapes follow from its inputs' sizes, for
-    inputs of one pattern (``_pattern``: dtypes, ranks, which dims are 1, row widths).
-
-    ``value_shapes`` broadcasts every value of the program (~35 us for BERT's embeddings
-    group of 3 lookups and 2 norms on a CPU); under dynamic shapes a new sequence length
-    keeps the pattern, so the broadcast is derived once per pattern and a new length only
-    reads the sizes: each group dim's from one input dim, with every other non-1 input dim
-    checked equal to it (a mismatch takes the full path, which raises eager's error)."""
-
-    group: tuple[tuple[int, int], ...]  # per group dim: (slot, dim) giving its size; (-1, 0): 1
-    checks: tuple[tuple[int, int, int], ...]  # (slot, dim, group dim): non-1 sizes to compare
-    outputs: tuple[tuple[int, ...], ...]  # per output: the group dim of each dim, -1 for 1
-
-    def shapes(self, inputs: Sequence[Any]) -> tuple[list[torch.Size], torch.Size] | None:
-        group = [1 if slot < 0 else inputs[slot].shape[dim] for slot, dim in self.group]
-        for slot, dim, j in self.checks:
-            if inputs[slot].shape[dim] != group[j]:
-                return None
-        outputs = [torch.Size([1 if j < 0 else group[j] for j in dims]) for dims in self.outputs]
-        return outputs, torch.Size(group)
-
-
-def _aligned_dims(program: RowProgram, inputs: Sequence[Any], rank: int):
-    """(slot, dim, group dim) of every input dim that lines up with a dim of a group of
-    ``rank`` dims (an index's dims with the row dims, a table's width with the last)."""
-    for slot, t in enumerate(inputs):
-        if slot in program.scalar_inputs:
-            continue
-        if slot in program.table_slots:
-            yield slot, 1, rank - 1
-        elif slot in program.index_slots:
-            yield from ((slot, d, rank - 1 - t.dim() + d) for d in range(t.dim()))
-        else:
-            yield from ((slot, d, rank - t.dim() + d) for d in range(t.dim()))
-
-
-def _recipe(
-    program: RowProgram,
-    inputs: Sequence[Any],
-    outputs: Sequence[torch.Size],
-    group_shape: torch.Size,
-) -> _ShapeRecipe | None:
-    rank = len(group_shape)
-    group: list[tuple[int, int] | None] = [None if n != 1 else (-1, 0) for n in group_shape]
-    checks = []
-    for slot, dim, j in _aligned_dims(program, inputs, rank):
-        if j < 0 or inputs[slot].shape[dim] == 1:
-            continue
-        if group[j] is None:
-            group[j] = (slot, dim)
-        else:
-            checks.append((slot, dim, j))
-    if any(g is None for g in group):
-        return None  # a size no input gives (cannot happen): the full path every time
-    maps = []
-    for shape in outputs:
-        offset = rank - len(shape)
-        maps.append(tuple(-1 if n == 1 and group_shape[offset + i] != 1 else offset + i
-                          for i, n in enumerate(shape)))  # fmt: skip
-    return _ShapeRecipe(tuple(group), tuple(checks), tuple(maps))  # type: ignore[arg-type]
-
-
-def _pattern(program: RowProgram, inputs: Sequence[Any]) -> tuple[Any, ...]:
-    """What a ``_ShapeRecipe`` holds for: per input its dtype, device, which dims are 1 and
-    its row width (not an index's last dim: that is a row dim)."""
-    key: list[Any] = []
-    for slot, t in enumerate(inputs):
-        if slot in program.scalar_inputs:
-            key.append(None)
-            continue
-        ones = tuple(n == 1 for n in t.shape)
-        width = None if slot in program.index_slots or not ones else t.shape[-1]
-        key.append((t.dtype, t.device, ones, width))
-    return tuple(key)
-
-
 @dataclasses.dataclass
 class _Launch:
     """One set of inputs of a kernel: its argument list, with ``None`` where a tensor goes
@@ -336,14 +165,14 @@ class _Launch:
 def _prepare(
     program: RowProgram,
     inputs: Sequence[torch.Tensor],
-    recipes: dict[Any, _ShapeRecipe | None] | None = None,
+    recipes: dict[Any, ShapeRecipe | None] | None = None,
 ) -> _Launch:
     """The kernel's arguments for tensors shaped like ``inputs`` (shapes, strides and dtypes
     are read; the tensors themselves are filled in by ``_Plans.run``). ``recipes``: a
-    caller's ``_ShapeRecipe`` per input pattern, used and filled in."""
+    caller's ``ShapeRecipe`` per input pattern, used and filled in."""
     found = None
     if recipes is not None:
-        pattern = _pattern(program, inputs)
+        pattern = shape_pattern(program, inputs)
         recipe = recipes.get(pattern)
         found = recipe.shapes(inputs) if recipe is not None else None
     if found is not None:
@@ -352,7 +181,7 @@ def _prepare(
         shapes, group_shape = value_shapes(program, inputs)
         out_shapes = [shapes[v] for v in program.outputs]
         if recipes is not None and pattern not in recipes:
-            recipes[pattern] = _recipe(program, inputs, out_shapes, group_shape)
+            recipes[pattern] = shape_recipe(program, inputs, out_shapes, group_shape)
     lead, width = group_shape[:-1], group_shape[-1]
     narrow_shape = torch.Size((*lead, 1))
     rows = lead.numel()
@@ -519,7 +348,7 @@ def _make_plans(
     program: RowProgram,
     options: KernelOptions,
     sets: Sequence[Sequence[torch.Tensor]],
-    recipes: dict[Any, _ShapeRecipe | None] | None = None,
+    recipes: dict[Any, ShapeRecipe | None] | None = None,
 ) -> _Plans:
     launches = [_prepare(program, inputs, recipes) for inputs in sets]
     devices = [_device(inputs) for inputs in sets]
@@ -545,9 +374,9 @@ def _make_plans(
 # no-op kernel, 2026-11-23): an uncaptured call took 95-140 us with the launch built at every
 # call and 48 us with it kept (of which Dynamo and the graph cache take most).
 # A signature seen for the first time (a new sequence length under dynamic shapes) reuses
-# the ``_ShapeRecipe`` of its pattern, kept in the same dict under ``_RECIPES``.
+# the ``ShapeRecipe`` of its pattern, kept in the same dict under ``_RECIPES``.
 _MAX_PLANS = 64  # per group: past it (dynamic shapes), the oldest signature's launch goes
-_RECIPES = "shape recipes"  # plans[_RECIPES]: pattern -> _ShapeRecipe (or None)
+_RECIPES = "shape recipes"  # plans[_RECIPES]: pattern -> ShapeRecipe (or None)
 
 
 def _device(inputs: Sequence[Any]) -> torch.device:
@@ -622,110 +451,6 @@ def row_kernel_pair(
     return _launch_sets(program, options, (first, second), plans)
 
 
-def precompile_all(jobs: Sequence[Callable[[], None]], threads: int | None = None) -> int:
-    """Run every job (``functools.partial(precompile, ...)`` or another kernel's warm-up),
-    compiling the distinct kernels concurrently (Triton's ``AsyncCompileMode`` over a thread
-    pool: the compiler's passes and ptxas run outside the GIL), and loading each compiled
-    kernel in the same worker (``_LoadingExecutor``). Returns the number of jobs that failed
-    to warm up or to compile; their kernels compile at their first launch, where an error is
-    raised and handled as before.
-
-    ``threads``: by default one per CPU core, up to 32. With 8 threads on the H100 machine's
-    16 cores, generate()'s 113 launches of a 22-layer Llama took 2.0-2.1 s (2026-11-23).
-    """
-    if threads is None:
-        threads = max(1, min(32, os.cpu_count() or 8))
-    try:
-        from triton.runtime import _async_compile
-    except ImportError:  # an older Triton: compile at first launch, one by one
-        return 0
-    if _async_compile.active_mode.get() is not None:
-        log.info("another AsyncCompileMode is active; kernels compile at their launches")
-        return len(jobs)
-    failed, mode = 0, None
-    try:
-        with _LoadingExecutor(max_workers=threads) as pool:
-            mode = _async_compile.AsyncCompileMode(pool, ignore_errors=True)
-            with mode:
-                for job in jobs:
-                    try:
-                        job()
-                    except Exception as exc:  # the launch compiles it and raises there
-                        failed += 1
-                        log.info("precompile failed (%s); it compiles at its launch", exc)
-    finally:
-        # The mode switches itself off only after waiting on every compile: an interrupt
-        # during that wait would leave it on for this thread, and every later Triton
-        # compile here (anyone's) would go to the shut-down pool.
-        if mode is not None and _async_compile.active_mode.get() is mode:
-            _async_compile.active_mode.set(None)
-    return failed + sum(1 for f in mode.raw_futures if f.exception() is not None)
-
-
-class _LoadingExecutor(concurrent.futures.ThreadPoolExecutor):
-    """A thread pool whose jobs, Triton's compiles, also load the kernel they compiled.
-
-    A warm-up (``JITFunction.warmup``) compiles a kernel but leaves its loading to the first
-    launch: building its C launcher (with gcc where Triton's cache lacks it, ~0.3 s each)
-    and loading the binary onto the device, one kernel after another on the caller's
-    thread. Done here, they run concurrently with the other compiles: on an H100 with an
-    empty Triton cache, the first runs of a TinyLlama decode step's first call took
-    0.29-0.42 s against 3.05-3.52 s with the loads at the launches (2026-11-25,
-    ``benchmarks/results/first_call_ab_h100.txt``).
-    """
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        # Triton loads a kernel onto the current device: the one the warm-up runs under.
-        device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
-        return super().submit(_compile_and_load, fn, device, *args, **kwargs)
-
-
-def _compile_and_load(compile_fn: Callable[..., Any], device: int | None, *args: Any,
-                      **kwargs: Any) -> Any:  # fmt: skip
-    kernel = compile_fn(*args, **kwargs)
-    load = getattr(kernel, "_init_handles", None)  # Triton's CompiledKernel (3.6, 3.7)
-    if load is not None and device is not None:
-        try:
-            with torch.cuda.device(device):
-                load()
-        except Exception as exc:  # noqa: BLE001  (its first launch raises the error)
-            log.info("loading a precompiled kernel failed (%s); its launch raises", exc)
-            if getattr(kernel, "module", None) is None and hasattr(kernel, "_run"):
-                # Triton sets the launcher before it loads the binary: a load that failed
-                # would leave a launcher with no function, and the launch would fail with
-                # a TypeError instead of the load's error. Unset, the launch loads again.
-                kernel._run = None
-    return kernel
-
-
-def warmup_pointer(dtype: torch.dtype, address: int) -> Any:
-    """A tensor as ``JITFunction.warmup`` sees it: a dtype and an address. Triton
-    specialises pointers on 16-byte alignment, so a view at a byte offset is given that
-    offset as its address (bases count as aligned: fresh allocations are)."""
-    return _pointer_class()(dtype, address)
-
-
-def warmup_pointer_of(tensor: torch.Tensor) -> Any:
-    """``tensor`` as its launch will show it to Triton: its dtype at its view's byte offset
-    (fake tensors suffice)."""
-    return warmup_pointer(tensor.dtype, tensor.storage_offset() * tensor.element_size())
-
-
-@functools.cache
-def _pointer_class() -> type:
-    from triton.runtime.jit import MockTensor
-
-    class Pointer(MockTensor):
-        def __init__(self, dtype: torch.dtype, address: int) -> None:
-            super().__init__(dtype)
-            self.address = address
-
-        def data_ptr(self) -> int:  # type: ignore[override]
-            return self.address
-
-    return Pointer
-
-
 def _pairable(a: _Launch, b: _Launch) -> bool:
     return bool(a.args and b.args) and (a.rank, a.width) == (b.rank, b.width)
 
@@ -766,10 +491,6 @@ def precompile(
     device = _device(inputs)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         _warmup(plan.kernel, plan.grid, args, plan.meta)
-
-
-def _warmup(kernel: Any, grid: tuple[int, int], args: list[Any], meta: dict[str, Any]) -> None:
-    kernel.warmup(*args, grid=grid, **meta)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,191 @@
+"""Everything that touches Triton's API, in one module: whether Triton imports and can run
+here (the probe), importing generated kernel source, and compiling kernels ahead of their
+launches (``JITFunction.warmup`` under Triton's private ``AsyncCompileMode``).
+
+Triton is imported inside the functions, never at module level: importing ``kernels``
+must not import Triton (a machine without it still compiles graphs, unfused).
+``runtime/stats.py`` has its own copy of the import probe (``_triton_importable``): the
+runtime imports nothing from ``kernels``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import hashlib
+import importlib.util
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = [
+    "import_source",
+    "interpreter_enabled",
+    "precompile_all",
+    "triton_importable",
+    "triton_usable",
+    "warmup",
+    "warmup_pointer",
+    "warmup_pointer_of",
+]
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def triton_importable() -> bool:
+    """Does Triton import? (Asked once; a failure is logged and remembered.)"""
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # a broken install must not break the unfused path
+        log.info("Triton is not importable (%s); fused groups use the torch reference", exc)
+        return False
+    return True
+
+
+def interpreter_enabled() -> bool:
+    """Is Triton's interpreter on (``TRITON_INTERPRET=1``: kernels run on the CPU)?"""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_usable(device: torch.device) -> bool:
+    """Can generated kernels run for tensors on ``device``?"""
+    if not triton_importable():
+        return False
+    if device.type == "cuda":
+        return torch.cuda.is_available() and not interpreter_enabled()
+    return device.type == "cpu" and interpreter_enabled()
+
+
+def import_source(name: str, source: str) -> Any:
+    """Import generated kernel source as a module. Triton's JIT reads a kernel's source from
+    its file, so the module is written to a per-user cache directory (named by a hash of
+    its source) and imported from there."""
+    directory = os.path.join(tempfile.gettempdir(), f"fusebackend-{os.getuid()}")
+    os.makedirs(directory, exist_ok=True)
+    digest = hashlib.sha1(source.encode()).hexdigest()[:16]
+    path = os.path.join(directory, f"{name}_{digest}.py")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "w") as handle:
+            handle.write(source)
+        os.replace(tmp, path)  # atomic: concurrent processes never see half a file
+    module_spec = importlib.util.spec_from_file_location(f"fusebackend_generated.{name}", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def warmup(kernel: Any, grid: tuple[int, int], args: list[Any], meta: dict[str, Any]) -> None:
+    """Compile ``kernel`` for these arguments without launching it (``JITFunction.warmup``)."""
+    kernel.warmup(*args, grid=grid, **meta)
+
+
+def precompile_all(jobs: Sequence[Callable[[], None]], threads: int | None = None) -> int:
+    """Run every job (``functools.partial(launch.precompile, ...)`` or another kernel's warm-up),
+    compiling the distinct kernels concurrently (Triton's ``AsyncCompileMode`` over a thread
+    pool: the compiler's passes and ptxas run outside the GIL), and loading each compiled
+    kernel in the same worker (``_LoadingExecutor``). Returns the number of jobs that failed
+    to warm up or to compile; their kernels compile at their first launch, where an error is
+    raised and handled as before.
+
+    ``threads``: by default one per CPU core, up to 32. With 8 threads on the H100 machine's
+    16 cores, generate()'s 113 launches of a 22-layer Llama took 2.0-2.1 s (2026-11-23).
+    """
+    if threads is None:
+        threads = max(1, min(32, os.cpu_count() or 8))
+    try:
+        from triton.runtime import _async_compile
+    except ImportError:  # an older Triton: compile at first launch, one by one
+        return 0
+    if _async_compile.active_mode.get() is not None:
+        log.info("another AsyncCompileMode is active; kernels compile at their launches")
+        return len(jobs)
+    failed, mode = 0, None
+    try:
+        with _LoadingExecutor(max_workers=threads) as pool:
+            mode = _async_compile.AsyncCompileMode(pool, ignore_errors=True)
+            with mode:
+                for job in jobs:
+                    try:
+                        job()
+                    except Exception as exc:  # the launch compiles it and raises there
+                        failed += 1
+                        log.info("precompile failed (%s); it compiles at its launch", exc)
+    finally:
+        # The mode switches itself off only after waiting on every compile: an interrupt
+        # during that wait would leave it on for this thread, and every later Triton
+        # compile here (anyone's) would go to the shut-down pool.
+        if mode is not None and _async_compile.active_mode.get() is mode:
+            _async_compile.active_mode.set(None)
+    return failed + sum(1 for f in mode.raw_futures if f.exception() is not None)
+
+
+class _LoadingExecutor(concurrent.futures.ThreadPoolExecutor):
+    """A thread pool whose jobs, Triton's compiles, also load the kernel they compiled.
+
+    A warm-up (``JITFunction.warmup``) compiles a kernel but leaves its loading to the first
+    launch: building its C launcher (with gcc where Triton's cache lacks it, ~0.3 s each)
+    and loading the binary onto the device, one kernel after another on the caller's
+    thread. Done here, they run concurrently with the other compiles: on an H100 with an
+    empty Triton cache, the first runs of a TinyLlama decode step's first call took
+    0.29-0.42 s against 3.05-3.52 s with the loads at the launches (2026-11-25,
+    ``benchmarks/results/first_call_ab_h100.txt``).
+    """
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        # Triton loads a kernel onto the current device: the one the warm-up runs under.
+        device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+        return super().submit(_compile_and_load, fn, device, *args, **kwargs)
+
+
+def _compile_and_load(compile_fn: Callable[..., Any], device: int | None, *args: Any,
+                      **kwargs: Any) -> Any:  # fmt: skip
+    kernel = compile_fn(*args, **kwargs)
+    load = getattr(kernel, "_init_handles", None)  # Triton's CompiledKernel (3.6, 3.7)
+    if load is not None and device is not None:
+        try:
+            with torch.cuda.device(device):
+                load()
+        except Exception as exc:  # noqa: BLE001  (its first launch raises the error)
+            log.info("loading a precompiled kernel failed (%s); its launch raises", exc)
+            if getattr(kernel, "module", None) is None and hasattr(kernel, "_run"):
+                # Triton sets the launcher before it loads the binary: a load that failed
+                # would leave a launcher with no function, and the launch would fail with
+                # a TypeError instead of the load's error. Unset, the launch loads again.
+                kernel._run = None
+    return kernel
+
+
+def warmup_pointer(dtype: torch.dtype, address: int) -> Any:
+    """A tensor as ``JITFunction.warmup`` sees it: a dtype and an address. Triton
+    specialises pointers on 16-byte alignment, so a view at a byte offset is given that
+    offset as its address (bases count as aligned: fresh allocations are)."""
+    return _pointer_class()(dtype, address)
+
+
+def warmup_pointer_of(tensor: torch.Tensor) -> Any:
+    """``tensor`` as its launch will show it to Triton: its dtype at its view's byte offset
+    (fake tensors suffice)."""
+    return warmup_pointer(tensor.dtype, tensor.storage_offset() * tensor.element_size())
+
+
+@functools.cache
+def _pointer_class() -> type:
+    from triton.runtime.jit import MockTensor
+
+    class Pointer(MockTensor):
+        def __init__(self, dtype: torch.dtype, address: int) -> None:
+            super().__init__(dtype)
+            self.address = address
+
+        def data_ptr(self) -> int:  # type: ignore[override]
+            return self.address
+
+    return Pointer
