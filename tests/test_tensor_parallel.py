@@ -215,16 +215,73 @@ def test_vocab_parallel_lookup_rejects_an_id_outside_the_vocabulary(bad):
         vocab_parallel_lookup(ids, table, 13, 41, True)
 
 
-def _torchrun(nproc: int, *args: str, env: dict[str, str] | None = None, timeout: int = 300):
-    """Run examples/tp_generate.py on ``nproc`` processes; a run past ``timeout`` (a hung
-    collective) kills the whole process group and fails the test with what it printed."""
+_VOCAB_SCRIPT = """
+import os, sys, json, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+import fusebackend
+
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+vocab = int(sys.argv[1])
+torch.manual_seed(0)
+table = distribute_tensor(torch.randn(vocab, 8), mesh, [Shard(0)])
+table = torch.nn.Parameter(table, requires_grad=False)
+
+
+def f(ids):
+    # DTensor's vocab-parallel embedding, redistribute's arguments by position
+    rows = torch.nn.functional.embedding(DTensor.from_local(ids, mesh, [Replicate()],
+                                                            run_check=False), table)
+    return (rows.redistribute(mesh, [Replicate()]).to_local() * 2.0 + 1.0).relu()
+
+
+compiled = torch.compile(f, backend="infinifuse")
+equal = []
+with torch.no_grad():
+    for dtype in (torch.int64, torch.int32):
+        ids = torch.arange(vocab, dtype=dtype).flip(0).reshape(1, vocab)
+        equal.append(bool(torch.equal(compiled(ids), f(ids))))
+lookups = [g.vocab_lookups for g in fusebackend.reports().graphs]
+with open(f"{sys.argv[2]}.rank{dist.get_rank()}.json", "w") as out:
+    json.dump({"equal": equal, "lookups": lookups}, out)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("vocab", [41, 40])
+def test_vocab_parallel_lookup_with_uneven_shards_on_two_gloo_ranks(vocab, tmp_path):
+    # 41 rows over 2 ranks: 21 and 20 (the second rank's ids start at 21); redistribute's
+    # mesh and placements by position (the rewrite matched keywords only: no kernel ran).
+    script = tmp_path / "vocab.py"
+    script.write_text(_VOCAB_SCRIPT)
+    prefix = tmp_path / "result"
+    proc = _torchrun(
+        2, str(vocab), str(prefix), env={"TRITON_INTERPRET": "1"}, script=script, timeout=180
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    for result in _rank_results(prefix, 2):
+        assert result["equal"] == [True, True], result
+        assert result["lookups"] and all(result["lookups"]), result
+
+
+def _torchrun(
+    nproc: int,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: int = 300,
+    script: Path = ROOT / "examples" / "tp_generate.py",
+):
+    """Run ``script`` (examples/tp_generate.py) on ``nproc`` processes; a run past
+    ``timeout`` (a hung collective) kills the whole process group and fails the test with
+    what it printed."""
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         f"--nproc_per_node={nproc}",
         f"--master_port={_free_port()}",
-        str(ROOT / "examples" / "tp_generate.py"),
+        str(script),
         *args,
     ]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}

@@ -166,7 +166,13 @@ def _vocab_parallel(node: torch.fx.Node) -> tuple[Any, ...] | None:
     (redistribute,) = node.users
     if not (redistribute.op == "call_method" and redistribute.target == "redistribute"):
         return None
-    placements = redistribute.kwargs.get("placements", redistribute.args[2:3] or None)
+    # redistribute(device_mesh=None, placements=None, *, async_op=False): by position or
+    # by keyword (transformers passes keywords; a model's own code may not).
+    args = list(redistribute.args) + [None] * (3 - len(redistribute.args))
+    target_mesh = redistribute.kwargs.get("device_mesh", args[1])
+    placements = redistribute.kwargs.get("placements", args[2])
+    if _mesh_of(target_mesh) not in (None, spec.mesh):
+        return None  # to another mesh: not this lookup's all-reduce
     if placements is None or len(placements) != 1 or not _is_replicate(placements[0]):
         return None
     if len(redistribute.users) != 1:
@@ -194,6 +200,14 @@ def _replicated_from_local(node: torch.fx.Node, mesh: Any) -> bool:
         and _is_replicate(placements[0])
         and isinstance(node.args[0], torch.fx.Node)
     )
+
+
+def _mesh_of(value: Any) -> Any:
+    """The DeviceMesh ``value`` is (a graph input's: Dynamo passes the mesh as one, its
+    ``grapharg`` holds the real object), or None where unknown."""
+    if isinstance(value, torch.fx.Node):
+        value = getattr(value.meta.get("grapharg"), "example", None)
+    return value if type(value).__name__ == "DeviceMesh" else None
 
 
 def _is_shard(placement: Any, dim: int) -> bool:
