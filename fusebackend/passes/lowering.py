@@ -30,8 +30,14 @@ from fusebackend.kernels.ir import (
 )
 from fusebackend.passes.embedding_fusion import embedding_args
 from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.groups import (
+    Candidate,
+    LoweredGroup,
+    is_alias,
+    is_graph_scalar,
+    match,
+)
 from fusebackend.passes.ops import OpCall, OpKind
-from fusebackend.passes.partition import Candidate, is_alias, is_graph_scalar, match
 
 __all__ = ["lower"]
 
@@ -199,20 +205,29 @@ class _Builder:
         return self.add(Instr("cast", (y,), dtype))
 
 
-def lower(candidate: Candidate) -> None:
-    """Fill ``candidate.program``, ``rank``, ``inputs`` (graph values read) and ``outputs``."""
+def lower(candidate: Candidate) -> LoweredGroup:
+    """The group lowered to a ``RowProgram``, with the graph values it reads (``inputs``)
+    and replaces (``outputs``). Kept as ``candidate.lowered`` (the one field lowering sets:
+    the backend and the rewrite read the program through the candidate)."""
+    lowered = _lowered(candidate)
+    candidate.lowered = lowered
+    return lowered
+
+
+def _lowered(candidate: Candidate) -> LoweredGroup:
     b = _Builder()
     for node in candidate.lookups:
         args = embedding_args(node)
         lookup = Lookup(b.slot(args["input"], "index"), b.slot(args["weight"], "table"))
         b.lookups.append(lookup)
         b.values[node] = len(b.lookups) - 1
+    calls: dict[torch.fx.Node, OpCall] = {}
     for node in candidate.ops:
         # Re-match from the node's current arguments: an earlier group's rewrite may have
         # replaced an operand by that group's output.
         call = match(node)
         assert isinstance(call, OpCall), call
-        candidate.calls[node] = call
+        calls[node] = call
         if is_alias(call, node):
             b.values[node] = b.values[call.operands[0]]
             continue
@@ -220,14 +235,13 @@ def lower(candidate: Candidate) -> None:
     members = set(candidate.members)
     outputs = [m for m in candidate.members if any(u not in members for u in m.users)]
     distinct: list[int] = []
+    output_slot: dict[torch.fx.Node, int] = {}
     for member in outputs:
         if b.values[member] not in distinct:
             distinct.append(b.values[member])
-        candidate.output_slot[member] = distinct.index(b.values[member])
-    candidate.inputs, candidate.outputs = b.inputs, outputs
+        output_slot[member] = distinct.index(b.values[member])
     values = [example_value(m) for m in candidate.members]  # a split's value is a tuple
-    candidate.rank = max(v.dim() for v in values if isinstance(v, torch.Tensor)) - 1
-    candidate.program = RowProgram(
+    program = RowProgram(
         tuple(b.dtypes),
         tuple(b.lookups),
         tuple(b.instrs),
@@ -235,3 +249,5 @@ def lower(candidate: Candidate) -> None:
         frozenset(b.narrow),
         frozenset(b.scalars),
     )
+    rank = max(v.dim() for v in values if isinstance(v, torch.Tensor)) - 1
+    return LoweredGroup(program, rank, tuple(b.inputs), tuple(outputs), output_slot, calls)

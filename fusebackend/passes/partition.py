@@ -25,7 +25,6 @@ Rules that keep the rewrite correct:
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import logging
 import numbers
@@ -35,23 +34,24 @@ from typing import Any
 import torch
 import torch.fx
 
-from fusebackend.kernels.ir import RowProgram
 from fusebackend.passes.embedding_fusion import check_lookup, is_embedding
 from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.graph import is_mutation
-from fusebackend.passes.ops import (
-    FLOATING,
-    OP_TABLE,
-    OpCall,
-    OpKind,
-    bind_op,
-    lookup_op,
-    reduction_dim_reason,
+from fusebackend.passes.groups import (
+    Candidate,
+    LoweredGroup,
+    is_alias,
+    is_graph_scalar,
+    match,
+    rotation_of,
 )
+from fusebackend.passes.ops import FLOATING, OpCall, OpKind, lookup_op, reduction_dim_reason
 from fusebackend.passes.rotation import Rotation, match_rotation
 from fusebackend.report import RejectionReport
 
-__all__ = ["Candidate", "find_groups", "is_alias", "match"]
+# Candidate, LoweredGroup, is_alias and match live in groups.py (backend.py imports
+# Candidate from here)
+__all__ = ["Candidate", "LoweredGroup", "find_groups", "is_alias", "match"]
 
 log = logging.getLogger(__name__)
 
@@ -65,81 +65,6 @@ _VIEW_NAMES = {
     "contiguous", "t", "__getitem__", "getitem", "narrow", "select", "unflatten", "view_as",
     "expand_as", "reshape_as", "movedim", "swapaxes",
 }  # fmt: skip
-
-
-@dataclasses.dataclass
-class Candidate:
-    """A group found by the pass, before and after lowering and rewrite."""
-
-    lookups: list[torch.fx.Node]
-    members: list[torch.fx.Node]  # lookups and table ops, in graph order
-    calls: dict[torch.fx.Node, OpCall]  # non-lookup members -> their matched op
-    stops: list[RejectionReport]  # consumers where growth stopped
-    program: RowProgram | None = None
-    rank: int = 0  # leading (row) dims of the group's shape
-    inputs: list[torch.fx.Node] = dataclasses.field(default_factory=list)
-    outputs: list[torch.fx.Node] = dataclasses.field(default_factory=list)
-    # member -> index of the kernel output holding its value; aliases (same-dtype casts)
-    # share their source's output, as they share its tensor in eager
-    output_slot: dict[torch.fx.Node, int] = dataclasses.field(default_factory=dict)
-    # members lowered with another member, no instruction of their own: the slices, splits
-    # and negations of a rotate_half (lowered with its concatenation)
-    parts: set[torch.fx.Node] = dataclasses.field(default_factory=set)
-
-    @property
-    def ops(self) -> list[torch.fx.Node]:
-        """Members that are table ops (not lookups)."""
-        return [m for m in self.members if m in self.calls]
-
-    @property
-    def cost(self) -> int:
-        """Eager kernels the group replaces: lookups and ops, less aliases (same-dtype casts,
-        eval-mode dropout) and the views among a rotation's parts (its negations are
-        kernels)."""
-        aliases = sum(1 for m, call in self.calls.items() if is_alias(call, m))
-        views = sum(1 for m in self.parts if not _is_negation(m))
-        return len(self.members) - aliases - views
-
-
-def match(node: torch.fx.Node) -> OpCall | str | None:
-    """The node's op-table match, a reason it does not bind, or None (not a table op).
-
-    A concatenation that spells ``rotate_half`` matches the ``rotate`` op of its source
-    (``rotation_of`` names its parts)."""
-    row = lookup_op(node.op, node.target)
-    if row is None:
-        rotation = match_rotation(node)
-        if isinstance(rotation, Rotation):
-            params = {"shift": rotation.shift, "signs": rotation.signs}
-            return OpCall(OP_TABLE["rotate"], (rotation.source,), params)
-        return rotation
-    call = bind_op(row[0], row[1], node.args, dict(node.kwargs))
-    if isinstance(call, str) and row[0].kind == OpKind.NORM:
-        return _bind_graph_eps(row[0], row[1], node, call)
-    return call
-
-
-def _bind_graph_eps(op: Any, signature: Any, node: torch.fx.Node, reason: str) -> OpCall | str:
-    """A norm whose ``eps`` is a number computed in the graph, bound with ``eps`` kept as
-    that node (the kernel reads it as a scalar argument at each call), or ``reason``.
-
-    Under dynamic shapes (``dynamic=True``, or after Dynamo's recompiles) Dynamo passes a
-    module's float attributes into the graph as inputs: ``nn.LayerNorm.eps`` arrives as a
-    0-d tensor and ``.item()`` of it, so BERT's norms read ``eps`` from a graph node. The op
-    table checks ``eps`` as a Python number; it is bound with a stand-in number instead and
-    the node put back, so every other check still applies."""
-    try:
-        bound = signature.bind(*node.args, **node.kwargs)
-    except TypeError:
-        return reason
-    eps = bound.arguments.get("eps")
-    if not is_graph_scalar(eps):
-        return reason
-    bound.arguments["eps"] = 0.0
-    call = bind_op(op, signature, bound.args, bound.kwargs)
-    if isinstance(call, str):
-        return call
-    return OpCall(call.op, call.operands, {**call.params, "eps": eps})
 
 
 def _scalar_param(call: OpCall, name: str, value: Any) -> bool:
@@ -162,42 +87,10 @@ def _takes_graph_scalar(call: OpCall, name: str) -> bool:
     return name not in call.op.bool_operands and call.op.name not in ("cast", "dropout")
 
 
-def is_graph_scalar(value: Any) -> bool:
-    """Is ``value`` an FX node that holds a Python number (a SymFloat or SymInt, or a plain
-    number) when the graph runs?"""
-    if not isinstance(value, torch.fx.Node):
-        return False
-    example = example_value(value)
-    return isinstance(example, (float, int, torch.SymFloat, torch.SymInt)) and not isinstance(
-        example, bool
-    )
-
-
-def rotation_of(node: torch.fx.Node) -> Rotation:
-    rotation = match_rotation(node)
-    assert isinstance(rotation, Rotation), rotation
-    return rotation
-
-
 def _rotation_reason(source: torch.fx.Node) -> str:
     return (f"rotate_half of {source.name}, a value computed in the group: the kernel moves "
             "columns by loading an input at permuted offsets, and a computed value's other "
             "columns are in other threads' registers")  # fmt: skip
-
-
-def _is_negation(node: torch.fx.Node) -> bool:
-    call = match(node)
-    return isinstance(call, OpCall) and call.op.name == "neg"
-
-
-def is_alias(call: OpCall, node: torch.fx.Node) -> bool:
-    """An op whose result eager returns as its input itself: a cast to the dtype (and
-    device) it already has, or dropout outside training."""
-    source = call.operands[0]
-    if call.op.name not in ("cast", "dropout") or not isinstance(source, torch.fx.Node):
-        return False
-    before, after = example_value(source), example_value(node)
-    return isinstance(before, torch.Tensor) and before.dtype == after.dtype
 
 
 # --- growth ---------------------------------------------------------------------------

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from fusebackend.passes.embedding_fusion import embedding_args
 from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.graph import resort_stably
+from fusebackend.passes.groups import Candidate, LoweredGroup
 from fusebackend.passes.lowering import lower
-from fusebackend.passes.partition import Candidate
 from fusebackend.passes.rotation import is_split, rotate
 
 __all__ = ["reference_graph", "rewrite"]
@@ -36,12 +36,12 @@ def rewrite(
     priority: dict[torch.fx.Node, float] = {n: float(i) for i, n in enumerate(graph.nodes)}
     fused_nodes = []
     for candidate in candidates:
-        lower(candidate)
+        lowered = lower(candidate)
         first = candidate.members[0]
         start = priority[first]
-        holders = _output_holders(candidate)
+        holders = _output_holders(lowered)
         with graph.inserting_before(first):
-            fused = graph.call_function(make_op(candidate), tuple(candidate.inputs))
+            fused = graph.call_function(make_op(candidate), lowered.inputs)
             fused.meta["example_value"] = tuple(example_value(h) for h in holders)
             priority[fused] = start
             items = []
@@ -51,8 +51,8 @@ def rewrite(
                 priority[item] = start + (k + 1) / (len(holders) + 1)
                 items.append(item)
             members = set(candidate.members)
-            for out in candidate.outputs:
-                item = items[candidate.output_slot[out]]
+            for out in lowered.outputs:
+                item = items[lowered.output_slot[out]]
                 out.replace_all_uses_with(item, delete_user_cb=lambda u, m=members: u not in m)
         for member in reversed(candidate.members):
             graph.erase_node(member)
@@ -65,11 +65,11 @@ def rewrite(
     return fused_nodes
 
 
-def _output_holders(candidate: Candidate) -> list[torch.fx.Node]:
+def _output_holders(lowered: LoweredGroup) -> list[torch.fx.Node]:
     """For each kernel output, the first member whose value it holds."""
     holders: dict[int, torch.fx.Node] = {}
-    for member in candidate.outputs:
-        holders.setdefault(candidate.output_slot[member], member)
+    for member in lowered.outputs:
+        holders.setdefault(lowered.output_slot[member], member)
     return [holders[k] for k in range(len(holders))]
 
 
@@ -79,12 +79,14 @@ def reference_graph(candidate: Candidate) -> torch.fx.Graph:
     compiling the module's code took 0.43 s for a 22-layer Llama's 113 groups (CPU,
     2026-11-25), where a GPU never runs it; ``FusedGroupOp.reference`` makes it on first use.
     """
+    lowered = candidate.lowered
+    assert lowered is not None, "reference_graph of a group not lowered"
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
-    for i, node in enumerate(candidate.inputs):
+    for i, node in enumerate(lowered.inputs):
         env[node] = graph.placeholder(f"in{i}_{node.name}")
     for member in candidate.members:
-        call = candidate.calls.get(member)
+        call = lowered.calls.get(member)
         if call is None and member not in candidate.parts:  # a lookup; its other arguments
             # only matter for gradients, or are max_norm (rejected), and may be graph values
             # (norm_type under dynamic shapes)
@@ -102,5 +104,5 @@ def reference_graph(candidate: Candidate) -> torch.fx.Graph:
             env[member] = graph.call_function(rotate, (source, params["shift"], params["signs"]))
         elif call is not None:
             env[member] = graph.node_copy(member, lambda n: env[n])
-    graph.output(tuple(env[h] for h in _output_holders(candidate)))
+    graph.output(tuple(env[h] for h in _output_holders(lowered)))
     return graph
