@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
 from fusebackend.kernels.launch import triton_usable, warmup_pointer_of
 
 __all__ = ["precompile_pair", "write_cache_pair"]
@@ -71,6 +72,19 @@ def precompile_pair(k_cache, v_cache, index, k, v, checks: bool) -> None:
     device = k_cache.device
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         _kernel(checks).warmup(*args, grid=grid, **meta)
+
+
+def _precompile_job(args: Any) -> Any:
+    """The kernel family's precompile job (kernels/family.py) for a launch on ``args``:
+    (k_cache, v_cache, index, k, v, checks), the tensors as example values."""
+    *values, checks = args
+    if not all(concrete_cuda_tensor(v) for v in values):
+        return None
+    key = ("pair", checks, *map(launch_key, values))
+    return key, functools.partial(precompile_pair, *values, checks)
+
+
+family("write_cache_pair", _precompile_job)(write_cache_pair)
 
 
 def _launch(k_cache, v_cache, index, k, v) -> tuple[list[Any], tuple[int], dict[str, int]]:

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
 from fusebackend.kernels.launch import triton_usable, warmup_pointer, warmup_pointer_of
 
 __all__ = ["decode_attention", "precompile_decode_attention"]
@@ -119,6 +120,20 @@ def precompile_decode_attention(query, key, value, mask, scale, groups, out_stri
         if plan.splits > 1:
             _combine_kernel().warmup(*scratch, o, *plan.combine_args, grid=(batch * heads,),
                                      **plan.combine_meta)  # fmt: skip
+
+
+def _precompile_job(args: Any) -> Any:
+    """The kernel family's precompile job (kernels/family.py) for a launch on ``args``:
+    (query, key, value, mask or None, scale, groups, out_stride), tensors as example values."""
+    query, key_states, value, mask, *rest = args
+    values = [query, key_states, value, mask]
+    if not all(concrete_cuda_tensor(v) for v in values if v is not None):
+        return None
+    key = ("attention", *rest, *map(launch_key, values))
+    return key, functools.partial(precompile_decode_attention, *values, *rest)
+
+
+family("decode_attention", _precompile_job)(decode_attention)
 
 
 class _Plan:

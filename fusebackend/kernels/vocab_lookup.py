@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
 from fusebackend.kernels.launch import triton_usable, warmup_pointer_of
 
 __all__ = ["precompile_vocab_lookup", "vocab_parallel_lookup"]
@@ -73,6 +74,20 @@ def precompile_vocab_lookup(ids, table, start: int, vocab: int, checks: bool) ->
     device = table.device
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         _kernel(checks).warmup(*args, grid=grid, **meta)
+
+
+def _precompile_job(args: Any) -> Any:
+    """The kernel family's precompile job (kernels/family.py) for a launch on ``args``:
+    (ids, table, start, vocab, checks), the tensors as example values."""
+    ids, table, *rest = args
+    values = [ids, table]
+    if not all(concrete_cuda_tensor(v) for v in values):
+        return None
+    key = ("vocab", *rest, *map(launch_key, values))
+    return key, functools.partial(precompile_vocab_lookup, *values, *rest)
+
+
+family("vocab_parallel_lookup", _precompile_job)(vocab_parallel_lookup)
 
 
 def _launch(ids, table, start, vocab, out) -> tuple[list[Any], tuple[int, int], dict[str, int]]:

@@ -1,0 +1,80 @@
+"""The kernel-family protocol: what the backend asks of every kernel a fused graph calls.
+
+A fused graph calls a kernel family's launcher as a node's target: a row group's
+``FusedGroupOp`` or ``FusedPairOp`` (backend.py), ``write_cache_pair``, ``decode_attention``,
+``vocab_parallel_lookup``. Each also answers two questions, so the backend never switches on
+which one it holds:
+
+- ``describe()``: the name of the kernel it launches, for ``explain`` (a row group's
+  generated kernel, ``write_cache_pair``, ...);
+- ``precompile_job(args)``: given the node's arguments with every graph value replaced by
+  its example value (a fake tensor, a symbolic or plain number), ``(key, job)``: ``job()``
+  compiles the kernels a launch on such values runs without running them
+  (``launch.precompile_all`` runs the jobs concurrently), and launches of equal ``key``
+  share one job; or None where nothing is compiled ahead (a CPU tensor, a symbolic shape
+  the family does not compile at its hint).
+
+A function launcher takes the two as attributes (``family(...)``), as it takes
+``writes_arguments``: a class with ``__call__`` would add a bound call to every launch.
+Importing this module imports neither Triton nor FX.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+__all__ = ["KernelFamily", "concrete_cuda_tensor", "family", "family_of", "launch_key"]
+
+PrecompileJob = tuple[Hashable, Callable[[], None]]
+
+
+@runtime_checkable
+class KernelFamily(Protocol):
+    """A launcher a fused graph calls, with what the backend asks of it."""
+
+    def __call__(self, *args: Any) -> Any: ...
+
+    def describe(self) -> str: ...
+
+    def precompile_job(self, args: Sequence[Any]) -> PrecompileJob | None: ...
+
+
+def family(
+    describe: str, precompile_job: Callable[[Sequence[Any]], PrecompileJob | None]
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: the function launcher ``fn`` as a ``KernelFamily`` (named ``describe``)."""
+
+    def attach(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.describe = lambda: describe  # type: ignore[attr-defined]
+        fn.precompile_job = precompile_job  # type: ignore[attr-defined]
+        return fn
+
+    return attach
+
+
+def family_of(target: Any) -> KernelFamily | None:
+    """``target`` when it is a kernel family's launcher (a node's target), else None."""
+    return target if callable(getattr(target, "precompile_job", None)) else None
+
+
+def launch_key(value: Any) -> Any:
+    """What a launch's warm-up depends on of one argument: a tensor's dtype, device, sizes,
+    strides and 16-byte alignment (its byte offset: fresh bases count as aligned), or the
+    value itself."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    offset = value.storage_offset() * value.element_size()
+    return (value.dtype, value.device, tuple(value.shape), value.stride(), offset % 16 == 0)
+
+
+def concrete_cuda_tensor(value: Any) -> bool:
+    """A CUDA tensor of plain-int sizes and strides: one a warm-up can compile for."""
+    return (
+        isinstance(value, torch.Tensor)
+        and all(isinstance(n, int) for n in value.shape)
+        and value.device.type == "cuda"
+        and all(isinstance(n, int) for n in value.stride())
+    )
