@@ -12,7 +12,8 @@ Public API: ``FusionConfig`` (the options), ``explain``, ``last_report``, ``repo
 """
 
 from fusebackend.config import FusionConfig
-from fusebackend.report import FusionReport, explain, last_report, reports
+from fusebackend.explaining import explain
+from fusebackend.report import FusionReport, last_report, reports
 from fusebackend.runtime.stats import clear_cache, reset_stats, set_fusion_enabled, stats
 
 __all__ = [

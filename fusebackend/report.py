@@ -1,15 +1,15 @@
-"""FusionReport: what the backend decided for each graph, for people; explain()."""
+"""FusionReport: what the backend decided for each graph, for people (``explain`` is in
+explaining.py: it compiles through the backend, which records here)."""
 
 from __future__ import annotations
 
 import dataclasses
 import textwrap
 import threading
-from collections.abc import Callable
 from typing import Any
 
-__all__ = ["FusionReport", "GraphReport", "GroupReport", "RejectionReport", "explain",
-           "last_report", "reports"]  # fmt: skip
+__all__ = ["FusionReport", "GraphReport", "GroupReport", "RejectionReport", "last_report",
+           "reports"]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +37,10 @@ class RejectionReport:
     reason: str
 
 
+def _rewrite(key: str, doc: str) -> property:
+    return property(lambda self: self.rewrites.get(key, []), doc=doc)
+
+
 @dataclasses.dataclass
 class GraphReport:
     """The backend's decisions for one graph Dynamo produced."""
@@ -54,32 +58,29 @@ class GraphReport:
     runtime_ref: Any = None
     # Inputs used in place other than parameters and buffers (marked static, or mutated).
     static_inputs: list[str] = dataclasses.field(default_factory=list)
-    # Nodes built from Python values alone, computed once at compile time (passes/constants).
-    constants: list[str] = dataclasses.field(default_factory=list)
-    # Per-layer state updates and sums run as foreach ops (passes/batching).
-    batched_updates: list[str] = dataclasses.field(default_factory=list)
-    # Indexing nodes whose list indices became index tensors (passes/constants).
-    list_indices: list[str] = dataclasses.field(default_factory=list)
-    # Boolean attention masks made additive once for all their SDPA calls (passes/attention).
-    shared_masks: list[str] = dataclasses.field(default_factory=list)
-    # SDPA calls whose mask, the same for every key, was dropped (passes/attention).
-    dropped_masks: list[str] = dataclasses.field(default_factory=list)
-    # Pairs of KV-cache index_copy_ writes run as one launch in the fused graph
-    # (passes/cache_writes).
-    cache_writes: list[str] = dataclasses.field(default_factory=list)
-    # Decode steps' SDPA calls run by the kernel that reads K/V unrepeated, in the fused
-    # graph (passes/decode_attention).
-    decode_attention: list[str] = dataclasses.field(default_factory=list)
-    # Nodes that run on the host at each call, before the captured device part.
-    host_nodes: list[str] = dataclasses.field(default_factory=list)
-    # Tensor parallelism: DTensor inputs run as their local shards (passes/dtensor).
-    local_shards: list[str] = dataclasses.field(default_factory=list)
-    # all-reduce copies dropped: readers take the reduced tensor (passes/collectives).
-    reduce_copies: list[str] = dataclasses.field(default_factory=list)
-    # Vocab-parallel embeddings run as one kernel + all-reduce (passes/collectives).
-    vocab_lookups: list[str] = dataclasses.field(default_factory=list)
-    # Collectives in the graph the runtime runs (captured with it on CUDA graphs).
-    collectives: list[str] = dataclasses.field(default_factory=list)
+    # What each pass reported (backend.py's pass lists, fusebackend/pipeline.py), in the
+    # order they ran: report key -> node names, and report key -> explain's label for them
+    # (constants are counted, not listed).
+    rewrites: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Seconds each pass took, by pass name.
+    pass_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Kernel (a kernel family's describe()) -> its launches in the fused graph.
+    launches: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    # The rewrites under their names before they were data (read-only).
+    constants = _rewrite("constants", "Nodes built from Python values alone (passes/constants)")
+    list_indices = _rewrite("list_indices", "Indexing nodes with list indices as index tensors")
+    batched_updates = _rewrite("batched_updates", "Per-layer updates and sums as foreach ops")
+    dropped_masks = _rewrite("dropped_masks", "SDPA calls whose key-uniform mask was dropped")
+    shared_masks = _rewrite("shared_masks", "Boolean masks made additive once for all calls")
+    reduce_copies = _rewrite("reduce_copies", "all-reduce copies dropped (passes/collectives)")
+    host_nodes = _rewrite("host_nodes", "Nodes that run on the host at each call")
+    local_shards = _rewrite("local_shards", "DTensor inputs run as their local shards")
+    vocab_lookups = _rewrite("vocab_lookups", "Vocab-parallel lookups as one kernel")
+    cache_writes = _rewrite("cache_writes", "KV-cache write pairs run as one launch")
+    decode_attention = _rewrite("decode_attention", "SDPA calls run by decode_attention")
+    collectives = _rewrite("collectives", "Collectives in the graph the runtime runs")
 
     @property
     def runtime(self) -> Any:
@@ -153,29 +154,11 @@ class FusionReport:
                     "  computed at compile time, not at each call (node names: "
                     f"report.graphs[{index}].constants)"
                 )
-            for field, label in _REWRITE_LINES:
-                names = getattr(graph, field)
-                if names:
+            for key, names in graph.rewrites.items():
+                label = graph.labels.get(key)
+                if names and label:  # constants have none: counted above
                     lines.append(f"{label}: {', '.join(names)}")
-            if graph.host_nodes:
-                lines.append(f"run on the host each call: {', '.join(graph.host_nodes)}")
         return "\n".join(lines)
-
-
-# The graph rewrites a report lists after its constants, in order: (GraphReport field,
-# explain's label).
-_REWRITE_LINES = (
-    ("batched_updates", "batched into foreach ops"),
-    ("list_indices", "list indices as index tensors on the device"),
-    ("shared_masks", "boolean attention masks made additive once"),
-    ("dropped_masks", "attention without a mask uniform along the keys"),
-    ("cache_writes", "KV-cache writes in one launch (fused graph)"),
-    ("decode_attention", "decode attention reading K/V unrepeated (fused graph)"),
-    ("local_shards", "DTensor inputs run as their local shards"),
-    ("reduce_copies", "all-reduce copies dropped"),
-    ("vocab_lookups", "vocab-parallel lookups as one kernel + all-reduce (fused graph)"),
-    ("collectives", "collectives (in the captured graph on CUDA)"),
-)
 
 
 def _table(header: list[str], rows: list[list[str]], width: int = 80) -> list[str]:
@@ -239,50 +222,3 @@ def reports() -> FusionReport:
     The most recent 256 are kept."""
     with _REPORTS_LOCK:
         return FusionReport(list(_REPORTS))
-
-
-def _uncompiled(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` itself when it is the result of ``torch.compile`` (a module or a function)."""
-    import torch
-
-    if isinstance(fn, torch._dynamo.eval_frame.OptimizedModule):
-        return fn._orig_mod
-    return getattr(fn, "_torchdynamo_orig_callable", fn)
-
-
-def explain(
-    fn: Callable[..., Any], *args: Any, options: dict[str, Any] | None = None, **kwargs: Any
-) -> FusionReport:
-    """Compile ``fn`` with infinifuse, run it once on the arguments and report.
-
-    Returns the report of every graph Dynamo produced during that call: the fused
-    groups (nodes absorbed, kernel name, inputs, outputs, generated source) and every
-    candidate not fused, with its reason. ``options`` are the backend's options.
-
-    An inference tool: ``fn`` runs under ``torch.no_grad()`` (graphs that need gradients are
-    never fused). ``fn`` is traced anew whether or not it was compiled before, by the user
-    or by an earlier ``explain`` (a ``torch.compile``d module or function is unwrapped
-    first); that compile is kept apart from the user's own (``isolate_recompiles``), so it
-    neither reuses nor counts against their compiled entries.
-    """
-    import inspect
-
-    import torch
-
-    from fusebackend.backend import infinifuse
-
-    def backend(gm: Any, example_inputs: Any, **backend_kwargs: Any) -> Any:
-        # A new callable per explain call: Dynamo reuses a compiled entry only for the
-        # backend that made it, so the user's earlier torch.compile(fn, backend="infinifuse")
-        # is not served here (it was: "no graph was compiled", issue 25).
-        return infinifuse(gm, example_inputs, **backend_kwargs)
-
-    extra: dict[str, Any] = {}
-    if "isolate_recompiles" in inspect.signature(torch.compile).parameters:  # torch >= 2.13
-        extra["isolate_recompiles"] = True
-    with _REPORTS_LOCK:
-        start = _recorded
-    compiled = torch.compile(_uncompiled(fn), backend=backend, options=options, **extra)
-    with torch.no_grad():
-        compiled(*args, **kwargs)
-    return FusionReport(_reports_since(start))

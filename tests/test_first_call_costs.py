@@ -98,10 +98,10 @@ def test_precompile_all_uses_the_loading_pool(monkeypatch):
 
 
 def _compile_recording_the_collector(monkeypatch, fail: bool = False) -> list[bool]:
-    from fusebackend import backend
+    from fusebackend import prepare  # the preparation passes (prepare.PREPARE)
 
     seen: list[bool] = []
-    real = backend.fold_constants
+    real = prepare.fold_constants
 
     def recording(gm):
         seen.append(gc.isenabled())
@@ -109,7 +109,7 @@ def _compile_recording_the_collector(monkeypatch, fail: bool = False) -> list[bo
             raise RuntimeError("a pass failed")
         return real(gm)
 
-    monkeypatch.setattr(backend, "fold_constants", recording)
+    monkeypatch.setattr(prepare, "fold_constants", recording)
     with torch.no_grad():
         torch.compile(lambda x: torch.relu(x * 2), backend="infinifuse")(torch.randn(3, 5))
     return seen

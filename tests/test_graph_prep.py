@@ -461,14 +461,14 @@ def _sum_after_a_write(x, c0, c1):
 
 def _fused_graph_of_last_compile(monkeypatch):
     graphs = []
-    real = fusebackend.backend.batch_state_sums
+    real = fusebackend.prepare.batch_state_sums
 
     def keep(gm, static_address, device):
         names = real(gm, static_address, device)
         graphs.append(gm)
         return names
 
-    monkeypatch.setattr(fusebackend.backend, "batch_state_sums", keep)
+    monkeypatch.setattr(fusebackend.prepare, "batch_state_sums", keep)
     return graphs
 
 
@@ -715,8 +715,8 @@ def test_staged_host_scalars_are_host_inputs_of_the_device_part():
     runtime copies it in; its value must not be part of the capture key)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fusebackend.backend import _device_part_of
     from fusebackend.passes.host_inputs import split_host
+    from fusebackend.prepare import _device_part_of
 
     mode = FakeTensorMode()
     with mode:
@@ -839,10 +839,11 @@ def _backend_call(monkeypatch, fn, args, on_host=None, **kwargs):
     """Run ``infinifuse`` on ``fn``'s Dynamo graph as for a CUDA graph (no GPU needed: the
     runtime is only built, never called); return (GraphCache kwargs, report, placeholders)."""
     import fusebackend.backend as backend
+    import fusebackend.prepare as prepare
 
     monkeypatch.setattr(backend, "_graph_device", lambda inputs: FAKE_CUDA)
     if on_host is not None:
-        monkeypatch.setattr(backend, "_on_host", on_host)
+        monkeypatch.setattr(prepare, "_on_host", on_host)
     seen = {}
     real = backend.GraphCache
 

@@ -25,16 +25,10 @@ import ast
 import functools
 from pathlib import Path
 
-import pytest
-
 PACKAGE = "fusebackend"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 PASSES_MAY_IMPORT = {f"{PACKAGE}.kernels.ir", f"{PACKAGE}.report"}
-# report.py imports backend.py (``explain`` compiles through the backend), which imports the
-# passes and report.py, and the passes import report.py: the cycles through this one edge
-# are known, and being broken (issue 22 item 5).
-KNOWN_EDGE = (f"{PACKAGE}.report", f"{PACKAGE}.backend")
 
 
 def _module_name(path: Path) -> str:
@@ -193,16 +187,9 @@ def _cycles(ignore: tuple[str, str] | None = None) -> list[set[str]]:
     return found
 
 
-def test_no_import_cycle_but_through_the_known_edge():
-    assert _cycles(ignore=KNOWN_EDGE) == []
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="report.py -> backend.py (explain) -> report.py: being broken (issue 22 item 5); "
-    "when it goes this passes: drop the mark and KNOWN_EDGE",
-)
 def test_no_import_cycle():
+    # explain lives in explaining.py (it imports backend.py and report.py; report.py imports
+    # neither back): report.py -> backend.py -> report.py was the last cycle.
     assert _cycles() == []
 
 

@@ -92,7 +92,7 @@ def test_reports_lists_every_graph_of_a_compilation_with_a_graph_break():
 
 def _graph(rejections=(), constants=()) -> GraphReport:
     return GraphReport("graph0", "cpu", "fused", [], list(rejections), [], [], 0.0,
-                       constants=list(constants))  # fmt: skip
+                       rewrites={"constants": list(constants)})  # fmt: skip
 
 
 def test_a_long_rejection_reason_wraps_whole_at_word_boundaries():
@@ -137,3 +137,38 @@ def test_explain_leaves_the_users_compiled_entry_in_place():
         compiled(ids)
     stats = fusebackend.stats()
     assert (stats["cache_hits"], stats["cache_misses"]) == (1, 0), stats
+
+
+def test_every_pass_is_timed_and_the_fused_graphs_launches_are_named():
+    model, ids = _model_and_ids()
+    graph = fusebackend.explain(model, ids).graphs[0]
+    assert graph.path == "fused", str(graph)
+    ran = {"unwrap_dtensors", "fold_constants", "find_groups", "rewrite_groups", "precompile"}
+    assert ran <= set(graph.pass_seconds), graph.pass_seconds
+    assert all(seconds >= 0 for seconds in graph.pass_seconds.values())
+    # Each kernel family's describe(): the row group's generated kernel, launched once.
+    assert graph.launches == {graph.groups[0].kernel_name: 1}, graph.launches
+    assert graph.constants == graph.rewrites["constants"]
+
+
+def test_a_pass_is_one_entry_in_the_list_and_explain_lists_what_it_reports():
+    from fusebackend import prepare
+    from fusebackend.pipeline import Pass
+
+    def layer_norms(compilation):
+        nodes = compilation.gm.graph.nodes
+        return [n.name for n in nodes if n.target is F.layer_norm]
+
+    added = Pass("find_layer_norms", layer_norms, "layer norms seen", needs_rewrites=True)
+    model, ids = _model_and_ids()
+    prepare.PREPARE.append(added)
+    try:
+        with_it = fusebackend.explain(model, ids).graphs[0]
+        without = fusebackend.explain(model, ids, options={"rewrites": False}).graphs[0]
+    finally:
+        prepare.PREPARE.remove(added)
+    assert with_it.rewrites["find_layer_norms"] == ["layer_norm"], with_it.rewrites
+    assert "layer norms seen: layer_norm" in str(FusionReport([with_it]))
+    assert "find_layer_norms" in with_it.pass_seconds
+    assert "find_layer_norms" not in without.rewrites  # needs_rewrites: not run
+    assert "find_layer_norms" not in without.pass_seconds
