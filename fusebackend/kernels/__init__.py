@@ -1,7 +1,7 @@
 """Kernels: a RowProgram becomes generated Triton source and a compiled launcher.
 
 Never sees an FX graph. Importing this package does not import Triton; the launcher does,
-on first use.
+on first use, through ``triton_api.py`` (the one module that touches Triton's API).
 """
 
 from fusebackend.kernels.ir import (

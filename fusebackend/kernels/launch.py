@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -66,8 +65,6 @@ __all__ = [
     "warmup_pointer",
     "warmup_pointer_of",
 ]
-
-log = logging.getLogger(__name__)
 
 _KERNELS: dict[tuple[RowProgram, int, KernelOptions, str, bool], Any] = {}
 _LOCK = threading.Lock()
