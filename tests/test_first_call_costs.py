@@ -162,3 +162,32 @@ def test_precompiled_kernels_are_loaded_before_the_first_launch():
         triton.knobs.runtime.kernel_load_start_hook = None
     assert loads, "the fused kernel was not compiled in this test"
     assert threading.main_thread().name not in loads, loads
+
+
+def test_a_new_kernel_family_is_precompiled_with_no_change_to_the_backend(monkeypatch):
+    # backend._precompile asks each node's target for its job (kernels/family.py): a launcher
+    # carrying the protocol is warmed up once per key, counted by its describe().
+    from fusebackend import backend
+    from fusebackend.kernels.family import family, launch_key
+
+    built = []
+
+    def job_for(args):
+        (x,) = args
+        return ("mine", launch_key(x)), lambda: built.append(tuple(x.shape))
+
+    @family("my_kernel", job_for)
+    def my_kernel(x):
+        return x
+
+    jobs = []
+    monkeypatch.setattr(backend, "precompile_all", lambda js: jobs.extend(js) or 0)
+    graph = torch.fx.Graph()
+    for shape in [(2, 3), (2, 3), (4, 3)]:
+        node = graph.placeholder(f"x{len(graph.nodes)}")
+        node.meta["example_value"] = torch.empty(shape)
+        graph.call_function(my_kernel, (node,))
+    assert backend._precompile(graph) == {"my_kernel": 3}
+    for job in jobs:
+        job()
+    assert built == [(2, 3), (4, 3)]
