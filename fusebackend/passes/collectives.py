@@ -155,7 +155,7 @@ def _vocab_parallel(node: torch.fx.Node) -> tuple[Any, ...] | None:
     if not (isinstance(table, torch.fx.Node) and isinstance(table.target, Rewrap)):
         return None
     spec = table.target.spec
-    if not (
+    if spec.symbolic or not (
         len(spec.placements) == 1 and _is_shard(spec.placements[0], 0) and len(spec.shape) == 2
     ):
         return None

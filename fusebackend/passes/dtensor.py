@@ -62,28 +62,48 @@ def _dtensor_class() -> type | None:
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """What makes a local tensor a DTensor again: mesh, placements, global shape, stride."""
+    """What makes a local tensor a DTensor again: mesh, placements, global shape, stride.
+
+    Traced with dynamic sizes, a global size is a SymInt, which means nothing at run time:
+    ``sizes`` then names, for each such dim in order, the graph input that holds its value
+    at each call (Dynamo passes every size symbol as an input), and ``wrap`` takes those
+    values. A size no input holds (an expression of symbols) leaves ``sizes`` None, and
+    ``from_local`` derives the global shape from the local tensor (right for even shards).
+    """
 
     mesh: Any
     placements: tuple[Any, ...]
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
+    shape: tuple[Any, ...]
+    stride: tuple[Any, ...]
+    sizes: tuple[int, ...] | None = ()  # graph inputs of the symbolic global sizes
 
     @classmethod
-    def of(cls, value: Any) -> Spec:
-        return cls(
-            value.device_mesh, tuple(value.placements), tuple(value.shape), tuple(value.stride())
-        )
+    def of(cls, value: Any, size_inputs: dict[str, int] | None = None) -> Spec:
+        """``value``'s spec; ``size_inputs``: a size symbol's expression -> the index of
+        the graph input holding it."""
+        shape = tuple(value.shape)
+        sizes: tuple[int, ...] | None = ()
+        symbolic = [d for d in shape if type(d) is not int]
+        if symbolic:
+            found = [(size_inputs or {}).get(str(d.node.expr)) for d in symbolic]
+            sizes = None if None in found else tuple(found)  # type: ignore[arg-type]
+        return cls(value.device_mesh, tuple(value.placements), shape, tuple(value.stride()), sizes)
 
-    def wrap(self, local: torch.Tensor) -> Any:
+    def wrap(self, local: torch.Tensor, sizes: Sequence[int] = ()) -> Any:
+        """``local`` as the DTensor; ``sizes``: the values of the inputs ``self.sizes``
+        names, at this call."""
         from torch.distributed.tensor import DTensor
 
-        if self.symbolic:
-            # Traced with dynamic sizes: the SymInts mean nothing at run time. from_local
-            # derives the global shape and stride from the local tensor (even shards).
+        if not self.symbolic:
+            shape, stride = self.shape, self.stride
+        elif self.sizes is None or not local.is_contiguous():
             return DTensor.from_local(local, self.mesh, self.placements, run_check=False)
+        else:
+            given = iter(sizes)
+            shape = tuple(d if type(d) is int else int(next(given)) for d in self.shape)
+            stride = _contiguous_stride(shape)
         return DTensor.from_local(
-            local, self.mesh, self.placements, run_check=False, shape=self.shape, stride=self.stride
+            local, self.mesh, self.placements, run_check=False, shape=shape, stride=stride
         )
 
     @functools.cached_property
@@ -91,6 +111,14 @@ class Spec:
         """Does the traced shape or stride hold a SymInt (a graph compiled with dynamic
         sizes)?"""
         return not all(type(n) is int for n in (*self.shape, *self.stride))
+
+
+def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
+    stride, step = [], 1
+    for size in reversed(shape):
+        stride.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(stride))
 
 
 class Rewrap:
@@ -102,8 +130,8 @@ class Rewrap:
         self.__name__ = "rewrap_dtensor"  # FX's generated code calls the node after this name
         self.__qualname__ = self.__name__
 
-    def __call__(self, local: torch.Tensor) -> Any:
-        return self.spec.wrap(local)
+    def __call__(self, local: torch.Tensor, *sizes: int) -> Any:
+        return self.spec.wrap(local, sizes)
 
     def __repr__(self) -> str:
         return f"Rewrap({list(self.spec.placements)}, shape={list(self.spec.shape)})"
@@ -156,7 +184,7 @@ class LocalShards:
                 return result
             result = list(result)
             for j, spec in outputs:
-                result[j] = spec.wrap(result[j])
+                result[j] = spec.wrap(result[j], [args[k] for k in spec.sizes or ()])
             return result
 
         run.local_shards = self  # type: ignore[attr-defined]  # for tests and explain
@@ -180,13 +208,17 @@ def unwrap_dtensors(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> 
     if not inputs and not out_positions:
         return None
     parameters = frozenset(i for i in inputs if isinstance(example_inputs[i], torch.nn.Parameter))
+    size_inputs: dict[str, int] = {}
+    for k, p in enumerate(placeholders):
+        if isinstance(value := example_value(p), torch.SymInt):
+            size_inputs.setdefault(str(value.node.expr), k)
     for i in inputs:
-        _localize(gm.graph, placeholders[i], example_inputs[i])
+        _localize(gm.graph, placeholders[i], example_inputs[i], placeholders, size_inputs)
     _declare_writes(gm.graph, [placeholders[i] for i in inputs])
     outputs: dict[int, Spec] = {}
     for j in out_positions:
         node = items[j]
-        spec = Spec.of(example_value(node))
+        spec = Spec.of(example_value(node), size_inputs)
         with gm.graph.inserting_before(output):
             local = gm.graph.call_method("to_local", (node,))
         local.meta["example_value"] = example_value(node)._local_tensor
@@ -205,10 +237,20 @@ def unwrap_dtensors(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> 
     return LocalShards(tuple(inputs), parameters, outputs, names)
 
 
-def _localize(graph: torch.fx.Graph, placeholder: torch.fx.Node, value: Any) -> None:
+def _localize(
+    graph: torch.fx.Graph,
+    placeholder: torch.fx.Node,
+    value: Any,
+    placeholders: list[torch.fx.Node],
+    size_inputs: dict[str, int],
+) -> None:
     """Make ``placeholder`` stand for ``value``'s local shard."""
     fake = example_value(placeholder)
-    spec = Spec.of(value)
+    # The traced (fake) value's spec: under dynamic sizes its shape is symbolic, where the
+    # real example input's is only the first call's (a later call's DTensor was rewrapped
+    # with that stale global shape).
+    spec = Spec.of(fake if is_dtensor(fake) else value, size_inputs)
+    sizes = [placeholders[k] for k in spec.sizes or ()]
     placeholder.meta["example_value"] = fake._local_tensor if is_dtensor(fake) else value
     placeholder.meta.pop("val", None)
     rewrapped = None
@@ -221,7 +263,7 @@ def _localize(graph: torch.fx.Graph, placeholder: torch.fx.Node, value: Any) -> 
         if rewrapped is None:
             first_op = next(n for n in graph.nodes if n.op != "placeholder")
             with graph.inserting_before(first_op):  # placeholders stay first
-                rewrapped = graph.call_function(Rewrap(spec), (placeholder,))
+                rewrapped = graph.call_function(Rewrap(spec), (placeholder, *sizes))
             rewrapped.meta["example_value"] = fake
         user.replace_input_with(placeholder, rewrapped)
 
