@@ -79,6 +79,27 @@ def test_a_dtensor_weight_runs_fused_on_its_local_shard(mesh):
     assert all((8, 5) not in shapes for shapes in stats["cached_shapes"]), stats
 
 
+def test_a_dtensor_marked_static_is_used_in_place(mesh):
+    # mark_static_address (a StaticCache's tensors) marks the DTensor, not its local shard:
+    # the shard was copied in as an ordinary input (on a GPU: a copy per replay).
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    c = distribute_tensor(torch.randn(1, 5), mesh, [Replicate()])
+    torch._dynamo.mark_static_address(c)
+
+    def f(x):
+        return ((x * c.to_local()) * 2.0 + 1.0).relu()
+
+    compiled = torch.compile(f, backend="infinifuse")
+    with torch.no_grad():
+        x = torch.randn(3, 5)
+        torch.testing.assert_close(compiled(x), f(x))
+        c.to_local().mul_(3.0)
+        torch.testing.assert_close(compiled(x), f(x))
+    stats = fusebackend.stats()
+    assert all((1, 5) not in shapes for shapes in stats["cached_shapes"]), stats
+
+
 def test_a_dtensor_output_is_a_dtensor_again(mesh):
     from torch.distributed.tensor import DTensor
 

@@ -152,7 +152,8 @@ class LocalShards:
     """The DTensor inputs and outputs of a rewritten graph.
 
     ``inputs``: indices of the inputs the runtime gets as local shards; ``parameters``: the
-    ones that are parameters (used in place, like any parameter); ``outputs``: output
+    ones used in place, like any parameter (parameters, and DTensors Dynamo marks static:
+    buffers, ``mark_static_address``); ``outputs``: output
     position -> the spec that wraps it again. Indices are the graph's (unchanged by this
     pass: the mesh input stays an input).
     """
@@ -207,7 +208,15 @@ def unwrap_dtensors(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> 
     ]
     if not inputs and not out_positions:
         return None
-    parameters = frozenset(i for i in inputs if isinstance(example_inputs[i], torch.nn.Parameter))
+    # Used in place as on one device: parameters, and what Dynamo marks static (buffers,
+    # mark_static_address tensors: a StaticCache's). The mark is on the DTensor, not on the
+    # local shard the runtime sees.
+    parameters = frozenset(
+        i
+        for i in inputs
+        if isinstance(example_inputs[i], torch.nn.Parameter)
+        or getattr(example_inputs[i], "_dynamo_static_input_type", None) is not None
+    )
     size_inputs: dict[str, int] = {}
     for k, p in enumerate(placeholders):
         if isinstance(value := example_value(p), torch.SymInt):
