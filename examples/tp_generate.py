@@ -196,11 +196,24 @@ def fused_summary() -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    device = setup()
+    try:
+        result = _run(args, device)
+    except BaseException:
+        # Free the captured graphs before the interpreter tears NCCL down (see shutdown);
+        # no barrier and no synchronize: a peer may be stuck in a collective, and torchrun
+        # stops the others.
+        _free_graphs(device, wait=False)
+        raise
+    shutdown(device)
+    return result
+
+
+def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     import transformers
 
     import fusebackend
 
-    device = setup()
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = _DTYPES[args.dtype or ("float16" if device.type == "cuda" else "float32")]
     result: dict[str, Any] = {
@@ -277,7 +290,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.json:
         with open(f"{args.json}.rank{rank}.json", "w") as f:
             json.dump(result, f, indent=1, default=str)
-    shutdown(device)
     return result
 
 
@@ -285,14 +297,21 @@ def shutdown(device: torch.device) -> None:
     """Free the captured graphs, then leave the process group. NCCL's communicator teardown
     waited forever while CUDA graphs holding its collectives were alive (2 H100s, NCCL
     2.28, torch 2.11: destroy_process_group hung on both ranks after a captured generate)."""
-    import fusebackend
-
-    torch._dynamo.reset()
-    fusebackend.clear_cache()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    _free_graphs(device)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _free_graphs(device: torch.device, wait: bool = True) -> None:
+    import fusebackend
+
+    wait = wait and device.type == "cuda"
+    if wait:
+        torch.cuda.synchronize(device)  # no replay of a graph in flight when it is freed
+    torch._dynamo.reset()
+    fusebackend.clear_cache()
+    if wait:
+        torch.cuda.synchronize(device)
 
 
 def _print(result: dict[str, Any]) -> None:

@@ -49,10 +49,13 @@ def _unwrap_dtensors(c: Compilation) -> list[str] | None:
 
 
 def _static_addresses(c: Compilation) -> None:
+    # A sharded parameter's (or static DTensor's) mark is on the DTensor, not on the local
+    # shard that example_inputs now holds.
+    sharded = c.shards.parameters if c.shards is not None else frozenset()
     c.static_address = [
         node
-        for node, value in zip(_placeholders(c.gm), c.example_inputs, strict=False)
-        if getattr(value, "_dynamo_static_input_type", None) is not None
+        for i, (node, value) in enumerate(zip(_placeholders(c.gm), c.example_inputs, strict=False))
+        if i in sharded or getattr(value, "_dynamo_static_input_type", None) is not None
     ]
 
 

@@ -426,3 +426,20 @@ def test_tp_plan_auto_is_captured_with_its_all_reduces_on_two_gpus(tmp_path):
         # 2 layers: o_proj's and down_proj's all-reduces at least, inside the captured decode
         # graph (transformers 5.17 looks the tokens up outside it; 5.24 inside, with one more).
         assert any(g["collectives"] >= 4 for g in graphs), graphs
+
+
+def test_arithmetic_on_a_dtensor_activation_is_left_to_dtensor_dispatch(mesh):
+    # A fused group handed a DTensor read its (absent) storage and raised on every call, so
+    # the signature fell back to eager: DTensor results now end a group with a reason.
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    def f(x):
+        return ((x * 2.0 + 1.0).relu() * 3.0).to_local()
+
+    compiled = torch.compile(f, backend="infinifuse")
+    x = distribute_tensor(torch.randn(5, 7), mesh, [Replicate()])
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), f(x))
+    stats = fusebackend.stats()
+    assert stats["fusion_fallbacks"] == 0 and not stats["fallback_reasons"], stats
+    assert not fusebackend.last_report().groups, str(fusebackend.last_report())

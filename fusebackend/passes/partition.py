@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from fusebackend.passes.dtensor import is_dtensor
 from fusebackend.passes.embedding_fusion import check_lookup, is_embedding
 from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.graph import is_mutation
@@ -279,6 +280,10 @@ class _Grower:
         value = example_value(user)
         if not isinstance(value, torch.Tensor):
             return "result is not a tensor"
+        if is_dtensor(value):
+            # A DTensor has no storage of its own for a kernel to read (tensor parallelism:
+            # its arithmetic runs through DTensor's dispatch, as traced).
+            return "result is a DTensor (DTensor dispatch runs as traced)"
         if value.device != self.device:
             return f"result on {value.device}, group on {self.device}"
         if value.device.type not in ("cuda", "cpu"):
