@@ -27,21 +27,18 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from llama_shapes import TINYLLAMA  # noqa: E402  (the examples' shapes)
+
 SHAPES = {
-    "tinyllama": dict(
-        vocab_size=32000,
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_hidden_layers=22,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-    ),
+    "tinyllama": TINYLLAMA,
     "llama3-8b": dict(
         vocab_size=128256,
         hidden_size=4096,
@@ -105,7 +102,7 @@ def model_dir(args: argparse.Namespace, rank: int, world: int) -> str:
 
     path = os.path.join(args.model_root, args.shape)
     if rank == 0 and not os.path.exists(os.path.join(path, "config.json")):
-        config = transformers.LlamaConfig(**SHAPES[args.shape], max_position_embeddings=4096)
+        config = transformers.LlamaConfig(**{**SHAPES[args.shape], "max_position_embeddings": 4096})
         torch.manual_seed(0)
         # Built on the GPU in fp16: random init of 8B parameters on a CPU takes minutes.
         with torch.device("cuda" if torch.cuda.is_available() else "cpu"):

@@ -26,25 +26,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from llama_shapes import TINY_LAYERS, TINY_WIDTHS, TINYLLAMA  # noqa: E402  (examples/ on sys.path)
 
-TINYLLAMA = dict(
-    vocab_size=32000,
-    hidden_size=2048,
-    intermediate_size=5632,
-    num_hidden_layers=22,
-    num_attention_heads=32,
-    num_key_value_heads=4,
-    max_position_embeddings=2048,
-)
-TINY = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-)
+# A random config has TinyLlama's shape, or (--tiny) its widths shrunk for a CPU.
+TINY = {**TINYLLAMA, **TINY_WIDTHS, "num_hidden_layers": TINY_LAYERS}
 MARK = None  # diagnostics: called with a phase's name as each starts (benchmarks/diag)
 
 
