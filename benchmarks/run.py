@@ -402,6 +402,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the same workload and backend) into --out-dir's suite.json, suite.md and suite.png",
     )
     parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    parser.add_argument(
+        "--ledger",
+        metavar="PATH",
+        help="also append this run's figures to the results ledger at PATH "
+        "(benchmarks/ledger.py; e.g. benchmarks/results/ledger.jsonl)",
+    )
     return parser.parse_args(argv)
 
 
@@ -463,6 +469,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.combine:
         result = combine(args.combine)
         write_report(result, out_dir)
+        _append_ledger(args, result, out_dir)
         return result
     start = time.perf_counter()
     rows, generate = run_suite(args, device, out_dir)
@@ -475,11 +482,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"environment": env, "parts": [env], "rows": rows}
     if generate is not None:
         result["generate"] = generate
+    ran_here = result
     if args.merge and json_path.exists():
         # each run merged into this file, in order: its environment (argv, date, seconds)
         result = join([json.loads(json_path.read_text()), result])
     write_report(result, out_dir)
+    _append_ledger(args, ran_here, out_dir)
     return result
+
+
+def _append_ledger(args: argparse.Namespace, result: dict[str, Any], out_dir: Path) -> None:
+    """With --ledger: result's rows (this run's, not those merged from an earlier file)
+    appended to the ledger."""
+    if not args.ledger:
+        return
+    import ledger  # benchmarks/ledger.py, beside this file
+
+    count = ledger.append_result(result, out_dir / "suite.json", args.ledger)
+    print(f"ledger: {count} rows -> {args.ledger}")
 
 
 if __name__ == "__main__":

@@ -356,6 +356,12 @@ def run_parent(args: argparse.Namespace) -> int:
           f"({result['environment'].get('device')})")  # fmt: skip
     for line in lines:
         print(line)
+    if args.ledger:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import ledger  # benchmarks/ledger.py, beside this file
+
+        count = ledger.append_result(result, args.out, args.ledger)
+        print(f"ledger: {count} rows -> {args.ledger}")
     return 1 if any("error" in r for r in result["runs"]) else 0
 
 
@@ -401,6 +407,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "passes, so the first pass includes starting the device (CUDA context, "
                         "cuBLAS) too")  # fmt: skip
     parser.add_argument("--commit", help="the commit measured, where the checkout has no git")
+    parser.add_argument("--ledger", metavar="PATH",
+                        help="also append the figures to the results ledger at PATH")  # fmt: skip
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)  # the child's one shape
     parser.add_argument("--backend", help=argparse.SUPPRESS)  # the child's one backend

@@ -70,6 +70,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--commit", default=os.environ.get("FUSEBACKEND_COMMIT"))
     parser.add_argument("--out", help="JSON path (rank 0 writes it)")
+    parser.add_argument(
+        "--ledger",
+        metavar="PATH",
+        help="also append rank 0's figures to the results ledger at PATH",
+    )
     return parser.parse_args()
 
 
@@ -315,6 +320,12 @@ def main() -> None:
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
+        if args.ledger:
+            import ledger  # benchmarks/ledger.py, beside this file (sys.path[0])
+
+            source = args.out or f"tensor_parallel_{args.shape}_tp{world}.json"
+            count = ledger.append_result(report, source, args.ledger)
+            print(f"ledger: {count} rows -> {args.ledger}", flush=True)
     # Captured graphs first: NCCL's teardown hung while graphs holding its collectives lived
     # (examples/tp_generate.py's shutdown).
     reset_compilers()

@@ -1,0 +1,247 @@
+"""One table of benchmark figures: ``benchmarks/results/ledger.jsonl``, a JSON object a line.
+
+Each row is one figure: workload, backend, metric, value, unit, device, torch, triton,
+transformers, commit, date, and source (the result JSON it came from). The benchmarks
+(``run.py``, ``tensor_parallel.py``, ``sentence_embeddings.py``) append their rows when given
+``--ledger PATH``; ``--rebuild`` builds the file from the committed result JSONs the README
+cites (``SOURCES``), sorted, so a rebuild of the same files writes the same bytes.
+
+    python benchmarks/ledger.py --rebuild
+    python benchmarks/ledger.py --table llama-decode gpt2-decode
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+LEDGER = RESULTS / "ledger.jsonl"
+FIELDS = ("workload", "backend", "metric", "value", "unit", "device", "torch", "triton",
+          "transformers", "commit", "date", "source")  # fmt: skip
+ENV_FIELDS = ("device", "torch", "triton", "transformers", "commit", "date")
+# The result files the README cites, in benchmarks/results/.
+SOURCES = (
+    "suite.json",
+    "decode_recheck_h100.json",
+    "generate_h100_full_suite.json",
+    "embedding_chain_h100_full_suite.json",
+    "row_kernels_h100_full_suite.json",
+    "sentence_embeddings_h100.json",
+    "tensor_parallel_tinyllama_tp1_h100.json",
+    "tensor_parallel_tinyllama_tp2_h100.json",
+    "tensor_parallel_llama3-8b_tp1_h100.json",
+    "tensor_parallel_llama3-8b_tp2_h100.json",
+)
+# metric name in a result row -> unit
+SUITE_METRICS = {"per_call_ms": "ms", "first_call_s": "s", "kernels_per_call": "count"}
+TP_METRICS = {
+    "decode": {"step_ms": "ms", "first_call_s": "s"},
+    "generate": {"tokens_per_s": "tokens/s", "first_generate_s": "s"},
+}
+SENTENCE_METRICS = {"first_pass_s": "s", "second_pass_s": "s", "query_p50_ms": "ms",
+                    "query_p90_ms": "ms"}  # fmt: skip
+GENERATE_METRICS = {"first_generate_s": "s", "tokens_per_s": "tokens/s"}
+
+
+def _git_commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=10)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def _version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """This process's device, versions, commit and date: the fields a row lacks on append."""
+    device = "cpu"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        device = torch.cuda.get_device_name(0)
+    return {
+        "device": device,
+        "torch": torch.__version__ if torch is not None else _version("torch"),
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+        "commit": _git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _row(env: dict[str, Any], source: str, workload: str, backend: str, metric: str,
+         value: Any, unit: str) -> dict[str, Any]:  # fmt: skip
+    row = {"workload": workload, "backend": backend, "metric": metric, "value": value,
+           "unit": unit, "source": source}  # fmt: skip
+    row.update({k: env.get(k) for k in ENV_FIELDS})
+    return {k: row[k] for k in FIELDS}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
+    """The ledger rows of one result JSON (any of the benchmarks' formats), source its name."""
+    env = dict(data.get("environment") or {})
+    for key in ENV_FIELDS:  # generate.py, row_kernels.py and embedding_chain.py: top level
+        env.setdefault(key, data.get(key))
+    if isinstance(env.get("commit"), str):
+        env["commit"] = env["commit"][:7]
+    out: list[dict[str, Any]] = []
+
+    def add(workload: str, backend: str, metrics: dict[str, str], record: dict) -> None:
+        for metric, unit in metrics.items():
+            if _number(record.get(metric)):
+                out.append(_row(env, source, workload, backend, metric, record[metric], unit))
+
+    if "ranks" in data:  # tensor_parallel.py: rank 0's figures
+        rank = data["ranks"][0]
+        for backend, parts in rank.get("backends", {}).items():
+            for part, metrics in TP_METRICS.items():
+                workload = f"tp-{rank['shape']}-tp{rank['tp']}-{part}"
+                add(workload, backend, metrics, parts.get(part) or {})
+    elif data.get("benchmark") == "sentence_embeddings":
+        for run in data.get("runs", []):
+            add(f"sentence-{run.get('shape')}", run.get("backend"), SENTENCE_METRICS, run)
+    elif data.get("benchmark") == "generate":
+        for run in data.get("runs", []):
+            add(f"generate-cache{run.get('cache_len')}", run.get("variant"), GENERATE_METRICS,
+                run)  # fmt: skip
+    elif data.get("benchmark") == "embedding_chain":
+        shape = data.get("shape", {})
+        workload = f"embedding-chain-B{shape.get('B')}xT{shape.get('T')}"
+        metrics = {"ms": "ms", "per_call_ms_cpu_included": "ms"}
+        for backend, record in data.get("results", {}).items():
+            add(workload, backend, metrics, record)
+    elif isinstance(data.get("results"), list):  # row_kernels.py
+        for record in data["results"]:
+            workload = f"row-{record.get('pattern')}-{record.get('rows')}x{record.get('width')}"
+            for backend in ("infinifuse", "inductor"):
+                add(workload, backend, {f"{backend}_ms": "ms"}, record)
+        for row in out:
+            row["metric"] = "ms"
+    elif isinstance(data.get("rows"), list):  # run.py's suite.json
+        for record in data["rows"]:
+            if record.get("status", "ok") == "ok":
+                row_env = {**env, "date": record.get("date") or env.get("date")}
+                for metric, unit in SUITE_METRICS.items():
+                    if _number(record.get(metric)):
+                        out.append(_row(row_env, source, record["workload"], record["backend"],
+                                        metric, record[metric], unit))  # fmt: skip
+    return out
+
+
+def _key(row: dict[str, Any]) -> tuple:
+    return tuple("" if row.get(k) is None else str(row.get(k)) for k in FIELDS)
+
+
+def dumps(rows: Iterable[dict[str, Any]]) -> str:
+    return "".join(json.dumps(row, sort_keys=False) + "\n" for row in rows)
+
+
+def append(rows: Iterable[dict[str, Any]], path: str | Path = LEDGER) -> list[dict[str, Any]]:
+    """Appends rows to the ledger at path; a field a row lacks (device, versions, commit,
+    date) is this process's. Returns the rows as written."""
+    env = None
+    written = []
+    for row in rows:
+        missing = [k for k in ENV_FIELDS if row.get(k) is None]
+        if missing and env is None:
+            env = environment()
+        full = {k: row.get(k) for k in FIELDS}
+        for k in missing:
+            full[k] = env[k]
+        written.append(full)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(dumps(written))
+    return written
+
+
+def append_result(data: dict[str, Any], source: str | Path, path: str | Path) -> int:
+    """Appends the rows of one result JSON (as rows_of reads it); returns how many."""
+    return len(append(rows_of(data, Path(source).name), path))
+
+
+def rebuild(results: str | Path = RESULTS, out: str | Path | None = None,
+            sources: Iterable[str] = SOURCES) -> list[dict[str, Any]]:  # fmt: skip
+    """The ledger built from the result JSONs in results named by sources, sorted; written to
+    out (default: results/ledger.jsonl)."""
+    results = Path(results)
+    rows: list[dict[str, Any]] = []
+    for name in sources:
+        rows += rows_of(json.loads((results / name).read_text()), name)
+    rows.sort(key=_key)
+    out = Path(out) if out is not None else results / "ledger.jsonl"
+    out.write_text(dumps(rows))
+    return rows
+
+
+def read(path: str | Path = LEDGER) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def table(rows: list[dict[str, Any]], workloads: list[str]) -> list[str]:
+    """Lines of a plain table: the rows of the named workloads (a name ending in '*' is a
+    prefix), in ledger order."""
+
+    def chosen(workload: str) -> bool:
+        return any(
+            workload.startswith(w[:-1]) if w.endswith("*") else workload == w for w in workloads
+        )
+
+    head = ("workload", "backend", "metric", "value", "unit", "device", "commit", "date", "source")
+    body = [
+        tuple(
+            f"{r['value']:.4g}" if k == "value" and _number(r[k]) else str(r.get(k) or "-")
+            for k in head
+        )
+        for r in rows
+        if chosen(r["workload"])
+    ]
+    if not body:
+        return [f"no rows for {' '.join(workloads)}"]
+    widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
+    return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in (head, *body)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ledger", default=str(LEDGER), help="default: %(default)s")
+    parser.add_argument("--rebuild", action="store_true",
+                        help="build the ledger from the result JSONs the README cites")  # fmt: skip
+    parser.add_argument("--results", default=str(RESULTS), help="where --rebuild reads")
+    parser.add_argument("--table", nargs="+", metavar="WORKLOAD",
+                        help="print these workloads' rows ('name*': a prefix)")  # fmt: skip
+    args = parser.parse_args(argv)
+    if not args.rebuild and not args.table:
+        parser.error("give --rebuild, --table WORKLOAD... or both")
+    if args.rebuild:
+        rows = rebuild(args.results, args.ledger)
+        print(f"{len(rows)} rows -> {args.ledger}")
+    if args.table:
+        for line in table(read(args.ledger), args.table):
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
