@@ -1,6 +1,6 @@
 """Fused embedding-chain kernel vs copy bandwidth, eager and Inductor (one GPU run).
 
-Chain (issue 2): gelu(tok(ids) * sqrt(D) + pos(pos_ids)) * 0.5 + bias, fp16,
+Chain: gelu(tok(ids) * sqrt(D) + pos(pos_ids)) * 0.5 + bias, fp16,
 B=16, T=2048, D=2048 by default. Bytes counted: the rows read from both tables plus the
 output written (indices and bias are negligible). The copy ceiling is a large
 device-to-device copy in the same run, counting bytes read plus bytes written.
@@ -178,7 +178,7 @@ def main() -> None:
                   f"{results[name]['per_call_ms_cpu_included']:.3f} ms; rounds "
                   f"{min(samples[name]):.3f}-{max(samples[name]):.3f}")  # fmt: skip
 
-        # As users call it (issue 9): default options, so CUDA graphs on, and every call's
+        # As users call it: default options, so CUDA graphs on, and every call's
         # output kept (the runtime clones it out of the graph's pool, or decides per
         # signature not to capture when the clone costs more than the replay saves). CPU
         # included; Inductor's default mode (no CUDA graphs) is the reference.

@@ -132,7 +132,7 @@ def run_variant(args: argparse.Namespace) -> dict:
         result["divergence"] = divergence
     if args.variant != "eager":
         # Where the first generate's time goes: Dynamo's own table (tracing; the backend's
-        # call is call_user_compiler), for the first-generate target (issue 9: <= 0.3x
+        # call is call_user_compiler), for the first-generate target (target: <= 0.3x
         # auto-compile). The first capture and validation run inside the first calls.
         result["dynamo_compile_times"] = torch._dynamo.utils.compile_times(repr="str")
     if args.variant == "infinifuse":
@@ -279,7 +279,7 @@ def main() -> None:
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Ratios the issue's targets are stated in, from the runs of this one invocation."""
+    """Ratios the targets are stated in, from the runs of this one invocation."""
     by = {(r["variant"], r["cache_len"]): r for r in runs if "error" not in r}
     lens = sorted({r["cache_len"] for r in runs})
     out: dict = {"lines": []}

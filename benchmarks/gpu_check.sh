@@ -81,7 +81,7 @@ for step in $steps; do
             ${ROWS_ARGS:-}
         ;;
     decode)
-        # issue 10's four models (~2 min each on an H100, all six backends, cold compiles)
+        # the suite's four models (~2 min each on an H100, all six backends, cold compiles)
         run_step bench_decode python3 benchmarks/run.py --out-dir "$OUT/suite" \
             --only "${DECODE_ONLY:-llama-decode,qwen2-decode,gpt2-decode,bert}" \
             ${DECODE_BACKENDS:+--backends "$DECODE_BACKENDS"}

@@ -1,6 +1,6 @@
 """Per-call overhead of the CUDA-graph runtime at decode size, and batch buckets.
 
-Chain of issue 2 at B=1, T=1, D=2048, fp16: a graph launch is microseconds, so what is
+The embedding chain at B=1, T=1, D=2048, fp16: a graph launch is microseconds, so what is
 measured here is the CPU path of one call. Variants, same run, same loop:
 
 - handwritten:  copy_ -> replay -> clone, outside torch.compile (the floor)
@@ -26,7 +26,7 @@ import time
 import torch
 import torch.nn as nn
 
-# The chain model of issue 2, shared with the kernel benchmark (run as scripts: this
+# The embedding chain model, shared with the kernel benchmark (run as scripts: this
 # directory is on sys.path).
 from embedding_chain import Chain  # noqa: E402
 

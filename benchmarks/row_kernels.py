@@ -1,4 +1,4 @@
-"""Row kernels (issue 10): each pattern's fused kernel vs Inductor's and vs copy bandwidth.
+"""Row kernels: each pattern's fused kernel vs Inductor's and vs copy bandwidth.
 
 Patterns (fp16, transformers' spellings): RMSNorm (decomposed, LlamaRMSNorm), add + RMSNorm
 (two outputs: the residual sum and its norm), SwiGLU activation (silu(gate) * up), RoPE

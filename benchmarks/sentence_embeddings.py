@@ -1,4 +1,4 @@
-"""sentence-transformers encode: eager vs infinifuse vs Inductor reduce-overhead (issue 25).
+"""sentence-transformers encode: eager vs infinifuse vs Inductor reduce-overhead.
 
 The workload of ``examples/sentence_embeddings.py`` (built locally; nothing is downloaded): a
 random-weight BertModel with a locally built WordPiece tokenizer under
@@ -26,7 +26,7 @@ makes its first captures there; ``recaptures_counted_as`` says how the count was
 
 Writes the JSON (environment: device, torch, CUDA, Triton, transformers, sentence-transformers,
 date, commit) after every process, so a run cut short keeps what finished, and prints the
-table and the issue's target ratios last.
+table and the target ratios last.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-# (name, numerator backend, key, denominator backend, target): the issue's targets
+# (name, numerator backend, key, denominator backend, target): the targets
 TARGETS = (
     ("first pass / eager", "infinifuse", "first_pass_s", "eager", 1.0),
     ("second pass / eager", "infinifuse", "second_pass_s", "eager", 0.7),

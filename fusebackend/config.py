@@ -88,10 +88,11 @@ class FusionConfig:
     cudagraphs: bool | None = None
     warmup_iterations: int = 1
     max_graphs: int | None = None
-    # 2 GiB holds the issue-25 corpus with room: a MiniLM-L6 entry at batch 32 and length T
-    # holds its fp16 hidden states (32 x T x 384 x 2 bytes) and int64 ids, mask and token
-    # types (3 x 32 x T x 8 bytes), ~27 KB x T: 50 lengths of 2-260 tokens make ~0.2 GB
-    # (BERT-base: ~0.4 GB). Measured per entry, not per pool: stats()["captured_bytes"].
+    # 2 GiB holds the sentence benchmark's corpus with room: a MiniLM-L6 entry at batch 32
+    # and length T holds its fp16 hidden states (32 x T x 384 x 2 bytes) and int64 ids,
+    # mask and token types (3 x 32 x T x 8 bytes), ~27 KB x T: 50 lengths of 2-260 tokens
+    # make ~0.2 GB (BERT-base: ~0.4 GB). Measured per entry, not per pool:
+    # stats()["captured_bytes"].
     graph_memory: int | None = 2 << 30
     capture_on_call: int = 2
     batch_buckets: tuple[int, ...] | None = None

@@ -47,7 +47,7 @@ def explain(
     def backend(gm: Any, example_inputs: Any, **backend_kwargs: Any) -> Any:
         # A new callable per explain call: Dynamo reuses a compiled entry only for the
         # backend that made it, so the user's earlier torch.compile(fn, backend="infinifuse")
-        # is not served here (it was: "no graph was compiled", issue 25).
+        # is not served here (reusing it reported "no graph was compiled").
         return infinifuse(gm, example_inputs, **backend_kwargs)
 
     extra: dict[str, Any] = {}

@@ -176,7 +176,7 @@ def test_zoo_and_four_model_targets_and_tables(suite_modules):
             graphs=2,
             mode="eager,fusion",
         ),  # fmt: skip
-        # Issue 10's table: BERT-base with fewer kernels, but slower per call.
+        # The four models' table: BERT-base with fewer kernels, but slower per call.
         _row("bert", "eager", kernels_per_call=166),
         _row("bert", "inductor", kernels_per_call=193),
         _row("bert", "reduce-overhead", per_call_ms=1.14),

@@ -1,4 +1,4 @@
-"""Shapes that keep changing (issue 25): what a new signature costs, and what the cache keeps.
+"""Shapes that keep changing: what a new signature costs, and what the cache keeps.
 
 - A signature is captured on its ``capture_on_call``-th call (2 by default): a shape seen
   once costs one run, a decode step is captured on its 2nd call and replayed from its 3rd.
@@ -367,7 +367,7 @@ def _corpus_pass(compiled, table, w, b, shapes):
 
 
 def test_dynamo_recompiles_leave_one_entry_per_shape():
-    """The issue's CPU reproduction: Dynamo compiles a static graph, then one dynamic in the
+    """Recompile churn on the CPU: Dynamo compiles a static graph, then one dynamic in the
     length, then one dynamic in both; a second pass sends every shape to the newest graph.
     The older graphs' entries for those shapes are dropped: 4 entries for 4 shapes (7
     before)."""

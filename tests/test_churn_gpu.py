@@ -1,4 +1,4 @@
-"""GPU tests of issue 25's runtime: capture on recurrence with real CUDA graphs, the
+"""GPU tests of the shape-churn runtime: capture on recurrence with real CUDA graphs, the
 ``graph_memory`` budget against real pool memory, and ``length_buckets`` on a fp16 BERT
 through torch.compile. (CPU versions: test_churn.py, test_length_buckets.py.)"""
 

@@ -269,7 +269,7 @@ def test_suite_quick_writes_rows_targets_and_merges(tmp_path):
     assert rows["chain-decode", "infinifuse-nofusion"]["mode"] in ("eager", "graph_replay")
 
     targets = {t["name"]: t for t in report["targets"]}
-    # 12 backend-ratio targets (issue 10's four models among them), 3 of the zoo, 2 of
+    # 12 backend-ratio targets (the four decode/encoder models' among them), 3 of the zoo, 2 of
     # generate, and the error target over every row.
     assert len(targets) == 18, list(targets)
     first_call = targets["TinyLlama-shape decode, first call: infinifuse / Dynamo alone"]

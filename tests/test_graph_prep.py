@@ -474,7 +474,7 @@ def _fused_graph_of_last_compile(monkeypatch):
 
 def _constant_read_before_the_sums(x, c0, c1):
     position = torch.arange(1)
-    y = x + position  # an earlier reader of the constant the sums share (review)
+    y = x + position  # an earlier reader of the constant the sums share
     return y, position + c0, position + c1
 
 
@@ -509,7 +509,7 @@ def test_sums_of_state_batch_into_one_foreach_and_keep_values(monkeypatch, case)
 
 def test_sums_on_the_cpu_beside_cuda_work_stay_host_work():
     # a CPU counter of a CUDA graph is host work (split_host); a batched foreach would land
-    # in the captured part (review)
+    # in the captured part
     counters = [torch.tensor(4), torch.tensor(5), torch.tensor(6)]
     gm = _dynamo_graph(_positions_per_layer, torch.randn(3), *counters)
     fold_constants(gm)  # the aranges become get_attr constants, as in the backend
@@ -526,7 +526,7 @@ def _update_then_read_other(c0, c1, d, x):
 
 def test_updates_of_unmarked_inputs_stay_in_place_as_inputs_may_alias_later():
     # Traced with distinct inputs, then called with c0 and c1 views of one buffer: Dynamo
-    # does not recompile, and c1 must see c0's update (review of the batching pass).
+    # does not recompile, and c1 must see c0's update (a batched write would lose it).
     torch._dynamo.reset()
     compiled = torch.compile(_update_then_read_other, backend="infinifuse")
     x = torch.randn(4)

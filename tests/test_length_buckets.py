@@ -1,4 +1,4 @@
-"""Buckets for masked encoders (issue 25): ``length_buckets`` pads the sequence dim of the
+"""Buckets for masked encoders: ``length_buckets`` pads the sequence dim of the
 ids, mask and token types up to a bucket (mask 0, pad id 0) and slices the outputs back;
 each bucket's first call is checked against the unpadded run. And ``batch_buckets`` on a
 transformers ``BertModel`` whatever its first batch (a graph Dynamo traced for one batch

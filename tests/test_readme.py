@@ -1,4 +1,4 @@
-"""The README's first snippet, run as a newcomer copies it (issue 25: it printed no fusion)."""
+"""The README's first snippet, run as a newcomer copies it (it once printed no fusion)."""
 
 from __future__ import annotations
 

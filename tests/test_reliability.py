@@ -428,7 +428,7 @@ class ScaledTokPos(nn.Module):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_nan_and_inf_rows_pass_first_run_validation(path, dtype, request):
-    # Issue 9 item 8: validation must treat NaN as NaN and inf as inf of the same sign, or a
+    # First-run validation must treat NaN as NaN and inf as inf of the same sign, or a
     # table holding a NaN row drops its signature to eager though fused equals eager.
     torch.manual_seed(8)
     model = ScaledTokPos(dtype)

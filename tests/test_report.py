@@ -1,4 +1,4 @@
-"""What ``explain``, ``reports`` and the report's text show a user (issue 25, the front door):
+"""What ``explain``, ``reports`` and the report's text show a user (the front door):
 explain traces on its own, under no_grad, whatever was compiled before; every graph of a
 compilation can be listed; tables wrap instead of cutting; constants are counted, not named."""
 

@@ -210,7 +210,7 @@ def test_precompile_warms_the_kernel_the_launch_runs(monkeypatch, paired):
 
 def test_an_interrupted_precompile_leaves_no_async_mode_behind(monkeypatch):
     # Triton's AsyncCompileMode switches itself off only after waiting on every compile;
-    # an interrupt during the wait must not leave it on for later compiles (review).
+    # an interrupt during the wait must not leave it on for later compiles.
     from triton.runtime import _async_compile
 
     from fusebackend.kernels import launch

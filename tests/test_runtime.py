@@ -410,7 +410,7 @@ def test_validation_passes_rounding_spread_and_rejects_real_errors():
     one_garbage = half.clone()
     one_garbage[7, 9] += 0.25  # within its row's norm bound (0.25 / 32), caught alone
     assert "one element" in mismatch([one_garbage], [half], "output")
-    # Wrong rows hide in a large tensor's norm; each row is compared too (review findings).
+    # Wrong rows hide in a large tensor's norm; each row is compared too.
     big_first_row = torch.randn(512, 1024, generator=g).half()
     big_first_row[0] *= 100
     unwritten_last = big_first_row.clone()

@@ -384,7 +384,7 @@ def test_capture_on_another_stream_waits_for_a_slow_replay(dev):
 
 @pytest.mark.parametrize("batch", [16, 1])
 def test_large_outputs_get_a_capture_decision_and_equal_eager(dev, batch):
-    # 16 x 2048 x 2048 fp16: 128 MiB per output, the chain benchmark's size (issue 9 item 7):
+    # 16 x 2048 x 2048 fp16: 128 MiB per output, the chain benchmark's size:
     # the first calls after capture time replay + copy against direct and keep the cheaper.
     # A 1 x 2048 x 2048 output (8 MiB) is at the threshold; 1 x 1 x 2048 skips the trial.
     from fusebackend.runtime import payoff

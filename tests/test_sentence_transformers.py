@@ -1,4 +1,4 @@
-"""sentence-transformers with the inner transformers model compiled by infinifuse (issue 25).
+"""sentence-transformers with the inner transformers model compiled by infinifuse .
 
 A tiny BertModel (2 layers, hidden 32, random weights) from a config, with a WordPiece tokenizer
 built here from a vocab file (nothing is downloaded), under
@@ -81,7 +81,7 @@ def model_dir(tmp_path_factory):
 
 def _load(model_dir: str):
     st = _sentence_transformers()
-    try:  # 6.x (sentence_transformers.models, the issue's spelling, warns there)
+    try:  # 6.x (sentence_transformers.models, the older spelling, warns there)
         from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
     except ImportError:
         from sentence_transformers.models import Pooling, Transformer
@@ -130,8 +130,8 @@ def test_embeddings_equal_eager_and_groups_fuse(model_dir, batch_size):
 
 
 def test_second_pass_adds_no_entry_and_no_capture(model_dir):
-    """The issue's "no re-capture on a second pass", on the CPU (where nothing is captured,
-    each new cache entry stands for a capture on a GPU). Depends on issue 25 item 1's runtime
+    """No re-capture on a second pass, on the CPU (where nothing is captured,
+    each new cache entry stands for a capture on a GPU). Depends on the runtime
     change (be5c06a: entries of an older Dynamo compilation are dropped as "superseded").
 
     Dynamo compiles the first (longest) batch's length statically, then recompiles with a

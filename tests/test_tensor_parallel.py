@@ -54,7 +54,7 @@ def _sharded(mesh, tensor: torch.Tensor, dim: int = 0) -> torch.nn.Parameter:
 
 
 def test_a_dtensor_weight_runs_fused_on_its_local_shard(mesh):
-    # The reproducer: the first call crashed reading the DTensor's data pointer.
+    # The first call crashed reading the DTensor's data pointer.
     torch.manual_seed(0)
     w = _sharded(mesh, torch.randn(8, 5))
     b = torch.randn(8)

@@ -82,7 +82,7 @@ def test_gradients_equal_eager(dtype, kwargs):
 
 
 def test_a_graph_compiled_with_gradients_reports_the_reason_and_explain_the_inference_graph():
-    # explain is an inference tool: it runs under torch.no_grad() (issue 25: the README's
+    # explain is an inference tool: it runs under torch.no_grad() (without it the README's
     # snippet reported "gradients needed"); the training graph's report says why it is unfused.
     torch.manual_seed(1)
     model = Embeddings()

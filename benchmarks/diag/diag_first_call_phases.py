@@ -1,6 +1,6 @@
 """Where a compiled decode step's first call goes, phase by phase, against Dynamo alone.
 
-Issue 10 asks the TinyLlama decode step's first call to take <= 1.5x Dynamo alone's
+The target asks the TinyLlama decode step's first call to take <= 1.5x Dynamo alone's
 (``backend="eager"``) with a warm Triton cache. In one process, after a throwaway trace
 (``measure.prewarm``), this times, in turn and ``--rounds`` times:
 

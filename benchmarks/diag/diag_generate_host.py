@@ -79,7 +79,7 @@ def profile(variant: str) -> None:
         stats.print_stats(45)
         print(f"--- {variant}: top by {title} (one generate of 64 tokens) ---")
         print(text.getvalue())
-    # Where the first generate's time goes (issue 9: <= 0.3x auto-compile's): compile,
+    # Where the first generate's time goes (target: <= 0.3x auto-compile's): compile,
     # first-call validation, capture, kernel loading.
     text = io.StringIO()
     pstats.Stats(first, stream=text).sort_stats("cumulative").print_stats(80)

@@ -1,6 +1,6 @@
 """Where do the last percent against Inductor go in the pointwise row kernels? (one GPU run)
 
-Issue 10's per-pattern benchmark left tanh GELU (1.01-1.04x), SwiGLU (up to 1.04x) and RoPE
+row_kernels.py left tanh GELU (1.01-1.04x), SwiGLU (up to 1.04x) and RoPE
 (up to 1.03x at prefill) slower than Inductor's kernels, with the launch config ruled out by
 the sweep. This compiles each case with infinifuse, then swaps its kernel for variants of the
 generated source that differ in one respect, and times each as row_kernels.py does (device

@@ -155,7 +155,7 @@ def infinifuse_state(device: torch.device | None = None) -> dict[str, Any]:
     """Modes reached and the counters worth keeping, from ``fusebackend.stats()``.
 
     ``all_captured``: every input signature runs from a CUDA graph (no mode "eager", the
-    zoo's criterion of issue 9); None where nothing can be captured (no CUDA device).
+    zoo's criterion); None where nothing can be captured (no CUDA device).
     """
     stats = fusebackend.stats()
     modes = list(stats["fusion_modes"].values())

@@ -8,7 +8,7 @@ from typing import Any
 
 __all__ = ["FOUR_MODELS", "TARGETS", "compute_targets", "markdown", "plot"]
 
-# The rows of issue 10's table: (workload, label).
+# The rows of the four models' table: (workload, label).
 FOUR_MODELS = [
     ("llama-decode", "TinyLlama-shape decode"),
     ("qwen2-decode", "Qwen2-0.5B-shape decode"),
@@ -36,7 +36,7 @@ TARGETS = [
         "reduce-overhead",
         0.3,
     ),
-    # Per call with graphs and kernels per call without: issue 10's four models.
+    # Per call with graphs and kernels per call without: the four models.
     *[
         (
             f"{label}, per call with graphs: infinifuse / reduce-overhead",
@@ -238,7 +238,7 @@ def _zoo_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _generate_targets(generate: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """From generate.py's summary: tokens/s >= 1.0x transformers' auto-compile (issue 10),
+    """From generate.py's summary: tokens/s >= 1.0x transformers' auto-compile,
     stated as time per token infinifuse / auto-compile <= 1.0; and the fall of tokens/s from
     the shortest to the longest cache, infinifuse's over auto-compile's, <= 1.1."""
     speed_name = "generate: time per token, infinifuse / auto-compile (worst cache length)"
@@ -385,7 +385,7 @@ def _ok(by_backend: dict[str, Any], backend: str, metric: str) -> Any:
 
 
 def _four_models_table(rows: list[dict[str, Any]]) -> list[str]:
-    """Issue 10's table: per call with graphs and kernels per call without, per model."""
+    """The four models' table: per call with graphs and kernels per call without, per model."""
     present = [(w, label) for w, label in FOUR_MODELS if _row(rows, w, "infinifuse")]
     if not present:
         return []

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-# The embedding chain of issue 2, shared with the kernel benchmark (benchmarks/ is on
+# The embedding chain, shared with the kernel benchmark (benchmarks/ is on
 # sys.path: run.py is started as a script).
 from embedding_chain import Chain  # noqa: E402
 
@@ -265,7 +265,7 @@ def _zoo(family: str, dtype: torch.dtype) -> Callable:
     return build
 
 
-# The zoo's backends (issue 11 item 7): inductor's count stands in for reduce-overhead's.
+# The zoo's backends: inductor's count stands in for reduce-overhead's.
 ZOO_BACKENDS = ("eager", "inductor", "reduce-overhead", "infinifuse")
 # --quick runs a decoder with RMSNorm, one with LayerNorm and an encoder: a few minutes on
 # two CPU cores with Triton's interpreter.
@@ -327,7 +327,7 @@ def _bert_config(quick: bool) -> Callable[[], Any]:
 def workloads(quick: bool, device: torch.device) -> list[Workload]:
     """The suite, in run order. fp16 on a GPU; fp32 on a CPU (CPU fp16 kernels are slow).
 
-    The four models of issue 10's table (llama-decode, qwen2-decode, gpt2-decode, bert) and
+    The four models of the README's table (llama-decode, qwen2-decode, gpt2-decode, bert) and
     the zoo count kernels per call; the zoo has one workload per family ("zoo-llama", ...).
     """
     dtype = torch.float16 if device.type == "cuda" else torch.float32

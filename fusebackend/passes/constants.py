@@ -3,7 +3,7 @@
 Mistral, Gemma2, BLOOM, Falcon, GPT-J and MPNet build mask constants inside ``forward``
 (``torch.tensor(0.0, device="cuda", dtype=torch.float16)``). Left in the graph, each call
 does a host-to-device copy, which a CUDA graph cannot capture, so those graphs ran eagerly
-(issue 9: 12 of 42 model-zoo runs on an H200). This pass evaluates such nodes once at
+(12 of 42 model-zoo runs on an H200 before this pass). This pass evaluates such nodes once at
 compile time and replaces them with ``get_attr`` buffers of the GraphModule, so a captured
 graph reads them at a fixed address.
 

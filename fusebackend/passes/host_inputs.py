@@ -84,7 +84,7 @@ def hoist_host_to_device(
     return moved
 
 
-# ------------------------------------------------------------------- host work (issue 9.5)
+# ------------------------------- host work: CPU values computed before the captured part
 
 
 _NUMBERS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)

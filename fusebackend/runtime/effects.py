@@ -41,7 +41,7 @@ class Effects:
         # Inputs that share a storage with a mutated input (a = base, b = base[1:]) are
         # snapshot and isolated as one storage, so a write through one is seen through the
         # other and written back once. Cloned one by one, b's stale copy was written back
-        # after a's update and erased it (review finding).
+        # after a's update and erased it.
         self._shared = shared_storages(self._args, self.indices)
         in_shared = {i for group in self._shared for i in group}
         self._before = {i: _clone(args[i]) for i in self.indices if i not in in_shared}

@@ -414,7 +414,7 @@ class GraphCache:
                 siblings.append(weakref.ref(self))
         # A cache collected with live entries (Dynamo recompiled, the model was deleted) lets
         # them go through retire like an eviction: a replay queued on another stream may still
-        # read their buffers (review finding).
+        # read their buffers, which freeing them at once would hand to other tensors.
         weakref.finalize(self, _retire_entries, self._entries, self._replay_device)
 
     # ----------------------------------------------------------------------------- hot path

@@ -43,6 +43,7 @@ class PinnedRing:
         staging.copy_(src)
         dst.copy_(staging, non_blocking=True)
         # On dst's device: the copy is queued on that device's current stream, which is not
-        # the current device's when the graph runs on another GPU (review finding).
+        # the current device's when the graph runs on another GPU; recorded on the current
+        # device's stream, the event could pass while the copy still reads this slot.
         done.record(torch.cuda.current_stream(dst.device))
         self._next = (i + 1) % len(slots)
