@@ -52,7 +52,7 @@ from fusebackend.passes.collectives import (
     use_vocab_parallel_lookup,
 )
 from fusebackend.passes.decode_attention import use_decode_attention
-from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.fx_util import example_value, placeholders
 from fusebackend.passes.lowering import lower
 from fusebackend.passes.pairing import pair_twin_groups
 from fusebackend.passes.partition import Candidate, find_groups
@@ -334,7 +334,7 @@ def infinifuse(
     run_passes(PREPARE, c)
     shards, split, mutated = c.shards, c.split, c.mutated
     part = device_part(c)
-    placeholders = [n for n in part.graph.graph.nodes if n.op == "placeholder"]
+    inputs = placeholders(part.graph.graph)
     original = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
     mutated_indices = {original[p] for p in mutated}
     # Inputs of the device part that are original inputs the graph writes (the host part
@@ -355,8 +355,8 @@ def infinifuse(
         mutated_input_indices=mutated_here,
         host_inputs=part.host_inputs,
         name=name,
-        batch_size_input_indices=batch_size_inputs(placeholders, static),
-        example_values=[example_value(p) for p in placeholders],
+        batch_size_input_indices=batch_size_inputs(inputs, static),
+        example_values=[example_value(p) for p in inputs],
     )
     groups = fusion.groups
     if not config.fusion:
@@ -368,7 +368,7 @@ def infinifuse(
     else:
         path = "unfused (nothing to fuse)"
     in_place = [
-        placeholders[i].name
+        inputs[i].name
         for i in sorted(static)
         if not is_module_state(part.example_inputs[i]) and i not in sharded_parameters
     ]
@@ -385,7 +385,7 @@ def infinifuse(
         groups=groups,
         rejections=list(fusion.rejections),
         mutated_inputs=[p.name for p in mutated],
-        host_inputs=[placeholders[i].name for i in part.host_inputs],
+        host_inputs=[inputs[i].name for i in part.host_inputs],
         compile_seconds=time.perf_counter() - start,
         runtime_ref=weakref.ref(cache),
         static_inputs=in_place,
@@ -398,7 +398,7 @@ def infinifuse(
     log.info(
         "%s: %s, %d group(s), %d not fused; %d inputs, used in place: %s, mutated: %s, "
         "constants: %d, host nodes: %d",
-        name, path, len(groups), len(fusion.rejections), len(placeholders), in_place,
+        name, path, len(groups), len(fusion.rejections), len(inputs), in_place,
         report.mutated_inputs, len(report.constants), len(report.host_nodes),
     )  # fmt: skip
     log.debug("%s: seconds per pass: %s", name, c.seconds)

@@ -21,7 +21,7 @@ from fusebackend.passes.batching import batch_scalar_updates, batch_state_sums
 from fusebackend.passes.collectives import drop_reduce_copies
 from fusebackend.passes.constants import fold_constants, fold_list_indices
 from fusebackend.passes.dtensor import unwrap_dtensors
-from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.fx_util import example_value, placeholders
 from fusebackend.passes.host_inputs import (
     HostSplit,
     hoist_host_to_device,
@@ -52,9 +52,10 @@ def _static_addresses(c: Compilation) -> None:
     # A sharded parameter's (or static DTensor's) mark is on the DTensor, not on the local
     # shard that example_inputs now holds.
     sharded = c.shards.parameters if c.shards is not None else frozenset()
+    inputs = zip(placeholders(c.gm.graph), c.example_inputs, strict=False)
     c.static_address = [
         node
-        for i, (node, value) in enumerate(zip(_placeholders(c.gm), c.example_inputs, strict=False))
+        for i, (node, value) in enumerate(inputs)
         if i in sharded or getattr(value, "_dynamo_static_input_type", None) is not None
     ]
 
@@ -113,10 +114,6 @@ PREPARE = [
 ]  # fmt: skip
 
 
-def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    return [n for n in gm.graph.nodes if n.op == "placeholder"]
-
-
 def device_part(c: Compilation) -> DevicePart:
     """What the runtime runs of the prepared graph (timed as the pass ``device_part``)."""
     start = time.perf_counter()
@@ -162,8 +159,8 @@ def _device_part_of(
     first = len(split.device_args)
     moved = {k: host_inputs[i] for k, i in enumerate(split.device_args) if i in host_inputs}
     stage_scalars(split.device, first, device)
-    placeholders = [n for n in split.device.graph.nodes if n.op == "placeholder"]
-    examples = [None] * first + [example_value(p) for p in placeholders[first:]]
+    nodes = placeholders(split.device.graph)
+    examples = [None] * first + [example_value(p) for p in nodes[first:]]
     moved |= {i: d for i, d in hoist_host_to_device(split.device, examples).items() if i >= first}
     inputs = [example_inputs[i] for i in split.device_args] + [None] * split.num_boundary
     return DevicePart(split.device, inputs, moved, split.device_args)

@@ -20,14 +20,14 @@ Triton's debug mode and its device-side assert stops the program, as eager CUDA'
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Any
 
 import torch
 
 from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
-from fusebackend.kernels.launch import triton_usable, warmup_pointer_of
+from fusebackend.kernels.launch import triton_usable
+from fusebackend.kernels.triton_api import warmup_launch
 
 __all__ = ["precompile_pair", "write_cache_pair"]
 
@@ -68,10 +68,7 @@ def precompile_pair(k_cache, v_cache, index, k, v, checks: bool) -> None:
     suffice: shapes, strides, offsets, dtypes) would launch, without running it, so that it
     compiles beside the row kernels (``launch.precompile_all``) instead of at the first call."""
     args, grid, meta = _launch(k_cache, v_cache, index, k, v)
-    args = [warmup_pointer_of(x) if isinstance(x, torch.Tensor) else x for x in args]
-    device = k_cache.device
-    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        _kernel(checks).warmup(*args, grid=grid, **meta)
+    warmup_launch(_kernel(checks), grid, args, meta, k_cache.device)
 
 
 def _precompile_job(args: Any) -> Any:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch._prims_common import make_contiguous_strides_for
 
 from fusebackend.kernels.codegen import generate_pair_source, generate_source
 from fusebackend.kernels.configs import (
@@ -136,13 +137,8 @@ def _expand_strides(
     return tuple(out)
 
 
-def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    """The strides of ``torch.empty(shape)`` (sizes 0 and 1 step as 1, as torch's do)."""
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
+# The strides of ``torch.empty(shape)`` (sizes 0 and 1 step as 1), computed without a tensor.
+_contiguous_strides = make_contiguous_strides_for
 
 
 @dataclasses.dataclass

@@ -11,6 +11,7 @@ runtime imports nothing from ``kernels``.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -85,6 +86,16 @@ def import_source(name: str, source: str) -> Any:
 def warmup(kernel: Any, grid: tuple[int, int], args: list[Any], meta: dict[str, Any]) -> None:
     """Compile ``kernel`` for these arguments without launching it (``JITFunction.warmup``)."""
     kernel.warmup(*args, grid=grid, **meta)
+
+
+def warmup_launch(
+    kernel: Any, grid: tuple[int, ...], args: Sequence[Any], meta: dict[str, Any], device: Any
+) -> None:
+    """Compile a hand-written ``kernel`` for a launch on ``args`` (tensors may be fake: each
+    is shown to Triton as its dtype and alignment) on ``device``, without launching it."""
+    args = [warmup_pointer_of(x) if isinstance(x, torch.Tensor) else x for x in args]
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        warmup(kernel, grid, args, meta)
 
 
 def precompile_all(jobs: Sequence[Callable[[], None]], threads: int | None = None) -> int:

@@ -15,14 +15,14 @@ embedding does for a whole table (DTensor's eager path returns zeros for it).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Any
 
 import torch
 
 from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
-from fusebackend.kernels.launch import triton_usable, warmup_pointer_of
+from fusebackend.kernels.launch import triton_usable
+from fusebackend.kernels.triton_api import warmup_launch
 
 __all__ = ["precompile_vocab_lookup", "vocab_parallel_lookup"]
 
@@ -70,10 +70,7 @@ def precompile_vocab_lookup(ids, table, start: int, vocab: int, checks: bool) ->
     suffice) would launch, without running it (``launch.precompile_all``)."""
     out = table.new_empty((*ids.shape, table.shape[1]))
     args, grid, meta = _launch(ids, table, start, vocab, out)
-    args = [warmup_pointer_of(x) if isinstance(x, torch.Tensor) else x for x in args]
-    device = table.device
-    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        _kernel(checks).warmup(*args, grid=grid, **meta)
+    warmup_launch(_kernel(checks), grid, args, meta, table.device)
 
 
 def _precompile_job(args: Any) -> Any:

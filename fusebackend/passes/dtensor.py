@@ -37,8 +37,9 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._prims_common import make_contiguous_strides_for
 
-from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.fx_util import example_value, placeholders
 from fusebackend.passes.mutations import storage_id, written_args
 
 __all__ = ["LocalShards", "Rewrap", "is_dtensor", "unwrap_dtensors", "written_through"]
@@ -101,7 +102,7 @@ class Spec:
         else:
             given = iter(sizes)
             shape = tuple(d if type(d) is int else int(next(given)) for d in self.shape)
-            stride = _contiguous_stride(shape)
+            stride = make_contiguous_strides_for(shape)
         return DTensor.from_local(
             local, self.mesh, self.placements, run_check=False, shape=shape, stride=stride
         )
@@ -111,14 +112,6 @@ class Spec:
         """Does the traced shape or stride hold a SymInt (a graph compiled with dynamic
         sizes)?"""
         return not all(type(n) is int for n in (*self.shape, *self.stride))
-
-
-def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
-    stride, step = [], 1
-    for size in reversed(shape):
-        stride.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(stride))
 
 
 class Rewrap:
@@ -195,8 +188,8 @@ class LocalShards:
 def unwrap_dtensors(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> LocalShards | None:
     """Rewrite ``gm`` in place so that its DTensor inputs and outputs are local tensors;
     None (and ``gm`` unchanged) when no input or output is a DTensor."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    inputs = [i for i, v in enumerate(example_inputs) if i < len(placeholders) and is_dtensor(v)]
+    nodes = placeholders(gm.graph)
+    inputs = [i for i, v in enumerate(example_inputs) if i < len(nodes) and is_dtensor(v)]
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     returned = output.args[0]
     as_tuple = isinstance(returned, (tuple, list))
@@ -218,12 +211,12 @@ def unwrap_dtensors(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> 
         or getattr(example_inputs[i], "_dynamo_static_input_type", None) is not None
     )
     size_inputs: dict[str, int] = {}
-    for k, p in enumerate(placeholders):
+    for k, p in enumerate(nodes):
         if isinstance(value := example_value(p), torch.SymInt):
             size_inputs.setdefault(str(value.node.expr), k)
     for i in inputs:
-        _localize(gm.graph, placeholders[i], example_inputs[i], placeholders, size_inputs)
-    _declare_writes(gm.graph, [placeholders[i] for i in inputs])
+        _localize(gm.graph, nodes[i], example_inputs[i], nodes, size_inputs)
+    _declare_writes(gm.graph, [nodes[i] for i in inputs])
     outputs: dict[int, Spec] = {}
     for j in out_positions:
         node = items[j]
@@ -239,10 +232,10 @@ def unwrap_dtensors(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> 
     gm.recompile()
     log.info(
         "DTensor inputs run as local shards: %s; outputs wrapped again: %s",
-        [placeholders[i].name for i in inputs],
+        [nodes[i].name for i in inputs],
         sorted(outputs),
     )
-    names = tuple(placeholders[i].name for i in inputs)
+    names = tuple(nodes[i].name for i in inputs)
     return LocalShards(tuple(inputs), parameters, outputs, names)
 
 
