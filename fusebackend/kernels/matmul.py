@@ -1,0 +1,265 @@
+"""Matmul groups: a linear layer of few rows, with its siblings, the norm before it and the
+work after it, in one Triton launch (``matmul_group``).
+
+A decode step multiplies one row (a few, at small batches) by every weight of the model:
+each projection streams its weight once and does almost no arithmetic, so the step costs the
+time its weights take to read, plus whatever the kernels around each matmul add (launches,
+and re-reading the small activations). One launch here computes, for rows ``x [M, K]``:
+
+    a    = prologue(x)                 "" (none), "rms" (transformers' RMSNorm:
+                                       w * (x.float() * rsqrt(mean(x.float()**2) + eps)).to(dt)),
+                                       "layer" (F.layer_norm over K with weight and bias)
+    y_i  = a @ W_i.T (+ b_i)           W_i [N_i, K], the user's parameters read in place
+                                       (1-3 siblings: q, k, v; gate and up)
+    out  = y_0, y_1, ...               or, with a gate: act(y_0) * y_1 (SwiGLU, GeGLU)
+    out  = out + residual              (one output only)
+
+rounded where eager rounds: the normalised row to the input's dtype before the weight
+multiplies it (as transformers' RMSNorm does), each linear's output once after its bias, the
+activation's output, the product, the residual sum. Math runs in fp32 (``tl.dot``
+accumulates in fp32; fp32 inputs use IEEE products, not TF32, as eager's default).
+
+One program computes a ``BLOCK_M x BLOCK_N`` tile of one sibling's output (``BLOCK_M`` the
+rows padded to 16, the smallest ``tl.dot`` tile), looping over K; the grid is the tiles of
+every sibling one after another. The prologue's row statistics (a sum over K) are computed
+by every program from the rows themselves, which are a few KB read from L2 against the
+weight tile's tens of KB. Programs are many and narrow (``BLOCK_N`` 16-64): a 2048-wide
+output is 32-128 programs, so every SM streams weights.
+
+Where Triton cannot run (a CPU without the interpreter) ``matmul_group`` runs the same math
+in torch (``reference``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import torch
+
+from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
+from fusebackend.kernels.triton_api import interpreter_enabled, triton_usable, warmup_launch
+
+__all__ = ["GATES", "NORMS", "MatmulGroup", "matmul_group", "precompile_matmul", "reference"]
+
+NORMS = ("", "rms", "layer")
+GATES = ("", "silu", "gelu", "gelu_tanh")
+MAX_SIBLINGS = 3
+MAX_ROWS = 16  # rows up to which a matmul is grouped (decode and small-batch steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulGroup:
+    """What one launch computes; hashable (the kernel's constants come from it)."""
+
+    siblings: int = 1  # weights multiplied by the same rows (q, k, v: 3; gate and up: 2)
+    norm: str = ""  # the prologue: one of NORMS
+    eps: float = 0.0  # the norm's epsilon
+    norm_bias: bool = False  # "layer": the norm has a bias
+    gate: str = ""  # one of GATES: the output is act(y_0) * y_1 (two siblings)
+    bias: bool = False  # every weight has a bias
+    residual: bool = False  # the output gets a residual added (one output)
+
+    def __post_init__(self) -> None:
+        if self.norm not in NORMS or self.gate not in GATES:
+            raise ValueError(f"MatmulGroup: unknown norm {self.norm!r} or gate {self.gate!r}")
+        if not 1 <= self.siblings <= MAX_SIBLINGS:
+            raise ValueError(f"MatmulGroup: 1 to {MAX_SIBLINGS} siblings, not {self.siblings}")
+        if self.gate and self.siblings != 2:
+            raise ValueError("MatmulGroup: a gate takes exactly two siblings (gate, up)")
+        if self.residual and self.outputs != 1:
+            raise ValueError("MatmulGroup: a residual needs a group of one output")
+
+    @property
+    def outputs(self) -> int:
+        return 1 if self.gate else self.siblings
+
+    def describe(self) -> str:
+        """A short name for explain: ``rms + 3 linears``, ``linear + residual``, ..."""
+        parts = [self.norm + "_norm"] if self.norm else []
+        parts.append(f"{self.siblings} linears" if self.siblings > 1 else "linear")
+        parts += ["bias"] if self.bias else []
+        parts += [f"{self.gate}(gate) * up"] if self.gate else []
+        parts += ["residual"] if self.residual else []
+        return " + ".join(parts)
+
+
+def matmul_group(
+    group: MatmulGroup,
+    x: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    norm_bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    *params: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """Run ``group`` on rows ``x [..., K]``; ``params``: the weights ``[N_i, K]``, then
+    their biases ``[N_i]`` when ``group.bias``. Returns the outputs ``[..., N_i]``."""
+    weights, biases = params[: group.siblings], params[group.siblings :]
+    if not triton_usable(x.device) or x.numel() == 0:
+        return reference(group, x, norm_weight, norm_bias, residual, weights, biases)
+    args, grid, meta, outputs = _launch(group, x, norm_weight, norm_bias, residual, weights,
+                                        biases)  # fmt: skip
+    _kernel()[grid](*args, **meta)
+    return outputs
+
+
+def reference(
+    group: MatmulGroup,
+    x: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    norm_bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    weights: tuple[torch.Tensor, ...],
+    biases: tuple[torch.Tensor, ...],
+) -> tuple[torch.Tensor, ...]:
+    """``group``'s math in torch ops, rounded as the kernel rounds (and as eager does)."""
+    a = x
+    if group.norm == "rms":
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + group.eps)
+        a = norm_weight * h.to(x.dtype)
+    elif group.norm == "layer":
+        a = torch.nn.functional.layer_norm(x, x.shape[-1:], norm_weight, norm_bias, group.eps)
+    ys = [
+        torch.nn.functional.linear(a, w, biases[k] if group.bias else None)
+        for k, w in enumerate(weights)
+    ]
+    if group.gate:
+        approximate = "tanh" if group.gate == "gelu_tanh" else "none"
+        act = (
+            torch.nn.functional.silu(ys[0])
+            if group.gate == "silu"
+            else torch.nn.functional.gelu(ys[0], approximate=approximate)
+        )
+        ys = [act * ys[1]]
+    if group.residual:
+        ys = [ys[0] + residual]
+    return tuple(ys)
+
+
+def precompile_matmul(group: MatmulGroup, x, norm_weight, norm_bias, residual, *params) -> None:
+    """Compile the kernel a launch on tensors like these (fake tensors suffice) would run,
+    without running it (``launch.precompile_all`` runs such jobs concurrently)."""
+    weights, biases = params[: group.siblings], params[group.siblings :]
+    args, grid, meta, _ = _launch(group, x, norm_weight, norm_bias, residual, weights, biases,
+                                  allocate=False)  # fmt: skip
+    warmup_launch(_kernel(), grid, args, meta, x.device)
+
+
+def _precompile_job(args: Any) -> Any:
+    """The kernel family's precompile job (kernels/family.py) for a launch on ``args``."""
+    group, *values = args
+    tensors = [v for v in values if v is not None]
+    if not all(concrete_cuda_tensor(v) for v in tensors):
+        return None
+    key = ("matmul", group, *map(launch_key, values))
+    return key, functools.partial(precompile_matmul, group, *values)
+
+
+family("matmul_group", _precompile_job)(matmul_group)
+
+
+# ---- Launch parameters
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+
+def launch_config(rows: int, width: int, outputs: int, gated: bool) -> LaunchConfig:
+    """Tile and warps for ``rows`` rows of a ``width``-wide input and ``outputs`` output
+    columns in total (a gated pair: its output's columns; each program reads two tiles).
+    Narrow tiles keep every SM streaming weights: at least ~2 programs per SM of an H100
+    (132) where the output allows it.
+
+    TODO(sweep): these are first picks, to be replaced by a recorded sweep
+    (benchmarks/matmul_kernels.py --sweep)."""
+    block_n = 64
+    while block_n > 16 and -(-outputs // block_n) < 264:
+        block_n //= 2
+    block_k = 256 if width >= 256 else max(16, 1 << (width - 1).bit_length())
+    if gated and block_k > 128:
+        block_k = 128
+    return LaunchConfig(block_n, block_k, warps=4, stages=3 if width > block_k else 1)
+
+
+# Tests and the sweep swap this function (the launch reads it at each call).
+_launch_config = launch_config
+
+
+def _launch(
+    group: MatmulGroup,
+    x: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    norm_bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    weights: tuple[torch.Tensor, ...],
+    biases: tuple[torch.Tensor, ...],
+    allocate: bool = True,
+) -> tuple[list[Any], tuple[int], dict[str, Any], tuple[torch.Tensor, ...]]:
+    """(arguments, grid, meta-parameters, outputs) of the launch on these tensors."""
+    width = x.shape[-1]
+    lead = tuple(x.shape[:-1])
+    rows = math.prod(lead)
+    rows_2d = x.reshape(rows, width)
+    widths = [w.shape[0] for w in weights]
+    out_widths = widths[:1] if group.gate else widths
+    if allocate:
+        outputs = tuple(x.new_empty(*lead, n) for n in out_widths)
+    else:  # a warm-up: any tensor of the dtype shows Triton the pointer type
+        outputs = tuple(x for _ in out_widths)
+    config = _launch_config(rows, width, sum(out_widths), bool(group.gate))
+    tiles = [-(-n // config.block_n) for n in out_widths]
+    # Absent tensors are passed as x: the kernel's constants keep it from reading them.
+    w = [*weights, *(weights[0],) * (MAX_SIBLINGS - len(weights))]
+    b = [*biases, *(x,) * (MAX_SIBLINGS - len(biases))]
+    outs = [*outputs, *(outputs[0],) * (MAX_SIBLINGS - len(outputs))]
+    n = [*widths, *(0,) * (MAX_SIBLINGS - len(widths))]
+    args = [
+        rows_2d, rows_2d.stride(0), rows_2d.stride(1),
+        x if norm_weight is None else norm_weight, x if norm_bias is None else norm_bias,
+        float(group.eps),
+        *w, *(s for t in w for s in t.stride()),
+        *b, *outs, x if residual is None else residual,
+        rows, width, *n, tiles[0], tiles[1] if len(tiles) > 1 else 0,
+    ]  # fmt: skip
+    meta = {
+        "NORM": NORMS.index(group.norm),
+        "NORM_BIAS": group.norm_bias,
+        "GATE": GATES.index(group.gate),
+        "HAS_BIAS": group.bias,
+        "HAS_RESIDUAL": group.residual,
+        "SIBLINGS": group.siblings,
+        "BLOCK_M": max(16, 1 << max(0, (rows - 1).bit_length())),
+        "BLOCK_N": config.block_n,
+        "BLOCK_K": config.block_k,
+        "PRECISION": _precision(x.dtype),
+        "num_warps": config.warps,
+        "num_stages": config.stages,
+    }
+    return args, (sum(tiles),), meta, outputs
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input precision: fp32 inputs multiply in IEEE fp32 (eager's default, not
+    TF32); half inputs on tensor cores. Triton's interpreter (3.6) multiplies bf16 blocks
+    wrongly (results off by 1e10 on a CPU), so there they are upcast to fp32 first: exact,
+    as every bf16 value is an fp32 value."""
+    if dtype == torch.float32:
+        return "ieee"
+    return "upcast" if dtype == torch.bfloat16 and interpreter_enabled() else "tf32"
+
+
+@functools.cache
+def _kernel() -> Any:
+    # The kernel's module imports Triton at its top (jit functions calling each other must
+    # be module globals), so it is imported at the first launch, not with this module.
+    from fusebackend.kernels.matmul_triton import matmul_group_kernel
+
+    return matmul_group_kernel

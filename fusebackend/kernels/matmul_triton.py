@@ -1,0 +1,175 @@
+"""The Triton kernel of ``kernels/matmul.py`` (``matmul_group``): its math is described
+there. Imported at the first launch: this module imports Triton at its top, which importing
+``fusebackend.kernels`` must not.
+"""
+
+import triton
+import triton.language as tl
+
+__all__ = ["matmul_group_kernel"]
+
+
+@triton.jit
+def _tanh(z):
+    # libdevice's tanh does not run in Triton's interpreter (3.6)
+    return 2.0 * tl.sigmoid(2.0 * z) - 1.0
+
+
+@triton.jit
+def _row_stats(
+    x, x_row, x_col, rows, M, K: tl.constexpr, eps, NORM: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """(mean, 1/std) of each row for the prologue: RMS (mean 0) or LayerNorm's."""
+    total = tl.zeros([rows.shape[0]], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        keep = (rows[:, None] < M) & (ks[None, :] < K)
+        a = tl.load(x + rows[:, None] * x_row + ks[None, :] * x_col, mask=keep, other=0.0)
+        a = a.to(tl.float32)
+        if NORM == 1:
+            total += tl.sum(a * a, axis=1)
+        else:
+            total += tl.sum(a, axis=1)
+    mean = total * 0.0
+    if NORM == 1:
+        rstd = tl.rsqrt(total / K + eps)
+    else:
+        mean = total / K
+        squares = total * 0.0
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            keep = (rows[:, None] < M) & (ks[None, :] < K)
+            a = tl.load(x + rows[:, None] * x_row + ks[None, :] * x_col, mask=keep,
+                        other=0.0)  # fmt: skip
+            d = tl.where(keep, a.to(tl.float32) - mean[:, None], 0.0)
+            squares += tl.sum(d * d, axis=1)
+        rstd = tl.rsqrt(squares / K + eps)
+    return mean, rstd
+
+
+@triton.jit
+def _input_block(x, x_row, x_col, norm_w, norm_b, mean, rstd, rows, ks, M, K: tl.constexpr,
+                 NORM: tl.constexpr, NORM_BIAS: tl.constexpr):  # fmt: skip
+    """Rows ``rows`` x columns ``ks`` of the matmul's input: x after the prologue."""
+    keep = (rows[:, None] < M) & (ks[None, :] < K)
+    a = tl.load(x + rows[:, None] * x_row + ks[None, :] * x_col, mask=keep, other=0.0)
+    if NORM == 1:  # transformers' RMSNorm: weight * (x.float() * rstd).to(dtype)
+        g = tl.load(norm_w + ks, mask=ks < K, other=0.0).to(tl.float32)
+        h = (a.to(tl.float32) * rstd[:, None]).to(a.dtype)
+        a = (h.to(tl.float32) * g[None, :]).to(a.dtype)
+    if NORM == 2:  # F.layer_norm: one rounding at the end
+        g = tl.load(norm_w + ks, mask=ks < K, other=0.0).to(tl.float32)
+        h = (a.to(tl.float32) - mean[:, None]) * rstd[:, None] * g[None, :]
+        if NORM_BIAS:
+            h += tl.load(norm_b + ks, mask=ks < K, other=0.0).to(tl.float32)[None, :]
+        a = h.to(a.dtype)
+    return a
+
+
+@triton.jit
+def _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, v, v_n, v_k,
+          rows, cols, M, K: tl.constexpr, N, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
+          TWO: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """The fp32 products of the rows with weight ``w``'s columns ``cols`` (and, with
+    ``TWO``, with weight ``v``'s: a gated pair shares the input block)."""
+    acc = tl.zeros([rows.shape[0], cols.shape[0]], tl.float32)
+    acc2 = tl.zeros([rows.shape[0], cols.shape[0]], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = _input_block(x, x_row, x_col, norm_w, norm_b, mean, rstd, rows, ks, M, K,
+                         NORM, NORM_BIAS)  # fmt: skip
+        keep = (cols[None, :] < N) & (ks[:, None] < K)
+        b = tl.load(w + cols[None, :] * w_n + ks[:, None] * w_k, mask=keep, other=0.0)
+        if PRECISION == "upcast":  # see matmul._precision
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if TWO:
+            b2 = tl.load(v + cols[None, :] * v_n + ks[:, None] * v_k, mask=keep, other=0.0)
+            if PRECISION == "upcast":
+                acc2 = tl.dot(a.to(tl.float32), b2.to(tl.float32), acc2, input_precision="ieee")
+            else:
+                acc2 = tl.dot(a, b2, acc2, input_precision=PRECISION)
+    return acc, acc2
+
+
+@triton.jit
+def _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias, out, res,
+                 tile, M, K: tl.constexpr, N, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PRECISION: tl.constexpr):  # fmt: skip
+    """One tile of one sibling's output: products, bias, cast, residual, store."""
+    rows = tl.arange(0, BLOCK_M)
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc, _ = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, w, w_n, w_k,
+                   rows, cols, M, K, N, NORM, NORM_BIAS, False, BLOCK_K, PRECISION)  # fmt: skip
+    if HAS_BIAS:
+        acc += tl.load(bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    dtype = out.dtype.element_ty
+    y = acc.to(dtype)
+    keep = (rows[:, None] < M) & (cols[None, :] < N)
+    if HAS_RESIDUAL:
+        r = tl.load(res + rows[:, None] * N + cols[None, :], mask=keep, other=0.0)
+        y = (y.to(tl.float32) + r.to(tl.float32)).to(dtype)
+    tl.store(out + rows[:, None] * N + cols[None, :], y, mask=keep)
+
+
+@triton.jit
+def matmul_group_kernel(
+    x, x_row, x_col,            # the rows [M, K] and their strides
+    norm_w, norm_b, eps,        # the prologue's weight, bias and epsilon
+    w0, w1, w2,                 # sibling weights [N_i, K] (absent ones: w0)
+    w0_n, w0_k, w1_n, w1_k, w2_n, w2_k,
+    b0, b1, b2,                 # their biases [N_i]
+    out0, out1, out2,           # outputs [M, N_i], contiguous
+    res,                        # the residual [M, N_0], contiguous
+    M, K: tl.constexpr, N0, N1, N2, TILES0, TILES1,  # sizes; column tiles of siblings 0 and 1
+    NORM: tl.constexpr, NORM_BIAS: tl.constexpr, GATE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SIBLINGS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    rows = tl.arange(0, BLOCK_M)
+    mean = tl.zeros([BLOCK_M], tl.float32)
+    rstd = mean
+    if NORM != 0:
+        mean, rstd = _row_stats(x, x_row, x_col, rows, M, K, eps, NORM, BLOCK_K)
+    if GATE != 0:
+        cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        gate, up = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k,
+                         w1, w1_n, w1_k, rows, cols, M, K, N0, NORM, NORM_BIAS, True,
+                         BLOCK_K, PRECISION)  # fmt: skip
+        if HAS_BIAS:
+            gate += tl.load(b0 + cols, mask=cols < N0, other=0.0).to(tl.float32)[None, :]
+            up += tl.load(b1 + cols, mask=cols < N0, other=0.0).to(tl.float32)[None, :]
+        dtype = out0.dtype.element_ty
+        g = gate.to(dtype).to(tl.float32)
+        if GATE == 1:
+            act = g * tl.sigmoid(g)
+        elif GATE == 2:
+            act = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))
+        else:
+            act = 0.5 * g * (1.0 + _tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
+        y = (act.to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)).to(dtype)
+        keep = (rows[:, None] < M) & (cols[None, :] < N0)
+        tl.store(out0 + rows[:, None] * N0 + cols[None, :], y, mask=keep)
+    else:
+        if pid < TILES0:
+            _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k, b0,
+                         out0, res, pid, M, K, N0, NORM, NORM_BIAS, HAS_BIAS, HAS_RESIDUAL,
+                         BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)  # fmt: skip
+        else:
+            if SIBLINGS >= 2:
+                if pid < TILES0 + TILES1:
+                    _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w1, w1_n,
+                                 w1_k, b1, out1, res, pid - TILES0, M, K, N1, NORM,
+                                 NORM_BIAS, HAS_BIAS, False, BLOCK_M, BLOCK_N, BLOCK_K,
+                                 PRECISION)  # fmt: skip
+                else:
+                    if SIBLINGS == 3:
+                        _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w2, w2_n,
+                                     w2_k, b2, out2, res, pid - TILES0 - TILES1, M, K, N2,
+                                     NORM, NORM_BIAS, HAS_BIAS, False, BLOCK_M, BLOCK_N,
+                                     BLOCK_K, PRECISION)  # fmt: skip
