@@ -19,6 +19,7 @@ __all__ = [
     "pad_length",
     "slice_length",
     "slice_outputs",
+    "symbols_of",
 ]
 
 
@@ -167,3 +168,22 @@ def slice_length(outputs: Sequence[Any], length: int, along: Sequence[bool]) -> 
     """Outputs ``j`` with ``along[j]`` cut back to ``length`` along dim 1 (views)."""
     sliced = [o[:, :length] if cut else o for o, cut in zip(outputs, along, strict=True)]
     return tuple(sliced) if isinstance(outputs, tuple) else sliced
+
+
+def symbols_of(values: Sequence[Any]) -> dict[int, Any]:
+    """Input index -> the dynamic-shape symbol of each dim of a tensor (None: static), or of
+    an integer input; read once from the traced example values (nothing of them is kept).
+    Buckets pad only dims that are dynamic in the traced graph."""
+
+    def symbol(value: Any) -> str | None:
+        if isinstance(value, torch.SymInt) and getattr(value.node.expr, "free_symbols", None):
+            return str(value.node.expr)
+        return None
+
+    out: dict[int, Any] = {}
+    for i, value in enumerate(values):
+        if isinstance(value, Tensor):
+            out[i] = tuple(symbol(size) for size in value.shape)
+        elif isinstance(value, torch.SymInt):
+            out[i] = symbol(value)
+    return out

@@ -1,26 +1,26 @@
 """Signature keys: which entry of a graph cache a call uses, and readable labels for them.
 
-A key is a plain tuple built without string work: whether the fused graph is selected, then
-(shape, stride, dtype, device) of every non-static tensor input and (type, value) of every
-other input, then the values of CPU 0-d tensors a captured graph bakes in. Static inputs
-(parameters, buffers) are not in the key: their addresses are checked instead
-(``static_ptrs_equal``).
+A key is a tuple built without string work, with a named head: ``fused`` (whether the fused
+graph is selected), then ``inputs``: (shape, stride, dtype, device) of every non-static
+tensor input and (type, value) of every other input, then the values of CPU 0-d tensors a
+captured graph bakes in. Static inputs (parameters, buffers) are not in the key: their
+addresses are checked instead (``static_ptrs_equal``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+from torch._prims_common import make_contiguous_strides_for
 
 from fusebackend.runtime.counters import fusion_enabled
 
 __all__ = [
     "Key",
     "Signatures",
-    "contiguous_strides",
     "label",
     "plan_class",
     "shapes",
@@ -28,7 +28,13 @@ __all__ = [
     "tensor_signature",
 ]
 
-Key = tuple[Any, ...]
+
+class Key(NamedTuple):
+    """One signature of a graph cache (hashable, compared as a plain tuple)."""
+
+    fused: bool  # the fused graph is selected (the fusion switch, for a cache with one)
+    inputs: tuple[Any, ...]  # per input: (shape, stride, dtype, device) or (type, value)
+
 
 # C++ check used by torch's own cudagraph trees on the hot path (CUDA builds only):
 # all(tensors[i].data_ptr() == ptrs[i] for i in indices).
@@ -42,7 +48,7 @@ class Signatures:
 
     Args:
         static: Indices of static inputs (not in the key).
-        has_fused: Whether the cache has a fused graph (the key's first item is then the
+        has_fused: Whether the cache has a fused graph (the key's ``fused`` is then the
             global fusion switch, else always False).
         bakes_cpu_scalars: Whether the graph is captured: CPU 0-d tensors (a Python float
             under dynamic shapes becomes one) are then read on the host at capture and kept
@@ -83,13 +89,21 @@ class Signatures:
             )
             self._layout = (len(args), dynamic, scalars)
         items = args if len(dynamic) == len(args) else [args[i] for i in dynamic]
-        return (
-            self._has_fused and fusion_enabled(),
-            *[
-                (a.shape, a.stride(), a.dtype, a.device) if isinstance(a, Tensor) else (type(a), a)
-                for a in items
-            ],
-            *[(float, args[i].item()) for i in scalars],
+        # tuple.__new__: Key(...) without the NamedTuple's Python-level __new__ (every call).
+        return tuple.__new__(
+            Key,
+            (
+                self._has_fused and fusion_enabled(),
+                (
+                    *[
+                        (a.shape, a.stride(), a.dtype, a.device)
+                        if isinstance(a, Tensor)
+                        else (type(a), a)
+                        for a in items
+                    ],
+                    *[(float, args[i].item()) for i in scalars],
+                ),
+            ),
         )
 
 
@@ -105,23 +119,23 @@ def label(prefix: str, own: torch.device | None, key: Key) -> str:
     contiguous, the device when not the graph's own (``own``; None: the CPU)."""
     own = own if own is not None else torch.device("cpu")
     parts = []
-    for item in key[1:]:
+    for item in key.inputs:
         if len(item) == 4:
             shape, stride, dtype, device = item
             text = f"{str(dtype).removeprefix('torch.')}{list(shape)}"
-            if tuple(stride) != contiguous_strides(shape):
+            if tuple(stride) != make_contiguous_strides_for(shape):
                 text += f"/strides{tuple(stride)}"
             if device.type != own.type or (own.index is not None and device != own):
                 text += f"@{device}"
         else:
             text = repr(item[1])
         parts.append(text)
-    return f"{prefix} {'fused' if key[0] else 'unfused'} ({', '.join(parts)})"
+    return f"{prefix} {'fused' if key.fused else 'unfused'} ({', '.join(parts)})"
 
 
 def shapes(key: Key) -> tuple[tuple[int, ...], ...]:
     """Shapes of the key's tensor inputs."""
-    return tuple(tuple(item[0]) for item in key[1:] if len(item) == 4)
+    return tuple(tuple(item[0]) for item in key.inputs if len(item) == 4)
 
 
 def plan_class(key: Key) -> Key:
@@ -130,26 +144,18 @@ def plan_class(key: Key) -> Key:
     input, the type of every other input: integers under dynamic shapes are sizes; CPU
     scalars baked in by value count by type). Validation runs once per class: a graph that
     matched the unfused graph at one shape runs its other shapes unchecked."""
-    items: list[Any] = [key[0]]
-    for item in key[1:]:
+    items: list[Any] = []
+    for item in key.inputs:
         if len(item) == 4:
             shape, stride, dtype, device = item
-            items.append((dtype, device, len(shape), tuple(stride) == contiguous_strides(shape)))
+            contiguous = tuple(stride) == make_contiguous_strides_for(shape)
+            items.append((dtype, device, len(shape), contiguous))
         else:
             items.append(item[0])
-    return tuple(items)
+    return Key(key.fused, tuple(items))
 
 
 def tensor_signature(key: Key) -> Key:
     """Fusion switch, then (shape, dtype) of each tensor input: what two compilations of one
     function (Dynamo's recompiles) see alike for one call, whatever their other inputs."""
-    return (key[0], *[(tuple(item[0]), item[2]) for item in key[1:] if len(item) == 4])
-
-
-def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    strides = []
-    step = 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
+    return Key(key.fused, tuple((tuple(item[0]), item[2]) for item in key.inputs if len(item) == 4))

@@ -1,14 +1,18 @@
-"""First-run validation: is the fused graph's result the unfused graph's, within tolerance?"""
+"""First-run validation: is the fused graph's result the unfused graph's, within tolerance?
+(``mismatch``), and a new signature's fused run, compared when asked (``fused_run``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["ELEMENT_FRACTION", "ROW_SLACK", "TOLERANCES", "mismatch", "one_line"]
+from fusebackend.runtime.counters import COUNTERS
+from fusebackend.runtime.effects import Effects, RngState
+
+__all__ = ["ELEMENT_FRACTION", "ROW_SLACK", "TOLERANCES", "fused_run", "mismatch", "one_line"]
 
 # Per-dtype (rtol, atol) for the first-run comparison of fused against unfused outputs.
 # Floating tensors are compared by norm, over the whole tensor and over each row (last dim):
@@ -116,3 +120,63 @@ def _ratio(num: float, den: float) -> float:
 def one_line(exc: BaseException, limit: int = 300) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def fused_run(
+    fused: Callable[..., Sequence[Any]],
+    unfused: Callable[..., Sequence[Any]],
+    effects: Effects,
+    device: torch.device | None,
+    *,
+    first: bool,
+    validate: bool,
+) -> tuple[Sequence[Any], list[Any], str | None]:
+    """Run the fused callable once; return (outputs, the inputs of the run whose effects
+    count, failure reason or None).
+
+    ``first``: the key's first run in its cache (counted in ``fusion_attempts``);
+    ``validate``: compare it with the unfused graph (the caller asks once per validation
+    class, ``keys.plan_class``: the same graph at other sizes, until one matches). A fused
+    run that raises falls back when the unfused graph does not. The fused and the reference
+    run each write into their own copies of the mutated inputs (``effects.isolate``), so a
+    fused callable that fails halfway leaves no trace.
+    """
+    if first:
+        COUNTERS.fusion_attempts += 1
+    fused_args = effects.isolate()
+    # The reference run must draw the same random numbers (dropout in the graph) and
+    # leave the generators where one run of the model would.
+    rng = RngState(device)
+    try:
+        outputs = fused(*fused_args)
+    except Exception as exc:
+        # Run the unfused graph: if it raises too, the error is the model's own (an
+        # out-of-range index, a shape error) and reaches the caller as eager's would,
+        # without being counted or logged as a fusion failure.
+        rng.restore()
+        ref_args = effects.isolate()
+        effects.release()
+        try:
+            expected = unfused(*ref_args)
+        except Exception:
+            raise exc from None  # the fused error names the bad value (kernels' checks)
+        return expected, ref_args, f"fused graph raised {type(exc).__name__}: {one_line(exc)}"
+    winner, failure = fused_args, None
+    if validate:
+        COUNTERS.validations += 1
+        ref_args = effects.isolate()
+        effects.release()
+        rng.restore()
+        expected = unfused(*ref_args)
+        failure = mismatch(outputs, expected, "output")
+        for i in effects.indices:
+            failure = failure or mismatch(
+                [fused_args[i]], [ref_args[i]], f"mutated input {i} after"
+            )
+        if failure is not None:
+            # The class stays unvalidated: its next new key is compared again.
+            failure = f"fused graph does not match the unfused graph: {failure}"
+            outputs, winner = expected, ref_args
+    if failure is None and first:
+        COUNTERS.fusion_successes += 1
+    return outputs, winner, failure
