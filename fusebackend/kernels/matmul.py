@@ -40,50 +40,10 @@ from typing import Any
 import torch
 
 from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
+from fusebackend.kernels.ir import GATES, MAX_SIBLINGS, NORMS, MatmulGroup
 from fusebackend.kernels.triton_api import interpreter_enabled, triton_usable, warmup_launch
 
-__all__ = ["GATES", "NORMS", "MatmulGroup", "matmul_group", "precompile_matmul", "reference"]
-
-NORMS = ("", "rms", "layer")
-GATES = ("", "silu", "gelu", "gelu_tanh")
-MAX_SIBLINGS = 3
-MAX_ROWS = 16  # rows up to which a matmul is grouped (decode and small-batch steps)
-
-
-@dataclasses.dataclass(frozen=True)
-class MatmulGroup:
-    """What one launch computes; hashable (the kernel's constants come from it)."""
-
-    siblings: int = 1  # weights multiplied by the same rows (q, k, v: 3; gate and up: 2)
-    norm: str = ""  # the prologue: one of NORMS
-    eps: float = 0.0  # the norm's epsilon
-    norm_bias: bool = False  # "layer": the norm has a bias
-    gate: str = ""  # one of GATES: the output is act(y_0) * y_1 (two siblings)
-    bias: bool = False  # every weight has a bias
-    residual: bool = False  # the output gets a residual added (one output)
-
-    def __post_init__(self) -> None:
-        if self.norm not in NORMS or self.gate not in GATES:
-            raise ValueError(f"MatmulGroup: unknown norm {self.norm!r} or gate {self.gate!r}")
-        if not 1 <= self.siblings <= MAX_SIBLINGS:
-            raise ValueError(f"MatmulGroup: 1 to {MAX_SIBLINGS} siblings, not {self.siblings}")
-        if self.gate and self.siblings != 2:
-            raise ValueError("MatmulGroup: a gate takes exactly two siblings (gate, up)")
-        if self.residual and self.outputs != 1:
-            raise ValueError("MatmulGroup: a residual needs a group of one output")
-
-    @property
-    def outputs(self) -> int:
-        return 1 if self.gate else self.siblings
-
-    def describe(self) -> str:
-        """A short name for explain: ``rms + 3 linears``, ``linear + residual``, ..."""
-        parts = [self.norm + "_norm"] if self.norm else []
-        parts.append(f"{self.siblings} linears" if self.siblings > 1 else "linear")
-        parts += ["bias"] if self.bias else []
-        parts += [f"{self.gate}(gate) * up"] if self.gate else []
-        parts += ["residual"] if self.residual else []
-        return " + ".join(parts)
+__all__ = ["LaunchConfig", "launch_config", "matmul_group", "precompile_matmul", "reference"]
 
 
 def matmul_group(
