@@ -25,19 +25,23 @@ first call.
 Captured entries (``recording.record``): static inputs (parameters, buffers, KV caches,
 written inputs, and inputs sharing a storage with them) are used in place and their
 addresses checked on each hit: a change re-records, and an input that moves on
-``_MAX_ADDRESS_CHANGES`` consecutive calls is copied in from then on; other inputs are
+``recapture._MAX_ADDRESS_CHANGES`` consecutive calls is copied in from then on; others are
 copied into static buffers (host inputs through pinned staging) on each replay. Outputs are
 cloned unless ``static_outputs``. A hit never synchronizes the host, except during a
 large-output trial (``payoff.py``) and when the staging ring is full. Each call executes the
 model's in-place effects exactly once (``effects.py``). Captures and dropped entries are
 ordered against replays on other streams (``capture.py``).
 
+This module holds the lookup, the replay and direct runs, the handling of a miss (run,
+validate, capture or demote, remember), the entry table and its bounds; the class takes its
+re-captures from ``recapture.py``, its batch and length buckets from ``padding.py`` and its
+read-only views (``describe``, stats rows) from ``inspection.py``.
+
 Inference only: capture records no autograd graph.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import threading
@@ -51,23 +55,19 @@ from torch import Tensor
 
 from fusebackend.config import FusionConfig
 from fusebackend.runtime import capture as _capture
-from fusebackend.runtime import frames, payoff
-from fusebackend.runtime.buckets import (
-    LengthInputs,
-    length_inputs,
-    pad,
-    pad_length,
-    slice_length,
-    symbols_of,
-)
+from fusebackend.runtime import frames
+from fusebackend.runtime.buckets import LengthInputs, pad, pad_length, symbols_of
 from fusebackend.runtime.counters import COUNTERS, register_cache
 from fusebackend.runtime.effects import Effects, shared_storages, write_back
 from fusebackend.runtime.entries import Call, Entry, StatsRow, Verdict
 from fusebackend.runtime.eviction import enforce_memory, eviction_hint, retire_entries
-from fusebackend.runtime.keys import Key, Signatures, label, plan_class, shapes, static_ptrs_equal
+from fusebackend.runtime.inspection import Inspection
+from fusebackend.runtime.keys import Key, Signatures, plan_class, static_ptrs_equal
 from fusebackend.runtime.modes import Cause, Mode, demote, first_mode
+from fusebackend.runtime.padding import Padding
+from fusebackend.runtime.recapture import Recapture
 from fusebackend.runtime.recording import capture_blocker, record
-from fusebackend.runtime.validation import fused_run, mismatch, one_line
+from fusebackend.runtime.validation import fused_run, one_line
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +88,6 @@ _MAX_VERDICTS = 4096
 # stream of ever-new shapes.
 _MAX_ENTRIES = 4096
 
-# A static input (used in place: parameters, buffers, KV caches, every mutated input) that
-# arrives at a new address on this many consecutive calls is copied in from then on, like any
-# other input: an output buffer passed fresh on every call otherwise re-recorded the graph on
-# every call. A replay without a move resets the count, so a cache or weights that move once
-# (a new StaticCache per generate, a reload) keep being used in place.
-_MAX_ADDRESS_CHANGES = 3
-
 _serials = itertools.count()
 # Process-wide use clock: each entry's last use, so graph_memory evicts the least recently
 # used captured entry of any cache (one counter step per call, no shared structure to move).
@@ -112,7 +105,7 @@ def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.1f} MiB"
 
 
-class GraphCache:
+class GraphCache(Recapture, Padding, Inspection):
     """Run a compiled graph through per-signature CUDA graphs, falling back when needed.
 
     Args:
@@ -125,7 +118,7 @@ class GraphCache:
             no CUDA call at all).
         static_input_indices: Inputs used in place (parameters, buffers, KV caches): not
             copied, not padded, not in the key; their addresses are checked on each hit (one
-            that moves on consecutive calls is copied in after ``_MAX_ADDRESS_CHANGES``).
+            that moves on consecutive calls is copied in: ``recapture.py``).
         mutated_input_indices: Inputs the graph writes into; the write reaches the caller's
             tensor exactly once per call.
         host_inputs: Input index -> device, for inputs the caller passes on the CPU but the
@@ -462,104 +455,6 @@ class GraphCache:
         self.ignored_options.append(why)
         log.warning("%s: %s", self.name, why)
 
-    def _check_buckets(self, args: tuple[Any, ...]) -> None:
-        """Once, at the first call: batch_buckets needs a non-static tensor input with a
-        leading (batch) dim; a graph without one (only parameters and scalars) pads nothing."""
-        self._buckets_checked = True
-        first = next(
-            (
-                i
-                for i, a in enumerate(args)
-                if i not in self._static and isinstance(a, Tensor) and a.dim() > 0
-            ),
-            None,
-        )
-        if first is None:
-            self._ignore(
-                f"batch_buckets={list(self._buckets or ())} has no effect: the graph has no "
-                "non-parameter tensor input with a batch dimension"
-            )
-        elif self._symbols is not None and (self._symbols.get(first) or (0,))[0] is None:
-            # Dynamo traced this graph for one batch size (its first call: a transformers
-            # BertModel then views with that size baked in, and batch 3 padded to 4 failed
-            # with "The size of tensor a (4) must match the size of tensor b (3)"). Dynamo
-            # routes only that size here; the next batch size recompiles with a dynamic
-            # batch, where the buckets apply.
-            log.info(
-                "%s: batch_buckets: the graph's batch dim is static (%d); it runs unpadded",
-                self.name,
-                args[first].shape[0],
-            )
-            self._buckets = None
-
-    def _check_lengths(self, args: tuple[Any, ...]) -> None:
-        """Once, at the first call: which inputs carry the length (``buckets.length_inputs``)."""
-        self._lengths_checked = True
-        given = f"length_buckets={list(self._lengths or ())}"
-        if self._mutated:
-            self._ignore(
-                f"{given} has no effect: the graph writes its inputs in place (a cache or "
-                "state padded along the length would not be the caller's)"
-            )
-            return
-        plan = length_inputs(args, self._static, self._symbols)
-        if isinstance(plan, LengthInputs):
-            self._length_plan = plan
-        elif "static" in plan:
-            log.info("%s: %s: %s; it runs unpadded", self.name, given, plan)
-        else:
-            self._ignore(f"{given} has no effect: {plan}")
-
-    def _length_call(
-        self, args: tuple[Any, ...], padded: tuple[Any, ...], length: int, bucket: int
-    ) -> Sequence[Any]:
-        """A call padded to a length bucket. The bucket's first call also runs the unpadded
-        graph and compares: a model whose padded positions are not masked out (no attention
-        mask passed, a position-dependent output) leaves the bucket unpadded, with the
-        reason in ``ignored_options``."""
-        state = self._length_state.get(bucket)
-        if isinstance(state, str):
-            return self._call(args)
-        if state is not None:
-            return slice_length(self._call(padded, args), length, state)
-        reference = self._direct(self._unfused, Call(args, args))
-        why = None
-        try:
-            outputs = self._call(padded, args)
-        except Exception as exc:
-            why = f"the padded run raised {type(exc).__name__}: {one_line(exc)}"
-        else:
-            along = tuple(
-                isinstance(o, Tensor)
-                and isinstance(r, Tensor)
-                and o.dim() >= 2
-                and o.dim() == r.dim()
-                and o.shape[1] == bucket
-                and r.shape[1] == length
-                for o, r in zip(outputs, reference, strict=False)
-            )
-            if len(outputs) != len(reference):
-                why = f"{len(outputs)} outputs, expected {len(reference)}"
-            else:
-                sliced = slice_length(outputs, length, along)
-                why = mismatch(sliced, reference, "output")
-                if why is None:
-                    self._length_state[bucket] = along
-                    return sliced
-            why = f"the padded run differs from the unpadded run: {why}"
-        self._length_state[bucket] = why
-        # The padded entry made by the check serves no later call: let it go.
-        padded_key = self.key_for(*padded)
-        with self._lock:
-            stale = self._entries.pop(padded_key, None)
-            if stale is not None:
-                self._drop(stale)
-        self._ignore(
-            f"length_buckets: bucket {bucket} is not used (length {length} and the others "
-            f"padded to it run unpadded): {why}"
-        )
-        return reference
-
     def _callable(self, mode: Mode) -> Callable[..., Sequence[Any]]:
         fn = self._fused if mode.fused else self._unfused
         assert fn is not None
@@ -605,69 +500,6 @@ class GraphCache:
             else:
                 log.log(level, "%s: %s %s", self.name, self._label(key), demotion.step)
         return demotion.mode, demotion.reason
-
-    def _rerecord(self, key: Key, entry: Entry, call: Call) -> Sequence[Any]:
-        COUNTERS.rerecords += 1
-        args = call.args
-        moved = [i for i in entry.static_idx if args[i].data_ptr() != entry.static_ptrs[i]]
-        for i in moved:
-            self._moves[i] = self._moves.get(i, 0) + 1
-            if self._moves[i] == _MAX_ADDRESS_CHANGES:
-                self._copied_static.add(i)
-                log.log(
-                    self._warn_once(),
-                    "%s: input %d changed address %d times; it is copied into the captured "
-                    "graph from now on instead of re-recording",
-                    self.name,
-                    i,
-                    _MAX_ADDRESS_CHANGES,
-                )
-        log.info(
-            "%s: static input(s) %s changed address; re-recording %s",
-            self.name,
-            moved,
-            self._label(key),
-        )
-        # Retire the old graph before capturing the new one (freed once replays are past it).
-        del self._entries[key]
-        self._drop(entry)
-        seen = max(entry.hits, self._config.capture_on_call - 1)
-        outputs = self._new_entry(key, Verdict(entry.mode, entry.reason, True, seen), call)
-        new = self._entries[key]
-        new.hits = entry.hits
-        if entry.decision is not None and new.trial is not None:
-            new.trial, new.decision = None, entry.decision  # "capture pays" was decided: keep it
-        return outputs
-
-    def _trial_call(self, key: Key, entry: Entry, call: Call) -> Sequence[Any]:
-        """One of the timed calls that decide whether capturing ``key`` pays (``payoff``):
-        replayed or run directly, in turn; each call runs the graph once either way."""
-        trial = entry.trial
-        assert trial is not None
-        replayed = trial.next_is_replay()
-        if replayed:
-            run = functools.partial(self._replay, entry, call)
-        else:
-            run = functools.partial(self._direct, entry.fn, call)
-        outputs, host_s, device_s = payoff.time_call(
-            run, self._replay_device, trial.prime_for(replayed)
-        )
-        trial.add(replayed, host_s, device_s)
-        verdict = trial.verdict()
-        if verdict is None:
-            return outputs
-        keep, why = verdict
-        log.info("%s: %s %s", self.name, self._label(key), why)
-        entry.trial, entry.decision = None, why
-        if not keep:
-            # Logged above; a fused entry stays in fusion, run directly.
-            mode, reason = self._demote(key, entry.mode, Cause.NO_PAYOFF, why, entry.reason)
-            self._entries[key] = Entry(
-                mode, entry.fn, reason, hits=entry.hits, decision=why, last_use=entry.last_use
-            )
-            self._remember(key, Verdict(mode, reason, False, entry.hits + 1))
-            self._drop(entry)
-        return outputs
 
     def _record(self, mode: Mode, fn: Callable[..., Sequence[Any]], args: tuple[Any, ...]) -> Entry:
         return record(
@@ -716,12 +548,6 @@ class GraphCache:
         if entry.graph is not None:
             _capture.retire(entry.resources(), self._replay_device)
 
-    def _promote(self, key: Key, entry: Entry, call: Call) -> Sequence[Any]:
-        """The ``capture_on_call``-th call of an uncaptured entry: capture it now."""
-        del self._entries[key]
-        self._drop(entry)
-        return self._new_entry(key, Verdict(entry.mode, entry.reason, True, entry.hits), call)
-
     def _supersede_unpadded(self, given: tuple[Any, ...]) -> None:
         """Once per caller signature of padded calls: drop older compilations' entries for
         the caller's own shapes (``frames.supersede``), hit or miss of the padded key."""
@@ -742,56 +568,7 @@ class GraphCache:
                 moved[i] = args[i].to(device, non_blocking=True)
         return tuple(moved)
 
-    # -------------------------------------------------------------------------- inspection
-
-    def key_for(self, *args: Any) -> Key:
-        """The cache key a call with ``args`` uses (after length- and batch-bucket padding)."""
-        if self._length_plan is not None:
-            padded = pad_length(args, self._length_plan, self._lengths or ())
-            if padded is not None and not isinstance(self._length_state.get(padded[2]), str):
-                args = padded[0]
-        if self._buckets is not None:
-            args = pad(args, self._buckets, self._static, self._batch_ints)[0]
-        return self._signatures.key(args)
-
-    def mode_for(self, *args: Any) -> str | None:
-        """The mode a call with ``args`` would run in now, or None if it would be a miss."""
-        key = self.key_for(*args)
-        with self._lock:
-            entry = self._entries.get(key)
-        return None if entry is None else entry.mode.value
-
-    def describe(self) -> list[dict[str, Any]]:
-        """One dict per live entry: key (readable), mode, reason, captured, decision (whether
-        capture pays, for large outputs: see ``payoff``; when an uncaptured entry is captured),
-        hits."""
-        with self._lock:
-            items = list(self._entries.items())
-        return [
-            {
-                "key": self._label(key),
-                "mode": entry.mode.value,
-                "reason": entry.reason,
-                "captured": entry.graph is not None,
-                "decision": entry.decision
-                or ("timing replay + output copy against direct" if entry.trial else None)
-                or (
-                    f"captured on its call {self._config.capture_on_call} (recurs)"
-                    if entry.pending
-                    else None
-                ),
-                "hits": entry.hits,
-            }
-            for key, entry in items
-        ]
-
-    def stats_rows(self) -> list[StatsRow]:
-        with self._lock:
-            items = list(self._entries.items())
-        return [
-            StatsRow(self._label(key), shapes(key), entry.mode.value, entry.reason)
-            for key, entry in items
-        ]
+    # ---------------------------------------------------------------------------- controls
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -815,6 +592,3 @@ class GraphCache:
             f"GraphCache({self.label_prefix}, device={self._device}, "
             f"capture={self._capture}, entries={len(self._entries)})"
         )
-
-    def _label(self, key: Key) -> str:
-        return label(self.label_prefix, self._device, key)

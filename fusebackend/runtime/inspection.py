@@ -1,0 +1,71 @@
+"""What a graph cache shows of itself: readable keys, ``describe()`` (one dict per entry,
+for ``explain``), the rows of ``stats()`` and ``mode_for``; modes are handed out as plain
+strings. ``GraphCache`` takes these methods from ``Inspection``."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fusebackend.config import FusionConfig
+from fusebackend.runtime.entries import Entry, StatsRow
+from fusebackend.runtime.keys import Key, label, shapes
+
+__all__ = ["Inspection"]
+
+
+class Inspection:
+    """The read-only views of ``GraphCache`` (a mixin: the state below is set by its __init__)."""
+
+    label_prefix: str
+    _device: torch.device | None
+    _config: FusionConfig
+    _lock: threading.RLock
+    _entries: OrderedDict[Key, Entry]
+    key_for: Callable[..., Key]  # Padding.key_for: the key of a call, padded as it would be
+
+    def mode_for(self, *args: Any) -> str | None:
+        """The mode a call with ``args`` would run in now, or None if it would be a miss."""
+        key = self.key_for(*args)
+        with self._lock:
+            entry = self._entries.get(key)
+        return None if entry is None else entry.mode.value
+
+    def describe(self) -> list[dict[str, Any]]:
+        """One dict per live entry: key (readable), mode, reason, captured, decision (whether
+        capture pays, for large outputs: see ``payoff``; when an uncaptured entry is captured),
+        hits."""
+        with self._lock:
+            items = list(self._entries.items())
+        return [
+            {
+                "key": self._label(key),
+                "mode": entry.mode.value,
+                "reason": entry.reason,
+                "captured": entry.graph is not None,
+                "decision": entry.decision
+                or ("timing replay + output copy against direct" if entry.trial else None)
+                or (
+                    f"captured on its call {self._config.capture_on_call} (recurs)"
+                    if entry.pending
+                    else None
+                ),
+                "hits": entry.hits,
+            }
+            for key, entry in items
+        ]
+
+    def stats_rows(self) -> list[StatsRow]:
+        with self._lock:
+            items = list(self._entries.items())
+        return [
+            StatsRow(self._label(key), shapes(key), entry.mode.value, entry.reason)
+            for key, entry in items
+        ]
+
+    def _label(self, key: Key) -> str:
+        return label(self.label_prefix, self._device, key)
