@@ -299,6 +299,39 @@ def test_describe_lists_entries():
 # --------------------------------------------------------------------------- fallback chain
 
 
+def test_the_fallback_chain_is_one_rule():
+    """modes.demote: where each cause sends each mode, and how the step reads in the reason."""
+    from fusebackend.runtime.modes import Cause, Mode, demote
+
+    def step(mode, cause, **kw):
+        result = demote(mode, cause, "why", None, **kw)
+        return result.mode, result.reason
+
+    assert step(Mode.FUSION, Cause.FUSED_FAILED) == (
+        GRAPH_REPLAY,
+        "fusion -> graph_replay: why",
+    )
+    assert step(Mode.FUSION, Cause.FUSED_FAILED, captures=False) == (EAGER, "fusion -> eager: why")
+    assert step(Mode.FUSION, Cause.CAPTURE_FAILED)[0] == GRAPH_REPLAY
+    assert step(Mode.GRAPH_REPLAY, Cause.CAPTURE_FAILED) == (EAGER, "graph_replay -> eager: why")
+    # A fused graph that is not captured stays in fusion, run directly; unfused goes eager.
+    assert step(Mode.FUSION, Cause.NOT_CAPTURABLE) == (FUSION, "not captured: why")
+    assert step(Mode.GRAPH_REPLAY, Cause.NOT_CAPTURABLE) == (EAGER, "graph_replay -> eager: why")
+    assert step(Mode.FUSION, Cause.OVER_BUDGET) == (FUSION, "not captured: why")
+    assert step(Mode.GRAPH_REPLAY, Cause.OVER_BUDGET) == (
+        EAGER,
+        "graph_replay -> eager: not captured: why",
+    )
+    assert step(Mode.FUSION, Cause.NO_PAYOFF) == (FUSION, "why")
+    assert step(Mode.GRAPH_REPLAY, Cause.NO_PAYOFF) == (EAGER, "graph_replay -> eager: why")
+    assert (
+        demote(Mode.FUSION, Cause.FUSED_FAILED, "b", "a").reason == "a; fusion -> graph_replay: b"
+    )
+    # The modes read as the names users see, in text and compared with strings.
+    assert (str(FUSION), f"{GRAPH_REPLAY}", EAGER.value) == ("fusion", "graph_replay", "eager")
+    assert {"fusion"} == {FUSION}
+
+
 def test_fused_that_raises_falls_back_to_eager_logged_once(caplog):
     def broken(x, y):
         raise RuntimeError("triton compile boom")
