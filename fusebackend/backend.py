@@ -45,6 +45,7 @@ from fusebackend.kernels.launch import (
     precompile,
     precompile_all,
 )
+from fusebackend.kernels.matmul import matmul_op
 from fusebackend.kernels.vocab_lookup import vocab_parallel_lookup
 from fusebackend.passes.cache_writes import pair_cache_writes
 from fusebackend.passes.collectives import (
@@ -54,6 +55,7 @@ from fusebackend.passes.collectives import (
 from fusebackend.passes.decode_attention import use_decode_attention
 from fusebackend.passes.fx_util import example_value, placeholders
 from fusebackend.passes.lowering import lower
+from fusebackend.passes.matmul_groups import use_matmul_groups
 from fusebackend.passes.pairing import pair_twin_groups
 from fusebackend.passes.partition import Candidate, find_groups
 from fusebackend.passes.rewrite import reference_graph, rewrite
@@ -195,15 +197,29 @@ def _collector_paused() -> Iterator[None]:
 # ---- Fusion: on a copy of the graph the runtime runs; stops where nothing will be fused.
 
 
+def _use_matmul_groups(c: Compilation) -> list[str]:
+    """Few-row linears with their siblings, norm and epilogue as matmul_group launches;
+    the linears left alone are reported under their own key."""
+    assert c.graph is not None
+    found = use_matmul_groups(c.graph, matmul_op, triton_usable)
+    if found.left_alone:
+        c.rewrites.setdefault("matmuls_left_alone", []).extend(found.left_alone)
+        c.labels["matmuls_left_alone"] = "matmuls left as traced"
+    c.matmul_groups = len(found.made)
+    return found.made
+
+
 def _find_groups(c: Compilation) -> None:
     assert c.graph is not None
     c.candidates, c.rejections = find_groups(c.graph)
-    c.stopped = not c.candidates
+    c.stopped = not c.candidates and not c.matmul_groups
 
 
 def _rewrite_groups(c: Compilation) -> None:
     """Each group becomes one call of its FusedGroupOp (its GroupReport recorded)."""
     assert c.graph is not None
+    if not c.candidates:
+        return
     options = KernelOptions(c.config.index_checks, c.config.round_intermediates)
     devices = {example_value(k.members[0]).device for k in c.candidates}
     if not any(triton_usable(d) for d in devices):
@@ -284,6 +300,8 @@ FUSE = [
          lambda c: use_vocab_parallel_lookup(c.graph, vocab_parallel_lookup, c.config.index_checks),
          "vocab-parallel lookups as one kernel + all-reduce (fused graph)",
          report="vocab_lookups", needs_rewrites=True),
+    Pass("use_matmul_groups", _use_matmul_groups, "matmul groups (fused graph)",
+         report="matmul_groups", when=lambda c: c.config.matmul_groups),
     Pass("find_groups", _find_groups),
     Pass("rewrite_groups", _rewrite_groups),
     Pass("pair_twin_groups", _pair_twin_groups),
@@ -361,7 +379,7 @@ def infinifuse(
     groups = fusion.groups
     if not config.fusion:
         path = "unfused (option fusion=False)"
-    elif any(not g.backend.startswith("not rewritten") for g in groups):
+    elif fusion.graph is not None:
         path = "fused"
     elif groups:
         path = f"unfused ({groups[0].backend}: {len(groups)} group(s) found)"
@@ -461,7 +479,9 @@ def _fuse(
     c.graph.output(c.graph.graph_copy(gm.graph, {}))  # node meta (example values) is kept
     run_passes(FUSE, c)
     if c.stopped:
-        return Fusion(None, c.groups, c.rejections, seconds=c.seconds)
+        # No fused graph: only what says why something was not fused stays reported.
+        why = {k: v for k, v in c.rewrites.items() if k == "matmuls_left_alone"}
+        return Fusion(None, c.groups, c.rejections, why, c.labels, seconds=c.seconds)
     fused = torch.fx.GraphModule(gm, c.graph)
     return Fusion(fused, c.groups, c.rejections, c.rewrites, c.labels, c.seconds, c.launches)
 

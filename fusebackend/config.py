@@ -82,6 +82,11 @@ class FusionConfig:
             (passes/batching.py, attention.py, cache_writes.py, decode_attention.py).
             ``False`` leaves those as traced; constants and list indices are folded either
             way (capture needs them).
+        matmul_groups: Run each linear layer of at most 16 rows (decode and small-batch
+            steps) with its sibling projections (q, k, v; gate and up), the norm before it
+            and the gated activation or residual add after it as one Triton launch that
+            reads the weights in place (passes/matmul_groups.py, kernels/matmul.py).
+            ``False`` leaves every matmul to cuBLAS, as traced.
     """
 
     fusion: bool = True
@@ -102,10 +107,11 @@ class FusionConfig:
     index_checks: bool = True
     round_intermediates: bool = True
     rewrites: bool = True
+    matmul_groups: bool = True
 
     def __post_init__(self) -> None:
         for name in ("fusion", "static_outputs", "validate", "index_checks", "round_intermediates",
-                     "rewrites"):  # fmt: skip
+                     "rewrites", "matmul_groups"):  # fmt: skip
             _expect(isinstance(getattr(self, name), bool), name, "a bool", getattr(self, name))
         _expect(
             self.cudagraphs is None or isinstance(self.cudagraphs, bool),

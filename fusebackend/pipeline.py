@@ -49,6 +49,7 @@ class Compilation:
     rejections: list[Any] = dataclasses.field(default_factory=list)
     groups: list[Any] = dataclasses.field(default_factory=list)  # GroupReports
     fused_nodes: list[torch.fx.Node] = dataclasses.field(default_factory=list)
+    matmul_groups: int = 0  # matmul_group launches the graph got (passes/matmul_groups.py)
     launches: dict[str, int] = dataclasses.field(default_factory=dict)  # kernel -> launches
     stopped: bool = False  # a pass ended its stage (nothing to fuse: no fused graph)
     # What the passes report: report key -> node names, report key -> explain's label, and

@@ -24,6 +24,7 @@ ALL_OPTIONS = [
     "index_checks",
     "round_intermediates",
     "rewrites",
+    "matmul_groups",
 ]
 
 
@@ -84,7 +85,15 @@ def test_from_options_sets_every_option():
 
 @pytest.mark.parametrize(
     "name",
-    ["fusion", "static_outputs", "validate", "index_checks", "round_intermediates", "rewrites"],
+    [
+        "fusion",
+        "static_outputs",
+        "validate",
+        "index_checks",
+        "round_intermediates",
+        "rewrites",
+        "matmul_groups",
+    ],  # fmt: skip
 )
 @pytest.mark.parametrize("bad", [1, 0, "yes", None, 1.0])
 def test_bool_options_reject_non_bools(name, bad):

@@ -40,7 +40,17 @@ __all__ = [
     "warm_process",
 ]
 
-BACKENDS = ("eager", "dynamo", "inductor", "reduce-overhead", "infinifuse", "infinifuse-nofusion")
+BACKENDS = (
+    "eager", "dynamo", "inductor", "reduce-overhead", "infinifuse", "infinifuse-nofusion",
+    "infinifuse-nomatmul",
+)  # fmt: skip
+# Each infinifuse variant's options beside the defaults: fusion off, or matmul groups off
+# (passes/matmul_groups.py), so one run measures what each part of the fusion gives.
+INFINIFUSE_OPTIONS: dict[str, dict[str, Any]] = {
+    "infinifuse": {},
+    "infinifuse-nofusion": {"fusion": False},
+    "infinifuse-nomatmul": {"matmul_groups": False},
+}
 CUDA_ONLY = frozenset({"inductor", "reduce-overhead"})  # Inductor on CPU needs a C++ toolchain
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-4}
 
@@ -59,10 +69,9 @@ def make_fn(model: torch.nn.Module, backend: str) -> Callable[..., Any]:
         return torch.compile(model)
     if backend == "reduce-overhead":
         return torch.compile(model, mode="reduce-overhead")
-    if backend == "infinifuse":
-        return torch.compile(model, backend="infinifuse")
-    if backend == "infinifuse-nofusion":
-        return torch.compile(model, backend="infinifuse", options={"fusion": False})
+    if backend in INFINIFUSE_OPTIONS:
+        options = INFINIFUSE_OPTIONS[backend]
+        return torch.compile(model, backend="infinifuse", options=options or None)
     raise ValueError(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}")
 
 
@@ -237,9 +246,7 @@ def count_kernels(
     """
     if backend.startswith("infinifuse"):
         fresh_state(device)  # the timed row's stats were read already
-        options: dict[str, Any] = {"cudagraphs": False}
-        if backend == "infinifuse-nofusion":
-            options["fusion"] = False
+        options: dict[str, Any] = {"cudagraphs": False, **INFINIFUSE_OPTIONS[backend]}
         fn = torch.compile(case.model, backend="infinifuse", options=options)
     step = None  # reduce-overhead never gets here
     cuda = device.type == "cuda"

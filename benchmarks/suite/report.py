@@ -86,6 +86,7 @@ _COLORS = {
     "reduce-overhead": "tab:green",
     "infinifuse": "tab:red",
     "infinifuse-nofusion": "tab:brown",
+    "infinifuse-nomatmul": "tab:pink",
 }
 
 

@@ -39,11 +39,19 @@ from typing import Any
 
 import torch
 
-from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
+from fusebackend.kernels.family import concrete_cuda_tensor, launch_key
 from fusebackend.kernels.ir import GATES, MAX_SIBLINGS, NORMS, MatmulGroup
 from fusebackend.kernels.triton_api import interpreter_enabled, triton_usable, warmup_launch
 
-__all__ = ["LaunchConfig", "launch_config", "matmul_group", "precompile_matmul", "reference"]
+__all__ = [
+    "LaunchConfig",
+    "MatmulGroupOp",
+    "launch_config",
+    "matmul_group",
+    "matmul_op",
+    "precompile_matmul",
+    "reference",
+]
 
 
 def matmul_group(
@@ -108,17 +116,40 @@ def precompile_matmul(group: MatmulGroup, x, norm_weight, norm_bias, residual, *
     warmup_launch(_kernel(), grid, args, meta, x.device)
 
 
-def _precompile_job(args: Any) -> Any:
-    """The kernel family's precompile job (kernels/family.py) for a launch on ``args``."""
-    group, *values = args
-    tensors = [v for v in values if v is not None]
-    if not all(concrete_cuda_tensor(v) for v in tensors):
-        return None
-    key = ("matmul", group, *map(launch_key, values))
-    return key, functools.partial(precompile_matmul, group, *values)
+class MatmulGroupOp:
+    """``matmul_group`` bound to one ``MatmulGroup``: the callable a graph node calls (FX
+    writes a node's arguments as source, which a ``MatmulGroup`` value is not), and the
+    kernel family the backend precompiles (kernels/family.py)."""
+
+    def __init__(self, group: MatmulGroup) -> None:
+        self.group = group
+        # e.g. matmul_rms_3, matmul_rms_2_silu, matmul_1_residual (never ending in "_": FX
+        # passes read a trailing underscore as an in-place op)
+        parts = ["matmul", group.norm, str(group.siblings), group.gate, "residual" * group.residual]
+        self.__name__ = self.__qualname__ = "_".join(p for p in parts if p)
+
+    def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        return matmul_group(self.group, *args)
+
+    def describe(self) -> str:
+        return f"matmul_group({self.group.describe()})"
+
+    def precompile_job(self, args: Any) -> Any:
+        """(key, job) compiling the launch on ``args`` (example values), or None."""
+        tensors = [v for v in args if v is not None]
+        if not all(concrete_cuda_tensor(v) for v in tensors):
+            return None
+        key = ("matmul", self.group, *map(launch_key, args))
+        return key, functools.partial(precompile_matmul, self.group, *args)
+
+    def __repr__(self) -> str:
+        return f"MatmulGroupOp({self.group})"
 
 
-family("matmul_group", _precompile_job)(matmul_group)
+@functools.cache
+def matmul_op(group: MatmulGroup) -> MatmulGroupOp:
+    """The launcher of ``group`` (one per group: equal groups share it)."""
+    return MatmulGroupOp(group)
 
 
 # ---- Launch parameters

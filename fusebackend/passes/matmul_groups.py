@@ -1,0 +1,432 @@
+"""Matmul groups: a linear layer of few rows becomes one ``matmul_group`` launch with its
+siblings, the norm that produces its input and the work that consumes its output.
+
+In a decode step (1-16 rows) every ``F.linear`` streams its weight once; the norm before it,
+its siblings (q, k, v; gate and up) and the ops after it (the gate's activation and product,
+the residual add) are separate launches that re-read the small activations. This pass finds,
+on the fused graph before the row partition:
+
+- **siblings**: linears of static shapes and at most ``MAX_ROWS`` rows that read one input
+  node (same dtype, all with or all without bias), up to ``MAX_SIBLINGS`` per launch in
+  graph order;
+- **prologue**: when every user of that input is one of the siblings and the input is a norm
+  of the un-normalised rows ``h``: ``F.layer_norm`` over the last dim (weight, bias and a
+  Python-number eps), or transformers' RMSNorm as traced
+  (``w * (h.to(f32) * rsqrt(h.to(f32).pow(2).mean(-1, keepdim=True) + eps)).to(dtype)``,
+  Llama, Mistral, Qwen2: ``rms_norm_of``), the kernel reads ``h`` and normalises it;
+- **epilogue**: two siblings whose only use is ``act(a) * b`` (``silu``, ``gelu``, either
+  order) become one gated output; one linear whose only use is ``y + r`` (either order, ``r``
+  a tensor of y's shape and dtype) gets the residual added.
+
+The kernel reads the user's weights where they are (no concatenated copy): a weight changed
+after compile is read as it is at each call. Each group becomes one call of the launcher the
+backend hands in, with a ``getitem`` per output standing for the node it replaces; the nodes
+it computed are erased when nothing else reads them. The call is placed where its first
+member was, or just after its last input where that comes later (a residual computed
+between the linear and the add), by a stable re-sort; a group is not formed where a node
+inside its span writes anything (a read would move across the write) or where one of its
+inputs depends on one of its members.
+
+Linears left alone are reported with the reason (many rows: cuBLAS is the better kernel
+there; symbolic sizes; dtypes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+
+from fusebackend.kernels.ir import MAX_ROWS, MAX_SIBLINGS, MatmulGroup
+from fusebackend.passes.fx_util import example_value, nodes_between, static_tensor
+from fusebackend.passes.graph import is_mutation, resort_stably
+from fusebackend.passes.groups import match
+from fusebackend.passes.ops import OpCall
+
+__all__ = ["MatmulGroups", "rms_norm_of", "use_matmul_groups"]
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclasses.dataclass
+class MatmulGroups:
+    """What the pass did: each group made (``"q, k, v: rms_norm + 3 linears"``) and each
+    linear left alone with its reason."""
+
+    made: list[str] = dataclasses.field(default_factory=list)
+    left_alone: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Norm:
+    rows: torch.fx.Node  # the un-normalised rows the kernel reads
+    weight: torch.fx.Node
+    bias: torch.fx.Node | None
+    eps: float
+    kind: str  # "rms" or "layer"
+    nodes: list[torch.fx.Node]  # the norm's own nodes (erased when unused)
+
+
+@dataclasses.dataclass
+class _Plan:
+    linears: list[torch.fx.Node]  # in graph order (a gate's: gate first, then up)
+    norm: _Norm | None = None
+    gate: str = ""
+    residual: torch.fx.Node | None = None
+    replaced: list[torch.fx.Node] = dataclasses.field(default_factory=list)  # per output
+    members: list[torch.fx.Node] = dataclasses.field(default_factory=list)
+
+
+def use_matmul_groups(
+    graph: torch.fx.Graph,
+    launch: Callable[..., Any],
+    usable: Callable[[torch.device], bool],
+) -> MatmulGroups:
+    """Rewrite ``graph`` in place. ``launch(group)``: the callable that runs a
+    ``MatmulGroup`` (``kernels.matmul.matmul_op``), called as ``(rows, norm_weight, norm_bias,
+    residual, *weights, *biases)``; ``usable``: can its kernel run on a device."""
+    result = MatmulGroups()
+    order = {node: k for k, node in enumerate(graph.nodes)}
+    by_input: dict[tuple[Any, ...], list[torch.fx.Node]] = {}
+    for node in graph.nodes:
+        if not _is_linear(node):
+            continue
+        reason = _linear_reason(node, usable)
+        if reason:
+            result.left_alone.append(f"{node.name}: {reason}")
+            continue
+        x, _, bias = _linear_args(node)
+        key = (x, bias is not None, example_value(x).dtype)
+        by_input.setdefault(key, []).append(node)
+    members: list[torch.fx.Node] = []
+    for linears in by_input.values():
+        for start in range(0, len(linears), MAX_SIBLINGS):
+            siblings = linears[start : start + MAX_SIBLINGS]
+            plan = _plan(siblings, len(linears) <= MAX_SIBLINGS)
+            reason = _hazard(plan, order)
+            if reason:
+                names = ", ".join(n.name for n in siblings)
+                result.left_alone.append(f"{names}: {reason}")
+                continue
+            group = _rewrite(graph, plan, launch)
+            members += plan.members
+            outputs = ", ".join(n.name for n in plan.replaced)
+            result.made.append(f"{outputs}: {group.describe()}")
+    if members:
+        # Each call sits where its first member was; the re-sort moves it after an input
+        # computed later (a residual), keeping every other node in its order.
+        resort_stably(graph, {})
+        for node in sorted(set(members), key=order.__getitem__, reverse=True):
+            if not node.users:
+                graph.erase_node(node)
+        graph.lint()
+    return result
+
+
+# ---- Finding linears
+
+
+def _is_linear(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target is torch._C._nn.linear
+
+
+def _linear_args(node: torch.fx.Node) -> tuple[Any, Any, Any]:
+    """(input, weight, bias) of an ``F.linear`` call."""
+    args = list(node.args) + [None] * (3 - len(node.args))
+    x = node.kwargs.get("input", args[0])
+    weight = node.kwargs.get("weight", args[1])
+    bias = node.kwargs.get("bias", args[2])
+    return x, weight, bias
+
+
+def _linear_reason(node: torch.fx.Node, usable: Callable[[torch.device], bool]) -> str | None:
+    """Why this linear cannot anchor a matmul group, or None."""
+    x, weight, bias = _linear_args(node)
+    if not isinstance(x, torch.fx.Node) or not isinstance(weight, torch.fx.Node):
+        return "input or weight is not a graph value"
+    xv, wv = example_value(x), example_value(weight)
+    if not (static_tensor(xv) and static_tensor(wv)):
+        return "symbolic sizes"
+    if xv.dtype not in _FLOATS or wv.dtype != xv.dtype:
+        return f"dtypes {xv.dtype} x {wv.dtype}"
+    if wv.dim() != 2 or xv.dim() < 1 or xv.shape[-1] != wv.shape[1]:
+        return "not a [..., K] x [N, K] product"
+    if xv.device != wv.device or not usable(xv.device):
+        return f"no Triton on {xv.device}"
+    rows = math.prod(xv.shape[:-1])
+    if rows > MAX_ROWS:
+        return f"{rows} rows (> {MAX_ROWS}): cuBLAS"
+    if rows == 0 or wv.shape[0] == 0 or wv.shape[1] == 0:
+        return "empty"
+    if bias is not None:
+        bv = example_value(bias) if isinstance(bias, torch.fx.Node) else None
+        if not (static_tensor(bv) and bv.shape == wv.shape[:1] and bv.dtype == xv.dtype):
+            return "bias is not a [N] tensor of the input's dtype"
+        if bv.device != xv.device:
+            return "bias on another device"
+    return None
+
+
+# ---- Prologue and epilogue
+
+
+def _plan(siblings: list[torch.fx.Node], whole: bool) -> _Plan:
+    """What to fuse around ``siblings``; ``whole``: they are every grouped linear of their
+    input (a prologue may replace the input only then)."""
+    plan = _Plan(list(siblings))
+    if len(siblings) == 2:
+        gated = _gate(siblings)
+        if gated is not None:
+            plan.linears, plan.gate, product, extra = gated
+            plan.replaced = [product]
+            plan.members += extra + [product]
+    if len(siblings) == 1:
+        added = _residual(siblings[0])
+        if added is not None:
+            plan.residual, add = added
+            plan.replaced = [add]
+            plan.members.append(add)
+    if not plan.replaced:
+        plan.replaced = list(plan.linears)
+    plan.members += plan.linears
+    x = _linear_args(siblings[0])[0]
+    if whole and set(x.users) <= set(siblings):
+        source = _whole_slice_source(x)
+        norm_input = x if source is None else source
+        if source is None or len(source.users) == 1:
+            plan.norm = layer_norm_of(norm_input) or rms_norm_of(norm_input)
+        if plan.norm is not None:
+            plan.members += plan.norm.nodes + ([x] if source is not None else [])
+    return plan
+
+
+def _whole_slice_source(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The tensor ``node`` indexes when it is a slice that keeps all of it (transformers'
+    ``hidden_states[:, slice(-logits_to_keep, None), :]`` before the LM head, at one
+    position or ``logits_to_keep=0``), else None."""
+    if node.op != "call_function" or node.target is not operator.getitem:
+        return None
+    source = node.args[0]
+    if not isinstance(source, torch.fx.Node):
+        return None
+    before, after = example_value(source), example_value(node)
+    if not (static_tensor(before) and static_tensor(after)) or before.shape != after.shape:
+        return None
+    if before.stride() != after.stride() or after.storage_offset() != before.storage_offset():
+        return None
+    return source
+
+
+def _single_user(node: torch.fx.Node) -> torch.fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _call(node: Any, *names: str) -> OpCall | None:
+    """The node's op-table match when its op is one of ``names``, else None."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    call = match(node)
+    return call if isinstance(call, OpCall) and call.op.name in names else None
+
+
+def _gate(siblings: list[torch.fx.Node]) -> tuple[Any, str, torch.fx.Node, list] | None:
+    """([gate, up], activation, the product node, [the activation node]) when the two
+    linears' only use is ``act(gate) * up``."""
+    for gate, up in (siblings, siblings[::-1]):
+        act = _single_user(gate)
+        call = _call(act, "silu", "gelu")
+        if call is None or call.params.get("inplace"):
+            continue
+        product = _single_user(act)
+        if product is None or _single_user(up) is not product:
+            continue
+        mul = _call(product, "mul")
+        if mul is None or set(mul.operands) != {act, up}:
+            continue
+        name = call.op.name
+        if name == "gelu":
+            name = "gelu_tanh" if call.params.get("approximate") == "tanh" else "gelu"
+        if example_value(product).dtype != example_value(gate).dtype:
+            continue
+        return [gate, up], name, product, [act]
+    return None
+
+
+def _residual(linear: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | None:
+    """(residual, the add node) when the linear's only use is ``linear + residual``."""
+    add = _single_user(linear)
+    call = _call(add, "add")
+    if call is None or call.params.get("alpha", 1) != 1 or len(call.operands) != 2:
+        return None
+    a, b = call.operands
+    other = b if a is linear else a
+    if other is linear or not isinstance(other, torch.fx.Node):
+        return None
+    y, r, out = example_value(linear), example_value(other), example_value(add)
+    if not (static_tensor(r) and r.shape == y.shape and r.dtype == y.dtype == out.dtype):
+        return None
+    if r.device != y.device or not r.is_contiguous():
+        return None
+    return other, add
+
+
+def layer_norm_of(x: torch.fx.Node) -> _Norm | None:
+    """``F.layer_norm(h, (K,), weight, bias, eps)`` producing ``x``, with a weight of x's
+    dtype and a Python-number eps."""
+    call = _call(x, "layer_norm")
+    if call is None:
+        return None
+    rows, weight, bias = (list(call.operands) + [None, None])[:3]
+    eps = call.params.get("eps")
+    eps = 1e-5 if eps is None else eps
+    if not isinstance(eps, (int, float)) or not isinstance(weight, torch.fx.Node):
+        return None
+    if not _vector_of(weight, x) or (bias is not None and not _vector_of(bias, x)):
+        return None
+    if not isinstance(rows, torch.fx.Node) or example_value(rows).dtype != example_value(x).dtype:
+        return None
+    return _Norm(rows, weight, bias, float(eps), "layer", [x])
+
+
+def rms_norm_of(x: torch.fx.Node) -> _Norm | None:
+    """transformers' RMSNorm producing ``x``:
+    ``weight * (h32 * rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)`` with
+    ``h32 = h.to(float32)`` (either factor order; the casts may be no-ops)."""
+    product = _call(x, "mul")
+    if product is None or len(product.operands) != 2:
+        return None
+    for weight, normed in (product.operands, product.operands[::-1]):
+        if not isinstance(weight, torch.fx.Node) or not _vector_of(weight, x):
+            continue
+        nodes = [x]
+        cast = _call(normed, "cast")
+        scaled = cast.operands[0] if cast is not None else normed
+        if cast is not None:
+            nodes.append(normed)
+        found = _scaled_rows(scaled)
+        if found is None:
+            continue
+        rows, eps, more = found
+        if example_value(rows).dtype != example_value(x).dtype:
+            continue
+        return _Norm(rows, weight, None, eps, "rms", nodes + more)
+    return None
+
+
+def _scaled_rows(node: Any) -> tuple[torch.fx.Node, float, list[torch.fx.Node]] | None:
+    """(h, eps, nodes) for ``h32 * rsqrt(mean(h32 ** 2, -1, keepdim) + eps)``."""
+    scale = _call(node, "mul")
+    if scale is None or len(scale.operands) != 2:
+        return None
+    for h32, inverse in (scale.operands, scale.operands[::-1]):
+        rsqrt = _call(inverse, "rsqrt")
+        if rsqrt is None:
+            continue
+        add = _call(rsqrt.operands[0], "add")
+        if add is None or add.params.get("alpha", 1) != 1:
+            continue
+        mean, eps = add.operands
+        if isinstance(mean, (int, float)):
+            mean, eps = eps, mean
+        mean_call = _call(mean, "mean")
+        if mean_call is None or not isinstance(eps, (int, float)):
+            continue
+        if mean_call.params.get("dim") not in (-1, (-1,), [-1]):
+            continue
+        square = _call(mean_call.operands[0], "pow")
+        if square is None or square.params.get("exponent") != 2 or square.operands[0] is not h32:
+            continue
+        h32_value = example_value(h32)
+        if not isinstance(h32_value, torch.Tensor) or h32_value.dtype != torch.float32:
+            continue
+        nodes = [node, inverse, rsqrt.operands[0], mean, mean_call.operands[0]]
+        up = _call(h32, "cast")
+        rows = up.operands[0] if up is not None else h32
+        if up is not None:
+            nodes.append(h32)
+        return rows, float(eps), nodes
+    return None
+
+
+def _vector_of(node: Any, x: torch.fx.Node) -> bool:
+    """Is ``node`` a ``[K]`` tensor of x's dtype and device (a norm's weight or bias)?"""
+    if not isinstance(node, torch.fx.Node):
+        return False
+    v, xv = example_value(node), example_value(x)
+    return (
+        static_tensor(v)
+        and tuple(v.shape) == (xv.shape[-1],)
+        and v.dtype == xv.dtype
+        and v.device == xv.device
+    )
+
+
+# ---- Safety and the rewrite
+
+
+def _inputs(plan: _Plan) -> list[torch.fx.Node]:
+    """The graph values the launch reads."""
+    values: list[Any] = [plan.norm.rows if plan.norm else _linear_args(plan.linears[0])[0]]
+    if plan.norm is not None:
+        values += [plan.norm.weight, plan.norm.bias]
+    values.append(plan.residual)
+    for linear in plan.linears:
+        values += list(_linear_args(linear)[1:])
+    return [v for v in values if isinstance(v, torch.fx.Node)]
+
+
+def _hazard(plan: _Plan, order: dict[torch.fx.Node, int]) -> str | None:
+    """Why ``plan`` cannot become one launch, or None: a write inside its span, or an input
+    computed from one of its members."""
+    members = set(plan.members)
+    start = min(members, key=order.__getitem__)
+    end = max(members, key=order.__getitem__)
+    first = order[start]
+    for node in nodes_between(start, end):
+        if node not in members and is_mutation(node):
+            return f"{node.name} writes inside the group's span"
+    for value in _inputs(plan):
+        stack, seen = [value], set()
+        while stack:
+            node = stack.pop()
+            if node in members:
+                return f"input {value.name} depends on the group"
+            if node in seen or order.get(node, -1) < first:
+                continue
+            seen.add(node)
+            stack.extend(node.all_input_nodes)
+    return None
+
+
+def _rewrite(graph: torch.fx.Graph, plan: _Plan, launch: Callable[..., Any]) -> MatmulGroup:
+    norm = plan.norm
+    biases = [_linear_args(n)[2] for n in plan.linears]
+    group = MatmulGroup(
+        siblings=len(plan.linears),
+        norm=norm.kind if norm else "",
+        eps=norm.eps if norm else 0.0,
+        norm_bias=bool(norm and norm.bias is not None),
+        gate=plan.gate,
+        bias=biases[0] is not None,
+        residual=plan.residual is not None,
+    )
+    rows = norm.rows if norm else _linear_args(plan.linears[0])[0]
+    weights = [_linear_args(n)[1] for n in plan.linears]
+    args = (
+        rows, norm.weight if norm else None, norm.bias if norm else None, plan.residual,
+        *weights, *(biases if group.bias else []),
+    )  # fmt: skip
+    with graph.inserting_before(plan.linears[0]):
+        fused = graph.call_function(launch(group), args)
+        fused.meta["example_value"] = tuple(example_value(n) for n in plan.replaced)
+        for k, replaced in enumerate(plan.replaced):
+            output = graph.call_function(operator.getitem, (fused, k))
+            output.meta["example_value"] = example_value(replaced)
+            replaced.replace_all_uses_with(output)
+    return group

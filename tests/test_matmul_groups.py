@@ -1,0 +1,255 @@
+"""Matmul groups on real model code (passes/matmul_groups.py, kernels/matmul.py): a decode
+step's linears run with their siblings, norm and epilogue as one launch each, equal eager;
+weights changed after compile are read as they are; what is left alone says why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_close, compile_fused, eager, runtime_modes, tiny_llama_config
+
+import fusebackend
+
+transformers = pytest.importorskip("transformers")
+
+# Per dtype: a decode step's logits pass 2 layers of fp16/bf16 matmuls whose sums run in
+# another order than eager's; one bf16 ulp of a logit near 2 is 2**-7.
+_TOLERANCE = {
+    torch.float32: {"rtol": 1e-4, "atol": 1e-4},
+    torch.float16: {"rtol": 2e-3, "atol": 2e-3},
+    torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2},
+}
+
+
+def _matmul_groups(report) -> list[str]:
+    """What each matmul group of the last graph computes (``rms_norm + 3 linears``, ...)."""
+    return [line.split(": ", 1)[1] for line in report.graphs[-1].rewrites.get("matmul_groups", [])]
+
+
+def _decode(model, config, dtype, steps=2, options=None):
+    """Prefill 3 tokens eagerly into two StaticCaches, then ``steps`` decode steps through
+    eager and through the compiled model; returns (eager logits, compiled logits)."""
+    caches = [transformers.StaticCache(config=config, max_cache_len=16) for _ in range(2)]
+    ids = torch.randint(0, config.vocab_size, (1, 3))
+    compiled = compile_fused(model, options)
+    expected, actual = [], []
+    with torch.no_grad():
+        for cache in caches:
+            model(ids, past_key_values=cache, use_cache=True, cache_position=torch.arange(3))
+        for position in range(3, 3 + steps):
+            token = torch.randint(0, config.vocab_size, (1, 1))
+            where = torch.tensor([position])
+            for fn, cache, out in ((model, caches[0], expected), (compiled, caches[1], actual)):
+                logits = fn(token, past_key_values=cache, use_cache=True, cache_position=where)
+                out.append(logits.logits.float())
+    return torch.stack(expected), torch.stack(actual)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_llama_decode_step_is_five_matmul_groups_per_layer_equal_eager(dtype):
+    torch.manual_seed(0)
+    config = tiny_llama_config(layers=2)
+    model = transformers.LlamaForCausalLM(config).eval().to(dtype)
+    expected, actual = _decode(model, config, dtype)
+    assert_close(actual, expected, **_TOLERANCE[dtype])
+    groups = _matmul_groups(fusebackend.last_report())
+    per_layer = [
+        "rms_norm + 3 linears",  # input norm + q, k, v
+        "linear + residual",  # o_proj + residual add
+        "rms_norm + 2 linears + silu(gate) * up",  # post-attention norm + gate, up, SwiGLU
+        "linear + residual",  # down_proj + residual add
+    ]
+    assert groups == per_layer * 2 + ["rms_norm + linear"], groups  # final norm + LM head
+    assert runtime_modes() == ["fusion"]
+
+
+def test_qwen2_projections_with_bias_and_tied_head():
+    torch.manual_seed(1)
+    config = transformers.Qwen2Config(
+        vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    expected, actual = _decode(model, config, torch.float32)
+    assert_close(actual, expected, **_TOLERANCE[torch.float32])
+    groups = _matmul_groups(fusebackend.last_report())
+    assert groups.count("rms_norm + 3 linears + bias") == 2, groups
+    assert groups[-1] == "rms_norm + linear", groups  # the tied embedding, read in place
+
+
+def test_many_rows_stay_with_cublas_and_say_why():
+    torch.manual_seed(2)
+    model = transformers.LlamaModel(tiny_llama_config(layers=1)).eval()
+    ids = torch.randint(0, 97, (3, 7))  # 21 rows
+
+    def fn(ids):
+        return model(input_ids=ids).last_hidden_state
+
+    expected = eager(fn, ids)
+    with torch.no_grad():
+        actual = compile_fused(fn)(ids)
+    assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    graph = fusebackend.last_report().graphs[-1]
+    assert not graph.rewrites.get("matmul_groups")
+    left = graph.rewrites["matmuls_left_alone"]
+    assert len(left) == 7 and all("21 rows (> 16): cuBLAS" in line for line in left), left
+
+
+def test_option_off_leaves_every_matmul_as_traced():
+    torch.manual_seed(3)
+    config = tiny_llama_config(layers=1)
+    model = transformers.LlamaForCausalLM(config).eval()
+    expected, actual = _decode(model, config, torch.float32, options={"matmul_groups": False})
+    assert_close(actual, expected, **_TOLERANCE[torch.float32])
+    assert _matmul_groups(fusebackend.last_report()) == []
+
+
+class _Mlp(torch.nn.Module):
+    """A gated MLP with a norm in front, as a decoder layer spells it."""
+
+    def __init__(self, width=48, hidden=80):
+        super().__init__()
+        self.norm = transformers.models.llama.modeling_llama.LlamaRMSNorm(width)
+        self.gate = torch.nn.Linear(width, hidden, bias=False)
+        self.up = torch.nn.Linear(width, hidden, bias=False)
+        self.down = torch.nn.Linear(hidden, width, bias=False)
+        with torch.no_grad():
+            self.norm.weight.normal_()
+
+    def forward(self, x):
+        h = self.norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+@pytest.mark.parametrize("update", ["load_state_dict", "param.data", "mul_"])
+def test_weights_changed_after_compile_are_read_as_they_are(update):
+    torch.manual_seed(4)
+    mlp = _Mlp().eval()
+    x = torch.randn(1, 2, 48)
+    compiled = compile_fused(mlp)
+    with torch.no_grad():
+        assert_close(compiled(x), mlp(x), rtol=1e-4, atol=1e-4)
+        assert len(_matmul_groups(fusebackend.last_report())) == 2
+        if update == "load_state_dict":
+            state = {k: torch.randn_like(v) for k, v in mlp.state_dict().items()}
+            mlp.load_state_dict(state)
+        elif update == "param.data":
+            mlp.up.weight.data = torch.randn_like(mlp.up.weight)
+            mlp.norm.weight.data = torch.randn_like(mlp.norm.weight)
+        else:
+            mlp.gate.weight.mul_(2)
+            mlp.norm.weight.mul_(-1)
+        expected = mlp(x)
+        actual = compiled(x)
+    assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_write_between_siblings_keeps_them_apart():
+    w1, w2 = torch.randn(40, 24), torch.randn(40, 24)
+
+    def fn(x):
+        a = F.linear(x, w1)
+        x.mul_(2)  # the second product reads the written rows
+        b = F.linear(x, w2)
+        return a + b
+
+    x = torch.randn(1, 24)
+    expected = eager(fn, x.clone())
+    with torch.no_grad():
+        actual = compile_fused(fn)(x.clone())
+    assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    graph = fusebackend.last_report().graphs[-1]
+    assert any("mul_ writes inside the group's span" in line
+               for line in graph.rewrites["matmuls_left_alone"]), graph.rewrites  # fmt: skip
+
+
+def test_residual_computed_after_the_linear_moves_the_launch_down():
+    w = torch.randn(32, 32)
+
+    def fn(x, r):
+        y = F.linear(x, w)
+        s = r * 3.0  # the residual is computed between the linear and the add
+        return s + y
+
+    x, r = torch.randn(2, 32), torch.randn(2, 32)
+    expected = eager(fn, x, r)
+    with torch.no_grad():
+        actual = compile_fused(fn)(x, r)
+    assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    assert _matmul_groups(fusebackend.last_report()) == ["linear + residual"]
+
+
+def test_generate_with_compile_config_matches_eager_tokens():
+    torch.manual_seed(5)
+    config = tiny_llama_config(layers=2)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 97, (1, 5))
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "cache_implementation": "static"}
+    start = len(fusebackend.reports().graphs)
+    with torch.no_grad():
+        expected = model.generate(ids, disable_compile=True, **kwargs)
+        config = transformers.CompileConfig(backend="infinifuse", options={"validate": False})
+        config._compile_all_devices = True  # transformers compiles on CUDA only by default
+        actual = model.generate(ids, compile_config=config, **kwargs)
+    assert torch.equal(actual, expected)
+    graphs = fusebackend.reports().graphs[start:]
+    made = [line for g in graphs for line in g.rewrites.get("matmul_groups", [])]
+    assert any("rms_norm + 2 linears + silu(gate) * up" in line for line in made), made
+
+
+# ---- On a GPU: captured in CUDA graphs, validated against the unfused graph
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_llama_decode_captured_with_matmul_groups(dtype):
+    torch.manual_seed(6)
+    config = transformers.LlamaConfig(
+        vocab_size=1000, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval().to("cuda", dtype)
+    caches = [
+        transformers.StaticCache(config=config, max_cache_len=32, device="cuda", dtype=dtype)
+        for _ in range(2)
+    ]
+    compiled = torch.compile(model, backend="infinifuse")  # validation on: it must pass
+    ids = torch.randint(0, 1000, (1, 4), device="cuda")
+    with torch.no_grad():
+        for cache in caches:
+            model(ids, past_key_values=cache, use_cache=True,
+                  cache_position=torch.arange(4, device="cuda"))  # fmt: skip
+        for position in range(4, 9):  # the 2nd call captures, the 3rd on replays
+            token = torch.randint(0, 1000, (1, 1), device="cuda")
+            where = torch.tensor([position], device="cuda")
+            expected = model(token, past_key_values=caches[0], cache_position=where).logits
+            actual = compiled(token, past_key_values=caches[1], cache_position=where).logits
+            assert_close(actual.float(), expected.float(), **_TOLERANCE[dtype])
+    assert len(_matmul_groups(fusebackend.last_report())) == 4 * 2 + 1
+    assert runtime_modes() == ["fusion"]
+    assert fusebackend.stats()["replays"] >= 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("update", ["load_state_dict", "param.data", "mul_"])
+def test_gpu_weights_changed_after_capture_are_read_as_they_are(update):
+    torch.manual_seed(7)
+    mlp = _Mlp(256, 688).eval().to("cuda", torch.float16)
+    x = torch.randn(1, 1, 256, device="cuda", dtype=torch.float16)
+    compiled = torch.compile(mlp, backend="infinifuse")
+    with torch.no_grad():
+        for _ in range(3):  # captured on the 2nd call, replayed on the 3rd
+            assert_close(compiled(x), mlp(x), **_TOLERANCE[torch.float16])
+        if update == "load_state_dict":
+            mlp.load_state_dict({k: torch.randn_like(v) for k, v in mlp.state_dict().items()})
+        elif update == "param.data":
+            mlp.up.weight.data = torch.randn_like(mlp.up.weight)
+        else:
+            mlp.gate.weight.mul_(2)
+        for _ in range(2):
+            assert_close(compiled(x), mlp(x), **_TOLERANCE[torch.float16])
+    assert len(_matmul_groups(fusebackend.last_report())) == 2
