@@ -230,7 +230,7 @@ def test_gpu_llama_decode_captured_with_matmul_groups(dtype):
             assert_close(actual.float(), expected.float(), **_TOLERANCE[dtype])
     assert len(_matmul_groups(fusebackend.last_report())) == 4 * 2 + 1
     assert runtime_modes() == ["fusion"]
-    assert fusebackend.stats()["replays"] >= 2
+    assert fusebackend.stats()["recordings"] >= 1 and fusebackend.stats()["cache_hits"] >= 3
 
 
 @pytest.mark.gpu

@@ -72,11 +72,11 @@ def _patched(owner: Any, name: str, phase: str) -> Iterator[None]:
 
 def _runtime_phases() -> contextlib.ExitStack:
     """Time the runtime's steps for a new signature (fusebackend.runtime.graph_cache)."""
-    from fusebackend.runtime import capture, graph_cache
+    from fusebackend.runtime import capture, graph_cache, validation
 
     stack = contextlib.ExitStack()
-    stack.enter_context(_patched(graph_cache.GraphCache, "_first_fused_run", "runtime: runs"))
-    stack.enter_context(_patched(graph_cache, "mismatch", "runtime: validation"))
+    stack.enter_context(_patched(graph_cache.GraphCache, "_fused_run", "runtime: runs"))
+    stack.enter_context(_patched(validation, "mismatch", "runtime: validation"))
     stack.enter_context(_patched(capture, "capture_graph", "runtime: capture"))
     stack.enter_context(_patched(graph_cache.GraphCache, "__call__", "runtime: whole call"))
     return stack

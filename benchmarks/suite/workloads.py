@@ -115,14 +115,16 @@ def static_cache(model: nn.Module, batch: int, max_len: int) -> Any:
     return cache
 
 
-def _decode(make_config: Callable[[], Any], context: int, dtype: torch.dtype) -> Callable:
+def _decode(
+    make_config: Callable[[], Any], context: int, dtype: torch.dtype, batch: int = 1
+) -> Callable:
     def build(device: torch.device, calls: int) -> Case:
         model = _causal_lm(make_config(), device, dtype)
         vocab = model.config.vocab_size
-        cache = static_cache(model, 1, context + calls + 8)
+        cache = static_cache(model, batch, context + calls + 8)
         generator = torch.Generator().manual_seed(1)
-        prompt = torch.randint(0, vocab, (1, context), generator=generator).to(device)
-        token = torch.randint(0, vocab, (1, 1), generator=generator).to(device)
+        prompt = torch.randint(0, vocab, (batch, context), generator=generator).to(device)
+        token = torch.randint(0, vocab, (batch, 1), generator=generator).to(device)
 
         def prepare() -> None:
             cache.reset()  # zeroes in place: addresses (and captured graphs) stay valid
@@ -134,7 +136,7 @@ def _decode(make_config: Callable[[], Any], context: int, dtype: torch.dtype) ->
             kwargs,
             _logits,
             prepare,
-            shape=f"batch 1, 1 token, StaticCache {context}+{calls} of {context + calls + 8}",
+            shape=f"batch {batch}, 1 token, StaticCache {context}+{calls} of {context + calls + 8}",
         )
 
     return build
@@ -456,6 +458,19 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
             5,
             20,
             count_kernels=True,
+        ),
+        # Small batches: matmul groups take up to 16 rows (passes/matmul_groups.py)
+        *(
+            Workload(
+                f"llama-b{batch}-decode",  # not "llama-decode-...": --only matches prefixes
+                f"TinyLlama-1.1B shape (22 layers), decode at batch {batch}",
+                dtype,
+                _decode(_llama_config(False), 64, dtype, batch),
+                5,
+                20,
+                count_kernels=True,
+            )
+            for batch in (4, 16)
         ),
         Workload(
             "llama-prefill",
