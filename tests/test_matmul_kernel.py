@@ -333,10 +333,6 @@ def test_weights_read_in_place_as_views(dtype):
         assert_close(actual, expected, **TOL[dtype])
 
 
-@pytest.mark.xfail(strict=True, reason="kernel bug: the residual is read as a contiguous "
-                   "[M, N] block (res + row * N + col), its strides ignored: a non-contiguous "
-                   "residual view gives wrong sums (kernels/matmul.py does not make it "
-                   "contiguous either)")  # fmt: skip
 def test_non_contiguous_residual():
     rows, k, n = 5, 64, 64
     module = Eager(Case((n,), residual=True), k, torch.float32, seed=2)
@@ -380,9 +376,6 @@ def test_group_validation_accepts_the_valid_ones():
                 MatmulGroup(siblings=siblings, norm=norm, gate=gate, residual=residual)
 
 
-@pytest.mark.xfail(strict=True, reason="kernel bug: MatmulGroup accepts gate + residual (a "
-                   "gate has one output) and reference() adds it, but the kernel's gate "
-                   "branch never reads the residual: it returns act(gate) * up alone")  # fmt: skip
 @pytest.mark.parametrize("gate", ["silu", "gelu_tanh"])
 def test_gate_with_residual(gate):
     """act(gate(a)) * up(a) + residual: the MLP's output and the residual stream in one."""

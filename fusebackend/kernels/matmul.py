@@ -205,6 +205,8 @@ def _launch(
         outputs = tuple(x.new_empty(*lead, n) for n in out_widths)
     else:  # a warm-up: any tensor of the dtype shows Triton the pointer type
         outputs = tuple(x for _ in out_widths)
+    # The residual as [rows, N_0] (a view where its strides allow; absent: x, never read)
+    res = rows_2d if residual is None else residual.reshape(rows, out_widths[0])
     config = _launch_config(rows, width, sum(out_widths), bool(group.gate))
     tiles = [-(-n // config.block_n) for n in out_widths]
     # Absent tensors are passed as x: the kernel's constants keep it from reading them.
@@ -217,7 +219,7 @@ def _launch(
         x if norm_weight is None else norm_weight, x if norm_bias is None else norm_bias,
         float(group.eps),
         *w, *(s for t in w for s in t.stride()),
-        *b, *outs, x if residual is None else residual,
+        *b, *outs, res, *res.stride(),
         rows, width, *n, tiles[0], tiles[1] if len(tiles) > 1 else 0,
     ]  # fmt: skip
     meta = {

@@ -95,6 +95,7 @@ def _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, v, v_n, v_k,
 
 @triton.jit
 def _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias, out, res,
+                 res_row, res_col,
                  tile, M, K: tl.constexpr, N, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -110,7 +111,8 @@ def _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
     y = acc.to(dtype)
     keep = (rows[:, None] < M) & (cols[None, :] < N)
     if HAS_RESIDUAL:
-        r = tl.load(res + rows[:, None] * N + cols[None, :], mask=keep, other=0.0)
+        r = tl.load(res + rows[:, None] * res_row + cols[None, :] * res_col, mask=keep,
+                    other=0.0)  # fmt: skip
         y = (y.to(tl.float32) + r.to(tl.float32)).to(dtype)
     tl.store(out + rows[:, None] * N + cols[None, :], y, mask=keep)
 
@@ -123,7 +125,7 @@ def matmul_group_kernel(
     w0_n, w0_k, w1_n, w1_k, w2_n, w2_k,
     b0, b1, b2,                 # their biases [N_i]
     out0, out1, out2,           # outputs [M, N_i], contiguous
-    res,                        # the residual [M, N_0], contiguous
+    res, res_row, res_col,      # the residual [M, N_0] and its strides
     M, K: tl.constexpr, N0, N1, N2, TILES0, TILES1,  # sizes; column tiles of siblings 0 and 1
     NORM: tl.constexpr, NORM_BIAS: tl.constexpr, GATE: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SIBLINGS: tl.constexpr,
@@ -154,22 +156,28 @@ def matmul_group_kernel(
             act = 0.5 * g * (1.0 + _tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
         y = (act.to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)).to(dtype)
         keep = (rows[:, None] < M) & (cols[None, :] < N0)
+        if HAS_RESIDUAL:
+            r = tl.load(res + rows[:, None] * res_row + cols[None, :] * res_col, mask=keep,
+                        other=0.0)  # fmt: skip
+            y = (y.to(tl.float32) + r.to(tl.float32)).to(dtype)
         tl.store(out0 + rows[:, None] * N0 + cols[None, :], y, mask=keep)
     else:
         if pid < TILES0:
             _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k, b0,
-                         out0, res, pid, M, K, N0, NORM, NORM_BIAS, HAS_BIAS, HAS_RESIDUAL,
-                         BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)  # fmt: skip
+                         out0, res, res_row, res_col, pid, M, K, N0, NORM, NORM_BIAS,
+                         HAS_BIAS, HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K,
+                         PRECISION)  # fmt: skip
         else:
             if SIBLINGS >= 2:
                 if pid < TILES0 + TILES1:
                     _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w1, w1_n,
-                                 w1_k, b1, out1, res, pid - TILES0, M, K, N1, NORM,
-                                 NORM_BIAS, HAS_BIAS, False, BLOCK_M, BLOCK_N, BLOCK_K,
-                                 PRECISION)  # fmt: skip
+                                 w1_k, b1, out1, res, res_row, res_col, pid - TILES0, M,
+                                 K, N1, NORM, NORM_BIAS, HAS_BIAS, False, BLOCK_M, BLOCK_N,
+                                 BLOCK_K, PRECISION)  # fmt: skip
                 else:
                     if SIBLINGS == 3:
                         _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w2, w2_n,
-                                     w2_k, b2, out2, res, pid - TILES0 - TILES1, M, K, N2,
-                                     NORM, NORM_BIAS, HAS_BIAS, False, BLOCK_M, BLOCK_N,
-                                     BLOCK_K, PRECISION)  # fmt: skip
+                                     w2_k, b2, out2, res, res_row, res_col,
+                                     pid - TILES0 - TILES1, M, K, N2, NORM, NORM_BIAS,
+                                     HAS_BIAS, False, BLOCK_M, BLOCK_N, BLOCK_K,
+                                     PRECISION)  # fmt: skip
