@@ -245,6 +245,7 @@ def test_suite_quick_writes_rows_targets_and_merges(tmp_path):
         "reduce-overhead",
         "infinifuse",
         "infinifuse-nofusion",
+        "infinifuse-nomatmul",
     )
     assert set(rows) == {(w, b) for w in ("chain-decode", "llama-decode") for b in backends}
     cuda = torch.cuda.is_available()

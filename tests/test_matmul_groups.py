@@ -190,7 +190,7 @@ def test_generate_with_compile_config_matches_eager_tokens():
     start = len(fusebackend.reports().graphs)
     with torch.no_grad():
         expected = model.generate(ids, disable_compile=True, **kwargs)
-        config = transformers.CompileConfig(backend="infinifuse", options={"validate": False})
+        config = transformers.CompileConfig(backend="infinifuse")
         config._compile_all_devices = True  # transformers compiles on CUDA only by default
         actual = model.generate(ids, compile_config=config, **kwargs)
     assert torch.equal(actual, expected)
