@@ -79,6 +79,34 @@ def test_qwen2_projections_with_bias_and_tied_head():
     assert groups[-1] == "rms_norm + linear", groups  # the tied embedding, read in place
 
 
+def test_gpt2_conv1d_layers_with_layer_norms_bias_and_residuals():
+    torch.manual_seed(8)
+    config = transformers.GPT2Config(vocab_size=101, n_embd=64, n_layer=2, n_head=4,
+                                     n_positions=64)  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config).eval()
+    expected, actual = _decode(model, config, torch.float32)
+    assert_close(actual, expected, **_TOLERANCE[torch.float32])
+    per_layer = [
+        "layer_norm + linear + bias",  # ln_1 + c_attn (Conv1D: addmm on a [K, N] weight)
+        "linear + bias + residual",  # the attention's c_proj + its dropout (eval) + residual
+        "layer_norm + linear + bias",  # ln_2 + c_fc (its tanh GELU stays a row kernel)
+        "linear + bias + residual",  # the MLP's c_proj + residual
+    ]
+    groups = _matmul_groups(fusebackend.last_report())
+    assert groups == per_layer * 2 + ["layer_norm + linear"], groups  # ln_f + tied LM head
+
+
+def test_conv1d_weights_read_transposed_in_place():
+    from fusebackend.kernels.ir import MatmulGroup
+    from fusebackend.kernels.matmul import matmul_group
+
+    torch.manual_seed(9)
+    x, weight, bias = torch.randn(3, 40), torch.randn(40, 72), torch.randn(72)
+    group = MatmulGroup(bias=True, weight_layout="kn")
+    (actual,) = matmul_group(group, x, None, None, None, weight, bias)
+    assert_close(actual, torch.addmm(bias, x, weight), rtol=1e-5, atol=1e-5)
+
+
 def test_many_rows_stay_with_cublas_and_say_why():
     torch.manual_seed(2)
     model = transformers.LlamaModel(tiny_llama_config(layers=1)).eval()

@@ -467,6 +467,7 @@ class MatmulGroup:
     gate: str = ""  # one of GATES: the output is act(y_0) * y_1 (two siblings)
     bias: bool = False  # every weight has a bias
     residual: bool = False  # the output gets a residual added (one output)
+    weight_layout: str = "nk"  # "nk": weights [N, K] (nn.Linear); "kn": [K, N] (GPT-2's Conv1D)
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS or self.gate not in GATES:
@@ -475,6 +476,8 @@ class MatmulGroup:
             raise ValueError(f"MatmulGroup: 1 to {MAX_SIBLINGS} siblings, not {self.siblings}")
         if self.gate and self.siblings != 2:
             raise ValueError("MatmulGroup: a gate takes exactly two siblings (gate, up)")
+        if self.weight_layout not in ("nk", "kn"):
+            raise ValueError(f"MatmulGroup: weight_layout 'nk' or 'kn', not {self.weight_layout!r}")
         if self.residual and self.outputs != 1:
             raise ValueError("MatmulGroup: a residual needs a group of one output")
 

@@ -90,6 +90,8 @@ def reference(
         a = norm_weight * h.to(x.dtype)
     elif group.norm == "layer":
         a = torch.nn.functional.layer_norm(x, x.shape[-1:], norm_weight, norm_bias, group.eps)
+    if group.weight_layout == "kn":
+        weights = tuple(w.t() for w in weights)
     ys = [
         torch.nn.functional.linear(a, w, biases[k] if group.bias else None)
         for k, w in enumerate(weights)
@@ -209,6 +211,8 @@ def _launch(
     lead = tuple(x.shape[:-1])
     rows = math.prod(lead)
     rows_2d = x.reshape(rows, width)
+    if group.weight_layout == "kn":  # [K, N] weights, addressed as their [N, K] transpose
+        weights = tuple(w.t() for w in weights)
     widths = [w.shape[0] for w in weights]
     out_widths = widths[:1] if group.gate else widths
     if allocate:

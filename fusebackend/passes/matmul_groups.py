@@ -73,8 +73,22 @@ class _Norm:
 
 
 @dataclasses.dataclass
+class _Anchor:
+    """One product a group computes: ``F.linear(rows, weight, bias)`` (weight ``[N, K]``,
+    layout "nk"), or GPT-2's Conv1D ``addmm(bias, rows.view(-1, K), weight).view(..., N)``
+    (weight ``[K, N]``, layout "kn")."""
+
+    output: torch.fx.Node  # the node whose value the product is
+    rows: torch.fx.Node  # the input rows [..., K]
+    weight: torch.fx.Node
+    bias: torch.fx.Node | None
+    layout: str
+    nodes: list[torch.fx.Node]  # its own nodes, the one reading ``rows`` first
+
+
+@dataclasses.dataclass
 class _Plan:
-    linears: list[torch.fx.Node]  # in graph order (a gate's: gate first, then up)
+    anchors: list[_Anchor]  # in graph order (a gate's: gate first, then up)
     norm: _Norm | None = None
     gate: str = ""
     residual: torch.fx.Node | None = None
@@ -92,25 +106,25 @@ def use_matmul_groups(
     residual, *weights, *biases)``; ``usable``: can its kernel run on a device."""
     result = MatmulGroups()
     order = {node: k for k, node in enumerate(graph.nodes)}
-    by_input: dict[tuple[Any, ...], list[torch.fx.Node]] = {}
+    by_input: dict[tuple[Any, ...], list[_Anchor]] = {}
     for node in graph.nodes:
-        if not _is_linear(node):
+        anchor = _anchor(node)
+        if anchor is None:
             continue
-        reason = _linear_reason(node, usable)
+        reason = _anchor_reason(anchor, usable)
         if reason:
-            result.left_alone.append(f"{node.name}: {reason}")
+            result.left_alone.append(f"{anchor.output.name}: {reason}")
             continue
-        x, _, bias = _linear_args(node)
-        key = (x, bias is not None, example_value(x).dtype)
-        by_input.setdefault(key, []).append(node)
+        key = (anchor.rows, anchor.bias is not None, anchor.layout)
+        by_input.setdefault(key, []).append(anchor)
     members: list[torch.fx.Node] = []
-    for linears in by_input.values():
-        for start in range(0, len(linears), MAX_SIBLINGS):
-            siblings = linears[start : start + MAX_SIBLINGS]
-            plan = _plan(siblings, len(linears) <= MAX_SIBLINGS)
+    for anchors in by_input.values():
+        for start in range(0, len(anchors), MAX_SIBLINGS):
+            siblings = anchors[start : start + MAX_SIBLINGS]
+            plan = _plan(siblings, len(anchors) <= MAX_SIBLINGS)
             reason = _hazard(plan, order)
             if reason:
-                names = ", ".join(n.name for n in siblings)
+                names = ", ".join(a.output.name for a in siblings)
                 result.left_alone.append(f"{names}: {reason}")
                 continue
             group = _rewrite(graph, plan, launch)
@@ -128,44 +142,69 @@ def use_matmul_groups(
     return result
 
 
-# ---- Finding linears
+# ---- Finding the products
 
 
-def _is_linear(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target is torch._C._nn.linear
+def _anchor(node: torch.fx.Node) -> _Anchor | None:
+    """The product ``node`` computes (an ``F.linear`` call, or the ``addmm`` of a Conv1D
+    between its views), else None."""
+    if node.op != "call_function":
+        return None
+    if node.target is torch._C._nn.linear:
+        args = list(node.args) + [None] * (3 - len(node.args))
+        rows = node.kwargs.get("input", args[0])
+        weight = node.kwargs.get("weight", args[1])
+        bias = node.kwargs.get("bias", args[2])
+        if not isinstance(rows, torch.fx.Node) or not isinstance(weight, torch.fx.Node):
+            return None
+        return _Anchor(node, rows, weight, bias, "nk", [node])
+    if node.target is torch.addmm and len(node.args) == 3 and not node.kwargs:
+        bias, flat, weight = node.args
+        out = _single_user(node)
+        if not (_is_view(flat) and _is_view(out) and isinstance(weight, torch.fx.Node)):
+            return None
+        rows = flat.args[0]
+        rows_value, flat_value = example_value(rows), example_value(flat)
+        out_value, product = example_value(out), example_value(node)
+        if not all(static_tensor(v) for v in (rows_value, flat_value, out_value, product)):
+            return None
+        # the views only flatten and restore the rows' lead dims
+        if flat_value.dim() != 2 or flat_value.shape[-1] != rows_value.shape[-1]:
+            return None
+        if tuple(out_value.shape) != (*rows_value.shape[:-1], product.shape[-1]):
+            return None
+        return _Anchor(out, rows, weight, bias, "kn", [flat, node, out])
+    return None
 
 
-def _linear_args(node: torch.fx.Node) -> tuple[Any, Any, Any]:
-    """(input, weight, bias) of an ``F.linear`` call."""
-    args = list(node.args) + [None] * (3 - len(node.args))
-    x = node.kwargs.get("input", args[0])
-    weight = node.kwargs.get("weight", args[1])
-    bias = node.kwargs.get("bias", args[2])
-    return x, weight, bias
+def _is_view(node: Any) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_method" and node.target in (
+        "view", "reshape",
+    )  # fmt: skip
 
 
-def _linear_reason(node: torch.fx.Node, usable: Callable[[torch.device], bool]) -> str | None:
-    """Why this linear cannot anchor a matmul group, or None."""
-    x, weight, bias = _linear_args(node)
-    if not isinstance(x, torch.fx.Node) or not isinstance(weight, torch.fx.Node):
-        return "input or weight is not a graph value"
-    xv, wv = example_value(x), example_value(weight)
+def _anchor_reason(anchor: _Anchor, usable: Callable[[torch.device], bool]) -> str | None:
+    """Why this product cannot be (part of) a matmul group, or None."""
+    xv, wv = example_value(anchor.rows), example_value(anchor.weight)
     if not (static_tensor(xv) and static_tensor(wv)):
         return "symbolic sizes"
     if xv.dtype not in _FLOATS or wv.dtype != xv.dtype:
         return f"dtypes {xv.dtype} x {wv.dtype}"
-    if wv.dim() != 2 or xv.dim() < 1 or xv.shape[-1] != wv.shape[1]:
+    k_dim = 1 if anchor.layout == "nk" else 0
+    if wv.dim() != 2 or xv.dim() < 1 or xv.shape[-1] != wv.shape[k_dim]:
         return "not a [..., K] x [N, K] product"
     if xv.device != wv.device or not usable(xv.device):
         return f"no Triton on {xv.device}"
     rows = math.prod(xv.shape[:-1])
     if rows > MAX_ROWS:
         return f"{rows} rows (> {MAX_ROWS}): cuBLAS"
-    if rows == 0 or wv.shape[0] == 0 or wv.shape[1] == 0:
+    if rows == 0 or wv.numel() == 0:
         return "empty"
-    if bias is not None:
+    if anchor.bias is not None:
+        bias = anchor.bias
         bv = example_value(bias) if isinstance(bias, torch.fx.Node) else None
-        if not (static_tensor(bv) and bv.shape == wv.shape[:1] and bv.dtype == xv.dtype):
+        width = wv.shape[1 - k_dim]
+        if not (static_tensor(bv) and tuple(bv.shape) == (width,) and bv.dtype == xv.dtype):
             return "bias is not a [N] tensor of the input's dtype"
         if bv.device != xv.device:
             return "bias on another device"
@@ -175,41 +214,52 @@ def _linear_reason(node: torch.fx.Node, usable: Callable[[torch.device], bool]) 
 # ---- Prologue and epilogue
 
 
-def _plan(siblings: list[torch.fx.Node], whole: bool) -> _Plan:
-    """What to fuse around ``siblings``; ``whole``: they are every grouped linear of their
-    input (a prologue may replace the input only then)."""
+def _plan(siblings: list[_Anchor], whole: bool) -> _Plan:
+    """What to fuse around ``siblings``; ``whole``: they are every grouped product of their
+    rows (a prologue may replace the rows only then)."""
     plan = _Plan(list(siblings))
     if len(siblings) == 2:
         gated = _gate(siblings)
         if gated is not None:
-            plan.linears, plan.gate, product, extra = gated
+            plan.anchors, plan.gate, product, extra = gated
             plan.replaced = [product]
             plan.members += extra + [product]
     if len(siblings) == 1:
-        added = _residual(siblings[0])
+        added = _residual(siblings[0].output)
         if added is not None:
-            plan.residual, add = added
+            plan.residual, add, aliases = added
             plan.replaced = [add]
-            plan.members.append(add)
+            plan.members += aliases + [add]
     if not plan.replaced:
-        plan.replaced = list(plan.linears)
-    plan.members += plan.linears
-    x = _linear_args(siblings[0])[0]
-    if whole and set(x.users) <= set(siblings):
-        source = _whole_slice_source(x)
-        norm_input = x if source is None else source
-        if source is None or len(source.users) == 1:
-            plan.norm = layer_norm_of(norm_input) or rms_norm_of(norm_input)
+        plan.replaced = [a.output for a in plan.anchors]
+    plan.members += [n for a in plan.anchors for n in a.nodes]
+    x = siblings[0].rows
+    if whole and set(x.users) <= {a.nodes[0] for a in siblings}:
+        passed = _pass_through(x)
+        plan.norm = layer_norm_of(passed[-1]) or rms_norm_of(passed[-1])
         if plan.norm is not None:
-            plan.members += plan.norm.nodes + ([x] if source is not None else [])
+            plan.members += plan.norm.nodes + passed[:-1]
     return plan
 
 
-def _whole_slice_source(node: torch.fx.Node) -> torch.fx.Node | None:
-    """The tensor ``node`` indexes when it is a slice that keeps all of it (transformers'
-    ``hidden_states[:, slice(-logits_to_keep, None), :]`` before the LM head, at one
-    position or ``logits_to_keep=0``), else None."""
-    if node.op != "call_function" or node.target is not operator.getitem:
+def _pass_through(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """``node`` and the values it stands for unchanged, to the first that is not: through
+    slices and views that keep all of a value of one user in its shape and strides
+    (transformers' ``hidden_states[:, slice(-logits_to_keep, None), :]`` before the LM
+    head at one position, GPT-2's ``view(-1, T, D)`` before it)."""
+    chain = [node]
+    while True:
+        source = _unchanged_source(chain[-1])
+        if source is None or len(source.users) != 1:
+            return chain
+        chain.append(source)
+
+
+def _unchanged_source(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The value ``node`` is a no-op slice or view of (same shape, strides and offset), or
+    None."""
+    is_slice = node.op == "call_function" and node.target is operator.getitem
+    if not (is_slice or _is_view(node)):
         return None
     source = node.args[0]
     if not isinstance(source, torch.fx.Node):
@@ -235,45 +285,59 @@ def _call(node: Any, *names: str) -> OpCall | None:
     return call if isinstance(call, OpCall) and call.op.name in names else None
 
 
-def _gate(siblings: list[torch.fx.Node]) -> tuple[Any, str, torch.fx.Node, list] | None:
+def _gate(siblings: list[_Anchor]) -> tuple[list[_Anchor], str, torch.fx.Node, list] | None:
     """([gate, up], activation, the product node, [the activation node]) when the two
-    linears' only use is ``act(gate) * up``."""
+    products' only use is ``act(gate) * up``."""
     for gate, up in (siblings, siblings[::-1]):
-        act = _single_user(gate)
+        act = _single_user(gate.output)
         call = _call(act, "silu", "gelu")
         if call is None or call.params.get("inplace"):
             continue
         product = _single_user(act)
-        if product is None or _single_user(up) is not product:
+        if product is None or _single_user(up.output) is not product:
             continue
         mul = _call(product, "mul")
-        if mul is None or set(mul.operands) != {act, up}:
+        if mul is None or set(mul.operands) != {act, up.output}:
             continue
         name = call.op.name
         if name == "gelu":
             name = "gelu_tanh" if call.params.get("approximate") == "tanh" else "gelu"
-        if example_value(product).dtype != example_value(gate).dtype:
+        if example_value(product).dtype != example_value(gate.output).dtype:
             continue
         return [gate, up], name, product, [act]
     return None
 
 
-def _residual(linear: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | None:
-    """(residual, the add node) when the linear's only use is ``linear + residual``."""
-    add = _single_user(linear)
+def _residual(
+    output: torch.fx.Node,
+) -> tuple[torch.fx.Node, torch.fx.Node, list[torch.fx.Node]] | None:
+    """(residual, the add node, eval-mode dropouts between) when the product's only use is
+    ``product + residual`` (through dropouts outside training, which return their input)."""
+    aliases: list[torch.fx.Node] = []
+    value, add = output, _single_user(output)
+    while add is not None and _is_eval_dropout(add):
+        aliases.append(add)
+        value, add = add, _single_user(add)
     call = _call(add, "add")
     if call is None or call.params.get("alpha", 1) != 1 or len(call.operands) != 2:
         return None
     a, b = call.operands
-    other = b if a is linear else a
-    if other is linear or not isinstance(other, torch.fx.Node):
+    other = b if a is value else a
+    if other is value or not isinstance(other, torch.fx.Node):
         return None
-    y, r, out = example_value(linear), example_value(other), example_value(add)
+    y, r, out = example_value(output), example_value(other), example_value(add)
     if not (static_tensor(r) and r.shape == y.shape and r.dtype == y.dtype == out.dtype):
         return None
-    if r.device != y.device or not r.is_contiguous():
+    if r.device != y.device:
         return None
-    return other, add
+    return other, add, aliases
+
+
+def _is_eval_dropout(node: torch.fx.Node) -> bool:
+    call = _call(node, "dropout")
+    return (
+        call is not None and call.op.check(call.params) is None and not call.params.get("inplace")
+    )
 
 
 def layer_norm_of(x: torch.fx.Node) -> _Norm | None:
@@ -372,12 +436,12 @@ def _vector_of(node: Any, x: torch.fx.Node) -> bool:
 
 def _inputs(plan: _Plan) -> list[torch.fx.Node]:
     """The graph values the launch reads."""
-    values: list[Any] = [plan.norm.rows if plan.norm else _linear_args(plan.linears[0])[0]]
+    values: list[Any] = [plan.norm.rows if plan.norm else plan.anchors[0].rows]
     if plan.norm is not None:
         values += [plan.norm.weight, plan.norm.bias]
     values.append(plan.residual)
-    for linear in plan.linears:
-        values += list(_linear_args(linear)[1:])
+    for anchor in plan.anchors:
+        values += [anchor.weight, anchor.bias]
     return [v for v in values if isinstance(v, torch.fx.Node)]
 
 
@@ -388,7 +452,7 @@ def _hazard(plan: _Plan, order: dict[torch.fx.Node, int]) -> str | None:
     start = min(members, key=order.__getitem__)
     end = max(members, key=order.__getitem__)
     first = order[start]
-    for node in nodes_between(start, end):
+    for node in nodes_between(start, end) if start is not end else ():
         if node not in members and is_mutation(node):
             return f"{node.name} writes inside the group's span"
     for value in _inputs(plan):
@@ -405,24 +469,24 @@ def _hazard(plan: _Plan, order: dict[torch.fx.Node, int]) -> str | None:
 
 
 def _rewrite(graph: torch.fx.Graph, plan: _Plan, launch: Callable[..., Any]) -> MatmulGroup:
-    norm = plan.norm
-    biases = [_linear_args(n)[2] for n in plan.linears]
+    norm, anchors = plan.norm, plan.anchors
+    biases = [a.bias for a in anchors]
     group = MatmulGroup(
-        siblings=len(plan.linears),
+        siblings=len(anchors),
         norm=norm.kind if norm else "",
         eps=norm.eps if norm else 0.0,
         norm_bias=bool(norm and norm.bias is not None),
         gate=plan.gate,
         bias=biases[0] is not None,
         residual=plan.residual is not None,
+        weight_layout=anchors[0].layout,
     )
-    rows = norm.rows if norm else _linear_args(plan.linears[0])[0]
-    weights = [_linear_args(n)[1] for n in plan.linears]
+    rows = norm.rows if norm else anchors[0].rows
     args = (
         rows, norm.weight if norm else None, norm.bias if norm else None, plan.residual,
-        *weights, *(biases if group.bias else []),
+        *(a.weight for a in anchors), *(biases if group.bias else []),
     )  # fmt: skip
-    with graph.inserting_before(plan.linears[0]):
+    with graph.inserting_before(anchors[0].nodes[0]):
         fused = graph.call_function(launch(group), args)
         fused.meta["example_value"] = tuple(example_value(n) for n in plan.replaced)
         for k, replaced in enumerate(plan.replaced):
