@@ -2,11 +2,12 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|decode|rows|zoo|suite|diag]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|decode|rows|matmul|zoo|suite|tp|diag]...
 #
 # Knobs (environment): GPU_TESTS (test paths for "tests", default tests), DECODE_ONLY and
 # DECODE_BACKENDS (run.py's --only and --backends for "decode"), ROWS_ARGS (more arguments
-# of row_kernels.py for "rows", e.g. --sweep), SUITE_ONLY and SUITE_FROM (a part of the
+# of row_kernels.py for "rows", e.g. --sweep), MATMUL_ARGS (more arguments of
+# matmul_kernels.py for "matmul", e.g. --sweep), SUITE_ONLY and SUITE_FROM (a part of the
 # suite, merged into an earlier part's suite.json: see "suite" below), BUNDLE (a .tgz path:
 # $OUT is packed into it after every step, so a call cut off by its time limit still
 # returns what the finished steps wrote, in one file; the device tool returns at most 8
@@ -16,7 +17,8 @@
 # (default: tests examples bench. Asked for by name: generate (transformers' generate()
 # through three backends, cold caches, ~4 min), decode (the four decode/encoder models of the
 # suite), rows (each row-kernel pattern vs Inductor and copy bandwidth, ~1 min; ROWS_ARGS=--sweep
-# adds the launch-config sweep), zoo (21 architectures: kernels per call, captured or not,
+# adds the launch-config sweep), matmul (matmul groups: GPU tests, each kernel vs cuBLAS,
+# the PDL diag, ~2 min), zoo (21 architectures: kernels per call, captured or not,
 # error vs eager), suite (the whole benchmarks/run.py suite), tp (tensor parallelism on every
 # GPU of the machine: its GPU tests and benchmarks/tensor_parallel.py), diag (why BERT's SDPA runs its
 # math path under Dynamo; which SDPA kernel a decode step's attention should get; the decode
@@ -55,12 +57,13 @@ run_step() {  # name, command...: log to $OUT/name.txt, print its tail and the o
     fi
 }
 
+# pytest-xdist, where installed, compiles the kernels of 6 tests at once
+parallel=$(python3 -c "import xdist" 2>/dev/null && echo "-n 6 -p no:benchmark")
 for step in $steps; do
     case $step in
     tests)
-        # pytest-xdist, where installed, compiles the kernels of 6 tests at once: the GPU tests
-        # took 52 s with it on an H100 and ran past 10 minutes without it (2026-11-23).
-        parallel=$(python3 -c "import xdist" 2>/dev/null && echo "-n 6 -p no:benchmark")
+        # (with pytest-xdist the GPU tests took 52 s on an H100 and ran past 10 minutes
+        # without it, 2026-11-23)
         run_step gpu_tests python3 -m pytest -q -m gpu -rfEs $parallel ${GPU_TESTS:-tests}
         ;;
     examples)
@@ -85,6 +88,16 @@ for step in $steps; do
         run_step bench_decode python3 benchmarks/run.py --out-dir "$OUT/suite" \
             --only "${DECODE_ONLY:-llama-decode,qwen2-decode,gpt2-decode,bert}" \
             ${DECODE_BACKENDS:+--backends "$DECODE_BACKENDS"}
+        ;;
+    matmul)
+        # matmul groups: their GPU tests, each kernel against cuBLAS + the ops it replaces
+        # and copy bandwidth (MATMUL_ARGS=--sweep adds the launch sweep, ~3 min on an H100),
+        # and whether programmatic dependent launch pays for a chain of them
+        run_step gpu_tests_matmul python3 -m pytest -q -m gpu -rfEs $parallel \
+            tests/test_matmul_groups.py tests/test_matmul_kernel.py
+        run_step bench_matmul python3 benchmarks/matmul_kernels.py \
+            --out "$OUT/matmul_kernels.json" ${MATMUL_ARGS:-}
+        run_step diag_matmul_pdl python3 benchmarks/diag/diag_matmul_pdl.py --out "$OUT/matmul_pdl.json"
         ;;
     zoo)
         run_step bench_zoo python3 benchmarks/run.py --out-dir "$OUT/suite" --only zoo
@@ -128,7 +141,7 @@ for step in $steps; do
         run_step diag_generate_host python3 benchmarks/diag/diag_generate_host.py
         ;;
     *)
-        echo "unknown step: $step (tests, examples, bench, generate, rows, decode, zoo, suite, tp, diag)"
+        echo "unknown step: $step (tests, examples, bench, generate, rows, decode, matmul, zoo, suite, tp, diag)"
         status=1
         ;;
     esac

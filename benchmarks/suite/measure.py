@@ -266,8 +266,13 @@ def count_kernels(
         sync(device)
     device_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     copies = [e for e in device_events if e.name.startswith(("Memcpy", "Memset"))]
+    kernels = len(device_events) - len(copies) if cuda else None
+    layers = getattr(getattr(case.model, "config", None), "num_hidden_layers", None)
     return {
-        "kernels_per_call": len(device_events) - len(copies) if cuda else None,
+        "kernels_per_call": kernels,
+        # a decoder layer's share (the whole call's kernels over its layers: the embedding,
+        # final norm and LM head are counted in, so it is a bound from above)
+        "kernels_per_layer": round(kernels / layers, 2) if kernels and layers else None,
         "copies_per_call": len(copies) if cuda else None,
         "kernels_source": "own call, no CUDA graphs" if cuda else "no CUDA device",
         "kernels_modes": modes,

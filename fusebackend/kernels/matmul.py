@@ -192,6 +192,12 @@ def launch_config(rows: int, width: int, outputs: int, gated: bool) -> LaunchCon
     return LaunchConfig(block_n, block_k, warps=4, stages=4 if block_n == 16 else 3)
 
 
+# Programmatic dependent launch (Hopper): each launch may begin while the previous kernel
+# runs, waiting inside the kernel (griddepcontrol) before its first read. Off: measured by
+# benchmarks/diag/diag_matmul_pdl.py before it becomes a default (the launch reads this
+# flag at each call; the diag flips it).
+USE_PDL = False
+
 # Tests and the sweep swap this function (the launch reads it at each call).
 _launch_config = launch_config
 
@@ -247,9 +253,12 @@ def _launch(
         "BLOCK_N": config.block_n,
         "BLOCK_K": config.block_k,
         "PRECISION": _precision(x.dtype),
+        "PDL": USE_PDL and x.device.type == "cuda",
         "num_warps": config.warps,
         "num_stages": config.stages,
     }
+    if meta["PDL"]:
+        meta["launch_pdl"] = True
     return args, (sum(tiles),), meta, outputs
 
 

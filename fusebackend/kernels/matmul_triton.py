@@ -5,6 +5,7 @@ there. Imported at the first launch: this module imports Triton at its top, whic
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 __all__ = ["matmul_group_kernel"]
 
@@ -131,7 +132,13 @@ def matmul_group_kernel(
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SIBLINGS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,          # launched as a programmatic dependent (see matmul.USE_PDL)
 ):  # fmt: skip
+    if PDL:
+        # Every read below may depend on the previous kernel: wait for it here, then let
+        # the next kernel's launch begin while this one streams its weights.
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
     mean = tl.zeros([BLOCK_M], tl.float32)

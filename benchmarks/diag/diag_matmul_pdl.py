@@ -1,0 +1,114 @@
+"""Does programmatic dependent launch pay for a decode step's matmul groups? (Hopper)
+
+A chain of TinyLlama-shape MLP blocks, each three ``matmul_group`` launches as the fused
+graph runs them (o projection + residual; RMSNorm + gate/up + SiLU-mul; down projection +
+residual), fp16, one row, 22 blocks captured in one CUDA graph, replayed between CUDA
+events: with ``kernels.matmul.USE_PDL`` off, then on (each launch may begin while the
+previous kernel runs and waits inside the kernel before its first read). Outputs of the two
+must be equal (the same kernels, the same order of sums).
+
+    python benchmarks/diag/diag_matmul_pdl.py [--blocks 22] [--out file.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+
+import torch
+import triton
+
+from fusebackend.kernels import matmul
+from fusebackend.kernels.ir import MatmulGroup
+
+
+def build(blocks: int, hidden: int = 2048, inner: int = 5632):
+    """Weights and the step function: x -> x after ``blocks`` MLP-like blocks."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(*shape):
+        return (torch.randn(*shape, device="cuda", generator=g) / shape[-1] ** 0.5).half()
+
+    layers = [
+        (rand(hidden, hidden), rand(hidden), rand(inner, hidden), rand(inner, hidden),
+         rand(hidden, inner))
+        for _ in range(blocks)
+    ]  # fmt: skip
+    o = matmul.matmul_op(MatmulGroup(residual=True))
+    gate_up = matmul.matmul_op(MatmulGroup(siblings=2, norm="rms", eps=1e-5, gate="silu"))
+    down = matmul.matmul_op(MatmulGroup(residual=True))
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        for w_o, norm, w_gate, w_up, w_down in layers:
+            (h,) = o(x, None, None, x, w_o)
+            (a,) = gate_up(h, norm, None, None, w_gate, w_up)
+            (x,) = down(a, None, None, h, w_down)
+        return x
+
+    return step
+
+
+def timed(step, x: torch.Tensor, replays: int = 50, repeats: int = 7) -> tuple[float, torch.Tensor]:
+    """Median microseconds per replay of ``step`` captured in a CUDA graph, and its output."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(x)
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        graph.replay()
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000 / replays)
+    return statistics.median(samples), out.clone()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--blocks", type=int, default=22)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    step = build(args.blocks)
+    x = torch.randn(1, 1, 2048, device="cuda").half()
+    results = {}
+    outputs = {}
+    for label, pdl in (("off", False), ("on", True), ("off again", False)):
+        matmul.USE_PDL = pdl
+        try:
+            results[label], outputs[label] = timed(step, x)
+        except Exception as exc:  # a driver or Triton without PDL in graphs: say so
+            results[label] = f"failed: {type(exc).__name__}: {exc}"[:300]
+        finally:
+            matmul.USE_PDL = False
+    same = (
+        torch.equal(outputs["off"], outputs["on"]) if "on" in outputs and "off" in outputs else None
+    )
+    report = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "blocks": args.blocks,
+        "launches": 3 * args.blocks,
+        "us_per_step": results,
+        "outputs_equal": same,
+    }
+    print(json.dumps(report, indent=1))
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(report, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
