@@ -61,6 +61,11 @@ def test_llama_decode_step_is_five_matmul_groups_per_layer_equal_eager(dtype):
         "linear + residual",  # down_proj + residual add
     ]
     assert groups == per_layer * 2 + ["rms_norm + linear"], groups  # final norm + LM head
+    # what the matmul groups took is gone from the graph: no norm or SwiGLU left to the row
+    # kernels (a group reading a replaced node kept both running), only RoPE and cos/sin
+    rows = fusebackend.last_report().graphs[-1].groups
+    assert not any(g.reductions for g in rows), rows
+    assert len(rows) == 2 + 2 * 2, [g.nodes for g in rows]
     assert runtime_modes() == ["fusion"]
 
 
@@ -94,6 +99,8 @@ def test_gpt2_conv1d_layers_with_layer_norms_bias_and_residuals():
     ]
     groups = _matmul_groups(fusebackend.last_report())
     assert groups == per_layer * 2 + ["layer_norm + linear"], groups  # ln_f + tied LM head
+    rows = fusebackend.last_report().graphs[-1].groups
+    assert not any(g.reductions for g in rows), rows  # every LayerNorm is a prologue
 
 
 def test_conv1d_weights_read_transposed_in_place():

@@ -84,6 +84,7 @@ class _Anchor:
     bias: torch.fx.Node | None
     layout: str
     nodes: list[torch.fx.Node]  # its own nodes, the one reading ``rows`` first
+    product: torch.fx.Node  # the linear or addmm node
 
 
 @dataclasses.dataclass
@@ -120,7 +121,9 @@ def use_matmul_groups(
     members: list[torch.fx.Node] = []
     for anchors in by_input.values():
         for start in range(0, len(anchors), MAX_SIBLINGS):
-            siblings = anchors[start : start + MAX_SIBLINGS]
+            # read again: an earlier group may have replaced their rows (a gated product
+            # is the down projection's rows) or residual since the scan
+            siblings = [_anchor(a.product) for a in anchors[start : start + MAX_SIBLINGS]]
             plan = _plan(siblings, len(anchors) <= MAX_SIBLINGS)
             reason = _hazard(plan, order)
             if reason:
@@ -157,7 +160,7 @@ def _anchor(node: torch.fx.Node) -> _Anchor | None:
         bias = node.kwargs.get("bias", args[2])
         if not isinstance(rows, torch.fx.Node) or not isinstance(weight, torch.fx.Node):
             return None
-        return _Anchor(node, rows, weight, bias, "nk", [node])
+        return _Anchor(node, rows, weight, bias, "nk", [node], node)
     if node.target is torch.addmm and len(node.args) == 3 and not node.kwargs:
         bias, flat, weight = node.args
         out = _single_user(node)
@@ -173,7 +176,7 @@ def _anchor(node: torch.fx.Node) -> _Anchor | None:
             return None
         if tuple(out_value.shape) != (*rows_value.shape[:-1], product.shape[-1]):
             return None
-        return _Anchor(out, rows, weight, bias, "kn", [flat, node, out])
+        return _Anchor(out, rows, weight, bias, "kn", [flat, node, out], node)
     return None
 
 
