@@ -39,6 +39,8 @@ SOURCES = (
     "tensor_parallel_tinyllama_tp2_h100.json",
     "tensor_parallel_llama3-8b_tp1_h100.json",
     "tensor_parallel_llama3-8b_tp2_h100.json",
+    "matmul_groups_decode_h100.json",
+    "matmul_groups_gpt2_h100.json",
 )
 # metric name in a result row -> unit
 SUITE_METRICS = {"per_call_ms": "ms", "first_call_s": "s", "kernels_per_call": "count"}
