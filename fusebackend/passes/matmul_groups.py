@@ -55,8 +55,9 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 @dataclasses.dataclass
 class MatmulGroups:
-    """What the pass did: each group made (``"q, k, v: rms_norm + 3 linears"``) and each
-    linear left alone with its reason."""
+    """What the pass did: each group made (its products, the nodes its outputs replace and
+    what it computes: ``"linear_4, linear_5 -> mul_11: rms_norm + 2 linears + silu(gate) *
+    up"``) and each product left alone with its reason."""
 
     made: list[str] = dataclasses.field(default_factory=list)
     left_alone: list[str] = dataclasses.field(default_factory=list)
@@ -130,10 +131,11 @@ def use_matmul_groups(
                 names = ", ".join(a.output.name for a in siblings)
                 result.left_alone.append(f"{names}: {reason}")
                 continue
+            products = ", ".join(a.product.name for a in plan.anchors)
+            outputs = ", ".join(n.name for n in plan.replaced)
             group = _rewrite(graph, plan, launch)
             members += plan.members
-            outputs = ", ".join(n.name for n in plan.replaced)
-            result.made.append(f"{outputs}: {group.describe()}")
+            result.made.append(f"{products} -> {outputs}: {group.describe()}")
     if members:
         # Each call sits where its first member was; the re-sort moves it after an input
         # computed later (a residual), keeping every other node in its order.
