@@ -17,6 +17,7 @@ The rules:
 - ``kernels/*`` import neither ``torch.fx`` nor ``passes/``.
 - ``runtime/*`` import neither ``passes/`` nor ``kernels/``.
 - No import cycle among the package's modules.
+- No module of the package is over ``MAX_MODULE_LINES`` lines.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ PACKAGE = "fusebackend"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 PASSES_MAY_IMPORT = {f"{PACKAGE}.kernels.ir", f"{PACKAGE}.report"}
+MAX_MODULE_LINES = 600
 
 
 def _module_name(path: Path) -> str:
@@ -209,3 +211,18 @@ def test_a_planted_import_is_caught():
     relative = "from ..kernels import launch\nfrom . import ops\n"
     names = [n for n, _ in imports_of(relative, f"{PACKAGE}.passes.example")]
     assert f"{PACKAGE}.kernels.launch" in names and f"{PACKAGE}.passes.ops" in names
+
+
+def _over(limit: int) -> list[str]:
+    """``path: lines`` for every module of the package longer than ``limit`` lines."""
+    over = []
+    for path in _modules().values():
+        lines = len(path.read_text().splitlines())
+        if lines > limit:
+            over.append(f"{path.relative_to(ROOT.parent)}: {lines}")
+    return over
+
+
+def test_no_module_is_over_600_lines():
+    over = _over(MAX_MODULE_LINES)
+    assert not over, f"modules over {MAX_MODULE_LINES} lines (split them): {', '.join(over)}"
