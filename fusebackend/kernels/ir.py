@@ -450,7 +450,9 @@ def shape_pattern(program: RowProgram, inputs: Sequence[Any]) -> tuple[Any, ...]
 
 # ---- Matmul groups (kernels/matmul.py runs them; passes/matmul_groups.py finds them)
 
-NORMS = ("", "rms", "layer")
+# "rms": transformers' RMSNorm (Llama), w * (x.float() * rstd).to(dtype); "layer":
+# F.layer_norm; "rms_offset": Gemma's, (x.float() * rstd * (1 + w.float())).to(dtype)
+NORMS = ("", "rms", "layer", "rms_offset")
 GATES = ("", "silu", "gelu", "gelu_tanh")
 MAX_SIBLINGS = 3
 MAX_ROWS = 16  # rows up to which a matmul is grouped (decode and small-batch steps)
@@ -468,6 +470,10 @@ class MatmulGroup:
     bias: bool = False  # every weight has a bias
     residual: bool = False  # the output gets a residual added (one output)
     weight_layout: str = "nk"  # "nk": weights [N, K] (nn.Linear); "kn": [K, N] (GPT-2's Conv1D)
+    # a gated pair given as one weight (and bias) whose two halves are gate and up
+    # (Phi-3's gate_up_proj); gate_half: which half is the gate
+    chunked: bool = False
+    gate_half: int = 0
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS or self.gate not in GATES:
@@ -480,6 +486,13 @@ class MatmulGroup:
             raise ValueError(f"MatmulGroup: weight_layout 'nk' or 'kn', not {self.weight_layout!r}")
         if self.residual and self.outputs != 1:
             raise ValueError("MatmulGroup: a residual needs a group of one output")
+        if self.chunked and not self.gate or self.gate_half not in (0, 1):
+            raise ValueError("MatmulGroup: a chunked weight is a gated pair (gate_half 0 or 1)")
+
+    @property
+    def weight_params(self) -> int:
+        """Weights the launch is given (a chunked pair: one, split in two halves)."""
+        return 1 if self.chunked else self.siblings
 
     @property
     def outputs(self) -> int:
@@ -488,7 +501,10 @@ class MatmulGroup:
     def describe(self) -> str:
         """A short name for explain: ``rms + 3 linears``, ``linear + residual``, ..."""
         parts = [self.norm + "_norm"] if self.norm else []
-        parts.append(f"{self.siblings} linears" if self.siblings > 1 else "linear")
+        if self.chunked:
+            parts.append("linear in halves")
+        else:
+            parts.append(f"{self.siblings} linears" if self.siblings > 1 else "linear")
         parts += ["bias"] if self.bias else []
         parts += [f"{self.gate}(gate) * up"] if self.gate else []
         parts += ["residual"] if self.residual else []

@@ -8,7 +8,9 @@ and re-reading the small activations). One launch here computes, for rows ``x [M
 
     a    = prologue(x)                 "" (none), "rms" (transformers' RMSNorm:
                                        w * (x.float() * rsqrt(mean(x.float()**2) + eps)).to(dt)),
-                                       "layer" (F.layer_norm over K with weight and bias)
+                                       "layer" (F.layer_norm over K with weight and bias),
+                                       "rms_offset" (Gemma's RMSNorm: (x.float() * rstd *
+                                       (1 + w.float())).to(dt), rounded once)
     y_i  = a @ W_i.T (+ b_i)           W_i [N_i, K], the user's parameters read in place
                                        (1-3 siblings: q, k, v; gate and up)
     out  = y_0, y_1, ...               or, with a gate: act(y_0) * y_1 (SwiGLU, GeGLU)
@@ -64,13 +66,31 @@ def matmul_group(
 ) -> tuple[torch.Tensor, ...]:
     """Run ``group`` on rows ``x [..., K]``; ``params``: the weights ``[N_i, K]``, then
     their biases ``[N_i]`` when ``group.bias``. Returns the outputs ``[..., N_i]``."""
-    weights, biases = params[: group.siblings], params[group.siblings :]
+    weights, biases = _halves(group, params)
     if not triton_usable(x.device) or x.numel() == 0:
         return reference(group, x, norm_weight, norm_bias, residual, weights, biases)
     args, grid, meta, outputs = _launch(group, x, norm_weight, norm_bias, residual, weights,
                                         biases)  # fmt: skip
     _kernel()[grid](*args, **meta)
     return outputs
+
+
+def _halves(
+    group: MatmulGroup, params: tuple[torch.Tensor, ...]
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """(weights, biases) of a launch's parameters; a chunked pair's one weight (and bias)
+    as its gate and up halves (views: the parameter is read in place)."""
+    count = group.weight_params
+    weights, biases = tuple(params[:count]), tuple(params[count:])
+    if not group.chunked:
+        return weights, biases
+    dim = 0 if group.weight_layout == "nk" else 1  # the output dim
+    (weight,) = weights
+    halves = weight.chunk(2, dim)
+    bias_halves = biases[0].chunk(2) if biases else ()
+    if group.gate_half == 1:
+        halves, bias_halves = halves[::-1], bias_halves[::-1]
+    return tuple(halves), tuple(bias_halves)
 
 
 def reference(
@@ -88,6 +108,10 @@ def reference(
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + group.eps)
         a = norm_weight * h.to(x.dtype)
+    elif group.norm == "rms_offset":
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + group.eps)
+        a = (h * (1.0 + norm_weight.float())).to(x.dtype)
     elif group.norm == "layer":
         a = torch.nn.functional.layer_norm(x, x.shape[-1:], norm_weight, norm_bias, group.eps)
     if group.weight_layout == "kn":
@@ -112,7 +136,7 @@ def reference(
 def precompile_matmul(group: MatmulGroup, x, norm_weight, norm_bias, residual, *params) -> None:
     """Compile the kernel a launch on tensors like these (fake tensors suffice) would run,
     without running it (``launch.precompile_all`` runs such jobs concurrently)."""
-    weights, biases = params[: group.siblings], params[group.siblings :]
+    weights, biases = _halves(group, params)
     args, grid, meta, _ = _launch(group, x, norm_weight, norm_bias, residual, weights, biases,
                                   allocate=False)  # fmt: skip
     warmup_launch(_kernel(), grid, args, meta, x.device)

@@ -27,12 +27,12 @@ def _row_stats(
         keep = (rows[:, None] < M) & (ks[None, :] < K)
         a = tl.load(x + rows[:, None] * x_row + ks[None, :] * x_col, mask=keep, other=0.0)
         a = a.to(tl.float32)
-        if NORM == 1:
+        if NORM != 2:  # RMS: the mean square
             total += tl.sum(a * a, axis=1)
         else:
             total += tl.sum(a, axis=1)
     mean = total * 0.0
-    if NORM == 1:
+    if NORM != 2:
         rstd = tl.rsqrt(total / K + eps)
     else:
         mean = total / K
@@ -58,6 +58,9 @@ def _input_block(x, x_row, x_col, norm_w, norm_b, mean, rstd, rows, ks, M, K: tl
         g = tl.load(norm_w + ks, mask=ks < K, other=0.0).to(tl.float32)
         h = (a.to(tl.float32) * rstd[:, None]).to(a.dtype)
         a = (h.to(tl.float32) * g[None, :]).to(a.dtype)
+    if NORM == 3:  # Gemma's RMSNorm: (x.float() * rstd * (1 + weight.float())).to(dtype)
+        g = tl.load(norm_w + ks, mask=ks < K, other=0.0).to(tl.float32)
+        a = (a.to(tl.float32) * rstd[:, None] * (1.0 + g[None, :])).to(a.dtype)
     if NORM == 2:  # F.layer_norm: one rounding at the end
         g = tl.load(norm_w + ks, mask=ks < K, other=0.0).to(tl.float32)
         h = (a.to(tl.float32) - mean[:, None]) * rstd[:, None] * g[None, :]

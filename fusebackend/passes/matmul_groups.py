@@ -93,6 +93,7 @@ class _Plan:
     anchors: list[_Anchor]  # in graph order (a gate's: gate first, then up)
     norm: _Norm | None = None
     gate: str = ""
+    gate_half: int | None = None  # a gated pair in one weight's halves: the gate's half
     residual: torch.fx.Node | None = None
     replaced: list[torch.fx.Node] = dataclasses.field(default_factory=list)  # per output
     members: list[torch.fx.Node] = dataclasses.field(default_factory=list)
@@ -230,6 +231,12 @@ def _plan(siblings: list[_Anchor], whole: bool) -> _Plan:
             plan.replaced = [product]
             plan.members += extra + [product]
     if len(siblings) == 1:
+        chunked = _chunked_gate(siblings[0])
+        if chunked is not None:
+            plan.gate, plan.gate_half, product, extra = chunked
+            plan.replaced = [product]
+            plan.members += extra + [product]
+    if len(siblings) == 1 and not plan.replaced:
         added = _residual(siblings[0].output)
         if added is not None:
             plan.residual, add, aliases = added
@@ -241,7 +248,8 @@ def _plan(siblings: list[_Anchor], whole: bool) -> _Plan:
     x = siblings[0].rows
     if whole and set(x.users) <= {a.nodes[0] for a in siblings}:
         passed = _pass_through(x)
-        plan.norm = layer_norm_of(passed[-1]) or rms_norm_of(passed[-1])
+        source = passed[-1]
+        plan.norm = layer_norm_of(source) or rms_norm_of(source) or offset_rms_norm_of(source)
         if plan.norm is not None:
             plan.members += plan.norm.nodes + passed[:-1]
     return plan
@@ -304,13 +312,44 @@ def _gate(siblings: list[_Anchor]) -> tuple[list[_Anchor], str, torch.fx.Node, l
         mul = _call(product, "mul")
         if mul is None or set(mul.operands) != {act, up.output}:
             continue
-        name = call.op.name
-        if name == "gelu":
-            name = "gelu_tanh" if call.params.get("approximate") == "tanh" else "gelu"
         if example_value(product).dtype != example_value(gate.output).dtype:
             continue
-        return [gate, up], name, product, [act]
+        return [gate, up], _activation_name(call), product, [act]
     return None
+
+
+def _chunked_gate(anchor: _Anchor) -> tuple[str, int, torch.fx.Node, list] | None:
+    """(activation, the gate's half, the product node, [chunk, halves, activation]) when the
+    product's only use is ``g, u = y.chunk(2, -1)`` then ``act(g) * u`` (Phi-3's gate_up_proj;
+    either half may be the gate)."""
+    chunk = _single_user(anchor.output)
+    if chunk is None or chunk.op != "call_method" or chunk.target != "chunk":
+        return None
+    if list(chunk.args[1:]) + list(chunk.kwargs.values()) not in ([2, -1], [2, 2]):
+        return None
+    width = example_value(anchor.output).shape[-1]
+    halves = {n.args[1]: n for n in chunk.users if n.target is operator.getitem}
+    if width % 2 or len(chunk.users) != 2 or set(halves) != {0, 1}:
+        return None
+    for gate_half in (0, 1):
+        gate, up = halves[gate_half], halves[1 - gate_half]
+        act = _single_user(gate)
+        call = _call(act, "silu", "gelu")
+        if call is None or call.params.get("inplace"):
+            continue
+        product = _single_user(act)
+        mul = _call(product, "mul")
+        if mul is None or _single_user(up) is not product or set(mul.operands) != {act, up}:
+            continue
+        return _activation_name(call), gate_half, product, [chunk, gate, up, act]
+    return None
+
+
+def _activation_name(call: OpCall) -> str:
+    """The gate's activation as ``MatmulGroup.gate`` names it."""
+    if call.op.name == "gelu":
+        return "gelu_tanh" if call.params.get("approximate") == "tanh" else "gelu"
+    return call.op.name
 
 
 def _residual(
@@ -385,6 +424,34 @@ def rms_norm_of(x: torch.fx.Node) -> _Norm | None:
         if example_value(rows).dtype != example_value(x).dtype:
             continue
         return _Norm(rows, weight, None, eps, "rms", nodes + more)
+    return None
+
+
+def offset_rms_norm_of(x: torch.fx.Node) -> _Norm | None:
+    """Gemma's RMSNorm producing ``x``:
+    ``(h32 * rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w.float())).type_as(h)``
+    (either factor order; the casts may be no-ops)."""
+    cast = _call(x, "cast")
+    product = _call(cast.operands[0] if cast is not None else x, "mul")
+    if product is None or len(product.operands) != 2:
+        return None
+    for scaled, offset in (product.operands, product.operands[::-1]):
+        add = _call(offset, "add")
+        if add is None or add.params.get("alpha", 1) != 1 or 1.0 not in add.operands[:2]:
+            continue
+        weight = next((o for o in add.operands if isinstance(o, torch.fx.Node)), None)
+        up = _call(weight, "cast")
+        weight = up.operands[0] if up is not None else weight
+        if not isinstance(weight, torch.fx.Node) or not _vector_of(weight, x):
+            continue
+        found = _scaled_rows(scaled)
+        if found is None or example_value(found[0]).dtype != example_value(x).dtype:
+            continue
+        rows, eps, more = found
+        nodes = [x] + ([cast.operands[0]] if cast is not None else []) + [offset] + more
+        if up is not None:
+            nodes.append(add.operands[1] if add.operands[0] == 1.0 else add.operands[0])
+        return _Norm(rows, weight, None, eps, "rms_offset", nodes)
     return None
 
 
@@ -477,7 +544,8 @@ def _rewrite(graph: torch.fx.Graph, plan: _Plan, launch: Callable[..., Any]) -> 
     norm, anchors = plan.norm, plan.anchors
     biases = [a.bias for a in anchors]
     group = MatmulGroup(
-        siblings=len(anchors),
+        # a chunked pair: one weight (and bias) given, which the launch splits in halves
+        siblings=2 if plan.gate_half is not None else len(anchors),
         norm=norm.kind if norm else "",
         eps=norm.eps if norm else 0.0,
         norm_bias=bool(norm and norm.bias is not None),
@@ -485,7 +553,10 @@ def _rewrite(graph: torch.fx.Graph, plan: _Plan, launch: Callable[..., Any]) -> 
         bias=biases[0] is not None,
         residual=plan.residual is not None,
         weight_layout=anchors[0].layout,
+        chunked=plan.gate_half is not None,
+        gate_half=plan.gate_half or 0,
     )
+
     rows = norm.rows if norm else anchors[0].rows
     args = (
         rows, norm.weight if norm else None, norm.bias if norm else None, plan.residual,
