@@ -310,3 +310,30 @@ def test_gpu_weights_changed_after_capture_are_read_as_they_are(update):
         for _ in range(2):
             assert_close(compiled(x), mlp(x), **_TOLERANCE[torch.float16])
     assert len(_matmul_groups(fusebackend.last_report())) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_matmul_kernels_are_compiled_and_loaded_before_the_first_launch():
+    # K is a constant of the kernel: a width this process has not compiled yet makes fresh
+    # kernels, whose loads must happen in the precompile's workers, not at the first launch
+    import threading
+
+    import triton
+
+    width = 128 + 8 * int(torch.randint(1, 60, ()).item())
+    loads: list[str] = []
+    triton.knobs.runtime.kernel_load_start_hook = lambda *a, **k: loads.append(
+        threading.current_thread().name
+    )
+    try:
+        mlp = _Mlp(width, 2 * width).eval().to("cuda", torch.float16)
+        x = torch.randn(1, 1, width, device="cuda", dtype=torch.float16)
+        with torch.no_grad():
+            actual = torch.compile(mlp, backend="infinifuse")(x)
+            assert_close(actual, mlp(x), **_TOLERANCE[torch.float16])
+    finally:
+        triton.knobs.runtime.kernel_load_start_hook = None
+    assert len(_matmul_groups(fusebackend.last_report())) == 2
+    assert loads, "no kernel was compiled in this test"
+    assert threading.main_thread().name not in loads, loads
