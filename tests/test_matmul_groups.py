@@ -222,6 +222,25 @@ def test_a_write_between_siblings_keeps_them_apart():
                for line in graph.rewrites["matmuls_left_alone"]), graph.rewrites  # fmt: skip
 
 
+def test_more_than_three_siblings_launch_in_threes_without_a_prologue():
+    # GPT-J's attention and MLP both read ln_1's output: q, k, v and fc_in. A launch takes
+    # up to 3 weights, so they run as 3 + 1, and the norm stays (both launches read it).
+    torch.manual_seed(11)
+    norm = torch.nn.LayerNorm(40).eval()
+    weights = [torch.randn(n, 40) for n in (24, 24, 24, 56)]
+
+    def fn(x):
+        h = norm(x)
+        return [F.linear(h, w) for w in weights]
+
+    x = torch.randn(1, 3, 40)
+    expected = eager(fn, x)
+    with torch.no_grad():
+        actual = compile_fused(fn)(x)
+    assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    assert _matmul_groups(fusebackend.last_report()) == ["3 linears", "linear"]
+
+
 def test_residual_computed_after_the_linear_moves_the_launch_down():
     w = torch.randn(32, 32)
 
