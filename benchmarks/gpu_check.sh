@@ -20,7 +20,7 @@
 # adds the launch-config sweep), matmul (matmul groups: GPU tests, each kernel vs cuBLAS,
 # the PDL diag, ~2 min), zoo (21 architectures: kernels per call, captured or not,
 # error vs eager), suite (the whole benchmarks/run.py suite), tp (tensor parallelism on every
-# GPU of the machine: its GPU tests and benchmarks/tensor_parallel.py), diag (why BERT's SDPA runs its
+# GPU of the machine: its GPU tests, diag_tp_chain.py and benchmarks/tensor_parallel.py), diag (why BERT's SDPA runs its
 # math path under Dynamo; which SDPA kernel a decode step's attention should get; the decode
 # attention kernel against repeat_kv + SDPA and its launch sweep; the host time of a replay
 # and of a generate() step, ~5 min). One device call runs at most 10
@@ -124,6 +124,10 @@ for step in $steps; do
         # weights first), TP_ARGS passed on (e.g. --parts decode).
         gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
         run_step tp_tests python3 -m pytest -q -m gpu -rfEs tests/test_tensor_parallel.py
+        # what an all-reduce costs in a dependent matmul chain, NCCL against symmetric
+        # memory's one-shot all-reduce (~1.5 min on 2 GPUs)
+        run_step diag_tp_chain torchrun --nproc_per_node "$gpus" benchmarks/diag/diag_tp_chain.py \
+            --out "$OUT/tp_chain.json"
         for shape in ${TP_SHAPES:-tinyllama}; do
             for n in "$gpus" 1; do
                 run_step "bench_tp_${shape}_tp$n" torchrun --nproc_per_node "$n" \
