@@ -156,7 +156,12 @@ class FusionReport:
                 )
             for key, names in graph.rewrites.items():
                 label = graph.labels.get(key)
-                if names and label:  # constants have none: counted above
+                if not (names and label):  # constants have none: counted above
+                    continue
+                if any(": " in name for name in names):  # entries that explain themselves
+                    lines.append(f"{label}:")  # (matmul groups): one per line
+                    lines += [f"  {name}" for name in names]
+                else:
                     lines.append(f"{label}: {', '.join(names)}")
         return "\n".join(lines)
 

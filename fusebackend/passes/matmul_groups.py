@@ -55,9 +55,9 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 @dataclasses.dataclass
 class MatmulGroups:
-    """What the pass did: each group made (its products, the nodes its outputs replace and
-    what it computes: ``"linear_4, linear_5 -> mul_11: rms_norm + 2 linears + silu(gate) *
-    up"``) and each product left alone with its reason."""
+    """What the pass did: each group made (its products, the nodes its outputs replace where
+    those differ, and what it computes: ``"linear_4, linear_5 -> mul_11: rms_norm + 2
+    linears + silu(gate) * up"``) and each product left alone with its reason."""
 
     made: list[str] = dataclasses.field(default_factory=list)
     left_alone: list[str] = dataclasses.field(default_factory=list)
@@ -136,7 +136,8 @@ def use_matmul_groups(
             outputs = ", ".join(n.name for n in plan.replaced)
             group = _rewrite(graph, plan, launch)
             members += plan.members
-            result.made.append(f"{products} -> {outputs}: {group.describe()}")
+            named = products if products == outputs else f"{products} -> {outputs}"
+            result.made.append(f"{named}: {group.describe()}")
     if members:
         # Each call sits where its first member was; the re-sort moves it after an input
         # computed later (a residual), keeping every other node in its order.
