@@ -112,3 +112,44 @@ def test_run_py_ledger_flag_appends_rows(tmp_path):
     assert {"per_call_ms", "first_call_s"} <= metrics
     for r in rows:
         assert r["source"] == "suite.json" and r["torch"] and r["device"] and r["date"], r
+
+
+def _section(text: str, title: str) -> str:
+    start = text.index(f"### {title}\n")
+    end = text.find("\n### ", start + 1)
+    return text[start:end]
+
+
+@pytest.mark.parametrize("title", ["Decode steps and an encoder", "Matmul groups"])
+def test_the_readme_performance_tables_read_the_ledger(ledger, title):
+    # Every "N.NNN ms" of these README tables is a ledger figure, at the digits shown: the
+    # tables are written from the committed result files, not by hand from memory.
+    import re
+
+    text = _section((ROOT / "README.md").read_text(), title)
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    shown = [m for line in table for m in re.findall(r"(\d+\.\d+) ms", line)]
+    assert len(shown) >= 8, shown
+    values = [r["value"] for r in ledger.read() if r["unit"] == "ms"]
+    missing = [
+        s for s in shown
+        if not any(round(v, len(s.split(".")[1])) == float(s) for v in values)
+    ]  # fmt: skip
+    assert not missing, f"README figures that are no ledger row: {missing}"
+
+
+def test_the_suite_report_shows_the_ledger_figure_before(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from suite import report
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    row = {"workload": "gpt2-decode", "backend": "infinifuse", "metric": "per_call_ms",
+           "value": 0.6, "unit": "ms", "device": ENV["device"], "date": "2025-12-31",
+           "source": "old.json"}  # fmt: skip
+    later = {**row, "value": 0.1, "date": "2026-01-05", "source": "later.json"}
+    path = tmp_path / "ledger.jsonl"
+    path.write_text(json.dumps(row) + "\n" + json.dumps(later) + "\n")
+    lines = report._ledger_section(_suite_fixture(), path)
+    assert "| gpt2-decode | infinifuse | 0.5 | 0.6 | 0.83x | old.json, 2025-12-31 |" in lines
+    assert not any("later.json" in line for line in lines)  # after this run started

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
+
+# The results ledger (benchmarks/ledger.py): each row's earlier figure on the same device is
+# shown beside this run's (``_ledger_section``).
+LEDGER = Path(__file__).resolve().parents[1] / "results" / "ledger.jsonl"
 
 __all__ = ["FOUR_MODELS", "TARGETS", "compute_targets", "markdown", "plot"]
 
@@ -342,6 +347,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_fmt(r.get('rel_error'), '.1e')} | {_fmt(r.get('tolerance'), '.0e')} | "
             f"{r.get('mode', '-')} | {_fmt(r.get('kernels_per_call'), 'd')} |"
         )
+    lines += _ledger_section(report)
     lines += _four_models_table(report["rows"])
     lines += _zoo_table(report["rows"])
     lines += _generate_section(report.get("generate"))
@@ -363,6 +369,51 @@ def markdown(report: dict[str, Any]) -> str:
         for where, reason in generate_fallbacks:
             lines.append(f"- {where}: fallback `{reason}`")
     return "\n".join(lines) + "\n"
+
+
+def _ledger_section(report: dict[str, Any], path: Path = LEDGER) -> list[str]:
+    """Each row's per-call figure beside the latest one the ledger holds for its workload
+    and backend on the same device from before this run: what changed since."""
+    if not path.exists():
+        return []
+    env = report["environment"]
+    # before the first figure of this run (its rows carry their own dates)
+    start = min([env["date"], *(r["date"] for r in report["rows"] if r.get("date"))])
+    earlier: dict[tuple[str, str], dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line) if line.strip() else None
+        if not row or row["metric"] != "per_call_ms" or row["device"] != env["device"]:
+            continue
+        if not (row.get("date") or "") < start:
+            continue
+        key = (row["workload"], row["backend"])
+        if key not in earlier or row["date"] > earlier[key]["date"]:
+            earlier[key] = row
+    pairs = [
+        (r, earlier[key])
+        for r in report["rows"]
+        if (key := (r["workload"], r["backend"])) in earlier
+        and isinstance(r.get("per_call_ms"), (int, float))
+    ]
+    if not pairs:
+        return []
+    lines = [
+        "",
+        "## Against the ledger",
+        "",
+        f"Per call against the latest earlier figure of the same workload and backend on this "
+        f"device in `{path.name}` (`python benchmarks/ledger.py --table WORKLOAD`).",
+        "",
+        "| workload | backend | per call (ms) | earlier (ms) | ratio | earlier from |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row, before in pairs:
+        lines.append(
+            f"| {row['workload']} | {row['backend']} | {row['per_call_ms']:.4g} | "
+            f"{before['value']:.4g} | {row['per_call_ms'] / before['value']:.2f}x | "
+            f"{before['source']}, {str(before['date'])[:10]} |"
+        )
+    return lines
 
 
 def _status(row: dict[str, Any]) -> str:
