@@ -66,7 +66,7 @@ def matmul_group(
 ) -> tuple[torch.Tensor, ...]:
     """Run ``group`` on rows ``x [..., K]``; ``params``: the weights ``[N_i, K]``, then
     their biases ``[N_i]`` when ``group.bias``. Returns the outputs ``[..., N_i]``."""
-    weights, biases = _halves(group, params)
+    weights, biases = _weights_and_biases(group, params)
     if not triton_usable(x.device) or x.numel() == 0:
         return reference(group, x, norm_weight, norm_bias, residual, weights, biases)
     args, grid, meta, outputs = _launch(group, x, norm_weight, norm_bias, residual, weights,
@@ -75,18 +75,19 @@ def matmul_group(
     return outputs
 
 
-def _halves(
+def _weights_and_biases(
     group: MatmulGroup, params: tuple[torch.Tensor, ...]
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    """(weights, biases) of a launch's parameters; a chunked pair's one weight (and bias)
-    as its gate and up halves (views: the parameter is read in place)."""
+    """(weights as ``[N_i, K]``, biases) of a launch's parameters: Conv1D's ``[K, N]``
+    weights as their transposes, a chunked pair's one weight (and bias) as its gate and up
+    halves. All views: the parameters are read in place."""
     count = group.weight_params
     weights, biases = tuple(params[:count]), tuple(params[count:])
+    if group.weight_layout == "kn":
+        weights = tuple(w.t() for w in weights)
     if not group.chunked:
         return weights, biases
-    dim = 0 if group.weight_layout == "nk" else 1  # the output dim
-    (weight,) = weights
-    halves = weight.chunk(2, dim)
+    halves = weights[0].chunk(2)
     bias_halves = biases[0].chunk(2) if biases else ()
     if group.gate_half == 1:
         halves, bias_halves = halves[::-1], bias_halves[::-1]
@@ -102,20 +103,18 @@ def reference(
     weights: tuple[torch.Tensor, ...],
     biases: tuple[torch.Tensor, ...],
 ) -> tuple[torch.Tensor, ...]:
-    """``group``'s math in torch ops, rounded as the kernel rounds (and as eager does)."""
+    """``group``'s math in torch ops, rounded as the kernel rounds (and as eager does);
+    ``weights`` ``[N_i, K]`` and ``biases`` as ``_weights_and_biases`` gives them."""
     a = x
-    if group.norm == "rms":
+    if group.norm in ("rms", "rms_offset"):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + group.eps)
-        a = norm_weight * h.to(x.dtype)
-    elif group.norm == "rms_offset":
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + group.eps)
-        a = (h * (1.0 + norm_weight.float())).to(x.dtype)
+        if group.norm == "rms":
+            a = norm_weight * h.to(x.dtype)
+        else:
+            a = (h * (1.0 + norm_weight.float())).to(x.dtype)
     elif group.norm == "layer":
         a = torch.nn.functional.layer_norm(x, x.shape[-1:], norm_weight, norm_bias, group.eps)
-    if group.weight_layout == "kn":
-        weights = tuple(w.t() for w in weights)
     ys = [
         torch.nn.functional.linear(a, w, biases[k] if group.bias else None)
         for k, w in enumerate(weights)
@@ -136,7 +135,7 @@ def reference(
 def precompile_matmul(group: MatmulGroup, x, norm_weight, norm_bias, residual, *params) -> None:
     """Compile the kernel a launch on tensors like these (fake tensors suffice) would run,
     without running it (``launch.precompile_all`` runs such jobs concurrently)."""
-    weights, biases = _halves(group, params)
+    weights, biases = _weights_and_biases(group, params)
     args, grid, meta, _ = _launch(group, x, norm_weight, norm_bias, residual, weights, biases,
                                   allocate=False)  # fmt: skip
     warmup_launch(_kernel(), grid, args, meta, x.device)
@@ -241,8 +240,6 @@ def _launch(
     lead = tuple(x.shape[:-1])
     rows = math.prod(lead)
     rows_2d = x.reshape(rows, width)
-    if group.weight_layout == "kn":  # [K, N] weights, addressed as their [N, K] transpose
-        weights = tuple(w.t() for w in weights)
     widths = [w.shape[0] for w in weights]
     out_widths = widths[:1] if group.gate else widths
     if allocate:
