@@ -98,6 +98,25 @@ def _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, v, v_n, v_k,
 
 
 @triton.jit
+def _add_bias(acc, bias, cols, N):
+    """The fp32 products plus the bias of their columns (added before the output's one
+    rounding, as cuBLAS adds it in its epilogue)."""
+    return acc + tl.load(bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+
+
+@triton.jit
+def _store(y, out, res, res_row, res_col, rows, cols, M, N, HAS_RESIDUAL: tl.constexpr):
+    """Store a tile of the output ``[M, N]`` (contiguous), with the residual added in fp32
+    and rounded once when there is one."""
+    keep = (rows[:, None] < M) & (cols[None, :] < N)
+    if HAS_RESIDUAL:
+        r = tl.load(res + rows[:, None] * res_row + cols[None, :] * res_col, mask=keep,
+                    other=0.0)  # fmt: skip
+        y = (y.to(tl.float32) + r.to(tl.float32)).to(y.dtype)
+    tl.store(out + rows[:, None] * N + cols[None, :], y, mask=keep)
+
+
+@triton.jit
 def _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias, out, res,
                  res_row, res_col,
                  tile, M, K: tl.constexpr, N, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
@@ -110,15 +129,9 @@ def _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
     acc, _ = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, w, w_n, w_k,
                    rows, cols, M, K, N, NORM, NORM_BIAS, False, BLOCK_K, PRECISION)  # fmt: skip
     if HAS_BIAS:
-        acc += tl.load(bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    dtype = out.dtype.element_ty
-    y = acc.to(dtype)
-    keep = (rows[:, None] < M) & (cols[None, :] < N)
-    if HAS_RESIDUAL:
-        r = tl.load(res + rows[:, None] * res_row + cols[None, :] * res_col, mask=keep,
-                    other=0.0)  # fmt: skip
-        y = (y.to(tl.float32) + r.to(tl.float32)).to(dtype)
-    tl.store(out + rows[:, None] * N + cols[None, :], y, mask=keep)
+        acc = _add_bias(acc, bias, cols, N)
+    _store(acc.to(out.dtype.element_ty), out, res, res_row, res_col, rows, cols, M, N,
+           HAS_RESIDUAL)  # fmt: skip
 
 
 @triton.jit
@@ -154,8 +167,8 @@ def matmul_group_kernel(
                          w1, w1_n, w1_k, rows, cols, M, K, N0, NORM, NORM_BIAS, True,
                          BLOCK_K, PRECISION)  # fmt: skip
         if HAS_BIAS:
-            gate += tl.load(b0 + cols, mask=cols < N0, other=0.0).to(tl.float32)[None, :]
-            up += tl.load(b1 + cols, mask=cols < N0, other=0.0).to(tl.float32)[None, :]
+            gate = _add_bias(gate, b0, cols, N0)
+            up = _add_bias(up, b1, cols, N0)
         dtype = out0.dtype.element_ty
         g = gate.to(dtype).to(tl.float32)
         if GATE == 1:
@@ -165,12 +178,7 @@ def matmul_group_kernel(
         else:
             act = 0.5 * g * (1.0 + _tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
         y = (act.to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)).to(dtype)
-        keep = (rows[:, None] < M) & (cols[None, :] < N0)
-        if HAS_RESIDUAL:
-            r = tl.load(res + rows[:, None] * res_row + cols[None, :] * res_col, mask=keep,
-                        other=0.0)  # fmt: skip
-            y = (y.to(tl.float32) + r.to(tl.float32)).to(dtype)
-        tl.store(out0 + rows[:, None] * N0 + cols[None, :], y, mask=keep)
+        _store(y, out0, res, res_row, res_col, rows, cols, M, N0, HAS_RESIDUAL)
     else:
         if pid < TILES0:
             _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k, b0,
