@@ -18,10 +18,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import pytest
 import torch
 
 import fusebackend
@@ -318,3 +325,33 @@ class TritonCompiles:
     def __exit__(self, *exc: Any) -> None:
         for patch in self._patches:
             patch.stop()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a process group's store)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torchrun(
+    script: Path, nproc: int, *args: str, env: dict[str, str] | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess:
+    """Run ``script`` under torchrun on ``nproc`` processes (one thread each) from the
+    repository root; a run past ``timeout`` (a hung collective) kills the whole process
+    group and fails the test with what it printed."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+        f"--master_port={free_port()}", str(script), *args,
+    ]  # fmt: skip
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=root, env=environment, start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"torchrun ran past {timeout} s:\n{stdout[-3000:]}\n{stderr[-6000:]}")
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)

@@ -8,16 +8,12 @@ sharded one does); the transformers tests spawn two gloo processes with torchrun
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import free_port, run_torchrun
 
 import fusebackend
 from fusebackend.kernels.vocab_lookup import _reference, vocab_parallel_lookup
@@ -27,19 +23,13 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def mesh():
     """A one-rank CPU mesh over a gloo group of this process."""
     from torch.distributed.device_mesh import init_device_mesh
 
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
     try:
         yield init_device_mesh("cpu", (1,))
@@ -341,35 +331,8 @@ def _torchrun(
     timeout: int = 300,
     script: Path = ROOT / "examples" / "tp_generate.py",
 ):
-    """Run ``script`` (examples/tp_generate.py) on ``nproc`` processes; a run past
-    ``timeout`` (a hung collective) kills the whole process group and fails the test with
-    what it printed."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        f"--master_port={_free_port()}",
-        str(script),
-        *args,
-    ]
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=environment,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"torchrun ran past {timeout} s:\n{stdout[-3000:]}\n{stderr[-6000:]}")
-    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+    """Run ``script`` (examples/tp_generate.py) on ``nproc`` processes (helpers.run_torchrun)."""
+    return run_torchrun(script, nproc, *args, env=env, timeout=timeout)
 
 
 def _rank_results(prefix: Path, nproc: int) -> list[dict]:

@@ -7,15 +7,11 @@ About 5 s on two CPU cores.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from helpers import run_torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "diag" / "diag_tp_chain.py"
@@ -26,28 +22,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_smoke_sums_and_chains_agree_on_two_gloo_ranks(tmp_path):
     pytest.importorskip("torch.distributed.run", reason="torchrun is absent")
     out = tmp_path / "tp_chain.json"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-               f"--master_port={_free_port()}", str(SCRIPT), "--smoke", "--label", "smoke",
-               "--out", str(out)]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, text=True, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    try:
-        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"torchrun ran past {TIMEOUT_S} s:\n{stdout[-3000:]}\n{stderr[-3000:]}")
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    proc = run_torchrun(SCRIPT, 2, "--smoke", "--label", "smoke", "--out", str(out),
+                        timeout=TIMEOUT_S)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     report = json.loads(out.read_text())
     assert report["complete"] and report["smoke"] and report["label"] == "smoke"
