@@ -303,19 +303,10 @@ def _gate(siblings: list[_Anchor]) -> tuple[list[_Anchor], str, torch.fx.Node, l
     """([gate, up], activation, the product node, [the activation node]) when the two
     products' only use is ``act(gate) * up``."""
     for gate, up in (siblings, siblings[::-1]):
-        act = _single_user(gate.output)
-        call = _call(act, "silu", "gelu")
-        if call is None or call.params.get("inplace"):
-            continue
-        product = _single_user(act)
-        if product is None or _single_user(up.output) is not product:
-            continue
-        mul = _call(product, "mul")
-        if mul is None or set(mul.operands) != {act, up.output}:
-            continue
-        if example_value(product).dtype != example_value(gate.output).dtype:
-            continue
-        return [gate, up], _activation_name(call), product, [act]
+        found = _gated_product(gate.output, up.output)
+        if found is not None:
+            name, act, product = found
+            return [gate, up], name, product, [act]
     return None
 
 
@@ -326,24 +317,37 @@ def _chunked_gate(anchor: _Anchor) -> tuple[str, int, torch.fx.Node, list] | Non
     chunk = _single_user(anchor.output)
     if chunk is None or chunk.op != "call_method" or chunk.target != "chunk":
         return None
-    if list(chunk.args[1:]) + list(chunk.kwargs.values()) not in ([2, -1], [2, 2]):
+    value = example_value(anchor.output)
+    parts, dim = (list(chunk.args[1:]) + list(chunk.kwargs.values()) + [None])[:2]
+    if parts != 2 or dim not in (-1, value.dim() - 1) or value.shape[-1] % 2:
         return None
-    width = example_value(anchor.output).shape[-1]
     halves = {n.args[1]: n for n in chunk.users if n.target is operator.getitem}
-    if width % 2 or len(chunk.users) != 2 or set(halves) != {0, 1}:
+    if len(chunk.users) != 2 or set(halves) != {0, 1}:
         return None
     for gate_half in (0, 1):
-        gate, up = halves[gate_half], halves[1 - gate_half]
-        act = _single_user(gate)
-        call = _call(act, "silu", "gelu")
-        if call is None or call.params.get("inplace"):
-            continue
-        product = _single_user(act)
-        mul = _call(product, "mul")
-        if mul is None or _single_user(up) is not product or set(mul.operands) != {act, up}:
-            continue
-        return _activation_name(call), gate_half, product, [chunk, gate, up, act]
+        found = _gated_product(halves[gate_half], halves[1 - gate_half])
+        if found is not None:
+            name, act, product = found
+            return name, gate_half, product, [chunk, *halves.values(), act]
     return None
+
+
+def _gated_product(
+    gate: torch.fx.Node, up: torch.fx.Node
+) -> tuple[str, torch.fx.Node, torch.fx.Node] | None:
+    """(activation, its node, the product node) when ``gate``'s only use is a silu or gelu
+    whose only use is its product with ``up``, ``up``'s only use (in gate's dtype)."""
+    act = _single_user(gate)
+    call = _call(act, "silu", "gelu")
+    if call is None or call.params.get("inplace"):
+        return None
+    product = _single_user(act)
+    mul = _call(product, "mul")
+    if mul is None or _single_user(up) is not product or set(mul.operands) != {act, up}:
+        return None
+    if example_value(product).dtype != example_value(gate).dtype:
+        return None
+    return _activation_name(call), act, product
 
 
 def _activation_name(call: OpCall) -> str:
