@@ -2,12 +2,14 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|decode|rows|matmul|zoo|suite|tp|diag]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|decode|rows|matmul|splitk|zoo|suite|tp|diag]...
 #
 # Knobs (environment): GPU_TESTS (test paths for "tests", default tests), DECODE_ONLY and
 # DECODE_BACKENDS (run.py's --only and --backends for "decode"), ROWS_ARGS (more arguments
 # of row_kernels.py for "rows", e.g. --sweep), MATMUL_ARGS (more arguments of
-# matmul_kernels.py for "matmul", e.g. --sweep), SUITE_ONLY and SUITE_FROM (a part of the
+# matmul_kernels.py for "matmul", e.g. --sweep), SPLITK_ARGS (more arguments of
+# diag_matmul_splitk.py for "splitk", e.g. --sweep-seconds 120 or --shapes tinyllama-o),
+# SUITE_ONLY and SUITE_FROM (a part of the
 # suite, merged into an earlier part's suite.json: see "suite" below), BUNDLE (a .tgz path:
 # $OUT is packed into it after every step, so a call cut off by its time limit still
 # returns what the finished steps wrote, in one file; the device tool returns at most 8
@@ -18,7 +20,9 @@
 # through three backends, cold caches, ~4 min), decode (the four decode/encoder models of the
 # suite), rows (each row-kernel pattern vs Inductor and copy bandwidth, ~1 min; ROWS_ARGS=--sweep
 # adds the launch-config sweep), matmul (matmul groups: GPU tests, each kernel vs cuBLAS,
-# the PDL diag, ~2 min), zoo (21 architectures: kernels per call, captured or not,
+# the PDL diag, ~2 min), splitk (a diag: split-K few-row matmul kernels against split-K = 1
+# and cuBLAS, its launch sweep capped at 240 s; not yet run, ~5-6 min expected), zoo
+# (21 architectures: kernels per call, captured or not,
 # error vs eager), suite (the whole benchmarks/run.py suite), tp (tensor parallelism on every
 # GPU of the machine: its GPU tests, diag_tp_chain.py and benchmarks/tensor_parallel.py), diag (why BERT's SDPA runs its
 # math path under Dynamo; which SDPA kernel a decode step's attention should get; the decode
@@ -99,6 +103,12 @@ for step in $steps; do
             --out "$OUT/matmul_kernels.json" ${MATMUL_ARGS:-}
         run_step diag_matmul_pdl python3 benchmarks/diag/diag_matmul_pdl.py --out "$OUT/matmul_pdl.json"
         ;;
+    splitk)
+        # split-K for the few-row matmul (a diag with its own kernels): does giving each
+        # column tile several K-slice programs lift the narrow projections to copy bandwidth?
+        run_step diag_matmul_splitk python3 benchmarks/diag/diag_matmul_splitk.py \
+            --out "$OUT/matmul_splitk.json" ${SPLITK_ARGS:-}
+        ;;
     zoo)
         run_step bench_zoo python3 benchmarks/run.py --out-dir "$OUT/suite" --only zoo
         ;;
@@ -145,7 +155,7 @@ for step in $steps; do
         run_step diag_generate_host python3 benchmarks/diag/diag_generate_host.py
         ;;
     *)
-        echo "unknown step: $step (tests, examples, bench, generate, rows, decode, matmul, zoo, suite, tp, diag)"
+        echo "unknown step: $step (tests, examples, bench, generate, rows, decode, matmul, splitk, zoo, suite, tp, diag)"
         status=1
         ;;
     esac
