@@ -2,7 +2,7 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|decode|rows|matmul|splitk|zoo|suite|tp|diag]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|decode|rows|matmul|splitk|rotary|zoo|suite|tp|diag]...
 #
 # Knobs (environment): GPU_TESTS (test paths for "tests", default tests), DECODE_ONLY and
 # DECODE_BACKENDS (run.py's --only and --backends for "decode"), ROWS_ARGS (more arguments
@@ -21,7 +21,9 @@
 # suite), rows (each row-kernel pattern vs Inductor and copy bandwidth, ~1 min; ROWS_ARGS=--sweep
 # adds the launch-config sweep), matmul (matmul groups: GPU tests, each kernel vs cuBLAS,
 # the PDL diag, ~2 min), splitk (a diag: split-K few-row matmul kernels against split-K = 1
-# and cuBLAS, its launch sweep capped at 240 s; not yet run, ~5-6 min expected), zoo
+# and cuBLAS, its launch sweep capped at 240 s; not yet run, ~5-6 min expected), rotary (a
+# diag: the q/k/v group with its rotary + KV-cache-write epilogue against the three launches
+# it replaces and eager, with its launch sweep capped at 150 s; not yet run), zoo
 # (21 architectures: kernels per call, captured or not,
 # error vs eager), suite (the whole benchmarks/run.py suite), tp (tensor parallelism on every
 # GPU of the machine: its GPU tests, diag_tp_chain.py and benchmarks/tensor_parallel.py), diag (why BERT's SDPA runs its
@@ -109,6 +111,12 @@ for step in $steps; do
         run_step diag_matmul_splitk python3 benchmarks/diag/diag_matmul_splitk.py \
             --out "$OUT/matmul_splitk.json" ${SPLITK_ARGS:-}
         ;;
+    rotary)
+        # the q/k/v group's rotary + KV-cache-write epilogue (one launch) against the q/k/v
+        # launch + the rotation + write_cache_pair it replaces, and its launch-config sweep
+        run_step diag_rotary_epilogue python3 benchmarks/diag/diag_rotary_epilogue.py --sweep \
+            --out "$OUT/rotary_epilogue.json"
+        ;;
     zoo)
         run_step bench_zoo python3 benchmarks/run.py --out-dir "$OUT/suite" --only zoo
         ;;
@@ -155,7 +163,7 @@ for step in $steps; do
         run_step diag_generate_host python3 benchmarks/diag/diag_generate_host.py
         ;;
     *)
-        echo "unknown step: $step (tests, examples, bench, generate, rows, decode, matmul, splitk, zoo, suite, tp, diag)"
+        echo "unknown step: $step (tests, examples, bench, generate, rows, decode, matmul, splitk, rotary, zoo, suite, tp, diag)"
         status=1
         ;;
     esac
