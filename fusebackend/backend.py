@@ -59,6 +59,7 @@ from fusebackend.passes.matmul_groups import use_matmul_groups
 from fusebackend.passes.pairing import pair_twin_groups
 from fusebackend.passes.partition import Candidate, find_groups
 from fusebackend.passes.rewrite import reference_graph, rewrite
+from fusebackend.passes.rotary_epilogue import use_rotary_epilogues
 from fusebackend.pipeline import Compilation, Pass, run_passes
 from fusebackend.prepare import (
     PREPARE,
@@ -209,6 +210,17 @@ def _use_matmul_groups(c: Compilation) -> list[str]:
     return found.made
 
 
+def _use_rotary_epilogues(c: Compilation) -> list[str]:
+    """q/k/v groups take over their rotary embedding and KV-cache write; those left alone
+    are reported under their own key."""
+    assert c.graph is not None
+    found = use_rotary_epilogues(c.graph, matmul_op, c.config.index_checks)
+    if found.left_alone:
+        c.rewrites.setdefault("rotary_left_alone", []).extend(found.left_alone)
+        c.labels["rotary_left_alone"] = "rotary embeddings left to the row kernels"
+    return found.made
+
+
 def _find_groups(c: Compilation) -> None:
     assert c.graph is not None
     c.candidates, c.rejections = find_groups(c.graph)
@@ -302,6 +314,9 @@ FUSE = [
          report="vocab_lookups", needs_rewrites=True),
     Pass("use_matmul_groups", _use_matmul_groups, "matmul groups (fused graph)",
          report="matmul_groups", when=lambda c: c.config.matmul_groups),
+    Pass("use_rotary_epilogues", _use_rotary_epilogues,
+         "rotary embeddings and KV-cache writes in the q/k/v launch (fused graph)",
+         report="rotary_epilogues", when=lambda c: c.config.matmul_groups and c.matmul_groups),
     Pass("find_groups", _find_groups),
     Pass("rewrite_groups", _rewrite_groups),
     Pass("pair_twin_groups", _pair_twin_groups),

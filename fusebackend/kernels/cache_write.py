@@ -29,7 +29,7 @@ from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
 from fusebackend.kernels.launch import triton_usable
 from fusebackend.kernels.triton_api import warmup_launch
 
-__all__ = ["precompile_pair", "write_cache_pair"]
+__all__ = ["check_cache_index", "precompile_pair", "write_cache_pair"]
 
 
 def write_cache_pair(
@@ -49,15 +49,21 @@ def write_cache_pair(
         k_cache.index_copy_(2, index, k)
         v_cache.index_copy_(2, index, v)
         return
-    slots = k_cache.shape[2]
     if index.device.type == "cpu":  # on the GPU this would be a host sync
-        low, high = int(index.min()), int(index.max())
-        if low < 0 or high >= slots:
-            bad = low if low < 0 else high
-            raise IndexError(f"index_copy_(): index {bad} is out of bounds for a cache of "
-                             f"{slots} slots (shape {tuple(k_cache.shape)})")  # fmt: skip
+        check_cache_index(index, k_cache)
     args, grid, meta = _launch(k_cache, v_cache, index, k, v)
     _kernel(checks)[grid](*args, **meta)
+
+
+def check_cache_index(index: torch.Tensor, cache: torch.Tensor) -> None:
+    """Eager's IndexError for an index (on the CPU) outside the slots of a cache
+    ``[B, H, slots, D]``."""
+    slots = cache.shape[2]
+    low, high = int(index.min()), int(index.max())
+    if low < 0 or high >= slots:
+        bad = low if low < 0 else high
+        raise IndexError(f"index_copy_(): index {bad} is out of bounds for a cache of "
+                         f"{slots} slots (shape {tuple(cache.shape)})")  # fmt: skip
 
 
 write_cache_pair.writes_arguments = (0, 1)  # type: ignore[attr-defined]  # the two caches

@@ -474,6 +474,13 @@ class MatmulGroup:
     # (Phi-3's gate_up_proj); gate_half: which half is the gate
     chunked: bool = False
     gate_half: int = 0
+    # q, k, v (three siblings) whose q and k get transformers' rotary embedding over heads of
+    # this width (``x * cos + rotate_half(x) * sin``; 0: none), and whose k and v are written
+    # into two KV caches at an index (StaticCache's ``index_copy_``) instead of being returned;
+    # ``index_checks``: the kernel is built with its device-side assert on that index
+    rotary: int = 0
+    cache_write: bool = False
+    index_checks: bool = False
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS or self.gate not in GATES:
@@ -488,6 +495,12 @@ class MatmulGroup:
             raise ValueError("MatmulGroup: a residual needs a group of one output")
         if self.chunked and not self.gate or self.gate_half not in (0, 1):
             raise ValueError("MatmulGroup: a chunked weight is a gated pair (gate_half 0 or 1)")
+        if self.rotary and (self.siblings != 3 or self.gate or self.residual or self.rotary % 2
+                            or self.weight_layout != "nk"):  # fmt: skip
+            raise ValueError("MatmulGroup: a rotary embedding takes q, k, v as three [N, K] "
+                             "weights, no gate or residual, and an even head width")  # fmt: skip
+        if self.cache_write and not self.rotary:
+            raise ValueError("MatmulGroup: a KV-cache write follows the rotary embedding")
 
     @property
     def weight_params(self) -> int:
@@ -496,7 +509,7 @@ class MatmulGroup:
 
     @property
     def outputs(self) -> int:
-        return 1 if self.gate else self.siblings
+        return 1 if self.gate or self.cache_write else self.siblings
 
     def describe(self) -> str:
         """A short name for explain: ``rms + 3 linears``, ``linear + residual``, ..."""
@@ -508,4 +521,6 @@ class MatmulGroup:
         parts += ["bias"] if self.bias else []
         parts += [f"{self.gate}(gate) * up"] if self.gate else []
         parts += ["residual"] if self.residual else []
+        parts += ["rotary(q, k)"] if self.rotary else []
+        parts += ["cache write(k, v)"] if self.cache_write else []
         return " + ".join(parts)

@@ -15,6 +15,11 @@ and re-reading the small activations). One launch here computes, for rows ``x [M
                                        (1-3 siblings: q, k, v; gate and up)
     out  = y_0, y_1, ...               or, with a gate: act(y_0) * y_1 (SwiGLU, GeGLU)
     out  = out + residual              (one output only)
+    q, k = rotary(y_0), rotary(y_1)    with ``rotary`` (q, k, v): per head of D columns,
+                                       y * cos + rotate_half(y) * sin (transformers'
+                                       apply_rotary_pos_emb), cos and sin [B, 1, T, D]
+    k_cache[b, h, index[t]] = k, ...   with ``cache_write``: k and v go into the KV caches
+                                       (StaticCache's index_copy_), only q is returned
 
 rounded where eager rounds: the normalised row to the input's dtype before the weight
 multiplies it (as transformers' RMSNorm does), each linear's output once after its bias, the
@@ -27,6 +32,14 @@ every sibling one after another. The prologue's row statistics (a sum over K) ar
 by every program from the rows themselves, which are a few KB read from L2 against the
 weight tile's tens of KB. Programs are many and narrow (``BLOCK_N`` 16-64): a 2048-wide
 output is 32-128 programs, so every SM streams weights.
+
+A rotary group's q and k programs each compute two tiles of one weight, columns ``j`` and
+``j + D/2`` of the same heads (the pairs rotate_half mixes), so the rotation happens in
+registers before the one store; v's programs are plain tiles. With ``cache_write`` k's and
+v's tiles are stored at ``cache[b, h, index[t], j]``: an index outside the cache never writes,
+and stops the kernel with a device-side assert when it is built with ``index_checks``
+(Triton's debug mode, ``matmul_group_kernel_checked``); an index on the CPU is checked on the
+host first, with eager's IndexError.
 
 Where Triton cannot run (a CPU without the interpreter) ``matmul_group`` runs the same math
 in torch (``reference``).
@@ -41,13 +54,16 @@ from typing import Any
 
 import torch
 
+from fusebackend.kernels.cache_write import check_cache_index
 from fusebackend.kernels.family import concrete_cuda_tensor, launch_key
 from fusebackend.kernels.ir import GATES, MAX_SIBLINGS, NORMS, MatmulGroup
 from fusebackend.kernels.triton_api import interpreter_enabled, triton_usable, warmup_launch
 
 __all__ = [
+    "Heads",
     "LaunchConfig",
     "MatmulGroupOp",
+    "argument_slots",
     "launch_config",
     "matmul_group",
     "matmul_op",
@@ -65,14 +81,53 @@ def matmul_group(
     *params: torch.Tensor,
 ) -> tuple[torch.Tensor, ...]:
     """Run ``group`` on rows ``x [..., K]``; ``params``: the weights ``[N_i, K]``, then
-    their biases ``[N_i]`` when ``group.bias``. Returns the outputs ``[..., N_i]``."""
-    weights, biases = _weights_and_biases(group, params)
+    their biases ``[N_i]`` when ``group.bias``, then with ``group.rotary`` ``cos`` and
+    ``sin`` (broadcastable to ``[B, 1, T, D]``, x being ``[B, T, K]``), then with
+    ``group.cache_write`` the K and V caches ``[B, H, slots, D]`` and the int64 index of
+    the ``T`` slots written. Returns the outputs ``[..., N_i]`` (with a cache write: q's)."""
+    weights, biases, heads = _split_params(group, params)
+    if group.rotary and x.dim() != 3:
+        raise ValueError(f"matmul_group: a rotary group's rows are [B, T, K], not {tuple(x.shape)}")
+    if heads is not None and heads.k_cache is not None and heads.index.device.type == "cpu":
+        check_cache_index(heads.index, heads.k_cache)  # on the GPU this would be a host sync
     if not triton_usable(x.device) or x.numel() == 0:
-        return reference(group, x, norm_weight, norm_bias, residual, weights, biases)
+        return reference(group, x, norm_weight, norm_bias, residual, weights, biases, heads)
     args, grid, meta, outputs = _launch(group, x, norm_weight, norm_bias, residual, weights,
-                                        biases)  # fmt: skip
-    _kernel()[grid](*args, **meta)
+                                        biases, heads)  # fmt: skip
+    _kernel(group.cache_write and group.index_checks)[grid](*args, **meta)
     return outputs
+
+
+@dataclasses.dataclass(frozen=True)
+class Heads:
+    """What a rotary q, k, v group reads beside its weights: cos and sin, and the caches it
+    writes k and v into at ``index`` (None without a cache write)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    k_cache: torch.Tensor | None = None
+    v_cache: torch.Tensor | None = None
+    index: torch.Tensor | None = None
+
+
+def _split_params(
+    group: MatmulGroup, params: tuple[torch.Tensor, ...]
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], Heads | None]:
+    """(weights as ``[N_i, K]``, biases, the rotary group's ``Heads``) of a launch's
+    parameters."""
+    count = group.weight_params * (2 if group.bias else 1)
+    weights, biases = _weights_and_biases(group, params[:count])
+    extra = params[count:]
+    return weights, biases, Heads(*extra) if group.rotary else None
+
+
+def argument_slots(group: MatmulGroup) -> dict[str, int]:
+    """Where a graph's call of ``group`` passes what it writes: the K and V caches' positions
+    (after rows, norm weight, norm bias, residual, weights, biases, cos and sin)."""
+    if not group.cache_write:
+        return {}
+    first = 4 + group.weight_params * (2 if group.bias else 1) + 2
+    return {"k_cache": first, "v_cache": first + 1}
 
 
 def _weights_and_biases(
@@ -102,9 +157,10 @@ def reference(
     residual: torch.Tensor | None,
     weights: tuple[torch.Tensor, ...],
     biases: tuple[torch.Tensor, ...],
+    heads: Heads | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """``group``'s math in torch ops, rounded as the kernel rounds (and as eager does);
-    ``weights`` ``[N_i, K]`` and ``biases`` as ``_weights_and_biases`` gives them."""
+    ``weights`` ``[N_i, K]``, ``biases`` and ``heads`` as ``_split_params`` gives them."""
     a = x
     if group.norm in ("rms", "rms_offset"):
         h = x.float()
@@ -129,16 +185,38 @@ def reference(
         ys = [act * ys[1]]
     if group.residual:
         ys = [ys[0] + residual]
+    if heads is not None:
+        return _rotary_reference(group, ys, heads)
     return tuple(ys)
+
+
+def _rotary_reference(group: MatmulGroup, ys: list[torch.Tensor], heads: Heads):
+    """q and k (``[B, T, N]``) rotated as transformers' ``apply_rotary_pos_emb`` rotates
+    them, k and v written into the caches with ``index_copy_`` (returning q), or q, k, v."""
+    batch, seq = ys[0].shape[:2]
+    width = group.rotary
+    cos = torch.broadcast_to(heads.cos, (batch, 1, seq, width))
+    sin = torch.broadcast_to(heads.sin, (batch, 1, seq, width))
+    by_heads = [y.view(batch, seq, -1, width).transpose(1, 2) for y in ys]
+    for k in (0, 1):
+        y = by_heads[k]
+        rotated = torch.cat((-y[..., width // 2 :], y[..., : width // 2]), dim=-1)
+        by_heads[k] = y * cos + rotated * sin
+    flat = [y.transpose(1, 2).reshape(batch, seq, -1) for y in by_heads]
+    if not group.cache_write:
+        return tuple(flat)
+    heads.k_cache.index_copy_(2, heads.index, by_heads[1])
+    heads.v_cache.index_copy_(2, heads.index, by_heads[2])
+    return (flat[0],)
 
 
 def precompile_matmul(group: MatmulGroup, x, norm_weight, norm_bias, residual, *params) -> None:
     """Compile the kernel a launch on tensors like these (fake tensors suffice) would run,
     without running it (``launch.precompile_all`` runs such jobs concurrently)."""
-    weights, biases = _weights_and_biases(group, params)
+    weights, biases, heads = _split_params(group, params)
     args, grid, meta, _ = _launch(group, x, norm_weight, norm_bias, residual, weights, biases,
-                                  allocate=False)  # fmt: skip
-    warmup_launch(_kernel(), grid, args, meta, x.device)
+                                  heads, allocate=False)  # fmt: skip
+    warmup_launch(_kernel(group.cache_write and group.index_checks), grid, args, meta, x.device)
 
 
 class MatmulGroupOp:
@@ -151,7 +229,10 @@ class MatmulGroupOp:
         # e.g. matmul_rms_3, matmul_rms_2_silu, matmul_1_residual (never ending in "_": FX
         # passes read a trailing underscore as an in-place op)
         parts = ["matmul", group.norm, str(group.siblings), group.gate, "residual" * group.residual]
+        parts += ["rotary"] * bool(group.rotary) + ["cache"] * group.cache_write
         self.__name__ = self.__qualname__ = "_".join(p for p in parts if p)
+        # the caches a cache-writing group writes (passes/mutations.py reads this)
+        self.writes_arguments = tuple(argument_slots(group).values())
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
         return matmul_group(self.group, *args)
@@ -205,7 +286,11 @@ def launch_config(rows: int, width: int, outputs: int, gated: bool) -> LaunchCon
     deep = rows > 4
     widest_k = max(16, 1 << (width - 1).bit_length())
     if gated:
-        return LaunchConfig(32, min(256, widest_k), warps=4 if deep else 2, stages=3)
+        # a rotary q, k, v group is gated's kind too (two accumulators per program: columns
+        # j and j + D/2); its q/k/v are narrower than a gate/up pair, so 16 columns keep 80+
+        # programs (unmeasured: rotary groups are not in the sweep yet)
+        block_n = 32 if outputs // 32 >= 80 else 16
+        return LaunchConfig(block_n, min(256, widest_k), warps=4 if deep else 2, stages=3)
     if width >= 4096:  # down projections: long K, few columns
         return LaunchConfig(16, 512, warps=2, stages=4)
     if outputs >= 16384:  # LM heads: programs enough at any tile
@@ -233,6 +318,7 @@ def _launch(
     residual: torch.Tensor | None,
     weights: tuple[torch.Tensor, ...],
     biases: tuple[torch.Tensor, ...],
+    heads: Heads | None = None,
     allocate: bool = True,
 ) -> tuple[list[Any], tuple[int], dict[str, Any], tuple[torch.Tensor, ...]]:
     """(arguments, grid, meta-parameters, outputs) of the launch on these tensors."""
@@ -241,15 +327,18 @@ def _launch(
     rows = math.prod(lead)
     rows_2d = x.reshape(rows, width)
     widths = [w.shape[0] for w in weights]
-    out_widths = widths[:1] if group.gate else widths
+    out_widths = widths[: group.outputs]
     if allocate:
         outputs = tuple(x.new_empty(*lead, n) for n in out_widths)
     else:  # a warm-up: any tensor of the dtype shows Triton the pointer type
         outputs = tuple(x for _ in out_widths)
     # The residual as [rows, N_0] (a view where its strides allow; absent: x, never read)
     res = rows_2d if residual is None else residual.reshape(rows, out_widths[0])
-    config = _launch_config(rows, width, sum(out_widths), bool(group.gate))
-    tiles = [-(-n // config.block_n) for n in out_widths]
+    # a rotary group's q and k programs each cover columns j and j + D/2 of their heads
+    columns = [n // 2 for n in widths[:2]] + widths[2:] if group.rotary else out_widths
+    gated = bool(group.gate or group.rotary)
+    config = _launch_config(rows, width, sum(columns), gated)
+    tiles = [-(-n // config.block_n) for n in columns]
     # Absent tensors are passed as x: the kernel's constants keep it from reading them.
     w = [*weights, *(weights[0],) * (MAX_SIBLINGS - len(weights))]
     b = [*biases, *(x,) * (MAX_SIBLINGS - len(biases))]
@@ -262,6 +351,7 @@ def _launch(
         *w, *(s for t in w for s in t.stride()),
         *b, *outs, res, *res.stride(),
         rows, width, *n, tiles[0], tiles[1] if len(tiles) > 1 else 0,
+        *_heads_args(x, heads, group.rotary),
     ]  # fmt: skip
     meta = {
         "NORM": NORMS.index(group.norm),
@@ -270,6 +360,8 @@ def _launch(
         "HAS_BIAS": group.bias,
         "HAS_RESIDUAL": group.residual,
         "SIBLINGS": group.siblings,
+        "HEAD_DIM": group.rotary,
+        "CACHE": group.cache_write,
         "BLOCK_M": max(16, 1 << max(0, (rows - 1).bit_length())),
         "BLOCK_N": config.block_n,
         "BLOCK_K": config.block_k,
@@ -283,6 +375,23 @@ def _launch(
     return args, (sum(tiles),), meta, outputs
 
 
+def _heads_args(x: torch.Tensor, heads: Heads | None, width: int) -> list[Any]:
+    """The kernel's cos, sin, SEQ, cache and index arguments (x and zeros where absent: its
+    constants keep it from reading them)."""
+    if heads is None:
+        return [x, 0, 0, 0, x, 0, 0, 0, 1, x, 0, 0, 0, 0, x, 0, 0, 0, 0, x, 0, 0]
+    batch, seq = x.shape[0], x.shape[1]
+    cos = torch.broadcast_to(heads.cos, (batch, 1, seq, width))
+    sin = torch.broadcast_to(heads.sin, (batch, 1, seq, width))
+    args = [heads.cos, cos.stride(0), cos.stride(2), cos.stride(3),
+            heads.sin, sin.stride(0), sin.stride(2), sin.stride(3), seq]  # fmt: skip
+    if heads.k_cache is None:
+        return args + [x, 0, 0, 0, 0, x, 0, 0, 0, 0, x, 0, 0]
+    k_cache, v_cache, index = heads.k_cache, heads.v_cache, heads.index
+    return args + [k_cache, *k_cache.stride(), v_cache, *v_cache.stride(),
+                   index, index.stride(0), k_cache.shape[2]]  # fmt: skip
+
+
 def _precision(dtype: torch.dtype) -> str:
     """``tl.dot``'s input precision: fp32 inputs multiply in IEEE fp32 (eager's default, not
     TF32); half inputs on tensor cores. Triton's interpreter (3.6) multiplies bf16 blocks
@@ -294,9 +403,12 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 @functools.cache
-def _kernel() -> Any:
+def _kernel(checks: bool = False) -> Any:
+    """The kernel; with ``checks``, built with the device-side assert on a cache index."""
     # The kernel's module imports Triton at its top (jit functions calling each other must
     # be module globals), so it is imported at the first launch, not with this module.
-    from fusebackend.kernels.matmul_triton import matmul_group_kernel
+    from fusebackend.kernels import matmul_triton
 
-    return matmul_group_kernel
+    return (
+        matmul_triton.matmul_group_kernel_checked if checks else matmul_triton.matmul_group_kernel
+    )

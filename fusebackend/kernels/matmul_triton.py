@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-__all__ = ["matmul_group_kernel"]
+__all__ = ["matmul_group_kernel", "matmul_group_kernel_checked"]
 
 
 @triton.jit
@@ -135,7 +135,86 @@ def _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
 
 
 @triton.jit
-def matmul_group_kernel(
+def _store_heads(y, dst, d_b, d_h, d_t, d_d, index, index_stride, slots, rows, cols, M, N,
+                 SEQ, HEAD_DIM: tl.constexpr, TO_CACHE: tl.constexpr):  # fmt: skip
+    """Store a tile of rows ``b * SEQ + t`` x columns ``h * HEAD_DIM + j`` at ``dst[b, h, t,
+    j]`` (strides ``d_*``), or with ``TO_CACHE`` at ``dst[b, h, index[t], j]``: a KV cache
+    written as ``index_copy_(2, index, new)`` does, never outside its ``slots``."""
+    batch = (rows // SEQ).to(tl.int64)  # caches may pass 2**31 elements
+    t = rows % SEQ
+    keep = (rows[:, None] < M) & (cols[None, :] < N)
+    if TO_CACHE:
+        slot = tl.load(index + t * index_stride, mask=rows < M, other=0).to(tl.int64)
+        inside = (slot >= 0) & (slot < slots)
+        tl.device_assert(inside | (rows >= M), "index_copy_: cache index out of range")
+        keep = keep & inside[:, None]
+    else:
+        slot = t.to(tl.int64)
+    head, j = cols // HEAD_DIM, cols % HEAD_DIM
+    at = batch[:, None] * d_b + slot[:, None] * d_t + head[None, :] * d_h + j[None, :] * d_d
+    tl.store(dst + at, y, mask=keep)
+
+
+@triton.jit
+def _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
+                 cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d,
+                 dst, d_b, d_h, d_t, d_d, index, index_stride, slots,
+                 tile, M, K: tl.constexpr, N, SEQ, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, TO_CACHE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PRECISION: tl.constexpr):  # fmt: skip
+    """One tile of q or k with its rotary embedding: ``BLOCK_N`` columns ``j`` of the first
+    halves of heads and their partners ``j + HEAD_DIM / 2``, which rotate_half pairs
+    (``out_j = y_j cos_j - y_p sin_j``, ``out_p = y_p cos_p + y_j sin_p``), each product
+    and the sum rounded to the dtype as eager rounds them."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    rows = tl.arange(0, BLOCK_M)
+    halves = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # among the first-half columns
+    cols = (halves // HALF) * HEAD_DIM + halves % HALF
+    lo, hi = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k,
+                   w + HALF * w_n, w_n, w_k, rows, cols, M, K, N, NORM, NORM_BIAS, True,
+                   BLOCK_K, PRECISION)  # fmt: skip
+    if HAS_BIAS:
+        lo = _add_bias(lo, bias, cols, N)
+        hi = _add_bias(hi, bias + HALF, cols, N)
+    dtype = dst.dtype.element_ty
+    lo = lo.to(dtype).to(tl.float32)
+    hi = hi.to(dtype).to(tl.float32)
+    keep = (rows[:, None] < M) & (cols[None, :] < N)
+    batch, t, j = rows // SEQ, rows % SEQ, cols % HEAD_DIM
+    c_at = batch[:, None] * cos_b + t[:, None] * cos_t + j[None, :] * cos_d
+    s_at = batch[:, None] * sin_b + t[:, None] * sin_t + j[None, :] * sin_d
+    c_lo = tl.load(cos + c_at, mask=keep, other=0.0).to(tl.float32)
+    c_hi = tl.load(cos + c_at + HALF * cos_d, mask=keep, other=0.0).to(tl.float32)
+    s_lo = tl.load(sin + s_at, mask=keep, other=0.0).to(tl.float32)
+    s_hi = tl.load(sin + s_at + HALF * sin_d, mask=keep, other=0.0).to(tl.float32)
+    out_lo = (lo * c_lo).to(dtype).to(tl.float32) - (hi * s_lo).to(dtype).to(tl.float32)
+    out_hi = (hi * c_hi).to(dtype).to(tl.float32) + (lo * s_hi).to(dtype).to(tl.float32)
+    _store_heads(out_lo.to(dtype), dst, d_b, d_h, d_t, d_d, index, index_stride, slots, rows,
+                 cols, M, N, SEQ, HEAD_DIM, TO_CACHE)  # fmt: skip
+    _store_heads(out_hi.to(dtype), dst, d_b, d_h, d_t, d_d, index, index_stride, slots, rows,
+                 cols + HALF, M, N, SEQ, HEAD_DIM, TO_CACHE)  # fmt: skip
+
+
+@triton.jit
+def _value_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
+                dst, d_b, d_h, d_t, d_d, index, index_stride, slots,
+                tile, M, K: tl.constexpr, N, SEQ, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
+                HAS_BIAS: tl.constexpr, TO_CACHE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                PRECISION: tl.constexpr):  # fmt: skip
+    """One tile of v beside a rotary q and k: products, bias, cast, stored by heads."""
+    rows = tl.arange(0, BLOCK_M)
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc, _ = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, w, w_n, w_k,
+                   rows, cols, M, K, N, NORM, NORM_BIAS, False, BLOCK_K, PRECISION)  # fmt: skip
+    if HAS_BIAS:
+        acc = _add_bias(acc, bias, cols, N)
+    _store_heads(acc.to(dst.dtype.element_ty), dst, d_b, d_h, d_t, d_d, index, index_stride,
+                 slots, rows, cols, M, N, SEQ, HEAD_DIM, TO_CACHE)  # fmt: skip
+
+
+def _matmul_group(
     x, x_row, x_col,            # the rows [M, K] and their strides
     norm_w, norm_b, eps,        # the prologue's weight, bias and epsilon
     w0, w1, w2,                 # sibling weights [N_i, K] (absent ones: w0)
@@ -144,8 +223,14 @@ def matmul_group_kernel(
     out0, out1, out2,           # outputs [M, N_i], contiguous
     res, res_row, res_col,      # the residual [M, N_0] and its strides
     M, K: tl.constexpr, N0, N1, N2, TILES0, TILES1,  # sizes; column tiles of siblings 0 and 1
+    # With HEAD_DIM (q, k, v): cos and sin as [B, SEQ, HEAD_DIM] (rows are b * SEQ + t), and
+    # with CACHE the K and V caches [B, H, slots, HEAD_DIM] written at index[t]
+    cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d, SEQ,
+    k_cache, kc_b, kc_h, kc_s, kc_d, v_cache, vc_b, vc_h, vc_s, vc_d,
+    index, index_stride, slots,
     NORM: tl.constexpr, NORM_BIAS: tl.constexpr, GATE: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SIBLINGS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, CACHE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,          # launched as a programmatic dependent (see matmul.USE_PDL)
@@ -161,7 +246,35 @@ def matmul_group_kernel(
     rstd = mean
     if NORM != 0:
         mean, rstd = _row_stats(x, x_row, x_col, rows, M, K, eps, NORM, BLOCK_K)
-    if GATE != 0:
+    if HEAD_DIM != 0:
+        # q, k, v: q's tiles, then k's (both of first-half columns, see _rotary_tile), then
+        # v's. Returned outputs are [M, N_i] (strides given as [B, H, SEQ, HEAD_DIM]).
+        if pid < TILES0:
+            _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k, b0,
+                         cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d,
+                         out0, SEQ * N0, HEAD_DIM, N0, 1, index, index_stride, slots,
+                         pid, M, K, N0, SEQ, NORM, NORM_BIAS, HAS_BIAS, False, HEAD_DIM,
+                         BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)  # fmt: skip
+        elif pid < TILES0 + TILES1:
+            if CACHE:
+                k_dst, k_b, k_h, k_t, k_d = k_cache, kc_b, kc_h, kc_s, kc_d
+            else:
+                k_dst, k_b, k_h, k_t, k_d = out1, SEQ * N1, HEAD_DIM, N1, 1
+            _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w1, w1_n, w1_k, b1,
+                         cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d,
+                         k_dst, k_b, k_h, k_t, k_d, index, index_stride, slots,
+                         pid - TILES0, M, K, N1, SEQ, NORM, NORM_BIAS, HAS_BIAS, CACHE,
+                         HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)  # fmt: skip
+        else:
+            if CACHE:
+                v_dst, v_b, v_h, v_t, v_d = v_cache, vc_b, vc_h, vc_s, vc_d
+            else:
+                v_dst, v_b, v_h, v_t, v_d = out2, SEQ * N2, HEAD_DIM, N2, 1
+            _value_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w2, w2_n, w2_k, b2,
+                        v_dst, v_b, v_h, v_t, v_d, index, index_stride, slots,
+                        pid - TILES0 - TILES1, M, K, N2, SEQ, NORM, NORM_BIAS, HAS_BIAS,
+                        CACHE, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)  # fmt: skip
+    elif GATE != 0:
         cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         gate, up = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k,
                          w1, w1_n, w1_k, rows, cols, M, K, N0, NORM, NORM_BIAS, True,
@@ -199,3 +312,10 @@ def matmul_group_kernel(
                                      pid - TILES0 - TILES1, M, K, N2, NORM, NORM_BIAS,
                                      HAS_BIAS, False, BLOCK_M, BLOCK_N, BLOCK_K,
                                      PRECISION)  # fmt: skip
+
+
+# The kernel as built for launches (``matmul_group_kernel``), and built in Triton's debug
+# mode (its ``tl.device_assert`` on a KV-cache index is compiled in only then) for groups
+# that write a cache with index checks on.
+matmul_group_kernel = triton.jit(_matmul_group)
+matmul_group_kernel_checked = triton.jit(_matmul_group, debug=True)

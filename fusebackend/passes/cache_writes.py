@@ -25,7 +25,7 @@ import torch.fx
 from fusebackend.passes.fx_util import example_value, nodes_between
 from fusebackend.passes.mutations import storage_id, written_storages
 
-__all__ = ["pair_cache_writes"]
+__all__ = ["cache_write_of", "can_write_pair", "pair_cache_writes"]
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def pair_cache_writes(graph: torch.fx.Graph, write_pair: Any, checks: bool) -> l
     ``write_pair``: the operator called as ``write_pair(k_cache, v_cache, index, k, v,
     checks)`` (``kernels.cache_write.write_cache_pair``); ``checks``: build its kernel with
     the device-side index assert."""
-    writes = [n for n in graph.nodes if _cache_write(n) is not None]
+    writes = [n for n in graph.nodes if cache_write_of(n) is not None]
     paired: list[str] = []
     taken: set[torch.fx.Node] = set()
     for k, first in enumerate(writes):
@@ -53,7 +53,9 @@ def pair_cache_writes(graph: torch.fx.Graph, write_pair: Any, checks: bool) -> l
     return paired
 
 
-def _cache_write(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node] | None:
+def cache_write_of(
+    node: torch.fx.Node,
+) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node] | None:
     """(cache, index, new rows) of ``cache.index_copy_(2 or -2, index, rows)``, else None."""
     if not (node.op == "call_method" and node.target == "index_copy_" and not node.kwargs):
         return None
@@ -66,7 +68,7 @@ def _cache_write(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, tor
 
 
 def _can_join(first: torch.fx.Node, second: torch.fx.Node) -> bool:
-    (k_cache, index, k), (v_cache, v_index, v) = _cache_write(first), _cache_write(second)
+    (k_cache, index, k), (v_cache, v_index, v) = cache_write_of(first), cache_write_of(second)
     if index is not v_index:
         return False
     values = [example_value(n) for n in (k_cache, v_cache, index, k, v)]
@@ -94,7 +96,7 @@ def _join(
     write_pair: Any,
     checks: bool,
 ) -> None:
-    (k_cache, index, k), (v_cache, _, v) = _cache_write(first), _cache_write(second)
+    (k_cache, index, k), (v_cache, _, v) = cache_write_of(first), cache_write_of(second)
     with graph.inserting_before(second):
         joined = graph.call_function(write_pair, (k_cache, v_cache, index, k, v, checks))
     joined.meta["example_value"] = None

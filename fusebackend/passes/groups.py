@@ -25,6 +25,7 @@ __all__ = [
     "is_graph_scalar",
     "is_negation",
     "match",
+    "op_call",
     "rotation_of",
 ]
 
@@ -111,6 +112,14 @@ def match(node: torch.fx.Node) -> OpCall | str | None:
     if isinstance(call, str) and row[0].kind == OpKind.NORM:
         return _bind_graph_eps(row[0], row[1], node, call)
     return call
+
+
+def op_call(node: Any, *names: str) -> OpCall | None:
+    """The node's op-table match when its op is one of ``names``, else None."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    call = match(node)
+    return call if isinstance(call, OpCall) and call.op.name in names else None
 
 
 def _bind_graph_eps(op: Any, signature: Any, node: torch.fx.Node, reason: str) -> OpCall | str:

@@ -45,7 +45,7 @@ import torch.fx
 from fusebackend.kernels.ir import MAX_ROWS, MAX_SIBLINGS, MatmulGroup
 from fusebackend.passes.fx_util import example_value, nodes_between, static_tensor
 from fusebackend.passes.graph import is_mutation, resort_stably
-from fusebackend.passes.groups import match
+from fusebackend.passes.groups import op_call
 from fusebackend.passes.ops import OpCall
 
 __all__ = ["MatmulGroups", "rms_norm_of", "use_matmul_groups"]
@@ -291,14 +291,6 @@ def _single_user(node: torch.fx.Node) -> torch.fx.Node | None:
     return users[0] if len(users) == 1 else None
 
 
-def _call(node: Any, *names: str) -> OpCall | None:
-    """The node's op-table match when its op is one of ``names``, else None."""
-    if not isinstance(node, torch.fx.Node):
-        return None
-    call = match(node)
-    return call if isinstance(call, OpCall) and call.op.name in names else None
-
-
 def _gate(siblings: list[_Anchor]) -> tuple[list[_Anchor], str, torch.fx.Node, list] | None:
     """([gate, up], activation, the product node, [the activation node]) when the two
     products' only use is ``act(gate) * up``."""
@@ -338,11 +330,11 @@ def _gated_product(
     """(activation, its node, the product node) when ``gate``'s only use is a silu or gelu
     whose only use is its product with ``up``, ``up``'s only use (in gate's dtype)."""
     act = _single_user(gate)
-    call = _call(act, "silu", "gelu")
+    call = op_call(act, "silu", "gelu")
     if call is None or call.params.get("inplace"):
         return None
     product = _single_user(act)
-    mul = _call(product, "mul")
+    mul = op_call(product, "mul")
     if mul is None or _single_user(up) is not product or set(mul.operands) != {act, up}:
         return None
     if example_value(product).dtype != example_value(gate).dtype:
@@ -367,7 +359,7 @@ def _residual(
     while add is not None and _is_eval_dropout(add):
         aliases.append(add)
         value, add = add, _single_user(add)
-    call = _call(add, "add")
+    call = op_call(add, "add")
     if call is None or call.params.get("alpha", 1) != 1 or len(call.operands) != 2:
         return None
     a, b = call.operands
@@ -383,7 +375,7 @@ def _residual(
 
 
 def _is_eval_dropout(node: torch.fx.Node) -> bool:
-    call = _call(node, "dropout")
+    call = op_call(node, "dropout")
     return (
         call is not None and call.op.check(call.params) is None and not call.params.get("inplace")
     )
@@ -392,7 +384,7 @@ def _is_eval_dropout(node: torch.fx.Node) -> bool:
 def layer_norm_of(x: torch.fx.Node) -> _Norm | None:
     """``F.layer_norm(h, (K,), weight, bias, eps)`` producing ``x``, with a weight of x's
     dtype and a Python-number eps."""
-    call = _call(x, "layer_norm")
+    call = op_call(x, "layer_norm")
     if call is None:
         return None
     rows, weight, bias = (list(call.operands) + [None, None])[:3]
@@ -411,14 +403,14 @@ def rms_norm_of(x: torch.fx.Node) -> _Norm | None:
     """transformers' RMSNorm producing ``x``:
     ``weight * (h32 * rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)`` with
     ``h32 = h.to(float32)`` (either factor order; the casts may be no-ops)."""
-    product = _call(x, "mul")
+    product = op_call(x, "mul")
     if product is None or len(product.operands) != 2:
         return None
     for weight, normed in (product.operands, product.operands[::-1]):
         if not isinstance(weight, torch.fx.Node) or not _vector_of(weight, x):
             continue
         nodes = [x]
-        cast = _call(normed, "cast")
+        cast = op_call(normed, "cast")
         scaled = cast.operands[0] if cast is not None else normed
         if cast is not None:
             nodes.append(normed)
@@ -436,16 +428,16 @@ def offset_rms_norm_of(x: torch.fx.Node) -> _Norm | None:
     """Gemma's RMSNorm producing ``x``:
     ``(h32 * rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w.float())).type_as(h)``
     (either factor order; the casts may be no-ops)."""
-    cast = _call(x, "cast")
-    product = _call(cast.operands[0] if cast is not None else x, "mul")
+    cast = op_call(x, "cast")
+    product = op_call(cast.operands[0] if cast is not None else x, "mul")
     if product is None or len(product.operands) != 2:
         return None
     for scaled, offset in (product.operands, product.operands[::-1]):
-        add = _call(offset, "add")
+        add = op_call(offset, "add")
         if add is None or add.params.get("alpha", 1) != 1 or 1.0 not in add.operands[:2]:
             continue
         weight = next((o for o in add.operands if isinstance(o, torch.fx.Node)), None)
-        up = _call(weight, "cast")
+        up = op_call(weight, "cast")
         weight = up.operands[0] if up is not None else weight
         if not isinstance(weight, torch.fx.Node) or not _vector_of(weight, x):
             continue
@@ -462,32 +454,32 @@ def offset_rms_norm_of(x: torch.fx.Node) -> _Norm | None:
 
 def _scaled_rows(node: Any) -> tuple[torch.fx.Node, float, list[torch.fx.Node]] | None:
     """(h, eps, nodes) for ``h32 * rsqrt(mean(h32 ** 2, -1, keepdim) + eps)``."""
-    scale = _call(node, "mul")
+    scale = op_call(node, "mul")
     if scale is None or len(scale.operands) != 2:
         return None
     for h32, inverse in (scale.operands, scale.operands[::-1]):
-        rsqrt = _call(inverse, "rsqrt")
+        rsqrt = op_call(inverse, "rsqrt")
         if rsqrt is None:
             continue
-        add = _call(rsqrt.operands[0], "add")
+        add = op_call(rsqrt.operands[0], "add")
         if add is None or add.params.get("alpha", 1) != 1:
             continue
         mean, eps = add.operands
         if isinstance(mean, (int, float)):
             mean, eps = eps, mean
-        mean_call = _call(mean, "mean")
+        mean_call = op_call(mean, "mean")
         if mean_call is None or not isinstance(eps, (int, float)):
             continue
         if mean_call.params.get("dim") not in (-1, (-1,), [-1]):
             continue
-        square = _call(mean_call.operands[0], "pow")
+        square = op_call(mean_call.operands[0], "pow")
         if square is None or square.params.get("exponent") != 2 or square.operands[0] is not h32:
             continue
         h32_value = example_value(h32)
         if not isinstance(h32_value, torch.Tensor) or h32_value.dtype != torch.float32:
             continue
         nodes = [node, inverse, rsqrt.operands[0], mean, mean_call.operands[0]]
-        up = _call(h32, "cast")
+        up = op_call(h32, "cast")
         rows = up.operands[0] if up is not None else h32
         if up is not None:
             nodes.append(h32)

@@ -1,0 +1,265 @@
+"""The q/k/v matmul group's rotary embedding and KV-cache write in its own launch
+(passes/rotary_epilogue.py, ``MatmulGroup.rotary`` / ``.cache_write`` in kernels/matmul.py):
+transformers' decoders equal eager, logits and caches; the kernel against transformers' own
+``apply_rotary_pos_emb`` + ``index_copy_`` at odd shapes; what stays apart says why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_close, compile_fused, runtime_modes, tiny_llama_config
+
+import fusebackend
+from fusebackend.kernels import matmul
+from fusebackend.kernels.ir import MatmulGroup
+
+transformers = pytest.importorskip("transformers")
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: E402
+
+# Logits after 2 layers of matmuls summed in another order than eager's (as in
+# test_matmul_groups.py); bf16 on the interpreter: its fp32 -> bf16 casts truncate (see
+# test_matmul_kernel.py), and a rotated value is rounded 4 times more than a linear's.
+_TOLERANCE = {
+    torch.float32: {"rtol": 1e-4, "atol": 1e-4},
+    torch.float16: {"rtol": 2e-3, "atol": 2e-3},
+    torch.bfloat16: {"rtol": 4e-2, "atol": 4e-2},
+}
+# On a GPU bf16 rounds to nearest even: the matmul-group tests' tolerances
+_GPU_TOLERANCE = {
+    torch.float16: {"rtol": 2e-3, "atol": 2e-3},
+    torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2},
+}
+_ROTARY = "rms_norm + 3 linears + rotary(q, k)"
+
+
+def _epilogues(report) -> list[str]:
+    graph = report.graphs[-1]
+    return [line.split(": ", 1)[1] for line in graph.rewrites.get("rotary_epilogues", [])]
+
+
+def _decode(model, config, steps=3, batch=1, new=1, cache_class="StaticCache", options=None):
+    """Prefill 3 tokens eagerly into two caches, then ``steps`` steps of ``new`` tokens
+    through eager and through the compiled model; returns (eager logits, compiled logits,
+    the two caches)."""
+    make = getattr(transformers, cache_class)
+    kwargs = {"config": config, "max_cache_len": 16} if cache_class == "StaticCache" else {}
+    caches = [make(**kwargs) for _ in range(2)]
+    ids = torch.randint(0, config.vocab_size, (batch, 3))
+    compiled = compile_fused(model, options)
+    expected, actual = [], []
+    with torch.no_grad():
+        for cache in caches:
+            model(ids, past_key_values=cache, use_cache=True, cache_position=torch.arange(3))
+        for step in range(steps):
+            token = torch.randint(0, config.vocab_size, (batch, new))
+            where = torch.arange(3 + step * new, 3 + (step + 1) * new)
+            for fn, cache, out in ((model, caches[0], expected), (compiled, caches[1], actual)):
+                logits = fn(token, past_key_values=cache, use_cache=True, cache_position=where)
+                out.append(logits.logits.float())
+    return torch.stack(expected), torch.stack(actual), caches
+
+
+def _assert_caches_equal(caches, dtype):
+    for want, got in zip(caches[0].layers, caches[1].layers, strict=True):
+        assert_close(got.keys.float(), want.keys.float(), **_TOLERANCE[dtype])
+        assert_close(got.values.float(), want.values.float(), **_TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_llama_decode_rotates_and_writes_its_caches_in_the_qkv_launch(dtype):
+    torch.manual_seed(0)
+    config = tiny_llama_config(layers=2)
+    model = transformers.LlamaForCausalLM(config).eval().to(dtype)
+    expected, actual, caches = _decode(model, config)
+    assert_close(actual, expected, **_TOLERANCE[dtype])
+    _assert_caches_equal(caches, dtype)
+    assert caches[1].layers[0].keys[:, :, 6:].abs().amax() == 0  # slots after the last step
+    report = fusebackend.last_report()
+    assert _epilogues(report) == [_ROTARY + " + cache write(k, v)"] * 2
+    graph = report.graphs[-1]
+    # what the launch took over is gone: no rotary row kernel, no cache-write pair
+    assert graph.cache_writes == [], graph.cache_writes
+    assert not any(n.startswith("neg") for g in graph.groups for n in g.nodes), graph.groups
+    assert "write_cache_pair" not in str(graph.launches), graph.launches
+    assert runtime_modes() == ["fusion"]
+
+
+def test_qwen2_biases_batch_of_two_and_three_new_tokens_per_step():
+    torch.manual_seed(1)
+    config = transformers.Qwen2Config(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.Qwen2ForCausalLM(config).eval().half()
+    expected, actual, caches = _decode(model, config, steps=2, batch=2, new=3)
+    assert_close(actual, expected, **_TOLERANCE[torch.float16])
+    _assert_caches_equal(caches, torch.float16)
+    want = "rms_norm + 3 linears + bias + rotary(q, k) + cache write(k, v)"
+    assert _epilogues(fusebackend.last_report()) == [want] * 2
+
+
+def test_dynamic_cache_rotates_in_the_launch_and_returns_k_and_v():
+    # DynamicCache concatenates (no index_copy_): the rotary embedding alone is taken
+    torch.manual_seed(2)
+    config = tiny_llama_config(layers=2)
+    model = transformers.LlamaForCausalLM(config).eval()
+    expected, actual, _ = _decode(model, config, steps=2, cache_class="DynamicCache")
+    assert_close(actual, expected, **_TOLERANCE[torch.float32])
+    assert _epilogues(fusebackend.last_report()) == [_ROTARY] * 2
+
+
+def test_matmul_groups_off_leaves_the_rotary_embedding_to_the_row_kernels():
+    torch.manual_seed(3)
+    config = tiny_llama_config(layers=1)
+    model = transformers.LlamaForCausalLM(config).eval()
+    expected, actual, _ = _decode(model, config, steps=1, options={"matmul_groups": False})
+    assert_close(actual, expected, **_TOLERANCE[torch.float32])
+    graph = fusebackend.last_report().graphs[-1]
+    assert "rotary_epilogues" not in graph.rewrites and len(graph.cache_writes) == 1
+
+
+# ---- A hand-written attention block: odd shapes, what stays apart
+
+
+def _block(h, norm_w, wq, wk, wv, cos, sin, k_cache, v_cache, index, peek: bool):
+    """transformers' Llama attention input as written in its modeling code."""
+    batch, seq, _ = h.shape
+    x = h.float()
+    x = norm_w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype)
+    width = k_cache.shape[-1]
+    q = F.linear(x, wq).view(batch, seq, -1, width).transpose(1, 2)
+    k = F.linear(x, wk).view(batch, seq, -1, width).transpose(1, 2)
+    v = F.linear(x, wv).view(batch, seq, -1, width).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    seen = k_cache.sum() if peek else None  # a read of the cache before its write
+    k_cache.index_copy_(2, index, k)
+    v_cache.index_copy_(2, index, v)
+    return (q, seen) if peek else q
+
+
+def _block_inputs(dtype, batch=2, seq=3, width=10, heads=(3, 1), slots=9, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = 40
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    h, norm_w = rand(batch, seq, hidden), rand(hidden)
+    wq, wk, wv = (rand(n * width, hidden) / 6 for n in (heads[0], heads[1], heads[1]))
+    angles = torch.arange(seq)[:, None] * torch.linspace(0.1, 1.0, width // 2)[None] + 0.3
+    emb = torch.cat((angles, angles), dim=-1).expand(batch, seq, width)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    k_cache, v_cache = rand(batch, heads[1], slots, width), rand(batch, heads[1], slots, width)
+    index = torch.arange(seq) * 2 + 1  # slots 1, 3, 5, 7: every other one stays as it was
+    return [h, norm_w, wq, wk, wv, cos, sin, k_cache, v_cache, index]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_block_at_odd_shapes_equals_eager(dtype):
+    # head width 10 (halves of 5: not a power of two), 3 query heads over 1 K/V head, 6 rows
+    inputs = _block_inputs(dtype)
+    want = [t.clone() for t in inputs]
+    with torch.no_grad():
+        expected = _block(*want, peek=False)
+        actual = compile_fused(_block)(*inputs, peek=False)
+    assert_close(actual.float(), expected.float(), **_TOLERANCE[dtype])
+    for k in (7, 8):  # the caches, every slot: written ones and untouched ones
+        assert_close(inputs[k].float(), want[k].float(), **_TOLERANCE[dtype])
+    assert _epilogues(fusebackend.last_report()) == [_ROTARY + " + cache write(k, v)"]
+
+
+def test_a_read_of_the_cache_between_keeps_the_write_apart():
+    inputs = _block_inputs(torch.float32)
+    want = [t.clone() for t in inputs]
+    with torch.no_grad():
+        expected = _block(*want, peek=True)
+        actual = compile_fused(_block)(*inputs, peek=True)
+    assert_close(actual, expected)  # the sum saw the cache before the write
+    graph = fusebackend.last_report().graphs[-1]
+    assert not graph.rewrites.get("rotary_epilogues")
+    (reason,) = graph.rewrites["rotary_left_alone"]
+    assert "touches what the launch reads or writes" in reason, reason
+
+
+def test_kernel_matches_transformers_rotary_and_index_copy():
+    # the launch itself, rows 1 to 16 (B x T), against the eager code it replaces
+    for batch, seq in ((1, 1), (2, 3), (4, 4)):
+        inputs = _block_inputs(torch.float16, batch=batch, seq=seq, width=16, heads=(4, 2))
+        h, norm_w, wq, wk, wv, cos, sin, k_cache, v_cache, index = inputs
+        want_caches = k_cache.clone(), v_cache.clone()
+        expected = _block(h, norm_w, wq, wk, wv, cos, sin, *want_caches, index, peek=False)
+        group = MatmulGroup(siblings=3, norm="rms", eps=1e-6, rotary=16, cache_write=True)
+        (q,) = matmul.matmul_group(group, h, norm_w, None, None, wq, wk, wv, cos[:, None],
+                                   sin[:, None], k_cache, v_cache, index)  # fmt: skip
+        got = q.view(batch, seq, -1, 16).transpose(1, 2)
+        assert_close(got, expected, **_TOLERANCE[torch.float16])
+        assert_close(k_cache, want_caches[0], **_TOLERANCE[torch.float16])
+        assert_close(v_cache, want_caches[1], **_TOLERANCE[torch.float16])
+
+
+def test_an_index_outside_the_cache_raises_and_writes_nothing():
+    h, norm_w, wq, wk, wv, cos, sin, k_cache, v_cache, _ = _block_inputs(torch.float32)
+    before = k_cache.clone(), v_cache.clone()
+    group = MatmulGroup(siblings=3, norm="rms", eps=1e-6, rotary=10, cache_write=True)
+    for bad in (9, -1):
+        index = torch.tensor([0, bad, 3])
+        with pytest.raises(IndexError, match=f"index {bad} is out of bounds for a cache of 9"):
+            matmul.matmul_group(group, h, norm_w, None, None, wq, wk, wv, cos[:, None],
+                                sin[:, None], k_cache, v_cache, index)  # fmt: skip
+        assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+
+
+def test_group_validation():
+    with pytest.raises(ValueError, match="rotary"):
+        MatmulGroup(siblings=2, rotary=16)
+    with pytest.raises(ValueError, match="rotary"):
+        MatmulGroup(siblings=3, rotary=15)
+    with pytest.raises(ValueError, match="cache write"):
+        MatmulGroup(siblings=3, cache_write=True)
+    with pytest.raises(ValueError, match=r"rows are \[B, T, K\]"):  # [B*T, K] would misread
+        inputs = _block_inputs(torch.float32)
+        rotary = MatmulGroup(siblings=3, norm="rms", eps=1e-6, rotary=10)
+        matmul.matmul_group(rotary, inputs[0].flatten(0, 1), *inputs[1:2], None, None,
+                            *inputs[2:7])  # fmt: skip
+    group = MatmulGroup(siblings=3, bias=True, rotary=64, cache_write=True)
+    # rows, norm w, norm b, residual, 3 weights, 3 biases, cos, sin, then the caches
+    assert matmul.matmul_op(group).writes_arguments == (12, 13)
+
+
+# ---- On a GPU: captured, validated against the unfused graph
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_gpu_llama_decode_captured_with_rotary_and_cache_write_in_the_launch(dtype):
+    torch.manual_seed(6)
+    config = transformers.LlamaConfig(
+        vocab_size=1000, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval().to("cuda", dtype)
+    caches = [
+        transformers.StaticCache(config=config, max_cache_len=32, device="cuda", dtype=dtype)
+        for _ in range(2)
+    ]
+    compiled = torch.compile(model, backend="infinifuse")  # validation on: it must pass
+    ids = torch.randint(0, 1000, (1, 4), device="cuda")
+    tolerance = _GPU_TOLERANCE[dtype]
+    with torch.no_grad():
+        for cache in caches:
+            model(ids, past_key_values=cache, use_cache=True,
+                  cache_position=torch.arange(4, device="cuda"))  # fmt: skip
+        for position in range(4, 9):  # the 2nd call captures, the 3rd on replays
+            token = torch.randint(0, 1000, (1, 1), device="cuda")
+            where = torch.tensor([position], device="cuda")
+            expected = model(token, past_key_values=caches[0], cache_position=where).logits
+            actual = compiled(token, past_key_values=caches[1], cache_position=where).logits
+            assert_close(actual.float(), expected.float(), **tolerance)
+    for want, got in zip(caches[0].layers, caches[1].layers, strict=True):
+        assert_close(got.keys.float(), want.keys.float(), **tolerance)
+        assert_close(got.values.float(), want.values.float(), **tolerance)
+    assert _epilogues(fusebackend.last_report()) == [_ROTARY + " + cache write(k, v)"] * 2
+    assert runtime_modes() == ["fusion"]
+    assert fusebackend.stats()["recordings"] >= 1 and fusebackend.stats()["cache_hits"] >= 3
