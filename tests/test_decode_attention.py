@@ -92,8 +92,27 @@ def test_a_long_cache_is_split_and_combined(dtype):
     assert got[1, 3].abs().amax() == 0
 
 
-def test_several_blocks_per_split(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_a_folded_combine_merges_in_the_last_program_and_zeroes_its_counters(monkeypatch, dtype):
+    # FOLD_COMBINE: no second launch; the program that counts the last split of its rows
+    # merges them. Twice: the second launch must find the counters the first one reset.
+    monkeypatch.setattr(kernel, "FOLD_COMBINE", True)
+    monkeypatch.setattr(kernel, "_combine_kernel", lambda: pytest.fail("combine launched"))
+    q, k, v, mask = _inputs(dtype, 2, 2, 4, 300, 64, "bool-per-head", seed=3)
+    mask[0, :, :, 100:] = False  # whole splits with no allowed key
+    mask[1, 3] = False  # a row that allows no key: 0
+    for scale in (0.3, 0.7):
+        want = _sdpa_repeated(q, k, v, mask, scale, 4)
+        got = decode_attention(q, k, v, mask, scale, 4, want.stride())
+        assert_close(got, want)
+        assert got[1, 3].abs().amax() == 0
+    assert kernel._counters[q.device].abs().amax() == 0
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_several_blocks_per_split(monkeypatch, fold):
     # more programs than the limit (a large batch): several blocks of keys per program
+    monkeypatch.setattr(kernel, "FOLD_COMBINE", fold)
     monkeypatch.setattr(kernel, "_MAX_PROGRAMS", 8)
     q, k, v, mask = _inputs(torch.float32, 2, 3, 1, 700, 16, "bool")
     plan = kernel._Plan(q, k, v, mask, None, 1, q)
@@ -102,9 +121,11 @@ def test_several_blocks_per_split(monkeypatch):
     assert_close(decode_attention(q, k, v, mask, None, 1, want.stride()), want)
 
 
-def test_precompile_warms_the_kernels_the_call_launches(monkeypatch):
+@pytest.mark.parametrize("fold", [False, True])
+def test_precompile_warms_the_kernels_the_call_launches(monkeypatch, fold):
     # The warm-up must specialise as the launch does (grid, meta-parameters, ints; each
     # tensor as its dtype and alignment), or the first call compiles the kernels again.
+    monkeypatch.setattr(kernel, "FOLD_COMBINE", fold)
     launches, warmups = [], []
     recorder = LaunchRecorder(launches, warmups)
     monkeypatch.setattr(kernel, "_attend_kernel", lambda: recorder)
@@ -116,7 +137,7 @@ def test_precompile_warms_the_kernels_the_call_launches(monkeypatch):
     stride = (512, 64, 512, 1)
     decode_attention(q, k, v, mask, None, 4, stride)
     kernel.precompile_decode_attention(q, k, v, mask, None, 4, stride)
-    assert len(launches) == len(warmups) == 2  # split: attend, then combine
+    assert len(launches) == len(warmups) == (1 if fold else 2)  # split: attend, then combine
 
     seen = as_triton_sees
     for (run_args, run_grid, run_meta), (warm_args, warm_grid, warm_meta) in zip(
@@ -232,20 +253,24 @@ def test_causal_calls_keep_sdpa():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("slots", [176, 4096])
-def test_kernel_on_the_gpu_in_a_cuda_graph(dtype, slots):
-    # TinyLlama's step (4 K/V heads of 8 queries, 64 wide): one launch at 176 slots, split
-    # and combined at 4096
+@pytest.mark.parametrize("fold", [False, True])
+def test_kernel_on_the_gpu_in_a_cuda_graph(monkeypatch, dtype, slots, fold):
+    # TinyLlama's step (4 K/V heads of 8 queries, 64 wide): split 6 ways at 176 slots, 32 at
+    # 4096; with FOLD_COMBINE the last program of each K/V head merges (replayed 3 times:
+    # each replay must find the counters zeroed and every split's partials visible)
+    monkeypatch.setattr(kernel, "FOLD_COMBINE", fold)
     q, k, v, mask = (t.cuda() for t in _inputs(dtype, 1, 4, 8, slots, 64, "bool"))
     want = _sdpa_repeated(q, k, v, mask, None, 8)
     out = decode_attention(q, k, v, mask, None, 8, want.stride())  # compiles outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = decode_attention(q, k, v, mask, None, 8, want.stride())
-    k.copy_(torch.randn_like(k))  # new values in place: the replay reads them
-    want = _sdpa_repeated(q, k, v, mask, None, 8)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert_close(out, want)
+    for _ in range(3):
+        k.copy_(torch.randn_like(k))  # new values in place: the replay reads them
+        want = _sdpa_repeated(q, k, v, mask, None, 8)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out, want)
 
 
 def test_launches_alike_are_precompiled_once(monkeypatch):

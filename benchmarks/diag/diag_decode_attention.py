@@ -7,8 +7,9 @@ The baseline is the traced graph's attention: transformers' ``repeat_kv`` copies
 then SDPA with the additive mask the fused graph passes (passes/attention.py makes it once
 per step), with SDPA's own choice of kernel. Kernel variants: keys per block
 (``_BLOCK_S``), one program per (batch, K/V head) over the whole cache ("single") or the
-cache split into blocks of one program each, combined by a second kernel ("split"); and
-the kernel's own choice ("default").
+cache split into blocks of one program each, combined by a second kernel ("split") or by
+the last program of each K/V head (``FOLD_COMBINE``, "folded"); and the kernel's own choice
+("default"; "folded" alone: with the combine folded).
 
     python benchmarks/diag/diag_decode_attention.py --out decode_attention.json
 """
@@ -61,9 +62,11 @@ def _case(heads: int, kv_heads: int, width: int, slots: int) -> dict:
            "baseline_us": time_in_graph(baseline), "variants": []}  # fmt: skip
     stride = reference.stride()
     defaults = (kernel._MIN_BLOCK_S, kernel._MAX_BLOCK_S, kernel._MAX_PROGRAMS)
-    variants = [("default", None)] + [(p, b) for b in BLOCKS_S for p in ("single", "split")]
+    variants = [("default", None), ("folded", None)]
+    variants += [(p, b) for b in BLOCKS_S for p in ("single", "split", "folded")]
     for policy, block_s in variants:
         kernel._MIN_BLOCK_S, kernel._MAX_BLOCK_S, kernel._MAX_PROGRAMS = defaults
+        kernel.FOLD_COMBINE = policy == "folded"
         if block_s is not None:
             kernel._MIN_BLOCK_S = kernel._MAX_BLOCK_S = block_s
             kernel._MAX_PROGRAMS = 1 if policy == "single" else 1 << 20
@@ -75,10 +78,11 @@ def _case(heads: int, kv_heads: int, width: int, slots: int) -> dict:
         error = (attend().float() - reference.float()).abs().max().item()
         row["variants"].append({
             "policy": policy, "block_s": plan.block_s, "splits": plan.splits,
-            "blocks_per_program": plan.meta["BLOCKS"], "us": time_in_graph(attend),
-            "max_abs_error": error,
+            "blocks_per_program": plan.meta["BLOCKS"], "folded": plan.fold,
+            "us": time_in_graph(attend), "max_abs_error": error,
         })  # fmt: skip
     kernel._MIN_BLOCK_S, kernel._MAX_BLOCK_S, kernel._MAX_PROGRAMS = defaults
+    kernel.FOLD_COMBINE = False
     return row
 
 

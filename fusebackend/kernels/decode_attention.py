@@ -57,6 +57,26 @@ _MIN_BLOCK_S, _MAX_BLOCK_S = 32, 128
 # More programs than this (large batches, many K/V heads) take several blocks each.
 _MAX_PROGRAMS = 1024
 
+# Fold the combine into the attention launch: the program of a (batch, K/V head) that
+# finishes its split last (a per-program counter, acq_rel atomics) merges every split of its
+# rows and resets the counter, so a split cache costs one launch, not two (22 of a
+# TinyLlama step's launches, 31 us of kernels beside their gaps: profile of 2026-11-26).
+# Off until measured on a GPU (benchmarks/diag/diag_decode_attention.py) and run by the GPU
+# tests there: the interpreter runs programs one after another, so it checks the merge and
+# the reset but not the ordering between concurrent programs. Read at each call. The
+# counters are one zeroed buffer per device: launches on two streams of one device at once
+# would share them.
+FOLD_COMBINE = False
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _arrival_counters(device: torch.device, count: int) -> torch.Tensor:
+    """A zeroed int32 counter per attention program (launches leave them zeroed)."""
+    have = _counters.get(device)
+    if have is None or have.numel() < count:
+        have = _counters[device] = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
+    return have
+
 
 def decode_attention(
     query: torch.Tensor,
@@ -91,9 +111,10 @@ def decode_attention(
         ]
     mask_arg = mask if mask is not None else query  # never read: HAS_MASK is off
     parts = scratch or [out, out, out]  # never written: SPLIT is off
-    _attend_kernel()[plan.grid](query, key, value, mask_arg, out, *parts, *plan.args,
-                                **plan.meta)  # fmt: skip
-    if plan.splits > 1:
+    counters = _arrival_counters(out.device, plan.grid[0]) if plan.fold else out  # FOLD off
+    _attend_kernel()[plan.grid](query, key, value, mask_arg, out, *parts, counters,
+                                *plan.args, **plan.meta)  # fmt: skip
+    if plan.splits > 1 and not plan.fold:
         _combine_kernel()[(batch * heads,)](*scratch, out, *plan.combine_args,
                                             **plan.combine_meta)  # fmt: skip
     return out
@@ -113,11 +134,12 @@ def precompile_decode_attention(query, key, value, mask, scale, groups, out_stri
     q, k, v, o = (warmup_pointer_of(t) for t in (query, key, value, out))
     mask_arg = warmup_pointer_of(mask) if mask is not None else q
     parts = scratch if plan.splits > 1 else [o] * 3
+    counters = warmup_pointer(torch.int32, 0) if plan.fold else o
     device = query.device
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        _attend_kernel().warmup(q, k, v, mask_arg, o, *parts, *plan.args, grid=plan.grid,
-                                **plan.meta)  # fmt: skip
-        if plan.splits > 1:
+        _attend_kernel().warmup(q, k, v, mask_arg, o, *parts, counters, *plan.args,
+                                grid=plan.grid, **plan.meta)  # fmt: skip
+        if plan.splits > 1 and not plan.fold:
             _combine_kernel().warmup(*scratch, o, *plan.combine_args, grid=(batch * heads,),
                                      **plan.combine_meta)  # fmt: skip
 
@@ -147,6 +169,7 @@ class _Plan:
         blocks = -(-seq_len // self.block_s)
         blocks_per_split = max(1, -(-blocks * batch * kv_heads // _MAX_PROGRAMS))
         self.splits = -(-blocks // blocks_per_split)  # 1: the program writes the output
+        self.fold = FOLD_COMBINE and self.splits > 1
         self.block_d = max(16, 1 << (width - 1).bit_length())
         if mask is not None:  # strides of the mask as seen from [batch, heads, keys]
             m_b, m_h, _, m_s = mask.expand(batch, heads, 1, seq_len).stride()
@@ -170,6 +193,8 @@ class _Plan:
             "BLOCK_S": self.block_s,
             "BLOCK_D": self.block_d,
             "BLOCKS": blocks_per_split,
+            "FOLD": self.fold,
+            "BLOCK_SPLITS": max(2, 1 << (self.splits - 1).bit_length()),
             "num_warps": 4,
         }
         self.combine_args = [heads, self.splits, width, out.stride(0), out.stride(1),
@@ -190,12 +215,15 @@ def _attend_kernel() -> Any:
     def _decode_attention(
         q, k, v, mask, out,  # tensors; mask unread without HAS_MASK, out unwritten with SPLIT
         part_acc, part_max, part_sum,  # fp32 [batch*heads, splits(, BLOCK_D)] with SPLIT
+        counters,  # int32 [programs along axis 0], zero, with FOLD
         kv_heads, groups, seq_len, width, scale,
         q_b, q_h, q_d, k_b, k_h, k_s, k_d, v_b, v_h, v_s, v_d, m_b, m_h, m_s, o_b, o_h, o_d,
         HAS_MASK: tl.constexpr, BOOL_MASK: tl.constexpr, SPLIT: tl.constexpr,
         IEEE: tl.constexpr,  # fp32 inputs: exact fp32 products (tl.dot would use tf32)
         BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCKS: tl.constexpr,  # blocks of keys per program
+        FOLD: tl.constexpr,  # the last split's program merges the splits (FOLD_COMBINE)
+        BLOCK_SPLITS: tl.constexpr,
     ):  # fmt: skip
         program = tl.program_id(0)
         split = tl.program_id(1)
@@ -270,6 +298,42 @@ def _attend_kernel() -> Any:
                 acc,
                 mask=row_ok[:, None],
             )
+            if FOLD:
+                # Every thread's stores above come before the one atomic (issued by one
+                # thread, acq_rel at GPU scope): the program that counts the last arrival
+                # sees every split's partials. It reads them from L2 (".cg"): L1 is not
+                # kept coherent across SMs, and the scratch reuses addresses of earlier
+                # launches.
+                tl.debug_barrier()
+                arrived = tl.atomic_add(counters + program, 1)
+                if arrived == splits - 1:
+                    parts = tl.arange(0, BLOCK_SPLITS)
+                    at = row[:, None] * splits + parts[None, :]
+                    keep = row_ok[:, None] & (parts[None, :] < splits)
+                    bests = tl.load(part_max + at, mask=keep, other=float("-inf"),
+                                    cache_modifier=".cg")  # fmt: skip
+                    sums = tl.load(part_sum + at, mask=keep, other=0.0, cache_modifier=".cg")
+                    top = tl.max(bests, axis=1)
+                    shift = tl.where(top == float("-inf"), 0.0, top)
+                    weight = tl.exp(bests - shift[:, None])  # 0 for a split of no key
+                    total = tl.sum(sums * weight, axis=1)
+                    merged = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+                    for part in range(0, BLOCK_SPLITS):
+                        share = tl.sum(tl.where(parts[None, :] == part, weight, 0.0), axis=1)
+                        partial = tl.load(
+                            part_acc + (row[:, None] * splits + part) * BLOCK_D + cols[None, :],
+                            mask=row_ok[:, None] & (part < splits),
+                            other=0.0,
+                            cache_modifier=".cg",
+                        )
+                        merged += partial * share[:, None]
+                    result = merged / tl.where(total > 0, total, 1.0)[:, None]
+                    tl.store(
+                        out + batch * o_b + head[:, None] * o_h + cols[None, :] * o_d,
+                        result.to(out.dtype.element_ty),
+                        mask=row_ok[:, None] & col_ok[None, :],
+                    )
+                    tl.atomic_xchg(counters + program, 0)  # zero for the next launch
         else:
             # 0 for a row that allowed no key (its sum is 0; no division by it)
             result = acc / tl.where(total > 0, total, 1.0)[:, None]
