@@ -6,7 +6,7 @@ heads, vocab 32000): qkv = RMSNorm + 2048/256/256, o = 2048 x 2048 + residual, g
 RMSNorm + 2 x 5632 silu-gated, down = 5632 -> 2048 + residual, lm head = RMSNorm + 32000;
 Qwen2-0.5B (896, 4864, 14 x 64 heads, 2 K/V heads, qkv with bias, vocab 151936): the same
 five; GPT-2 (768, 3072): LayerNorm (with bias) + c_attn 2304 + bias, LayerNorm + c_fc 3072
-+ bias (its tanh GELU is not a gate, so not in the group), c_proj 3072 -> 768 + bias +
++ bias + NewGELU (its 8 ops, as GPT-2 writes them), c_proj 3072 -> 768 + bias +
 residual and the attention's c_proj 768 -> 768 + bias + residual.
 
 Per (shape, M): ``fused_us`` (one ``matmul_group`` launch), ``eager_us`` (the eager module
@@ -76,13 +76,14 @@ class Shape:
     bias: bool = False
     gate: str = ""
     residual: bool = False
+    activation: str = ""
 
     @property
     def group(self) -> MatmulGroup:
         eps = {"rms": 1e-6, "layer": 1e-5}.get(self.norm, 0.0)
         return MatmulGroup(siblings=len(self.widths), norm=self.norm, eps=eps,
                            norm_bias=self.norm == "layer", gate=self.gate, bias=self.bias,
-                           residual=self.residual)  # fmt: skip
+                           residual=self.residual, activation=self.activation)  # fmt: skip
 
     @property
     def out_width(self) -> int:
@@ -103,7 +104,7 @@ SHAPES = [
     *_model("tinyllama", 2048, 5632, 32 * 64, 4 * 64, 32000, False),
     *_model("qwen2", 896, 4864, 14 * 64, 2 * 64, 151936, True),
     Shape("gpt2-c-attn", "gpt2", 768, (2304,), "layer", bias=True),
-    Shape("gpt2-c-fc", "gpt2", 768, (3072,), "layer", bias=True),
+    Shape("gpt2-c-fc", "gpt2", 768, (3072,), "layer", bias=True, activation="gelu_new"),
     Shape("gpt2-mlp-c-proj", "gpt2", 3072, (768,), bias=True, residual=True),
     Shape("gpt2-attn-c-proj", "gpt2", 768, (768,), bias=True, residual=True),
 ]
@@ -115,7 +116,7 @@ SMOKE_SHAPES = [
     Shape("smoke-gate-up", "smoke", 64, (96, 96), "rms", gate="silu"),
     Shape("smoke-down-residual", "smoke", 96, (64,), residual=True),
     Shape("smoke-lm-head", "smoke", 64, (97,), "rms"),
-    Shape("smoke-layer-bias", "smoke", 48, (144,), "layer", bias=True),
+    Shape("smoke-layer-bias", "smoke", 48, (144,), "layer", bias=True, activation="gelu_new"),
     Shape("smoke-bias-residual", "smoke", 144, (48,), bias=True, residual=True),
 ]
 
@@ -151,6 +152,9 @@ def eager_sequence(shape: Shape, p: Weights, x, residual):
     ys = [F.linear(a, w, p.biases[i] if shape.bias else None) for i, w in enumerate(p.weights)]
     if shape.gate:
         ys = [F.silu(ys[0]) * ys[1]]
+    if shape.activation == "gelu_new":  # transformers' NewGELUActivation, op by op
+        y = ys[0]
+        ys = [0.5 * y * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y**3.0)))]
     if shape.residual:
         ys = [ys[0] + residual]
     return tuple(ys)

@@ -4,6 +4,8 @@ weights changed after compile are read as they are; what is left alone says why.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -84,23 +86,26 @@ def test_qwen2_projections_with_bias_and_tied_head():
     assert groups[-1] == "rms_norm + linear", groups  # the tied embedding, read in place
 
 
-def test_gpt2_conv1d_layers_with_layer_norms_bias_and_residuals():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_gpt2_conv1d_layers_with_layer_norms_bias_and_residuals(dtype):
     torch.manual_seed(8)
     config = transformers.GPT2Config(vocab_size=101, n_embd=64, n_layer=2, n_head=4,
                                      n_positions=64)  # fmt: skip
-    model = transformers.GPT2LMHeadModel(config).eval()
-    expected, actual = _decode(model, config, torch.float32)
-    assert_close(actual, expected, **_TOLERANCE[torch.float32])
+    model = transformers.GPT2LMHeadModel(config).eval().to(dtype)
+    expected, actual = _decode(model, config, dtype)
+    assert_close(actual, expected, **_TOLERANCE[dtype])
     per_layer = [
         "layer_norm + linear + bias",  # ln_1 + c_attn (Conv1D: addmm on a [K, N] weight)
         "linear + bias + residual",  # the attention's c_proj + its dropout (eval) + residual
-        "layer_norm + linear + bias",  # ln_2 + c_fc (its tanh GELU stays a row kernel)
+        # ln_2 + c_fc + NewGELU, its 8 ops rounded as eager rounds them
+        "layer_norm + linear + bias + gelu_new",
         "linear + bias + residual",  # the MLP's c_proj + residual
     ]
     groups = _matmul_groups(fusebackend.last_report())
     assert groups == per_layer * 2 + ["layer_norm + linear"], groups  # ln_f + tied LM head
     rows = fusebackend.last_report().graphs[-1].groups
     assert not any(g.reductions for g in rows), rows  # every LayerNorm is a prologue
+    assert not any(n.startswith("tanh") for g in rows for n in g.nodes), rows  # and the GELU
 
 
 @pytest.mark.parametrize(
@@ -255,6 +260,38 @@ def test_residual_computed_after_the_linear_moves_the_launch_down():
         actual = compile_fused(fn)(x, r)
     assert_close(actual, expected, rtol=1e-5, atol=1e-5)
     assert _matmul_groups(fusebackend.last_report()) == ["linear + residual"]
+
+
+def test_opt_decoder_fc1_relu_is_one_launch():
+    # OPT's MLP: LayerNorm -> fc1 -> relu -> fc2 (+ residual)
+    torch.manual_seed(9)
+    config = transformers.OPTConfig(vocab_size=101, hidden_size=64, ffn_dim=96,
+                                    num_hidden_layers=2, num_attention_heads=4,
+                                    word_embed_proj_dim=64, max_position_embeddings=64)  # fmt: skip
+    model = transformers.OPTForCausalLM(config).eval().half()
+    ids = torch.randint(0, 101, (1, 1))
+    expected = eager(lambda i: model(i).logits, ids)
+    with torch.no_grad():
+        actual = compile_fused(lambda i: model(i).logits)(ids)
+    assert_close(actual, expected, **_TOLERANCE[torch.float16])
+    groups = _matmul_groups(fusebackend.last_report())
+    assert groups.count("layer_norm + linear + bias + relu") == 2, groups
+
+
+def test_new_gelu_spelled_otherwise_stays_a_row_kernel():
+    w = torch.randn(48, 32) / 6
+
+    def fn(x):
+        y = F.linear(x, w)  # NewGELU with 0.045 for 0.044715: not the activation the kernel has
+        return 0.5 * y * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (y + 0.045 * y**3.0)))
+
+    x = torch.randn(3, 32)
+    expected = eager(fn, x)
+    with torch.no_grad():
+        actual = compile_fused(fn)(x)
+    assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    assert _matmul_groups(fusebackend.last_report()) == ["linear"]
+    assert fusebackend.last_report().graphs[-1].groups  # the spelled GELU: a row kernel
 
 
 def test_generate_with_compile_config_matches_eager_tokens():

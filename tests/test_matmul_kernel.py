@@ -10,11 +10,11 @@ Which combinations run (the interpreter runs every program of the grid one after
 cost is programs x K-steps: a 2048 -> 5632 gated pair with the default tiles is ~350
 programs x 8 steps, ~25 s on one core; the whole file must stay under ~60 s on 2 cores):
 
-* ``test_prologue_epilogue_matrix``: every prologue (4) x every epilogue (11) x every dtype
+* ``test_prologue_epilogue_matrix``: every prologue (4) x every epilogue (15) x every dtype
   (3), at small widths (K 64 or 127, N 17-127: a partial last tile and a K not a multiple of
   the tile are both in), the rows cycling over 1, 2, 5, 16, 17 so that for each (prologue,
   dtype) and each (epilogue, dtype) every row count appears (the index sum mod 5 is a Latin
-  square over the 11 epilogues and 3 dtypes). Every feature's code path is a constexpr, so
+  square over the 15 epilogues and 3 dtypes). Every feature's code path is a constexpr, so
   this is every kernel variant against every dtype's roundings.
 * ``test_model_shapes``: the big widths (896, 2048, 4097, 5632) and the model shapes (Qwen2-
   0.5B qkv with bias, GPT-2's c_attn / c_fc / c_proj + residual, TinyLlama's shapes), each
@@ -72,7 +72,9 @@ TOL = {torch.float32: {"atol": 1e-4, "rtol": 1e-4}, torch.float16: tol(torch.flo
        torch.bfloat16: BF16_TOL}  # fmt: skip
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ROWS = (1, 2, 5, 16, 17)
-ACTS = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}  # kernel -> ACT2FN
+# kernel name -> ACT2FN's (gelu_new: NewGELUActivation, its formula written out in 8 ops)
+ACTS = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu",
+        "gelu_new": "gelu_new"}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -95,19 +97,21 @@ def rand(*shape, dtype=torch.float32, scale=1.0, g=None):
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One eager block: ``prologue`` ("", "rms", "layer", "layer_nobias"), linears of
-    ``widths``, ``bias``, ``gate`` (a kernel gate name) or ``residual``."""
+    ``widths``, ``bias``, ``gate`` (a kernel gate name), ``activation`` (one linear's) or
+    ``residual``."""
 
     widths: tuple[int, ...]
     prologue: str = ""
     bias: bool = False
     gate: str = ""
     residual: bool = False
+    activation: str = ""
 
     def group(self, eps: float) -> MatmulGroup:
         norm = "layer" if self.prologue.startswith("layer") else self.prologue
         return MatmulGroup(siblings=len(self.widths), norm=norm, eps=eps if norm else 0.0,
                            norm_bias=self.prologue == "layer", gate=self.gate, bias=self.bias,
-                           residual=self.residual)  # fmt: skip
+                           residual=self.residual, activation=self.activation)  # fmt: skip
 
 
 class Eager(nn.Module):
@@ -125,6 +129,7 @@ class Eager(nn.Module):
             self.norm = nn.Identity()
         self.linears = nn.ModuleList(nn.Linear(k, n, bias=case.bias) for n in case.widths)
         self.act = ACT2FN[ACTS[case.gate]] if case.gate else None
+        self.single = ACT2FN[ACTS[case.activation]] if case.activation else None
         for lin in self.linears:  # weights ~ 1/sqrt(K): outputs of order 1
             lin.weight.data = rand(*lin.weight.shape, scale=k**-0.5, g=g).cpu()
             if lin.bias is not None:
@@ -138,6 +143,8 @@ class Eager(nn.Module):
         ys = [lin(a) for lin in self.linears]
         if self.act is not None:
             ys = [self.act(ys[0]) * ys[1]]
+        if self.single is not None:
+            ys = [self.single(ys[0])]
         if residual is not None:
             ys = [ys[0] + residual]
         return tuple(ys)
@@ -187,6 +194,10 @@ EPILOGUES = {
     "silu_gate_bias": Case((33, 33), gate="silu", bias=True),
     "residual": Case((127,), residual=True),
     "residual_bias": Case((64,), bias=True, residual=True),
+    "gelu_new": Case((127,), activation="gelu_new"),  # GPT-2's c_fc + NewGELU
+    "gelu_new_bias": Case((64,), bias=True, activation="gelu_new"),
+    "relu_bias": Case((127,), bias=True, activation="relu"),  # OPT's fc1
+    "gelu": Case((33,), bias=True, activation="gelu"),  # GPT-NeoX's dense_h_to_4h
 }
 
 
@@ -393,3 +404,17 @@ def test_zero_rows(dtype, monkeypatch):
     actual, expected = run_case(Case((64,), residual=True), (2, 0), 64, dtype)
     assert actual[0].shape == (2, 0, 64)
     assert_close(actual, expected, **TOL[dtype])
+
+
+def test_gelu_new_rounds_where_eager_rounds_op_by_op():
+    # Through an identity weight the linear is exact, so the activation alone is compared:
+    # NewGELU's 8 ops each round to fp16 in eager, and so does the kernel. Rounded once at
+    # the end instead (the tanh GELU formula), 49% of these values come out 1 ulp apart.
+    k = 64
+    x = torch.linspace(-5, 5, 16 * k).reshape(16, k).to(torch.float16).to(DEVICE)
+    weight = torch.eye(k, dtype=torch.float16, device=DEVICE)
+    (got,) = matmul_group(MatmulGroup(activation="gelu_new"), x, None, None, None, weight)
+    want = ACT2FN["gelu_new"](x)
+    apart = (got != want).float().mean().item()
+    assert apart < 0.05, apart  # tanh's last fp32 bit may differ between implementations
+    assert_close(got, want, atol=1e-3, rtol=1e-3)

@@ -32,6 +32,7 @@ __all__ = [
     "GATES",
     "KernelOptions",
     "Lookup",
+    "ACTIVATIONS",
     "MAX_ROWS",
     "MAX_SIBLINGS",
     "MatmulGroup",
@@ -454,6 +455,9 @@ def shape_pattern(program: RowProgram, inputs: Sequence[Any]) -> tuple[Any, ...]
 # F.layer_norm; "rms_offset": Gemma's, (x.float() * rstd * (1 + w.float())).to(dtype)
 NORMS = ("", "rms", "layer", "rms_offset")
 GATES = ("", "silu", "gelu", "gelu_tanh")
+# A single linear's activation: a gate's, relu, or NewGELU written out op by op (rounded to
+# the dtype after each of its 8 ops, as eager rounds them: passes/activations.py)
+ACTIVATIONS = (*GATES, "relu", "gelu_new")
 MAX_SIBLINGS = 3
 MAX_ROWS = 16  # rows up to which a matmul is grouped (decode and small-batch steps)
 
@@ -481,6 +485,7 @@ class MatmulGroup:
     rotary: int = 0
     cache_write: bool = False
     index_checks: bool = False
+    activation: str = ""  # one of ACTIVATIONS, applied to a single linear's output
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS or self.gate not in GATES:
@@ -499,6 +504,11 @@ class MatmulGroup:
                             or self.weight_layout != "nk"):  # fmt: skip
             raise ValueError("MatmulGroup: a rotary embedding takes q, k, v as three [N, K] "
                              "weights, no gate or residual, and an even head width")  # fmt: skip
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"MatmulGroup: unknown activation {self.activation!r}")
+        if self.activation and (self.siblings != 1 or self.gate or self.residual):
+            raise ValueError("MatmulGroup: an activation follows one linear, without a gate "
+                             "or residual")  # fmt: skip
         if self.cache_write and not self.rotary:
             raise ValueError("MatmulGroup: a KV-cache write follows the rotary embedding")
 
@@ -520,6 +530,7 @@ class MatmulGroup:
             parts.append(f"{self.siblings} linears" if self.siblings > 1 else "linear")
         parts += ["bias"] if self.bias else []
         parts += [f"{self.gate}(gate) * up"] if self.gate else []
+        parts += [self.activation] if self.activation else []
         parts += ["residual"] if self.residual else []
         parts += ["rotary(q, k)"] if self.rotary else []
         parts += ["cache write(k, v)"] if self.cache_write else []

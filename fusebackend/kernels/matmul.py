@@ -14,6 +14,8 @@ and re-reading the small activations). One launch here computes, for rows ``x [M
     y_i  = a @ W_i.T (+ b_i)           W_i [N_i, K], the user's parameters read in place
                                        (1-3 siblings: q, k, v; gate and up)
     out  = y_0, y_1, ...               or, with a gate: act(y_0) * y_1 (SwiGLU, GeGLU)
+    out  = act(y_0)                    with ``activation`` (one linear): silu, gelu, relu,
+                                       gelu_new (NewGELU's 8 ops, each rounded)
     out  = out + residual              (one output only)
     q, k = rotary(y_0), rotary(y_1)    with ``rotary`` (q, k, v): per head of D columns,
                                        y * cos + rotate_half(y) * sin (transformers'
@@ -56,7 +58,7 @@ import torch
 
 from fusebackend.kernels.cache_write import check_cache_index
 from fusebackend.kernels.family import concrete_cuda_tensor, launch_key
-from fusebackend.kernels.ir import GATES, MAX_SIBLINGS, NORMS, MatmulGroup
+from fusebackend.kernels.ir import ACTIVATIONS, GATES, MAX_SIBLINGS, NORMS, MatmulGroup
 from fusebackend.kernels.triton_api import interpreter_enabled, triton_usable, warmup_launch
 
 __all__ = [
@@ -176,18 +178,24 @@ def reference(
         for k, w in enumerate(weights)
     ]
     if group.gate:
-        approximate = "tanh" if group.gate == "gelu_tanh" else "none"
-        act = (
-            torch.nn.functional.silu(ys[0])
-            if group.gate == "silu"
-            else torch.nn.functional.gelu(ys[0], approximate=approximate)
-        )
-        ys = [act * ys[1]]
+        ys = [_activation_reference(group.gate, ys[0]) * ys[1]]
+    if group.activation:
+        ys = [_activation_reference(group.activation, ys[0])]
     if group.residual:
         ys = [ys[0] + residual]
     if heads is not None:
         return _rotary_reference(group, ys, heads)
     return tuple(ys)
+
+
+def _activation_reference(name: str, y: torch.Tensor) -> torch.Tensor:
+    if name == "gelu_new":  # transformers' NewGELUActivation, op by op
+        return 0.5 * y * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y**3.0)))
+    if name == "relu":
+        return torch.relu(y)
+    if name == "silu":
+        return torch.nn.functional.silu(y)
+    return torch.nn.functional.gelu(y, approximate="tanh" if name == "gelu_tanh" else "none")
 
 
 def _rotary_reference(group: MatmulGroup, ys: list[torch.Tensor], heads: Heads):
@@ -230,6 +238,7 @@ class MatmulGroupOp:
         # passes read a trailing underscore as an in-place op)
         parts = ["matmul", group.norm, str(group.siblings), group.gate, "residual" * group.residual]
         parts += ["rotary"] * bool(group.rotary) + ["cache"] * group.cache_write
+        parts.append(group.activation)
         self.__name__ = self.__qualname__ = "_".join(p for p in parts if p)
         # the caches a cache-writing group writes (passes/mutations.py reads this)
         self.writes_arguments = tuple(argument_slots(group).values())
@@ -362,6 +371,7 @@ def _launch(
         "SIBLINGS": group.siblings,
         "HEAD_DIM": group.rotary,
         "CACHE": group.cache_write,
+        "ACT": ACTIVATIONS.index(group.activation),
         "BLOCK_M": max(16, 1 << max(0, (rows - 1).bit_length())),
         "BLOCK_N": config.block_n,
         "BLOCK_K": config.block_k,

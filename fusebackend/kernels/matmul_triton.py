@@ -98,6 +98,29 @@ def _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, v, v_n, v_k,
 
 
 @triton.jit
+def _activate(g, ACT: tl.constexpr, dtype: tl.constexpr):
+    """``kernels.ir.ACTIVATIONS[ACT]`` of fp32 ``g`` (a value rounded to ``dtype``), rounded
+    to ``dtype``: silu, gelu, gelu_tanh (one rounding, as F.silu / F.gelu), relu, gelu_new
+    (NewGELU's eight ops, each rounded as eager rounds it)."""
+    if ACT == 1:
+        y = g * tl.sigmoid(g)
+    elif ACT == 2:
+        y = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))
+    elif ACT == 3:
+        y = 0.5 * g * (1.0 + _tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
+    elif ACT == 4:
+        y = tl.maximum(g, 0.0)
+    else:  # 0.5 * x * (1.0 + tanh(sqrt(2 / pi) * (x + 0.044715 * pow(x, 3.0))))
+        half = (0.5 * g).to(dtype).to(tl.float32)
+        cube = (g * g * g).to(dtype).to(tl.float32)
+        inner = (g + (0.044715 * cube).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        inner = (0.7978845608028654 * inner).to(dtype).to(tl.float32)
+        one_plus = (1.0 + _tanh(inner).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        y = half * one_plus
+    return y.to(dtype)
+
+
+@triton.jit
 def _add_bias(acc, bias, cols, N):
     """The fp32 products plus the bias of their columns (added before the output's one
     rounding, as cuBLAS adds it in its epilogue)."""
@@ -120,18 +143,21 @@ def _store(y, out, res, res_row, res_col, rows, cols, M, N, HAS_RESIDUAL: tl.con
 def _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias, out, res,
                  res_row, res_col,
                  tile, M, K: tl.constexpr, N, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PRECISION: tl.constexpr):  # fmt: skip
-    """One tile of one sibling's output: products, bias, cast, residual, store."""
+    """One tile of one sibling's output: products, bias, cast, activation, residual,
+    store."""
     rows = tl.arange(0, BLOCK_M)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     acc, _ = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, w, w_n, w_k,
                    rows, cols, M, K, N, NORM, NORM_BIAS, False, BLOCK_K, PRECISION)  # fmt: skip
     if HAS_BIAS:
         acc = _add_bias(acc, bias, cols, N)
-    _store(acc.to(out.dtype.element_ty), out, res, res_row, res_col, rows, cols, M, N,
-           HAS_RESIDUAL)  # fmt: skip
+    y = acc.to(out.dtype.element_ty)
+    if ACT != 0:
+        y = _activate(y.to(tl.float32), ACT, out.dtype.element_ty)
+    _store(y, out, res, res_row, res_col, rows, cols, M, N, HAS_RESIDUAL)
 
 
 @triton.jit
@@ -231,6 +257,7 @@ def _matmul_group(
     NORM: tl.constexpr, NORM_BIAS: tl.constexpr, GATE: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SIBLINGS: tl.constexpr,
     HEAD_DIM: tl.constexpr, CACHE: tl.constexpr,
+    ACT: tl.constexpr,          # a single linear's activation (kernels.ir.ACTIVATIONS)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,          # launched as a programmatic dependent (see matmul.USE_PDL)
@@ -283,34 +310,28 @@ def _matmul_group(
             gate = _add_bias(gate, b0, cols, N0)
             up = _add_bias(up, b1, cols, N0)
         dtype = out0.dtype.element_ty
-        g = gate.to(dtype).to(tl.float32)
-        if GATE == 1:
-            act = g * tl.sigmoid(g)
-        elif GATE == 2:
-            act = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))
-        else:
-            act = 0.5 * g * (1.0 + _tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
-        y = (act.to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)).to(dtype)
+        act = _activate(gate.to(dtype).to(tl.float32), GATE, dtype)
+        y = (act.to(tl.float32) * up.to(dtype).to(tl.float32)).to(dtype)
         _store(y, out0, res, res_row, res_col, rows, cols, M, N0, HAS_RESIDUAL)
     else:
         if pid < TILES0:
             _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k, b0,
                          out0, res, res_row, res_col, pid, M, K, N0, NORM, NORM_BIAS,
-                         HAS_BIAS, HAS_RESIDUAL, BLOCK_M, BLOCK_N, BLOCK_K,
+                         HAS_BIAS, HAS_RESIDUAL, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
                          PRECISION)  # fmt: skip
         else:
             if SIBLINGS >= 2:
                 if pid < TILES0 + TILES1:
                     _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w1, w1_n,
                                  w1_k, b1, out1, res, res_row, res_col, pid - TILES0, M,
-                                 K, N1, NORM, NORM_BIAS, HAS_BIAS, False, BLOCK_M, BLOCK_N,
-                                 BLOCK_K, PRECISION)  # fmt: skip
+                                 K, N1, NORM, NORM_BIAS, HAS_BIAS, False, 0, BLOCK_M,
+                                 BLOCK_N, BLOCK_K, PRECISION)  # fmt: skip
                 else:
                     if SIBLINGS == 3:
                         _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w2, w2_n,
                                      w2_k, b2, out2, res, res_row, res_col,
                                      pid - TILES0 - TILES1, M, K, N2, NORM, NORM_BIAS,
-                                     HAS_BIAS, False, BLOCK_M, BLOCK_N, BLOCK_K,
+                                     HAS_BIAS, False, 0, BLOCK_M, BLOCK_N, BLOCK_K,
                                      PRECISION)  # fmt: skip
 
 

@@ -15,8 +15,10 @@ on the fused graph before the row partition:
   (``w * (h.to(f32) * rsqrt(h.to(f32).pow(2).mean(-1, keepdim=True) + eps)).to(dtype)``,
   Llama, Mistral, Qwen2: ``rms_norm_of``), the kernel reads ``h`` and normalises it;
 - **epilogue**: two siblings whose only use is ``act(a) * b`` (``silu``, ``gelu``, either
-  order) become one gated output; one linear whose only use is ``y + r`` (either order, ``r``
-  a tensor of y's shape and dtype) gets the residual added.
+  order) become one gated output; one linear whose only use is an activation
+  (passes/activations.py: silu, gelu, relu, GPT-2's NewGELU written out) gets it applied,
+  or else whose only use is ``y + r`` (either order, ``r`` a tensor of y's shape and dtype)
+  gets the residual added.
 
 The kernel reads the user's weights where they are (no concatenated copy): a weight changed
 after compile is read as it is at each call. Each group becomes one call of the launcher the
@@ -43,6 +45,7 @@ import torch
 import torch.fx
 
 from fusebackend.kernels.ir import MAX_ROWS, MAX_SIBLINGS, MatmulGroup
+from fusebackend.passes.activations import activation_of
 from fusebackend.passes.fx_util import example_value, nodes_between, static_tensor
 from fusebackend.passes.graph import is_mutation, resort_stably
 from fusebackend.passes.groups import op_call
@@ -95,6 +98,7 @@ class _Plan:
     gate: str = ""
     gate_half: int | None = None  # a gated pair in one weight's halves: the gate's half
     residual: torch.fx.Node | None = None
+    activation: str = ""  # a single linear's (passes/activations.py)
     replaced: list[torch.fx.Node] = dataclasses.field(default_factory=list)  # per output
     members: list[torch.fx.Node] = dataclasses.field(default_factory=list)
 
@@ -237,6 +241,12 @@ def _plan(siblings: list[_Anchor], whole: bool) -> _Plan:
             plan.gate, plan.gate_half, product, extra = chunked
             plan.replaced = [product]
             plan.members += extra + [product]
+    if len(siblings) == 1 and not plan.replaced:
+        activated = activation_of(siblings[0].output)
+        if activated is not None:
+            plan.activation, product, extra = activated
+            plan.replaced = [product]
+            plan.members += extra
     if len(siblings) == 1 and not plan.replaced:
         added = _residual(siblings[0].output)
         if added is not None:
@@ -552,6 +562,7 @@ def _rewrite(graph: torch.fx.Graph, plan: _Plan, launch: Callable[..., Any]) -> 
         weight_layout=anchors[0].layout,
         chunked=plan.gate_half is not None,
         gate_half=plan.gate_half or 0,
+        activation=plan.activation,
     )
 
     rows = norm.rows if norm else anchors[0].rows

@@ -1,0 +1,112 @@
+"""The activation a linear's output goes through, named for a matmul group's epilogue.
+
+Two spellings are recognised where a product's only use is its activation:
+
+- one op of the op table: ``F.silu``, ``F.gelu`` (exact or ``approximate="tanh"``),
+  ``F.relu`` / ``torch.relu`` (not in place): OPT's fc1, GPT-NeoX's and Falcon's MLPs;
+- transformers' ``NewGELUActivation`` ("gelu_new": GPT-2, GPT-J, CodeGen, Phi-1/2), written
+  out as eight ops, ``0.5 * x * (1.0 + tanh(sqrt(2 / pi) * (x + 0.044715 * pow(x, 3.0))))``,
+  each rounded to the dtype in eager: the kernel rounds at the same places
+  (``MatmulGroup.activation == "gelu_new"``).
+
+Anything else (another constant, another order of the factors) is not taken: the product
+stays a group of its own and the ops run as row kernels.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch.fx
+
+from fusebackend.passes.groups import op_call
+
+__all__ = ["activation_of"]
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def activation_of(y: torch.fx.Node) -> tuple[str, torch.fx.Node, list[torch.fx.Node]] | None:
+    """(``MatmulGroup.activation`` name, the node of the activated value, the nodes that
+    compute it) when all ``y`` is used for is one activation, else None."""
+    users = list(y.users)
+    if len(users) == 1:
+        single = _one_op(users[0], y)
+        if single is not None:
+            return single, users[0], [users[0]]
+    return _new_gelu(y)
+
+
+def _one_op(node: torch.fx.Node, y: torch.fx.Node) -> str | None:
+    call = op_call(node, "silu", "gelu", "relu")
+    if call is None or call.params.get("inplace") or list(call.operands[:1]) != [y]:
+        return None
+    if call.op.name == "gelu":
+        return "gelu_tanh" if call.params.get("approximate") == "tanh" else "gelu"
+    return call.op.name
+
+
+def _new_gelu(y: torch.fx.Node) -> tuple[str, torch.fx.Node, list[torch.fx.Node]] | None:
+    """``0.5 * y * (1.0 + tanh(sqrt(2/pi) * (y + 0.044715 * pow(y, 3.0))))``, the three
+    uses of ``y`` (the half, the cube, the sum) and every node between used once."""
+    if len(y.users) != 3:
+        return None
+    half = cube = shifted = None
+    for user in y.users:
+        if _scaled(user, y, 0.5):
+            half = user
+        elif _cube(user, y):
+            cube = user
+        elif op_call(user, "add") is not None:
+            shifted = user
+    if half is None or cube is None or shifted is None:
+        return None
+    scaled = _only_user(cube)
+    if scaled is None or not _scaled(scaled, cube, 0.044715) or _only_user(scaled) is not shifted:
+        return None
+    add = op_call(shifted, "add")
+    if add.params.get("alpha", 1) != 1 or set(add.operands) != {y, scaled}:
+        return None
+    inner = _only_user(shifted)
+    if inner is None or not _scaled(inner, shifted, _SQRT_2_OVER_PI):
+        return None
+    tanh = _only_user(inner)
+    if op_call(tanh, "tanh") is None:
+        return None
+    one_plus = _only_user(tanh)
+    plus = op_call(one_plus, "add")
+    if plus is None or plus.params.get("alpha", 1) != 1 or set(plus.operands) != {tanh, 1.0}:
+        return None
+    out = _only_user(one_plus)
+    if out is None or _only_user(half) is not out or not _product_of(out, half, one_plus):
+        return None
+    return "gelu_new", out, [half, cube, scaled, shifted, inner, tanh, one_plus, out]
+
+
+def _scaled(node: Any, x: torch.fx.Node, factor: float) -> bool:
+    """Is ``node`` ``x * factor`` (either order; the factor to within 1e-12)?"""
+    call = op_call(node, "mul")
+    if call is None or len(call.operands) != 2 or x not in call.operands:
+        return False
+    other = call.operands[1] if call.operands[0] is x else call.operands[0]
+    return isinstance(other, float) and abs(other - factor) < 1e-12
+
+
+def _cube(node: Any, x: torch.fx.Node) -> bool:
+    call = op_call(node, "pow")
+    return (
+        call is not None
+        and list(call.operands[:1]) == [x]
+        and call.params.get("exponent") in (3, 3.0)
+    )
+
+
+def _product_of(node: Any, a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    call = op_call(node, "mul")
+    return call is not None and len(call.operands) == 2 and set(call.operands) == {a, b}
+
+
+def _only_user(node: torch.fx.Node) -> torch.fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
