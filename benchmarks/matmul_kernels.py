@@ -25,7 +25,8 @@ checked against the eager sequence (``max_error_vs_eager``).
 ``--sweep``: for the TinyLlama and Qwen2 shapes at M = 1 and 16, launch configs (block_n in
 16/32/64, block_k in 64..512 up to K, warps 2/4/8, stages 1-4 where K has that many steps),
 by swapping ``fusebackend.kernels.matmul._launch_config``: first block_n x block_k (4 warps,
-3 stages), then warps x stages at the best tile, each config checked against the reference
+3 stages), then warps x stages at the best tile, then split-K (2, 4, 8 slices, at the best
+config's K step and at 128) at the best config, each config checked against the reference
 once; the best config per (shape, M) and the default config's time beside it go in the
 JSON. ``--sweep-seconds`` caps the sweep (default 210 s; cut cases are listed).
 
@@ -327,6 +328,20 @@ def sweep(case: Case, deadline: float, checked: dict) -> dict[str, Any]:
             us = run(config)
             if us is not None and us < best[0]:
                 best = (us, config)
+    # 3: split-K at the best config, and at the narrower K steps a split leaves room for
+    if best is not None:
+        at = best[1]
+        for split, block_k in itertools.product((2, 4, 8), sorted({at.block_k, 128})):
+            if time.perf_counter() > deadline:
+                cut = True
+                break
+            if -(-k // block_k) < split:  # fewer K steps than slices
+                continue
+            stages = min(at.stages, max(_stages(k // split, block_k)))
+            config = dataclasses.replace(at, block_k=block_k, split_k=split, stages=stages)
+            us = run(config)
+            if us is not None and us < best[0]:
+                best = (us, config)
     default = _default_config(case)
     default_us = run(default)
     if default_us is not None and (best is None or default_us < best[0]):
@@ -400,6 +415,8 @@ def smoke() -> dict[str, Any]:
             row["ok"] = within(out, ref, dtype)
             swapped = try_config(case, LaunchConfig(32, 64, 4, 2), {}, timing=False)
             row["swapped_config_ok"] = swapped is not None
+            split = LaunchConfig(16, 16, 4, 2, split_k=3)  # the sweep's split-K path
+            row["split_config_ok"] = try_config(case, split, {}, timing=False) is not None
         results.append(row)
         print(f"smoke {shape.name}: max error {row['max_error_vs_eager']:.2e} ok={row['ok']}")
     return {
@@ -407,7 +424,7 @@ def smoke() -> dict[str, Any]:
         "benchmark": "matmul_kernels",
         "smoke": True,
         "shapes": results,
-        "all_ok": all(r["ok"] and r["swapped_config_ok"] for r in results),
+        "all_ok": all(r["ok"] and r["swapped_config_ok"] and r["split_config_ok"] for r in results),
     }
 
 

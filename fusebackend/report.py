@@ -154,6 +154,14 @@ class FusionReport:
                     "  computed at compile time, not at each call (node names: "
                     f"report.graphs[{index}].constants)"
                 )
+            if graph.launches:
+                # the backend's own kernels in the fused graph, one launch per call each
+                # (what else the graph runs, as Dynamo traced it, is not counted here)
+                total = sum(graph.launches.values())
+                parts = [f"{name} x {n}" for name, n in sorted(graph.launches.items(),
+                                                                key=lambda kv: -kv[1])]  # fmt: skip
+                lines.append(f"fused kernel launches per call: {total}")
+                lines += [f"  {part}" for part in parts]
             for key, names in graph.rewrites.items():
                 label = graph.labels.get(key)
                 if not (names and label):  # constants have none: counted above

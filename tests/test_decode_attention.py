@@ -23,6 +23,7 @@ from helpers import (
 )
 
 import fusebackend
+from fusebackend.kernels import arrivals
 from fusebackend.kernels import decode_attention as kernel
 from fusebackend.kernels.decode_attention import decode_attention
 
@@ -106,7 +107,7 @@ def test_a_folded_combine_merges_in_the_last_program_and_zeroes_its_counters(mon
         got = decode_attention(q, k, v, mask, scale, 4, want.stride())
         assert_close(got, want)
         assert got[1, 3].abs().amax() == 0
-    assert kernel._counters[q.device].abs().amax() == 0
+    assert arrivals._counters[q.device].abs().amax() == 0
 
 
 @pytest.mark.parametrize("fold", [False, True])

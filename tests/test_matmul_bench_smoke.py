@@ -36,7 +36,7 @@ def test_matmul_benchmark_smoke_writes_checked_rows(tmp_path):
                  "layer_norm + linear + bias", "linear + bias + residual"):  # fmt: skip
         assert any(kind in g for g in groups), (kind, groups)
     for row in report["shapes"]:
-        assert row["ok"] and row["swapped_config_ok"], row
+        assert row["ok"] and row["swapped_config_ok"] and row["split_config_ok"], row
         assert row["max_error_vs_eager"] < 1e-2, row
     assert report["all_ok"] is True
 

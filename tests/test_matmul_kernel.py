@@ -276,6 +276,34 @@ def test_launch_configs(config, launch_config):
     check_case(Case((64, 64), "rms", gate="gelu_tanh"), 2, 127, torch.float32, seed=4)
 
 
+# split-K of K = 127 in whole K steps: 2 slices of one 64-wide step; 3 of three 16-wide
+# steps (48, 48, 31); 7 asked of four 32-wide steps: 4 slices (none left empty)
+SPLIT_CONFIGS = [LaunchConfig(16, 64, 4, 2, split_k=2), LaunchConfig(32, 16, 2, 1, split_k=3),
+                 LaunchConfig(16, 32, 4, 3, split_k=7)]  # fmt: skip
+
+
+@pytest.mark.parametrize("config", SPLIT_CONFIGS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_k_sums_every_slice_once_for_every_epilogue(config, dtype, launch_config):
+    # Each kind of tile (plain siblings, a gated pair, a residual, an activation) sums its
+    # K slices in the program that arrives last; twice, as the second launch must find the
+    # counters zeroed by the first. A rotary q/k/v group: tests/test_rotary_epilogue.py.
+    from fusebackend.kernels import arrivals
+
+    launch_config(config)
+    x = rand(5, 127, dtype=dtype)
+    weights = (rand(64, 127, dtype=dtype),)
+    _, grid, meta, _ = matmul._launch(MatmulGroup(), x, None, None, None, weights, ())
+    assert grid[1] == meta["SPLIT_K"] == {2: 2, 3: 3, 7: 4}[config.split_k], (grid, meta)
+    cases = [Case((64, 33, 17), "rms", bias=True), Case((64, 64), "layer", gate="silu"),
+             Case((64,), bias=True, residual=True), Case((33,), activation="gelu_new")]  # fmt: skip
+    for seed, case in enumerate(cases):
+        first = check_case(case, 5, 127, dtype, seed=seed)
+        again = check_case(case, 5, 127, dtype, seed=seed)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))  # slices in a fixed order
+    assert arrivals._counters[DEVICE].abs().amax() == 0
+
+
 def test_default_config_is_read_at_each_call(monkeypatch):
     """The sweep swaps ``_launch_config``: the launch must read it at each call."""
     seen = []

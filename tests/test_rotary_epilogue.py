@@ -82,6 +82,9 @@ def test_llama_decode_rotates_and_writes_its_caches_in_the_qkv_launch(dtype):
     assert graph.cache_writes == [], graph.cache_writes
     assert not any(n.startswith("neg") for g in graph.groups for n in g.nodes), graph.groups
     assert "write_cache_pair" not in str(graph.launches), graph.launches
+    # the group it replaced is gone too (a k kept as heads would keep it computing q, k, v)
+    assert graph.launches.get("matmul_group(rms_norm + 3 linears)") is None, graph.launches
+    assert graph.launches[f"matmul_group({_ROTARY} + cache write(k, v))"] == 2
     assert runtime_modes() == ["fusion"]
 
 
@@ -106,7 +109,9 @@ def test_dynamic_cache_rotates_in_the_launch_and_returns_k_and_v():
     model = transformers.LlamaForCausalLM(config).eval()
     expected, actual, _ = _decode(model, config, steps=2, cache_class="DynamicCache")
     assert_close(actual, expected, **_TOLERANCE[torch.float32])
+    graph = fusebackend.last_report().graphs[-1]
     assert _epilogues(fusebackend.last_report()) == [_ROTARY] * 2
+    assert graph.launches.get("matmul_group(rms_norm + 3 linears)") is None, graph.launches
 
 
 def test_matmul_groups_off_leaves_the_rotary_embedding_to_the_row_kernels():
@@ -182,8 +187,13 @@ def test_a_read_of_the_cache_between_keeps_the_write_apart():
     assert "touches what the launch reads or writes" in reason, reason
 
 
-def test_kernel_matches_transformers_rotary_and_index_copy():
-    # the launch itself, rows 1 to 16 (B x T), against the eager code it replaces
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_kernel_matches_transformers_rotary_and_index_copy(monkeypatch, split_k):
+    # the launch itself, rows 1 to 16 (B x T), against the eager code it replaces; split-K
+    # too: the last of a tile's 3 slices rotates the sums and writes the caches
+    if split_k > 1:
+        config = matmul.LaunchConfig(16, 16, 4, 2, split_k=split_k)
+        monkeypatch.setattr(matmul, "_launch_config", lambda *a: config)
     for batch, seq in ((1, 1), (2, 3), (4, 4)):
         inputs = _block_inputs(torch.float16, batch=batch, seq=seq, width=16, heads=(4, 2))
         h, norm_w, wq, wk, wv, cos, sin, k_cache, v_cache, index = inputs

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from fusebackend.kernels.arrivals import arrival_counters
 from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
 from fusebackend.kernels.launch import triton_usable, warmup_pointer, warmup_pointer_of
 
@@ -64,18 +65,8 @@ _MAX_PROGRAMS = 1024
 # Off until measured on a GPU (benchmarks/diag/diag_decode_attention.py) and run by the GPU
 # tests there: the interpreter runs programs one after another, so it checks the merge and
 # the reset but not the ordering between concurrent programs. Read at each call. The
-# counters are one zeroed buffer per device: launches on two streams of one device at once
-# would share them.
+# counters: kernels/arrivals.py.
 FOLD_COMBINE = False
-_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def _arrival_counters(device: torch.device, count: int) -> torch.Tensor:
-    """A zeroed int32 counter per attention program (launches leave them zeroed)."""
-    have = _counters.get(device)
-    if have is None or have.numel() < count:
-        have = _counters[device] = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
-    return have
 
 
 def decode_attention(
@@ -111,7 +102,7 @@ def decode_attention(
         ]
     mask_arg = mask if mask is not None else query  # never read: HAS_MASK is off
     parts = scratch or [out, out, out]  # never written: SPLIT is off
-    counters = _arrival_counters(out.device, plan.grid[0]) if plan.fold else out  # FOLD off
+    counters = arrival_counters(out.device, plan.grid[0]) if plan.fold else out  # FOLD off
     _attend_kernel()[plan.grid](query, key, value, mask_arg, out, *parts, counters,
                                 *plan.args, **plan.meta)  # fmt: skip
     if plan.splits > 1 and not plan.fold:

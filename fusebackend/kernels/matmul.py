@@ -33,7 +33,9 @@ rows padded to 16, the smallest ``tl.dot`` tile), looping over K; the grid is th
 every sibling one after another. The prologue's row statistics (a sum over K) are computed
 by every program from the rows themselves, which are a few KB read from L2 against the
 weight tile's tens of KB. Programs are many and narrow (``BLOCK_N`` 16-64): a 2048-wide
-output is 32-128 programs, so every SM streams weights.
+output is 32-128 programs, so every SM streams weights. With ``LaunchConfig.split_k`` grid
+axis 1 also cuts K into slices, and the last of a tile's programs to finish adds their sums
+and runs the epilogue (``_sum_slices`` in matmul_triton.py; kernels/arrivals.py).
 
 A rotary group's q and k programs each compute two tiles of one weight, columns ``j`` and
 ``j + D/2`` of the same heads (the pairs rotate_half mixes), so the rotation happens in
@@ -56,6 +58,7 @@ from typing import Any
 
 import torch
 
+from fusebackend.kernels.arrivals import arrival_counters
 from fusebackend.kernels.cache_write import check_cache_index
 from fusebackend.kernels.family import concrete_cuda_tensor, launch_key
 from fusebackend.kernels.ir import ACTIVATIONS, GATES, MAX_SIBLINGS, NORMS, MatmulGroup
@@ -276,6 +279,10 @@ class LaunchConfig:
     block_k: int
     warps: int
     stages: int
+    # split-K: each output tile's K is summed by this many programs (grid axis 1), the last
+    # to finish adding their sums (kernels/arrivals.py). 1 everywhere until the sweep has
+    # measured it on a GPU (benchmarks/matmul_kernels.py --sweep, diag_matmul_splitk.py).
+    split_k: int = 1
 
 
 def launch_config(rows: int, width: int, outputs: int, gated: bool) -> LaunchConfig:
@@ -348,6 +355,19 @@ def _launch(
     gated = bool(group.gate or group.rotary)
     config = _launch_config(rows, width, sum(columns), gated)
     tiles = [-(-n // config.block_n) for n in columns]
+    block_m = max(16, 1 << max(0, (rows - 1).bit_length()))
+    # split-K: slices of whole K steps, none empty
+    span = -(-width // config.split_k)
+    span = -(-span // config.block_k) * config.block_k
+    splits = -(-width // span)
+    if splits > 1:
+        programs = sum(tiles)
+        size = programs * splits * 2 * block_m * config.block_n
+        work = x.new_empty(size if allocate else 0, dtype=torch.float32)
+        counters = (arrival_counters(x.device, programs) if allocate
+                    else x.new_empty(0, dtype=torch.int32))  # fmt: skip
+    else:
+        work, counters = x, x  # never read: SPLIT_K is 1
     # Absent tensors are passed as x: the kernel's constants keep it from reading them.
     w = [*weights, *(weights[0],) * (MAX_SIBLINGS - len(weights))]
     b = [*biases, *(x,) * (MAX_SIBLINGS - len(biases))]
@@ -360,7 +380,7 @@ def _launch(
         *w, *(s for t in w for s in t.stride()),
         *b, *outs, res, *res.stride(),
         rows, width, *n, tiles[0], tiles[1] if len(tiles) > 1 else 0,
-        *_heads_args(x, heads, group.rotary),
+        *_heads_args(x, heads, group.rotary), work, counters,
     ]  # fmt: skip
     meta = {
         "NORM": NORMS.index(group.norm),
@@ -372,7 +392,9 @@ def _launch(
         "HEAD_DIM": group.rotary,
         "CACHE": group.cache_write,
         "ACT": ACTIVATIONS.index(group.activation),
-        "BLOCK_M": max(16, 1 << max(0, (rows - 1).bit_length())),
+        "SPLIT_K": splits,
+        "K_SPAN": span if splits > 1 else width,
+        "BLOCK_M": block_m,
         "BLOCK_N": config.block_n,
         "BLOCK_K": config.block_k,
         "PRECISION": _precision(x.dtype),
@@ -382,7 +404,7 @@ def _launch(
     }
     if meta["PDL"]:
         meta["launch_pdl"] = True
-    return args, (sum(tiles),), meta, outputs
+    return args, (sum(tiles), splits), meta, outputs
 
 
 def _heads_args(x: torch.Tensor, heads: Heads | None, width: int) -> list[Any]:

@@ -73,13 +73,21 @@ def _input_block(x, x_row, x_col, norm_w, norm_b, mean, rstd, rows, ks, M, K: tl
 @triton.jit
 def _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, v, v_n, v_k,
           rows, cols, M, K: tl.constexpr, N, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
-          TWO: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+          TWO: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+          work, counters, SPLIT_K: tl.constexpr, K_SPAN: tl.constexpr):  # fmt: skip
     """The fp32 products of the rows with weight ``w``'s columns ``cols`` (and, with
-    ``TWO``, with weight ``v``'s: a gated pair shares the input block)."""
+    ``TWO``, with weight ``v``'s: a gated pair shares the input block), and whether this
+    program goes on to the epilogue: with ``SPLIT_K`` each program sums a ``K_SPAN`` slice
+    of K (its index along grid axis 1) and the last of a tile's programs to finish adds
+    every slice's sums (``_sum_slices``)."""
     acc = tl.zeros([rows.shape[0], cols.shape[0]], tl.float32)
     acc2 = tl.zeros([rows.shape[0], cols.shape[0]], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
+    if SPLIT_K == 1:
+        k_first = 0
+    else:
+        k_first = tl.program_id(1) * K_SPAN
+    for step in range(0, K_SPAN, BLOCK_K):
+        ks = k_first + step + tl.arange(0, BLOCK_K)
         a = _input_block(x, x_row, x_col, norm_w, norm_b, mean, rstd, rows, ks, M, K,
                          NORM, NORM_BIAS)  # fmt: skip
         keep = (cols[None, :] < N) & (ks[:, None] < K)
@@ -94,7 +102,42 @@ def _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, v, v_n, v_k,
                 acc2 = tl.dot(a.to(tl.float32), b2.to(tl.float32), acc2, input_precision="ieee")
             else:
                 acc2 = tl.dot(a, b2, acc2, input_precision=PRECISION)
-    return acc, acc2
+    if SPLIT_K == 1:
+        last = True
+    else:
+        acc, acc2, last = _sum_slices(acc, acc2, TWO, work, counters, SPLIT_K)
+    return acc, acc2, last
+
+
+@triton.jit
+def _sum_slices(acc, acc2, TWO: tl.constexpr, work, counters, SPLIT_K: tl.constexpr):
+    """Split-K: store this program's sums of its K slice (``work``: fp32 [tiles, SPLIT_K,
+    2, BLOCK_M, BLOCK_N]); the program that counts the last arrival of its tile (a zeroed
+    int32 counter per tile) adds the slices in slice order (the same bits on every run),
+    zeroes the counter for the next launch and returns (sums, sums2, True); the others
+    return (.., False) and store nothing more."""
+    tile = tl.program_id(0)
+    size: tl.constexpr = acc.shape[0] * acc.shape[1]
+    at = tl.arange(0, acc.shape[0])[:, None] * acc.shape[1] + tl.arange(0, acc.shape[1])[None, :]
+    mine = work + (tile * SPLIT_K + tl.program_id(1)) * (2 * size)
+    tl.store(mine + at, acc)
+    if TWO:
+        tl.store(mine + size + at, acc2)
+    # Every thread's stores above come before the one atomic (one thread issues it, acq_rel
+    # at GPU scope); the last program reads the slices from L2 (".cg"): L1 is not kept
+    # coherent across SMs, and the workspace reuses addresses of earlier launches.
+    tl.debug_barrier()
+    last = tl.atomic_add(counters + tile, 1) == SPLIT_K - 1
+    if last:
+        acc = tl.zeros(acc.shape, tl.float32)
+        acc2 = tl.zeros(acc.shape, tl.float32)
+        for part in tl.static_range(SPLIT_K):
+            theirs = work + (tile * SPLIT_K + part) * (2 * size)
+            acc += tl.load(theirs + at, cache_modifier=".cg")
+            if TWO:
+                acc2 += tl.load(theirs + size + at, cache_modifier=".cg")
+        tl.atomic_xchg(counters + tile, 0)
+    return acc, acc2, last
 
 
 @triton.jit
@@ -145,19 +188,22 @@ def _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
                  tile, M, K: tl.constexpr, N, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PRECISION: tl.constexpr):  # fmt: skip
+                 PRECISION: tl.constexpr, work, counters, SPLIT_K: tl.constexpr,
+                 K_SPAN: tl.constexpr):  # fmt: skip
     """One tile of one sibling's output: products, bias, cast, activation, residual,
     store."""
     rows = tl.arange(0, BLOCK_M)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc, _ = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, w, w_n, w_k,
-                   rows, cols, M, K, N, NORM, NORM_BIAS, False, BLOCK_K, PRECISION)  # fmt: skip
-    if HAS_BIAS:
-        acc = _add_bias(acc, bias, cols, N)
-    y = acc.to(out.dtype.element_ty)
-    if ACT != 0:
-        y = _activate(y.to(tl.float32), ACT, out.dtype.element_ty)
-    _store(y, out, res, res_row, res_col, rows, cols, M, N, HAS_RESIDUAL)
+    acc, _, last = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, w, w_n,
+                         w_k, rows, cols, M, K, N, NORM, NORM_BIAS, False, BLOCK_K, PRECISION,
+                         work, counters, SPLIT_K, K_SPAN)  # fmt: skip
+    if last:
+        if HAS_BIAS:
+            acc = _add_bias(acc, bias, cols, N)
+        y = acc.to(out.dtype.element_ty)
+        if ACT != 0:
+            y = _activate(y.to(tl.float32), ACT, out.dtype.element_ty)
+        _store(y, out, res, res_row, res_col, rows, cols, M, N, HAS_RESIDUAL)
 
 
 @triton.jit
@@ -188,7 +234,8 @@ def _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
                  tile, M, K: tl.constexpr, N, SEQ, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
                  HAS_BIAS: tl.constexpr, TO_CACHE: tl.constexpr, HEAD_DIM: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PRECISION: tl.constexpr):  # fmt: skip
+                 PRECISION: tl.constexpr, work, counters, SPLIT_K: tl.constexpr,
+                 K_SPAN: tl.constexpr):  # fmt: skip
     """One tile of q or k with its rotary embedding: ``BLOCK_N`` columns ``j`` of the first
     halves of heads and their partners ``j + HEAD_DIM / 2``, which rotate_half pairs
     (``out_j = y_j cos_j - y_p sin_j``, ``out_p = y_p cos_p + y_j sin_p``), each product
@@ -197,29 +244,30 @@ def _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
     rows = tl.arange(0, BLOCK_M)
     halves = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # among the first-half columns
     cols = (halves // HALF) * HEAD_DIM + halves % HALF
-    lo, hi = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k,
-                   w + HALF * w_n, w_n, w_k, rows, cols, M, K, N, NORM, NORM_BIAS, True,
-                   BLOCK_K, PRECISION)  # fmt: skip
-    if HAS_BIAS:
-        lo = _add_bias(lo, bias, cols, N)
-        hi = _add_bias(hi, bias + HALF, cols, N)
-    dtype = dst.dtype.element_ty
-    lo = lo.to(dtype).to(tl.float32)
-    hi = hi.to(dtype).to(tl.float32)
-    keep = (rows[:, None] < M) & (cols[None, :] < N)
-    batch, t, j = rows // SEQ, rows % SEQ, cols % HEAD_DIM
-    c_at = batch[:, None] * cos_b + t[:, None] * cos_t + j[None, :] * cos_d
-    s_at = batch[:, None] * sin_b + t[:, None] * sin_t + j[None, :] * sin_d
-    c_lo = tl.load(cos + c_at, mask=keep, other=0.0).to(tl.float32)
-    c_hi = tl.load(cos + c_at + HALF * cos_d, mask=keep, other=0.0).to(tl.float32)
-    s_lo = tl.load(sin + s_at, mask=keep, other=0.0).to(tl.float32)
-    s_hi = tl.load(sin + s_at + HALF * sin_d, mask=keep, other=0.0).to(tl.float32)
-    out_lo = (lo * c_lo).to(dtype).to(tl.float32) - (hi * s_lo).to(dtype).to(tl.float32)
-    out_hi = (hi * c_hi).to(dtype).to(tl.float32) + (lo * s_hi).to(dtype).to(tl.float32)
-    _store_heads(out_lo.to(dtype), dst, d_b, d_h, d_t, d_d, index, index_stride, slots, rows,
-                 cols, M, N, SEQ, HEAD_DIM, TO_CACHE)  # fmt: skip
-    _store_heads(out_hi.to(dtype), dst, d_b, d_h, d_t, d_d, index, index_stride, slots, rows,
-                 cols + HALF, M, N, SEQ, HEAD_DIM, TO_CACHE)  # fmt: skip
+    lo, hi, last = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k,
+                         w + HALF * w_n, w_n, w_k, rows, cols, M, K, N, NORM, NORM_BIAS, True,
+                         BLOCK_K, PRECISION, work, counters, SPLIT_K, K_SPAN)  # fmt: skip
+    if last:
+        if HAS_BIAS:
+            lo = _add_bias(lo, bias, cols, N)
+            hi = _add_bias(hi, bias + HALF, cols, N)
+        dtype = dst.dtype.element_ty
+        lo = lo.to(dtype).to(tl.float32)
+        hi = hi.to(dtype).to(tl.float32)
+        keep = (rows[:, None] < M) & (cols[None, :] < N)
+        batch, t, j = rows // SEQ, rows % SEQ, cols % HEAD_DIM
+        c_at = batch[:, None] * cos_b + t[:, None] * cos_t + j[None, :] * cos_d
+        s_at = batch[:, None] * sin_b + t[:, None] * sin_t + j[None, :] * sin_d
+        c_lo = tl.load(cos + c_at, mask=keep, other=0.0).to(tl.float32)
+        c_hi = tl.load(cos + c_at + HALF * cos_d, mask=keep, other=0.0).to(tl.float32)
+        s_lo = tl.load(sin + s_at, mask=keep, other=0.0).to(tl.float32)
+        s_hi = tl.load(sin + s_at + HALF * sin_d, mask=keep, other=0.0).to(tl.float32)
+        out_lo = (lo * c_lo).to(dtype).to(tl.float32) - (hi * s_lo).to(dtype).to(tl.float32)
+        out_hi = (hi * c_hi).to(dtype).to(tl.float32) + (lo * s_hi).to(dtype).to(tl.float32)
+        _store_heads(out_lo.to(dtype), dst, d_b, d_h, d_t, d_d, index, index_stride, slots, rows,
+                     cols, M, N, SEQ, HEAD_DIM, TO_CACHE)  # fmt: skip
+        _store_heads(out_hi.to(dtype), dst, d_b, d_h, d_t, d_d, index, index_stride, slots, rows,
+                     cols + HALF, M, N, SEQ, HEAD_DIM, TO_CACHE)  # fmt: skip
 
 
 @triton.jit
@@ -228,16 +276,19 @@ def _value_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
                 tile, M, K: tl.constexpr, N, SEQ, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
                 HAS_BIAS: tl.constexpr, TO_CACHE: tl.constexpr, HEAD_DIM: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                PRECISION: tl.constexpr):  # fmt: skip
+                PRECISION: tl.constexpr, work, counters, SPLIT_K: tl.constexpr,
+                K_SPAN: tl.constexpr):  # fmt: skip
     """One tile of v beside a rotary q and k: products, bias, cast, stored by heads."""
     rows = tl.arange(0, BLOCK_M)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc, _ = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, w, w_n, w_k,
-                   rows, cols, M, K, N, NORM, NORM_BIAS, False, BLOCK_K, PRECISION)  # fmt: skip
-    if HAS_BIAS:
-        acc = _add_bias(acc, bias, cols, N)
-    _store_heads(acc.to(dst.dtype.element_ty), dst, d_b, d_h, d_t, d_d, index, index_stride,
-                 slots, rows, cols, M, N, SEQ, HEAD_DIM, TO_CACHE)  # fmt: skip
+    acc, _, last = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, w, w_n,
+                         w_k, rows, cols, M, K, N, NORM, NORM_BIAS, False, BLOCK_K, PRECISION,
+                         work, counters, SPLIT_K, K_SPAN)  # fmt: skip
+    if last:
+        if HAS_BIAS:
+            acc = _add_bias(acc, bias, cols, N)
+        _store_heads(acc.to(dst.dtype.element_ty), dst, d_b, d_h, d_t, d_d, index,
+                     index_stride, slots, rows, cols, M, N, SEQ, HEAD_DIM, TO_CACHE)  # fmt: skip
 
 
 def _matmul_group(
@@ -254,10 +305,14 @@ def _matmul_group(
     cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d, SEQ,
     k_cache, kc_b, kc_h, kc_s, kc_d, v_cache, vc_b, vc_h, vc_s, vc_d,
     index, index_stride, slots,
+    # split-K: grid axis 1 is SPLIT_K slices of K_SPAN columns of K; ``work`` holds their
+    # fp32 sums, ``counters`` (int32, zero) one per tile of axis 0 (see _sum_slices)
+    work, counters,
     NORM: tl.constexpr, NORM_BIAS: tl.constexpr, GATE: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SIBLINGS: tl.constexpr,
     HEAD_DIM: tl.constexpr, CACHE: tl.constexpr,
     ACT: tl.constexpr,          # a single linear's activation (kernels.ir.ACTIVATIONS)
+    SPLIT_K: tl.constexpr, K_SPAN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,          # launched as a programmatic dependent (see matmul.USE_PDL)
@@ -281,7 +336,8 @@ def _matmul_group(
                          cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d,
                          out0, SEQ * N0, HEAD_DIM, N0, 1, index, index_stride, slots,
                          pid, M, K, N0, SEQ, NORM, NORM_BIAS, HAS_BIAS, False, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)  # fmt: skip
+                         BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, work, counters, SPLIT_K,
+                         K_SPAN)  # fmt: skip
         elif pid < TILES0 + TILES1:
             if CACHE:
                 k_dst, k_b, k_h, k_t, k_d = k_cache, kc_b, kc_h, kc_s, kc_d
@@ -291,7 +347,8 @@ def _matmul_group(
                          cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d,
                          k_dst, k_b, k_h, k_t, k_d, index, index_stride, slots,
                          pid - TILES0, M, K, N1, SEQ, NORM, NORM_BIAS, HAS_BIAS, CACHE,
-                         HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)  # fmt: skip
+                         HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, work, counters,
+                         SPLIT_K, K_SPAN)  # fmt: skip
         else:
             if CACHE:
                 v_dst, v_b, v_h, v_t, v_d = v_cache, vc_b, vc_h, vc_s, vc_d
@@ -300,39 +357,43 @@ def _matmul_group(
             _value_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w2, w2_n, w2_k, b2,
                         v_dst, v_b, v_h, v_t, v_d, index, index_stride, slots,
                         pid - TILES0 - TILES1, M, K, N2, SEQ, NORM, NORM_BIAS, HAS_BIAS,
-                        CACHE, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)  # fmt: skip
+                        CACHE, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, work,
+                        counters, SPLIT_K, K_SPAN)  # fmt: skip
     elif GATE != 0:
         cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        gate, up = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k,
-                         w1, w1_n, w1_k, rows, cols, M, K, N0, NORM, NORM_BIAS, True,
-                         BLOCK_K, PRECISION)  # fmt: skip
-        if HAS_BIAS:
-            gate = _add_bias(gate, b0, cols, N0)
-            up = _add_bias(up, b1, cols, N0)
-        dtype = out0.dtype.element_ty
-        act = _activate(gate.to(dtype).to(tl.float32), GATE, dtype)
-        y = (act.to(tl.float32) * up.to(dtype).to(tl.float32)).to(dtype)
-        _store(y, out0, res, res_row, res_col, rows, cols, M, N0, HAS_RESIDUAL)
+        gate, up, last = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k,
+                               w1, w1_n, w1_k, rows, cols, M, K, N0, NORM, NORM_BIAS, True,
+                               BLOCK_K, PRECISION, work, counters, SPLIT_K,
+                               K_SPAN)  # fmt: skip
+        if last:
+            if HAS_BIAS:
+                gate = _add_bias(gate, b0, cols, N0)
+                up = _add_bias(up, b1, cols, N0)
+            dtype = out0.dtype.element_ty
+            act = _activate(gate.to(dtype).to(tl.float32), GATE, dtype)
+            y = (act.to(tl.float32) * up.to(dtype).to(tl.float32)).to(dtype)
+            _store(y, out0, res, res_row, res_col, rows, cols, M, N0, HAS_RESIDUAL)
     else:
         if pid < TILES0:
             _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k, b0,
                          out0, res, res_row, res_col, pid, M, K, N0, NORM, NORM_BIAS,
                          HAS_BIAS, HAS_RESIDUAL, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
-                         PRECISION)  # fmt: skip
+                         PRECISION, work, counters, SPLIT_K, K_SPAN)  # fmt: skip
         else:
             if SIBLINGS >= 2:
                 if pid < TILES0 + TILES1:
                     _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w1, w1_n,
                                  w1_k, b1, out1, res, res_row, res_col, pid - TILES0, M,
                                  K, N1, NORM, NORM_BIAS, HAS_BIAS, False, 0, BLOCK_M,
-                                 BLOCK_N, BLOCK_K, PRECISION)  # fmt: skip
+                                 BLOCK_N, BLOCK_K, PRECISION, work, counters, SPLIT_K,
+                                 K_SPAN)  # fmt: skip
                 else:
                     if SIBLINGS == 3:
                         _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w2, w2_n,
                                      w2_k, b2, out2, res, res_row, res_col,
                                      pid - TILES0 - TILES1, M, K, N2, NORM, NORM_BIAS,
                                      HAS_BIAS, False, 0, BLOCK_M, BLOCK_N, BLOCK_K,
-                                     PRECISION)  # fmt: skip
+                                     PRECISION, work, counters, SPLIT_K, K_SPAN)  # fmt: skip
 
 
 # The kernel as built for launches (``matmul_group_kernel``), and built in Triton's debug

@@ -288,8 +288,8 @@ def _single_user(node: Any) -> torch.fx.Node | None:
 def _members(plan: _Plan) -> list[torch.fx.Node]:
     """The nodes the launch takes over (erased once unused)."""
     nodes = [n for r in plan.rotary for n in r.nodes] + plan.writes
-    if plan.writes:  # v's heads only fed its cache write
-        nodes += [plan.heads[2].view, plan.heads[2].heads]
+    if plan.writes:  # k's heads only fed its rotation, v's its cache write
+        nodes += [n for h in plan.heads[1:] for n in (h.view, h.heads)]
     return nodes
 
 
