@@ -102,6 +102,21 @@ def test_qwen2_biases_batch_of_two_and_three_new_tokens_per_step():
     assert _epilogues(fusebackend.last_report()) == [want] * 2
 
 
+@pytest.mark.parametrize(
+    "family, norm",
+    [("mistral", "rms_norm"), ("gemma", "rms_offset_norm"), ("gemma2", "rms_offset_norm")],
+)
+def test_zoo_families_rotate_in_the_qkv_launch(family, norm):
+    import model_zoo  # tests/ is on sys.path (rootdir conftest)
+
+    model = model_zoo.build_causal_lm(family)
+    expected, actual, caches = _decode(model, model.config, steps=2)
+    assert_close(actual, expected, **_TOLERANCE[torch.float32])
+    _assert_caches_equal(caches, torch.float32)
+    want = f"{norm} + 3 linears + rotary(q, k) + cache write(k, v)"
+    assert _epilogues(fusebackend.last_report()) == [want] * model.config.num_hidden_layers
+
+
 def test_dynamic_cache_rotates_in_the_launch_and_returns_k_and_v():
     # DynamicCache concatenates (no index_copy_): the rotary embedding alone is taken
     torch.manual_seed(2)
