@@ -174,6 +174,8 @@ def fused_summary() -> dict[str, Any]:
                 "reduce_copies": list(getattr(g, "reduce_copies", [])),
                 "vocab_lookups": list(getattr(g, "vocab_lookups", [])),
                 "collectives": len(getattr(g, "collectives", [])),
+                "matmul_groups": list(g.rewrites.get("matmul_groups", [])),
+                "rotary_epilogues": list(g.rewrites.get("rotary_epilogues", [])),
             }
             for g in graphs
         ]
@@ -319,7 +321,8 @@ def _print(result: dict[str, Any]) -> None:
         lines.append(
             f"  {graph['name']}: {graph['path']}, {graph['groups']} fused group(s), "
             f"{graph['collectives']} collective(s), {graph['local_shards']} DTensor "
-            f"inputs as local shards"
+            f"inputs as local shards, {len(graph['matmul_groups'])} matmul group(s), "
+            f"{len(graph['rotary_epilogues'])} with their rotary embedding"
         )
     modes = result["stats"]["fusion_modes"]
     lines.append(

@@ -370,6 +370,11 @@ def test_tp_plan_auto_generate_equals_eager_tp_on_two_gloo_ranks(kind, tmp_path)
         assert any(g["local_shards"] for g in graphs), graphs
         assert any(g["reduce_copies"] for g in graphs), graphs
         assert any(g["vocab_lookups"] for g in graphs), graphs
+        # each rank's decode step: its shards of q/k/v with their rotary embedding and cache
+        # write (column-parallel), o_proj and down_proj (row-parallel) as matmul groups
+        decode = [g for g in graphs if g["rotary_epilogues"]]
+        assert decode and all(len(g["rotary_epilogues"]) == 2 for g in decode), graphs
+        assert all(len(g["matmul_groups"]) >= 8 for g in decode), graphs
         assert set(result["stats"]["fusion_modes"].values()) == {"fusion"}, result["stats"]
 
 
