@@ -13,8 +13,18 @@ Every (shape, backend) runs in its own process with empty Inductor and Triton ca
 Each process first runs one small eager ``encode`` (CUDA context, cuBLAS; ``warmup_s``; left out
 with ``--no-warmup``), then, with nothing compiled yet, times: the first corpus pass (compiles
 and captures included), the second pass, and each single query (p50 / p90 over all of them, the
-first call of each new length included); then, uncompiled, eager's embeddings of the same inputs
-for the cosine check. For infinifuse, ``fusebackend.stats()`` per phase: new entries, captures
+first call of each new length included); then each query again (``query_repeat_p50_ms`` /
+``_p90_ms``: every length seen before; ``--no-repeat-queries``); then, uncompiled, eager's
+embeddings of the same inputs for the cosine check. Per query (``--no-query-probe`` to leave out):
+its words and tokens, whether its token length was new to the loop, and its time split into
+tokenize / the transformers model call (host; on CUDA also its GPU time from events) / pooling /
+the rest of ``encode`` (``.cpu()`` and the GPU wait among it) / garbage collections
+(``gc.callbacks``): ``query_trace`` (rows), ``query_phases`` (p50/p90 per phase, each phase's
+share of the slowest 10%, total by token bucket and by new vs seen length, correlation with
+tokens, gc counts); ``query_repeat_phases`` / ``query_repeat_trace`` for the second loop.
+``--no-cudnn-sdp`` turns cuDNN's SDPA off in each process (eager attention on an H100 ran
+it; it builds an execution plan per new shape).
+For infinifuse, ``fusebackend.stats()`` per phase: new entries, captures
 (``recordings``), evictions, live entries and the graph pool's bytes. ``second_pass_captures``
 counts every capture made while encoding the corpus a second time; ``second_pass_recaptures``
 only those of signatures captured before (a runtime that captures a signature on its second call
@@ -23,6 +33,7 @@ makes its first captures there; ``recaptures_counted_as`` says how the count was
     python benchmarks/sentence_embeddings.py --out benchmarks/results/sentence_embeddings_h100.json
     python benchmarks/sentence_embeddings.py --quick --out /tmp/s.json        # 1000 sentences
     python benchmarks/sentence_embeddings.py --tiny --backends eager,infinifuse --out /tmp/s.json
+    python benchmarks/sentence_embeddings.py --backends eager --no-cudnn-sdp --out /tmp/s2.json
 
 Writes the JSON (environment: device, torch, CUDA, Triton, transformers, sentence-transformers,
 date, commit) after every process, so a run cut short keeps what finished, and prints the
@@ -80,6 +91,7 @@ def child_environment() -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
+        "cudnn_sdp_enabled": torch.backends.cuda.cudnn_sdp_enabled(),
     }
     for key, module in (("triton", "triton"), ("transformers", "transformers"),
                         ("sentence_transformers", "sentence_transformers"),
@@ -101,6 +113,8 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     ex = _example()
     import fusebackend
 
+    if not args.cudnn_sdp:  # SDPA picks among flash / memory-efficient / math only
+        torch.backends.cuda.enable_cudnn_sdp(False)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     corpus = ex.make_sentences(args.sentences, seed=args.seed, high=args.max_words)
@@ -119,8 +133,9 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
         _, warmup_s = ex._timed(device, lambda: model.encode(["warm up", "the device"]))
     fusebackend.reset_stats()
     result, embeddings = ex.measure(
-        model, args.backend, corpus, queries, args.batch_size, device, args.options
-    )
+        model, args.backend, corpus, queries, args.batch_size, device, args.options,
+        probe=args.query_probe, repeat_queries=args.repeat_queries,
+    )  # fmt: skip
     result.update(
         shape=args.shape,
         model=ex.describe(model),
@@ -187,6 +202,9 @@ def run_one(args: argparse.Namespace, shape: str, backend: str) -> dict[str, Any
                    "--shape", shape, "--backend", backend, "--sentences", str(args.sentences),
                    "--queries", str(args.queries), "--batch-size", str(args.batch_size),
                    "--max-words", str(args.max_words), *([] if args.warmup else ["--no-warmup"]),
+                   *([] if args.query_probe else ["--no-query-probe"]),
+                   *([] if args.repeat_queries else ["--no-repeat-queries"]),
+                   *([] if args.cudnn_sdp else ["--no-cudnn-sdp"]),
                    "--seed", str(args.seed)]  # fmt: skip
         if args.options is not None:
             command += ["--options", json.dumps(args.options)]
@@ -316,6 +334,9 @@ def run_parent(args: argparse.Namespace) -> int:
             "quick": args.quick,
             "tiny": args.tiny,
             "warmup": args.warmup,
+            "query_probe": args.query_probe,
+            "repeat_queries": args.repeat_queries,
+            "cudnn_sdp": args.cudnn_sdp,
         },
         "workload": {
             "sentences": args.sentences,
@@ -338,11 +359,17 @@ def run_parent(args: argparse.Namespace) -> int:
             if "environment" in run and "device" not in result["environment"]:
                 # the device and versions as the measuring process saw them
                 keys = ("device", "torch", "cuda", "triton", "transformers",
-                        "sentence_transformers", "fusebackend", "triton_interpret")  # fmt: skip
+                        "sentence_transformers", "fusebackend", "triton_interpret",
+                        "cudnn_sdp_enabled")  # fmt: skip
                 result["environment"].update({k: run["environment"].get(k) for k in keys})
             brief = {k: run.get(k) for k in ("first_pass_s", "second_pass_s", "query_p50_ms",
-                     "query_p90_ms", "second_pass_captures", "second_pass_recaptures",
-                     "process_s", "error")}  # fmt: skip
+                     "query_p90_ms", "query_repeat_p50_ms", "query_repeat_p90_ms",
+                     "second_pass_captures", "second_pass_recaptures", "process_s",
+                     "error")}  # fmt: skip
+            by_new = run.get("query_phases", {}).get("total_by_new_length_ms", {})
+            if by_new:
+                brief["query_p90_ms_new_vs_seen_length"] = [by_new[k].get("p90")
+                                                            for k in ("new", "seen")]  # fmt: skip
             print(json.dumps({k: v for k, v in brief.items() if v is not None}), flush=True)
             if "error" in run:
                 print(run.get("stderr_tail", "")[-2000:], flush=True)
@@ -406,6 +433,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="leave out the eager encode of two short sentences before the timed "
                         "passes, so the first pass includes starting the device (CUDA context, "
                         "cuBLAS) too")  # fmt: skip
+    parser.add_argument("--no-query-probe", dest="query_probe", action="store_false",
+                        help="leave out the per-query probe (tokens; tokenize / model / pooling / "
+                        "rest / gc times: query_phases, query_trace), a few microseconds a "
+                        "query")  # fmt: skip
+    parser.add_argument("--no-repeat-queries", dest="repeat_queries", action="store_false",
+                        help="leave out the second encode of every query after the timed loop "
+                        "(query_repeat_*: each length seen before)")  # fmt: skip
+    parser.add_argument("--no-cudnn-sdp", dest="cudnn_sdp", action="store_false",
+                        help="torch.backends.cuda.enable_cudnn_sdp(False) in each process: "
+                        "eager attention without cuDNN's SDPA, which builds an execution plan "
+                        "for each new shape")  # fmt: skip
     parser.add_argument("--commit", help="the commit measured, where the checkout has no git")
     parser.add_argument("--ledger", metavar="PATH",
                         help="also append the figures to the results ledger at PATH")  # fmt: skip

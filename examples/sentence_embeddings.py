@@ -327,6 +327,195 @@ def cosine(a: Any, b: Any) -> dict[str, float]:
             "max_abs_diff": float((x - y).abs().max())}  # fmt: skip
 
 
+class QueryProbe:
+    """Where one ``encode(query)`` spends its time, per query (``measure``'s query loops).
+
+    Wraps, on this model instance only, ``preprocess`` (tokenizing; the token count is read from
+    its ``input_ids``), the first module's ``forward`` (the transformers model, compiled or not:
+    host time, and on CUDA its GPU time from two events, read after the call's closing sync) and
+    the later modules' (pooling); ``rest`` is the call's time less those three: encode's own
+    Python, ``batch_to_device``, ``.cpu()`` and, on CUDA, the wait for the GPU there. Python's
+    garbage collections are timed through ``gc.callbacks`` and charged to the running query.
+    Each wrapper costs a few microseconds (two ``perf_counter`` calls; on CUDA two event
+    records). ``remove()`` restores the instance."""
+
+    COLUMNS = ("words", "tokens", "new_length", "total_ms", "tokenize_ms", "model_ms",
+               "model_gpu_ms", "pooling_ms", "rest_ms", "gc_ms", "gc_collections",
+               "gc_gen2")  # fmt: skip
+
+    def __init__(self, model: Any, device: torch.device) -> None:
+        import gc
+
+        self.model, self.device, self._gc = model, device, gc
+        self.rows: list[dict[str, Any]] = []
+        self._row: dict[str, Any] | None = None
+        self._events: list[tuple[Any, Any]] = []
+        self._gc_start: float | None = None
+        self._seen: set[int] = set()
+        self._patched: list[tuple[Any, str]] = []
+        name = "preprocess" if hasattr(model, "preprocess") else "tokenize"  # before 6.0
+        self._wrap(model, name, self._tokenize)
+        self._wrap(model[0], "forward", self._model)
+        for module in list(model)[1:]:
+            self._wrap(module, "forward", self._pooling)
+        gc.callbacks.append(self._on_gc)
+
+    def _wrap(self, owner: Any, name: str, around: Any) -> None:
+        inner = getattr(owner, name)
+        owned = name in vars(owner)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return around(inner, *args, **kwargs)
+
+        object.__setattr__(owner, name, wrapper)
+        self._patched.append((owner, name) if not owned else (owner, name, inner))
+
+    def _add(self, key: str, seconds: float) -> None:
+        if self._row is not None:
+            self._row[key] += 1e3 * seconds
+
+    def _tokenize(self, inner: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = inner(*args, **kwargs)
+        self._add("tokenize_ms", time.perf_counter() - start)
+        if self._row is not None and "input_ids" in out:
+            self._row["tokens"] = int(out["input_ids"].shape[-1])
+        return out
+
+    def _model(self, inner: Any, *args: Any, **kwargs: Any) -> Any:
+        cuda = self.device.type == "cuda" and self._row is not None
+        if cuda:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+        start = time.perf_counter()
+        out = inner(*args, **kwargs)
+        if cuda:
+            end.record()
+            self._events.append((begin, end))
+        self._add("model_ms", time.perf_counter() - start)
+        return out
+
+    def _pooling(self, inner: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = inner(*args, **kwargs)
+        self._add("pooling_ms", time.perf_counter() - start)
+        return out
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        elif self._gc_start is not None and self._row is not None:
+            self._row["gc_ms"] += 1e3 * (time.perf_counter() - self._gc_start)
+            self._row["gc_collections"] += 1
+            self._row["gc_gen2"] += info.get("generation") == 2
+            self._gc_start = None
+
+    def begin(self, query: str) -> None:
+        self._events = []
+        self._row = {k: 0.0 for k in ("tokenize_ms", "model_ms", "pooling_ms", "gc_ms")}
+        self._row.update(words=len(query.split()), tokens=None, gc_collections=0, gc_gen2=0)
+
+    def end(self, seconds: float) -> None:
+        """After the query's closing sync: its total and the GPU time of its model call(s)."""
+        row, self._row = self._row, None
+        assert row is not None
+        row["total_ms"] = 1e3 * seconds
+        row["model_gpu_ms"] = (sum(b.elapsed_time(e) for b, e in self._events)
+                               if self._events else None)  # fmt: skip
+        row["rest_ms"] = row["total_ms"] - row["tokenize_ms"] - row["model_ms"] - row["pooling_ms"]
+        row["new_length"] = row["tokens"] not in self._seen
+        self._seen.add(row["tokens"])
+        self.rows.append(row)
+
+    def take(self) -> list[dict[str, Any]]:
+        rows, self.rows = self.rows, []
+        return rows
+
+    def remove(self) -> None:
+        if self._on_gc in self._gc.callbacks:
+            self._gc.callbacks.remove(self._on_gc)
+        for patched in reversed(self._patched):
+            owner, name = patched[0], patched[1]
+            if len(patched) == 3:
+                object.__setattr__(owner, name, patched[2])
+            else:
+                vars(owner).pop(name, None)
+        self._patched = []
+
+
+TOKEN_BUCKETS = ((1, 16), (17, 32), (33, 64), (65, 128), (129, 10**9))
+_PHASES = ("tokenize_ms", "model_ms", "model_gpu_ms", "pooling_ms", "rest_ms", "gc_ms")
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "p50": _percentile(values, 0.5), "p90": _percentile(values, 0.9),
+            "mean": statistics.fmean(values), "max": max(values)}  # fmt: skip
+
+
+def _pearson(xs: list[float], ys: list[float]) -> float | None:
+    if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return None
+    return statistics.correlation(xs, ys)
+
+
+def summarize_queries(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-phase p50/p90 over queries, the phases' share of the queries at or above the total's
+    p90, total by token bucket and by whether the query's token length was new to the loop,
+    the total's correlation with tokens, and garbage collections."""
+    if not rows:
+        return {}
+    totals = [r["total_ms"] for r in rows]
+    p90 = _percentile(totals, 0.9)
+    slow = [r for r in rows if r["total_ms"] >= p90]
+    phases = {k: _spread([r[k] for r in rows if r[k] is not None]) for k in _PHASES}
+    share = {}
+    for key in _PHASES:
+        values = [r[key] for r in slow if r[key] is not None]
+        if values:
+            share[key] = sum(values) / sum(r["total_ms"] for r in slow)
+    buckets = {}
+    for low, high in TOKEN_BUCKETS:
+        inside = [r for r in rows if r["tokens"] is not None and low <= r["tokens"] <= high]
+        if inside:
+            name = f"{low}-{high}" if high < 10**9 else f">={low}"
+            buckets[name] = {**_spread([r["total_ms"] for r in inside]),
+                             "new_length": sum(r["new_length"] for r in inside)}  # fmt: skip
+    tokens = [r["tokens"] for r in rows if r["tokens"] is not None]
+    seen = [r for r in rows if not r["new_length"]]
+    return {
+        "tokens": {**_spread(tokens), "distinct": len(set(tokens))},
+        "phases_ms": phases,
+        "share_of_slowest_10pct": share,
+        "slowest_10pct": {"n": len(slow), "new_length": sum(r["new_length"] for r in slow),
+                          "gc_collections": sum(r["gc_collections"] for r in slow),
+                          "tokens_p50": _percentile([r["tokens"] or 0 for r in slow], 0.5)},
+        "total_by_tokens_ms": buckets,
+        "total_by_new_length_ms": {"new": _spread([r["total_ms"] for r in rows
+                                                   if r["new_length"]]),
+                                   "seen": _spread([r["total_ms"] for r in seen])},
+        "correlation_total_tokens": _pearson([float(r["tokens"] or 0) for r in rows], totals),
+        "correlation_total_tokens_seen_lengths": _pearson(
+            [float(r["tokens"] or 0) for r in seen], [r["total_ms"] for r in seen]
+        ),
+        "gc": {"collections": sum(r["gc_collections"] for r in rows),
+               "gen2": sum(r["gc_gen2"] for r in rows),
+               "queries_with_gc": sum(1 for r in rows if r["gc_collections"]),
+               "total_ms": sum(r["gc_ms"] for r in rows)},
+    }  # fmt: skip
+
+
+def query_trace(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The per-query rows, as columns and rows of values (compact JSON)."""
+
+    def cell(value: Any) -> Any:
+        return round(value, 4) if isinstance(value, float) else value
+
+    return {"columns": list(QueryProbe.COLUMNS),
+            "rows": [[cell(r[c]) for c in QueryProbe.COLUMNS] for r in rows]}  # fmt: skip
+
+
 def measure(
     model: Any,
     backend: str,
@@ -335,11 +524,18 @@ def measure(
     batch_size: int,
     device: torch.device,
     options: dict[str, Any] | None = None,
+    probe: bool = True,
+    repeat_queries: bool = True,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One backend on the workload: two corpus passes, then single queries.
 
     Returns (numbers, embeddings); the inner model is restored to eager afterwards. The first
     pass includes Dynamo's and the backend's compile work (nothing is compiled before it).
+    With ``probe``, each query's tokens and phase times (``QueryProbe``): ``query_phases``
+    (``summarize_queries``) and ``query_trace``. With ``repeat_queries`` every query is encoded
+    a second time after the timed loop (each length then seen before, by the same process):
+    ``query_repeat_*``, ``query_repeat_phases``. Neither changes ``query_p50_ms`` and the
+    other query fields, which time the first loop as before.
     """
     result: dict[str, Any] = {"backend": backend}
     compile_inner(model, backend, options)
@@ -357,12 +553,46 @@ def measure(
             phases["second_pass"] = fuse_stats()
             captured_second = captured_signatures()
         latencies, query_embeddings = [], []
-        for query in queries:
-            out, seconds = _timed(device, lambda q=query: model.encode(q))
-            latencies.append(seconds)
-            query_embeddings.append(out)
-        if fused:
-            phases["queries"] = fuse_stats()
+        probed = QueryProbe(model, device) if probe else None
+        try:
+            for query in queries:
+                if probed:
+                    probed.begin(query)
+                out, seconds = _timed(device, lambda q=query: model.encode(q))
+                if probed:
+                    probed.end(seconds)
+                latencies.append(seconds)
+                query_embeddings.append(out)
+            if fused:
+                phases["queries"] = fuse_stats()
+            rows = probed.take() if probed else []
+            repeats: list[float] = []
+            if repeat_queries and queries:
+                for query in queries:  # every length seen before now
+                    if probed:
+                        probed.begin(query)
+                    _, seconds = _timed(device, lambda q=query: model.encode(q))
+                    if probed:
+                        probed.end(seconds)
+                    repeats.append(seconds)
+                if fused:
+                    result["query_repeat_delta"] = _delta(fuse_stats(), phases["queries"])
+            repeat_rows = probed.take() if probed else []
+        finally:
+            if probed:
+                probed.remove()
+        if rows:
+            result["query_phases"] = summarize_queries(rows)
+            result["query_trace"] = query_trace(rows)
+        if repeats:
+            result.update(
+                query_repeat_p50_ms=1e3 * _percentile(repeats, 0.5),
+                query_repeat_p90_ms=1e3 * _percentile(repeats, 0.9),
+                query_repeat_mean_ms=1e3 * statistics.fmean(repeats),
+            )
+        if repeat_rows:
+            result["query_repeat_phases"] = summarize_queries(repeat_rows)
+            result["query_repeat_trace"] = query_trace(repeat_rows)
         counters = torch._dynamo.utils.counters["stats"]
         result["dynamo_graphs"] = counters["unique_graphs"] - counters_before.get(
             "unique_graphs", 0

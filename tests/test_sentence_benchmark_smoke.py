@@ -1,7 +1,9 @@
 """benchmarks/sentence_embeddings.py at a tiny size on the CPU, and the workload it shares with
 examples/sentence_embeddings.py (corpus, tokenizer). The benchmark runs in a subprocess, as it
 starts one cold process per backend (~30 s on two CPU cores: a 2-layer, hidden-64 BERT, 24
-sentences of up to 40 words, 6 queries, eager and infinifuse). No test asserts a time.
+sentences of up to 40 words, 6 queries, encoded twice, eager and infinifuse). Each query's tokens
+and phase times (the probe of the p90 question) and the repeated queries are checked
+too. No test asserts a time.
 Without sentence-transformers the tests skip, except in CI (``CI=true``).
 """
 
@@ -22,6 +24,15 @@ ENVIRONMENT_KEYS = ("device", "torch", "triton", "transformers", "sentence_trans
                     "commit", "python")  # fmt: skip
 RUN_KEYS = ("first_pass_s", "second_pass_s", "query_p50_ms", "query_p90_ms", "dynamo_graphs",
             "distinct_padded_shapes", "batches", "model", "dtype", "environment")  # fmt: skip
+# the per-query probe (tokens and phase times) and the repeated queries
+QUERY_KEYS = ("query_phases", "query_trace", "query_repeat_p50_ms", "query_repeat_p90_ms",
+              "query_repeat_mean_ms", "query_repeat_phases", "query_repeat_trace")  # fmt: skip
+PHASE_SUMMARY_KEYS = ("tokens", "phases_ms", "share_of_slowest_10pct", "slowest_10pct",
+                      "total_by_tokens_ms", "total_by_new_length_ms", "correlation_total_tokens",
+                      "correlation_total_tokens_seen_lengths", "gc")  # fmt: skip
+TRACE_COLUMNS = ["words", "tokens", "new_length", "total_ms", "tokenize_ms", "model_ms",
+                 "model_gpu_ms", "pooling_ms", "rest_ms", "gc_ms", "gc_collections",
+                 "gc_gen2"]  # fmt: skip
 TARGET_NAMES = ["first pass / eager", "second pass / eager", "query p50 / reduce-overhead",
                 "query p50 / eager", "query p90 / reduce-overhead",
                 "re-captures on the second pass"]  # fmt: skip
@@ -101,6 +112,8 @@ def test_sentence_benchmark_tiny_writes_runs_environment_and_targets(tmp_path):
     missing = [k for k in ENVIRONMENT_KEYS if k not in environment]
     assert not missing, (missing, environment)
     assert environment["tiny"] is True and environment["sentence_transformers"]
+    assert environment["query_probe"] is True and environment["repeat_queries"] is True
+    assert environment["cudnn_sdp"] is True and "cudnn_sdp_enabled" in environment
     assert result["workload"]["sentences"] == 24 and result["workload"]["max_words"] == 40
     runs = {(r["shape"], r["backend"]): r for r in result["runs"]}
     assert set(runs) == {("tiny", "eager"), ("tiny", "infinifuse")}, runs
@@ -110,6 +123,7 @@ def test_sentence_benchmark_tiny_writes_runs_environment_and_targets(tmp_path):
         assert not missing, (missing, run)
         assert run["first_pass_s"] > 0 and run["second_pass_s"] > 0 and run["queries"] == 6
         assert run["batches"] == 3 and run["distinct_padded_shapes"] >= 2, run
+        _check_query_probe(run)
     fused = runs["tiny", "infinifuse"]
     # the same embeddings as eager's (fp32 on the CPU)
     assert fused["cosine_vs_eager"]["min"] > 0.99999, fused["cosine_vs_eager"]
@@ -123,6 +137,8 @@ def test_sentence_benchmark_tiny_writes_runs_environment_and_targets(tmp_path):
     assert [g["groups"] >= 5 for g in fused["graphs"]] == [True] * fused["dynamo_graphs"], fused
     assert set(fused["stats"]["queries"]["modes"]) == {"fusion"}, fused["stats"]["queries"]
     assert fused["fallback_reasons"] == {}, fused["fallback_reasons"]
+    # the repeated queries' lengths were all seen: no new entry, no capture
+    assert fused["query_repeat_delta"]["cache_misses"] == 0, fused["query_repeat_delta"]
 
     targets = {t["name"]: t for t in result["summary"]["tiny"]["targets"]}
     assert list(targets) == TARGET_NAMES
@@ -139,6 +155,46 @@ def test_sentence_benchmark_tiny_writes_runs_environment_and_targets(tmp_path):
         "infinifuse",
     ]
     assert tail[3].startswith("tiny: first pass / eager"), tail
+
+
+def _check_query_probe(run):
+    """Per query: tokens, new length, phases adding up to the total; summaries of both loops."""
+    missing = [k for k in QUERY_KEYS if k not in run]
+    assert not missing, (missing, sorted(run))
+    assert run["query_repeat_p50_ms"] > 0 and run["query_repeat_p90_ms"] > 0, run
+    for loop in ("query", "query_repeat"):
+        trace = run[f"{loop}_trace"]
+        assert trace["columns"] == TRACE_COLUMNS, trace["columns"]
+        rows = [dict(zip(trace["columns"], row)) for row in trace["rows"]]
+        assert len(rows) == run["queries"], trace
+        for row in rows:
+            assert row["tokens"] >= row["words"] + 2, row  # [CLS], words, the period, [SEP]
+            parts = row["tokenize_ms"] + row["model_ms"] + row["pooling_ms"] + row["rest_ms"]
+            assert parts == pytest.approx(row["total_ms"], abs=1e-2), row
+            assert row["model_ms"] > 0 and row["tokenize_ms"] > 0 and row["gc_ms"] >= 0, row
+            assert row["model_gpu_ms"] is None, row  # CPU: no CUDA events
+        seen, first = set(), []
+        for row in rows:
+            first.append(row["tokens"] not in seen)
+            seen.add(row["tokens"])
+        if loop == "query":
+            assert [r["new_length"] for r in rows] == first, rows
+        else:  # every length was seen in the first loop
+            assert not any(r["new_length"] for r in rows), rows
+        summary = run[f"{loop}_phases"]
+        missing = [k for k in PHASE_SUMMARY_KEYS if k not in summary]
+        assert not missing, (missing, summary)
+        for phase in ("tokenize_ms", "model_ms", "pooling_ms", "rest_ms", "gc_ms"):
+            assert {"p50", "p90"} <= set(summary["phases_ms"][phase]), summary["phases_ms"]
+        by_new = summary["total_by_new_length_ms"]
+        assert by_new["new"]["n"] == sum(r["new_length"] for r in rows), by_new
+        assert by_new["new"]["n"] + by_new["seen"]["n"] == run["queries"], by_new
+        assert sum(b["n"] for b in summary["total_by_tokens_ms"].values()) == run["queries"]
+        assert summary["tokens"]["distinct"] == len(seen), summary["tokens"]
+        assert {"collections", "gen2", "queries_with_gc", "total_ms"} <= set(summary["gc"])
+    # the first loop's totals are query_p50_ms' samples
+    totals = sorted(row[3] for row in run["query_trace"]["rows"])
+    assert totals[0] <= run["query_p50_ms"] <= totals[-1], (totals, run["query_p50_ms"])
 
 
 def test_sentence_benchmark_names_a_bad_backend(tmp_path):
