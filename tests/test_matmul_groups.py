@@ -393,3 +393,27 @@ def test_gpu_matmul_kernels_are_compiled_and_loaded_before_the_first_launch():
     assert len(_matmul_groups(fusebackend.last_report())) == 2
     assert loads, "no kernel was compiled in this test"
     assert threading.main_thread().name not in loads, loads
+
+
+def test_a_weight_of_two_to_the_31_elements_stays_with_cublas():
+    # The kernel's weight offsets are 32-bit: a 128k x 16k LM head would wrap. Fake tensors:
+    # nothing is allocated.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusebackend.passes.matmul_groups import use_matmul_groups
+
+    graph = torch.fx.Graph()
+    with FakeTensorMode():
+        values = {"x": torch.empty(1, 16384, dtype=torch.float16),
+                  "w": torch.empty(131072, 16384, dtype=torch.float16)}  # fmt: skip
+    nodes = {}
+    for name, value in values.items():
+        nodes[name] = graph.placeholder(name)
+        nodes[name].meta["example_value"] = value
+    out = graph.call_function(F.linear, (nodes["x"], nodes["w"]))
+    out.meta["example_value"] = values["x"] @ values["w"].t()
+    graph.output(out)
+    found = use_matmul_groups(graph, lambda group: None, lambda device: True)
+    assert found.made == [] and found.left_alone == [
+        "linear: a weight of 2147483648 elements (>= 2**31): cuBLAS"
+    ], found

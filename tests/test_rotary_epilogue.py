@@ -202,6 +202,47 @@ def test_a_read_of_the_cache_between_keeps_the_write_apart():
     assert "touches what the launch reads or writes" in reason, reason
 
 
+def _cache_before_rotation(h, norm_w, wq, wk, wv, cos, sin, k_cache, v_cache, index):
+    """The cache keeps k before its rotation: the write reads the heads, not the rotated k."""
+    q, k, v = _heads(h, norm_w, wq, wk, wv, k_cache.shape[-1])
+    k_cache.index_copy_(2, index, k)
+    v_cache.index_copy_(2, index, v)
+    return apply_rotary_pos_emb(q, k, cos, sin)
+
+
+def _scaled_in_place(h, norm_w, wq, wk, wv, cos, sin, k_cache, v_cache, index):
+    """q's heads are scaled in place (a node with no users) before the rotation."""
+    q, k, v = _heads(h, norm_w, wq, wk, wv, k_cache.shape[-1])
+    q.mul_(0.5)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    k_cache.index_copy_(2, index, k)
+    v_cache.index_copy_(2, index, v)
+    return q
+
+
+def _heads(h, norm_w, wq, wk, wv, width):
+    batch, seq, _ = h.shape
+    x = h.float()
+    x = norm_w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype)
+    return [F.linear(x, w).view(batch, seq, -1, width).transpose(1, 2) for w in (wq, wk, wv)]
+
+
+@pytest.mark.parametrize("fn", [_cache_before_rotation, _scaled_in_place], ids=lambda f: f.__name__)
+def test_other_uses_of_the_heads_are_kept(fn):
+    # The heads' other users (a write of them, an in-place op whose result goes unused) are
+    # not part of the rotation: the rotation stays apart, and nothing is dropped.
+    inputs = _block_inputs(torch.float32)
+    want = [t.clone() for t in inputs]
+    with torch.no_grad():
+        expected = fn(*want)
+        actual = compile_fused(fn)(*inputs)
+    assert_close(actual, expected)
+    for k in (7, 8):
+        assert_close(inputs[k], want[k])
+    graph = fusebackend.last_report().graphs[-1]
+    assert not graph.rewrites.get("rotary_epilogues"), graph.rewrites
+
+
 @pytest.mark.parametrize("split_k", [1, 3])
 def test_kernel_matches_transformers_rotary_and_index_copy(monkeypatch, split_k):
     # the launch itself, rows 1 to 16 (B x T), against the eager code it replaces; split-K

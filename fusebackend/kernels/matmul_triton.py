@@ -31,12 +31,15 @@ def _row_stats(
             total += tl.sum(a * a, axis=1)
         else:
             total += tl.sum(a, axis=1)
-    mean = total * 0.0
+    # zeros made anew, not ``total * 0.0``: a value derived from the first loop's result
+    # stopped Triton 3.6's sm_90 pipeline (TritonGPUOptimizeThreadLocality asserts that a
+    # loop result has one use) for fp32 LayerNorm groups (benchmarks/diag/compile_sm90.py)
+    mean = tl.zeros([rows.shape[0]], tl.float32)
     if NORM != 2:
         rstd = tl.rsqrt(total / K + eps)
     else:
         mean = total / K
-        squares = total * 0.0
+        squares = tl.zeros([rows.shape[0]], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             keep = (rows[:, None] < M) & (ks[None, :] < K)
@@ -152,7 +155,7 @@ def _activate(g, ACT: tl.constexpr, dtype: tl.constexpr):
     elif ACT == 3:
         y = 0.5 * g * (1.0 + _tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
     elif ACT == 4:
-        y = tl.maximum(g, 0.0)
+        y = tl.where(g < 0.0, 0.0, g)  # NaN stays NaN, as torch.relu (max.f32 gives 0)
     else:  # 0.5 * x * (1.0 + tanh(sqrt(2 / pi) * (x + 0.044715 * pow(x, 3.0))))
         half = (0.5 * g).to(dtype).to(tl.float32)
         cube = (g * g * g).to(dtype).to(tl.float32)
@@ -222,7 +225,7 @@ def _store_heads(y, dst, d_b, d_h, d_t, d_d, index, index_stride, slots, rows, c
         keep = keep & inside[:, None]
     else:
         slot = t.to(tl.int64)
-    head, j = cols // HEAD_DIM, cols % HEAD_DIM
+    head, j = (cols // HEAD_DIM).to(tl.int64), cols % HEAD_DIM  # heads x slots x D: > 2**31
     at = batch[:, None] * d_b + slot[:, None] * d_t + head[None, :] * d_h + j[None, :] * d_d
     tl.store(dst + at, y, mask=keep)
 

@@ -211,6 +211,8 @@ def _anchor_reason(anchor: _Anchor, usable: Callable[[torch.device], bool]) -> s
         return f"{rows} rows (> {MAX_ROWS}): cuBLAS"
     if rows == 0 or wv.numel() == 0:
         return "empty"
+    if wv.numel() >= 2**31:  # the kernel's weight offsets are 32-bit
+        return f"a weight of {wv.numel()} elements (>= 2**31): cuBLAS"
     if anchor.bias is not None:
         bias = anchor.bias
         bv = example_value(bias) if isinstance(bias, torch.fx.Node) else None

@@ -50,7 +50,7 @@ from fusebackend.passes.fx_util import example_value, nodes_between, static_tens
 from fusebackend.passes.graph import is_mutation, resort_stably
 from fusebackend.passes.groups import op_call
 from fusebackend.passes.mutations import storage_id, written_storages
-from fusebackend.passes.rotation import Rotation, match_rotation
+from fusebackend.passes.rotation import Rotation, is_split, match_rotation
 
 __all__ = ["RotaryEpilogues", "use_rotary_epilogues"]
 
@@ -205,13 +205,19 @@ def _rotary(heads: torch.fx.Node) -> _Rotary | None:
                 continue
             assert isinstance(rotation, Rotation)
             own = {product, rotated, *rotation.parts}
-            # a chunk the halves come from is the heads' user too; nothing else may be
-            chunks = {u for u in heads.users if u not in own and set(u.users) <= own}
+            # a chunk the halves come from is the heads' user too; nothing else may be (a
+            # node without users, an in-place op or a write of the heads, least of all)
+            chunks = {u for u in heads.users if u not in own and _only_feeds(u, own)}
             if set(heads.users) - own - chunks:
                 return None
             nodes = [product, *rotation.parts, *chunks, rotated, other, embed]
             return _Rotary(embed, found, sin, nodes)
     return None
+
+
+def _only_feeds(split: torch.fx.Node, own: set[torch.fx.Node]) -> bool:
+    """Is ``split`` a chunk/split whose every part is one of the rotation's own nodes?"""
+    return is_split(split) and bool(split.users) and set(split.users) <= own
 
 
 def _product_with(product: torch.fx.Node, heads: torch.fx.Node) -> torch.fx.Node | None:

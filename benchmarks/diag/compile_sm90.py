@@ -1,0 +1,217 @@
+"""Compile the hand-written kernels for an H100 (sm_90) on a machine without a GPU.
+
+Triton's interpreter (the CPU tests' TRITON_INTERPRET=1) runs a kernel's Python, not its
+compiler: a kernel can pass every CPU test and still fail to compile for a GPU. That
+happened: an fp32 matmul group with a LayerNorm prologue stopped Triton 3.6's
+``TritonGPUOptimizeThreadLocality`` pass (``loopResult.hasOneUse()``) and fell back to the
+unfused graph on every GPU; the interpreter never saw it. ``triton.compile`` with a
+``GPUTarget`` runs the whole NVIDIA pipeline, ptxas included (Triton's wheel ships it),
+with no driver: every variant of ``matmul_group_kernel`` (each prologue, epilogue, dtype,
+split-K on and off, the debug build that checks cache indices), decode attention (split,
+folded combine, masks) and the cache-write pair are compiled here, with the arguments
+their launchers build (``matmul._launch``, ``decode_attention._Plan``).
+
+TRITON_INTERPRET must not be set (the interpreter replaces the compiler):
+
+    env -u TRITON_INTERPRET python benchmarks/diag/compile_sm90.py [--out results.json]
+
+Prints one line per kernel variant; exits 1 when one fails to compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+from typing import Any
+
+if os.environ.get("TRITON_INTERPRET"):
+    raise SystemExit("compile_sm90.py: unset TRITON_INTERPRET (the interpreter compiles nothing)")
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from fusebackend.kernels import cache_write, matmul, matmul_triton  # noqa: E402
+from fusebackend.kernels import decode_attention as attention  # noqa: E402
+from fusebackend.kernels.ir import MatmulGroup  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)  # H100
+_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
+          torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}  # fmt: skip
+
+
+def compile_launch(fn: Any, args: list[Any], meta: dict[str, Any], debug: bool = False) -> Any:
+    """Compile ``fn`` as a launch with these arguments and meta-parameters would."""
+    params = {p.name: p for p in fn.params}
+    values = dict(zip(fn.arg_names, args)) | {k: v for k, v in meta.items() if k in params}
+    signature, constants = {}, {}
+    for name in fn.arg_names:
+        value = values[name]
+        if params[name].is_constexpr:
+            signature[name], constants[name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + _TYPES[value.dtype]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i64" if abs(value) >= 2**31 else "i32"
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"{name}: {value!r}")
+    options = {"num_warps": meta.get("num_warps", 4), "num_stages": meta.get("num_stages", 3),
+               "debug": debug}  # fmt: skip
+    return triton.compile(ASTSource(fn, signature, constants), target=TARGET, options=options)
+
+
+def matmul_cases() -> list[tuple[str, MatmulGroup, dict[str, Any]]]:
+    """(label, group, how to build its tensors) for every kernel feature."""
+    rms = {"norm": "rms", "eps": 1e-6}
+    layer = {"norm": "layer", "eps": 1e-5, "norm_bias": True}
+    gelu_tanh = {"gate": "gelu_tanh", "norm": "rms_offset", "eps": 1e-6}
+    cache = {"rotary": 64, "cache_write": True}
+    groups = [
+        ("linear", MatmulGroup()),
+        ("rms + q/k/v + bias", MatmulGroup(siblings=3, bias=True, **rms)),
+        ("layer + linear + bias", MatmulGroup(bias=True, **layer)),
+        ("layer + linear + bias + gelu_new",
+         MatmulGroup(bias=True, activation="gelu_new", **layer)),
+        ("linear + relu", MatmulGroup(activation="relu")),
+        ("rms_offset + gelu_tanh gate", MatmulGroup(siblings=2, **gelu_tanh)),
+        ("rms + silu gate", MatmulGroup(siblings=2, gate="silu", **rms)),
+        ("chunked silu gate", MatmulGroup(siblings=2, gate="silu", chunked=True)),
+        ("linear + bias + residual", MatmulGroup(bias=True, residual=True)),
+        ("conv1d (kn) + bias", MatmulGroup(bias=True, weight_layout="kn")),
+        ("rms + q/k/v + rotary", MatmulGroup(siblings=3, rotary=64, **rms)),
+        ("rms + q/k/v + bias + rotary + cache", MatmulGroup(siblings=3, bias=True, **cache, **rms)),
+        ("rms + q/k/v + rotary + cache, index checks",
+         MatmulGroup(siblings=3, index_checks=True, **cache, **rms)),
+    ]  # fmt: skip
+    return [(label, group, {}) for label, group in groups]
+
+
+def _matmul_tensors(group: MatmulGroup, dtype: torch.dtype):
+    """Rows [2, 3, K] and the parameters a graph would pass for ``group``."""
+    k, width = 256, 64
+    x = torch.randn(2, 3, k).to(dtype)
+    norm_weight = torch.randn(k).to(dtype) if group.norm else None
+    norm_bias = torch.randn(k).to(dtype) if group.norm_bias else None
+    widths = [4 * width, 2 * width, 2 * width][: group.siblings]
+    if group.chunked:
+        widths = [2 * widths[0]]
+    shapes = [(k, n) if group.weight_layout == "kn" else (n, k) for n in widths]
+    weights = [torch.randn(*s).to(dtype) for s in shapes]
+    biases = [torch.randn(n).to(dtype) for n in widths] if group.bias else []
+    residual = torch.randn(2, 3, widths[0]).to(dtype) if group.residual else None
+    extra: list[torch.Tensor] = []
+    if group.rotary:
+        extra = [torch.randn(2, 1, 3, width).to(dtype), torch.randn(2, 1, 3, width).to(dtype)]
+    if group.cache_write:
+        extra += [torch.randn(2, 2, 16, width).to(dtype), torch.randn(2, 2, 16, width).to(dtype),
+                  torch.arange(3)]  # fmt: skip
+    return x, norm_weight, norm_bias, residual, [*weights, *biases, *extra]
+
+
+def compile_matmul(group: MatmulGroup, dtype: torch.dtype, split_k: int) -> Any:
+    x, norm_weight, norm_bias, residual, params = _matmul_tensors(group, dtype)
+    default = matmul.launch_config
+    matmul._launch_config = lambda *a: matmul.LaunchConfig(16, 64, 4, 2, split_k=split_k)
+    try:
+        weights, biases, heads = matmul._split_params(group, tuple(params))
+        args, _, meta, _ = matmul._launch(group, x, norm_weight, norm_bias, residual, weights,
+                                          biases, heads)  # fmt: skip
+    finally:
+        matmul._launch_config = default
+    checked = group.cache_write and group.index_checks
+    kernel = (
+        matmul_triton.matmul_group_kernel_checked if checked else matmul_triton.matmul_group_kernel
+    )
+    return compile_launch(kernel, args, meta, debug=checked)
+
+
+def compile_attention(dtype: torch.dtype, masked: bool, fold: bool, slots: int) -> Any:
+    batch, heads, kv_heads, width = 2, 8, 2, 64
+    q = torch.randn(batch, heads, 1, width).to(dtype)
+    k, v = (torch.randn(batch, kv_heads, slots, width).to(dtype) for _ in range(2))
+    mask = torch.zeros(batch, 1, 1, slots, dtype=torch.bool) if masked else None
+    out = torch.empty(batch, heads, 1, width, dtype=dtype)
+    attention.FOLD_COMBINE = fold
+    try:
+        plan = attention._Plan(q, k, v, mask, None, heads // kv_heads, out)
+    finally:
+        attention.FOLD_COMBINE = False
+    rows = batch * heads
+    scratch = [torch.empty(rows, max(plan.splits, 1), plan.block_d), torch.empty(rows, plan.splits),
+               torch.empty(rows, plan.splits)]  # fmt: skip
+    counters = torch.zeros(16, dtype=torch.int32) if plan.fold else out
+    parts = scratch if plan.splits > 1 else [out] * 3
+    args = [q, k, v, mask if mask is not None else q, out, *parts, counters, *plan.args]
+    compile_launch(attention._attend_kernel(), args, plan.meta)
+    if plan.splits > 1 and not plan.fold:
+        combine = attention._combine_kernel()
+        compile_launch(combine, [*scratch, out, *plan.combine_args], plan.combine_meta)
+
+
+def compile_cache_pair(dtype: torch.dtype, checks: bool) -> Any:
+    k_cache, v_cache = (torch.empty(2, 2, 16, 64, dtype=dtype) for _ in range(2))
+    k, v = (torch.randn(2, 2, 3, 64).to(dtype) for _ in range(2))
+    args, _, meta = cache_write._launch(k_cache, v_cache, torch.arange(3), k, v)
+    return compile_launch(cache_write._kernel(checks), args, meta, debug=checks)
+
+
+def cases() -> list[tuple[str, Any]]:
+    """(label, a function compiling one variant)."""
+    dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    found = []
+    for (label, group, _), dtype, split_k in itertools.product(matmul_cases(), dtypes, (1, 3)):
+        name = f"matmul_group {label} {str(dtype)[6:]} split_k={split_k}"
+        found.append((name, lambda g=group, d=dtype, s=split_k: compile_matmul(g, d, s)))
+    for dtype, masked, fold, slots in itertools.product(dtypes, (False, True), (False, True),
+                                                        (17, 300)):  # fmt: skip
+        if fold and slots == 17:
+            continue  # one split: nothing to fold
+        name = (f"decode_attention {str(dtype)[6:]} mask={masked} fold={fold} "
+                f"slots={slots}")  # fmt: skip
+        found.append((name, lambda *a, c=(dtype, masked, fold, slots): compile_attention(*c)))
+    for dtype, checks in itertools.product(dtypes, (False, True)):
+        name = f"write_cache_pair {str(dtype)[6:]} checks={checks}"
+        found.append((name, lambda d=dtype, c=checks: compile_cache_pair(d, c)))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--only", default="", help="compile only variants whose label has this")
+    args = parser.parse_args(argv)
+    results = []
+    for label, build in cases():
+        if args.only not in label:
+            continue
+        start = time.perf_counter()
+        try:
+            build()
+            error = None
+        except Exception as failure:  # a compile error is the finding
+            error = f"{type(failure).__name__}: {str(failure)[:2000]}"
+        seconds = time.perf_counter() - start
+        results.append({"kernel": label, "ok": error is None, "error": error, "seconds": seconds})
+        print(f"{'OK  ' if error is None else 'FAIL'} {label} ({seconds:.1f} s)"
+              + (f"\n     {error[:300]}" if error else ""), flush=True)  # fmt: skip
+    if args.out:
+        report = {"target": "cuda sm_90", "triton": triton.__version__, "torch": torch.__version__,
+                  "results": results}  # fmt: skip
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    failed = [r["kernel"] for r in results if not r["ok"]]
+    print(f"{len(results) - len(failed)} of {len(results)} compiled for sm_90")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
