@@ -167,8 +167,11 @@ def _block_inputs(dtype, batch=2, seq=3, width=10, heads=(3, 1), slots=9, seed=0
 
     h, norm_w = rand(batch, seq, hidden), rand(hidden)
     wq, wk, wv = (rand(n * width, hidden) / 6 for n in (heads[0], heads[1], heads[1]))
-    angles = torch.arange(seq)[:, None] * torch.linspace(0.1, 1.0, width // 2)[None] + 0.3
-    emb = torch.cat((angles, angles), dim=-1).expand(batch, seq, width)
+    # each row of the batch at its own positions (as left-padded rows are): cos and sin
+    # differ along the batch, so the kernel must read them per row
+    positions = torch.arange(seq)[None, :] + 3 * torch.arange(batch)[:, None]
+    angles = positions[..., None] * torch.linspace(0.1, 1.0, width // 2) + 0.3
+    emb = torch.cat((angles, angles), dim=-1)
     cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
     k_cache, v_cache = rand(batch, heads[1], slots, width), rand(batch, heads[1], slots, width)
     index = torch.arange(seq) * 2 + 1  # slots 1, 3, 5, 7: every other one stays as it was
@@ -329,3 +332,29 @@ def test_gpu_llama_decode_captured_with_rotary_and_cache_write_in_the_launch(dty
     assert _epilogues(fusebackend.last_report()) == [_ROTARY + " + cache write(k, v)"] * 2
     assert runtime_modes() == ["fusion"]
     assert fusebackend.stats()["recordings"] >= 1 and fusebackend.stats()["cache_hits"] >= 3
+
+
+def test_generate_of_a_left_padded_batch_equals_eager_tokens():
+    # transformers' generate() through CompileConfig: two prompts, one left-padded (the
+    # padded row's mask reaches every decode step's attention)
+    torch.manual_seed(11)
+    config = transformers.Qwen2Config(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    ids = torch.randint(1, 97, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :3] = 0  # the second prompt is 3 tokens, left-padded
+    kwargs = {"attention_mask": mask, "max_new_tokens": 5, "do_sample": False,
+              "cache_implementation": "static", "pad_token_id": 0}  # fmt: skip
+    start = fusebackend.report._recorded
+    with torch.no_grad():
+        expected = model.generate(ids, disable_compile=True, **kwargs)
+        compile_config = transformers.CompileConfig(backend="infinifuse")
+        compile_config._compile_all_devices = True  # transformers compiles on CUDA only
+        actual = model.generate(ids, compile_config=compile_config, **kwargs)
+    assert torch.equal(actual, expected)
+    made = [line for g in fusebackend.report._reports_since(start)
+            for line in g.rewrites.get("rotary_epilogues", [])]  # fmt: skip
+    assert any("bias + rotary(q, k) + cache write(k, v)" in line for line in made), made
