@@ -358,3 +358,17 @@ def test_generate_of_a_left_padded_batch_equals_eager_tokens():
     made = [line for g in fusebackend.report._reports_since(start)
             for line in g.rewrites.get("rotary_epilogues", [])]  # fmt: skip
     assert any("bias + rotary(q, k) + cache write(k, v)" in line for line in made), made
+
+
+def test_the_index_checked_build_checks_the_index_alone():
+    # Triton's debug mode (built for the cache index's assert) would also check every 32-bit
+    # add and multiply of the K loop for overflow: the launch turns that part off
+    h, norm_w, wq, wk, wv, cos, sin, k_cache, v_cache, index = _block_inputs(torch.float16)
+    for checks in (False, True):
+        group = MatmulGroup(siblings=3, norm="rms", eps=1e-6, rotary=10, cache_write=True,
+                            index_checks=checks)  # fmt: skip
+        weights, biases, heads = matmul._split_params(
+            group, (wq, wk, wv, cos[:, None], sin[:, None], k_cache, v_cache, index)
+        )
+        _, _, meta, _ = matmul._launch(group, h, norm_w, None, None, weights, biases, heads)
+        assert meta.get("sanitize_overflow", True) is not checks, meta

@@ -65,8 +65,13 @@ def compile_launch(fn: Any, args: list[Any], meta: dict[str, Any], debug: bool =
         else:
             raise TypeError(f"{name}: {value!r}")
     options = {"num_warps": meta.get("num_warps", 4), "num_stages": meta.get("num_stages", 3),
-               "debug": debug}  # fmt: skip
+               "debug": debug,
+               "sanitize_overflow": meta.get("sanitize_overflow", True)}  # fmt: skip
     return triton.compile(ASTSource(fn, signature, constants), target=TARGET, options=options)
+
+
+def ptx_size(kernel: Any) -> int:
+    return len(kernel.asm["ptx"])
 
 
 def matmul_cases() -> list[tuple[str, MatmulGroup, dict[str, Any]]]:

@@ -404,6 +404,11 @@ def _launch(
     }
     if meta["PDL"]:
         meta["launch_pdl"] = True
+    if group.cache_write and group.index_checks:
+        # The debug build is for the cache index's assert alone: Triton's debug mode would
+        # also check every 32-bit integer add and multiply for overflow, the weight offsets
+        # of the K loop included (the compiled q/k/v kernel's code doubled)
+        meta["sanitize_overflow"] = False
     return args, (sum(tiles), splits), meta, outputs
 
 
