@@ -84,9 +84,11 @@ class FusionConfig:
             way (capture needs them).
         matmul_groups: Run each linear layer of at most 16 rows (decode and small-batch
             steps) with its sibling projections (q, k, v; gate and up), the norm before it
-            and the gated activation or residual add after it as one Triton launch that
-            reads the weights in place (passes/matmul_groups.py, kernels/matmul.py).
-            ``False`` leaves every matmul to cuBLAS, as traced.
+            and the gated activation, activation or residual add after it as one Triton
+            launch that reads the weights in place (passes/matmul_groups.py,
+            kernels/matmul.py); a q/k/v launch also takes the rotary embedding and the
+            StaticCache write after it (passes/rotary_epilogue.py). ``False`` leaves every
+            matmul to cuBLAS, as traced.
     """
 
     fusion: bool = True
