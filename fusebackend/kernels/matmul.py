@@ -362,7 +362,8 @@ def _launch(
     splits = -(-width // span)
     if splits > 1:
         programs = sum(tiles)
-        size = programs * splits * 2 * block_m * config.block_n
+        pairs = 2 if gated else 1  # a pair's programs keep two sums per slice
+        size = programs * splits * pairs * block_m * config.block_n
         work = x.new_empty(size if allocate else 0, dtype=torch.float32)
         counters = (arrival_counters(x.device, programs) if allocate
                     else x.new_empty(0, dtype=torch.int32))  # fmt: skip

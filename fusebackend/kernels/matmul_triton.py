@@ -115,17 +115,19 @@ def _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, v, v_n, v_k,
 @triton.jit
 def _sum_slices(acc, acc2, TWO: tl.constexpr, work, counters, SPLIT_K: tl.constexpr):
     """Split-K: store this program's sums of its K slice (``work``: fp32 [tiles, SPLIT_K,
-    2, BLOCK_M, BLOCK_N]); the program that counts the last arrival of its tile (a zeroed
-    int32 counter per tile) adds the slices in slice order (the same bits on every run),
-    zeroes the counter for the next launch and returns (sums, sums2, True); the others
-    return (.., False) and store nothing more."""
+    BLOCK_M, BLOCK_N], and after it a second such block for the second sums of a pair's
+    programs); the program that counts the last arrival of its tile (a zeroed int32 counter
+    per tile) adds the slices in slice order (the same bits on every run), zeroes the counter
+    for the next launch and returns (sums, sums2, True); the others return (.., False) and
+    store nothing more."""
     tile = tl.program_id(0)
     size: tl.constexpr = acc.shape[0] * acc.shape[1]
     at = tl.arange(0, acc.shape[0])[:, None] * acc.shape[1] + tl.arange(0, acc.shape[1])[None, :]
-    mine = work + (tile * SPLIT_K + tl.program_id(1)) * (2 * size)
+    second = tl.num_programs(0) * SPLIT_K * size  # where the second sums begin
+    mine = work + (tile * SPLIT_K + tl.program_id(1)) * size
     tl.store(mine + at, acc)
     if TWO:
-        tl.store(mine + size + at, acc2)
+        tl.store(mine + second + at, acc2)
     # Every thread's stores above come before the one atomic (one thread issues it, acq_rel
     # at GPU scope); the last program reads the slices from L2 (".cg"): L1 is not kept
     # coherent across SMs, and the workspace reuses addresses of earlier launches.
@@ -135,10 +137,10 @@ def _sum_slices(acc, acc2, TWO: tl.constexpr, work, counters, SPLIT_K: tl.conste
         acc = tl.zeros(acc.shape, tl.float32)
         acc2 = tl.zeros(acc.shape, tl.float32)
         for part in tl.static_range(SPLIT_K):
-            theirs = work + (tile * SPLIT_K + part) * (2 * size)
+            theirs = work + (tile * SPLIT_K + part) * size
             acc += tl.load(theirs + at, cache_modifier=".cg")
             if TWO:
-                acc2 += tl.load(theirs + size + at, cache_modifier=".cg")
+                acc2 += tl.load(theirs + second + at, cache_modifier=".cg")
         tl.atomic_xchg(counters + tile, 0)
     return acc, acc2, last
 
