@@ -117,6 +117,36 @@ def test_zoo_families_rotate_in_the_qkv_launch(family, norm):
     assert _epilogues(fusebackend.last_report()) == [want] * model.config.num_hidden_layers
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_qwen3_head_norms_rotation_and_cache_write_in_one_launch(dtype):
+    # Qwen3 normalises each q and k head (q_norm, k_norm: RMSNorm over the head's width)
+    # before the rotation: 2 launches of a layer's 10 before, none with them in the launch
+    torch.manual_seed(4)
+    config = transformers.Qwen3Config(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    for name, p in model.named_parameters():  # norm weights away from 1, so they count
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            p.data += torch.randn_like(p) * 0.3
+    model = model.to(dtype)
+    expected, actual, caches = _decode(model, config)
+    assert_close(actual, expected, **_TOLERANCE[dtype])
+    _assert_caches_equal(caches, dtype)
+    want = "rms_norm + 3 linears + rms_norm(q, k heads) + rotary(q, k) + cache write(k, v)"
+    assert _epilogues(fusebackend.last_report()) == [want] * 2
+    graph = fusebackend.last_report().graphs[-1]
+    # per layer: q/k/v, decode attention (one launch: a 16-slot cache needs no combine),
+    # o + residual, gate/up, down + residual; then the LM head. The row kernels left are
+    # the step's cos and sin (2-3 by dtype), none per layer
+    layered = [n for name, n in graph.launches.items() if not name.startswith("_")]
+    assert sum(layered) == 5 * 2 + 1, graph.launches
+    assert len(graph.groups) <= 3 and not any(
+        "variance" in n for g in graph.groups for n in g.nodes
+    ), graph.groups
+
+
 def test_dynamic_cache_rotates_in_the_launch_and_returns_k_and_v():
     # DynamicCache concatenates (no index_copy_): the rotary embedding alone is taken
     torch.manual_seed(2)
@@ -286,6 +316,8 @@ def test_group_validation():
         MatmulGroup(siblings=3, rotary=15)
     with pytest.raises(ValueError, match="cache write"):
         MatmulGroup(siblings=3, cache_write=True)
+    with pytest.raises(ValueError, match="head norms"):
+        MatmulGroup(siblings=3, rotary=48, head_norm=True)  # halves of 24: no tl.arange
     with pytest.raises(ValueError, match=r"rows are \[B, T, K\]"):  # [B*T, K] would misread
         inputs = _block_inputs(torch.float32)
         rotary = MatmulGroup(siblings=3, norm="rms", eps=1e-6, rotary=10)

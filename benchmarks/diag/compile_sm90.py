@@ -94,6 +94,8 @@ def matmul_cases() -> list[tuple[str, MatmulGroup, dict[str, Any]]]:
         ("conv1d (kn) + bias", MatmulGroup(bias=True, weight_layout="kn")),
         ("rms + q/k/v + rotary", MatmulGroup(siblings=3, rotary=64, **rms)),
         ("rms + q/k/v + bias + rotary + cache", MatmulGroup(siblings=3, bias=True, **cache, **rms)),
+        ("rms + q/k/v + head norms + rotary + cache",
+         MatmulGroup(siblings=3, head_norm=True, head_eps=1e-6, **cache, **rms)),
         ("rms + q/k/v + rotary + cache, index checks",
          MatmulGroup(siblings=3, index_checks=True, **cache, **rms)),
     ]  # fmt: skip
@@ -116,6 +118,8 @@ def _matmul_tensors(group: MatmulGroup, dtype: torch.dtype):
     extra: list[torch.Tensor] = []
     if group.rotary:
         extra = [torch.randn(2, 1, 3, width).to(dtype), torch.randn(2, 1, 3, width).to(dtype)]
+    if group.head_norm:
+        extra += [torch.randn(width).to(dtype), torch.randn(width).to(dtype)]
     if group.cache_write:
         extra += [torch.randn(2, 2, 16, width).to(dtype), torch.randn(2, 2, 16, width).to(dtype),
                   torch.arange(3)]  # fmt: skip

@@ -485,6 +485,10 @@ class MatmulGroup:
     rotary: int = 0
     cache_write: bool = False
     index_checks: bool = False
+    # q's and k's heads RMS-normalised (each with its own [D] weight, epsilon ``head_eps``)
+    # before the rotation, as Qwen3's q_norm and k_norm do
+    head_norm: bool = False
+    head_eps: float = 0.0
     activation: str = ""  # one of ACTIVATIONS, applied to a single linear's output
 
     def __post_init__(self) -> None:
@@ -509,6 +513,9 @@ class MatmulGroup:
         if self.activation and (self.siblings != 1 or self.gate or self.residual):
             raise ValueError("MatmulGroup: an activation follows one linear, without a gate "
                              "or residual")  # fmt: skip
+        if self.head_norm and (not self.rotary or (self.rotary // 2) & (self.rotary // 2 - 1)):
+            raise ValueError("MatmulGroup: head norms go with a rotary embedding over heads "
+                             "whose half width is a power of two")  # fmt: skip
         if self.cache_write and not self.rotary:
             raise ValueError("MatmulGroup: a KV-cache write follows the rotary embedding")
 
@@ -532,6 +539,7 @@ class MatmulGroup:
         parts += [f"{self.gate}(gate) * up"] if self.gate else []
         parts += [self.activation] if self.activation else []
         parts += ["residual"] if self.residual else []
+        parts += ["rms_norm(q, k heads)"] if self.head_norm else []
         parts += ["rotary(q, k)"] if self.rotary else []
         parts += ["cache write(k, v)"] if self.cache_write else []
         return " + ".join(parts)

@@ -17,7 +17,8 @@ and re-reading the small activations). One launch here computes, for rows ``x [M
     out  = act(y_0)                    with ``activation`` (one linear): silu, gelu, relu,
                                        gelu_new (NewGELU's 8 ops, each rounded)
     out  = out + residual              (one output only)
-    q, k = rotary(y_0), rotary(y_1)    with ``rotary`` (q, k, v): per head of D columns,
+    q, k = norm(y_0), norm(y_1)        with ``head_norm``: RMSNorm of each head (Qwen3)
+    q, k = rotary(q), rotary(k)        with ``rotary`` (q, k, v): per head of D columns,
                                        y * cos + rotate_half(y) * sin (transformers'
                                        apply_rotary_pos_emb), cos and sin [B, 1, T, D]
     k_cache[b, h, index[t]] = k, ...   with ``cache_write``: k and v go into the KV caches
@@ -110,6 +111,8 @@ class Heads:
 
     cos: torch.Tensor
     sin: torch.Tensor
+    q_norm: torch.Tensor | None = None  # with ``head_norm``: the heads' norm weights [D]
+    k_norm: torch.Tensor | None = None
     k_cache: torch.Tensor | None = None
     v_cache: torch.Tensor | None = None
     index: torch.Tensor | None = None
@@ -123,15 +126,20 @@ def _split_params(
     count = group.weight_params * (2 if group.bias else 1)
     weights, biases = _weights_and_biases(group, params[:count])
     extra = params[count:]
-    return weights, biases, Heads(*extra) if group.rotary else None
+    if not group.rotary:
+        return weights, biases, None
+    cos, sin, *rest = extra
+    norms, caches = (rest[:2], rest[2:]) if group.head_norm else ((None, None), rest)
+    return weights, biases, Heads(cos, sin, *norms, *caches)
 
 
 def argument_slots(group: MatmulGroup) -> dict[str, int]:
     """Where a graph's call of ``group`` passes what it writes: the K and V caches' positions
-    (after rows, norm weight, norm bias, residual, weights, biases, cos and sin)."""
+    (after rows, norm weight, norm bias, residual, weights, biases, cos and sin, the heads'
+    norm weights)."""
     if not group.cache_write:
         return {}
-    first = 4 + group.weight_params * (2 if group.bias else 1) + 2
+    first = 4 + group.weight_params * (2 if group.bias else 1) + 2 + 2 * group.head_norm
     return {"k_cache": first, "v_cache": first + 1}
 
 
@@ -209,8 +217,12 @@ def _rotary_reference(group: MatmulGroup, ys: list[torch.Tensor], heads: Heads):
     cos = torch.broadcast_to(heads.cos, (batch, 1, seq, width))
     sin = torch.broadcast_to(heads.sin, (batch, 1, seq, width))
     by_heads = [y.view(batch, seq, -1, width).transpose(1, 2) for y in ys]
-    for k in (0, 1):
+    for k, weight in ((0, heads.q_norm), (1, heads.k_norm)):
         y = by_heads[k]
+        if group.head_norm:  # transformers' RMSNorm over each head
+            h = y.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + group.head_eps)
+            y = weight * h.to(y.dtype)
         rotated = torch.cat((-y[..., width // 2 :], y[..., : width // 2]), dim=-1)
         by_heads[k] = y * cos + rotated * sin
     flat = [y.transpose(1, 2).reshape(batch, seq, -1) for y in by_heads]
@@ -354,6 +366,8 @@ def _launch(
     columns = [n // 2 for n in widths[:2]] + widths[2:] if group.rotary else out_widths
     gated = bool(group.gate or group.rotary)
     config = _launch_config(rows, width, sum(columns), gated)
+    if group.head_norm:  # a program holds whole heads: one head's halves
+        config = dataclasses.replace(config, block_n=group.rotary // 2)
     tiles = [-(-n // config.block_n) for n in columns]
     block_m = max(16, 1 << max(0, (rows - 1).bit_length()))
     # split-K: slices of whole K steps, none empty
@@ -381,7 +395,7 @@ def _launch(
         *w, *(s for t in w for s in t.stride()),
         *b, *outs, res, *res.stride(),
         rows, width, *n, tiles[0], tiles[1] if len(tiles) > 1 else 0,
-        *_heads_args(x, heads, group.rotary), work, counters,
+        *_heads_args(x, heads, group), work, counters,
     ]  # fmt: skip
     meta = {
         "NORM": NORMS.index(group.norm),
@@ -392,6 +406,7 @@ def _launch(
         "SIBLINGS": group.siblings,
         "HEAD_DIM": group.rotary,
         "CACHE": group.cache_write,
+        "HEAD_NORM": group.head_norm,
         "ACT": ACTIVATIONS.index(group.activation),
         "SPLIT_K": splits,
         "K_SPAN": span if splits > 1 else width,
@@ -413,16 +428,20 @@ def _launch(
     return args, (sum(tiles), splits), meta, outputs
 
 
-def _heads_args(x: torch.Tensor, heads: Heads | None, width: int) -> list[Any]:
-    """The kernel's cos, sin, SEQ, cache and index arguments (x and zeros where absent: its
-    constants keep it from reading them)."""
+def _heads_args(x: torch.Tensor, heads: Heads | None, group: MatmulGroup) -> list[Any]:
+    """The kernel's cos, sin, SEQ, head norm, cache and index arguments (x and zeros where
+    absent: its constants keep it from reading them)."""
     if heads is None:
-        return [x, 0, 0, 0, x, 0, 0, 0, 1, x, 0, 0, 0, 0, x, 0, 0, 0, 0, x, 0, 0]
-    batch, seq = x.shape[0], x.shape[1]
+        return [x, 0, 0, 0, x, 0, 0, 0, 1, x, x, 0.0, x, 0, 0, 0, 0, x, 0, 0, 0, 0, x, 0, 0]
+    batch, seq, width = x.shape[0], x.shape[1], group.rotary
     cos = torch.broadcast_to(heads.cos, (batch, 1, seq, width))
     sin = torch.broadcast_to(heads.sin, (batch, 1, seq, width))
     args = [heads.cos, cos.stride(0), cos.stride(2), cos.stride(3),
             heads.sin, sin.stride(0), sin.stride(2), sin.stride(3), seq]  # fmt: skip
+    if group.head_norm:
+        args += [heads.q_norm, heads.k_norm, float(group.head_eps)]
+    else:
+        args += [x, x, 0.0]
     if heads.k_cache is None:
         return args + [x, 0, 0, 0, 0, x, 0, 0, 0, 0, x, 0, 0]
     k_cache, v_cache, index = heads.k_cache, heads.v_cache, heads.index

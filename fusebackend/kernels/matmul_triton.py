@@ -235,6 +235,7 @@ def _store_heads(y, dst, d_b, d_h, d_t, d_d, index, index_stride, slots, rows, c
 @triton.jit
 def _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
                  cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d,
+                 head_w, head_eps, HEAD_NORM: tl.constexpr,
                  dst, d_b, d_h, d_t, d_d, index, index_stride, slots,
                  tile, M, K: tl.constexpr, N, SEQ, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
                  HAS_BIAS: tl.constexpr, TO_CACHE: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -244,7 +245,10 @@ def _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
     """One tile of q or k with its rotary embedding: ``BLOCK_N`` columns ``j`` of the first
     halves of heads and their partners ``j + HEAD_DIM / 2``, which rotate_half pairs
     (``out_j = y_j cos_j - y_p sin_j``, ``out_p = y_p cos_p + y_j sin_p``), each product
-    and the sum rounded to the dtype as eager rounds them."""
+    and the sum rounded to the dtype as eager rounds them. With ``HEAD_NORM`` each head is
+    first RMS-normalised with weight ``head_w`` (transformers' RMSNorm: ``w * (y.float() *
+    rstd).to(dtype)``, Qwen3's q_norm and k_norm): a program then holds one whole head
+    (``BLOCK_N`` is ``HEAD_DIM / 2``), so its sum of squares is the head's."""
     HALF: tl.constexpr = HEAD_DIM // 2
     rows = tl.arange(0, BLOCK_M)
     halves = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # among the first-half columns
@@ -261,6 +265,13 @@ def _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
         hi = hi.to(dtype).to(tl.float32)
         keep = (rows[:, None] < M) & (cols[None, :] < N)
         batch, t, j = rows // SEQ, rows % SEQ, cols % HEAD_DIM
+        if HEAD_NORM:
+            squares = tl.sum(lo * lo, axis=1) + tl.sum(hi * hi, axis=1)
+            scale = tl.rsqrt(squares / HEAD_DIM + head_eps)[:, None]
+            g_lo = tl.load(head_w + j, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+            g_hi = tl.load(head_w + j + HALF, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+            lo = (g_lo * (lo * scale).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+            hi = (g_hi * (hi * scale).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
         c_at = batch[:, None] * cos_b + t[:, None] * cos_t + j[None, :] * cos_d
         s_at = batch[:, None] * sin_b + t[:, None] * sin_t + j[None, :] * sin_d
         c_lo = tl.load(cos + c_at, mask=keep, other=0.0).to(tl.float32)
@@ -308,6 +319,7 @@ def _matmul_group(
     # With HEAD_DIM (q, k, v): cos and sin as [B, SEQ, HEAD_DIM] (rows are b * SEQ + t), and
     # with CACHE the K and V caches [B, H, slots, HEAD_DIM] written at index[t]
     cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d, SEQ,
+    qn_w, kn_w, head_eps,       # with HEAD_NORM: q's and k's head norm weights [HEAD_DIM]
     k_cache, kc_b, kc_h, kc_s, kc_d, v_cache, vc_b, vc_h, vc_s, vc_d,
     index, index_stride, slots,
     # split-K: grid axis 1 is SPLIT_K slices of K_SPAN columns of K; ``work`` holds their
@@ -315,7 +327,7 @@ def _matmul_group(
     work, counters,
     NORM: tl.constexpr, NORM_BIAS: tl.constexpr, GATE: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SIBLINGS: tl.constexpr,
-    HEAD_DIM: tl.constexpr, CACHE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, CACHE: tl.constexpr, HEAD_NORM: tl.constexpr,
     ACT: tl.constexpr,          # a single linear's activation (kernels.ir.ACTIVATIONS)
     SPLIT_K: tl.constexpr, K_SPAN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -339,6 +351,7 @@ def _matmul_group(
         if pid < TILES0:
             _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k, b0,
                          cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d,
+                         qn_w, head_eps, HEAD_NORM,
                          out0, SEQ * N0, HEAD_DIM, N0, 1, index, index_stride, slots,
                          pid, M, K, N0, SEQ, NORM, NORM_BIAS, HAS_BIAS, False, HEAD_DIM,
                          BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, work, counters, SPLIT_K,
@@ -350,6 +363,7 @@ def _matmul_group(
                 k_dst, k_b, k_h, k_t, k_d = out1, SEQ * N1, HEAD_DIM, N1, 1
             _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w1, w1_n, w1_k, b1,
                          cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d,
+                         kn_w, head_eps, HEAD_NORM,
                          k_dst, k_b, k_h, k_t, k_d, index, index_stride, slots,
                          pid - TILES0, M, K, N1, SEQ, NORM, NORM_BIAS, HAS_BIAS, CACHE,
                          HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, work, counters,

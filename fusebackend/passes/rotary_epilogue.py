@@ -17,7 +17,9 @@ Taken when:
 
 - the group is q, k, v: three linears of ``[B, T, K]`` rows with no gate or residual;
 - each output's only use is ``view(B, T, H_i, D)`` and that view's only use is
-  ``transpose(1, 2)``, with one head width ``D`` for all three;
+  ``transpose(1, 2)``, with one head width ``D`` for all three; or, for q and k both, an
+  RMSNorm of each head between the view and the transpose (Qwen3's q_norm and k_norm: the
+  launch normalises the heads before rotating them, ``MatmulGroup.head_norm``);
 - q's and k's heads are used only by ``heads * cos + rotate_half(heads) * sin`` (either
   order of each product and of the sum; ``rotate_half`` as passes/rotation.py matches it:
   a half-width rotation whose first half is negated), both with the same ``cos`` and
@@ -49,6 +51,7 @@ from fusebackend.passes.cache_writes import cache_write_of, can_write_pair
 from fusebackend.passes.fx_util import example_value, nodes_between, static_tensor
 from fusebackend.passes.graph import is_mutation, resort_stably
 from fusebackend.passes.groups import op_call
+from fusebackend.passes.matmul_groups import rms_norm_of
 from fusebackend.passes.mutations import storage_id, written_storages
 from fusebackend.passes.rotation import Rotation, is_split, match_rotation
 
@@ -67,11 +70,15 @@ class RotaryEpilogues:
 
 @dataclasses.dataclass
 class _Heads:
-    """One output of the group as heads: ``output.view(B, T, H, D).transpose(1, 2)``."""
+    """One output of the group as heads: ``output.view(B, T, H, D).transpose(1, 2)``, with
+    transformers' RMSNorm over each head between the two where the model has one (Qwen3's
+    q_norm, k_norm)."""
 
     output: torch.fx.Node  # getitem(group, i)
     view: torch.fx.Node
     heads: torch.fx.Node  # the transpose, [B, H, T, D]
+    norm: Any = None  # matmul_groups' _Norm of the heads (its ``nodes`` end at its output)
+    normed: torch.fx.Node | None = None  # the norm's output, the transpose's input
 
 
 @dataclasses.dataclass
@@ -144,6 +151,7 @@ def _plan(node: torch.fx.Node) -> _Plan | str | None:
     heads = [_by_heads(outputs[k]) for k in range(3)]
     if any(h is None for h in heads):
         return None
+    norms = [h.norm for h in heads]
     widths = {example_value(h.heads).shape[-1] for h in heads}
     rotary = [_rotary(h.heads) for h in heads[:2]]
     if rotary[0] is None and rotary[1] is None:
@@ -154,6 +162,13 @@ def _plan(node: torch.fx.Node) -> _Plan | str | None:
         return f"q, k, v heads of different widths {sorted(widths)}"
     if (rotary[0].cos, rotary[0].sin) != (rotary[1].cos, rotary[1].sin):
         return "q and k rotate with different cos and sin"
+    if norms[2] is not None or (norms[0] is None) != (norms[1] is None):
+        return "head norms on other heads than q and k"
+    if norms[0] is not None and norms[0].eps != norms[1].eps:
+        return "q's and k's head norms of different epsilons"
+    half = next(iter(widths)) // 2
+    if norms[0] is not None and half & (half - 1):
+        return f"head norms over heads of {2 * half} (half not a power of two)"
     reason = _cos_sin_reason(rotary[0], example_value(heads[0].output))
     if reason:
         return reason
@@ -163,11 +178,19 @@ def _plan(node: torch.fx.Node) -> _Plan | str | None:
 
 
 def _by_heads(output: torch.fx.Node) -> _Heads | None:
-    """``output`` [B, T, N] as ``view(B, T, H, D).transpose(1, 2)``, its only use."""
+    """``output`` [B, T, N] as ``view(B, T, H, D).transpose(1, 2)``, its only use (an
+    RMSNorm of each head between them, when it is all the view is used for)."""
     view = _single_user(output)
     if view is None or view.op != "call_method" or view.target not in ("view", "reshape"):
         return None
+    norm, normed = None, None
     heads = _single_user(view)
+    if heads is not None and heads.target != "transpose":
+        found = _head_norm(view)
+        if found is None:
+            return None
+        normed, norm = found
+        heads = _single_user(normed)
     if heads is None or heads.op != "call_method" or heads.target != "transpose":
         return None
     if sorted(a % 4 if isinstance(a, int) else a for a in heads.args[1:]) != [1, 2]:
@@ -180,7 +203,27 @@ def _by_heads(output: torch.fx.Node) -> _Heads | None:
         return None
     if split.shape[2] * split.shape[3] != width:
         return None
-    return _Heads(output, view, heads)
+    return _Heads(output, view, heads, norm, normed)
+
+
+def _head_norm(view: torch.fx.Node) -> tuple[torch.fx.Node, Any] | None:
+    """(its output, the norm) of transformers' RMSNorm of ``view``'s last dim when the
+    norm's own nodes are all that read the view and all that read each other."""
+    frontier, seen = list(view.users), set()
+    while frontier and len(seen) < 16:  # the norm's 7-9 nodes
+        node = frontier.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        norm = rms_norm_of(node)
+        if norm is not None and norm.rows is view:
+            own = set(norm.nodes)
+            inside = all(set(n.users) <= own for n in norm.nodes if n is not node)
+            if set(view.users) <= own and inside and _single_user(node) is not None:
+                return node, norm
+            return None
+        frontier.extend(node.users)
+    return None
 
 
 def _rotary(heads: torch.fx.Node) -> _Rotary | None:
@@ -294,6 +337,7 @@ def _single_user(node: Any) -> torch.fx.Node | None:
 def _members(plan: _Plan) -> list[torch.fx.Node]:
     """The nodes the launch takes over (erased once unused)."""
     nodes = [n for r in plan.rotary for n in r.nodes] + plan.writes
+    nodes += [n for h in plan.heads if h.norm is not None for n in h.norm.nodes]
     if plan.writes:  # k's heads only fed its rotation, v's its cache write
         nodes += [n for h in plan.heads[1:] for n in (h.view, h.heads)]
     return nodes
@@ -302,6 +346,7 @@ def _members(plan: _Plan) -> list[torch.fx.Node]:
 def _hazard(node: torch.fx.Node, plan: _Plan, order: dict[torch.fx.Node, int]) -> str | None:
     """Why the launch cannot do all of ``plan``'s work at ``node``'s place, or None."""
     extra = [plan.rotary[0].cos, plan.rotary[0].sin, plan.k_cache, plan.v_cache, plan.index]
+    extra += [h.norm.weight for h in plan.heads if h.norm is not None]
     extra = [n for n in extra if n is not None]
     members = set(_members(plan)) | {h.output for h in plan.heads} | {node}
     for value in extra:  # one computed later (cos.unsqueeze(1) in each layer) moves the launch
@@ -340,9 +385,14 @@ def _rewrite(
     checks: bool,
 ) -> str:
     cache = bool(plan.writes)
+    norm = plan.heads[0].norm
     rotated = dataclasses.replace(group, rotary=int(example_value(plan.heads[0].heads).shape[-1]),
-                                  cache_write=cache, index_checks=cache and checks)  # fmt: skip
+                                  cache_write=cache, index_checks=cache and checks,
+                                  head_norm=norm is not None,
+                                  head_eps=norm.eps if norm is not None else 0.0)  # fmt: skip
     extra = [plan.rotary[0].cos, plan.rotary[0].sin]
+    if norm is not None:
+        extra += [plan.heads[0].norm.weight, plan.heads[1].norm.weight]
     if cache:
         extra += [plan.k_cache, plan.v_cache, plan.index]
     kept = plan.heads[:1] if cache else plan.heads
@@ -353,8 +403,11 @@ def _rewrite(
             output = graph.call_function(operator.getitem, (fused, k))
             output.meta["example_value"] = example_value(heads.output)
             heads.output.replace_all_uses_with(output)
-    # the rotated values are now the original view + transpose of the launch's outputs
+    # the rotated values are now the original view + transpose of the launch's outputs (the
+    # transpose reading the view itself where a head norm stood between: the launch did it)
     for heads, rotary in zip(kept, plan.rotary):
+        if heads.normed is not None:
+            heads.heads.replace_input_with(heads.normed, heads.view)
         rotary.embed.replace_all_uses_with(heads.heads)
     taken = [*(r.embed.name for r in plan.rotary), *(w.name for w in plan.writes)]
     dropped = set(_members(plan) + [h.output for h in plan.heads] + [node])
