@@ -147,6 +147,29 @@ def test_qwen3_head_norms_rotation_and_cache_write_in_one_launch(dtype):
     ), graph.groups
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gemma3_offset_head_norms_after_the_transpose_in_the_launch(dtype):
+    # Gemma3 normalises q and k after the transpose, with its (1 + weight) RMSNorm rounded
+    # once; sliding-window and global layers rotate with their own cos and sin
+    torch.manual_seed(5)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+        sliding_window=8,
+    )  # fmt: skip
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    for name, p in model.named_parameters():  # (1 + weight) away from 1, so they count
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            p.data += torch.randn_like(p) * 0.3
+    model = model.to(dtype)
+    expected, actual, caches = _decode(model, config)
+    assert_close(actual, expected, **_TOLERANCE[dtype])
+    _assert_caches_equal(caches, dtype)
+    want = ("rms_offset_norm + 3 linears + rms_offset_norm(q, k heads) + rotary(q, k) + "
+            "cache write(k, v)")  # fmt: skip
+    assert _epilogues(fusebackend.last_report()) == [want] * 2
+
+
 def test_dynamic_cache_rotates_in_the_launch_and_returns_k_and_v():
     # DynamicCache concatenates (no index_copy_): the rotary embedding alone is taken
     torch.manual_seed(2)
@@ -317,7 +340,7 @@ def test_group_validation():
     with pytest.raises(ValueError, match="cache write"):
         MatmulGroup(siblings=3, cache_write=True)
     with pytest.raises(ValueError, match="head norms"):
-        MatmulGroup(siblings=3, rotary=48, head_norm=True)  # halves of 24: no tl.arange
+        MatmulGroup(siblings=3, rotary=48, head_norm="rms")  # halves of 24: no tl.arange
     with pytest.raises(ValueError, match=r"rows are \[B, T, K\]"):  # [B*T, K] would misread
         inputs = _block_inputs(torch.float32)
         rotary = MatmulGroup(siblings=3, norm="rms", eps=1e-6, rotary=10)

@@ -95,7 +95,10 @@ def matmul_cases() -> list[tuple[str, MatmulGroup, dict[str, Any]]]:
         ("rms + q/k/v + rotary", MatmulGroup(siblings=3, rotary=64, **rms)),
         ("rms + q/k/v + bias + rotary + cache", MatmulGroup(siblings=3, bias=True, **cache, **rms)),
         ("rms + q/k/v + head norms + rotary + cache",
-         MatmulGroup(siblings=3, head_norm=True, head_eps=1e-6, **cache, **rms)),
+         MatmulGroup(siblings=3, head_norm="rms", head_eps=1e-6, **cache, **rms)),
+        ("rms_offset + q/k/v + offset head norms + rotary",
+         MatmulGroup(siblings=3, rotary=64, head_norm="rms_offset", head_eps=1e-6,
+                     norm="rms_offset", eps=1e-6)),
         ("rms + q/k/v + rotary + cache, index checks",
          MatmulGroup(siblings=3, index_checks=True, **cache, **rms)),
     ]  # fmt: skip

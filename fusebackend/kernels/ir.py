@@ -485,9 +485,10 @@ class MatmulGroup:
     rotary: int = 0
     cache_write: bool = False
     index_checks: bool = False
-    # q's and k's heads RMS-normalised (each with its own [D] weight, epsilon ``head_eps``)
-    # before the rotation, as Qwen3's q_norm and k_norm do
-    head_norm: bool = False
+    # q's and k's heads RMS-normalised before the rotation, each with its own [D] weight and
+    # epsilon ``head_eps``: "rms" (transformers' RMSNorm, Qwen3's q_norm and k_norm) or
+    # "rms_offset" (Gemma3's, 1 + weight, rounded once)
+    head_norm: str = ""
     head_eps: float = 0.0
     activation: str = ""  # one of ACTIVATIONS, applied to a single linear's output
 
@@ -513,6 +514,8 @@ class MatmulGroup:
         if self.activation and (self.siblings != 1 or self.gate or self.residual):
             raise ValueError("MatmulGroup: an activation follows one linear, without a gate "
                              "or residual")  # fmt: skip
+        if self.head_norm not in ("", "rms", "rms_offset"):
+            raise ValueError(f"MatmulGroup: unknown head norm {self.head_norm!r}")
         if self.head_norm and (not self.rotary or (self.rotary // 2) & (self.rotary // 2 - 1)):
             raise ValueError("MatmulGroup: head norms go with a rotary embedding over heads "
                              "whose half width is a power of two")  # fmt: skip
@@ -539,7 +542,7 @@ class MatmulGroup:
         parts += [f"{self.gate}(gate) * up"] if self.gate else []
         parts += [self.activation] if self.activation else []
         parts += ["residual"] if self.residual else []
-        parts += ["rms_norm(q, k heads)"] if self.head_norm else []
+        parts += [f"{self.head_norm}_norm(q, k heads)"] if self.head_norm else []
         parts += ["rotary(q, k)"] if self.rotary else []
         parts += ["cache write(k, v)"] if self.cache_write else []
         return " + ".join(parts)

@@ -139,7 +139,7 @@ def argument_slots(group: MatmulGroup) -> dict[str, int]:
     norm weights)."""
     if not group.cache_write:
         return {}
-    first = 4 + group.weight_params * (2 if group.bias else 1) + 2 + 2 * group.head_norm
+    first = 4 + group.weight_params * (2 if group.bias else 1) + 2 + 2 * bool(group.head_norm)
     return {"k_cache": first, "v_cache": first + 1}
 
 
@@ -219,10 +219,13 @@ def _rotary_reference(group: MatmulGroup, ys: list[torch.Tensor], heads: Heads):
     by_heads = [y.view(batch, seq, -1, width).transpose(1, 2) for y in ys]
     for k, weight in ((0, heads.q_norm), (1, heads.k_norm)):
         y = by_heads[k]
-        if group.head_norm:  # transformers' RMSNorm over each head
+        if group.head_norm:  # transformers' RMSNorm over each head, or Gemma3's
             h = y.float()
             h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + group.head_eps)
-            y = weight * h.to(y.dtype)
+            if group.head_norm == "rms":
+                y = weight * h.to(y.dtype)
+            else:
+                y = (h * (1.0 + weight.float())).to(y.dtype)
         rotated = torch.cat((-y[..., width // 2 :], y[..., : width // 2]), dim=-1)
         by_heads[k] = y * cos + rotated * sin
     flat = [y.transpose(1, 2).reshape(batch, seq, -1) for y in by_heads]
@@ -406,7 +409,7 @@ def _launch(
         "SIBLINGS": group.siblings,
         "HEAD_DIM": group.rotary,
         "CACHE": group.cache_write,
-        "HEAD_NORM": group.head_norm,
+        "HEAD_NORM": NORMS.index(group.head_norm),
         "ACT": ACTIVATIONS.index(group.activation),
         "SPLIT_K": splits,
         "K_SPAN": span if splits > 1 else width,

@@ -245,10 +245,11 @@ def _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
     """One tile of q or k with its rotary embedding: ``BLOCK_N`` columns ``j`` of the first
     halves of heads and their partners ``j + HEAD_DIM / 2``, which rotate_half pairs
     (``out_j = y_j cos_j - y_p sin_j``, ``out_p = y_p cos_p + y_j sin_p``), each product
-    and the sum rounded to the dtype as eager rounds them. With ``HEAD_NORM`` each head is
-    first RMS-normalised with weight ``head_w`` (transformers' RMSNorm: ``w * (y.float() *
-    rstd).to(dtype)``, Qwen3's q_norm and k_norm): a program then holds one whole head
-    (``BLOCK_N`` is ``HEAD_DIM / 2``), so its sum of squares is the head's."""
+    and the sum rounded to the dtype as eager rounds them. With ``HEAD_NORM`` (an index of
+    ``kernels.ir.NORMS``) each head is first RMS-normalised with weight ``head_w``: 1,
+    transformers' RMSNorm ``w * (y.float() * rstd).to(dtype)`` (Qwen3's q_norm, k_norm); 3,
+    Gemma3's ``(y.float() * rstd * (1 + w.float())).to(dtype)``. A program then holds one
+    whole head (``BLOCK_N`` is ``HEAD_DIM / 2``), so its sum of squares is the head's."""
     HALF: tl.constexpr = HEAD_DIM // 2
     rows = tl.arange(0, BLOCK_M)
     halves = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # among the first-half columns
@@ -265,13 +266,17 @@ def _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
         hi = hi.to(dtype).to(tl.float32)
         keep = (rows[:, None] < M) & (cols[None, :] < N)
         batch, t, j = rows // SEQ, rows % SEQ, cols % HEAD_DIM
-        if HEAD_NORM:
+        if HEAD_NORM != 0:
             squares = tl.sum(lo * lo, axis=1) + tl.sum(hi * hi, axis=1)
             scale = tl.rsqrt(squares / HEAD_DIM + head_eps)[:, None]
             g_lo = tl.load(head_w + j, mask=cols < N, other=0.0).to(tl.float32)[None, :]
             g_hi = tl.load(head_w + j + HALF, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-            lo = (g_lo * (lo * scale).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-            hi = (g_hi * (hi * scale).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+            if HEAD_NORM == 1:
+                lo = (g_lo * (lo * scale).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+                hi = (g_hi * (hi * scale).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+            else:
+                lo = (lo * scale * (1.0 + g_lo)).to(dtype).to(tl.float32)
+                hi = (hi * scale * (1.0 + g_hi)).to(dtype).to(tl.float32)
         c_at = batch[:, None] * cos_b + t[:, None] * cos_t + j[None, :] * cos_d
         s_at = batch[:, None] * sin_b + t[:, None] * sin_t + j[None, :] * sin_d
         c_lo = tl.load(cos + c_at, mask=keep, other=0.0).to(tl.float32)

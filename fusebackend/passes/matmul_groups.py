@@ -51,7 +51,7 @@ from fusebackend.passes.graph import is_mutation, resort_stably
 from fusebackend.passes.groups import op_call
 from fusebackend.passes.ops import OpCall
 
-__all__ = ["MatmulGroups", "rms_norm_of", "use_matmul_groups"]
+__all__ = ["MatmulGroups", "offset_rms_norm_of", "rms_norm_of", "use_matmul_groups"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 

@@ -17,9 +17,10 @@ Taken when:
 
 - the group is q, k, v: three linears of ``[B, T, K]`` rows with no gate or residual;
 - each output's only use is ``view(B, T, H_i, D)`` and that view's only use is
-  ``transpose(1, 2)``, with one head width ``D`` for all three; or, for q and k both, an
-  RMSNorm of each head between the view and the transpose (Qwen3's q_norm and k_norm: the
-  launch normalises the heads before rotating them, ``MatmulGroup.head_norm``);
+  ``transpose(1, 2)``, with one head width ``D`` for all three; for q and k both, with an
+  RMSNorm of each head between the view and the transpose (Qwen3's q_norm and k_norm) or
+  after the transpose (Gemma3's ``1 + weight`` one): the launch normalises the heads before
+  rotating them (``MatmulGroup.head_norm``);
 - q's and k's heads are used only by ``heads * cos + rotate_half(heads) * sin`` (either
   order of each product and of the sum; ``rotate_half`` as passes/rotation.py matches it:
   a half-width rotation whose first half is negated), both with the same ``cos`` and
@@ -51,7 +52,7 @@ from fusebackend.passes.cache_writes import cache_write_of, can_write_pair
 from fusebackend.passes.fx_util import example_value, nodes_between, static_tensor
 from fusebackend.passes.graph import is_mutation, resort_stably
 from fusebackend.passes.groups import op_call
-from fusebackend.passes.matmul_groups import rms_norm_of
+from fusebackend.passes.matmul_groups import offset_rms_norm_of, rms_norm_of
 from fusebackend.passes.mutations import storage_id, written_storages
 from fusebackend.passes.rotation import Rotation, is_split, match_rotation
 
@@ -71,14 +72,20 @@ class RotaryEpilogues:
 @dataclasses.dataclass
 class _Heads:
     """One output of the group as heads: ``output.view(B, T, H, D).transpose(1, 2)``, with
-    transformers' RMSNorm over each head between the two where the model has one (Qwen3's
-    q_norm, k_norm)."""
+    an RMSNorm over each head where the model has one: between the two (Qwen3's q_norm and
+    k_norm) or after the transpose (Gemma3's, with its ``1 + weight``)."""
 
     output: torch.fx.Node  # getitem(group, i)
     view: torch.fx.Node
     heads: torch.fx.Node  # the transpose, [B, H, T, D]
     norm: Any = None  # matmul_groups' _Norm of the heads (its ``nodes`` end at its output)
-    normed: torch.fx.Node | None = None  # the norm's output, the transpose's input
+    normed: torch.fx.Node | None = None  # the norm's output
+    norm_after: bool = False  # the norm reads the transpose (else the transpose reads it)
+
+    @property
+    def rotated(self) -> torch.fx.Node:
+        """The value the rotary embedding reads."""
+        return self.normed if self.norm_after else self.heads
 
 
 @dataclasses.dataclass
@@ -153,7 +160,7 @@ def _plan(node: torch.fx.Node) -> _Plan | str | None:
         return None
     norms = [h.norm for h in heads]
     widths = {example_value(h.heads).shape[-1] for h in heads}
-    rotary = [_rotary(h.heads) for h in heads[:2]]
+    rotary = [_rotary(h.rotated) for h in heads[:2]]
     if rotary[0] is None and rotary[1] is None:
         return None
     if rotary[0] is None or rotary[1] is None:
@@ -164,8 +171,10 @@ def _plan(node: torch.fx.Node) -> _Plan | str | None:
         return "q and k rotate with different cos and sin"
     if norms[2] is not None or (norms[0] is None) != (norms[1] is None):
         return "head norms on other heads than q and k"
-    if norms[0] is not None and norms[0].eps != norms[1].eps:
-        return "q's and k's head norms of different epsilons"
+    if norms[0] is not None and (norms[0].eps, norms[0].kind) != (norms[1].eps, norms[1].kind):
+        return "q's and k's head norms of different kinds or epsilons"
+    if norms[0] is not None and heads[0].norm_after != heads[1].norm_after:
+        return "q's and k's head norms in different places"
     half = next(iter(widths)) // 2
     if norms[0] is not None and half & (half - 1):
         return f"head norms over heads of {2 * half} (half not a power of two)"
@@ -203,25 +212,27 @@ def _by_heads(output: torch.fx.Node) -> _Heads | None:
         return None
     if split.shape[2] * split.shape[3] != width:
         return None
+    after = _head_norm(heads) if norm is None else None
+    if after is not None:  # Gemma3: the heads' norm after the transpose
+        return _Heads(output, view, heads, after[1], after[0], norm_after=True)
     return _Heads(output, view, heads, norm, normed)
 
 
-def _head_norm(view: torch.fx.Node) -> tuple[torch.fx.Node, Any] | None:
-    """(its output, the norm) of transformers' RMSNorm of ``view``'s last dim when the
-    norm's own nodes are all that read the view and all that read each other."""
-    frontier, seen = list(view.users), set()
-    while frontier and len(seen) < 16:  # the norm's 7-9 nodes
+def _head_norm(value: torch.fx.Node) -> tuple[torch.fx.Node, Any] | None:
+    """(its output, the norm) of an RMSNorm of ``value``'s last dim (transformers' or
+    Gemma's) when the norm's own nodes are all that read the value and all that read each
+    other."""
+    frontier, seen = list(value.users), set()
+    while frontier and len(seen) < 16:  # the norm's 7-10 nodes
         node = frontier.pop()
         if node in seen:
             continue
         seen.add(node)
-        norm = rms_norm_of(node)
-        if norm is not None and norm.rows is view:
+        norm = rms_norm_of(node) or offset_rms_norm_of(node)
+        if norm is not None and norm.rows is value:
             own = set(norm.nodes)
             inside = all(set(n.users) <= own for n in norm.nodes if n is not node)
-            if set(view.users) <= own and inside and _single_user(node) is not None:
-                return node, norm
-            return None
+            return (node, norm) if set(value.users) <= own and inside else None
         frontier.extend(node.users)
     return None
 
@@ -388,7 +399,7 @@ def _rewrite(
     norm = plan.heads[0].norm
     rotated = dataclasses.replace(group, rotary=int(example_value(plan.heads[0].heads).shape[-1]),
                                   cache_write=cache, index_checks=cache and checks,
-                                  head_norm=norm is not None,
+                                  head_norm=norm.kind if norm is not None else "",
                                   head_eps=norm.eps if norm is not None else 0.0)  # fmt: skip
     extra = [plan.rotary[0].cos, plan.rotary[0].sin]
     if norm is not None:
@@ -406,7 +417,7 @@ def _rewrite(
     # the rotated values are now the original view + transpose of the launch's outputs (the
     # transpose reading the view itself where a head norm stood between: the launch did it)
     for heads, rotary in zip(kept, plan.rotary):
-        if heads.normed is not None:
+        if heads.normed is not None and not heads.norm_after:
             heads.heads.replace_input_with(heads.normed, heads.view)
         rotary.embed.replace_all_uses_with(heads.heads)
     taken = [*(r.embed.name for r in plan.rotary), *(w.name for w in plan.writes)]
