@@ -248,6 +248,8 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
 
 
 def versions() -> dict:
+    """The environment every benchmark's JSON records (the device: "cpu" without CUDA, as
+    the --smoke runs under Triton's interpreter are)."""
     import triton
 
     try:
@@ -257,7 +259,8 @@ def versions() -> dict:
     except ImportError:
         hf = None
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"device": device, "torch": torch.__version__,
             "triton": triton.__version__, "transformers": hf, "python": platform.python_version(),
             "date": date}  # fmt: skip
 

@@ -59,12 +59,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import itertools
 import json
 import math
 import os
-import platform
 import sys
 import time
 from typing import Any
@@ -76,6 +74,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from embedding_chain import copy_bandwidth_gbs, device_ms  # noqa: E402  (benchmarks/)
+from row_kernels import versions  # noqa: E402
 
 BLOCK_M = 16  # tl.dot's smallest tile; M <= 16 rows are masked into it
 ROTATE_BYTES = 192 * 2**20  # weights cycled per timed graph: well past an H100's 50 MB L2
@@ -556,19 +555,6 @@ def smoke() -> dict[str, Any]:
 
 
 # ---- output
-
-
-def versions() -> dict[str, Any]:
-    try:
-        import transformers
-
-        hf = transformers.__version__
-    except ImportError:
-        hf = None
-    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return {"device": device, "torch": torch.__version__, "triton": triton.__version__,
-            "transformers": hf, "python": platform.python_version(), "date": date}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

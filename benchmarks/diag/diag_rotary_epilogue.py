@@ -53,13 +53,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import functools
 import itertools
 import json
 import math
 import os
-import platform
 import sys
 import time
 import zlib
@@ -70,6 +68,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from embedding_chain import copy_bandwidth_gbs, device_ms  # noqa: E402  (benchmarks/)
+from row_kernels import versions  # noqa: E402
 
 import fusebackend.kernels.matmul as matmul  # noqa: E402
 from fusebackend.kernels.cache_write import write_cache_pair  # noqa: E402
@@ -454,21 +453,6 @@ def sweep(case: Case, deadline: float) -> dict[str, Any]:
 
 
 # ---- output
-
-
-def versions() -> dict[str, Any]:
-    import triton
-
-    try:
-        import transformers
-
-        hf = transformers.__version__
-    except ImportError:
-        hf = None
-    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return {"device": device, "torch": torch.__version__, "triton": triton.__version__,
-            "transformers": hf, "python": platform.python_version(), "date": date}  # fmt: skip
 
 
 NOTE = (
