@@ -17,6 +17,7 @@ the tests reduce with amax, never sum, after a bf16 group.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -355,3 +356,59 @@ def run_torchrun(
         stdout, stderr = proc.communicate()
         pytest.fail(f"torchrun ran past {timeout} s:\n{stdout[-3000:]}\n{stderr[-6000:]}")
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+# What every benchmark's JSON records about where it ran (benchmarks/row_kernels.versions)
+BENCHMARK_ENVIRONMENT = ("device", "torch", "triton", "transformers", "python", "date")
+
+
+def run_smoke(script: str, out: Path, benchmark: str, timeout: int = 300) -> dict[str, Any]:
+    """Run ``benchmarks/<script> --smoke --out <out>`` in a subprocess (through Triton's
+    interpreter where there is no GPU); check it exited 0 and wrote a smoke report of
+    ``benchmark`` with its environment; return the report."""
+    env = dict(os.environ)
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, str(root / "benchmarks" / script), "--smoke", "--out", str(out)]
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    missing = [k for k in BENCHMARK_ENVIRONMENT if k not in report]
+    assert not missing, missing
+    assert report["benchmark"] == benchmark and report["smoke"] is True, report.get("benchmark")
+    return report
+
+
+def gpu_llama_decode(dtype: torch.dtype, tolerance: dict[str, float]) -> list[Any]:
+    """A 2-layer Llama (256 wide, 8 query and 2 K/V heads) on the GPU: 4 prompt tokens into
+    two StaticCaches eagerly, then 5 decode steps through eager and through
+    ``torch.compile(backend="infinifuse")`` (validation on: it must pass; the 2nd call
+    captures, the 3rd on replays), each step's logits compared. Returns the two caches
+    (eager's, the compiled model's)."""
+    import transformers
+
+    torch.manual_seed(6)
+    config = transformers.LlamaConfig(
+        vocab_size=1000, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval().to("cuda", dtype)
+    caches = [
+        transformers.StaticCache(config=config, max_cache_len=32, device="cuda", dtype=dtype)
+        for _ in range(2)
+    ]
+    compiled = torch.compile(model, backend="infinifuse")
+    ids = torch.randint(0, 1000, (1, 4), device="cuda")
+    with torch.no_grad():
+        for cache in caches:
+            model(ids, past_key_values=cache, use_cache=True,
+                  cache_position=torch.arange(4, device="cuda"))  # fmt: skip
+        for position in range(4, 9):
+            token = torch.randint(0, 1000, (1, 1), device="cuda")
+            where = torch.tensor([position], device="cuda")
+            expected = model(token, past_key_values=caches[0], cache_position=where).logits
+            actual = compiled(token, past_key_values=caches[1], cache_position=where).logits
+            assert_close(actual.float(), expected.float(), **tolerance)
+    return caches

@@ -5,32 +5,17 @@ subprocess (~5 s). No test asserts a time."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
+from helpers import run_smoke
 
 ROOT = Path(__file__).resolve().parents[1]
-ENVIRONMENT_KEYS = ("device", "torch", "triton", "transformers", "python", "date")
 
 
 def test_matmul_benchmark_smoke_writes_checked_rows(tmp_path):
-    env = dict(os.environ)
-    if not torch.cuda.is_available():
-        env["TRITON_INTERPRET"] = "1"
-    out = tmp_path / "matmul.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "matmul_kernels.py"), "--smoke",
-               "--out", str(out)]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(out.read_text())
-    missing = [k for k in ENVIRONMENT_KEYS if k not in report]
-    assert not missing, missing
-    assert report["benchmark"] == "matmul_kernels" and report["smoke"] is True
+    report = run_smoke("matmul_kernels.py", tmp_path / "matmul.json", "matmul_kernels")
     groups = {r["group"] for r in report["shapes"]}
     for kind in ("rms_norm + 3 linears + bias", "linear + residual", "silu(gate) * up",
                  "layer_norm + linear + bias", "linear + bias + residual"):  # fmt: skip

@@ -9,7 +9,14 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_close, compile_fused, eager, runtime_modes, tiny_llama_config
+from helpers import (
+    assert_close,
+    compile_fused,
+    eager,
+    gpu_llama_decode,
+    runtime_modes,
+    tiny_llama_config,
+)
 
 import fusebackend
 
@@ -319,28 +326,7 @@ def test_generate_with_compile_config_matches_eager_tokens():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_llama_decode_captured_with_matmul_groups(dtype):
-    torch.manual_seed(6)
-    config = transformers.LlamaConfig(
-        vocab_size=1000, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
-        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    model = transformers.LlamaForCausalLM(config).eval().to("cuda", dtype)
-    caches = [
-        transformers.StaticCache(config=config, max_cache_len=32, device="cuda", dtype=dtype)
-        for _ in range(2)
-    ]
-    compiled = torch.compile(model, backend="infinifuse")  # validation on: it must pass
-    ids = torch.randint(0, 1000, (1, 4), device="cuda")
-    with torch.no_grad():
-        for cache in caches:
-            model(ids, past_key_values=cache, use_cache=True,
-                  cache_position=torch.arange(4, device="cuda"))  # fmt: skip
-        for position in range(4, 9):  # the 2nd call captures, the 3rd on replays
-            token = torch.randint(0, 1000, (1, 1), device="cuda")
-            where = torch.tensor([position], device="cuda")
-            expected = model(token, past_key_values=caches[0], cache_position=where).logits
-            actual = compiled(token, past_key_values=caches[1], cache_position=where).logits
-            assert_close(actual.float(), expected.float(), **_TOLERANCE[dtype])
+    gpu_llama_decode(dtype, _TOLERANCE[dtype])
     assert len(_matmul_groups(fusebackend.last_report())) == 4 * 2 + 1
     assert runtime_modes() == ["fusion"]
     assert fusebackend.stats()["recordings"] >= 1 and fusebackend.stats()["cache_hits"] >= 3

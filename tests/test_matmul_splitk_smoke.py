@@ -7,31 +7,12 @@ same bits twice. No test asserts a time."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-ENVIRONMENT_KEYS = ("device", "torch", "triton", "transformers", "python", "date")
+from helpers import run_smoke
 
 
 def test_matmul_splitk_diag_smoke(tmp_path):
-    env = dict(os.environ)
-    if not torch.cuda.is_available():
-        env["TRITON_INTERPRET"] = "1"
-    out = tmp_path / "splitk.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "diag" / "diag_matmul_splitk.py"),
-               "--smoke", "--out", str(out)]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(out.read_text())
-    missing = [k for k in ENVIRONMENT_KEYS if k not in report]
-    assert not missing, missing
-    assert report["benchmark"] == "diag_matmul_splitk" and report["smoke"] is True
+    report = run_smoke("diag/diag_matmul_splitk.py", tmp_path / "splitk.json",
+                       "diag_matmul_splitk")  # fmt: skip
     cases = report["cases"]
     # what the smoke must cover: every split (3 leaves a K tail), both variants, residual
     # or not, the three dtypes

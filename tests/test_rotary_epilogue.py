@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_close, compile_fused, runtime_modes, tiny_llama_config
+from helpers import assert_close, compile_fused, gpu_llama_decode, runtime_modes, tiny_llama_config
 
 import fusebackend
 from fusebackend.kernels import matmul
@@ -358,29 +358,8 @@ def test_group_validation():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_gpu_llama_decode_captured_with_rotary_and_cache_write_in_the_launch(dtype):
-    torch.manual_seed(6)
-    config = transformers.LlamaConfig(
-        vocab_size=1000, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
-        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    model = transformers.LlamaForCausalLM(config).eval().to("cuda", dtype)
-    caches = [
-        transformers.StaticCache(config=config, max_cache_len=32, device="cuda", dtype=dtype)
-        for _ in range(2)
-    ]
-    compiled = torch.compile(model, backend="infinifuse")  # validation on: it must pass
-    ids = torch.randint(0, 1000, (1, 4), device="cuda")
     tolerance = _GPU_TOLERANCE[dtype]
-    with torch.no_grad():
-        for cache in caches:
-            model(ids, past_key_values=cache, use_cache=True,
-                  cache_position=torch.arange(4, device="cuda"))  # fmt: skip
-        for position in range(4, 9):  # the 2nd call captures, the 3rd on replays
-            token = torch.randint(0, 1000, (1, 1), device="cuda")
-            where = torch.tensor([position], device="cuda")
-            expected = model(token, past_key_values=caches[0], cache_position=where).logits
-            actual = compiled(token, past_key_values=caches[1], cache_position=where).logits
-            assert_close(actual.float(), expected.float(), **tolerance)
+    caches = gpu_llama_decode(dtype, tolerance)
     for want, got in zip(caches[0].layers, caches[1].layers, strict=True):
         assert_close(got.keys.float(), want.keys.float(), **tolerance)
         assert_close(got.values.float(), want.values.float(), **tolerance)

@@ -7,34 +7,16 @@ launch also under a swapped launch config; in a subprocess (~10 s). No test asse
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-import torch
+from helpers import run_smoke
 
-ROOT = Path(__file__).resolve().parents[1]
-ENVIRONMENT_KEYS = ("device", "torch", "triton", "transformers", "python", "date")
 VARIANTS = ("fused", "before", "qkv_only", "eager")
 
 
 def test_rotary_epilogue_diag_smoke(tmp_path):
     pytest.importorskip("transformers")  # the eager sequence is transformers' own
-    env = dict(os.environ)
-    if not torch.cuda.is_available():
-        env["TRITON_INTERPRET"] = "1"
-    out = tmp_path / "rotary_epilogue.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "diag" / "diag_rotary_epilogue.py"),
-               "--smoke", "--out", str(out)]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(out.read_text())
-    missing = [k for k in ENVIRONMENT_KEYS if k not in report]
-    assert not missing, missing
-    assert report["benchmark"] == "diag_rotary_epilogue" and report["smoke"] is True
+    report = run_smoke("diag/diag_rotary_epilogue.py", tmp_path / "rotary_epilogue.json",
+                       "diag_rotary_epilogue")  # fmt: skip
     rows = report["rows"]
     # what the smoke must cover: both dtypes, both batches, biases or not, T > 1 once
     assert {r["dtype"] for r in rows} == {"torch.float32", "torch.float16"}
