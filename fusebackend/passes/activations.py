@@ -20,6 +20,7 @@ from typing import Any
 
 import torch.fx
 
+from fusebackend.passes.fx_util import single_user
 from fusebackend.passes.groups import op_call
 
 __all__ = ["activation_of"]
@@ -62,24 +63,24 @@ def _new_gelu(y: torch.fx.Node) -> tuple[str, torch.fx.Node, list[torch.fx.Node]
             shifted = user
     if half is None or cube is None or shifted is None:
         return None
-    scaled = _only_user(cube)
-    if scaled is None or not _scaled(scaled, cube, 0.044715) or _only_user(scaled) is not shifted:
+    scaled = single_user(cube)
+    if scaled is None or not _scaled(scaled, cube, 0.044715) or single_user(scaled) is not shifted:
         return None
     add = op_call(shifted, "add")
     if add.params.get("alpha", 1) != 1 or set(add.operands) != {y, scaled}:
         return None
-    inner = _only_user(shifted)
+    inner = single_user(shifted)
     if inner is None or not _scaled(inner, shifted, _SQRT_2_OVER_PI):
         return None
-    tanh = _only_user(inner)
+    tanh = single_user(inner)
     if op_call(tanh, "tanh") is None:
         return None
-    one_plus = _only_user(tanh)
+    one_plus = single_user(tanh)
     plus = op_call(one_plus, "add")
     if plus is None or plus.params.get("alpha", 1) != 1 or set(plus.operands) != {tanh, 1.0}:
         return None
-    out = _only_user(one_plus)
-    if out is None or _only_user(half) is not out or not _product_of(out, half, one_plus):
+    out = single_user(one_plus)
+    if out is None or single_user(half) is not out or not _product_of(out, half, one_plus):
         return None
     return "gelu_new", out, [half, cube, scaled, shifted, inner, tanh, one_plus, out]
 
@@ -105,8 +106,3 @@ def _cube(node: Any, x: torch.fx.Node) -> bool:
 def _product_of(node: Any, a: torch.fx.Node, b: torch.fx.Node) -> bool:
     call = op_call(node, "mul")
     return call is not None and len(call.operands) == 2 and set(call.operands) == {a, b}
-
-
-def _only_user(node: torch.fx.Node) -> torch.fx.Node | None:
-    users = list(node.users)
-    return users[0] if len(users) == 1 else None

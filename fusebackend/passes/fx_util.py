@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import torch
 import torch.fx
 
-__all__ = ["example_value", "nodes_between", "placeholders", "static_tensor"]
+__all__ = ["example_value", "nodes_between", "placeholders", "single_user", "static_tensor"]
 
 
 def example_value(node: torch.fx.Node) -> object:
@@ -31,3 +31,11 @@ def nodes_between(start: torch.fx.Node, end: torch.fx.Node) -> Iterator[torch.fx
     while node is not end:
         yield node
         node = node.next
+
+
+def single_user(node: object) -> torch.fx.Node | None:
+    """The one node that reads ``node``, or None (several readers, none, not a node)."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None

@@ -46,7 +46,7 @@ import torch.fx
 
 from fusebackend.kernels.ir import MAX_ROWS, MAX_SIBLINGS, MatmulGroup
 from fusebackend.passes.activations import activation_of
-from fusebackend.passes.fx_util import example_value, nodes_between, static_tensor
+from fusebackend.passes.fx_util import example_value, nodes_between, single_user, static_tensor
 from fusebackend.passes.graph import is_mutation, resort_stably
 from fusebackend.passes.groups import op_call
 from fusebackend.passes.ops import OpCall
@@ -171,7 +171,7 @@ def _anchor(node: torch.fx.Node) -> _Anchor | None:
         return _Anchor(node, rows, weight, bias, "nk", [node], node)
     if node.target is torch.addmm and len(node.args) == 3 and not node.kwargs:
         bias, flat, weight = node.args
-        out = _single_user(node)
+        out = single_user(node)
         if not (_is_view(flat) and _is_view(out) and isinstance(weight, torch.fx.Node)):
             return None
         rows = flat.args[0]
@@ -298,11 +298,6 @@ def _unchanged_source(node: torch.fx.Node) -> torch.fx.Node | None:
     return source
 
 
-def _single_user(node: torch.fx.Node) -> torch.fx.Node | None:
-    users = list(node.users)
-    return users[0] if len(users) == 1 else None
-
-
 def _gate(siblings: list[_Anchor]) -> tuple[list[_Anchor], str, torch.fx.Node, list] | None:
     """([gate, up], activation, the product node, [the activation node]) when the two
     products' only use is ``act(gate) * up``."""
@@ -318,7 +313,7 @@ def _chunked_gate(anchor: _Anchor) -> tuple[str, int, torch.fx.Node, list] | Non
     """(activation, the gate's half, the product node, [chunk, halves, activation]) when the
     product's only use is ``g, u = y.chunk(2, -1)`` then ``act(g) * u`` (Phi-3's gate_up_proj;
     either half may be the gate)."""
-    chunk = _single_user(anchor.output)
+    chunk = single_user(anchor.output)
     if chunk is None or chunk.op != "call_method" or chunk.target != "chunk":
         return None
     value = example_value(anchor.output)
@@ -341,13 +336,13 @@ def _gated_product(
 ) -> tuple[str, torch.fx.Node, torch.fx.Node] | None:
     """(activation, its node, the product node) when ``gate``'s only use is a silu or gelu
     whose only use is its product with ``up``, ``up``'s only use (in gate's dtype)."""
-    act = _single_user(gate)
+    act = single_user(gate)
     call = op_call(act, "silu", "gelu")
     if call is None or call.params.get("inplace"):
         return None
-    product = _single_user(act)
+    product = single_user(act)
     mul = op_call(product, "mul")
-    if mul is None or _single_user(up) is not product or set(mul.operands) != {act, up}:
+    if mul is None or single_user(up) is not product or set(mul.operands) != {act, up}:
         return None
     if example_value(product).dtype != example_value(gate).dtype:
         return None
@@ -367,10 +362,10 @@ def _residual(
     """(residual, the add node, eval-mode dropouts between) when the product's only use is
     ``product + residual`` (through dropouts outside training, which return their input)."""
     aliases: list[torch.fx.Node] = []
-    value, add = output, _single_user(output)
+    value, add = output, single_user(output)
     while add is not None and _is_eval_dropout(add):
         aliases.append(add)
-        value, add = add, _single_user(add)
+        value, add = add, single_user(add)
     call = op_call(add, "add")
     if call is None or call.params.get("alpha", 1) != 1 or len(call.operands) != 2:
         return None

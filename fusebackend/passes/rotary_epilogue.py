@@ -49,7 +49,7 @@ import torch.fx
 
 from fusebackend.kernels.ir import MatmulGroup
 from fusebackend.passes.cache_writes import cache_write_of, can_write_pair
-from fusebackend.passes.fx_util import example_value, nodes_between, static_tensor
+from fusebackend.passes.fx_util import example_value, nodes_between, single_user, static_tensor
 from fusebackend.passes.graph import is_mutation, resort_stably
 from fusebackend.passes.groups import op_call
 from fusebackend.passes.matmul_groups import offset_rms_norm_of, rms_norm_of
@@ -189,17 +189,17 @@ def _plan(node: torch.fx.Node) -> _Plan | str | None:
 def _by_heads(output: torch.fx.Node) -> _Heads | None:
     """``output`` [B, T, N] as ``view(B, T, H, D).transpose(1, 2)``, its only use (an
     RMSNorm of each head between them, when it is all the view is used for)."""
-    view = _single_user(output)
+    view = single_user(output)
     if view is None or view.op != "call_method" or view.target not in ("view", "reshape"):
         return None
     norm, normed = None, None
-    heads = _single_user(view)
+    heads = single_user(view)
     if heads is not None and heads.target != "transpose":
         found = _head_norm(view)
         if found is None:
             return None
         normed, norm = found
-        heads = _single_user(normed)
+        heads = single_user(normed)
     if heads is None or heads.op != "call_method" or heads.target != "transpose":
         return None
     if sorted(a % 4 if isinstance(a, int) else a for a in heads.args[1:]) != [1, 2]:
@@ -244,18 +244,18 @@ def _rotary(heads: torch.fx.Node) -> _Rotary | None:
         found = _product_with(product, heads)
         if found is None:
             continue
-        embed = _single_user(product)
+        embed = single_user(product)
         add = op_call(embed, "add")
         if add is None or add.params.get("alpha", 1) != 1 or len(add.operands) != 2:
             continue
         other = add.operands[1] if add.operands[0] is product else add.operands[0]
         if other is product or not isinstance(other, torch.fx.Node):
             continue
-        if _single_user(other) is not embed:
+        if single_user(other) is not embed:
             continue
         for rotated, sin in _operand_orders(op_call(other, "mul")):
             rotation = match_rotation(rotated) if isinstance(rotated, torch.fx.Node) else None
-            if not _is_rotate_half(rotation, heads, width) or _single_user(rotated) is not other:
+            if not _is_rotate_half(rotation, heads, width) or single_user(rotated) is not other:
                 continue
             assert isinstance(rotation, Rotation)
             own = {product, rotated, *rotation.parts}
@@ -319,8 +319,8 @@ def _cos_sin_reason(rotary: _Rotary, flat: torch.Tensor) -> str | None:
 def _cache_writes(plan: _Plan) -> None:
     """Fill in the cache write when the rotated k and the v heads go only into a pair of
     StaticCache writes."""
-    k_write = _single_user(plan.rotary[1].embed)
-    v_write = _single_user(plan.heads[2].heads)
+    k_write = single_user(plan.rotary[1].embed)
+    v_write = single_user(plan.heads[2].heads)
     found = [cache_write_of(n) if n is not None else None for n in (k_write, v_write)]
     if found[0] is None or found[1] is None:
         return
@@ -333,13 +333,6 @@ def _cache_writes(plan: _Plan) -> None:
         return
     plan.writes = [k_write, v_write]  # type: ignore[list-item]
     plan.k_cache, plan.v_cache, plan.index = k_cache, v_cache, index
-
-
-def _single_user(node: Any) -> torch.fx.Node | None:
-    if not isinstance(node, torch.fx.Node):
-        return None
-    users = list(node.users)
-    return users[0] if len(users) == 1 else None
 
 
 # ---- Safety and the rewrite
