@@ -339,6 +339,8 @@ def test_group_validation():
         MatmulGroup(siblings=3, rotary=15)
     with pytest.raises(ValueError, match="cache write"):
         MatmulGroup(siblings=3, cache_write=True)
+    with pytest.raises(ValueError, match="index checks"):
+        MatmulGroup(siblings=3, rotary=16, index_checks=True)
     with pytest.raises(ValueError, match="head norms"):
         MatmulGroup(siblings=3, rotary=48, head_norm="rms")  # halves of 24: no tl.arange
     with pytest.raises(ValueError, match=r"rows are \[B, T, K\]"):  # [B*T, K] would misread

@@ -139,7 +139,7 @@ def compile_matmul(group: MatmulGroup, dtype: torch.dtype, split_k: int) -> Any:
                                           biases, heads)  # fmt: skip
     finally:
         matmul._launch_config = default
-    checked = group.cache_write and group.index_checks
+    checked = group.index_checks
     kernel = (
         matmul_triton.matmul_group_kernel_checked if checked else matmul_triton.matmul_group_kernel
     )

@@ -519,6 +519,8 @@ class MatmulGroup:
         if self.head_norm and (not self.rotary or (self.rotary // 2) & (self.rotary // 2 - 1)):
             raise ValueError("MatmulGroup: head norms go with a rotary embedding over heads "
                              "whose half width is a power of two")  # fmt: skip
+        if self.index_checks and not self.cache_write:
+            raise ValueError("MatmulGroup: index checks are the cache write's")
         if self.cache_write and not self.rotary:
             raise ValueError("MatmulGroup: a KV-cache write follows the rotary embedding")
 

@@ -100,7 +100,7 @@ def matmul_group(
         return reference(group, x, norm_weight, norm_bias, residual, weights, biases, heads)
     args, grid, meta, outputs = _launch(group, x, norm_weight, norm_bias, residual, weights,
                                         biases, heads)  # fmt: skip
-    _kernel(group.cache_write and group.index_checks)[grid](*args, **meta)
+    _kernel(group.index_checks)[grid](*args, **meta)
     return outputs
 
 
@@ -242,7 +242,7 @@ def precompile_matmul(group: MatmulGroup, x, norm_weight, norm_bias, residual, *
     weights, biases, heads = _split_params(group, params)
     args, grid, meta, _ = _launch(group, x, norm_weight, norm_bias, residual, weights, biases,
                                   heads, allocate=False)  # fmt: skip
-    warmup_launch(_kernel(group.cache_write and group.index_checks), grid, args, meta, x.device)
+    warmup_launch(_kernel(group.index_checks), grid, args, meta, x.device)
 
 
 class MatmulGroupOp:
@@ -423,7 +423,7 @@ def _launch(
     }
     if meta["PDL"]:
         meta["launch_pdl"] = True
-    if group.cache_write and group.index_checks:
+    if group.index_checks:
         # The debug build is for the cache index's assert alone: Triton's debug mode would
         # also check every 32-bit integer add and multiply for overflow, the weight offsets
         # of the K loop included (the compiled q/k/v kernel's code doubled)
