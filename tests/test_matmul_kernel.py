@@ -25,6 +25,9 @@ programs x 8 steps, ~25 s on one core; the whole file must stay under ~60 s on 2
 * ``test_launch_configs``: one shape under several configs a sweep may pick (tile edges
   larger than K or N, one or several pipeline stages), as the benchmark's ``--sweep`` swaps
   ``_launch_config``.
+* default configs: ``launch_config``'s picks from the split-K sweep (8 K slices for a long K
+  over few columns, 2 warps for o projections of 16 rows), and the full Qwen2-0.5B down
+  projection (K 4864 -> 896, ~7 s here) through the real launch in 8 slices.
 * layouts: x as a transposed view (column stride != 1) and as a column slice (row stride
   != K), 3-D ``[B, T, K]`` rows with a 3-D residual, weights as slices of one fused
   parameter and as a transposed view; validation of ``MatmulGroup``; zero rows.
@@ -301,6 +304,53 @@ def test_split_k_sums_every_slice_once_for_every_epilogue(config, dtype, launch_
         first = check_case(case, 5, 127, dtype, seed=seed)
         again = check_case(case, 5, 127, dtype, seed=seed)
         assert all(torch.equal(a, b) for a, b in zip(first, again))  # slices in a fixed order
+    assert arrivals._counters[DEVICE].abs().amax() == 0
+
+
+# Default configs the H100 sweep with split-K picked (benchmarks/results/
+# matmul_sweep_h100_splitk.json; launch_config's docstring has the timings)
+DOWN_SPLIT = LaunchConfig(16, 128, warps=2, stages=4, split_k=8)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16])
+def test_default_config_splits_k_of_narrow_down_projections_only(rows):
+    # Qwen2-0.5B's down projection (K 4864 -> 896, residual): 8 slices (7.6 / 7.9 us
+    # against 8.9 / 9.2 us in one); TinyLlama's (5632 -> 2048) keeps one slice, its best
+    assert matmul.launch_config(rows, 4864, 896, False) == DOWN_SPLIT
+    assert matmul.launch_config(rows, 5632, 2048, False) == LaunchConfig(16, 512, 2, 4)
+    assert matmul.launch_config(rows, 4096, 1024, False).split_k == 8  # the rule's edges
+    assert matmul.launch_config(rows, 4096, 1040, False).split_k == 1
+    assert matmul.launch_config(rows, 3072, 768, False).split_k == 1  # GPT-2's c_proj
+    # a gated pair or an LM head of a long K never splits
+    assert matmul.launch_config(rows, 4864, 896, True).split_k == 1
+    assert matmul.launch_config(rows, 4096, 32000, False).split_k == 1
+
+
+def test_default_config_runs_o_projections_of_16_rows_on_2_warps():
+    # Qwen2's o projection (896 -> 896) 3.4 against 3.8 us with 16 rows; TinyLlama's
+    # (2048 -> 2048) 6.5 against 7.5 us; one row keeps 4 warps (TinyLlama: 6.6 against 7.3)
+    assert matmul.launch_config(16, 896, 896, False) == LaunchConfig(16, 256, 2, 4)
+    assert matmul.launch_config(16, 2048, 2048, False) == LaunchConfig(16, 512, 2, 4)
+    assert matmul.launch_config(1, 896, 896, False) == LaunchConfig(16, 256, 4, 4)
+    assert matmul.launch_config(1, 2048, 2048, False) == LaunchConfig(16, 256, 4, 4)
+    # q/k/v widen their input (not swept at 2 warps): 4 warps at any rows
+    assert matmul.launch_config(16, 896, 896 + 2 * 128, False) == LaunchConfig(16, 256, 4, 4)
+    assert matmul.launch_config(16, 2048, 2048 + 2 * 256, False) == LaunchConfig(32, 512, 4, 3)
+
+
+def test_qwen2_down_projection_splits_k_in_the_real_launch():
+    """The full Qwen2-0.5B down projection (K 4864 -> 896, residual, fp16, one decode row)
+    under the default launch_config: 56 tiles x 8 slices of 640 (the last 384), summed by
+    the last to arrive, against eager (~7 s on the interpreter)."""
+    from fusebackend.kernels import arrivals
+
+    case = Case((896,), residual=True)
+    x = rand(1, 4864, dtype=torch.float16)
+    weights = (rand(896, 4864, dtype=torch.float16),)
+    _, grid, meta, _ = matmul._launch(case.group(0.0), x, None, None, x[:, :896], weights, ())
+    assert grid == (56, 8) and meta["SPLIT_K"] == 8 and meta["K_SPAN"] == 640, (grid, meta)
+    assert (meta["BLOCK_K"], meta["num_warps"], meta["num_stages"]) == (128, 2, 4), meta
+    check_case(case, 1, 4864, torch.float16, seed=4864)
     assert arrivals._counters[DEVICE].abs().amax() == 0
 
 

@@ -301,8 +301,8 @@ class LaunchConfig:
 
 
 def launch_config(rows: int, width: int, outputs: int, gated: bool) -> LaunchConfig:
-    """Tile, warps and pipeline stages for ``rows`` rows of a ``width``-wide input and
-    ``outputs`` output columns in all (a gated pair: its output's columns; each program
+    """Tile, warps, pipeline stages and K slices for ``rows`` rows of a ``width``-wide input
+    and ``outputs`` output columns in all (a gated pair: its output's columns; each program
     reads a gate and an up tile).
 
     From the H100 sweep of ``benchmarks/matmul_kernels.py --sweep``
@@ -313,7 +313,26 @@ def launch_config(rows: int, width: int, outputs: int, gated: bool) -> LaunchCon
     and 4 stages (cuBLAS + the residual add: 14.3); q/k/v (2560 outputs) 8.2 against 10.9 us
     with 32 columns (80 programs); the 2048-wide o projection 6.6 against 7.0 us with 16
     columns (128 programs) and 4 stages; LM heads (32000 and 151936 columns) within 5% of
-    the best at 64 columns."""
+    the best at 64 columns.
+
+    From the sweep with split-K (``benchmarks/results/matmul_sweep_h100_splitk.json``, same
+    kernel, fp16, 1 and 16 rows), against the picks above:
+
+    * split-K for a long K (>= 4096) over few columns (<= 1024: at most 64 tiles of 16 for
+      an H100's 132 SMs): Qwen2-0.5B's down projection (K 4864, 896 columns, residual) 7.6
+      against 8.9 us (1 row) and 7.9 against 9.2 us (16 rows) in 8 slices of 128-wide K
+      steps, 2 warps, 4 stages (448 programs). TinyLlama's down projection (2048 columns, 128
+      tiles) keeps one slice: 11.5 us (1 row), its best, against 12.0 us at best in 2, 4
+      or 8 slices. Qwen2's 4 rows (not swept) take the split as its 1 and 16 rows do.
+    * 2 warps for 16 rows (``rows > 4``) of a 16-column tile that does not widen its input
+      (``outputs <= width``: the o projections): Qwen2's (896 -> 896) 3.4 against 3.8 us,
+      TinyLlama's (2048 -> 2048, 512-wide K steps) 6.5 against 7.5 us. With 1 row 2 warps
+      are no faster (Qwen2 3.6 against 3.7 us; TinyLlama 7.3 against 6.6 us), and q/k/v
+      (which widen their input) were not swept at 2 warps, so both keep 4. GPT-2's c_proj
+      (768 -> 768, 3072 -> 768) falls under the rule unswept. Left out: Qwen2's o projection
+      at 1 row with 3 stages, 3.5 against 3.7 us: within the 0.2-0.3 us between two timings
+      of the same default in that file (3.7 us in the sweep, 3.9 in its shape table), and
+      TinyLlama's is slower with 3 (7.0 against 6.6 us)."""
     deep = rows > 4
     widest_k = max(16, 1 << (width - 1).bit_length())
     if gated:
@@ -323,12 +342,15 @@ def launch_config(rows: int, width: int, outputs: int, gated: bool) -> LaunchCon
         block_n = 32 if outputs // 32 >= 80 else 16
         return LaunchConfig(block_n, min(256, widest_k), warps=4 if deep else 2, stages=3)
     if width >= 4096:  # down projections: long K, few columns
+        if outputs <= 1024:  # under half the SMs in 16-column tiles: 8 K slices each
+            return LaunchConfig(16, 128, warps=2, stages=4, split_k=8)
         return LaunchConfig(16, 512, warps=2, stages=4)
     if outputs >= 16384:  # LM heads: programs enough at any tile
         return LaunchConfig(64, min(256, widest_k), warps=4, stages=3)
     block_n = 32 if outputs // 32 >= 80 else 16
     block_k = min(512 if deep and width >= 2048 else 256, widest_k)
-    return LaunchConfig(block_n, block_k, warps=4, stages=4 if block_n == 16 else 3)
+    warps = 2 if deep and block_n == 16 and outputs <= width else 4
+    return LaunchConfig(block_n, block_k, warps=warps, stages=4 if block_n == 16 else 3)
 
 
 # Programmatic dependent launch (Hopper): each launch may begin while the previous kernel
