@@ -22,6 +22,12 @@ Parts beyond the per-call/first-call rows:
 - The model zoo ("zoo-<family>", the 21 families of tests/model_zoo.py; 3 with --quick):
   eager, inductor, reduce-overhead, infinifuse; kernels per call, whether every infinifuse
   signature is captured (no mode "eager"), error vs eager, per call with graphs, fused groups.
+- Decode rows (llama-, qwen2-, gpt2-, llama-b4-, llama-b16-decode), every backend: the
+  weight-streaming floor. ``weight_bytes`` (the parameters a step reads: all but embedding
+  tables it only gathers, a tied head once), ``copy_gbs`` (device-to-device copy, read +
+  write, measured once per run), ``floor_ms`` (weight_bytes at copy_gbs) and
+  ``floor_fraction`` (floor_ms / per call; target: TinyLlama's >= 0.55); the last three
+  None without CUDA.
 - generate: benchmarks/generate.py (transformers generate(), each variant in its own cold
   process) writes generate.json under --out-dir; its summary goes into suite.json/suite.md.
 
@@ -149,10 +155,12 @@ def _line(row: dict[str, Any]) -> str:
     if row["status"] != "ok":
         return f"{where} {row['status']}: {row.get('error', '')[:160]}"
     kernels = f"  kernels {row['kernels_per_call']}" if "kernels_per_call" in row else ""
+    floor = row.get("floor_fraction")
+    floor_text = f"  {floor:.3f} of floor" if floor is not None else ""
     return (
         f"{where} per call {row['per_call_ms']:9.3f} ms  first {row['first_call_s']:7.2f} s"
         f"  err {row['rel_error']:.1e}{'' if row['error_ok'] else ' (> tol)'}"
-        f"  mode {row['mode']}{kernels}"
+        f"  mode {row['mode']}{kernels}{floor_text}"
     )
 
 
@@ -201,6 +209,13 @@ def run_suite(
             if in_process:
                 progress.start("process warm-up")
                 measure.warm_process(device, backends)
+            # once per run, for the decode rows' weight-streaming floor (None without CUDA)
+            copy_gbs = None
+            if any(w.decode for w in in_process):
+                progress.start("copy bandwidth")
+                copy_gbs = measure.copy_bandwidth(device)
+                if copy_gbs is not None:
+                    progress.write(f"copy bandwidth {copy_gbs:.0f} GB/s (read + write)")
             for workload in in_process:
                 rows += _run_workload(
                     workload,
@@ -210,6 +225,7 @@ def run_suite(
                     have_transformers,
                     cache_root,
                     progress,
+                    copy_gbs,
                 )
     finally:
         progress.close()
@@ -281,6 +297,7 @@ def _run_workload(
     have_transformers: bool,
     cache_root: Path,
     progress: Progress,
+    copy_gbs: float | None = None,
 ) -> list[dict[str, Any]]:
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     base = {
@@ -311,6 +328,8 @@ def _run_workload(
         traceback.print_exc()
         return skip_all("error", f"building the workload: {_error_text(exc)}")
     base["shape"] = case.shape
+    if case.weight_bytes is not None:  # decode: the weight-streaming floor (measure.py)
+        base.update(measure.floor_fields(case.weight_bytes, copy_gbs, None))
     progress.start(f"{workload.name}: Dynamo warm-up trace")
     try:
         measure.prewarm(case, device)
@@ -330,6 +349,9 @@ def _run_workload(
             try:
                 row.update(measure.measure(workload, case, backend, device, refs))
                 row["status"] = "ok"
+                if case.weight_bytes is not None:
+                    row.update(measure.floor_fields(case.weight_bytes, copy_gbs,
+                                                    row["per_call_ms"]))  # fmt: skip
             except Exception as exc:  # noqa: BLE001  (recorded; the suite goes on)
                 row.update(
                     status="error", error=_error_text(exc), traceback=traceback.format_exc()[-3000:]
@@ -454,7 +476,8 @@ def write_report(result: dict[str, Any], out_dir: Path) -> None:
     print("targets:")
     for t in result["targets"]:
         value = "-" if t["value"] is None else f"{t['value']:.3g}"
-        print(f"  [{t['status']:>12s}] {t['name']}: {value} (limit {t['limit']}; {t['note']})")
+        limit = report.limit_text(t)
+        print(f"  [{t['status']:>12s}] {t['name']}: {value} (limit {limit}; {t['note']})")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -146,6 +146,100 @@ def test_reduce_overhead_borrows_inductors_kernel_count(suite_modules):
     assert "kernels_per_call" not in rows[3]
 
 
+def test_decode_weight_bytes_leaves_out_gathered_tables_and_counts_a_tied_head_once(
+    suite_modules,
+):
+    transformers = pytest.importorskip("transformers")
+    from suite import workloads  # loaded with measure
+
+    def build(config):
+        torch.manual_seed(0)
+        return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+    def all_bytes(model):  # every parameter once (parameters() skips shared ones)
+        return sum(p.numel() * p.element_size() for p in model.parameters())
+
+    widths = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=100)  # fmt: skip
+    # Llama, head not tied: the embedding table (100 x 64 fp32) is only gathered
+    untied = build(transformers.LlamaConfig(**widths, tie_word_embeddings=False))
+    assert workloads.decode_weight_bytes(untied) == all_bytes(untied) - 100 * 64 * 4
+    # tied (Qwen2-0.5B's case): the head reads the whole table, counted once
+    tied = build(transformers.LlamaConfig(**widths, tie_word_embeddings=True))
+    assert tied.get_output_embeddings().weight is tied.get_input_embeddings().weight
+    assert workloads.decode_weight_bytes(tied) == all_bytes(tied)
+    assert all_bytes(tied) == all_bytes(untied) - 100 * 64 * 4
+    # GPT-2: wte tied to the head counted once, wpe (positions, 32 x 64) gathered only
+    gpt2_config = transformers.GPT2Config(
+        n_embd=64, n_layer=1, n_head=4, vocab_size=100, n_positions=32, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    gpt2 = build(gpt2_config)
+    assert workloads.decode_weight_bytes(gpt2) == all_bytes(gpt2) - 32 * 64 * 4
+    # half precision: 2 bytes a parameter
+    assert workloads.decode_weight_bytes(gpt2.half()) == (all_bytes(gpt2) - 32 * 64 * 2)
+
+    class SharedStorage(torch.nn.Module):  # a head tied by memory, not by Parameter
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(10, 4)
+            self.norm = torch.nn.LayerNorm(4)
+            self.head = torch.nn.Linear(4, 10, bias=False)
+            self.head.weight = torch.nn.Parameter(self.table.weight.data)
+
+        def get_output_embeddings(self):
+            return self.head
+
+    assert workloads.decode_weight_bytes(SharedStorage()) == (40 + 4 + 4) * 4
+
+
+def test_floor_fields_and_the_floor_target(suite_modules):
+    measure, report = suite_modules
+    # TinyLlama's shape: 2.069 GB of weights a step (all but the 32000 x 2048 embedding, fp16)
+    # at 3000 GB/s of copy (read + write) -> 0.6897 ms; per call 1.3 ms -> 0.53 of the floor
+    fields = measure.floor_fields(2_069_024_768, 3000.0, 1.3)
+    assert fields["weight_bytes"] == 2_069_024_768 and fields["copy_gbs"] == 3000.0
+    assert fields["floor_ms"] == pytest.approx(2_069_024_768 / 3e12 * 1e3)
+    assert fields["floor_fraction"] == pytest.approx(fields["floor_ms"] / 1.3)
+    # no CUDA (no copy bandwidth) or a row that did not run (no per call): no floor
+    assert measure.floor_fields(2_069_024_768, None, 1.3) == {
+        "weight_bytes": 2_069_024_768, "copy_gbs": None, "floor_ms": None,
+        "floor_fraction": None}  # fmt: skip
+    assert measure.floor_fields(100, 1.0, None)["floor_fraction"] is None
+    assert measure.copy_bandwidth(torch.device("cpu")) is None
+
+    name = "TinyLlama-shape decode: fraction of the weight-streaming floor"
+
+    def target(*rows):
+        found = {t["name"]: t for t in report.compute_targets(list(rows))}
+        return found[name]
+
+    slow = _row("llama-decode", "infinifuse", per_call_ms=1.3, **fields)
+    missed = target(slow)
+    assert missed["status"] == "missed" and missed["value"] == pytest.approx(0.5306, abs=1e-4)
+    assert missed["direction"] == "at least" and missed["limit"] == 0.55
+    assert "2.07 GB at 3000 GB/s" in missed["note"], missed
+    fast = _row("llama-decode", "infinifuse", per_call_ms=1.2,
+                **measure.floor_fields(2_069_024_768, 3000.0, 1.2))  # fmt: skip
+    assert target(fast)["status"] == "met"  # 0.575
+    cpu = _row("llama-decode", "infinifuse", **measure.floor_fields(2_069_024_768, None, 1.0))
+    assert target(cpu)["status"] == "not measured" and "no CUDA" in target(cpu)["note"]
+    failed = _row("llama-decode", "infinifuse", status="error")
+    assert target(failed)["status"] == "missed"
+    assert target()["status"] == "not measured"
+    # every other target is "at most" its limit
+    targets = report.compute_targets([slow])
+    assert {t["direction"] for t in targets if t["name"] != name} == {"at most"}
+
+    environment = {"device": "test", "torch": "-", "triton": "-", "transformers": "-",
+                   "date": "-", "quick": False}  # fmt: skip
+    markdown = report.markdown({"environment": environment, "rows": [slow],
+                                "targets": targets})  # fmt: skip
+    assert f"| {name} | 0.531 | >= 0.55 | **missed** |" in markdown, markdown
+    assert "| kernels per call | of floor |" in markdown
+    assert markdown.split("| llama-decode |")[1].splitlines()[0].endswith("| - | 0.531 |")
+
+
 def test_zoo_and_four_model_targets_and_tables(suite_modules):
     _, report = suite_modules
     rows = [

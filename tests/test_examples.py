@@ -265,14 +265,29 @@ def test_suite_quick_writes_rows_targets_and_merges(tmp_path):
             assert row["mode"] != "n/a" and "stats" in row, row
         else:
             assert row["mode"] == "n/a", row
+    # Decode rows carry the weight-streaming floor's figures, every backend (measured or not);
+    # without CUDA there is no copy bandwidth, so no floor.
+    for (workload, _), row in rows.items():
+        if workload == "chain-decode":
+            assert "weight_bytes" not in row and "floor_fraction" not in row, row
+        elif _has_transformers():
+            assert row["weight_bytes"] > 0, row
+            if not cuda:
+                assert row["copy_gbs"] is None and row["floor_fraction"] is None, row
+            elif row["status"] == "ok":
+                assert row["copy_gbs"] > 0 and 0 < row["floor_fraction"], row
     # The chain is the fusion pattern itself: on CPU its kernel runs in the interpreter.
     assert "fusion" in rows["chain-decode", "infinifuse"]["mode"].split(",")
     assert rows["chain-decode", "infinifuse-nofusion"]["mode"] in ("eager", "graph_replay")
 
     targets = {t["name"]: t for t in report["targets"]}
-    # 12 backend-ratio targets (the four decode/encoder models' among them), 3 of the zoo, 2 of
-    # generate, and the error target over every row.
-    assert len(targets) == 18, list(targets)
+    # 12 backend-ratio targets (the four decode/encoder models' among them), the weight-
+    # streaming floor's, 3 of the zoo, 2 of generate, and the error target over every row.
+    assert len(targets) == 19, list(targets)
+    floor = targets["TinyLlama-shape decode: fraction of the weight-streaming floor"]
+    assert floor["direction"] == "at least" and floor["limit"] == 0.55
+    if not cuda:
+        assert floor["status"] == "not measured", floor
     first_call = targets["TinyLlama-shape decode, first call: infinifuse / Dynamo alone"]
     if _has_transformers():
         assert first_call["status"] in ("met", "missed") and first_call["value"] > 0

@@ -18,6 +18,10 @@ from typing import Any
 
 import torch
 
+# The copy probe shared with the kernel benchmarks (benchmarks/ is on sys.path, as for
+# workloads' embedding_chain.Chain)
+from embedding_chain import copy_bandwidth_gbs
+
 import fusebackend
 import fusebackend.report as fusebackend_report  # _reports_since: every graph of one row
 
@@ -32,7 +36,9 @@ __all__ = [
     "CUDA_ONLY",
     "TOLERANCE",
     "borrow_kernel_counts",
+    "copy_bandwidth",
     "count_kernels",
+    "floor_fields",
     "fresh_state",
     "measure",
     "prewarm",
@@ -73,6 +79,30 @@ def make_fn(model: torch.nn.Module, backend: str) -> Callable[..., Any]:
         options = INFINIFUSE_OPTIONS[backend]
         return torch.compile(model, backend="infinifuse", options=options or None)
     raise ValueError(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}")
+
+
+def copy_bandwidth(device: torch.device) -> float | None:
+    """Device-to-device copy bandwidth in GB/s, bytes read plus bytes written
+    (``embedding_chain.copy_bandwidth_gbs``' ceiling, 256 MB each way, as
+    benchmarks/matmul_kernels.py measures it); None without CUDA."""
+    if device.type != "cuda":
+        return None
+    return copy_bandwidth_gbs(device, 0.25)["ceiling"]
+
+
+def floor_fields(
+    weight_bytes: int | None, copy_gbs: float | None, per_call_ms: float | None
+) -> dict[str, Any]:
+    """A decode row's weight-streaming floor: ``floor_ms``, the step's weight bytes at the
+    copy bandwidth, and ``floor_fraction``, floor_ms / per_call_ms (1.0: the step takes no
+    longer than its weights take to stream). The copy bandwidth counts bytes read plus bytes
+    written, so streaming the weights (read only) at that rate is what the floor is: the
+    same convention as matmul_kernels.py's ``floor_us``. None where a figure is missing
+    (no CUDA: no copy bandwidth; a row that did not run: no per call)."""
+    floor_ms = weight_bytes / (copy_gbs * 1e9) * 1e3 if weight_bytes and copy_gbs else None
+    fraction = floor_ms / per_call_ms if floor_ms is not None and per_call_ms else None
+    return {"weight_bytes": weight_bytes, "copy_gbs": copy_gbs, "floor_ms": floor_ms,
+            "floor_fraction": fraction}  # fmt: skip
 
 
 def fresh_state(device: torch.device) -> None:

@@ -11,7 +11,15 @@ from typing import Any
 # shown beside this run's (``_ledger_section``).
 LEDGER = Path(__file__).resolve().parents[1] / "results" / "ledger.jsonl"
 
-__all__ = ["FOUR_MODELS", "TARGETS", "compute_targets", "markdown", "plot"]
+__all__ = [
+    "FLOOR_TARGETS",
+    "FOUR_MODELS",
+    "TARGETS",
+    "compute_targets",
+    "limit_text",
+    "markdown",
+    "plot",
+]
 
 # The rows of the four models' table: (workload, label).
 FOUR_MODELS = [
@@ -23,7 +31,8 @@ FOUR_MODELS = [
 ZOO_PREFIX = "zoo-"
 
 # (name, workload, metric, backend, baseline backend, limit): backend's metric divided by
-# the baseline's must be <= limit.
+# the baseline's must be <= limit. Every target is "at most" its limit unless its
+# "direction" says "at least" (FLOOR_TARGETS).
 TARGETS = [
     (
         "TinyLlama-shape decode, first call: infinifuse / Dynamo alone",
@@ -95,6 +104,20 @@ _COLORS = {
 }
 
 
+# (name, workload, limit): infinifuse's ``floor_fraction`` (run.py: the weight-streaming
+# floor, the bytes of weights a decode step reads at the copy bandwidth measured in the same
+# run, over per call) must be at least limit.
+FLOOR_TARGETS = [
+    ("TinyLlama-shape decode: fraction of the weight-streaming floor", "llama-decode", 0.55),
+]
+
+
+def limit_text(target: dict[str, Any]) -> str:
+    """The limit as suite.md and run.py print it: ">= 0.55" for an at-least target."""
+    at_least = target.get("direction") == "at least"
+    return f">= {target['limit']}" if at_least else str(target["limit"])
+
+
 def _row(rows: list[dict[str, Any]], workload: str, backend: str) -> dict[str, Any] | None:
     for row in rows:
         if row["workload"] == workload and row["backend"] == backend:
@@ -140,6 +163,7 @@ def compute_targets(
                 note=f"{mine[metric]:.4g} / {base[metric]:.4g}",
             )
         targets.append(target)
+    targets += _floor_targets(rows)
     targets += _zoo_targets(rows)
     targets += _generate_targets(generate)
 
@@ -163,6 +187,8 @@ def compute_targets(
             "note": "; ".join(over) if over else f"{len(measured)} rows checked",
         }
     )
+    for target in targets:  # the floor's are "at least"
+        target.setdefault("direction", "at most")
     return targets
 
 
@@ -171,6 +197,33 @@ def _target(name: str, workload: str, metric: str, baseline: str | None, limit: 
     return {"name": name, "workload": workload, "metric": metric, "backend": "infinifuse",
             "baseline": baseline, "limit": limit, "value": value, "status": status,
             "note": note}  # fmt: skip
+
+
+def _floor_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """infinifuse's fraction of the weight-streaming floor, at least each limit."""
+    targets = []
+    for name, workload, limit in FLOOR_TARGETS:
+        mine = _row(rows, workload, "infinifuse")
+        value = None
+        if mine is None:
+            status, note = "not measured", "row not in this run"
+        elif mine["status"] != "ok":
+            status = "not measured" if mine.get("phase") == "build" else "missed"
+            note = f"infinifuse: {mine['status']}"
+        elif mine.get("floor_fraction") is None:
+            why = "no CUDA device: no copy bandwidth" if not mine.get("copy_gbs") else "no floor"
+            status, note = "not measured", why
+        else:
+            value = mine["floor_fraction"]
+            status = "met" if value >= limit else "missed"
+            gigabytes = mine["weight_bytes"] / 1e9
+            note = (
+                f"floor {mine['floor_ms']:.4g} ms ({gigabytes:.3g} GB at {mine['copy_gbs']:.0f} "
+                f"GB/s) / per call {mine['per_call_ms']:.4g} ms"
+            )
+        target = _target(name, workload, "floor_fraction", None, limit, value, status, note)
+        targets.append({**target, "direction": "at least"})
+    return targets
 
 
 def _zoo_families(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -321,7 +374,7 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for t in report["targets"]:
         lines.append(
-            f"| {t['name']} | {_fmt(t['value'], '.3g')} | {t['limit']} | "
+            f"| {t['name']} | {_fmt(t['value'], '.3g')} | {limit_text(t)} | "
             f"**{t['status']}** | {t.get('note', '')} |"
         )
     main_rows = [r for r in report["rows"] if not r["workload"].startswith(ZOO_PREFIX)]
@@ -331,11 +384,14 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "Kernels per call: CUDA kernel launches of one steady call without CUDA graphs "
         "(torch.profiler; infinifuse compiled with cudagraphs=False; reduce-overhead shows "
-        "Inductor's default count, since its graphs hide launches); - where not counted.",
+        "Inductor's default count, since its graphs hide launches); - where not counted. "
+        "Of floor (decode rows, CUDA): the weight-streaming floor over per call, the floor "
+        "being the bytes of weights a step reads (every parameter but gathered embedding "
+        "tables) at the device-to-device copy bandwidth measured in the same run.",
         "",
         "| workload | shape | backend | status | per call (ms) | first call (s) | to steady (s) "
-        "| peak mem (MB) | rel error | tol | mode | kernels per call |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| peak mem (MB) | rel error | tol | mode | kernels per call | of floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     if main_rows:  # else only the zoo (its own table below) or generate ran
         lines += table
@@ -345,7 +401,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_fmt(r.get('per_call_ms'), '.4g')} | {_fmt(r.get('first_call_s'), '.3g')} | "
             f"{_fmt(r.get('warm_s'), '.3g')} | {_fmt(r.get('peak_mem_mb'), '.0f')} | "
             f"{_fmt(r.get('rel_error'), '.1e')} | {_fmt(r.get('tolerance'), '.0e')} | "
-            f"{r.get('mode', '-')} | {_fmt(r.get('kernels_per_call'), 'd')} |"
+            f"{r.get('mode', '-')} | {_fmt(r.get('kernels_per_call'), 'd')} | "
+            f"{_fmt(r.get('floor_fraction'), '.3f')} |"
         )
     lines += _ledger_section(report)
     lines += _four_models_table(report["rows"])

@@ -31,7 +31,7 @@ from embedding_chain import Chain  # noqa: E402
 sys.path.append(str(Path(__file__).resolve().parents[2] / "tests"))
 import model_zoo  # noqa: E402
 
-__all__ = ["Case", "Workload", "select", "workloads"]
+__all__ = ["Case", "Workload", "decode_weight_bytes", "select", "workloads"]
 
 
 @dataclasses.dataclass
@@ -44,6 +44,8 @@ class Case:
     prepare: Callable[[], None] = lambda: None  # restores the state before a first call
     sweep: list[dict[str, Any]] | None = None  # per-length kwargs of a sweep workload
     shape: str = ""
+    # decode workloads: bytes of the parameters one step reads (decode_weight_bytes)
+    weight_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +65,9 @@ class Workload:
     kind: str = "model"
     # kind "generate": the arguments given to benchmarks/generate.py.
     argv: tuple[str, ...] = ()
+    # A model's decode step (``_decode``): its rows carry the weight-streaming floor, for
+    # which run.py measures the copy bandwidth once.
+    decode: bool = False
 
 
 def _logits(out: Any) -> torch.Tensor:
@@ -115,6 +120,32 @@ def static_cache(model: nn.Module, batch: int, max_len: int) -> Any:
     return cache
 
 
+def decode_weight_bytes(model: nn.Module) -> int:
+    """Bytes of the parameters one decode step reads: every parameter once (shared ones,
+    such as a head tied to the embedding, once), except embedding tables (``nn.Embedding``),
+    of which a step gathers a row or a few, unless the table is also the LM head's weight
+    (tied: the head reads all of it)."""
+
+    def where(t: torch.Tensor) -> int:
+        # by storage: a tied head may be another Parameter over the table's memory (a meta
+        # tensor has none: by identity)
+        return id(t) if t.is_meta else t.data_ptr()
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_weight = getattr(head, "weight", None)
+    head_at = None if head_weight is None else where(head_weight)
+    gathered = {where(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for param in model.parameters():
+        key = (where(param), param.numel())
+        if key in seen or (key[0] in gathered and key[0] != head_at):
+            continue
+        seen.add(key)
+        total += param.numel() * param.element_size()
+    return total
+
+
 def _decode(
     make_config: Callable[[], Any], context: int, dtype: torch.dtype, batch: int = 1
 ) -> Callable:
@@ -137,6 +168,7 @@ def _decode(
             _logits,
             prepare,
             shape=f"batch {batch}, 1 token, StaticCache {context}+{calls} of {context + calls + 8}",
+            weight_bytes=decode_weight_bytes(model),
         )
 
     return build
@@ -362,6 +394,7 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
                 3,
                 2,
                 count_kernels=True,
+                decode=True,
             ),
             Workload(
                 "qwen2-decode",
@@ -371,6 +404,7 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
                 3,
                 2,
                 count_kernels=True,
+                decode=True,
             ),
             Workload(
                 "llama-prefill",
@@ -397,6 +431,7 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
                 3,
                 2,
                 count_kernels=True,
+                decode=True,
             ),
             Workload(
                 "gpt2-prefill",
@@ -449,6 +484,7 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
             5,
             20,
             count_kernels=True,
+            decode=True,
         ),
         Workload(
             "qwen2-decode",
@@ -458,6 +494,7 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
             5,
             20,
             count_kernels=True,
+            decode=True,
         ),
         # Small batches: matmul groups take up to 16 rows (passes/matmul_groups.py)
         *(
@@ -469,6 +506,7 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
                 5,
                 20,
                 count_kernels=True,
+                decode=True,
             )
             for batch in (4, 16)
         ),
@@ -497,6 +535,7 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
             5,
             20,
             count_kernels=True,
+            decode=True,
         ),
         Workload(
             "gpt2-prefill",
