@@ -70,6 +70,7 @@ from fusebackend.prepare import (
 )
 from fusebackend.report import GraphReport, GroupReport, record
 from fusebackend.runtime.graph_cache import GraphCache
+from fusebackend.runtime.specialization import form_of, operations
 
 __all__ = ["FUSE", "FusedGroupOp", "FusedPairOp", "infinifuse"]
 
@@ -363,6 +364,7 @@ def infinifuse(
                            time.perf_counter() - start))  # fmt: skip
         return compiled
 
+    traced = operations(gm)  # before the passes fold anything (frames.route)
     c = Compilation(name, gm, list(example_inputs), config, device)
     run_passes(PREPARE, c)
     shards, split, mutated = c.shards, c.split, c.mutated
@@ -390,6 +392,7 @@ def infinifuse(
         name=name,
         batch_size_input_indices=batch_size_inputs(inputs, static),
         example_values=[example_value(p) for p in inputs],
+        form=form_of(part.graph, traced),
     )
     groups = fusion.groups
     if not config.fusion:

@@ -51,9 +51,11 @@ class FakeGraph:
 class Captures:
     def __init__(self):
         self.graphs: list[weakref.ref[FakeGraph]] = []
+        self.warmups: list[int] = []  # warmup_iterations of each capture
 
     def __call__(self, fn, inputs, *, device, warmup_iterations):
         assert device == FAKE_CUDA
+        self.warmups.append(warmup_iterations)
         for _ in range(warmup_iterations):
             fn(*inputs)
         graph = FakeGraph(fn, inputs)
@@ -118,6 +120,32 @@ LENGTHS = list(range(3, 63))  # 60 distinct lengths
 
 
 # ------------------------------------------------------------------------------ churn
+
+
+def test_a_capture_right_after_a_direct_run_skips_its_warm_up(fake_capture, monkeypatch):
+    """The call that captures a signature runs the graph on it first (its outputs): where the
+    capture stream is set up, that run is the warm-up. Not before the stream's first capture,
+    and not when the run was another mode's (the fused graph failed: the unfused one is
+    captured, never run at this signature)."""
+    table, w, b = weights()
+    warm = {"stream": False}
+    monkeypatch.setattr(cap, "side_stream_warm", lambda device: warm["stream"])
+    cache = norm_cache(capture_on_call=1, warmup_iterations=2)
+    cache(rand_ids(V, (2, 5)), table, w, b)
+    warm["stream"] = True
+    for n in (6, 7):
+        ids = rand_ids(V, (2, n))
+        assert_close(cache(ids, table, w, b)[0], embed_norm(ids, table, w, b)[0])
+    assert fake_capture.warmups == [2, 0, 0]
+
+    def failing(*args):
+        raise RuntimeError("kernel failed")
+
+    broken = norm_cache(fused=failing, capture_on_call=1, warmup_iterations=2)
+    ids = rand_ids(V, (2, 8))
+    assert_close(broken(ids, table, w, b)[0], embed_norm(ids, table, w, b)[0])
+    assert broken.mode_for(ids) == GRAPH_REPLAY
+    assert fake_capture.warmups[-1] == 2
 
 
 def test_sixty_lengths_twice_capture_once_each_and_validate_once(fake_capture):
@@ -366,20 +394,88 @@ def _corpus_pass(compiled, table, w, b, shapes):
             assert_close(compiled(ids, mask, table, w, b), chain(ids, mask, table, w, b))
 
 
-def test_dynamo_recompiles_leave_one_entry_per_shape():
+def test_dynamo_recompiles_route_each_shape_to_the_graph_that_holds_it():
     """Recompile churn on the CPU: Dynamo compiles a static graph, then one dynamic in the
     length, then one dynamic in both; a second pass sends every shape to the newest graph.
-    The older graphs' entries for those shapes are dropped: 4 entries for 4 shapes (7
-    before)."""
+    The older graphs compute the same function at the shapes they hold, so those calls are
+    routed to their entries: 4 entries for 4 shapes, none made twice, none dropped."""
+    table, w, b = weights()
+    compiled = torch.compile(chain, backend="infinifuse")
+    shapes = [(32, 81), (32, 70), (32, 39), (16, 9)]
+    _corpus_pass(compiled, table, w, b, shapes)
+    before = counts("cache_misses", "cache_hits")
+    _corpus_pass(compiled, table, w, b, shapes)
+    s = fusebackend.stats()
+    assert (s["cache_misses"] - before[0], s["cache_hits"] - before[1]) == (0, 4)
+    assert s["older_graph_calls"] == 3  # all but the newest graph's own shape
+    assert s["cache_size"] == 4 and s["eviction_reasons"] == {}
+    assert sorted(shape[0] for shape in s["cached_shapes"]) == sorted(shapes)
+
+
+def test_bert_recompiles_route_a_second_pass_to_the_graphs_that_hold_its_shapes():
+    """A transformers BertModel with padded masks (its static graph folds the position ids
+    and mask sizes into constants, its dynamic ones compute them): a second pass over four
+    shapes makes no entry, every output equal to eager's."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        vocab_size=120,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval()
+    compiled = torch.compile(model, backend="infinifuse")
+    shapes = [(6, 19), (6, 13), (6, 9), (3, 5)]
+    with torch.no_grad():
+        for _ in range(2):
+            before = counts("cache_misses")
+            for batch, length in shapes:
+                ids = rand_ids(config.vocab_size, (batch, length))
+                mask = torch.ones(batch, length, dtype=torch.long)
+                mask[0, length // 2 :] = 0  # a padded row
+                out = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+                expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+                assert_close(out, expected)
+            misses = counts("cache_misses")[0] - before[0]
+    s = fusebackend.stats()
+    assert misses == 0 and s["older_graph_calls"] == 3
+    assert s["cache_size"] == 4 and s["eviction_reasons"] == {}
+
+
+def test_dynamo_recompiles_leave_one_entry_per_shape(monkeypatch):
+    """Graphs that cannot be compared (no form: routing off) fall back to supersession: the
+    older graphs' entries for the shapes the newest graph is handed are dropped, 4 entries
+    for 4 shapes (7 with neither rule)."""
+    monkeypatch.setattr(fusebackend.backend, "form_of", lambda runs, traced: None)
     table, w, b = weights()
     compiled = torch.compile(chain, backend="infinifuse")
     shapes = [(32, 81), (32, 70), (32, 39), (16, 9)]
     for _ in range(2):
         _corpus_pass(compiled, table, w, b, shapes)
     s = fusebackend.stats()
-    assert s["cache_size"] == 4
+    assert s["cache_size"] == 4 and s["older_graph_calls"] == 0
     assert s["eviction_reasons"] == {"superseded": 3}
     assert sorted(shape[0] for shape in s["cached_shapes"]) == sorted(shapes)
+
+
+def test_a_value_the_older_graph_was_specialized_on_is_checked_per_call():
+    """``x * n``: a graph for (x, n = 2), then, after a call at another shape and n, one
+    taking n and the sizes as inputs. (x, 2) again goes to the newer graph and is routed to
+    the older one (it computes x * 2 at x's shape); (x, 5) is not (the older graph would
+    return x * 2)."""
+
+    def scale(x, n):
+        return x * n + x.shape[1]
+
+    compiled = torch.compile(scale, backend="infinifuse")
+    x, y = torch.randn(3, 7), torch.randn(4, 7)
+    with torch.no_grad():
+        for t, n in ((x, 2), (y, 3), (x, 2)):
+            assert_close(compiled(t, n), scale(t, n))
+        assert fusebackend.stats()["older_graph_calls"] == 1
+        assert_close(compiled(x, 5), scale(x, 5))
+    s = fusebackend.stats()
+    assert s["older_graph_calls"] == 1
+    assert len({label.split()[0] for label in s["fusion_modes"]}) == 2, s["fusion_modes"]
 
 
 def test_churn_across_dynamo_recompiles_captures_each_shape_once(
@@ -387,7 +483,7 @@ def test_churn_across_dynamo_recompiles_captures_each_shape_once(
 ):
     """60 lengths through torch.compile (default dynamic=None: a static graph for the first
     length, a dynamic one for the rest). Round 2 captures each length once, the length first
-    served by the static graph included (moved to the newer graph, not captured twice);
+    served by the static graph included (routed there, not made again in the newer graph);
     nothing is validated again; round 3 adds nothing."""
     table, w, b = weights()
     compiled = torch.compile(chain, backend="infinifuse", options={"cudagraphs": True})
@@ -401,10 +497,11 @@ def test_churn_across_dynamo_recompiles_captures_each_shape_once(
     graphs = fusebackend.last_report().graphs
     assert all(g.path == "fused" for g in graphs), [g.path for g in graphs]
     # (recordings, validations, misses): one validation per compiled graph; in round 2 the
-    # first length misses in the newer graph (its old entry superseded) and is captured then
-    assert per_round == [(0, 2, 60), (60, 0, 1), (0, 0, 0)]
+    # first length is routed to the static graph and captured there
+    assert per_round == [(0, 2, 60), (60, 0, 0), (0, 0, 0)]
     s = fusebackend.stats()
-    assert s["cache_size"] == 60 and s["eviction_reasons"] == {"superseded": 1}
+    assert s["cache_size"] == 60 and s["eviction_reasons"] == {}
+    assert s["older_graph_calls"] == 2  # rounds 2 and 3
     assert fake_cuda_backend.live() == 60
 
 

@@ -52,6 +52,7 @@ STATS_KEYS = {
     "evictions",
     "rerecords",
     "capture_failures",
+    "older_graph_calls",
     "graph_pool_bytes",
     "fallback_reasons",
     "eviction_reasons",
@@ -69,6 +70,7 @@ COUNTER_KEYS = {
     "evictions",
     "rerecords",
     "capture_failures",
+    "older_graph_calls",
 }
 
 

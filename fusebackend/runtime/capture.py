@@ -23,6 +23,7 @@ __all__ = [
     "pool_bytes",
     "reap",
     "release_pools",
+    "side_stream_warm",
     "wait_for_last_replay",
 ]
 
@@ -39,6 +40,9 @@ class _CaptureState:
         # pool at once (the allocator refuses: "already recording to mempool_id").
         self.lock = threading.RLock()
         self.streams: dict[int, torch.cuda.Stream] = {}
+        # Devices whose side stream has finished a capture that ran a warm-up first
+        # (side_stream_warm).
+        self.warm_streams: set[int] = set()
         self.pools: dict[int, Any] = {}
         # Every pool handed out since the last release, including retired ones whose graphs
         # may still be alive: pool_bytes() counts them all.
@@ -161,6 +165,15 @@ def _live_pool(index: int) -> Any:
     return pool
 
 
+def side_stream_warm(device: torch.device) -> bool:
+    """Whether ``device``'s capture stream has finished a capture with a warm-up: the
+    stream-bound lazy set-up (cuBLAS's workspace for the stream) is done, so a graph that
+    has just run at the signature being captured (its kernels compiled, launch plans
+    built, library plans made for these shapes) needs no warm-up run of its own."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return index in _CAPTURE.warm_streams
+
+
 def capture_graph(
     fn: Callable[..., Sequence[Any]],
     inputs: Sequence[Any],
@@ -168,7 +181,9 @@ def capture_graph(
     device: torch.device,
     warmup_iterations: int,
 ) -> tuple[Any, Sequence[Any]]:
-    """Warm ``fn`` up on a side stream, capture it; return (graph, its output buffers).
+    """Warm ``fn`` up on a side stream (``warmup_iterations`` runs; 0 where the caller has
+    just run it at these shapes and ``side_stream_warm``), capture it; return (graph, its
+    output buffers).
 
     Raises (``CaptureError`` or what ``fn`` raised) with the capture ended, the caller's
     stream current again, and the shared pool retired if the allocator may still consider
@@ -219,6 +234,8 @@ def capture_graph(
                     rng.graphsafe_set_state(rng_before)
                     raise
                 _CAPTURE.pool_users[index].add(graph)
+                if warmup_iterations:
+                    _CAPTURE.warm_streams.add(index)
         finally:
             caller.wait_stream(stream)
     for j, out in enumerate(outputs):

@@ -38,6 +38,7 @@ class Counters:
     evictions: int = 0
     rerecords: int = 0
     capture_failures: int = 0
+    older_graph_calls: int = 0
 
     def reset(self) -> None:
         for field in dataclasses.fields(self):

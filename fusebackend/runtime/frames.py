@@ -1,5 +1,7 @@
 """Caches by the Dynamo frame they were compiled for, in compile order, so that a newer
-compilation of one function takes over the shapes older ones served (``supersede``)."""
+compilation of one function hands a shape back to an older one that holds it and computes
+the same function there (``route``), or else takes over the shapes older ones served
+(``supersede``)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fusebackend.runtime import specialization as spec
 from fusebackend.runtime.keys import Key, tensor_signature
 
 if TYPE_CHECKING:
     from fusebackend.runtime.graph_cache import GraphCache
 
-__all__ = ["register", "supersede"]
+__all__ = ["Route", "register", "route", "supersede"]
 
 # Caches by the Dynamo frame they were compiled for, in compile order (see supersede).
 _FRAMES: dict[Any, list[weakref.ref[GraphCache]]] = {}
@@ -60,6 +63,112 @@ def register(cache: GraphCache) -> Any:
     return frame
 
 
+def _older(cache: GraphCache) -> list[GraphCache]:
+    """The live caches of earlier compilations of ``cache``'s function, oldest first."""
+    with _FRAMES_LOCK:
+        refs = list(_FRAMES.get(cache._frame, ()))
+    older = []
+    for ref in refs:
+        other = ref()
+        if other is cache:
+            break
+        if other is not None:
+            older.append(other)
+    return older
+
+
+class Route:
+    """A signature of a newer compilation served by an older one: ``picks`` takes the older
+    graph's inputs from the newer graph's (an int: that input; a tuple: this value);
+    ``key``: the signature in the older cache."""
+
+    __slots__ = ("_cache", "_picks", "key")
+
+    def __init__(self, cache: GraphCache, picks: tuple[Any, ...], key: Key) -> None:
+        self._cache = weakref.ref(cache)
+        self._picks = picks
+        self.key = key
+
+    @property
+    def cache(self) -> GraphCache | None:
+        """The older cache, None once it is gone."""
+        return self._cache()
+
+    def call(self, args: tuple[Any, ...]) -> Any:
+        """The older cache's outputs for ``args``, or None when that cache is gone."""
+        cache = self._cache()
+        if cache is None:
+            return None
+        mapped = tuple(args[p] if isinstance(p, int) else p[0] for p in self._picks)
+        return cache._call(mapped)
+
+
+def route(cache: GraphCache, key: Key, args: tuple[Any, ...]) -> Route | None:
+    """An older compilation of ``cache``'s function that holds an entry for this call and
+    computes the same function for it (``specialization``), newest first; or None.
+
+    A second pass over a corpus after Dynamo's recompiles hands every shape to the newest
+    graph; each shape an older graph had captured was run, captured and kept a second
+    time there (``specialization``'s docstring gives the measurement). Routed, it replays
+    the older graph's capture. Only caches without batch or length buckets (their keys
+    are padded shapes) and on the same device take part."""
+    form = cache._form
+    if form is None or cache._buckets is not None or cache._lengths is not None:
+        return None
+    newer_values = None
+    for other in reversed(_older(cache)):
+        if (other._form is None or other._buckets is not None or other._lengths is not None
+                or other._device != cache._device):  # fmt: skip
+            continue
+        relation = cache._relations.get(other)
+        if relation is None:
+            relation = spec.specialization(other._form, form) or False  # once per pair
+            cache._relations[other] = relation
+        if relation is False:
+            continue
+        if newer_values is None:
+            newer_values = spec.binding(cache._symbols or {}, args)
+        picks = _picks(other, relation, args)
+        if picks is None:
+            continue
+        mapped = tuple(args[p] if isinstance(p, int) else p[0] for p in picks)
+        older_values = spec.binding(other._symbols or {}, mapped)
+        if not spec.holds(relation.checks, newer_values, older_values):
+            continue
+        older_key = other._signatures.key(mapped)
+        if older_key in other._entries:
+            return Route(other, picks, older_key)
+    return None
+
+
+def _picks(
+    other: GraphCache, relation: spec.Specialization, args: tuple[Any, ...]
+) -> tuple[Any, ...] | None:
+    """The older graph's inputs as picks (``Route``): the newer graph's input of the same
+    name; for a scalar (a size the older graph takes as an input), its value in the older
+    graph's own tensor sizes where they have it (the same-named input must agree), else
+    the same-named input. None where a scalar has neither."""
+    sizes = other._form.input_sizes
+    tensors = tuple(args[j] if j is not None and sizes[i] is None else None
+                    for i, j in enumerate(relation.inputs))  # fmt: skip
+    values = spec.binding(other._symbols or {}, tensors)
+    picks: list[Any] = []
+    for j, size in zip(relation.inputs, sizes, strict=True):
+        if size is None:
+            picks.append(j)
+            continue
+        value = spec.evaluate(size, values)
+        if isinstance(value, int):
+            if j is not None and args[j] != value:
+                return None
+            picks.append((value,))
+        elif j is not None:
+            picks.append(j)
+        else:
+            return None
+    return tuple(picks)
+
+
 def supersede(cache: GraphCache, key: Key) -> int:
     """Drop the entries of older compilations of ``cache``'s function that served the tensor
     shapes of ``key``; return how many calls they had (0: none).
@@ -76,15 +185,7 @@ def supersede(cache: GraphCache, key: Key) -> int:
     Dynamo's recompiles the older graphs get none). A padded call also drops the entries
     of the caller's own shapes (``GraphCache._supersede_unpadded``).
     """
-    with _FRAMES_LOCK:
-        refs = list(_FRAMES.get(cache._frame, ()))
-    older = []
-    for ref in refs:
-        other = ref()
-        if other is cache:
-            break
-        if other is not None and other._last_call < cache._created:
-            older.append(other)
+    older = [other for other in _older(cache) if other._last_call < cache._created]
     if not older:
         return 0
     signature = tensor_signature(key)

@@ -66,7 +66,7 @@ from fusebackend.runtime.keys import Key, Signatures, plan_class, static_ptrs_eq
 from fusebackend.runtime.modes import Cause, Mode, demote, first_mode
 from fusebackend.runtime.padding import Padding
 from fusebackend.runtime.recapture import Recapture
-from fusebackend.runtime.recording import capture_blocker, record
+from fusebackend.runtime.specialization import GraphForm
 from fusebackend.runtime.validation import fused_run, one_line
 
 log = logging.getLogger(__name__)
@@ -101,10 +101,6 @@ def captures(config: FusionConfig, device: torch.device | None) -> bool:
     return config.cudagraphs is True or (config.cudagraphs is None and torch.cuda.is_available())
 
 
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f} MiB"
-
-
 class GraphCache(Recapture, Padding, Inspection):
     """Run a compiled graph through per-signature CUDA graphs, falling back when needed.
 
@@ -130,6 +126,9 @@ class GraphCache(Recapture, Padding, Inspection):
         example_values: The graph's inputs as traced (fake tensors with symbolic sizes,
             SymInts), or None (a plain callable: every dim may vary). Buckets pad only dims
             that are dynamic in the graph: a graph traced for batch 3 fails at batch 4.
+        form: ``unfused`` without its size arithmetic (``specialization.form_of``), or None:
+            with it, a signature that an older compilation of the same function holds is
+            routed there when the two compute the same function for it (``frames.route``).
     """
 
     def __init__(
@@ -145,6 +144,7 @@ class GraphCache(Recapture, Padding, Inspection):
         name: str = "graph",
         batch_size_input_indices: frozenset[int] = frozenset(),
         example_values: Sequence[Any] | None = None,
+        form: GraphForm | None = None,
     ) -> None:
         if device is not None and device.type != "cuda":
             device = None  # only CUDA graphs are captured; anything else runs directly
@@ -190,6 +190,11 @@ class GraphCache(Recapture, Padding, Inspection):
         # The use clock at this cache's creation and at its last call (frames.supersede).
         self._created = self._last_call = _clock()
         self._unpadded_seen: set[Key] = set()  # caller signatures of padded calls (supersede)
+        # Signatures served by an older compilation (frames.route), and how each older
+        # cache's graph relates to this one's (specialization; False: it cannot serve it).
+        self._form = form
+        self._routes: dict[Key, frames.Route] = {}
+        self._relations: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         # Device whose replays are ordered across streams (None: test doubles without CUDA).
         self._replay_device: int | None = None
         if self._capture and torch.cuda.is_available():
@@ -241,6 +246,11 @@ class GraphCache(Recapture, Padding, Inspection):
             if buckets is not None and not (self._mutated and shared_storages(args, self._mutated)):
                 args, batch, bucket = pad(args, buckets, self._static, self._batch_ints)
         key = self._signatures.key(args)
+        found = self._routes.get(key) if self._routes else None
+        if found is not None:
+            routed = self._routed(found, key, args)
+            if routed is not None:
+                return routed
         call = Call(args, user_args, batch, bucket)
         given = original if original is not None else user_args
         with self._lock:
@@ -250,11 +260,21 @@ class GraphCache(Recapture, Padding, Inspection):
                 # when this padded key is a hit here (its bucket served other sizes first).
                 self._supersede_unpadded(given)
             if entry is None:
-                COUNTERS.cache_misses += 1
                 verdict = self._verdicts.get(key)
                 seen = 0
                 if verdict is None and self._frame is not None:
+                    # An older compilation that holds this signature serves it (and counts
+                    # it); else this one takes the older ones' entries for it over.
+                    found = frames.route(self, key, args)
+                    if found is not None:
+                        if len(self._routes) >= _MAX_VERDICTS:
+                            del self._routes[next(iter(self._routes))]
+                        self._routes[key] = found
+                        routed = self._routed(found, key, args)
+                        if routed is not None:
+                            return routed
                     seen = frames.supersede(self, key)
+                COUNTERS.cache_misses += 1
                 return self._new_entry(key, verdict, call, seen)
             self._entries.move_to_end(key)
             COUNTERS.cache_hits += 1
@@ -303,6 +323,16 @@ class GraphCache(Recapture, Padding, Inspection):
                 entry.pending = capture
                 self._remember(key, Verdict(mode, reason, capture, entry.hits + 1))
             return outputs
+
+    def _routed(self, found: frames.Route, key: Key, args: tuple[Any, ...]) -> Sequence[Any] | None:
+        """The outputs of the older compilation ``key`` is routed to (``frames.route``), or
+        None where that compilation is gone (the route is dropped)."""
+        outputs = found.call(args)
+        if outputs is None:
+            self._routes.pop(key, None)
+            return None
+        COUNTERS.older_graph_calls += 1
+        return outputs
 
     def _replay(self, entry: Entry, call: Call) -> Sequence[Any]:
         if self._replay_device is None:
@@ -370,6 +400,7 @@ class GraphCache(Recapture, Padding, Inspection):
         if capture_now:
             _capture.join_replay_order(self._replay_device)
         effects = Effects(self._to_device(args) if self._host else args, self._mutated)
+        ran = mode  # the mode whose callable runs now (a capture's warm-up: _record)
         if mode is FUSION:
             outputs, winner, failure = self._fused_run(key, effects, first=verdict is None)
             if failure is not None:
@@ -383,7 +414,9 @@ class GraphCache(Recapture, Padding, Inspection):
         try:
             # Warm-up and capture write mutated static inputs (parameters, buffers, a KV
             # cache marked static) in place; the commit below overwrites whatever they did.
-            entry = self._settle(key, mode, reason, capture, defer, args)
+            # The run above, at this signature, is the capture's warm-up where the capture
+            # stream is set up (_record).
+            entry = self._settle(key, mode, reason, capture, defer, args, warmed=ran)
         finally:
             effects.commit(winner, call.user_args)
             if capture_now:
@@ -411,45 +444,6 @@ class GraphCache(Recapture, Padding, Inspection):
         if validate and failure is None:
             self._validated.add(cls)
         return outputs, winner, failure
-
-    def _settle(
-        self,
-        key: Key,
-        mode: Mode,
-        reason: str | None,
-        capture: bool,
-        defer: bool,
-        args: tuple[Any, ...],
-    ) -> Entry:
-        """Make the entry for ``key`` starting from ``mode``: capture (or, with ``defer``, an
-        uncaptured entry captured on a later call), or fall back."""
-        entry = None
-        blocker = capture_blocker(args, self._static, self._mutated) if capture else None
-        if blocker is not None:
-            capture = False
-            # The fused graph runs directly (its kernels need no capture); others go eager.
-            mode, reason = self._demote(key, mode, Cause.NOT_CAPTURABLE, blocker, reason)
-        if capture and defer:
-            return Entry(mode, self._callable(mode), reason, pending=True)
-        while entry is None and capture and mode.capturable:
-            try:
-                entry = self._record(mode, self._callable(mode), args)
-            except Exception as exc:
-                COUNTERS.capture_failures += 1
-                why = f"capture failed: {type(exc).__name__}: {one_line(exc)}"
-                mode, reason = self._demote(key, mode, Cause.CAPTURE_FAILED, why, reason)
-        budget = self._config.graph_memory
-        if entry is not None and budget is not None and entry.nbytes > budget:
-            # Kept, it would evict every other captured entry and then itself at the next
-            # capture; run directly instead.
-            _capture.retire(entry.resources(), self._replay_device)
-            why = f"its buffers ({_mib(entry.nbytes)}) exceed graph_memory ({_mib(budget)})"
-            entry = None
-            mode, reason = self._demote(key, mode, Cause.OVER_BUDGET, why, reason)
-        if entry is None:
-            entry = Entry(mode, self._callable(mode))
-        entry.reason = reason
-        return entry
 
     def _ignore(self, why: str) -> None:
         self.ignored_options.append(why)
@@ -500,20 +494,6 @@ class GraphCache(Recapture, Padding, Inspection):
             else:
                 log.log(level, "%s: %s %s", self.name, self._label(key), demotion.step)
         return demotion.mode, demotion.reason
-
-    def _record(self, mode: Mode, fn: Callable[..., Sequence[Any]], args: tuple[Any, ...]) -> Entry:
-        return record(
-            mode,
-            fn,
-            args,
-            device=self._device,
-            warmup_iterations=self._config.warmup_iterations,
-            static=self._static,
-            copied_static=self._copied_static,
-            host=self._host,
-            mutated=self._mutated,
-            static_outputs=self._static_outputs,
-        )
 
     def _insert(self, key: Key, entry: Entry) -> None:
         entry.last_use = self._last_call = _clock()

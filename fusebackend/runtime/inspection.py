@@ -26,6 +26,7 @@ class Inspection:
     _config: FusionConfig
     _lock: threading.RLock
     _entries: OrderedDict[Key, Entry]
+    _routes: dict[Key, Any]  # frames.Route per signature an older compilation serves
     key_for: Callable[..., Key]  # Padding.key_for: the key of a call, padded as it would be
 
     def mode_for(self, *args: Any) -> str | None:
@@ -38,9 +39,11 @@ class Inspection:
     def describe(self) -> list[dict[str, Any]]:
         """One dict per live entry: key (readable), mode, reason, captured, decision (whether
         capture pays, for large outputs: see ``payoff``; when an uncaptured entry is captured),
-        hits."""
+        hits; then one per signature routed to an older compilation's entry (its mode,
+        reason, capture and hits, the decision naming that compilation)."""
         with self._lock:
             items = list(self._entries.items())
+            routes = list(self._routes.items())
         return [
             {
                 "key": self._label(key),
@@ -57,7 +60,25 @@ class Inspection:
                 "hits": entry.hits,
             }
             for key, entry in items
-        ]
+        ] + self._routed_rows(routes)
+
+    def _routed_rows(self, routes: list[tuple[Key, Any]]) -> list[dict[str, Any]]:
+        rows = []
+        for key, route in routes:
+            older = route.cache
+            entry = None if older is None else older._entries.get(route.key)
+            if entry is None:  # gone: the next call makes it again (there or here)
+                continue
+            rows.append({
+                "key": self._label(key),
+                "mode": entry.mode.value,
+                "reason": entry.reason,
+                "captured": entry.graph is not None,
+                "decision": f"served by {older.label_prefix}, an older compilation of this "
+                            f"function holding this signature",
+                "hits": entry.hits,
+            })  # fmt: skip
+        return rows
 
     def stats_rows(self) -> list[StatsRow]:
         with self._lock:

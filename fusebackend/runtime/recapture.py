@@ -1,8 +1,10 @@
-"""What a hit of a captured or pending entry may run instead of a plain replay: the capture
-of an uncaptured entry on its ``capture_on_call``-th call (``_promote``), a re-record after a
-static input moved (``_rerecord``; an input that keeps moving is copied in from then on),
-and the timed calls that decide whether capture pays for large outputs (``_trial_call``,
-``payoff.py``). ``GraphCache`` takes these methods from ``Recapture``.
+"""Making a signature's entry once its call has run (``_settle``: capture it, keep it for a
+later call, or fall back; ``_record``), and what a hit of a captured or pending entry may
+run instead of a plain replay: the capture of an uncaptured entry on its
+``capture_on_call``-th call (``_promote``), a re-record after a static input moved
+(``_rerecord``; an input that keeps moving is copied in from then on), and the timed calls
+that decide whether capture pays for large outputs (``_trial_call``, ``payoff.py``).
+``GraphCache`` takes these methods from ``Recapture``.
 """
 
 from __future__ import annotations
@@ -13,12 +15,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from fusebackend.config import FusionConfig
+from fusebackend.runtime import capture as _capture
 from fusebackend.runtime import payoff
 from fusebackend.runtime.counters import COUNTERS
 from fusebackend.runtime.entries import Call, Entry, Verdict
 from fusebackend.runtime.keys import Key
 from fusebackend.runtime.modes import Cause, Mode
+from fusebackend.runtime.recording import capture_blocker, record
+from fusebackend.runtime.validation import one_line
 
 # GraphCache's logger: these are the cache's methods, and its records keep one name.
 log = logging.getLogger("fusebackend.runtime.graph_cache")
@@ -31,6 +38,10 @@ __all__ = ["Recapture"]
 # every call. A replay without a move resets the count, so a cache or weights that move once
 # (a new StaticCache per generate, a reload) keep being used in place.
 _MAX_ADDRESS_CHANGES = 3
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
 
 
 class Recapture:
@@ -51,6 +62,12 @@ class Recapture:
     _demote: Callable[..., tuple[Mode, str]]
     _warn_once: Callable[[], int]
     _label: Callable[[Key], str]
+    _callable: Callable[[Mode], Callable[..., Sequence[Any]]]
+    _device: torch.device | None
+    _static: frozenset[int]
+    _mutated: tuple[int, ...]
+    _host: dict[int, torch.device]
+    _static_outputs: bool
 
     def _promote(self, key: Key, entry: Entry, call: Call) -> Sequence[Any]:
         """The ``capture_on_call``-th call of an uncaptured entry: capture it now."""
@@ -120,3 +137,66 @@ class Recapture:
             self._remember(key, Verdict(mode, reason, False, entry.hits + 1))
             self._drop(entry)
         return outputs
+
+    def _settle(
+        self,
+        key: Key,
+        mode: Mode,
+        reason: str | None,
+        capture: bool,
+        defer: bool,
+        args: tuple[Any, ...],
+        warmed: Mode | None = None,
+    ) -> Entry:
+        """Make the entry for ``key`` starting from ``mode``: capture (or, with ``defer``, an
+        uncaptured entry captured on a later call), or fall back. ``warmed``: the mode whose
+        callable has just run on ``args`` (its capture needs no warm-up: ``_record``)."""
+        entry = None
+        blocker = capture_blocker(args, self._static, self._mutated) if capture else None
+        if blocker is not None:
+            capture = False
+            # The fused graph runs directly (its kernels need no capture); others go eager.
+            mode, reason = self._demote(key, mode, Cause.NOT_CAPTURABLE, blocker, reason)
+        if capture and defer:
+            return Entry(mode, self._callable(mode), reason, pending=True)
+        while entry is None and capture and mode.capturable:
+            try:
+                entry = self._record(mode, self._callable(mode), args, warmed=mode is warmed)
+            except Exception as exc:
+                COUNTERS.capture_failures += 1
+                why = f"capture failed: {type(exc).__name__}: {one_line(exc)}"
+                mode, reason = self._demote(key, mode, Cause.CAPTURE_FAILED, why, reason)
+        budget = self._config.graph_memory
+        if entry is not None and budget is not None and entry.nbytes > budget:
+            # Kept, it would evict every other captured entry and then itself at the next
+            # capture; run directly instead.
+            _capture.retire(entry.resources(), self._replay_device)
+            why = f"its buffers ({_mib(entry.nbytes)}) exceed graph_memory ({_mib(budget)})"
+            entry = None
+            mode, reason = self._demote(key, mode, Cause.OVER_BUDGET, why, reason)
+        if entry is None:
+            entry = Entry(mode, self._callable(mode))
+        entry.reason = reason
+        return entry
+
+    def _record(
+        self, mode: Mode, fn: Callable[..., Sequence[Any]], args: tuple[Any, ...], warmed: bool
+    ) -> Entry:
+        """Capture ``fn`` on ``args``. ``warmed``: ``fn`` has just run on ``args`` (this
+        call's direct run): where the capture stream is set up, that run is the warm-up.
+        Measured on an H100 (benchmarks/diag/diag_sentence_passes.py, MiniLM-L6 shape,
+        2026-11-26): a capture took 10.6 ms with its warm-up run and 5.9 ms without."""
+        assert self._device is not None
+        skip = warmed and _capture.side_stream_warm(self._device)
+        return record(
+            mode,
+            fn,
+            args,
+            device=self._device,
+            warmup_iterations=0 if skip else self._config.warmup_iterations,
+            static=self._static,
+            copied_static=self._copied_static,
+            host=self._host,
+            mutated=self._mutated,
+            static_outputs=self._static_outputs,
+        )

@@ -98,6 +98,10 @@ def stats() -> dict[str, Any]:
             on 3 consecutive calls is copied in from then on.
         capture_failures: CUDA-graph captures (warm-up included) that raised; each one moves
             its signature one step down the fallback chain.
+        older_graph_calls: Calls a newer compilation of a function (after Dynamo's
+            recompiles) handed to an older one that holds an entry for their signature and
+            computes the same function for it, instead of a new entry of their own; the
+            older graph counts them as hits (or misses, if its entry went since).
         graph_pool_bytes: Device memory reserved by the shared graph memory pools (0 without
             CUDA).
         captured_bytes: Device memory the live captured entries hold alone (their static
