@@ -295,8 +295,9 @@ class LaunchConfig:
     warps: int
     stages: int
     # split-K: each output tile's K is summed by this many programs (grid axis 1), the last
-    # to finish adding their sums (kernels/arrivals.py). 1 everywhere until the sweep has
-    # measured it on a GPU (benchmarks/matmul_kernels.py --sweep, diag_matmul_splitk.py).
+    # to finish adding their sums (kernels/arrivals.py). launch_config picks 8 only for a
+    # long K over few columns (Qwen2-0.5B's down projection), where the H100 sweep measured
+    # it faster (benchmarks/results/matmul_sweep_h100_splitk.json); 1 elsewhere.
     split_k: int = 1
 
 
