@@ -41,6 +41,10 @@ SOURCES = (
     "tensor_parallel_llama3-8b_tp2_h100.json",
     "matmul_groups_decode_h100.json",
     "matmul_groups_gpt2_h100.json",
+    "suite_decode_h100_session4.json",
+    "suite_decode_h100_session4_floor.json",
+    "sentence_embeddings_h100_minilm_routes.json",
+    "sentence_embeddings_h100_bert_routes.json",
 )
 # metric name in a result row -> unit
 SUITE_METRICS = {"per_call_ms": "ms", "first_call_s": "s", "kernels_per_call": "count"}
