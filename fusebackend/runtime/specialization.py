@@ -130,7 +130,7 @@ def operations(gm: torch.fx.GraphModule) -> Operations | None:
             return ("dict", tuple(("kw", k, pattern(a[k])) for k in sorted(a)))
         if isinstance(a, slice):
             return ("slice", pattern(a.start), pattern(a.stop), pattern(a.step))
-        return ("o", id(a))  # any other object: the same one only
+        return ("o", a)  # any other object: the same one only (held: its id stays its own)
 
     for node in gm.graph.nodes:
         value = example_value(node)
@@ -227,7 +227,9 @@ def _match(o: Any, n: Any, checks: list[tuple[Any, Any]]) -> bool:
         return True
     if to != tn:
         return False
-    if to in ("p", "n", "c", "o"):
+    if to == "o":
+        return o[1] is n[1]
+    if to in ("p", "n", "c"):
         return o == n
     if isinstance(o, tuple) and isinstance(n, tuple):  # an op, or a pattern's parts
         return len(o) == len(n) and all(_match(a, b, checks) for a, b in zip(o, n, strict=True))
