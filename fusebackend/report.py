@@ -136,7 +136,9 @@ class FusionReport:
                                 [[r.node, r.reason] for r in graph.rejections], 90)  # fmt: skip
             for entry in graph.runtime_modes():
                 reason = f" ({entry['reason']})" if entry.get("reason") else ""
-                lines.append(f"  signature {entry['key']}: mode {entry['mode']}{reason}")
+                served = entry.get("served_by")
+                where = f", served by {served} (an older compilation)" if served else ""
+                lines.append(f"  signature {entry['key']}: mode {entry['mode']}{reason}{where}")
             if graph.mutated_inputs:
                 lines.append(f"mutated inputs: {', '.join(graph.mutated_inputs)}")
             if graph.host_inputs:

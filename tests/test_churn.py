@@ -410,6 +410,11 @@ def test_dynamo_recompiles_route_each_shape_to_the_graph_that_holds_it():
     assert s["older_graph_calls"] == 3  # all but the newest graph's own shape
     assert s["cache_size"] == 4 and s["eviction_reasons"] == {}
     assert sorted(shape[0] for shape in s["cached_shapes"]) == sorted(shapes)
+    # explain / describe show the routed signatures and which graph serves them
+    newest = fusebackend.last_report().graphs[-1]
+    served = [row["served_by"] for row in newest.runtime_modes() if row.get("served_by")]
+    assert len(served) == 3 and len(set(served)) == 2, newest.runtime_modes()
+    assert str(fusebackend.last_report()).count("served by graph") == 3
 
 
 def test_bert_recompiles_route_a_second_pass_to_the_graphs_that_hold_its_shapes():

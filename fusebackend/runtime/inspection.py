@@ -39,8 +39,8 @@ class Inspection:
     def describe(self) -> list[dict[str, Any]]:
         """One dict per live entry: key (readable), mode, reason, captured, decision (whether
         capture pays, for large outputs: see ``payoff``; when an uncaptured entry is captured),
-        hits; then one per signature routed to an older compilation's entry (its mode,
-        reason, capture and hits, the decision naming that compilation)."""
+        hits; then one per signature routed to an older compilation's entry (that entry's
+        mode, reason, capture, decision and hits, and ``served_by``: the older cache)."""
         with self._lock:
             items = list(self._entries.items())
             routes = list(self._routes.items())
@@ -74,9 +74,9 @@ class Inspection:
                 "mode": entry.mode.value,
                 "reason": entry.reason,
                 "captured": entry.graph is not None,
-                "decision": f"served by {older.label_prefix}, an older compilation of this "
-                            f"function holding this signature",
+                "decision": entry.decision,
                 "hits": entry.hits,
+                "served_by": older.label_prefix,
             })  # fmt: skip
         return rows
 
