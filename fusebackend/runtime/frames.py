@@ -99,8 +99,12 @@ class Route:
         cache = self._cache()
         if cache is None:
             return None
-        mapped = tuple(args[p] if isinstance(p, int) else p[0] for p in self._picks)
-        return cache._call(mapped)
+        return cache._call(_pick(args, self._picks))
+
+
+def _pick(args: tuple[Any, ...], picks: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The older graph's inputs: ``args[p]`` for an int pick, the value of a tuple one."""
+    return tuple(args[p] if isinstance(p, int) else p[0] for p in picks)
 
 
 def route(cache: GraphCache, key: Key, args: tuple[Any, ...]) -> Route | None:
@@ -131,7 +135,7 @@ def route(cache: GraphCache, key: Key, args: tuple[Any, ...]) -> Route | None:
         picks = _picks(other, relation, args)
         if picks is None:
             continue
-        mapped = tuple(args[p] if isinstance(p, int) else p[0] for p in picks)
+        mapped = _pick(args, picks)
         older_values = spec.binding(other._symbols or {}, mapped)
         if not spec.holds(relation.checks, newer_values, older_values):
             continue
