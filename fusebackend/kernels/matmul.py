@@ -176,12 +176,7 @@ def reference(
     ``weights`` ``[N_i, K]``, ``biases`` and ``heads`` as ``_split_params`` gives them."""
     a = x
     if group.norm in ("rms", "rms_offset"):
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + group.eps)
-        if group.norm == "rms":
-            a = norm_weight * h.to(x.dtype)
-        else:
-            a = (h * (1.0 + norm_weight.float())).to(x.dtype)
+        a = _rms_reference(group.norm, x, norm_weight, group.eps)
     elif group.norm == "layer":
         a = torch.nn.functional.layer_norm(x, x.shape[-1:], norm_weight, norm_bias, group.eps)
     ys = [
@@ -197,6 +192,16 @@ def reference(
     if heads is not None:
         return _rotary_reference(group, ys, heads)
     return tuple(ys)
+
+
+def _rms_reference(kind: str, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm ("rms": the weight times the normalised row rounded to x's
+    dtype) or Gemma's ("rms_offset": times ``1 + weight`` in fp32, rounded once)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if kind == "rms":
+        return weight * h.to(x.dtype)
+    return (h * (1.0 + weight.float())).to(x.dtype)
 
 
 def _activation_reference(name: str, y: torch.Tensor) -> torch.Tensor:
@@ -220,12 +225,7 @@ def _rotary_reference(group: MatmulGroup, ys: list[torch.Tensor], heads: Heads):
     for k, weight in ((0, heads.q_norm), (1, heads.k_norm)):
         y = by_heads[k]
         if group.head_norm:  # transformers' RMSNorm over each head, or Gemma3's
-            h = y.float()
-            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + group.head_eps)
-            if group.head_norm == "rms":
-                y = weight * h.to(y.dtype)
-            else:
-                y = (h * (1.0 + weight.float())).to(y.dtype)
+            y = _rms_reference(group.head_norm, y, weight, group.head_eps)
         rotated = torch.cat((-y[..., width // 2 :], y[..., : width // 2]), dim=-1)
         by_heads[k] = y * cos + rotated * sin
     flat = [y.transpose(1, 2).reshape(batch, seq, -1) for y in by_heads]

@@ -44,41 +44,29 @@ class Inspection:
         with self._lock:
             items = list(self._entries.items())
             routes = list(self._routes.items())
-        return [
-            {
-                "key": self._label(key),
-                "mode": entry.mode.value,
-                "reason": entry.reason,
-                "captured": entry.graph is not None,
-                "decision": entry.decision
-                or ("timing replay + output copy against direct" if entry.trial else None)
-                or (
-                    f"captured on its call {self._config.capture_on_call} (recurs)"
-                    if entry.pending
-                    else None
-                ),
-                "hits": entry.hits,
-            }
-            for key, entry in items
-        ] + self._routed_rows(routes)
-
-    def _routed_rows(self, routes: list[tuple[Key, Any]]) -> list[dict[str, Any]]:
-        rows = []
+        rows = [self._row(key, entry) for key, entry in items]
         for key, route in routes:
             older = route.cache
             entry = None if older is None else older._entries.get(route.key)
-            if entry is None:  # gone: the next call makes it again (there or here)
-                continue
-            rows.append({
-                "key": self._label(key),
-                "mode": entry.mode.value,
-                "reason": entry.reason,
-                "captured": entry.graph is not None,
-                "decision": entry.decision,
-                "hits": entry.hits,
-                "served_by": older.label_prefix,
-            })  # fmt: skip
+            if entry is not None:  # gone: the next call makes it again (there or here)
+                rows.append({**self._row(key, entry), "served_by": older.label_prefix})
         return rows
+
+    def _row(self, key: Key, entry: Entry) -> dict[str, Any]:
+        return {
+            "key": self._label(key),
+            "mode": entry.mode.value,
+            "reason": entry.reason,
+            "captured": entry.graph is not None,
+            "decision": entry.decision
+            or ("timing replay + output copy against direct" if entry.trial else None)
+            or (
+                f"captured on its call {self._config.capture_on_call} (recurs)"
+                if entry.pending
+                else None
+            ),
+            "hits": entry.hits,
+        }
 
     def stats_rows(self) -> list[StatsRow]:
         with self._lock:
