@@ -552,29 +552,29 @@ def measure(
         if fused:
             phases["second_pass"] = fuse_stats()
             captured_second = captured_signatures()
-        latencies, query_embeddings = [], []
         probed = QueryProbe(model, device) if probe else None
-        try:
+
+        def query_pass() -> tuple[list[float], list[Any]]:
+            """Each query encoded once: (seconds, embeddings), probed when asked."""
+            times, outs = [], []
             for query in queries:
                 if probed:
                     probed.begin(query)
                 out, seconds = _timed(device, lambda q=query: model.encode(q))
                 if probed:
                     probed.end(seconds)
-                latencies.append(seconds)
-                query_embeddings.append(out)
+                times.append(seconds)
+                outs.append(out)
+            return times, outs
+
+        try:
+            latencies, query_embeddings = query_pass()
             if fused:
                 phases["queries"] = fuse_stats()
             rows = probed.take() if probed else []
             repeats: list[float] = []
             if repeat_queries and queries:
-                for query in queries:  # every length seen before now
-                    if probed:
-                        probed.begin(query)
-                    _, seconds = _timed(device, lambda q=query: model.encode(q))
-                    if probed:
-                        probed.end(seconds)
-                    repeats.append(seconds)
+                repeats, _ = query_pass()  # every length seen before now
                 if fused:
                     result["query_repeat_delta"] = _delta(fuse_stats(), phases["queries"])
             repeat_rows = probed.take() if probed else []

@@ -88,12 +88,17 @@ def test_llama_decode_rotates_and_writes_its_caches_in_the_qkv_launch(dtype):
     assert runtime_modes() == ["fusion"]
 
 
-def test_qwen2_biases_batch_of_two_and_three_new_tokens_per_step():
-    torch.manual_seed(1)
-    config = transformers.Qwen2Config(
+def _qwen2_config():
+    """A 2-layer Qwen2 (q/k/v with biases, 4 query and 2 K/V heads of 16)."""
+    return transformers.Qwen2Config(
         vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
     )  # fmt: skip
+
+
+def test_qwen2_biases_batch_of_two_and_three_new_tokens_per_step():
+    torch.manual_seed(1)
+    config = _qwen2_config()
     model = transformers.Qwen2ForCausalLM(config).eval().half()
     expected, actual, caches = _decode(model, config, steps=2, batch=2, new=3)
     assert_close(actual, expected, **_TOLERANCE[torch.float16])
@@ -374,10 +379,7 @@ def test_generate_of_a_left_padded_batch_equals_eager_tokens():
     # transformers' generate() through CompileConfig: two prompts, one left-padded (the
     # padded row's mask reaches every decode step's attention)
     torch.manual_seed(11)
-    config = transformers.Qwen2Config(
-        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+    config = _qwen2_config()
     model = transformers.Qwen2ForCausalLM(config).eval()
     ids = torch.randint(1, 97, (2, 6))
     mask = torch.ones(2, 6, dtype=torch.long)
