@@ -595,3 +595,103 @@ def test_two_graphs_of_one_function_called_in_turn_keep_their_entries():
     assert len({label.split()[0] for label in s["fusion_modes"]}) == 2  # two graphs
     assert s["eviction_reasons"] == {"superseded": 1}
     assert s["cache_size"] == 10
+
+
+# ------------------------------------------------- capture on promotion, then replay
+
+
+class NoEffectGraph:
+    """A captured graph as CUDA records one: capturing runs nothing (the inputs are put
+    back after the outputs are computed), each replay runs the function once."""
+
+    def __init__(self, fn, inputs):
+        self.fn, self.inputs, self.replays = fn, list(inputs), 0
+        saved = [(t, t.clone()) for t in self.inputs if isinstance(t, torch.Tensor)]
+        self.outputs = fn(*self.inputs)
+        for t, before in saved:
+            t.copy_(before)
+
+    def replay(self):
+        self.replays += 1
+        for buf, new in zip(self.outputs, self.fn(*self.inputs), strict=True):
+            if isinstance(buf, torch.Tensor) and buf is not new:
+                buf.copy_(new)
+
+
+@pytest.fixture
+def recording_capture(monkeypatch):
+    made: list[tuple[NoEffectGraph, int]] = []
+
+    def capture(fn, inputs, *, device, warmup_iterations):
+        assert device == FAKE_CUDA
+        for _ in range(warmup_iterations):
+            fn(*inputs)
+        graph = NoEffectGraph(fn, inputs)
+        made.append((graph, warmup_iterations))
+        return graph, graph.outputs
+
+    monkeypatch.setattr(cap, "capture_graph", capture)
+    return made
+
+
+def step(x, counter):
+    counter.add_(1)  # in place, on a static input: must happen once per call
+    return (x * 2 + counter,)
+
+
+def step_cache() -> GraphCache:
+    return GraphCache(
+        unfused=step, fused=None, config=FusionConfig(cudagraphs=True), device=FAKE_CUDA,
+        static_input_indices=frozenset({1}), mutated_input_indices=frozenset({1}),
+        name="step",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm-stream", "cold-stream"])
+def test_a_recurring_signature_is_captured_and_replayed_for_its_call(
+    recording_capture, monkeypatch, warm
+):
+    """The 2nd call of a signature: with the capture stream warm, captured without a run
+    first and replayed for the call (one replay on that call); cold, run then captured (no
+    replay on that call). Either way the in-place update happens once per call."""
+    monkeypatch.setattr(cap, "side_stream_warm", lambda device: warm)
+    cache = step_cache()
+    counter = torch.zeros(1)
+    x = torch.randn(3, 4)
+    for n in range(1, 5):
+        (out,) = cache(x, counter)
+        assert counter.item() == n
+        assert_close(out, x * 2 + n)
+        if n == 2:
+            ((graph, warmups),) = recording_capture
+            assert graph.replays == (1 if warm else 0)
+            assert warmups == (0 if warm else 1)
+    assert graph.replays == (3 if warm else 2)
+    assert fusebackend.stats()["recordings"] == 1
+
+
+def test_a_failed_capture_on_promotion_runs_then_captures(recording_capture, monkeypatch):
+    """The capture without a run fails once (as a capture can): the call runs the graph and
+    captures it after the run, as a new signature would; the result and the in-place
+    update are those of one call."""
+    monkeypatch.setattr(cap, "side_stream_warm", lambda device: True)
+    inner = cap.capture_graph
+    failures = []
+
+    def flaky(fn, inputs, *, device, warmup_iterations):
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("capture invalidated")
+        return inner(fn, inputs, device=device, warmup_iterations=warmup_iterations)
+
+    monkeypatch.setattr(cap, "capture_graph", flaky)
+    cache = step_cache()
+    counter = torch.zeros(1)
+    x = torch.randn(3, 4)
+    for n in range(1, 4):
+        (out,) = cache(x, counter)
+        assert counter.item() == n
+        assert_close(out, x * 2 + n)
+    assert failures == [1] and len(recording_capture) == 1
+    assert cache.describe()[0]["captured"] is True
+    assert fusebackend.stats()["capture_failures"] == 0  # retried at once, not a fallback

@@ -459,3 +459,32 @@ def test_time_call_leaves_host_gaps_and_the_prime_out_of_the_device_time(dev):
     cycles = int(0.003 * payoff._sleep_cycles_per_second(index))
     _, _, device = payoff.time_call(lambda: torch.cuda._sleep(cycles), index, prime_s=0.002)
     assert 0.002 < device < 0.0045, device  # the 3 ms sleep, not the 2 ms prime before it
+
+
+def _step(x, counter):
+    counter.add_(1)  # in place on a static input: once per call
+    return (x * 2 + counter,)
+
+
+@pytest.mark.gpu
+def test_a_recurring_signature_is_captured_then_replayed_once_for_its_call(dev):
+    """capture_on_call=2 with a warm capture stream: the 2nd call captures without a run
+    first and replays for its outputs; the in-place update happens once per call, the
+    outputs are right, and later calls replay."""
+    warm = make_embed_cache(dev, fused=Counting(embed_scale_other_order))
+    warm(*random_call(dev, weight=torch.randn(VOCAB, DIM, device=dev)))  # warms the stream
+    assert capture.side_stream_warm(dev)
+    cache = GraphCache(
+        unfused=_step, fused=None, config=FusionConfig(capture_on_call=2), device=dev,
+        static_input_indices=frozenset({1}), mutated_input_indices=frozenset({1}),
+        name="step",
+    )  # fmt: skip
+    counter = torch.zeros(1, device=dev)
+    before = stats()["recordings"]
+    for n in range(1, 6):
+        x = torch.randn(3, 5, device=dev)
+        (out,) = cache(x, counter)
+        torch.testing.assert_close(out, x * 2 + n)
+        torch.testing.assert_close(counter, torch.full((1,), float(n), device=dev))
+    assert stats()["recordings"] - before == 1
+    assert cache.describe()[0]["captured"] is True

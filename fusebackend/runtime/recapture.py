@@ -55,6 +55,7 @@ class Recapture:
     _moves: dict[int, int]
     _copied_static: set[int]
     _new_entry: Callable[..., Sequence[Any]]
+    _insert: Callable[[Key, Entry], None]
     _replay: Callable[[Entry, Call], Sequence[Any]]
     _direct: Callable[[Callable[..., Sequence[Any]], Call], Sequence[Any]]
     _drop: Callable[[Entry], None]
@@ -70,10 +71,50 @@ class Recapture:
     _static_outputs: bool
 
     def _promote(self, key: Key, entry: Entry, call: Call) -> Sequence[Any]:
-        """The ``capture_on_call``-th call of an uncaptured entry: capture it now."""
+        """The ``capture_on_call``-th call of an uncaptured entry: capture it now. Its
+        earlier runs at this signature were the warm-up: where the capture stream is warm
+        it is captured straight away and replayed for this call (``_capture_and_replay``),
+        else (or if that capture fails) run, then captured, as a new key is."""
         del self._entries[key]
         self._drop(entry)
+        replayed = self._capture_and_replay(key, entry, call)
+        if replayed is not None:
+            return replayed
         return self._new_entry(key, Verdict(entry.mode, entry.reason, True, entry.hits), call)
+
+    def _capture_and_replay(self, key: Key, old: Entry, call: Call) -> Sequence[Any] | None:
+        """Capture ``old``'s mode on this call's inputs without running it first, insert the
+        entry and replay it for the call's outputs (the replay runs the call's in-place
+        effects once, as any replay does); None where that is not done (a cold capture
+        stream, a capture blocker, a failed or over-budget capture: the caller runs the
+        usual path). One direct run fewer per captured signature, and the graph's first
+        replay, which costs far more host time than the next ones, falls in the call that
+        captures it."""
+        mode = old.mode
+        args = call.args
+        if not (self._capture and mode.capturable and self._device is not None):
+            return None
+        if not _capture.side_stream_warm(self._device):
+            return None
+        if capture_blocker(args, self._static, self._mutated) is not None:
+            return None
+        _capture.join_replay_order(self._replay_device)
+        try:
+            entry = self._record(mode, self._callable(mode), args, warmed=True)
+        except Exception as exc:
+            log.info("%s: %s: capture without a run first failed (%s: %s); run, then capture",
+                     self.name, self._label(key), type(exc).__name__, one_line(exc))  # fmt: skip
+            return None
+        finally:
+            _capture.join_replay_order(self._replay_device)
+        budget = self._config.graph_memory
+        if budget is not None and entry.nbytes > budget:
+            _capture.retire(entry.resources(), self._replay_device)
+            return None
+        entry.reason, entry.hits = old.reason, old.hits
+        self._remember(key, Verdict(mode, old.reason, True, old.hits + 1))
+        self._insert(key, entry)
+        return self._replay(entry, call)
 
     def _rerecord(self, key: Key, entry: Entry, call: Call) -> Sequence[Any]:
         COUNTERS.rerecords += 1
