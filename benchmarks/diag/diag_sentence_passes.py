@@ -5,9 +5,10 @@ second corpus pass took 1.11 s against eager's 0.76 (MiniLM-L6 shape) and 2.09 a
 (BERT-base shape), with 46 captures in it: a shape seen once in the first pass is captured
 on its second call (``capture_on_call=2``), and 45 entries of the first pass's older Dynamo
 graphs were superseded. This diag splits that time: per variant, in its own process (cold
-caches), the first pass, the second pass (cProfile'd: the top entries by cumulative time),
-a third pass (every shape captured: replays only) and eager's pass, with the seconds spent
-inside ``capture.capture_graph`` (warm-up + capture + instantiate) and the capture count.
+caches), the first pass, the second pass (cProfile'd, or the first with ``--profile
+first``: the top entries by cumulative time), a third pass (every shape captured: replays
+only) and eager's pass, with the seconds spent inside ``capture.capture_graph`` (warm-up +
+capture + instantiate) and the capture count.
 
 Variants: ``default``; ``call1`` (``capture_on_call=1``: captures in the first pass);
 ``nowarm`` (capture_graph's warm-up run left out: the call that captures has just run the
@@ -40,7 +41,7 @@ VARIANTS = {
 }
 
 
-def child(shape: str, variant: str, sentences: int) -> dict[str, Any]:
+def child(shape: str, variant: str, sentences: int, profiled: str) -> dict[str, Any]:
     import torch
     from sentence_embeddings import _example
 
@@ -84,7 +85,7 @@ def child(shape: str, variant: str, sentences: int) -> dict[str, Any]:
     for name in ("first", "second", "third"):
         before = dict(spent)
         counts = fusebackend.stats()
-        profile = cProfile.Profile() if name == "second" else None
+        profile = cProfile.Profile() if name == profiled else None
         if profile:
             profile.enable()
         result[f"{name}_s"] = one_pass()
@@ -92,7 +93,7 @@ def child(shape: str, variant: str, sentences: int) -> dict[str, Any]:
             profile.disable()
             text = io.StringIO()
             pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(35)
-            result["second_profile"] = text.getvalue()[-9000:]
+            result["profile"] = f"{name} pass:\n" + text.getvalue()[-9000:]
         after = fusebackend.stats()
         result[f"{name}_capture_s"] = spent["seconds"] - before["seconds"]
         result[f"{name}_captures"] = spent["captures"] - before["captures"]
@@ -109,17 +110,23 @@ def main() -> int:
     parser.add_argument("--shape", default="minilm-l6")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--sentences", type=int, default=3000)
+    parser.add_argument(
+        "--profile",
+        choices=("first", "second"),
+        default="second",
+        help="the pass cProfile'd (the first one includes Dynamo's compiles)",
+    )
     parser.add_argument("--out")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.shape, args.child, args.sentences)))
+        print(json.dumps(child(args.shape, args.child, args.sentences, args.profile)))
         return 0
     rows = []
     for variant in args.variants.split(","):
         proc = subprocess.run(
             [sys.executable, __file__, "--shape", args.shape, "--child", variant,
-             "--sentences", str(args.sentences)],
+             "--sentences", str(args.sentences), "--profile", args.profile],
             capture_output=True, text=True, env=os.environ.copy(),
         )  # fmt: skip
         if proc.returncode != 0:
@@ -127,7 +134,7 @@ def main() -> int:
             continue
         row = json.loads(proc.stdout.strip().splitlines()[-1])
         rows.append(row)
-        print(row.pop("second_profile"))
+        print(row.pop("profile"))
     keys = ["eager_s", "first_s", "second_s", "third_s", "eager_again_s", "first_captures",
             "first_capture_s", "second_captures", "second_capture_s", "second_misses",
             "second_evictions", "third_captures"]  # fmt: skip
