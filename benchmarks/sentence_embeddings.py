@@ -404,7 +404,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "minilm-l6,bert-base)")  # fmt: skip
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="comma-separated, in order (default eager,infinifuse,"
-                        "reduce-overhead; also: inductor)")  # fmt: skip
+                        "reduce-overhead; also: inductor, dynamo)")  # fmt: skip
     parser.add_argument(
         "--quick", action="store_true", help="1000 sentences and 100 queries (unless given)"
     )
@@ -460,9 +460,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if shape not in known_shapes:
             parser.error(f"--shapes: unknown shape {shape!r} (known: {', '.join(known_shapes)})")
     for backend in args.backends:
-        if backend not in (*BACKENDS, "inductor"):
+        if backend not in (*BACKENDS, "inductor", "dynamo"):
             parser.error(f"--backends: unknown backend {backend!r} "
-                         f"(known: {', '.join(BACKENDS)}, inductor)")  # fmt: skip
+                         f"(known: {', '.join(BACKENDS)}, inductor, dynamo)")  # fmt: skip
     if args.sentences is None:
         args.sentences = 24 if args.tiny else 1000 if args.quick else 3000
     if args.queries is None:

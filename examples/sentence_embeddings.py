@@ -65,7 +65,9 @@ SHAPES: dict[str, dict[str, int]] = {
              "intermediate_size": 128},
 }  # fmt: skip
 MAX_SEQ_LENGTH = 256  # all-MiniLM-L6-v2's max_seq_length
-BACKENDS = ("eager", "infinifuse", "reduce-overhead", "inductor")
+# "dynamo": Dynamo's tracing with no code generation (torch.compile's backend="eager"), the
+# part of a first pass any torch.compile backend pays before it does its own work
+BACKENDS = ("eager", "infinifuse", "reduce-overhead", "inductor", "dynamo")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # The counters of fusebackend.stats() reported per phase (those present in this version).
 STAT_KEYS = ("cache_size", "cache_hits", "cache_misses", "recordings", "evictions", "rerecords",
@@ -218,6 +220,8 @@ def compile_inner(model: Any, backend: str, options: dict[str, Any] | None = Non
         hf.forward = torch.compile(hf.forward, mode="reduce-overhead")
     elif backend == "inductor":
         hf.forward = torch.compile(hf.forward)
+    elif backend == "dynamo":
+        hf.forward = torch.compile(hf.forward, backend="eager")
     else:
         raise ValueError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
 
