@@ -172,6 +172,7 @@ def fused_summary() -> dict[str, Any]:
                 "groups": len(g.groups),
                 "local_shards": len(getattr(g, "local_shards", [])),
                 "reduce_copies": list(getattr(g, "reduce_copies", [])),
+                "in_place_reduces": list(getattr(g, "in_place_reduces", [])),
                 "vocab_lookups": list(getattr(g, "vocab_lookups", [])),
                 "collectives": len(getattr(g, "collectives", [])),
                 "matmul_groups": list(g.rewrites.get("matmul_groups", [])),

@@ -18,7 +18,7 @@ import torch.fx
 from fusebackend.config import FusionConfig
 from fusebackend.passes.attention import drop_key_uniform_masks, share_mask_conversion
 from fusebackend.passes.batching import batch_scalar_updates, batch_state_sums
-from fusebackend.passes.collectives import drop_reduce_copies
+from fusebackend.passes.collectives import drop_reduce_copies, reduce_in_place
 from fusebackend.passes.constants import fold_constants, fold_list_indices
 from fusebackend.passes.dtensor import unwrap_dtensors
 from fusebackend.passes.fx_util import example_value, placeholders
@@ -71,6 +71,13 @@ def _drop_reduce_copies(c: Compilation) -> list[str]:
     return dropped
 
 
+def _reduce_in_place(c: Compilation) -> list[str]:
+    made = reduce_in_place(c.gm.graph)
+    if made:
+        c.gm.recompile()
+    return made
+
+
 def _mutated_placeholders(c: Compilation) -> None:
     c.mutated = mutated_placeholders(c.gm.graph)
 
@@ -108,6 +115,8 @@ PREPARE = [
          needs_rewrites=True),
     Pass("drop_reduce_copies", _drop_reduce_copies, "all-reduce copies dropped",
          report="reduce_copies", needs_rewrites=True),
+    Pass("reduce_in_place", _reduce_in_place, "all-reduces in place (no clone of their input)",
+         report="in_place_reduces", needs_rewrites=True),
     Pass("mutated_placeholders", _mutated_placeholders),
     Pass("split_host", _split_host, "run on the host each call", report="host_nodes",
          when=_captured),

@@ -75,6 +75,7 @@ class GraphReport:
     dropped_masks = _rewrite("dropped_masks", "SDPA calls whose key-uniform mask was dropped")
     shared_masks = _rewrite("shared_masks", "Boolean masks made additive once for all calls")
     reduce_copies = _rewrite("reduce_copies", "all-reduce copies dropped (passes/collectives)")
+    in_place_reduces = _rewrite("in_place_reduces", "all-reduces run in place, with no clone")
     host_nodes = _rewrite("host_nodes", "Nodes that run on the host at each call")
     local_shards = _rewrite("local_shards", "DTensor inputs run as their local shards")
     vocab_lookups = _rewrite("vocab_lookups", "Vocab-parallel lookups as one kernel")

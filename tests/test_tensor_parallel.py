@@ -324,6 +324,63 @@ def test_a_dtensor_activation_sharded_unevenly_keeps_its_global_shape_on_two_glo
         assert all(got == want and equal for got, want, equal in shapes), shapes
 
 
+_IN_PLACE_SCRIPT = """
+import os, sys, json, torch, torch.distributed as dist
+import fusebackend
+
+dist.init_process_group("gloo")
+group = dist.group.WORLD.group_name
+reduce, wait = torch.ops._c10d_functional.all_reduce, torch.ops._c10d_functional.wait_tensor
+
+
+def fresh(x, w, residual):  # transformers' row-parallel all-reduce as traced
+    y = x @ w
+    y.copy_(wait(reduce(y, "sum", group)))
+    return residual + y
+
+
+def reread(x, w, residual):  # y keeps its partial sums after the reduction
+    y = x @ w
+    return wait(reduce(y, "sum", group)) + y * 3.0 + residual
+
+
+def through_a_view(x, w, residual):  # the reduction reads a view of y, and y is read after
+    y = x @ w
+    flat = y.view(-1)
+    return wait(reduce(flat, "sum", group)).view_as(y) + y * 3.0 + residual
+
+
+torch.manual_seed(dist.get_rank())  # each rank its own partial sums
+x, w, residual = torch.randn(3, 5), torch.randn(5, 7), torch.randn(3, 7)
+results = {}
+for f in (fresh, reread, through_a_view):
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = f(x, w, residual)
+        got = torch.compile(f, backend="infinifuse")(x, w, residual)
+    graph = fusebackend.last_report().graphs[0]
+    results[f.__name__] = [bool(torch.allclose(got, want)), len(graph.in_place_reduces)]
+with open(f"{sys.argv[1]}.rank{dist.get_rank()}.json", "w") as out:
+    json.dump(results, out)
+dist.barrier()
+os._exit(0)  # as the scripts above: gloo's teardown aborted a rank now and then
+"""
+
+
+def test_an_all_reduce_runs_in_place_only_where_nothing_else_reads_its_input(tmp_path):
+    # An out-of-place all-reduce clones its input; where x is fresh and read by nothing
+    # else it reduces in place. Where x (or a tensor sharing its storage) is read after the
+    # reduction, reducing in place would hand that reader the sum: on 2 ranks with different
+    # partial sums the result would differ from eager's.
+    script = tmp_path / "in_place.py"
+    script.write_text(_IN_PLACE_SCRIPT)
+    prefix = tmp_path / "result"
+    proc = _torchrun(2, str(prefix), env={"TRITON_INTERPRET": "1"}, script=script, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    for result in _rank_results(prefix, 2):
+        assert result == {"fresh": [True, 1], "reread": [True, 0], "through_a_view": [True, 0]}
+
+
 def _torchrun(
     nproc: int,
     *args: str,
@@ -369,6 +426,7 @@ def test_tp_plan_auto_generate_equals_eager_tp_on_two_gloo_ranks(kind, tmp_path)
         assert graphs and all(g["path"] == "fused" and g["groups"] > 0 for g in graphs), graphs
         assert any(g["local_shards"] for g in graphs), graphs
         assert any(g["reduce_copies"] for g in graphs), graphs
+        assert any(g["in_place_reduces"] for g in graphs), graphs
         assert any(g["vocab_lookups"] for g in graphs), graphs
         # each rank's decode step: its shards of q/k/v with their rotary embedding and cache
         # write (column-parallel), o_proj and down_proj (row-parallel) as matmul groups

@@ -6,10 +6,13 @@ shape 7.74 against 6.81 ms, where each rank streams half the weights and 65 all-
 cost ~0.78 ms. This diag loads the model as ``benchmarks/tensor_parallel.py`` does (same
 shapes, same saved weights), compiles the forward with infinifuse and reports, per rank:
 
-- the step time replayed from CUDA graphs (median of rounds), as the benchmark measures it;
-- the same step run without graphs (``cudagraphs=False``) under torch.profiler: each kernel
-  name's device time per step and launches per step, NCCL's kernels apart (their time
-  includes waiting for the other rank), the sum of device time against the step's wall time;
+- the step time replayed from CUDA graphs (median of rounds), as the benchmark measures it,
+  first with each all-reduce cloning its input as traced (the pass ``reduce_in_place`` off),
+  then with the default passes;
+- that step replayed, and the same step run without graphs (``cudagraphs=False``), under
+  torch.profiler: each kernel name's device time per step and launches per step, NCCL's
+  kernels apart (their time includes waiting for the other rank), the sum of device time
+  against the step's wall time;
 - this rank's GPU and copy bandwidth (a 1 GiB device copy) and where the parameters live:
   two ranks on one GPU, or a GPU slower than its twin, would explain a slow step alone;
 - the fusion report's groups (matmul groups among them) on this rank.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import statistics
@@ -36,6 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import tensor_parallel as tp  # noqa: E402  (benchmarks/tensor_parallel.py: shapes, loading)
 
 import fusebackend  # noqa: E402
+import fusebackend.prepare  # noqa: E402
 
 
 def copy_gbs(device: torch.device) -> float:
@@ -136,12 +141,24 @@ def main() -> None:
         "parameter_devices": sorted(params),
         "copy_gbs": copy_gbs(device),
     }
+    # the step with every all-reduce cloning its input first, as traced (reduce_in_place off)
+    passes = fusebackend.prepare.PREPARE
+    index = next(k for k, step in enumerate(passes) if step.name == "reduce_in_place")
+    in_place = passes[index]
+    passes[index] = dataclasses.replace(in_place, run=lambda c: [])
+    cloned = step_fn(model, {}, device)
+    row["step_ms_graphs_cloned"] = timed_steps(cloned, device, world)
+    passes[index] = in_place
+    del cloned
     graphs = step_fn(model, {}, device)
     row["step_ms_graphs"] = timed_steps(graphs, device, world)
     graphs_compiled = fusebackend.reports().graphs
     row["paths"] = [g.path for g in graphs_compiled]
     row["launches"] = [g.launches for g in graphs_compiled]
     row["stats"] = {k: fusebackend.stats()[k] for k in ("fusion_modes", "recordings")}
+    # CUPTI traces the kernels of a replayed graph too: NCCL's time there includes the wait
+    # for the other rank inside the step, which the direct run's host time hides
+    row["profile_graphs"] = kernel_profile(graphs, device, world)
     del graphs
     direct = step_fn(model, {"cudagraphs": False}, device)
     row["step_ms_direct"] = timed_steps(direct, device, world)
@@ -152,11 +169,12 @@ def main() -> None:
         gathered = [None] * world
         dist.all_gather_object(gathered, row)
     if rank == 0:
-        for r in gathered:
-            p = r["profile_direct"]
-            print(f"rank {r['rank']} TP={r['tp']} {r['gpu']} bus {r['pci_bus_id']} params "
+        for key, r in ((key, r) for key in ("profile_graphs", "profile_direct") for r in gathered):
+            p = r[key]
+            print(f"[{key}] rank {r['rank']} TP={r['tp']} {r['gpu']} bus {r['pci_bus_id']} params "
                   f"{r['parameter_devices']} copy {r['copy_gbs']:.0f} GB/s | step graphs "
-                  f"{r['step_ms_graphs']:.3f} ms, direct {r['step_ms_direct']:.3f} ms | "
+                  f"{r['step_ms_graphs']:.3f} ms (cloning all-reduces "
+                  f"{r['step_ms_graphs_cloned']:.3f}), direct {r['step_ms_direct']:.3f} ms | "
                   f"profiled: wall {p['wall_ms_per_step']:.3f} ms, device "
                   f"{p['device_us_per_step'] / 1e3:.3f} ms ({p['launches_per_step']} "
                   f"launches), nccl {p['nccl_us_per_step'] / 1e3:.3f} ms "

@@ -10,14 +10,20 @@ passes/dtensor.py has made the sharded parameters local tensors):
   When ``x`` is the graph's own fresh value, nothing read it in between and nothing else
   aliases it, the readers after the copy read the reduced tensor itself and the copy goes.
   Both graphs get it (it changes no value).
+- ``reduce_in_place``: ``_c10d_functional.all_reduce(x)`` clones ``x`` and reduces the
+  clone: a copy kernel before every all-reduce (on two H100s, 66 of a Llama-3-8B step's
+  402 launches, ~1.1 us each plus its gap in the graph, ``benchmarks/diag/diag_tp_step.py``).
+  Where ``x`` is the graph's own fresh, contiguous value that nothing else reads or shares
+  storage with, the reduction runs in place (``all_reduce_``) and the clone goes. Both
+  graphs get it (it changes no value).
 - ``use_vocab_parallel_lookup``: DTensor's vocab-parallel embedding, traced as
   ``from_local(ids, mesh, [Replicate()])`` -> ``embedding(ids, table)`` with the table
   ``Shard(0)`` -> ``redistribute([Replicate()])`` -> ``to_local()``, runs in eager as DTensor
   dispatch over several small kernels plus the all-reduce hidden in ``redistribute``. It
   becomes one ``kernels.vocab_lookup.vocab_parallel_lookup`` launch (mask, shift, gather,
-  zero the other ranks' rows) and a functional all-reduce. The fused graph only (like the
-  cache-write pairs): the unfused graph stays as traced and is the reference the fused one
-  is validated against.
+  zero the other ranks' rows) and a functional all-reduce in place. The fused graph only
+  (like the cache-write pairs): the unfused graph stays as traced and is the reference the
+  fused one is validated against.
 """
 
 from __future__ import annotations
@@ -30,9 +36,15 @@ import torch.fx
 
 from fusebackend.passes.dtensor import Rewrap, is_dtensor
 from fusebackend.passes.fx_util import example_value, nodes_between
+from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.mutations import storage_id
 
-__all__ = ["collective_nodes", "drop_reduce_copies", "use_vocab_parallel_lookup"]
+__all__ = [
+    "collective_nodes",
+    "drop_reduce_copies",
+    "reduce_in_place",
+    "use_vocab_parallel_lookup",
+]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +125,49 @@ def _reduced_in_place(copy: torch.fx.Node) -> torch.fx.Node | None:
     return source
 
 
+def reduce_in_place(graph: torch.fx.Graph) -> list[str]:
+    """Rewrite ``graph`` in place; return the names of the all-reduces made in place."""
+    made = []
+    in_place = _functional("all_reduce_")
+    for reduce in list(graph.nodes):
+        source = _reducible_in_place(reduce)
+        if source is None:
+            continue
+        reduce.target = in_place
+        # all_reduce_ returns its input: the reduce (and the wait, which returns its own
+        # input) now alias x, which the passes after this one read from storage identity
+        fake = example_value(source)
+        old = storage_id(example_value(reduce))
+        reduce.meta["example_value"] = fake
+        for user in reduce.users:
+            if _is_op(user, "wait_tensor") and storage_id(example_value(user)) == old:
+                user.meta["example_value"] = fake
+        made.append(reduce.name)
+    if made:
+        graph.lint()
+        log.info("all-reduces in place (no clone of their input): %s", made)
+    return made
+
+
+def _reducible_in_place(reduce: torch.fx.Node) -> torch.fx.Node | None:
+    """``x`` of an out-of-place ``all_reduce(x, ...)`` that may reduce in place, else None."""
+    if not _is_op(reduce, "all_reduce") or not reduce.args:
+        return None
+    source = reduce.args[0]
+    if not isinstance(source, torch.fx.Node) or source.op not in ("call_function", "call_method"):
+        return None  # a graph input or constant: the caller's tensor must stay as it is
+    if set(source.users) != {reduce} or is_mutation(source):
+        return None  # read elsewhere, or itself an in-place op's result (x aliases its target)
+    value = example_value(source)
+    storage = storage_id(value)
+    if storage is None or not value.is_contiguous():
+        return None  # NCCL reduces a contiguous buffer; the clone made it so
+    for node in reduce.graph.nodes:
+        if node is not source and storage_id(example_value(node)) == storage:
+            return None  # a view of x (or x a view of it) would see the reduction
+    return source
+
+
 def use_vocab_parallel_lookup(graph: torch.fx.Graph, lookup: Any, checks: bool) -> list[str]:
     """Rewrite ``graph`` in place; return the names of the lookups replaced. ``lookup``:
     ``kernels.vocab_lookup.vocab_parallel_lookup``, called as ``lookup(ids, table, start,
@@ -130,10 +185,12 @@ def use_vocab_parallel_lookup(graph: torch.fx.Graph, lookup: Any, checks: bool) 
         fake = example_value(local)
         with graph.inserting_before(local):
             part = graph.call_function(lookup, (ids, table, offset[0], spec.shape[0], checks))
-            reduce = graph.call_function(_functional("all_reduce"), (part, "sum", group))
+            # in place: the lookup's output is fresh and read by nothing else
+            reduce = graph.call_function(_functional("all_reduce_"), (part, "sum", group))
             waited = graph.call_function(_functional("wait_tensor"), (reduce,))
-        for new in (part, reduce, waited):
-            new.meta["example_value"] = _fresh_like(fake)
+        part.meta["example_value"] = _fresh_like(fake)
+        for new in (reduce, waited):  # each returns its input
+            new.meta["example_value"] = part.meta["example_value"]
         local.replace_all_uses_with(waited)
         _erase_dead(graph, local)
         replaced.append(node.name)
