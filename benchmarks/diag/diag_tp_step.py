@@ -13,6 +13,7 @@ shapes, same saved weights), compiles the forward with infinifuse and reports, p
   torch.profiler: each kernel name's device time per step and launches per step, NCCL's
   kernels apart (their time includes waiting for the other rank), the sum of device time
   against the step's wall time;
+- the host's time per replayed step (the GPU idle at its start) and its cProfile;
 - this rank's GPU and copy bandwidth (a 1 GiB device copy) and where the parameters live:
   two ranks on one GPU, or a GPU slower than its twin, would explain a slow step alone;
 - the fusion report's groups (matmul groups among them) on this rank.
@@ -25,9 +26,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import dataclasses
+import io
 import json
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -93,6 +97,26 @@ def timed_steps(step, device: torch.device, world: int, steps: int = 32, rounds:
     return statistics.median(rounds_ms)
 
 
+def host_time(step, device: torch.device, steps: int = 20) -> tuple[float, str]:
+    """The host's time per replayed step, the GPU idle at each start (so no launch waits
+    for it), and a cProfile of those steps: a step whose host time exceeds its GPU time
+    leaves the GPU waiting between replays."""
+    profile = cProfile.Profile()
+    times = []
+    with torch.no_grad():
+        for _ in range(steps):
+            tp.sync(device)
+            start = time.perf_counter()
+            profile.enable()
+            step()
+            profile.disable()
+            times.append(time.perf_counter() - start)
+    tp.sync(device)
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(30)
+    return statistics.median(times) * 1e3, text.getvalue()[-8000:]
+
+
 def kernel_profile(step, device: torch.device, world: int, steps: int = 8) -> dict[str, Any]:
     with torch.no_grad():
         for _ in range(4):
@@ -156,6 +180,7 @@ def main() -> None:
     row["paths"] = [g.path for g in graphs_compiled]
     row["launches"] = [g.launches for g in graphs_compiled]
     row["stats"] = {k: fusebackend.stats()[k] for k in ("fusion_modes", "recordings")}
+    row["host_ms_per_step"], row["host_profile"] = host_time(graphs, device)
     # CUPTI traces the kernels of a replayed graph too: NCCL's time there includes the wait
     # for the other rank inside the step, which the direct run's host time hides
     row["profile_graphs"] = kernel_profile(graphs, device, world)
@@ -179,8 +204,11 @@ def main() -> None:
                   f"{p['device_us_per_step'] / 1e3:.3f} ms ({p['launches_per_step']} "
                   f"launches), nccl {p['nccl_us_per_step'] / 1e3:.3f} ms "
                   f"({p['nccl_launches_per_step']})")  # fmt: skip
+            if key == "profile_graphs":
+                print(f"    host {r['host_ms_per_step']:.3f} ms per replayed step")
             for k in p["top"][:15]:
                 print(f"    {k['us_per_step']:9.1f} us {k['launches']:4d}x  {k['kernel']}")
+        print(gathered[0]["host_profile"])
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"environment": tp.environment(world, None), "ranks": gathered}, f,
