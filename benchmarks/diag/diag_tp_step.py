@@ -47,6 +47,11 @@ import fusebackend  # noqa: E402
 import fusebackend.prepare  # noqa: E402
 
 
+# --guard-filter: Dynamo keeps no guards on the model's parameters (torch's
+# skip_guard_on_all_nn_modules_unsafe), whose DTensor spec checks run on the host each call
+GUARD_FILTER = False
+
+
 def copy_gbs(device: torch.device) -> float:
     """Read + write bandwidth of a 1 GiB device-to-device copy, GB/s."""
     src = torch.empty(1 << 29, dtype=torch.float16, device=device)
@@ -72,6 +77,8 @@ def step_fn(model: Any, options: dict[str, Any], device: torch.device, prompt: i
     with torch.no_grad():
         model(ids, past_key_values=cache, use_cache=True,
               cache_position=torch.arange(prompt, device=device))  # fmt: skip
+    if GUARD_FILTER:
+        options = {**options, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
     forward = torch.compile(model.forward, backend="infinifuse", options=options)
     token = ids[:, -1:].clone()
     position = [prompt]
@@ -150,8 +157,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(tp.SHAPES), default="tinyllama")
     parser.add_argument("--model-root", default="/tmp/fusebackend_tp_models")
+    parser.add_argument(
+        "--guard-filter",
+        action="store_true",
+        help="compile with guard_filter_fn=skip_guard_on_all_nn_modules_unsafe",
+    )
     parser.add_argument("--out")
     args = parser.parse_args()
+    global GUARD_FILTER
+    GUARD_FILTER = args.guard_filter
     device, rank, world = tp.setup()
     model = tp.load(tp.model_dir(args, rank, world), device, world)
     params = {str(getattr(p, "device", "?")) for p in model.parameters()}
