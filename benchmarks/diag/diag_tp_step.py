@@ -46,7 +46,6 @@ import tensor_parallel as tp  # noqa: E402  (benchmarks/tensor_parallel.py: shap
 import fusebackend  # noqa: E402
 import fusebackend.prepare  # noqa: E402
 
-
 # --guard-filter: Dynamo keeps no guards on the model's parameters (torch's
 # skip_guard_on_all_nn_modules_unsafe), whose DTensor spec checks run on the host each call
 GUARD_FILTER = False
