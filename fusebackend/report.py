@@ -174,6 +174,18 @@ class FusionReport:
                     lines += [f"  {name}" for name in names]
                 else:
                     lines.append(f"{label}: {', '.join(names)}")
+            if graph.local_shards:
+                # On 2 H100s these checks took 2.1 ms of host time per TinyLlama TP=2 decode
+                # step against its kernels' 1.2 ms (benchmarks/diag/diag_tp_step.py)
+                lines += [
+                    "note: before each call Dynamo checks every DTensor input's sharding on the "
+                    "host, which can take",
+                    "  longer than a small step's kernels; where parameters are not replaced "
+                    "after compile, compile with",
+                    "  options={'guard_filter_fn': "
+                    "torch.compiler.skip_guard_on_all_nn_modules_unsafe} (README: Tensor "
+                    "parallelism)",
+                ]
         return "\n".join(lines)
 
 
