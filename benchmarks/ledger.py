@@ -45,6 +45,8 @@ SOURCES = (
     "suite_decode_h100_session4_floor.json",
     "sentence_embeddings_h100_minilm_routes.json",
     "sentence_embeddings_h100_bert_routes.json",
+    "sentence_embeddings_h100_minilm_session5_dynamo.json",
+    "sentence_embeddings_h100_minilm_session5_dynamo_no_cudnn_sdp.json",
 )
 # metric name in a result row -> unit
 SUITE_METRICS = {"per_call_ms": "ms", "first_call_s": "s", "kernels_per_call": "count"}
