@@ -16,7 +16,9 @@ Dynamo caches, on every rank at once:
   after a 16-token prompt; the first generate, then the median of 3.
 Also the time of one all-reduce of a decode step's hidden row (NCCL, captured in a CUDA
 graph, 200 replays) times the step's all-reduces: the communication share of a step.
-Rank 0 writes the JSON: device, versions, date, every rank's figures.
+Rank 0 writes the JSON: device, versions, date, every rank's figures. ``--guard-filter``
+compiles infinifuse with Dynamo's guards on the parameters skipped (README: Tensor
+parallelism); each rank's row records it.
 """
 
 from __future__ import annotations
@@ -68,6 +70,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=32, help="decode steps per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument(
+        "--guard-filter",
+        action="store_true",
+        help="infinifuse compiled with options={'guard_filter_fn': torch.compiler."
+        "skip_guard_on_all_nn_modules_unsafe}: no per-call guards on the DTensor parameters "
+        "(README: Tensor parallelism)",
+    )
     parser.add_argument("--commit", default=os.environ.get("FUSEBACKEND_COMMIT"))
     parser.add_argument("--out", help="JSON path (rank 0 writes it)")
     parser.add_argument(
@@ -170,7 +179,7 @@ def decode(model: Any, backend: str, args: argparse.Namespace, device, world) ->
     if backend == "eager":
         forward = model.forward
     elif backend == "infinifuse":
-        forward = torch.compile(model.forward, backend="infinifuse")
+        forward = torch.compile(model.forward, backend="infinifuse", options=_options(args))
     else:
         forward = torch.compile(model.forward, mode="reduce-overhead")
     token = ids[:, -1:].clone()
@@ -221,7 +230,11 @@ def generate(model: Any, backend: str, args: argparse.Namespace, device, world) 
     if backend == "eager":
         kwargs["disable_compile"] = True
     elif backend == "infinifuse":
-        kwargs["compile_config"] = transformers.CompileConfig(backend="infinifuse")
+        # torch.compile takes a mode or options, not both (CompileConfig's default is a mode)
+        options = _options(args)
+        kwargs["compile_config"] = transformers.CompileConfig(
+            backend="infinifuse", **({"mode": None, "options": options} if options else {})
+        )
     else:
         kwargs["compile_config"] = transformers.CompileConfig()  # Inductor, reduce-overhead
     with torch.no_grad():
@@ -234,6 +247,15 @@ def generate(model: Any, backend: str, args: argparse.Namespace, device, world) 
         "tokens_per_s": args.new_tokens / median,
         "tokens": tokens[0, 16:].tolist(),
     }
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """infinifuse's torch.compile options: with --guard-filter, Dynamo's guards on the
+    model's parameters skipped (their DTensor spec checks cost more host time per call than a
+    B=1 step's kernels take on 2 H100s: benchmarks/diag/diag_tp_step.py)."""
+    if not args.guard_filter:
+        return None
+    return {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
 
 
 def all_reduce_ms(model: Any, device: torch.device, world: int) -> float | None:
@@ -284,7 +306,8 @@ def main() -> None:
     config = model.config
     # all-reduces of a decode step: after each layer's o_proj and down_proj, the embedding's.
     reduces = 2 * config.num_hidden_layers + 1
-    result: dict[str, Any] = {"shape": args.shape, "tp": world, "rank": rank, "backends": {}}
+    result: dict[str, Any] = {"shape": args.shape, "tp": world, "rank": rank, "backends": {},
+                              "guard_filter": args.guard_filter}  # fmt: skip
     one = all_reduce_ms(model, device, world)
     if one is not None:
         result["all_reduce_ms"] = one
