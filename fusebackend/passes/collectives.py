@@ -116,13 +116,20 @@ def _reduced_in_place(copy: torch.fx.Node) -> torch.fx.Node | None:
     # other value shares x's storage (a view of x read after the copy would miss the write).
     if (set(source.users) - {reduce, copy}) & set(nodes_between(source, copy)):
         return None
+    return source if _owns_its_storage(source, copy) else None
+
+
+def _owns_its_storage(source: torch.fx.Node, *aliases: torch.fx.Node) -> bool:
+    """Is ``source``'s value the only one on its storage, apart from ``aliases`` (nodes
+    known to return it, as ``x.copy_`` returns x)? False where the storage is unknown: a
+    view of it (or it a view of another value) would see a write into it."""
     storage = storage_id(example_value(source))
     if storage is None:
-        return None
-    for node in copy.graph.nodes:
-        if node not in (source, copy) and storage_id(example_value(node)) == storage:
-            return None
-    return source
+        return False
+    return all(
+        node is source or node in aliases or storage_id(example_value(node)) != storage
+        for node in source.graph.nodes
+    )
 
 
 def reduce_in_place(graph: torch.fx.Graph) -> list[str]:
@@ -158,14 +165,10 @@ def _reducible_in_place(reduce: torch.fx.Node) -> torch.fx.Node | None:
         return None  # a graph input or constant: the caller's tensor must stay as it is
     if set(source.users) != {reduce} or is_mutation(source):
         return None  # read elsewhere, or itself an in-place op's result (x aliases its target)
-    value = example_value(source)
-    storage = storage_id(value)
-    if storage is None or not value.is_contiguous():
-        return None  # NCCL reduces a contiguous buffer; the clone made it so
-    for node in reduce.graph.nodes:
-        if node is not source and storage_id(example_value(node)) == storage:
-            return None  # a view of x (or x a view of it) would see the reduction
-    return source
+    if not _owns_its_storage(source):
+        return None
+    # NCCL reduces a contiguous buffer; the clone made it so
+    return source if example_value(source).is_contiguous() else None
 
 
 def use_vocab_parallel_lookup(graph: torch.fx.Graph, lookup: Any, checks: bool) -> list[str]:
