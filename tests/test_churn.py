@@ -639,6 +639,13 @@ def step(x, counter):
     return (x * 2 + counter,)
 
 
+def call_step(cache: GraphCache, x: torch.Tensor, counter: torch.Tensor, n: int) -> None:
+    """The ``n``-th call of ``step_cache()``: the counter updated once, the call's output."""
+    (out,) = cache(x, counter)
+    assert counter.item() == n
+    assert_close(out, x * 2 + n)
+
+
 def step_cache() -> GraphCache:
     return GraphCache(
         unfused=step, fused=None, config=FusionConfig(cudagraphs=True), device=FAKE_CUDA,
@@ -659,9 +666,7 @@ def test_a_recurring_signature_is_captured_and_replayed_for_its_call(
     counter = torch.zeros(1)
     x = torch.randn(3, 4)
     for n in range(1, 5):
-        (out,) = cache(x, counter)
-        assert counter.item() == n
-        assert_close(out, x * 2 + n)
+        call_step(cache, x, counter, n)
         if n == 2:
             ((graph, warmups),) = recording_capture
             assert graph.replays == (1 if warm else 0)
@@ -689,9 +694,7 @@ def test_a_failed_capture_on_promotion_runs_then_captures(recording_capture, mon
     counter = torch.zeros(1)
     x = torch.randn(3, 4)
     for n in range(1, 4):
-        (out,) = cache(x, counter)
-        assert counter.item() == n
-        assert_close(out, x * 2 + n)
+        call_step(cache, x, counter, n)
     assert failures == [1] and len(recording_capture) == 1
     assert cache.describe()[0]["captured"] is True
     assert fusebackend.stats()["capture_failures"] == 0  # retried at once, not a fallback

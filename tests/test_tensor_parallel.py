@@ -269,14 +269,7 @@ os._exit(0)
 def test_vocab_parallel_lookup_with_uneven_shards_on_two_gloo_ranks(vocab, tmp_path):
     # 41 rows over 2 ranks: 21 and 20 (the second rank's ids start at 21); redistribute's
     # mesh and placements by position (the rewrite matched keywords only: no kernel ran).
-    script = tmp_path / "vocab.py"
-    script.write_text(_VOCAB_SCRIPT)
-    prefix = tmp_path / "result"
-    proc = _torchrun(
-        2, str(vocab), str(prefix), env={"TRITON_INTERPRET": "1"}, script=script, timeout=180
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    for result in _rank_results(prefix, 2):
+    for result in _gloo_script(tmp_path, _VOCAB_SCRIPT, str(vocab)):
         assert result["equal"] == [True, True], result
         assert result["lookups"] and all(result["lookups"]), result
 
@@ -317,12 +310,7 @@ def test_a_dtensor_activation_sharded_unevenly_keeps_its_global_shape_on_two_glo
     # Rows sharded over 2 ranks, their number changing: the graph compiled with a dynamic
     # size rewrapped each call's local rows with the global shape of the call it was
     # compiled on (7 rows came back as 5: a wrong all-gather, no error).
-    script = tmp_path / "activation.py"
-    script.write_text(_ACTIVATION_SCRIPT)
-    prefix = tmp_path / "result"
-    proc = _torchrun(2, str(prefix), env={"TRITON_INTERPRET": "1"}, script=script, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    for shapes in _rank_results(prefix, 2):
+    for shapes in _gloo_script(tmp_path, _ACTIVATION_SCRIPT):
         assert all(got == want and equal for got, want, equal in shapes), shapes
 
 
@@ -374,12 +362,7 @@ def test_an_all_reduce_runs_in_place_only_where_nothing_else_reads_its_input(tmp
     # else it reduces in place. Where x (or a tensor sharing its storage) is read after the
     # reduction, reducing in place would hand that reader the sum: on 2 ranks with different
     # partial sums the result would differ from eager's.
-    script = tmp_path / "in_place.py"
-    script.write_text(_IN_PLACE_SCRIPT)
-    prefix = tmp_path / "result"
-    proc = _torchrun(2, str(prefix), env={"TRITON_INTERPRET": "1"}, script=script, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    for result in _rank_results(prefix, 2):
+    for result in _gloo_script(tmp_path, _IN_PLACE_SCRIPT):
         assert result == {"fresh": [True, 1], "reread": [True, 0], "through_a_view": [True, 0]}
 
 
@@ -392,6 +375,19 @@ def _torchrun(
 ):
     """Run ``script`` (examples/tp_generate.py) on ``nproc`` processes (helpers.run_torchrun)."""
     return run_torchrun(script, nproc, *args, env=env, timeout=timeout)
+
+
+def _gloo_script(tmp_path: Path, source: str, *args: str) -> list:
+    """Run the script ``source`` on 2 gloo processes (Triton interpreted) with ``args`` and
+    then a result prefix as its arguments; each rank's JSON result, after a clean exit."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    prefix = tmp_path / "result"
+    proc = _torchrun(
+        2, *args, str(prefix), env={"TRITON_INTERPRET": "1"}, script=script, timeout=180
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return _rank_results(prefix, 2)
 
 
 def _rank_results(prefix: Path, nproc: int) -> list[dict]:
