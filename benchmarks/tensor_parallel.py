@@ -161,11 +161,12 @@ def reset_compilers() -> None:
     fusebackend.reset_stats()
 
 
-def decode(model: Any, backend: str, args: argparse.Namespace, device, world) -> dict[str, Any]:
+def prefilled_step(model: Any, forward: Any, device, length: int, prompt: int = 64) -> Any:
+    """A B=1 decode step calling ``forward`` (the model's forward, compiled or not) on a
+    StaticCache of ``length`` slots after an eager ``prompt``-token prefill; each call feeds
+    its argmax back as the next token (``length`` bounds the calls: prompt + calls)."""
     import transformers
 
-    prompt = 64
-    length = prompt + 1 + args.steps * (args.rounds + 1) + 8
     cache = transformers.StaticCache(config=model.config, max_cache_len=length)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(1, model.config.vocab_size, (1, prompt), generator=generator).to(device)
@@ -176,12 +177,6 @@ def decode(model: Any, backend: str, args: argparse.Namespace, device, world) ->
             use_cache=True,
             cache_position=torch.arange(prompt, device=device),
         )
-    if backend == "eager":
-        forward = model.forward
-    elif backend == "infinifuse":
-        forward = torch.compile(model.forward, backend="infinifuse", options=_options(args))
-    else:
-        forward = torch.compile(model.forward, mode="reduce-overhead")
     token = ids[:, -1:].clone()
     position = [prompt]
 
@@ -196,6 +191,19 @@ def decode(model: Any, backend: str, args: argparse.Namespace, device, world) ->
         token.copy_(out.logits[:, -1:].argmax(-1))
         position[0] = p + 1
 
+    return step
+
+
+def decode(model: Any, backend: str, args: argparse.Namespace, device, world) -> dict[str, Any]:
+    if backend == "eager":
+        forward = model.forward
+    elif backend == "infinifuse":
+        options = compile_options(args.guard_filter)
+        forward = torch.compile(model.forward, backend="infinifuse", options=options)
+    else:
+        forward = torch.compile(model.forward, mode="reduce-overhead")
+    length = 64 + 1 + args.steps * (args.rounds + 1) + 8
+    step = prefilled_step(model, forward, device, length)
     with torch.no_grad():
         _, first = synced(device, world, step)
         for _ in range(3):
@@ -231,7 +239,7 @@ def generate(model: Any, backend: str, args: argparse.Namespace, device, world) 
         kwargs["disable_compile"] = True
     elif backend == "infinifuse":
         # torch.compile takes a mode or options, not both (CompileConfig's default is a mode)
-        options = _options(args)
+        options = compile_options(args.guard_filter)
         kwargs["compile_config"] = transformers.CompileConfig(
             backend="infinifuse", **({"mode": None, "options": options} if options else {})
         )
@@ -249,11 +257,11 @@ def generate(model: Any, backend: str, args: argparse.Namespace, device, world) 
     }
 
 
-def _options(args: argparse.Namespace) -> dict[str, Any] | None:
-    """infinifuse's torch.compile options: with --guard-filter, Dynamo's guards on the
-    model's parameters skipped (their DTensor spec checks cost more host time per call than a
-    B=1 step's kernels take on 2 H100s: benchmarks/diag/diag_tp_step.py)."""
-    if not args.guard_filter:
+def compile_options(guard_filter: bool) -> dict[str, Any] | None:
+    """infinifuse's torch.compile options: with ``guard_filter`` (--guard-filter), Dynamo's
+    guards on the model's parameters skipped (their DTensor spec checks cost more host time
+    per call than a B=1 step's kernels take on 2 H100s: benchmarks/diag/diag_tp_step.py)."""
+    if not guard_filter:
         return None
     return {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
 

@@ -46,10 +46,6 @@ import tensor_parallel as tp  # noqa: E402  (benchmarks/tensor_parallel.py: shap
 import fusebackend  # noqa: E402
 import fusebackend.prepare  # noqa: E402
 
-# --guard-filter: Dynamo keeps no guards on the model's parameters (torch's
-# skip_guard_on_all_nn_modules_unsafe), whose DTensor spec checks run on the host each call
-GUARD_FILTER = False
-
 
 def copy_gbs(device: torch.device) -> float:
     """Read + write bandwidth of a 1 GiB device-to-device copy, GB/s."""
@@ -65,31 +61,12 @@ def copy_gbs(device: torch.device) -> float:
     return 2 * src.numel() * 2 * 10 / (time.perf_counter() - start) / 1e9
 
 
-def step_fn(model: Any, options: dict[str, Any], device: torch.device, prompt: int = 64):
-    """A compiled decode step over a fresh StaticCache after a prefill, as the benchmark's."""
-    import transformers
-
+def step_fn(model: Any, options: dict[str, Any], device: torch.device):
+    """A decode step compiled by infinifuse with ``options``, from cold compiler caches, as
+    the benchmark's (512 cache slots: each variant below makes about 200 calls)."""
     tp.reset_compilers()
-    cache = transformers.StaticCache(config=model.config, max_cache_len=512)
-    ids = torch.randint(1, model.config.vocab_size, (1, prompt),
-                        generator=torch.Generator().manual_seed(0)).to(device)  # fmt: skip
-    with torch.no_grad():
-        model(ids, past_key_values=cache, use_cache=True,
-              cache_position=torch.arange(prompt, device=device))  # fmt: skip
-    if GUARD_FILTER:
-        options = {**options, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
     forward = torch.compile(model.forward, backend="infinifuse", options=options)
-    token = ids[:, -1:].clone()
-    position = [prompt]
-
-    def step() -> None:
-        p = position[0] if position[0] < 500 else prompt  # stay inside the cache
-        out = forward(token, past_key_values=cache, use_cache=True,
-                      cache_position=torch.tensor([p], device=device))  # fmt: skip
-        token.copy_(out.logits[:, -1:].argmax(-1))
-        position[0] = p + 1
-
-    return step
+    return tp.prefilled_step(model, forward, device, length=512)
 
 
 def timed_steps(step, device: torch.device, world: int, steps: int = 32, rounds: int = 5) -> float:
@@ -163,8 +140,6 @@ def main() -> None:
     )
     parser.add_argument("--out")
     args = parser.parse_args()
-    global GUARD_FILTER
-    GUARD_FILTER = args.guard_filter
     device, rank, world = tp.setup()
     model = tp.load(tp.model_dir(args, rank, world), device, world)
     params = {str(getattr(p, "device", "?")) for p in model.parameters()}
@@ -183,11 +158,14 @@ def main() -> None:
     index = next(k for k, step in enumerate(passes) if step.name == "reduce_in_place")
     in_place = passes[index]
     passes[index] = dataclasses.replace(in_place, run=lambda c: [])
-    cloned = step_fn(model, {}, device)
+    # --guard-filter: Dynamo keeps no guards on the model's parameters (their DTensor spec
+    # checks run on the host each call)
+    base = tp.compile_options(args.guard_filter) or {}
+    cloned = step_fn(model, base, device)
     row["step_ms_graphs_cloned"] = timed_steps(cloned, device, world)
     passes[index] = in_place
     del cloned
-    graphs = step_fn(model, {}, device)
+    graphs = step_fn(model, base, device)
     row["step_ms_graphs"] = timed_steps(graphs, device, world)
     graphs_compiled = fusebackend.reports().graphs
     row["paths"] = [g.path for g in graphs_compiled]
@@ -198,7 +176,7 @@ def main() -> None:
     # for the other rank inside the step, which the direct run's host time hides
     row["profile_graphs"] = kernel_profile(graphs, device, world)
     del graphs
-    direct = step_fn(model, {"cudagraphs": False}, device)
+    direct = step_fn(model, {**base, "cudagraphs": False}, device)
     row["step_ms_direct"] = timed_steps(direct, device, world)
     row["profile_direct"] = kernel_profile(direct, device, world)
     del direct
