@@ -107,9 +107,7 @@ class Recapture:
             return None
         finally:
             _capture.join_replay_order(self._replay_device)
-        budget = self._config.graph_memory
-        if budget is not None and entry.nbytes > budget:
-            _capture.retire(entry.resources(), self._replay_device)
+        if self._over_budget(entry) is not None:
             return None
         entry.reason, entry.hits = old.reason, old.hits
         self._remember(key, Verdict(mode, old.reason, True, old.hits + 1))
@@ -207,18 +205,24 @@ class Recapture:
                 COUNTERS.capture_failures += 1
                 why = f"capture failed: {type(exc).__name__}: {one_line(exc)}"
                 mode, reason = self._demote(key, mode, Cause.CAPTURE_FAILED, why, reason)
-        budget = self._config.graph_memory
-        if entry is not None and budget is not None and entry.nbytes > budget:
-            # Kept, it would evict every other captured entry and then itself at the next
-            # capture; run directly instead.
-            _capture.retire(entry.resources(), self._replay_device)
-            why = f"its buffers ({_mib(entry.nbytes)}) exceed graph_memory ({_mib(budget)})"
+        why = self._over_budget(entry) if entry is not None else None
+        if why is not None:
             entry = None
             mode, reason = self._demote(key, mode, Cause.OVER_BUDGET, why, reason)
         if entry is None:
             entry = Entry(mode, self._callable(mode))
         entry.reason = reason
         return entry
+
+    def _over_budget(self, entry: Entry) -> str | None:
+        """Why a captured ``entry`` is not kept: its buffers exceed ``graph_memory`` (kept, it
+        would evict every other captured entry and then itself at the next capture); its
+        graph is then retired. None where it fits."""
+        budget = self._config.graph_memory
+        if budget is None or entry.nbytes <= budget:
+            return None
+        _capture.retire(entry.resources(), self._replay_device)
+        return f"its buffers ({_mib(entry.nbytes)}) exceed graph_memory ({_mib(budget)})"
 
     def _record(
         self, mode: Mode, fn: Callable[..., Sequence[Any]], args: tuple[Any, ...], warmed: bool
