@@ -269,6 +269,57 @@ def test_residual_computed_after_the_linear_moves_the_launch_down():
     assert _matmul_groups(fusebackend.last_report()) == ["linear + residual"]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("returned", [True, False], ids=["sum_read_after", "sum_unread"])
+def test_a_residual_sum_of_graph_inputs_is_added_in_the_launch(returned, dtype):
+    # A tensor-parallel layer's shape: h = residual + all_reduce(o_proj(...)), then RMSNorm
+    # and gate/up; the sum feeds the next residual (returned) or nothing else (the last
+    # layer's, before the LM head). Here the operands are graph inputs, which no row kernel
+    # makes either.
+    torch.manual_seed(12)
+    norm = transformers.models.llama.modeling_llama.LlamaRMSNorm(40, eps=1e-6)
+    norm.weight.data = torch.rand(40) + 0.5
+    norm = norm.to(dtype)
+    gate, up = (torch.randn(24, 40, dtype=dtype) / 6 for _ in range(2))
+
+    def fn(residual, reduced):
+        h = residual + reduced
+        a = norm(h)
+        y = F.silu(F.linear(a, gate)) * F.linear(a, up)
+        return (y, h * 2.0) if returned else y
+
+    residual, reduced = (torch.randn(1, 3, 40, dtype=dtype) for _ in range(2))
+    expected = eager(fn, residual, reduced)
+    with torch.no_grad():
+        actual = compile_fused(fn)(residual, reduced)
+    assert_close(actual, expected, **_TOLERANCE[dtype])
+    groups = _matmul_groups(fusebackend.last_report())
+    summed = "add (sum returned)" if returned else "add"
+    assert groups == [f"{summed} + rms_norm + 2 linears + silu(gate) * up"], groups
+    rows = fusebackend.last_report().graphs[-1].groups
+    assert not any("add" in n for g in rows for n in g.nodes), [g.nodes for g in rows]
+
+
+def test_a_sum_with_an_embedding_lookup_stays_with_the_row_kernels():
+    # GPT-2's first block: wte(ids) + wpe(pos) feeds ln_1. The lookups' row kernel adds them
+    # at no launch's cost; the launch taking the add would split the lookup from it.
+    torch.manual_seed(13)
+    table = torch.randn(50, 32)
+    norm = torch.nn.LayerNorm(32).eval()
+    w = torch.randn(24, 32) / 6
+
+    def fn(ids, position):
+        h = F.embedding(ids, table) + position
+        return F.linear(norm(h), w), h
+
+    ids, position = torch.randint(0, 50, (1, 2)), torch.randn(1, 2, 32)
+    expected = eager(fn, ids, position)
+    with torch.no_grad():
+        actual = compile_fused(fn)(ids, position)
+    assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    assert _matmul_groups(fusebackend.last_report()) == ["layer_norm + linear"]
+
+
 def test_opt_decoder_fc1_relu_is_one_launch():
     # OPT's MLP: LayerNorm -> fc1 -> relu -> fc2 (+ residual)
     torch.manual_seed(9)

@@ -431,6 +431,12 @@ def test_tp_plan_auto_generate_equals_eager_tp_on_two_gloo_ranks(kind, tmp_path)
         decode = [g for g in graphs if g["rotary_epilogues"]]
         assert decode and all(len(g["rotary_epilogues"]) == 2 for g in decode), graphs
         assert all(len(g["matmul_groups"]) >= 8 for g in decode), graphs
+        # the residual add after each all-reduce goes into the next group's launch, which
+        # returns the sum for the add after it (3 of the 2 layers' 4), the last one's only
+        # feeding the final norm + LM head
+        for g in decode:
+            summed = [m.split(": ", 1)[1] for m in g["matmul_groups"] if ": add" in m]
+            assert [m.split(" + ")[0] for m in summed] == ["add (sum returned)"] * 3 + ["add"]
         assert set(result["stats"]["fusion_modes"].values()) == {"fusion"}, result["stats"]
 
 
