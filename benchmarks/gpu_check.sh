@@ -139,15 +139,19 @@ for step in $steps; do
         # Tensor parallelism on every GPU of the machine (2 or more): the GPU tests of
         # tests/test_tensor_parallel.py, then benchmarks/tensor_parallel.py at TP=N and TP=1
         # for each shape in TP_SHAPES (default tinyllama; llama3-8b saves 16 GB of random
-        # weights first), TP_ARGS passed on (e.g. --parts decode).
+        # weights first), TP_ARGS passed on (e.g. --parts decode). TP_SIZES: the process
+        # counts (default: every GPU, then 1); TP_BENCH_ONLY=1 skips the tests and the chain
+        # diag (a benchmark split over several device calls).
         gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
-        run_step tp_tests python3 -m pytest -q -m gpu -rfEs tests/test_tensor_parallel.py
-        # what an all-reduce costs in a dependent matmul chain, NCCL against symmetric
-        # memory's one-shot all-reduce (~1.5 min on 2 GPUs)
-        run_step diag_tp_chain torchrun --nproc_per_node "$gpus" benchmarks/diag/diag_tp_chain.py \
-            --out "$OUT/tp_chain.json"
+        if [ -z "${TP_BENCH_ONLY:-}" ]; then
+            run_step tp_tests python3 -m pytest -q -m gpu -rfEs tests/test_tensor_parallel.py
+            # what an all-reduce costs in a dependent matmul chain, NCCL against symmetric
+            # memory's one-shot all-reduce (~1.5 min on 2 GPUs)
+            run_step diag_tp_chain torchrun --nproc_per_node "$gpus" \
+                benchmarks/diag/diag_tp_chain.py --out "$OUT/tp_chain.json"
+        fi
         for shape in ${TP_SHAPES:-tinyllama}; do
-            for n in "$gpus" 1; do
+            for n in ${TP_SIZES:-$gpus 1}; do
                 run_step "bench_tp_${shape}_tp$n" torchrun --nproc_per_node "$n" \
                     benchmarks/tensor_parallel.py --shape "$shape" ${TP_ARGS:-} \
                     --out "$OUT/tensor_parallel_${shape}_tp$n.json"
