@@ -300,6 +300,30 @@ def test_a_residual_sum_of_graph_inputs_is_added_in_the_launch(returned, dtype):
     assert not any("add" in n for g in rows for n in g.nodes), [g.nodes for g in rows]
 
 
+def test_a_residual_stream_from_an_embedding_is_added_in_the_next_launch():
+    # transformers 5.17's tensor-parallel Llama: the first layer's residual add reads the
+    # embedding and a block's output computed from it. No kernel making the embedding can
+    # finish that add, so the next launch takes it (and every later layer's add after it).
+    torch.manual_seed(14)
+    table = torch.randn(50, 32)
+    gate, up = torch.randn(32, 32) / 6, torch.randn(32, 32) / 6
+    norm = transformers.models.llama.modeling_llama.LlamaRMSNorm(32, eps=1e-6)
+    head = torch.randn(24, 32) / 6
+
+    def fn(ids):
+        h = F.embedding(ids, table)
+        h = h + F.silu(F.linear(h, gate)) * F.linear(h, up)  # the block, a gated group
+        return F.linear(norm(h), head), h
+
+    ids = torch.randint(0, 50, (1, 2))
+    expected = eager(fn, ids)
+    with torch.no_grad():
+        actual = compile_fused(fn)(ids)
+    assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    groups = _matmul_groups(fusebackend.last_report())
+    assert groups == ["2 linears + silu(gate) * up", "add (sum returned) + rms_norm + linear"]
+
+
 def test_a_sum_with_an_embedding_lookup_stays_with_the_row_kernels():
     # GPT-2's first block: wte(ids) + wpe(pos) feeds ln_1. The lookups' row kernel adds them
     # at no launch's cost; the launch taking the add would split the lookup from it.

@@ -51,7 +51,13 @@ import torch.fx
 from fusebackend.kernels.ir import MAX_ROWS, MAX_SIBLINGS, MatmulGroup
 from fusebackend.passes.activations import activation_of
 from fusebackend.passes.collectives import is_collective_result
-from fusebackend.passes.fx_util import example_value, nodes_between, single_user, static_tensor
+from fusebackend.passes.fx_util import (
+    depends_on,
+    example_value,
+    nodes_between,
+    single_user,
+    static_tensor,
+)
 from fusebackend.passes.graph import is_mutation, resort_stably
 from fusebackend.passes.groups import op_call
 from fusebackend.passes.norms import Norm, layer_norm_of, offset_rms_norm_of, rms_norm_of
@@ -282,10 +288,12 @@ def _plan(siblings: list[_Anchor], whole: bool) -> _Plan:
 
 def _summed_rows(rows: torch.fx.Node, members: set[torch.fx.Node]) -> _Sum | None:
     """The norm's ``rows`` as ``x + y`` the launch can add itself: two tensors of the sum's
-    shape, dtype and device, each made where no row kernel could take the add (a graph
-    input, an all-reduce's result, a matmul group's output). Elsewhere (an embedding
-    lookup, an elementwise chain) the row kernel that makes one operand takes the add at no
-    launch's cost, and the lookup would be split from it."""
+    shape, dtype and device, where no row kernel could take the add instead. The later
+    operand must be made where no row kernel reaches (a graph input, an all-reduce's result,
+    a matmul group's output), and the earlier one too, unless the later is computed from it
+    (a residual stream: ``h + block(h)``, which no kernel making ``h`` can finish). GPT-2's
+    ``wte(ids) + wpe(pos)`` stays with the row kernels: one kernel looks both up and adds
+    them, and the launch taking the add would leave the lookups on their own."""
     call = op_call(rows, "add")
     if call is None or call.params.get("alpha", 1) != 1 or len(call.operands) != 2:
         return None
@@ -299,8 +307,11 @@ def _summed_rows(rows: torch.fx.Node, members: set[torch.fx.Node]) -> _Sum | Non
             return None
         if value.dtype != total.dtype or value.device != total.device:
             return None
-        if not _made_apart(operand):
-            return None
+    first, second = sorted((x, addend))
+    if not _made_apart(second):
+        return None
+    if not (_made_apart(first) or depends_on(second, first)):
+        return None
     returned = any(user not in members for user in rows.users)
     return _Sum(rows, x, addend, returned)
 
