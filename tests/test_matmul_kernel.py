@@ -10,13 +10,11 @@ Which combinations run (the interpreter runs every program of the grid one after
 cost is programs x K-steps: a 2048 -> 5632 gated pair with the default tiles is ~350
 programs x 8 steps, ~25 s on one core; the whole file must stay under ~60 s on 2 cores):
 
-* ``test_prologue_epilogue_matrix``: every prologue (6: none, RMSNorm, LayerNorm with and
-  without bias, and RMSNorm / LayerNorm of a residual sum ``x + addend`` that the group
-  returns too) x every epilogue (15) x every dtype (3), at small widths (K 64 or 127,
-  N 17-127: a partial last tile and a K not a multiple of the tile are both in), the rows
-  cycling over 1, 2, 5, 16, 17 so that for each (prologue, dtype) and each (epilogue, dtype)
-  every row count appears (the index sum mod 5 is a Latin square over the 15 epilogues and 3
-  dtypes). Every feature's code path is a constexpr, so
+* ``test_prologue_epilogue_matrix``: every prologue (4) x every epilogue (15) x every dtype
+  (3), at small widths (K 64 or 127, N 17-127: a partial last tile and a K not a multiple of
+  the tile are both in), the rows cycling over 1, 2, 5, 16, 17 so that for each (prologue,
+  dtype) and each (epilogue, dtype) every row count appears (the index sum mod 5 is a Latin
+  square over the 15 epilogues and 3 dtypes). Every feature's code path is a constexpr, so
   this is every kernel variant against every dtype's roundings.
 * ``test_model_shapes``: the big widths (896, 2048, 4097, 5632) and the model shapes (Qwen2-
   0.5B qkv with bias, GPT-2's c_attn / c_fc / c_proj + residual, TinyLlama's shapes), each
@@ -101,9 +99,8 @@ def rand(*shape, dtype=torch.float32, scale=1.0, g=None):
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One eager block: ``prologue`` ("", "rms", "layer", "layer_nobias"; "add_rms",
-    "add_layer": the norm of a residual sum ``x + addend``, the sum returned too), linears
-    of ``widths``, ``bias``, ``gate`` (a kernel gate name), ``activation`` (one linear's) or
+    """One eager block: ``prologue`` ("", "rms", "layer", "layer_nobias"), linears of
+    ``widths``, ``bias``, ``gate`` (a kernel gate name), ``activation`` (one linear's) or
     ``residual``."""
 
     widths: tuple[int, ...]
@@ -113,20 +110,11 @@ class Case:
     residual: bool = False
     activation: str = ""
 
-    @property
-    def summed(self) -> bool:
-        return self.prologue.startswith("add_")
-
-    @property
-    def norm(self) -> str:
-        return self.prologue.removeprefix("add_")
-
     def group(self, eps: float) -> MatmulGroup:
-        norm = "layer" if self.norm.startswith("layer") else self.norm
+        norm = "layer" if self.prologue.startswith("layer") else self.prologue
         return MatmulGroup(siblings=len(self.widths), norm=norm, eps=eps if norm else 0.0,
-                           norm_bias=self.norm == "layer", gate=self.gate, bias=self.bias,
-                           residual=self.residual, activation=self.activation,
-                           sum_rows=self.summed, sum_output=self.summed)  # fmt: skip
+                           norm_bias=self.prologue == "layer", gate=self.gate, bias=self.bias,
+                           residual=self.residual, activation=self.activation)  # fmt: skip
 
 
 class Eager(nn.Module):
@@ -136,10 +124,10 @@ class Eager(nn.Module):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         self.case = case
-        if case.norm == "rms":
+        if case.prologue == "rms":
             self.norm = LlamaRMSNorm(k, eps=1e-6)
-        elif case.norm.startswith("layer"):
-            self.norm = nn.LayerNorm(k, eps=1e-5, bias=case.norm == "layer")
+        elif case.prologue.startswith("layer"):
+            self.norm = nn.LayerNorm(k, eps=1e-5, bias=case.prologue == "layer")
         else:
             self.norm = nn.Identity()
         self.linears = nn.ModuleList(nn.Linear(k, n, bias=case.bias) for n in case.widths)
@@ -153,9 +141,7 @@ class Eager(nn.Module):
             p.data = (rand(*p.shape, g=g, scale=0.5) + (1.0 if name == "weight" else 0.0)).cpu()
         self.to(device=DEVICE, dtype=dtype)
 
-    def forward(self, x, residual=None, addend=None):
-        if addend is not None:
-            x = x + addend  # a decoder layer's residual add before its norm
+    def forward(self, x, residual=None):
         a = self.norm(x)
         ys = [lin(a) for lin in self.linears]
         if self.act is not None:
@@ -164,19 +150,18 @@ class Eager(nn.Module):
             ys = [self.single(ys[0])]
         if residual is not None:
             ys = [ys[0] + residual]
-        return (*ys, x) if addend is not None else tuple(ys)
+        return tuple(ys)
 
-    def fused(self, x, residual=None, addend=None):
+    def fused(self, x, residual=None):
         norm = self.norm if isinstance(self.norm, nn.Module) else None
         eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 0.0))
         norm_weight = getattr(norm, "weight", None)
         norm_bias = getattr(norm, "bias", None)
         weights = [lin.weight for lin in self.linears]
         biases = [lin.bias for lin in self.linears] if self.case.bias else []
-        summed = [addend] if addend is not None else []
         with torch.no_grad():
             return matmul_group(self.case.group(eps), x, norm_weight, norm_bias, residual,
-                                *weights, *biases, *summed)  # fmt: skip
+                                *weights, *biases)  # fmt: skip
 
 
 def run_case(case: Case, rows: int | tuple[int, ...], k: int, dtype: torch.dtype, seed: int = 0,
@@ -188,16 +173,9 @@ def run_case(case: Case, rows: int | tuple[int, ...], k: int, dtype: torch.dtype
     if x is None:
         x = rand(*lead, k, dtype=dtype, g=g)
     residual = rand(*x.shape[:-1], case.widths[0], dtype=dtype, g=g) if case.residual else None
-    addend = rand(*x.shape, dtype=dtype, g=g) if case.summed else None
     with torch.no_grad():
-        expected = module(x, residual, addend)
-        actual = module.fused(x, residual, addend)
-        if case.summed and INTERPRETED and dtype == torch.bfloat16:
-            # The interpreter truncates the sum to bf16 too: a sixth rounding toward zero on
-            # top of the five the docstring counts. The sum is checked against eager's, and
-            # the products against eager's products of the kernel's sum.
-            expected = (*module(actual[-1], residual), expected[-1])
-    return actual, expected
+        expected = module(x, residual)
+    return module.fused(x, residual), expected
 
 
 def check_case(case, rows, k, dtype, seed=0, x=None):
@@ -206,7 +184,7 @@ def check_case(case, rows, k, dtype, seed=0, x=None):
     return actual
 
 
-PROLOGUES = ("", "rms", "layer", "layer_nobias", "add_rms", "add_layer")
+PROLOGUES = ("", "rms", "layer", "layer_nobias")
 EPILOGUES = {
     "linear": Case((127,)),
     "linear_bias": Case((64,), bias=True),
@@ -402,30 +380,9 @@ def test_non_contiguous_rows(layout, dtype):
     else:  # every other column: column stride 2
         x = rand(rows, 2 * k, dtype=dtype, g=g)[:, ::2]
     assert not x.is_contiguous()
-    # every norm reads x twice: statistics, then the blocks (a summed one: x and its addend)
-    for prologue in ("rms", "layer", "add_rms", "add_layer"):
+    for prologue in ("rms", "layer"):  # both read x twice: statistics, then the blocks
         check_case(Case((64, 17), prologue, bias=True), rows, k, dtype, x=x)
     check_case(Case((64,), residual=True), rows, k, dtype, x=x)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("norm", ["rms", "layer"])
-def test_summed_rows_read_through_strides_and_kept_unreturned(norm, dtype):
-    """A norm of ``x + addend`` whose sum nothing else reads (the last layer's, before the
-    LM head): the addend a column slice, x transposed; the outputs are the products alone,
-    as a ``[B, T, K]`` block of rows."""
-    g = torch.Generator().manual_seed(11)
-    x = rand(127, 6, dtype=dtype, g=g).t().reshape(2, 3, 127)
-    addend = rand(6, 2 * 127, dtype=dtype, g=g)[:, 5 : 5 + 127].reshape(2, 3, 127)
-    module = Eager(Case((64, 17), norm), 127, dtype, seed=3)
-    with torch.no_grad():
-        expected = module(x, None, addend)[:-1]  # without the sum
-        eps = getattr(module.norm, "variance_epsilon", getattr(module.norm, "eps", 0.0))
-        group = dataclasses.replace(Case((64, 17), norm).group(eps), sum_rows=True)
-        actual = matmul_group(group, x, module.norm.weight, getattr(module.norm, "bias", None),
-                              None, *(lin.weight for lin in module.linears), addend)  # fmt: skip
-    assert len(actual) == 2 and actual[0].shape == (2, 3, 64)
-    assert_close(actual, expected, **TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -488,8 +445,6 @@ def test_non_contiguous_residual():
         {"gate": "silu", "siblings": 3},
         {"residual": True, "siblings": 2},
         {"residual": True, "siblings": 3},
-        {"sum_rows": True},  # a summed row goes with a norm
-        {"sum_output": True, "norm": "rms"},  # only a summed row is returned
     ],
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
 )
@@ -508,9 +463,6 @@ def test_group_validation_accepts_the_valid_ones():
         else:
             with pytest.raises(ValueError):
                 MatmulGroup(siblings=siblings, norm=norm, gate=gate, residual=residual)
-    # the returned sum is an output beside a residual's one
-    group = MatmulGroup(norm="rms", residual=True, sum_rows=True, sum_output=True)
-    assert (group.products, group.outputs) == (1, 2)
 
 
 @pytest.mark.parametrize("gate", ["silu", "gelu_tanh"])

@@ -405,7 +405,7 @@ def test_the_index_checked_build_checks_the_index_alone():
     for checks in (False, True):
         group = MatmulGroup(siblings=3, norm="rms", eps=1e-6, rotary=10, cache_write=True,
                             index_checks=checks)  # fmt: skip
-        weights, biases, _, heads = matmul._split_params(
+        weights, biases, heads = matmul._split_params(
             group, (wq, wk, wv, cos[:, None], sin[:, None], k_cache, v_cache, index)
         )
         _, _, meta, _ = matmul._launch(group, h, norm_w, None, None, weights, biases, heads)

@@ -431,7 +431,6 @@ def test_tp_plan_auto_generate_equals_eager_tp_on_two_gloo_ranks(kind, tmp_path)
         decode = [g for g in graphs if g["rotary_epilogues"]]
         assert decode and all(len(g["rotary_epilogues"]) == 2 for g in decode), graphs
         assert all(len(g["matmul_groups"]) >= 8 for g in decode), graphs
-        _assert_residual_adds_in_the_launches(decode)
         assert set(result["stats"]["fusion_modes"].values()) == {"fusion"}, result["stats"]
 
 
@@ -451,17 +450,6 @@ def test_tp_plan_auto_is_captured_with_its_all_reduces_on_two_gpus(tmp_path):
         # 2 layers: o_proj's and down_proj's all-reduces at least, inside the captured decode
         # graph (transformers 5.17 looks the tokens up outside it; 5.24 inside, with one more).
         assert any(g["collectives"] >= 4 for g in graphs), graphs
-        _assert_residual_adds_in_the_launches([g for g in graphs if g["rotary_epilogues"]])
-
-
-def _assert_residual_adds_in_the_launches(decode_graphs: list[dict]) -> None:
-    """The residual add after each of the 2 layers' 4 all-reduces runs in the next matmul
-    group's launch, which returns the sum for the add after it; the last one's sum feeds
-    the final norm + LM head alone."""
-    assert decode_graphs
-    for g in decode_graphs:
-        summed = [m.split(": ", 1)[1] for m in g["matmul_groups"] if ": add" in m]
-        assert [m.split(" + ")[0] for m in summed] == ["add (sum returned)"] * 3 + ["add"], g
 
 
 def test_arithmetic_on_a_dtensor_activation_is_left_to_dtensor_dispatch(mesh):

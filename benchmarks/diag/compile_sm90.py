@@ -101,12 +101,6 @@ def matmul_cases() -> list[tuple[str, MatmulGroup, dict[str, Any]]]:
                      norm="rms_offset", eps=1e-6)),
         ("rms + q/k/v + rotary + cache, index checks",
          MatmulGroup(siblings=3, index_checks=True, **cache, **rms)),
-        # a tensor-parallel layer's residual add after its all-reduce, the sum returned
-        ("add + rms + silu gate, sum returned",
-         MatmulGroup(siblings=2, gate="silu", sum_rows=True, sum_output=True, **rms)),
-        ("add + layer + linear", MatmulGroup(sum_rows=True, **layer)),
-        ("add + rms + q/k/v + rotary + cache, sum returned",
-         MatmulGroup(siblings=3, sum_rows=True, sum_output=True, **cache, **rms)),
     ]  # fmt: skip
     return [(label, group, {}) for label, group in groups]
 
@@ -124,9 +118,9 @@ def _matmul_tensors(group: MatmulGroup, dtype: torch.dtype):
     weights = [torch.randn(*s).to(dtype) for s in shapes]
     biases = [torch.randn(n).to(dtype) for n in widths] if group.bias else []
     residual = torch.randn(2, 3, widths[0]).to(dtype) if group.residual else None
-    extra: list[torch.Tensor] = [torch.randn(2, 3, k).to(dtype)] if group.sum_rows else []
+    extra: list[torch.Tensor] = []
     if group.rotary:
-        extra += [torch.randn(2, 1, 3, width).to(dtype), torch.randn(2, 1, 3, width).to(dtype)]
+        extra = [torch.randn(2, 1, 3, width).to(dtype), torch.randn(2, 1, 3, width).to(dtype)]
     if group.head_norm:
         extra += [torch.randn(width).to(dtype), torch.randn(width).to(dtype)]
     if group.cache_write:
@@ -140,9 +134,9 @@ def compile_matmul(group: MatmulGroup, dtype: torch.dtype, split_k: int) -> Any:
     default = matmul.launch_config
     matmul._launch_config = lambda *a: matmul.LaunchConfig(16, 64, 4, 2, split_k=split_k)
     try:
-        weights, biases, addend, heads = matmul._split_params(group, tuple(params))
+        weights, biases, heads = matmul._split_params(group, tuple(params))
         args, _, meta, _ = matmul._launch(group, x, norm_weight, norm_bias, residual, weights,
-                                          biases, heads, addend)  # fmt: skip
+                                          biases, heads)  # fmt: skip
     finally:
         matmul._launch_config = default
     checked = group.index_checks

@@ -491,12 +491,6 @@ class MatmulGroup:
     head_norm: str = ""
     head_eps: float = 0.0
     activation: str = ""  # one of ACTIVATIONS, applied to a single linear's output
-    # The norm's rows are a sum ``x + addend`` (a residual add the graph does before its
-    # norm: after a tensor-parallel all-reduce), rounded to the dtype as eager's add rounds
-    # it, and with ``sum_output`` also returned (the next residual reads it) as the last
-    # output
-    sum_rows: bool = False
-    sum_output: bool = False
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS or self.gate not in GATES:
@@ -507,7 +501,7 @@ class MatmulGroup:
             raise ValueError("MatmulGroup: a gate takes exactly two siblings (gate, up)")
         if self.weight_layout not in ("nk", "kn"):
             raise ValueError(f"MatmulGroup: weight_layout 'nk' or 'kn', not {self.weight_layout!r}")
-        if self.residual and self.products != 1:
+        if self.residual and self.outputs != 1:
             raise ValueError("MatmulGroup: a residual needs a group of one output")
         if self.chunked and not self.gate or self.gate_half not in (0, 1):
             raise ValueError("MatmulGroup: a chunked weight is a gated pair (gate_half 0 or 1)")
@@ -529,9 +523,6 @@ class MatmulGroup:
             raise ValueError("MatmulGroup: index checks are the cache write's")
         if self.cache_write and not self.rotary:
             raise ValueError("MatmulGroup: a KV-cache write follows the rotary embedding")
-        if self.sum_rows and not self.norm or self.sum_output and not self.sum_rows:
-            raise ValueError("MatmulGroup: summed rows go with a norm, and only summed rows "
-                             "are returned")  # fmt: skip
 
     @property
     def weight_params(self) -> int:
@@ -539,18 +530,12 @@ class MatmulGroup:
         return 1 if self.chunked else self.siblings
 
     @property
-    def products(self) -> int:
-        """Outputs computed from the products (without the returned sum)."""
-        return 1 if self.gate or self.cache_write else self.siblings
-
-    @property
     def outputs(self) -> int:
-        return self.products + self.sum_output
+        return 1 if self.gate or self.cache_write else self.siblings
 
     def describe(self) -> str:
         """A short name for explain: ``rms + 3 linears``, ``linear + residual``, ..."""
-        parts = ["add" + " (sum returned)" * self.sum_output] if self.sum_rows else []
-        parts += [self.norm + "_norm"] if self.norm else []
+        parts = [self.norm + "_norm"] if self.norm else []
         if self.chunked:
             parts.append("linear in halves")
         else:

@@ -6,8 +6,6 @@ each projection streams its weight once and does almost no arithmetic, so the st
 time its weights take to read, plus whatever the kernels around each matmul add (launches,
 and re-reading the small activations). One launch here computes, for rows ``x [M, K]``:
 
-    x    = x + addend                  with ``sum_rows`` (a residual add before the norm,
-                                       rounded as eager's; returned last with ``sum_output``)
     a    = prologue(x)                 "" (none), "rms" (transformers' RMSNorm:
                                        w * (x.float() * rsqrt(mean(x.float()**2) + eps)).to(dt)),
                                        "layer" (F.layer_norm over K with weight and bias),
@@ -89,22 +87,19 @@ def matmul_group(
     *params: torch.Tensor,
 ) -> tuple[torch.Tensor, ...]:
     """Run ``group`` on rows ``x [..., K]``; ``params``: the weights ``[N_i, K]``, then
-    their biases ``[N_i]`` when ``group.bias``, then with ``group.sum_rows`` the addend of
-    x (x's shape), then with ``group.rotary`` ``cos`` and ``sin`` (broadcastable to
-    ``[B, 1, T, D]``, x being ``[B, T, K]``), then with ``group.cache_write`` the K and V
-    caches ``[B, H, slots, D]`` and the int64 index of the ``T`` slots written. Returns the
-    outputs ``[..., N_i]`` (with a cache write: q's), then with ``group.sum_output`` the
-    sum x + addend."""
-    weights, biases, addend, heads = _split_params(group, params)
+    their biases ``[N_i]`` when ``group.bias``, then with ``group.rotary`` ``cos`` and
+    ``sin`` (broadcastable to ``[B, 1, T, D]``, x being ``[B, T, K]``), then with
+    ``group.cache_write`` the K and V caches ``[B, H, slots, D]`` and the int64 index of
+    the ``T`` slots written. Returns the outputs ``[..., N_i]`` (with a cache write: q's)."""
+    weights, biases, heads = _split_params(group, params)
     if group.rotary and x.dim() != 3:
         raise ValueError(f"matmul_group: a rotary group's rows are [B, T, K], not {tuple(x.shape)}")
     if heads is not None and heads.k_cache is not None and heads.index.device.type == "cpu":
         check_cache_index(heads.index, heads.k_cache)  # on the GPU this would be a host sync
     if not triton_usable(x.device) or x.numel() == 0:
-        return reference(group, x, norm_weight, norm_bias, residual, weights, biases, heads,
-                         addend)  # fmt: skip
+        return reference(group, x, norm_weight, norm_bias, residual, weights, biases, heads)
     args, grid, meta, outputs = _launch(group, x, norm_weight, norm_bias, residual, weights,
-                                        biases, heads, addend)  # fmt: skip
+                                        biases, heads)  # fmt: skip
     _kernel(group.index_checks)[grid](*args, **meta)
     return outputs
 
@@ -125,28 +120,26 @@ class Heads:
 
 def _split_params(
     group: MatmulGroup, params: tuple[torch.Tensor, ...]
-) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor | None, Heads | None]:
-    """(weights as ``[N_i, K]``, biases, the addend of summed rows, the rotary group's
-    ``Heads``) of a launch's parameters."""
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], Heads | None]:
+    """(weights as ``[N_i, K]``, biases, the rotary group's ``Heads``) of a launch's
+    parameters."""
     count = group.weight_params * (2 if group.bias else 1)
     weights, biases = _weights_and_biases(group, params[:count])
-    addend = params[count] if group.sum_rows else None
-    extra = params[count + group.sum_rows :]
+    extra = params[count:]
     if not group.rotary:
-        return weights, biases, addend, None
+        return weights, biases, None
     cos, sin, *rest = extra
     norms, caches = (rest[:2], rest[2:]) if group.head_norm else ((None, None), rest)
-    return weights, biases, addend, Heads(cos, sin, *norms, *caches)
+    return weights, biases, Heads(cos, sin, *norms, *caches)
 
 
 def argument_slots(group: MatmulGroup) -> dict[str, int]:
     """Where a graph's call of ``group`` passes what it writes: the K and V caches' positions
-    (after rows, norm weight, norm bias, residual, weights, biases, the addend, cos and sin,
-    the heads' norm weights)."""
+    (after rows, norm weight, norm bias, residual, weights, biases, cos and sin, the heads'
+    norm weights)."""
     if not group.cache_write:
         return {}
-    first = 4 + group.weight_params * (2 if group.bias else 1) + group.sum_rows
-    first += 2 + 2 * bool(group.head_norm)
+    first = 4 + group.weight_params * (2 if group.bias else 1) + 2 + 2 * bool(group.head_norm)
     return {"k_cache": first, "v_cache": first + 1}
 
 
@@ -178,14 +171,9 @@ def reference(
     weights: tuple[torch.Tensor, ...],
     biases: tuple[torch.Tensor, ...],
     heads: Heads | None = None,
-    addend: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """``group``'s math in torch ops, rounded as the kernel rounds (and as eager does);
-    ``weights`` ``[N_i, K]``, ``biases``, ``heads`` and ``addend`` as ``_split_params``
-    gives them."""
-    if group.sum_rows:
-        x = x + addend
-    summed = (x,) if group.sum_output else ()
+    ``weights`` ``[N_i, K]``, ``biases`` and ``heads`` as ``_split_params`` gives them."""
     a = x
     if group.norm in ("rms", "rms_offset"):
         a = _rms_reference(group.norm, x, norm_weight, group.eps)
@@ -202,8 +190,8 @@ def reference(
     if group.residual:
         ys = [ys[0] + residual]
     if heads is not None:
-        return _rotary_reference(group, ys, heads) + summed
-    return (*ys, *summed)
+        return _rotary_reference(group, ys, heads)
+    return tuple(ys)
 
 
 def _rms_reference(kind: str, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -251,9 +239,9 @@ def _rotary_reference(group: MatmulGroup, ys: list[torch.Tensor], heads: Heads):
 def precompile_matmul(group: MatmulGroup, x, norm_weight, norm_bias, residual, *params) -> None:
     """Compile the kernel a launch on tensors like these (fake tensors suffice) would run,
     without running it (``launch.precompile_all`` runs such jobs concurrently)."""
-    weights, biases, addend, heads = _split_params(group, params)
+    weights, biases, heads = _split_params(group, params)
     args, grid, meta, _ = _launch(group, x, norm_weight, norm_bias, residual, weights, biases,
-                                  heads, addend, allocate=False)  # fmt: skip
+                                  heads, allocate=False)  # fmt: skip
     warmup_launch(_kernel(group.index_checks), grid, args, meta, x.device)
 
 
@@ -266,8 +254,7 @@ class MatmulGroupOp:
         self.group = group
         # e.g. matmul_rms_3, matmul_rms_2_silu, matmul_1_residual (never ending in "_": FX
         # passes read a trailing underscore as an in-place op)
-        parts = ["matmul", "add" * group.sum_rows, group.norm, str(group.siblings)]
-        parts += [group.gate, "residual" * group.residual]
+        parts = ["matmul", group.norm, str(group.siblings), group.gate, "residual" * group.residual]
         parts += ["rotary"] * bool(group.rotary) + ["cache"] * group.cache_write
         parts.append(group.activation)
         self.__name__ = self.__qualname__ = "_".join(p for p in parts if p)
@@ -386,7 +373,6 @@ def _launch(
     weights: tuple[torch.Tensor, ...],
     biases: tuple[torch.Tensor, ...],
     heads: Heads | None = None,
-    addend: torch.Tensor | None = None,
     allocate: bool = True,
 ) -> tuple[list[Any], tuple[int], dict[str, Any], tuple[torch.Tensor, ...]]:
     """(arguments, grid, meta-parameters, outputs) of the launch on these tensors."""
@@ -395,15 +381,11 @@ def _launch(
     rows = math.prod(lead)
     rows_2d = x.reshape(rows, width)
     widths = [w.shape[0] for w in weights]
-    out_widths = widths[: group.products]
+    out_widths = widths[: group.outputs]
     if allocate:
         outputs = tuple(x.new_empty(*lead, n) for n in out_widths)
-        sums = x.new_empty(x.shape) if group.sum_output else x
     else:  # a warm-up: any tensor of the dtype shows Triton the pointer type
         outputs = tuple(x for _ in out_widths)
-        sums = x
-    # the addend as [rows, K] (absent: x, never read)
-    summand = rows_2d if addend is None else addend.reshape(rows, width)
     # The residual as [rows, N_0] (a view where its strides allow; absent: x, never read)
     res = rows_2d if residual is None else residual.reshape(rows, out_widths[0])
     # a rotary group's q and k programs each cover columns j and j + D/2 of their heads
@@ -433,7 +415,7 @@ def _launch(
     outs = [*outputs, *(outputs[0],) * (MAX_SIBLINGS - len(outputs))]
     n = [*widths, *(0,) * (MAX_SIBLINGS - len(widths))]
     args = [
-        rows_2d, rows_2d.stride(0), rows_2d.stride(1), summand, *summand.stride(), sums,
+        rows_2d, rows_2d.stride(0), rows_2d.stride(1),
         x if norm_weight is None else norm_weight, x if norm_bias is None else norm_bias,
         float(group.eps),
         *w, *(s for t in w for s in t.stride()),
@@ -445,7 +427,6 @@ def _launch(
         "NORM": NORMS.index(group.norm),
         "NORM_BIAS": group.norm_bias,
         "GATE": GATES.index(group.gate),
-        "ADD": group.sum_rows + group.sum_output,
         "HAS_BIAS": group.bias,
         "HAS_RESIDUAL": group.residual,
         "SIBLINGS": group.siblings,
@@ -470,8 +451,6 @@ def _launch(
         # also check every 32-bit integer add and multiply for overflow, the weight offsets
         # of the K loop included (the compiled q/k/v kernel's code doubled)
         meta["sanitize_overflow"] = False
-    if group.sum_output:
-        outputs += (sums,)
     return args, (sum(tiles), splits), meta, outputs
 
 

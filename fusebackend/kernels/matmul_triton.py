@@ -17,31 +17,15 @@ def _tanh(z):
 
 
 @triton.jit
-def _rows_block(x, x_row, x_col, addend, ad_row, ad_col, rows, ks, keep, ADD: tl.constexpr):
-    """Rows ``rows`` x columns ``ks`` of the norm's input: x, or with ``ADD`` x + addend
-    rounded to x's dtype, as eager's residual add rounds it."""
-    a = tl.load(x + rows[:, None] * x_row + ks[None, :] * x_col, mask=keep, other=0.0)
-    if ADD != 0:
-        b = tl.load(addend + rows[:, None] * ad_row + ks[None, :] * ad_col, mask=keep,
-                    other=0.0)  # fmt: skip
-        a = (a.to(tl.float32) + b.to(tl.float32)).to(a.dtype)
-    return a
-
-
-@triton.jit
-def _row_stats(x, x_row, x_col, addend, ad_row, ad_col, sums, rows, M, K: tl.constexpr, eps,
-               NORM: tl.constexpr, ADD: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """(mean, 1/std) of each row for the prologue: RMS (mean 0) or LayerNorm's. With
-    ``ADD == 2`` the first program also stores the summed rows in ``sums`` ([M, K],
-    contiguous): every program sums them for itself, one writes them."""
-    writer = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
+def _row_stats(
+    x, x_row, x_col, rows, M, K: tl.constexpr, eps, NORM: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """(mean, 1/std) of each row for the prologue: RMS (mean 0) or LayerNorm's."""
     total = tl.zeros([rows.shape[0]], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         keep = (rows[:, None] < M) & (ks[None, :] < K)
-        a = _rows_block(x, x_row, x_col, addend, ad_row, ad_col, rows, ks, keep, ADD)
-        if ADD == 2:
-            tl.store(sums + rows[:, None] * K + ks[None, :], a, mask=keep & writer)
+        a = tl.load(x + rows[:, None] * x_row + ks[None, :] * x_col, mask=keep, other=0.0)
         a = a.to(tl.float32)
         if NORM != 2:  # RMS: the mean square
             total += tl.sum(a * a, axis=1)
@@ -59,7 +43,8 @@ def _row_stats(x, x_row, x_col, addend, ad_row, ad_col, sums, rows, M, K: tl.con
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             keep = (rows[:, None] < M) & (ks[None, :] < K)
-            a = _rows_block(x, x_row, x_col, addend, ad_row, ad_col, rows, ks, keep, ADD)
+            a = tl.load(x + rows[:, None] * x_row + ks[None, :] * x_col, mask=keep,
+                        other=0.0)  # fmt: skip
             d = tl.where(keep, a.to(tl.float32) - mean[:, None], 0.0)
             squares += tl.sum(d * d, axis=1)
         rstd = tl.rsqrt(squares / K + eps)
@@ -67,13 +52,11 @@ def _row_stats(x, x_row, x_col, addend, ad_row, ad_col, sums, rows, M, K: tl.con
 
 
 @triton.jit
-def _input_block(x, x_row, x_col, addend, ad_row, ad_col, norm_w, norm_b, mean, rstd, rows, ks, M,
-                 K: tl.constexpr, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
-                 ADD: tl.constexpr):  # fmt: skip
-    """Rows ``rows`` x columns ``ks`` of the matmul's input: x (+ addend) after the
-    prologue."""
+def _input_block(x, x_row, x_col, norm_w, norm_b, mean, rstd, rows, ks, M, K: tl.constexpr,
+                 NORM: tl.constexpr, NORM_BIAS: tl.constexpr):  # fmt: skip
+    """Rows ``rows`` x columns ``ks`` of the matmul's input: x after the prologue."""
     keep = (rows[:, None] < M) & (ks[None, :] < K)
-    a = _rows_block(x, x_row, x_col, addend, ad_row, ad_col, rows, ks, keep, ADD)
+    a = tl.load(x + rows[:, None] * x_row + ks[None, :] * x_col, mask=keep, other=0.0)
     if NORM == 1:  # transformers' RMSNorm: weight * (x.float() * rstd).to(dtype)
         g = tl.load(norm_w + ks, mask=ks < K, other=0.0).to(tl.float32)
         h = (a.to(tl.float32) * rstd[:, None]).to(a.dtype)
@@ -91,12 +74,10 @@ def _input_block(x, x_row, x_col, addend, ad_row, ad_col, norm_w, norm_b, mean, 
 
 
 @triton.jit
-def _tile(x, x_row, x_col, addend, ad_row, ad_col,
-          norm_w, norm_b, mean, rstd, w, w_n, w_k, v, v_n, v_k,
+def _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, v, v_n, v_k,
           rows, cols, M, K: tl.constexpr, N, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
           TWO: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-          work, counters, SPLIT_K: tl.constexpr, K_SPAN: tl.constexpr,
-          ADD: tl.constexpr):  # fmt: skip
+          work, counters, SPLIT_K: tl.constexpr, K_SPAN: tl.constexpr):  # fmt: skip
     """The fp32 products of the rows with weight ``w``'s columns ``cols`` (and, with
     ``TWO``, with weight ``v``'s: a gated pair shares the input block), and whether this
     program goes on to the epilogue: with ``SPLIT_K`` each program sums a ``K_SPAN`` slice
@@ -110,8 +91,8 @@ def _tile(x, x_row, x_col, addend, ad_row, ad_col,
         k_first = tl.program_id(1) * K_SPAN
     for step in range(0, K_SPAN, BLOCK_K):
         ks = k_first + step + tl.arange(0, BLOCK_K)
-        a = _input_block(x, x_row, x_col, addend, ad_row, ad_col, norm_w, norm_b, mean, rstd, rows,
-                         ks, M, K, NORM, NORM_BIAS, ADD)  # fmt: skip
+        a = _input_block(x, x_row, x_col, norm_w, norm_b, mean, rstd, rows, ks, M, K,
+                         NORM, NORM_BIAS)  # fmt: skip
         keep = (cols[None, :] < N) & (ks[:, None] < K)
         b = tl.load(w + cols[None, :] * w_n + ks[:, None] * w_k, mask=keep, other=0.0)
         if PRECISION == "upcast":  # see matmul._precision
@@ -207,22 +188,20 @@ def _store(y, out, res, res_row, res_col, rows, cols, M, N, HAS_RESIDUAL: tl.con
 
 
 @triton.jit
-def _linear_tile(x, x_row, x_col, addend, ad_row, ad_col,
-                 norm_w, norm_b, mean, rstd, w, w_n, w_k, bias, out, res,
+def _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias, out, res,
                  res_row, res_col,
                  tile, M, K: tl.constexpr, N, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PRECISION: tl.constexpr, work, counters, SPLIT_K: tl.constexpr,
-                 K_SPAN: tl.constexpr, ADD: tl.constexpr):  # fmt: skip
+                 K_SPAN: tl.constexpr):  # fmt: skip
     """One tile of one sibling's output: products, bias, cast, activation, residual,
     store."""
     rows = tl.arange(0, BLOCK_M)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc, _, last = _tile(x, x_row, x_col, addend, ad_row, ad_col,
-                         norm_w, norm_b, mean, rstd, w, w_n,
-                         w_k, w, w_n, w_k, rows, cols, M, K, N, NORM, NORM_BIAS, False, BLOCK_K,
-                         PRECISION, work, counters, SPLIT_K, K_SPAN, ADD)  # fmt: skip
+    acc, _, last = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, w, w_n,
+                         w_k, rows, cols, M, K, N, NORM, NORM_BIAS, False, BLOCK_K, PRECISION,
+                         work, counters, SPLIT_K, K_SPAN)  # fmt: skip
     if last:
         if HAS_BIAS:
             acc = _add_bias(acc, bias, cols, N)
@@ -254,8 +233,7 @@ def _store_heads(y, dst, d_b, d_h, d_t, d_d, index, index_stride, slots, rows, c
 
 
 @triton.jit
-def _rotary_tile(x, x_row, x_col, addend, ad_row, ad_col,
-                 norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
+def _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
                  cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d,
                  head_w, head_eps, HEAD_NORM: tl.constexpr,
                  dst, d_b, d_h, d_t, d_d, index, index_stride, slots,
@@ -263,7 +241,7 @@ def _rotary_tile(x, x_row, x_col, addend, ad_row, ad_col,
                  HAS_BIAS: tl.constexpr, TO_CACHE: tl.constexpr, HEAD_DIM: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PRECISION: tl.constexpr, work, counters, SPLIT_K: tl.constexpr,
-                 K_SPAN: tl.constexpr, ADD: tl.constexpr):  # fmt: skip
+                 K_SPAN: tl.constexpr):  # fmt: skip
     """One tile of q or k with its rotary embedding: ``BLOCK_N`` columns ``j`` of the first
     halves of heads and their partners ``j + HEAD_DIM / 2``, which rotate_half pairs
     (``out_j = y_j cos_j - y_p sin_j``, ``out_p = y_p cos_p + y_j sin_p``), each product
@@ -276,10 +254,9 @@ def _rotary_tile(x, x_row, x_col, addend, ad_row, ad_col,
     rows = tl.arange(0, BLOCK_M)
     halves = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # among the first-half columns
     cols = (halves // HALF) * HEAD_DIM + halves % HALF
-    lo, hi, last = _tile(x, x_row, x_col, addend, ad_row, ad_col, norm_w, norm_b, mean, rstd, w,
-                         w_n, w_k, w + HALF * w_n, w_n, w_k, rows, cols, M, K, N, NORM,
-                         NORM_BIAS, True, BLOCK_K, PRECISION, work, counters, SPLIT_K, K_SPAN,
-                         ADD)  # fmt: skip
+    lo, hi, last = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k,
+                         w + HALF * w_n, w_n, w_k, rows, cols, M, K, N, NORM, NORM_BIAS, True,
+                         BLOCK_K, PRECISION, work, counters, SPLIT_K, K_SPAN)  # fmt: skip
     if last:
         if HAS_BIAS:
             lo = _add_bias(lo, bias, cols, N)
@@ -315,21 +292,19 @@ def _rotary_tile(x, x_row, x_col, addend, ad_row, ad_col,
 
 
 @triton.jit
-def _value_tile(x, x_row, x_col, addend, ad_row, ad_col,
-                norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
+def _value_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
                 dst, d_b, d_h, d_t, d_d, index, index_stride, slots,
                 tile, M, K: tl.constexpr, N, SEQ, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
                 HAS_BIAS: tl.constexpr, TO_CACHE: tl.constexpr, HEAD_DIM: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 PRECISION: tl.constexpr, work, counters, SPLIT_K: tl.constexpr,
-                K_SPAN: tl.constexpr, ADD: tl.constexpr):  # fmt: skip
+                K_SPAN: tl.constexpr):  # fmt: skip
     """One tile of v beside a rotary q and k: products, bias, cast, stored by heads."""
     rows = tl.arange(0, BLOCK_M)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc, _, last = _tile(x, x_row, x_col, addend, ad_row, ad_col,
-                         norm_w, norm_b, mean, rstd, w, w_n,
-                         w_k, w, w_n, w_k, rows, cols, M, K, N, NORM, NORM_BIAS, False, BLOCK_K,
-                         PRECISION, work, counters, SPLIT_K, K_SPAN, ADD)  # fmt: skip
+    acc, _, last = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, w, w_n,
+                         w_k, rows, cols, M, K, N, NORM, NORM_BIAS, False, BLOCK_K, PRECISION,
+                         work, counters, SPLIT_K, K_SPAN)  # fmt: skip
     if last:
         if HAS_BIAS:
             acc = _add_bias(acc, bias, cols, N)
@@ -339,8 +314,6 @@ def _value_tile(x, x_row, x_col, addend, ad_row, ad_col,
 
 def _matmul_group(
     x, x_row, x_col,            # the rows [M, K] and their strides
-    addend, ad_row, ad_col,     # with ADD: the addend [M, K] and its strides
-    sums,                       # with ADD == 2: the sum x + addend [M, K], contiguous
     norm_w, norm_b, eps,        # the prologue's weight, bias and epsilon
     w0, w1, w2,                 # sibling weights [N_i, K] (absent ones: w0)
     w0_n, w0_k, w1_n, w1_k, w2_n, w2_k,
@@ -358,7 +331,6 @@ def _matmul_group(
     # fp32 sums, ``counters`` (int32, zero) one per tile of axis 0 (see _sum_slices)
     work, counters,
     NORM: tl.constexpr, NORM_BIAS: tl.constexpr, GATE: tl.constexpr,
-    ADD: tl.constexpr,          # 1: the norm reads x + addend; 2: and stores it in ``sums``
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SIBLINGS: tl.constexpr,
     HEAD_DIM: tl.constexpr, CACHE: tl.constexpr, HEAD_NORM: tl.constexpr,
     ACT: tl.constexpr,          # a single linear's activation (kernels.ir.ACTIVATIONS)
@@ -377,50 +349,46 @@ def _matmul_group(
     mean = tl.zeros([BLOCK_M], tl.float32)
     rstd = mean
     if NORM != 0:
-        mean, rstd = _row_stats(x, x_row, x_col, addend, ad_row, ad_col, sums, rows, M, K, eps,
-                                NORM, ADD, BLOCK_K)  # fmt: skip
+        mean, rstd = _row_stats(x, x_row, x_col, rows, M, K, eps, NORM, BLOCK_K)
     if HEAD_DIM != 0:
         # q, k, v: q's tiles, then k's (both of first-half columns, see _rotary_tile), then
         # v's. Returned outputs are [M, N_i] (strides given as [B, H, SEQ, HEAD_DIM]).
         if pid < TILES0:
-            _rotary_tile(x, x_row, x_col, addend, ad_row, ad_col,
-                         norm_w, norm_b, mean, rstd, w0, w0_n, w0_k, b0,
+            _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k, b0,
                          cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d,
                          qn_w, head_eps, HEAD_NORM,
                          out0, SEQ * N0, HEAD_DIM, N0, 1, index, index_stride, slots,
                          pid, M, K, N0, SEQ, NORM, NORM_BIAS, HAS_BIAS, False, HEAD_DIM,
                          BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, work, counters, SPLIT_K,
-                         K_SPAN, ADD)  # fmt: skip
+                         K_SPAN)  # fmt: skip
         elif pid < TILES0 + TILES1:
             if CACHE:
                 k_dst, k_b, k_h, k_t, k_d = k_cache, kc_b, kc_h, kc_s, kc_d
             else:
                 k_dst, k_b, k_h, k_t, k_d = out1, SEQ * N1, HEAD_DIM, N1, 1
-            _rotary_tile(x, x_row, x_col, addend, ad_row, ad_col,
-                         norm_w, norm_b, mean, rstd, w1, w1_n, w1_k, b1,
+            _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w1, w1_n, w1_k, b1,
                          cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d,
                          kn_w, head_eps, HEAD_NORM,
                          k_dst, k_b, k_h, k_t, k_d, index, index_stride, slots,
                          pid - TILES0, M, K, N1, SEQ, NORM, NORM_BIAS, HAS_BIAS, CACHE,
                          HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, work, counters,
-                         SPLIT_K, K_SPAN, ADD)  # fmt: skip
+                         SPLIT_K, K_SPAN)  # fmt: skip
         else:
             if CACHE:
                 v_dst, v_b, v_h, v_t, v_d = v_cache, vc_b, vc_h, vc_s, vc_d
             else:
                 v_dst, v_b, v_h, v_t, v_d = out2, SEQ * N2, HEAD_DIM, N2, 1
-            _value_tile(x, x_row, x_col, addend, ad_row, ad_col,
-                        norm_w, norm_b, mean, rstd, w2, w2_n, w2_k, b2,
+            _value_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w2, w2_n, w2_k, b2,
                         v_dst, v_b, v_h, v_t, v_d, index, index_stride, slots,
                         pid - TILES0 - TILES1, M, K, N2, SEQ, NORM, NORM_BIAS, HAS_BIAS,
                         CACHE, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, work,
-                        counters, SPLIT_K, K_SPAN, ADD)  # fmt: skip
+                        counters, SPLIT_K, K_SPAN)  # fmt: skip
     elif GATE != 0:
         cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        gate, up, last = _tile(x, x_row, x_col, addend, ad_row, ad_col, norm_w, norm_b, mean, rstd,
-                               w0, w0_n, w0_k, w1, w1_n, w1_k, rows, cols, M, K, N0, NORM,
-                               NORM_BIAS, True, BLOCK_K, PRECISION, work, counters, SPLIT_K,
-                               K_SPAN, ADD)  # fmt: skip
+        gate, up, last = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k,
+                               w1, w1_n, w1_k, rows, cols, M, K, N0, NORM, NORM_BIAS, True,
+                               BLOCK_K, PRECISION, work, counters, SPLIT_K,
+                               K_SPAN)  # fmt: skip
         if last:
             if HAS_BIAS:
                 gate = _add_bias(gate, b0, cols, N0)
@@ -431,28 +399,25 @@ def _matmul_group(
             _store(y, out0, res, res_row, res_col, rows, cols, M, N0, HAS_RESIDUAL)
     else:
         if pid < TILES0:
-            _linear_tile(x, x_row, x_col, addend, ad_row, ad_col,
-                         norm_w, norm_b, mean, rstd, w0, w0_n, w0_k, b0,
+            _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k, b0,
                          out0, res, res_row, res_col, pid, M, K, N0, NORM, NORM_BIAS,
                          HAS_BIAS, HAS_RESIDUAL, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
-                         PRECISION, work, counters, SPLIT_K, K_SPAN, ADD)  # fmt: skip
+                         PRECISION, work, counters, SPLIT_K, K_SPAN)  # fmt: skip
         else:
             if SIBLINGS >= 2:
                 if pid < TILES0 + TILES1:
-                    _linear_tile(x, x_row, x_col, addend, ad_row, ad_col,
-                                 norm_w, norm_b, mean, rstd, w1, w1_n,
+                    _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w1, w1_n,
                                  w1_k, b1, out1, res, res_row, res_col, pid - TILES0, M,
                                  K, N1, NORM, NORM_BIAS, HAS_BIAS, False, 0, BLOCK_M,
                                  BLOCK_N, BLOCK_K, PRECISION, work, counters, SPLIT_K,
-                                 K_SPAN, ADD)  # fmt: skip
+                                 K_SPAN)  # fmt: skip
                 else:
                     if SIBLINGS == 3:
-                        _linear_tile(x, x_row, x_col, addend, ad_row, ad_col,
-                                     norm_w, norm_b, mean, rstd, w2, w2_n,
+                        _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w2, w2_n,
                                      w2_k, b2, out2, res, res_row, res_col,
                                      pid - TILES0 - TILES1, M, K, N2, NORM, NORM_BIAS,
                                      HAS_BIAS, False, 0, BLOCK_M, BLOCK_N, BLOCK_K,
-                                     PRECISION, work, counters, SPLIT_K, K_SPAN, ADD)  # fmt: skip
+                                     PRECISION, work, counters, SPLIT_K, K_SPAN)  # fmt: skip
 
 
 # The kernel as built for launches (``matmul_group_kernel``), and built in Triton's debug

@@ -41,7 +41,6 @@ from fusebackend.passes.mutations import storage_id
 
 __all__ = [
     "collective_nodes",
-    "is_collective_result",
     "drop_reduce_copies",
     "reduce_in_place",
     "use_vocab_parallel_lookup",
@@ -62,11 +61,6 @@ def _is_op(node: torch.fx.Node, name: str) -> bool:
         return False
     packet = getattr(torch.ops._c10d_functional, name)
     return node.target is packet or node.target is packet.default
-
-
-def is_collective_result(node: torch.fx.Node) -> bool:
-    """Is ``node`` a functional collective's result (its ``wait_tensor``)?"""
-    return _is_op(node, "wait_tensor")
 
 
 def collective_nodes(graph: torch.fx.Graph) -> list[str]:

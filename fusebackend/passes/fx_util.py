@@ -7,14 +7,7 @@ from collections.abc import Iterator
 import torch
 import torch.fx
 
-__all__ = [
-    "depends_on",
-    "example_value",
-    "nodes_between",
-    "placeholders",
-    "single_user",
-    "static_tensor",
-]
+__all__ = ["example_value", "nodes_between", "placeholders", "single_user", "static_tensor"]
 
 
 def example_value(node: torch.fx.Node) -> object:
@@ -46,18 +39,3 @@ def single_user(node: object) -> torch.fx.Node | None:
         return None
     users = list(node.users)
     return users[0] if len(users) == 1 else None
-
-
-def depends_on(node: torch.fx.Node, ancestor: torch.fx.Node) -> bool:
-    """Is ``ancestor`` among the values ``node`` is computed from? Walks ``node``'s inputs
-    back to ``ancestor``'s place in the graph (a node before it cannot read it)."""
-    stack, seen = [node], set()
-    while stack:
-        current = stack.pop()
-        if current is ancestor:
-            return True
-        if current in seen or current < ancestor:
-            continue
-        seen.add(current)
-        stack.extend(current.all_input_nodes)
-    return False

@@ -13,11 +13,7 @@ on the fused graph before the row partition:
   of the un-normalised rows ``h``: ``F.layer_norm`` over the last dim (weight, bias and a
   Python-number eps), or transformers' RMSNorm as traced
   (``w * (h.to(f32) * rsqrt(h.to(f32).pow(2).mean(-1, keepdim=True) + eps)).to(dtype)``,
-  Llama, Mistral, Qwen2: ``rms_norm_of``), the kernel reads ``h`` and normalises it; and
-  where ``h`` is a residual sum ``x + y`` of two values no row kernel could take the add
-  into (graph inputs, all-reduce results, matmul group outputs: a tensor-parallel layer's
-  ``residual + all_reduce(o_proj(...))``), the kernel adds them itself and, when anything
-  else reads ``h``, returns the sum too (``MatmulGroup.sum_rows``, ``.sum_output``);
+  Llama, Mistral, Qwen2: ``rms_norm_of``), the kernel reads ``h`` and normalises it;
 - **epilogue**: two siblings whose only use is ``act(a) * b`` (``silu``, ``gelu``, either
   order) become one gated output; one linear whose only use is an activation
   (passes/activations.py: silu, gelu, relu, GPT-2's NewGELU written out) gets it applied,
@@ -50,20 +46,12 @@ import torch.fx
 
 from fusebackend.kernels.ir import MAX_ROWS, MAX_SIBLINGS, MatmulGroup
 from fusebackend.passes.activations import activation_of
-from fusebackend.passes.collectives import is_collective_result
-from fusebackend.passes.fx_util import (
-    depends_on,
-    example_value,
-    nodes_between,
-    single_user,
-    static_tensor,
-)
+from fusebackend.passes.fx_util import example_value, nodes_between, single_user, static_tensor
 from fusebackend.passes.graph import is_mutation, resort_stably
 from fusebackend.passes.groups import op_call
-from fusebackend.passes.norms import Norm, layer_norm_of, offset_rms_norm_of, rms_norm_of
 from fusebackend.passes.ops import OpCall
 
-__all__ = ["MatmulGroups", "use_matmul_groups"]
+__all__ = ["MatmulGroups", "offset_rms_norm_of", "rms_norm_of", "use_matmul_groups"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -79,13 +67,13 @@ class MatmulGroups:
 
 
 @dataclasses.dataclass
-class _Sum:
-    """A norm's rows ``x + addend`` that the launch adds itself."""
-
-    node: torch.fx.Node  # the add
-    x: torch.fx.Node
-    addend: torch.fx.Node
-    returned: bool  # something besides the norm reads the sum: the launch returns it
+class _Norm:
+    rows: torch.fx.Node  # the un-normalised rows the kernel reads
+    weight: torch.fx.Node
+    bias: torch.fx.Node | None
+    eps: float
+    kind: str  # "rms" or "layer"
+    nodes: list[torch.fx.Node]  # the norm's own nodes (erased when unused)
 
 
 @dataclasses.dataclass
@@ -106,8 +94,7 @@ class _Anchor:
 @dataclasses.dataclass
 class _Plan:
     anchors: list[_Anchor]  # in graph order (a gate's: gate first, then up)
-    norm: Norm | None = None
-    summed: _Sum | None = None  # the norm's rows, when they are a sum the launch adds
+    norm: _Norm | None = None
     gate: str = ""
     gate_half: int | None = None  # a gated pair in one weight's halves: the gate's half
     residual: torch.fx.Node | None = None
@@ -278,56 +265,7 @@ def _plan(siblings: list[_Anchor], whole: bool) -> _Plan:
         plan.norm = layer_norm_of(source) or rms_norm_of(source) or offset_rms_norm_of(source)
         if plan.norm is not None:
             plan.members += plan.norm.nodes + passed[:-1]
-            plan.summed = _summed_rows(plan.norm.rows, set(plan.members))
-        if plan.summed is not None:
-            plan.members.append(plan.summed.node)
-            if plan.summed.returned:
-                plan.replaced.append(plan.summed.node)
     return plan
-
-
-def _summed_rows(rows: torch.fx.Node, members: set[torch.fx.Node]) -> _Sum | None:
-    """The norm's ``rows`` as ``x + y`` the launch can add itself: two tensors of the sum's
-    shape, dtype and device, where no row kernel could take the add instead. The later
-    operand must be made where no row kernel reaches (a graph input, an all-reduce's result,
-    a matmul group's output), and the earlier one too, unless the later is computed from it
-    (a residual stream: ``h + block(h)``, which no kernel making ``h`` can finish). GPT-2's
-    ``wte(ids) + wpe(pos)`` stays with the row kernels: one kernel looks both up and adds
-    them, and the launch taking the add would leave the lookups on their own."""
-    call = op_call(rows, "add")
-    if call is None or call.params.get("alpha", 1) != 1 or len(call.operands) != 2:
-        return None
-    x, addend = call.operands
-    if not (isinstance(x, torch.fx.Node) and isinstance(addend, torch.fx.Node)) or x is addend:
-        return None
-    total = example_value(rows)
-    for operand in (x, addend):
-        value = example_value(operand)
-        if not (static_tensor(value) and value.shape == total.shape):
-            return None
-        if value.dtype != total.dtype or value.device != total.device:
-            return None
-    first, second = sorted((x, addend))
-    if not _made_apart(second):
-        return None
-    if not (_made_apart(first) or depends_on(second, first)):
-        return None
-    returned = any(user not in members for user in rows.users)
-    return _Sum(rows, x, addend, returned)
-
-
-def _made_apart(node: torch.fx.Node) -> bool:
-    """Is ``node`` made where no row kernel reaches: a graph input, a collective's result
-    (``wait_tensor``), an output of a matmul group already made?"""
-    if node.op == "placeholder":
-        return True
-    if node.op != "call_function":
-        return False
-    if is_collective_result(node):
-        return True
-    if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
-        return isinstance(getattr(node.args[0].target, "group", None), MatmulGroup)
-    return False
 
 
 def _pass_through(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -450,15 +388,131 @@ def _is_eval_dropout(node: torch.fx.Node) -> bool:
     )
 
 
+def layer_norm_of(x: torch.fx.Node) -> _Norm | None:
+    """``F.layer_norm(h, (K,), weight, bias, eps)`` producing ``x``, with a weight of x's
+    dtype and a Python-number eps."""
+    call = op_call(x, "layer_norm")
+    if call is None:
+        return None
+    rows, weight, bias = (list(call.operands) + [None, None])[:3]
+    eps = call.params.get("eps")
+    eps = 1e-5 if eps is None else eps
+    if not isinstance(eps, (int, float)) or not isinstance(weight, torch.fx.Node):
+        return None
+    if not _vector_of(weight, x) or (bias is not None and not _vector_of(bias, x)):
+        return None
+    if not isinstance(rows, torch.fx.Node) or example_value(rows).dtype != example_value(x).dtype:
+        return None
+    return _Norm(rows, weight, bias, float(eps), "layer", [x])
+
+
+def rms_norm_of(x: torch.fx.Node) -> _Norm | None:
+    """transformers' RMSNorm producing ``x``:
+    ``weight * (h32 * rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)`` with
+    ``h32 = h.to(float32)`` (either factor order; the casts may be no-ops)."""
+    product = op_call(x, "mul")
+    if product is None or len(product.operands) != 2:
+        return None
+    for weight, normed in (product.operands, product.operands[::-1]):
+        if not isinstance(weight, torch.fx.Node) or not _vector_of(weight, x):
+            continue
+        nodes = [x]
+        cast = op_call(normed, "cast")
+        scaled = cast.operands[0] if cast is not None else normed
+        if cast is not None:
+            nodes.append(normed)
+        found = _scaled_rows(scaled)
+        if found is None:
+            continue
+        rows, eps, more = found
+        if example_value(rows).dtype != example_value(x).dtype:
+            continue
+        return _Norm(rows, weight, None, eps, "rms", nodes + more)
+    return None
+
+
+def offset_rms_norm_of(x: torch.fx.Node) -> _Norm | None:
+    """Gemma's RMSNorm producing ``x``:
+    ``(h32 * rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w.float())).type_as(h)``
+    (either factor order; the casts may be no-ops)."""
+    cast = op_call(x, "cast")
+    product = op_call(cast.operands[0] if cast is not None else x, "mul")
+    if product is None or len(product.operands) != 2:
+        return None
+    for scaled, offset in (product.operands, product.operands[::-1]):
+        add = op_call(offset, "add")
+        if add is None or add.params.get("alpha", 1) != 1 or 1.0 not in add.operands[:2]:
+            continue
+        weight = next((o for o in add.operands if isinstance(o, torch.fx.Node)), None)
+        up = op_call(weight, "cast")
+        weight = up.operands[0] if up is not None else weight
+        if not isinstance(weight, torch.fx.Node) or not _vector_of(weight, x):
+            continue
+        found = _scaled_rows(scaled)
+        if found is None or example_value(found[0]).dtype != example_value(x).dtype:
+            continue
+        rows, eps, more = found
+        nodes = [x] + ([cast.operands[0]] if cast is not None else []) + [offset] + more
+        if up is not None:
+            nodes.append(add.operands[1] if add.operands[0] == 1.0 else add.operands[0])
+        return _Norm(rows, weight, None, eps, "rms_offset", nodes)
+    return None
+
+
+def _scaled_rows(node: Any) -> tuple[torch.fx.Node, float, list[torch.fx.Node]] | None:
+    """(h, eps, nodes) for ``h32 * rsqrt(mean(h32 ** 2, -1, keepdim) + eps)``."""
+    scale = op_call(node, "mul")
+    if scale is None or len(scale.operands) != 2:
+        return None
+    for h32, inverse in (scale.operands, scale.operands[::-1]):
+        rsqrt = op_call(inverse, "rsqrt")
+        if rsqrt is None:
+            continue
+        add = op_call(rsqrt.operands[0], "add")
+        if add is None or add.params.get("alpha", 1) != 1:
+            continue
+        mean, eps = add.operands
+        if isinstance(mean, (int, float)):
+            mean, eps = eps, mean
+        mean_call = op_call(mean, "mean")
+        if mean_call is None or not isinstance(eps, (int, float)):
+            continue
+        if mean_call.params.get("dim") not in (-1, (-1,), [-1]):
+            continue
+        square = op_call(mean_call.operands[0], "pow")
+        if square is None or square.params.get("exponent") != 2 or square.operands[0] is not h32:
+            continue
+        h32_value = example_value(h32)
+        if not isinstance(h32_value, torch.Tensor) or h32_value.dtype != torch.float32:
+            continue
+        nodes = [node, inverse, rsqrt.operands[0], mean, mean_call.operands[0]]
+        up = op_call(h32, "cast")
+        rows = up.operands[0] if up is not None else h32
+        if up is not None:
+            nodes.append(h32)
+        return rows, float(eps), nodes
+    return None
+
+
+def _vector_of(node: Any, x: torch.fx.Node) -> bool:
+    """Is ``node`` a ``[K]`` tensor of x's dtype and device (a norm's weight or bias)?"""
+    if not isinstance(node, torch.fx.Node):
+        return False
+    v, xv = example_value(node), example_value(x)
+    return (
+        static_tensor(v)
+        and tuple(v.shape) == (xv.shape[-1],)
+        and v.dtype == xv.dtype
+        and v.device == xv.device
+    )
+
+
 # ---- Safety and the rewrite
 
 
 def _inputs(plan: _Plan) -> list[torch.fx.Node]:
     """The graph values the launch reads."""
-    if plan.summed is not None:
-        values: list[Any] = [plan.summed.x, plan.summed.addend]
-    else:
-        values = [plan.norm.rows if plan.norm else plan.anchors[0].rows]
+    values: list[Any] = [plan.norm.rows if plan.norm else plan.anchors[0].rows]
     if plan.norm is not None:
         values += [plan.norm.weight, plan.norm.bias]
     values.append(plan.residual)
@@ -506,17 +560,12 @@ def _rewrite(graph: torch.fx.Graph, plan: _Plan, launch: Callable[..., Any]) -> 
         chunked=plan.gate_half is not None,
         gate_half=plan.gate_half or 0,
         activation=plan.activation,
-        sum_rows=plan.summed is not None,
-        sum_output=bool(plan.summed and plan.summed.returned),
     )
 
     rows = norm.rows if norm else anchors[0].rows
-    addend = []
-    if plan.summed is not None:
-        rows, addend = plan.summed.x, [plan.summed.addend]
     args = (
         rows, norm.weight if norm else None, norm.bias if norm else None, plan.residual,
-        *(a.weight for a in anchors), *(biases if group.bias else []), *addend,
+        *(a.weight for a in anchors), *(biases if group.bias else []),
     )  # fmt: skip
     with graph.inserting_before(anchors[0].nodes[0]):
         fused = graph.call_function(launch(group), args)

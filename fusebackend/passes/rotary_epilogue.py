@@ -33,8 +33,7 @@ Taken when:
   writes a cache it writes: the launch does all of that work at the group's place.
 
 The rotated q (and k and v, without a cache write) come out of the launch as ``[B, T, N]``
-and go on through their original view and transpose, which now read the launch's outputs;
-a group that returns its summed rows (``MatmulGroup.sum_output``) returns them last still.
+and go on through their original view and transpose, which now read the launch's outputs.
 Applied to the fused graph only, like the groups themselves.
 """
 
@@ -53,8 +52,8 @@ from fusebackend.passes.cache_writes import cache_write_of, can_write_pair
 from fusebackend.passes.fx_util import example_value, nodes_between, single_user, static_tensor
 from fusebackend.passes.graph import is_mutation, resort_stably
 from fusebackend.passes.groups import op_call
+from fusebackend.passes.matmul_groups import offset_rms_norm_of, rms_norm_of
 from fusebackend.passes.mutations import storage_id, written_storages
-from fusebackend.passes.norms import offset_rms_norm_of, rms_norm_of
 from fusebackend.passes.rotation import Rotation, is_split, match_rotation
 
 __all__ = ["RotaryEpilogues", "use_rotary_epilogues"]
@@ -79,7 +78,7 @@ class _Heads:
     output: torch.fx.Node  # getitem(group, i)
     view: torch.fx.Node
     heads: torch.fx.Node  # the transpose, [B, H, T, D]
-    norm: Any = None  # passes/norms.Norm of the heads (its ``nodes`` end at its output)
+    norm: Any = None  # matmul_groups' _Norm of the heads (its ``nodes`` end at its output)
     normed: torch.fx.Node | None = None  # the norm's output
     norm_after: bool = False  # the norm reads the transpose (else the transpose reads it)
 
@@ -121,7 +120,7 @@ def use_rotary_epilogues(
         group = _qkv_group(node)
         if group is None:
             continue
-        plan = _plan(node, group)
+        plan = _plan(node)
         if plan is None:
             continue  # no rotary embedding after it: nothing to say
         reason = plan if isinstance(plan, str) else _hazard(node, plan, order)
@@ -150,11 +149,11 @@ def _qkv_group(node: torch.fx.Node) -> MatmulGroup | None:
 # ---- Matching
 
 
-def _plan(node: torch.fx.Node, group: MatmulGroup) -> _Plan | str | None:
+def _plan(node: torch.fx.Node) -> _Plan | str | None:
     """What to take over after the group ``node``, why not (a reason), or None when its
     outputs show no rotary embedding at all."""
     outputs = {u.args[1]: u for u in node.users if u.target is operator.getitem}
-    if len(node.users) != group.outputs or set(outputs) != set(range(group.outputs)):
+    if len(node.users) != 3 or set(outputs) != {0, 1, 2}:
         return None
     heads = [_by_heads(outputs[k]) for k in range(3)]
     if any(h is None for h in heads):
@@ -400,25 +399,22 @@ def _rewrite(
         extra += [plan.heads[0].norm.weight, plan.heads[1].norm.weight]
     if cache:
         extra += [plan.k_cache, plan.v_cache, plan.index]
-    kept_heads = plan.heads[:1] if cache else plan.heads
-    kept = [h.output for h in kept_heads]
-    # the summed rows the group returns, last (3: after q, k and v)
-    summed = [u for u in node.users if u.args[1] == 3] if group.sum_output else []
+    kept = plan.heads[:1] if cache else plan.heads
     with graph.inserting_before(node):
         fused = graph.call_function(launch(rotated), (*node.args, *extra))
-        fused.meta["example_value"] = tuple(example_value(n) for n in kept + summed)
-        for k, replaced in enumerate(kept + summed):
+        fused.meta["example_value"] = tuple(example_value(h.output) for h in kept)
+        for k, heads in enumerate(kept):
             output = graph.call_function(operator.getitem, (fused, k))
-            output.meta["example_value"] = example_value(replaced)
-            replaced.replace_all_uses_with(output)
+            output.meta["example_value"] = example_value(heads.output)
+            heads.output.replace_all_uses_with(output)
     # the rotated values are now the original view + transpose of the launch's outputs (the
     # transpose reading the view itself where a head norm stood between: the launch did it)
-    for heads, rotary in zip(kept_heads, plan.rotary):
+    for heads, rotary in zip(kept, plan.rotary):
         if heads.normed is not None and not heads.norm_after:
             heads.heads.replace_input_with(heads.normed, heads.view)
         rotary.embed.replace_all_uses_with(heads.heads)
     taken = [*(r.embed.name for r in plan.rotary), *(w.name for w in plan.writes)]
-    dropped = set(_members(plan) + [h.output for h in plan.heads] + summed + [node])
+    dropped = set(_members(plan) + [h.output for h in plan.heads] + [node])
     for gone in reversed([n for n in graph.nodes if n in dropped]):
         if not gone.users:
             graph.erase_node(gone)
