@@ -183,8 +183,9 @@ class FusionReport:
                     "  longer than a small step's kernels; where parameters are not replaced "
                     "after compile, compile with",
                     "  options={'guard_filter_fn': "
-                    "torch.compiler.skip_guard_on_all_nn_modules_unsafe} (README: Tensor "
-                    "parallelism)",
+                    "torch.compiler.skip_guard_on_all_nn_modules_unsafe} (a new dict for each",
+                    "  torch.compile call: it takes the filter out of the dict it is given; "
+                    "README: Tensor parallelism)",
                 ]
         return "\n".join(lines)
 

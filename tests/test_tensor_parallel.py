@@ -65,6 +65,7 @@ def test_a_dtensor_weight_runs_fused_on_its_local_shard(mesh):
     assert report.groups, str(fusebackend.last_report())  # add, mul and relu in one kernel
     # explain says how to skip the per-call guards on DTensor parameters
     assert "skip_guard_on_all_nn_modules_unsafe" in str(fusebackend.last_report())
+    assert "a new dict for each" in str(fusebackend.last_report())
     stats = fusebackend.stats()
     assert set(stats["fusion_modes"].values()) == {"fusion"}, stats
     # Used in place: the weight's shape is not part of any signature.
