@@ -180,7 +180,9 @@ def run_suite(
     if args.generate_json and not any(w.kind == "generate" for w in selected):
         raise SystemExit("--generate-json: the generate workload is not selected (--only)")
     backends = (
-        [b.strip() for b in args.backends.split(",")] if args.backends else list(measure.BACKENDS)
+        [b.strip() for b in args.backends.split(",")]
+        if args.backends
+        else list(measure.DEFAULT_BACKENDS)
     )
     unknown = [b for b in backends if b not in measure.BACKENDS]
     if unknown:

@@ -4,10 +4,11 @@ A chain of TinyLlama-shape MLP blocks, each three ``matmul_group`` launches as t
 graph runs them (o projection + residual; RMSNorm + gate/up + SiLU-mul; down projection +
 residual), fp16, one row, 22 blocks captured in one CUDA graph, replayed between CUDA
 events: with ``kernels.matmul.USE_PDL`` off, then on (each launch may begin while the
-previous kernel runs and waits inside the kernel before its first read). Outputs of the two
-must be equal (the same kernels, the same order of sums).
+previous kernel runs and waits inside the kernel before its first read), each also with
+``kernels.matmul.PREFETCH_K`` weight elements per tile row asked of L2 before that wait.
+Outputs of all must be equal (the same kernels, the same order of sums).
 
-    python benchmarks/diag/diag_matmul_pdl.py [--blocks 22] [--out file.json]
+    python benchmarks/diag/diag_matmul_pdl.py [--blocks 22] [--prefetch 512 1024] [--out f.json]
 """
 
 from __future__ import annotations
@@ -78,22 +79,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--blocks", type=int, default=22)
     parser.add_argument("--out")
+    parser.add_argument(
+        "--prefetch", type=int, nargs="*", default=[128, 256, 512],
+        help="weight elements per tile row asked of L2 before the wait",
+    )  # fmt: skip
     args = parser.parse_args()
     step = build(args.blocks)
     x = torch.randn(1, 1, 2048, device="cuda").half()
     results = {}
     outputs = {}
-    for label, pdl in (("off", False), ("on", True), ("off again", False)):
-        matmul.USE_PDL = pdl
+    variants = [("off", False, 0), ("on", True, 0)]
+    for prefetch in args.prefetch:
+        variants += [(f"off, prefetch {prefetch}", False, prefetch),
+                     (f"on, prefetch {prefetch}", True, prefetch)]  # fmt: skip
+    variants.append(("off again", False, 0))
+    for label, pdl, prefetch in variants:
+        matmul.USE_PDL, matmul.PREFETCH_K = pdl, prefetch
         try:
             results[label], outputs[label] = timed(step, x)
         except Exception as exc:  # a driver or Triton without PDL in graphs: say so
             results[label] = f"failed: {type(exc).__name__}: {exc}"[:300]
         finally:
-            matmul.USE_PDL = False
-    same = (
-        torch.equal(outputs["off"], outputs["on"]) if "on" in outputs and "off" in outputs else None
-    )
+            matmul.USE_PDL, matmul.PREFETCH_K = False, 0
+    same = {label: torch.equal(outputs["off"], out) for label, out in outputs.items()}
     report = {
         "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__,

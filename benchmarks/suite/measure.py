@@ -34,6 +34,7 @@ from .workloads import Case, Workload
 __all__ = [
     "BACKENDS",
     "CUDA_ONLY",
+    "DEFAULT_BACKENDS",
     "TOLERANCE",
     "borrow_kernel_counts",
     "copy_bandwidth",
@@ -48,14 +49,18 @@ __all__ = [
 
 BACKENDS = (
     "eager", "dynamo", "inductor", "reduce-overhead", "infinifuse", "infinifuse-nofusion",
-    "infinifuse-nomatmul",
+    "infinifuse-nomatmul", "infinifuse-nopdl",
 )  # fmt: skip
+# Without --backends: all but infinifuse-nopdl, a diagnostic of kernels.matmul's launch
+# that matters only on Hopper GPUs (name it to run it)
+DEFAULT_BACKENDS = tuple(b for b in BACKENDS if b != "infinifuse-nopdl")
 # Each infinifuse variant's options beside the defaults: fusion off, or matmul groups off
 # (passes/matmul_groups.py), so one run measures what each part of the fusion gives.
 INFINIFUSE_OPTIONS: dict[str, dict[str, Any]] = {
     "infinifuse": {},
     "infinifuse-nofusion": {"fusion": False},
     "infinifuse-nomatmul": {"matmul_groups": False},
+    "infinifuse-nopdl": {},  # the defaults, matmul groups launched without PDL (_no_pdl)
 }
 CUDA_ONLY = frozenset({"inductor", "reduce-overhead"})  # Inductor on CPU needs a C++ toolchain
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-4}
@@ -77,8 +82,26 @@ def make_fn(model: torch.nn.Module, backend: str) -> Callable[..., Any]:
         return torch.compile(model, mode="reduce-overhead")
     if backend in INFINIFUSE_OPTIONS:
         options = INFINIFUSE_OPTIONS[backend]
-        return torch.compile(model, backend="infinifuse", options=options or None)
+        compiled = torch.compile(model, backend="infinifuse", options=options or None)
+        return _no_pdl(compiled) if backend == "infinifuse-nopdl" else compiled
     raise ValueError(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}")
+
+
+def _no_pdl(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with kernels.matmul's programmatic dependent launch and weight prefetch off
+    while it runs (the launches read both flags; captured graphs keep what they were
+    captured with), so one run measures what they give."""
+    from fusebackend.kernels import matmul
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        saved = matmul.USE_PDL, matmul.PREFETCH_K
+        matmul.USE_PDL, matmul.PREFETCH_K = False, 0
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            matmul.USE_PDL, matmul.PREFETCH_K = saved
+
+    return call
 
 
 def copy_bandwidth(device: torch.device) -> float | None:

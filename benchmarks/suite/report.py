@@ -101,6 +101,7 @@ _COLORS = {
     "infinifuse": "tab:red",
     "infinifuse-nofusion": "tab:brown",
     "infinifuse-nomatmul": "tab:pink",
+    "infinifuse-nopdl": "tab:purple",
 }
 
 

@@ -74,21 +74,32 @@ def _input_block(x, x_row, x_col, norm_w, norm_b, mean, rstd, rows, ks, M, K: tl
 
 
 @triton.jit
-def _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, v, v_n, v_k,
+def _tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, v, v_n, v_k,
           rows, cols, M, K: tl.constexpr, N, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
           TWO: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-          work, counters, SPLIT_K: tl.constexpr, K_SPAN: tl.constexpr):  # fmt: skip
+          work, counters, SPLIT_K: tl.constexpr, K_SPAN: tl.constexpr, PDL: tl.constexpr,
+          PREFETCH: tl.constexpr):  # fmt: skip
     """The fp32 products of the rows with weight ``w``'s columns ``cols`` (and, with
     ``TWO``, with weight ``v``'s: a gated pair shares the input block), and whether this
     program goes on to the epilogue: with ``SPLIT_K`` each program sums a ``K_SPAN`` slice
     of K (its index along grid axis 1) and the last of a tile's programs to finish adds
     every slice's sums (``_sum_slices``)."""
-    acc = tl.zeros([rows.shape[0], cols.shape[0]], tl.float32)
-    acc2 = tl.zeros([rows.shape[0], cols.shape[0]], tl.float32)
     if SPLIT_K == 1:
         k_first = 0
     else:
         k_first = tl.program_id(1) * K_SPAN
+    if PREFETCH > 0:  # weights never depend on the previous kernel: ask for them first
+        _prefetch_l2(w, w_n, w_k, cols, N, K, k_first, PREFETCH)
+        if TWO:
+            _prefetch_l2(v, v_n, v_k, cols, N, K, k_first, PREFETCH)
+    if PDL:  # every read below may depend on the previous kernel: wait for its end
+        gdc_wait()
+    mean = tl.zeros([rows.shape[0]], tl.float32)
+    rstd = mean
+    if NORM != 0:
+        mean, rstd = _row_stats(x, x_row, x_col, rows, M, K, eps, NORM, BLOCK_K)
+    acc = tl.zeros([rows.shape[0], cols.shape[0]], tl.float32)
+    acc2 = tl.zeros([rows.shape[0], cols.shape[0]], tl.float32)
     for step in range(0, K_SPAN, BLOCK_K):
         ks = k_first + step + tl.arange(0, BLOCK_K)
         a = _input_block(x, x_row, x_col, norm_w, norm_b, mean, rstd, rows, ks, M, K,
@@ -105,11 +116,36 @@ def _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, v, v_n, v_k,
                 acc2 = tl.dot(a.to(tl.float32), b2.to(tl.float32), acc2, input_precision="ieee")
             else:
                 acc2 = tl.dot(a, b2, acc2, input_precision=PRECISION)
+    if PDL:
+        # Let the next kernel launch once every program is past its K loop: its programs
+        # then prefetch their weights while this kernel's last programs finish. Called at
+        # each program's start instead, the next kernel's waiting programs slowed the chain
+        # of diag_matmul_pdl.py by 10% (904 against 825 us; matmul_pdl_prefetch_h100.json).
+        gdc_launch_dependents()
     if SPLIT_K == 1:
         last = True
     else:
         acc, acc2, last = _sum_slices(acc, acc2, TWO, work, counters, SPLIT_K)
     return acc, acc2, last
+
+
+@triton.jit
+def _prefetch_l2(w, w_n, w_k, cols, N, K: tl.constexpr, k_first, PREFETCH: tl.constexpr):
+    """Ask L2 for the first ``PREFETCH`` elements along K of weight ``w``'s columns ``cols``
+    from ``k_first`` (one request per 128-byte line; nothing comes back to registers, and L2
+    is coherent, so it may run before the previous kernel ends). Rows along K only: a
+    weight stored [K, N] (GPT-2's Conv1D) is not prefetched."""
+    if w_k == 1:
+        LINE: tl.constexpr = 1024 // w.dtype.element_ty.primitive_bitwidth
+        ks = k_first + tl.arange(0, PREFETCH // LINE) * LINE
+        keep = (cols[:, None] < N) & (ks[None, :] < K)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; "
+            "mov.u32 $0, 0; }",
+            "=r,l,r",
+            [w + cols[:, None] * w_n + ks[None, :], keep.to(tl.int32)],
+            dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -188,20 +224,21 @@ def _store(y, out, res, res_row, res_col, rows, cols, M, N, HAS_RESIDUAL: tl.con
 
 
 @triton.jit
-def _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias, out, res,
+def _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, bias, out, res,
                  res_row, res_col,
                  tile, M, K: tl.constexpr, N, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PRECISION: tl.constexpr, work, counters, SPLIT_K: tl.constexpr,
-                 K_SPAN: tl.constexpr):  # fmt: skip
+                 K_SPAN: tl.constexpr, PDL: tl.constexpr,
+          PREFETCH: tl.constexpr):  # fmt: skip
     """One tile of one sibling's output: products, bias, cast, activation, residual,
     store."""
     rows = tl.arange(0, BLOCK_M)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc, _, last = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, w, w_n,
+    acc, _, last = _tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, w, w_n,
                          w_k, rows, cols, M, K, N, NORM, NORM_BIAS, False, BLOCK_K, PRECISION,
-                         work, counters, SPLIT_K, K_SPAN)  # fmt: skip
+                         work, counters, SPLIT_K, K_SPAN, PDL, PREFETCH)  # fmt: skip
     if last:
         if HAS_BIAS:
             acc = _add_bias(acc, bias, cols, N)
@@ -233,7 +270,7 @@ def _store_heads(y, dst, d_b, d_h, d_t, d_d, index, index_stride, slots, rows, c
 
 
 @triton.jit
-def _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
+def _rotary_tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, bias,
                  cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d,
                  head_w, head_eps, HEAD_NORM: tl.constexpr,
                  dst, d_b, d_h, d_t, d_d, index, index_stride, slots,
@@ -241,7 +278,8 @@ def _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
                  HAS_BIAS: tl.constexpr, TO_CACHE: tl.constexpr, HEAD_DIM: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PRECISION: tl.constexpr, work, counters, SPLIT_K: tl.constexpr,
-                 K_SPAN: tl.constexpr):  # fmt: skip
+                 K_SPAN: tl.constexpr, PDL: tl.constexpr,
+          PREFETCH: tl.constexpr):  # fmt: skip
     """One tile of q or k with its rotary embedding: ``BLOCK_N`` columns ``j`` of the first
     halves of heads and their partners ``j + HEAD_DIM / 2``, which rotate_half pairs
     (``out_j = y_j cos_j - y_p sin_j``, ``out_p = y_p cos_p + y_j sin_p``), each product
@@ -254,9 +292,10 @@ def _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
     rows = tl.arange(0, BLOCK_M)
     halves = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # among the first-half columns
     cols = (halves // HALF) * HEAD_DIM + halves % HALF
-    lo, hi, last = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k,
+    lo, hi, last = _tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k,
                          w + HALF * w_n, w_n, w_k, rows, cols, M, K, N, NORM, NORM_BIAS, True,
-                         BLOCK_K, PRECISION, work, counters, SPLIT_K, K_SPAN)  # fmt: skip
+                         BLOCK_K, PRECISION, work, counters, SPLIT_K, K_SPAN, PDL,
+                         PREFETCH)  # fmt: skip
     if last:
         if HAS_BIAS:
             lo = _add_bias(lo, bias, cols, N)
@@ -292,19 +331,20 @@ def _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
 
 
 @triton.jit
-def _value_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, bias,
+def _value_tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, bias,
                 dst, d_b, d_h, d_t, d_d, index, index_stride, slots,
                 tile, M, K: tl.constexpr, N, SEQ, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
                 HAS_BIAS: tl.constexpr, TO_CACHE: tl.constexpr, HEAD_DIM: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 PRECISION: tl.constexpr, work, counters, SPLIT_K: tl.constexpr,
-                K_SPAN: tl.constexpr):  # fmt: skip
+                K_SPAN: tl.constexpr, PDL: tl.constexpr,
+          PREFETCH: tl.constexpr):  # fmt: skip
     """One tile of v beside a rotary q and k: products, bias, cast, stored by heads."""
     rows = tl.arange(0, BLOCK_M)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc, _, last = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, w, w_n,
+    acc, _, last = _tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, w, w_n,
                          w_k, rows, cols, M, K, N, NORM, NORM_BIAS, False, BLOCK_K, PRECISION,
-                         work, counters, SPLIT_K, K_SPAN)  # fmt: skip
+                         work, counters, SPLIT_K, K_SPAN, PDL, PREFETCH)  # fmt: skip
     if last:
         if HAS_BIAS:
             acc = _add_bias(acc, bias, cols, N)
@@ -338,57 +378,49 @@ def _matmul_group(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,          # launched as a programmatic dependent (see matmul.USE_PDL)
+    PREFETCH: tl.constexpr,     # weight elements per row asked of L2 first (matmul.PREFETCH_K)
 ):  # fmt: skip
-    if PDL:
-        # Every read below may depend on the previous kernel: wait for it here, then let
-        # the next kernel's launch begin while this one streams its weights.
-        gdc_wait()
-        gdc_launch_dependents()
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
-    mean = tl.zeros([BLOCK_M], tl.float32)
-    rstd = mean
-    if NORM != 0:
-        mean, rstd = _row_stats(x, x_row, x_col, rows, M, K, eps, NORM, BLOCK_K)
     if HEAD_DIM != 0:
         # q, k, v: q's tiles, then k's (both of first-half columns, see _rotary_tile), then
         # v's. Returned outputs are [M, N_i] (strides given as [B, H, SEQ, HEAD_DIM]).
         if pid < TILES0:
-            _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k, b0,
+            _rotary_tile(x, x_row, x_col, norm_w, norm_b, eps, w0, w0_n, w0_k, b0,
                          cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d,
                          qn_w, head_eps, HEAD_NORM,
                          out0, SEQ * N0, HEAD_DIM, N0, 1, index, index_stride, slots,
                          pid, M, K, N0, SEQ, NORM, NORM_BIAS, HAS_BIAS, False, HEAD_DIM,
                          BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, work, counters, SPLIT_K,
-                         K_SPAN)  # fmt: skip
+                         K_SPAN, PDL, PREFETCH)  # fmt: skip
         elif pid < TILES0 + TILES1:
             if CACHE:
                 k_dst, k_b, k_h, k_t, k_d = k_cache, kc_b, kc_h, kc_s, kc_d
             else:
                 k_dst, k_b, k_h, k_t, k_d = out1, SEQ * N1, HEAD_DIM, N1, 1
-            _rotary_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w1, w1_n, w1_k, b1,
+            _rotary_tile(x, x_row, x_col, norm_w, norm_b, eps, w1, w1_n, w1_k, b1,
                          cos, cos_b, cos_t, cos_d, sin, sin_b, sin_t, sin_d,
                          kn_w, head_eps, HEAD_NORM,
                          k_dst, k_b, k_h, k_t, k_d, index, index_stride, slots,
                          pid - TILES0, M, K, N1, SEQ, NORM, NORM_BIAS, HAS_BIAS, CACHE,
                          HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, work, counters,
-                         SPLIT_K, K_SPAN)  # fmt: skip
+                         SPLIT_K, K_SPAN, PDL, PREFETCH)  # fmt: skip
         else:
             if CACHE:
                 v_dst, v_b, v_h, v_t, v_d = v_cache, vc_b, vc_h, vc_s, vc_d
             else:
                 v_dst, v_b, v_h, v_t, v_d = out2, SEQ * N2, HEAD_DIM, N2, 1
-            _value_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w2, w2_n, w2_k, b2,
+            _value_tile(x, x_row, x_col, norm_w, norm_b, eps, w2, w2_n, w2_k, b2,
                         v_dst, v_b, v_h, v_t, v_d, index, index_stride, slots,
                         pid - TILES0 - TILES1, M, K, N2, SEQ, NORM, NORM_BIAS, HAS_BIAS,
                         CACHE, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, work,
-                        counters, SPLIT_K, K_SPAN)  # fmt: skip
+                        counters, SPLIT_K, K_SPAN, PDL, PREFETCH)  # fmt: skip
     elif GATE != 0:
         cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        gate, up, last = _tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k,
+        gate, up, last = _tile(x, x_row, x_col, norm_w, norm_b, eps, w0, w0_n, w0_k,
                                w1, w1_n, w1_k, rows, cols, M, K, N0, NORM, NORM_BIAS, True,
                                BLOCK_K, PRECISION, work, counters, SPLIT_K,
-                               K_SPAN)  # fmt: skip
+                               K_SPAN, PDL, PREFETCH)  # fmt: skip
         if last:
             if HAS_BIAS:
                 gate = _add_bias(gate, b0, cols, N0)
@@ -399,25 +431,26 @@ def _matmul_group(
             _store(y, out0, res, res_row, res_col, rows, cols, M, N0, HAS_RESIDUAL)
     else:
         if pid < TILES0:
-            _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w0, w0_n, w0_k, b0,
+            _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w0, w0_n, w0_k, b0,
                          out0, res, res_row, res_col, pid, M, K, N0, NORM, NORM_BIAS,
                          HAS_BIAS, HAS_RESIDUAL, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
-                         PRECISION, work, counters, SPLIT_K, K_SPAN)  # fmt: skip
+                         PRECISION, work, counters, SPLIT_K, K_SPAN, PDL, PREFETCH)  # fmt: skip
         else:
             if SIBLINGS >= 2:
                 if pid < TILES0 + TILES1:
-                    _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w1, w1_n,
+                    _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w1, w1_n,
                                  w1_k, b1, out1, res, res_row, res_col, pid - TILES0, M,
                                  K, N1, NORM, NORM_BIAS, HAS_BIAS, False, 0, BLOCK_M,
                                  BLOCK_N, BLOCK_K, PRECISION, work, counters, SPLIT_K,
-                                 K_SPAN)  # fmt: skip
+                                 K_SPAN, PDL, PREFETCH)  # fmt: skip
                 else:
                     if SIBLINGS == 3:
-                        _linear_tile(x, x_row, x_col, norm_w, norm_b, mean, rstd, w2, w2_n,
+                        _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w2, w2_n,
                                      w2_k, b2, out2, res, res_row, res_col,
                                      pid - TILES0 - TILES1, M, K, N2, NORM, NORM_BIAS,
                                      HAS_BIAS, False, 0, BLOCK_M, BLOCK_N, BLOCK_K,
-                                     PRECISION, work, counters, SPLIT_K, K_SPAN)  # fmt: skip
+                                     PRECISION, work, counters, SPLIT_K, K_SPAN, PDL,
+                                     PREFETCH)  # fmt: skip
 
 
 # The kernel as built for launches (``matmul_group_kernel``), and built in Triton's debug
