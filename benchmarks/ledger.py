@@ -47,6 +47,9 @@ SOURCES = (
     "sentence_embeddings_h100_bert_routes.json",
     "sentence_embeddings_h100_minilm_session5_dynamo.json",
     "sentence_embeddings_h100_minilm_session5_dynamo_no_cudnn_sdp.json",
+    "suite_decode_h100_pdl.json",
+    "suite_decode_h100_gpt2_pdl_old.json",
+    "suite_decode_h100_gpt2_pdl_new.json",
 )
 # metric name in a result row -> unit
 SUITE_METRICS = {"per_call_ms": "ms", "first_call_s": "s", "kernels_per_call": "count"}

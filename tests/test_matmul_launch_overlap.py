@@ -1,5 +1,5 @@
 """Programmatic dependent launch and the weight prefetch of matmul groups
-(``kernels.matmul.USE_PDL``, ``PREFETCH_K``): on Hopper a group's launch overlaps the
+(``kernels.dependent_launch.USE_PDL``, ``PREFETCH_K``): on Hopper a group's launch overlaps the
 previous group's tail, and each program asks L2 for its first weights before it waits. The
 results must be the same bits as without either, in eager launches and in a CUDA graph;
 elsewhere (a CPU, Triton's interpreter, an older GPU) neither is compiled in."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import assert_close
 
-from fusebackend.kernels import matmul
+from fusebackend.kernels import dependent_launch, matmul
 from fusebackend.kernels.ir import MatmulGroup
 
 _O = MatmulGroup(residual=True)
@@ -21,7 +21,8 @@ _CONV1D = MatmulGroup(norm="layer", eps=1e-5, norm_bias=True, bias=True, weight_
 
 def _launch_meta(x: torch.Tensor) -> dict:
     weight = torch.randn(48, x.shape[-1], device=x.device, dtype=x.dtype)
-    _, _, meta, _ = matmul._launch(_O, x, None, None, x.new_zeros(1, 48), (weight,), ())
+    residual = x.new_zeros(*x.shape[:-1], 48)
+    _, _, meta, _ = matmul._launch(_O, x, None, None, residual, (weight,), ())
     return meta
 
 
@@ -76,8 +77,8 @@ def _chain(hidden: int, inner: int, dtype: torch.dtype):
 
 
 def _run(step, x: torch.Tensor, pdl: bool, prefetch: int, graph: bool) -> list[torch.Tensor]:
-    saved = matmul.USE_PDL, matmul.PREFETCH_K
-    matmul.USE_PDL, matmul.PREFETCH_K = pdl, prefetch
+    saved = dependent_launch.USE_PDL, matmul.PREFETCH_K
+    dependent_launch.USE_PDL, matmul.PREFETCH_K = pdl, prefetch
     try:
         if not graph:
             return [t.clone() for t in step(x)]
@@ -94,7 +95,7 @@ def _run(step, x: torch.Tensor, pdl: bool, prefetch: int, graph: bool) -> list[t
         torch.cuda.synchronize()
         return [t.clone() for t in outs]
     finally:
-        matmul.USE_PDL, matmul.PREFETCH_K = saved
+        dependent_launch.USE_PDL, matmul.PREFETCH_K = saved
 
 
 @pytest.mark.gpu

@@ -129,7 +129,13 @@ def _matmul_tensors(group: MatmulGroup, dtype: torch.dtype):
     return x, norm_weight, norm_bias, residual, [*weights, *biases, *extra]
 
 
-def compile_matmul(group: MatmulGroup, dtype: torch.dtype, split_k: int) -> Any:
+# Launched on a Hopper GPU: programmatic dependent launch and the weight prefetch
+# (kernels/dependent_launch.py, matmul.PREFETCH_K), which a CPU launch never turns on
+OVERLAP = {"PDL": True, "PREFETCH": 256}
+
+
+def compile_matmul(group: MatmulGroup, dtype: torch.dtype, split_k: int,
+                   overlap: bool = False) -> Any:  # fmt: skip
     x, norm_weight, norm_bias, residual, params = _matmul_tensors(group, dtype)
     default = matmul.launch_config
     matmul._launch_config = lambda *a: matmul.LaunchConfig(16, 64, 4, 2, split_k=split_k)
@@ -139,6 +145,8 @@ def compile_matmul(group: MatmulGroup, dtype: torch.dtype, split_k: int) -> Any:
                                           biases, heads)  # fmt: skip
     finally:
         matmul._launch_config = default
+    if overlap:
+        meta = {**meta, **OVERLAP}
     checked = group.index_checks
     kernel = (
         matmul_triton.matmul_group_kernel_checked if checked else matmul_triton.matmul_group_kernel
@@ -146,7 +154,8 @@ def compile_matmul(group: MatmulGroup, dtype: torch.dtype, split_k: int) -> Any:
     return compile_launch(kernel, args, meta, debug=checked)
 
 
-def compile_attention(dtype: torch.dtype, masked: bool, fold: bool, slots: int) -> Any:
+def compile_attention(dtype: torch.dtype, masked: bool, fold: bool, slots: int,
+                      overlap: bool = False) -> Any:  # fmt: skip
     batch, heads, kv_heads, width = 2, 8, 2, 64
     q = torch.randn(batch, heads, 1, width).to(dtype)
     k, v = (torch.randn(batch, kv_heads, slots, width).to(dtype) for _ in range(2))
@@ -163,10 +172,11 @@ def compile_attention(dtype: torch.dtype, masked: bool, fold: bool, slots: int) 
     counters = torch.zeros(16, dtype=torch.int32) if plan.fold else out
     parts = scratch if plan.splits > 1 else [out] * 3
     args = [q, k, v, mask if mask is not None else q, out, *parts, counters, *plan.args]
-    compile_launch(attention._attend_kernel(), args, plan.meta)
+    pdl = {"PDL": overlap}
+    compile_launch(attention._attend_kernel(), args, {**plan.meta, **pdl})
     if plan.splits > 1 and not plan.fold:
         combine = attention._combine_kernel()
-        compile_launch(combine, [*scratch, out, *plan.combine_args], plan.combine_meta)
+        compile_launch(combine, [*scratch, out, *plan.combine_args], {**plan.combine_meta, **pdl})
 
 
 def compile_cache_pair(dtype: torch.dtype, checks: bool) -> Any:
@@ -190,6 +200,12 @@ def cases() -> list[tuple[str, Any]]:
         name = (f"decode_attention {str(dtype)[6:]} mask={masked} fold={fold} "
                 f"slots={slots}")  # fmt: skip
         found.append((name, lambda *a, c=(dtype, masked, fold, slots): compile_attention(*c)))
+    for (label, group, _), split_k in itertools.product(matmul_cases(), (1, 3)):
+        name = f"matmul_group {label} float16 split_k={split_k} PDL + prefetch"
+        found.append((name, lambda g=group, s=split_k: compile_matmul(g, torch.float16, s, True)))
+    for fold in (False, True):
+        name = f"decode_attention float16 mask=True fold={fold} slots=300 PDL"
+        found.append((name, lambda f=fold: compile_attention(torch.float16, True, f, 300, True)))
     for dtype, checks in itertools.product(dtypes, (False, True)):
         name = f"write_cache_pair {str(dtype)[6:]} checks={checks}"
         found.append((name, lambda d=dtype, c=checks: compile_cache_pair(d, c)))

@@ -3,7 +3,7 @@
 A chain of TinyLlama-shape MLP blocks, each three ``matmul_group`` launches as the fused
 graph runs them (o projection + residual; RMSNorm + gate/up + SiLU-mul; down projection +
 residual), fp16, one row, 22 blocks captured in one CUDA graph, replayed between CUDA
-events: with ``kernels.matmul.USE_PDL`` off, then on (each launch may begin while the
+events: with ``kernels.dependent_launch.USE_PDL`` off, then on (each launch may begin while the
 previous kernel runs and waits inside the kernel before its first read), each also with
 ``kernels.matmul.PREFETCH_K`` weight elements per tile row asked of L2 before that wait.
 Outputs of all must be equal (the same kernels, the same order of sums).
@@ -21,7 +21,7 @@ import statistics
 import torch
 import triton
 
-from fusebackend.kernels import matmul
+from fusebackend.kernels import dependent_launch, matmul
 from fusebackend.kernels.ir import MatmulGroup
 
 
@@ -94,13 +94,13 @@ def main() -> None:
                      (f"on, prefetch {prefetch}", True, prefetch)]  # fmt: skip
     variants.append(("off again", False, 0))
     for label, pdl, prefetch in variants:
-        matmul.USE_PDL, matmul.PREFETCH_K = pdl, prefetch
+        dependent_launch.USE_PDL, matmul.PREFETCH_K = pdl, prefetch
         try:
             results[label], outputs[label] = timed(step, x)
         except Exception as exc:  # a driver or Triton without PDL in graphs: say so
             results[label] = f"failed: {type(exc).__name__}: {exc}"[:300]
         finally:
-            matmul.USE_PDL, matmul.PREFETCH_K = False, 0
+            dependent_launch.USE_PDL, matmul.PREFETCH_K = False, 0
     same = {label: torch.equal(outputs["off"], out) for label, out in outputs.items()}
     report = {
         "device": torch.cuda.get_device_name(0),

@@ -11,6 +11,7 @@ replayed path for every CUDA-graph backend).
 from __future__ import annotations
 
 import gc
+import importlib
 import statistics
 import time
 from collections.abc import Callable
@@ -49,18 +50,26 @@ __all__ = [
 
 BACKENDS = (
     "eager", "dynamo", "inductor", "reduce-overhead", "infinifuse", "infinifuse-nofusion",
-    "infinifuse-nomatmul", "infinifuse-nopdl",
+    "infinifuse-nomatmul", "infinifuse-nopdl", "infinifuse-fold",
 )  # fmt: skip
-# Without --backends: all but infinifuse-nopdl, a diagnostic of kernels.matmul's launch
-# that matters only on Hopper GPUs (name it to run it)
-DEFAULT_BACKENDS = tuple(b for b in BACKENDS if b != "infinifuse-nopdl")
+# Variants that run with flags of fusebackend.kernels modules set otherwise while they run
+# (each launcher reads its flag at each call; a captured graph keeps what it was captured
+# with): programmatic dependent launch and the matmul weight prefetch off, which matter on
+# Hopper GPUs alone; decode attention's combine folded into its last program.
+INFINIFUSE_FLAGS: dict[str, dict[tuple[str, str], Any]] = {
+    "infinifuse-nopdl": {("dependent_launch", "USE_PDL"): False, ("matmul", "PREFETCH_K"): 0},
+    "infinifuse-fold": {("decode_attention", "FOLD_COMBINE"): True},
+}
+# Without --backends: all but the flag variants (diagnostics: name them to run them)
+DEFAULT_BACKENDS = tuple(b for b in BACKENDS if b not in INFINIFUSE_FLAGS)
 # Each infinifuse variant's options beside the defaults: fusion off, or matmul groups off
 # (passes/matmul_groups.py), so one run measures what each part of the fusion gives.
 INFINIFUSE_OPTIONS: dict[str, dict[str, Any]] = {
     "infinifuse": {},
     "infinifuse-nofusion": {"fusion": False},
     "infinifuse-nomatmul": {"matmul_groups": False},
-    "infinifuse-nopdl": {},  # the defaults, matmul groups launched without PDL (_no_pdl)
+    "infinifuse-nopdl": {},  # the defaults, with INFINIFUSE_FLAGS
+    "infinifuse-fold": {},
 }
 CUDA_ONLY = frozenset({"inductor", "reduce-overhead"})  # Inductor on CPU needs a C++ toolchain
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-4}
@@ -83,23 +92,28 @@ def make_fn(model: torch.nn.Module, backend: str) -> Callable[..., Any]:
     if backend in INFINIFUSE_OPTIONS:
         options = INFINIFUSE_OPTIONS[backend]
         compiled = torch.compile(model, backend="infinifuse", options=options or None)
-        return _no_pdl(compiled) if backend == "infinifuse-nopdl" else compiled
+        flags = INFINIFUSE_FLAGS.get(backend)
+        return _with_flags(compiled, flags) if flags else compiled
     raise ValueError(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}")
 
 
-def _no_pdl(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` with kernels.matmul's programmatic dependent launch and weight prefetch off
-    while it runs (the launches read both flags; captured graphs keep what they were
-    captured with), so one run measures what they give."""
-    from fusebackend.kernels import matmul
+def _with_flags(fn: Callable[..., Any], flags: dict[tuple[str, str], Any]) -> Callable[..., Any]:
+    """``fn`` with ``flags`` ((module of fusebackend.kernels, name) -> value) set while it
+    runs, and set back after."""
+    targets = [
+        (importlib.import_module(f"fusebackend.kernels.{module}"), name, value)
+        for (module, name), value in flags.items()
+    ]
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        saved = matmul.USE_PDL, matmul.PREFETCH_K
-        matmul.USE_PDL, matmul.PREFETCH_K = False, 0
+        saved = [(module, name, getattr(module, name)) for module, name, _ in targets]
+        for module, name, value in targets:
+            setattr(module, name, value)
         try:
             return fn(*args, **kwargs)
         finally:
-            matmul.USE_PDL, matmul.PREFETCH_K = saved
+            for module, name, value in saved:
+                setattr(module, name, value)
 
     return call
 

@@ -102,6 +102,7 @@ _COLORS = {
     "infinifuse-nofusion": "tab:brown",
     "infinifuse-nomatmul": "tab:pink",
     "infinifuse-nopdl": "tab:purple",
+    "infinifuse-fold": "tab:olive",
 }
 
 

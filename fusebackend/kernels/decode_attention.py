@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from fusebackend.kernels.arrivals import arrival_counters
+from fusebackend.kernels.dependent_launch import pdl_launch
 from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
 from fusebackend.kernels.launch import triton_usable, warmup_pointer, warmup_pointer_of
 
@@ -161,6 +162,7 @@ class _Plan:
         blocks_per_split = max(1, -(-blocks * batch * kv_heads // _MAX_PROGRAMS))
         self.splits = -(-blocks // blocks_per_split)  # 1: the program writes the output
         self.fold = FOLD_COMBINE and self.splits > 1
+        pdl = pdl_launch(query.device)
         self.block_d = max(16, 1 << (width - 1).bit_length())
         if mask is not None:  # strides of the mask as seen from [batch, heads, keys]
             m_b, m_h, _, m_s = mask.expand(batch, heads, 1, seq_len).stride()
@@ -186,6 +188,7 @@ class _Plan:
             "BLOCKS": blocks_per_split,
             "FOLD": self.fold,
             "BLOCK_SPLITS": max(2, 1 << (self.splits - 1).bit_length()),
+            "PDL": pdl,
             "num_warps": 4,
         }
         self.combine_args = [heads, self.splits, width, out.stride(0), out.stride(1),
@@ -193,14 +196,18 @@ class _Plan:
         self.combine_meta = {
             "BLOCK_SPLITS": max(2, 1 << (self.splits - 1).bit_length()),
             "BLOCK_D": self.block_d,
+            "PDL": pdl,
             "num_warps": 4,
         }
+        if pdl:  # see kernels/dependent_launch.py
+            self.meta["launch_pdl"] = self.combine_meta["launch_pdl"] = True
 
 
 @functools.cache
 def _attend_kernel() -> Any:
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def _decode_attention(
@@ -215,7 +222,10 @@ def _attend_kernel() -> Any:
         BLOCKS: tl.constexpr,  # blocks of keys per program
         FOLD: tl.constexpr,  # the last split's program merges the splits (FOLD_COMBINE)
         BLOCK_SPLITS: tl.constexpr,
+        PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/dependent_launch.py)
     ):  # fmt: skip
+        if PDL:  # q, k and v come from the launch before: wait for its end
+            gdc_wait()
         program = tl.program_id(0)
         split = tl.program_id(1)
         batch = (program // kv_heads).to(tl.int64)  # caches may pass 2**31 elements
@@ -279,6 +289,8 @@ def _attend_kernel() -> Any:
             else:  # the weights rounded to tf32's 10-bit mantissa, as fp16's
                 acc = acc * rescale[:, None] + tl.dot(weight, values, input_precision="tf32")
             best = new_best
+        if PDL:  # the next launch (the combine, or the o projection) may begin
+            gdc_launch_dependents()
         row = batch * kv_heads * groups + head  # index of (batch, head) among all rows
         if SPLIT:
             splits = tl.num_programs(1)
@@ -341,6 +353,7 @@ def _attend_kernel() -> Any:
 def _combine_kernel() -> Any:
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def _decode_attention_combine(
@@ -348,7 +361,11 @@ def _combine_kernel() -> Any:
         out,
         heads, splits, width, o_b, o_h, o_d,
         BLOCK_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
+        PDL: tl.constexpr,  # launched as a programmatic dependent (kernels/dependent_launch.py)
     ):  # fmt: skip
+        if PDL:  # wait for the splits' partials, then let the o projection begin
+            gdc_wait()
+            gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         batch = row // heads
         head = row % heads

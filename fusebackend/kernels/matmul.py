@@ -61,6 +61,7 @@ import torch
 
 from fusebackend.kernels.arrivals import arrival_counters
 from fusebackend.kernels.cache_write import check_cache_index
+from fusebackend.kernels.dependent_launch import pdl_launch
 from fusebackend.kernels.family import concrete_cuda_tensor, launch_key
 from fusebackend.kernels.ir import ACTIVATIONS, GATES, MAX_SIBLINGS, NORMS, MatmulGroup
 from fusebackend.kernels.triton_api import interpreter_enabled, triton_usable, warmup_launch
@@ -354,22 +355,14 @@ def launch_config(rows: int, width: int, outputs: int, gated: bool) -> LaunchCon
     return LaunchConfig(block_n, block_k, warps=warps, stages=4 if block_n == 16 else 3)
 
 
-# Programmatic dependent launch (Hopper and newer): a launch may begin once every program
-# of the previous matmul group is past its K loop; each program asks L2 for the first
-# PREFETCH_K weight elements of each row of its tile, then waits (griddepcontrol) for the
-# previous kernel's end before its first read. Measured on an H100 with
-# benchmarks/diag/diag_matmul_pdl.py (22 TinyLlama-shape MLP blocks, 66 launches in one
-# CUDA graph): 826 us with neither, 801 with PDL, 781 with PDL and 256 elements ahead
-# (787 with 128, 813 with 512: the requests then compete with the previous kernel's own
-# reads; pdl_late_h100.json). The launch reads both at each call; the diag flips them.
-USE_PDL = True
+# Weight elements per row of a program's tile asked of L2 first, before anything else is
+# read (and, launched as a programmatic dependent, before the wait for the previous kernel:
+# kernels/dependent_launch.py). Measured on an H100 with benchmarks/diag/diag_matmul_pdl.py
+# (22 TinyLlama-shape MLP blocks, 66 launches in one CUDA graph): with PDL 808 us with none,
+# 791 with 128, 785 with 256, 801 with 512 (more requests compete with the previous
+# kernel's own reads); without PDL 836 with none, 812 with 256
+# (matmul_pdl_prefetch_h100.json). Read at each call; the diag flips it.
 PREFETCH_K = 256
-
-
-@functools.cache
-def _pdl_supported(device_index: int) -> bool:
-    """griddepcontrol exists from compute capability 9.0 (Hopper)."""
-    return torch.cuda.get_device_capability(device_index) >= (9, 0)
 
 
 # Tests and the sweep swap this function (the launch reads it at each call).
@@ -435,7 +428,7 @@ def _launch(
         rows, width, *n, tiles[0], tiles[1] if len(tiles) > 1 else 0,
         *_heads_args(x, heads, group), work, counters,
     ]  # fmt: skip
-    pdl = USE_PDL and x.device.type == "cuda" and _pdl_supported(x.device.index)
+    pdl = pdl_launch(x.device)
     meta = {
         "NORM": NORMS.index(group.norm),
         "NORM_BIAS": group.norm_bias,

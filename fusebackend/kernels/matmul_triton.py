@@ -377,7 +377,7 @@ def _matmul_group(
     SPLIT_K: tl.constexpr, K_SPAN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
-    PDL: tl.constexpr,          # launched as a programmatic dependent (see matmul.USE_PDL)
+    PDL: tl.constexpr,          # launched as a programmatic dependent (kernels/dependent_launch.py)
     PREFETCH: tl.constexpr,     # weight elements per row asked of L2 first (matmul.PREFETCH_K)
 ):  # fmt: skip
     pid = tl.program_id(0)
