@@ -63,10 +63,13 @@ _MAX_PROGRAMS = 1024
 # finishes its split last (a per-program counter, acq_rel atomics) merges every split of its
 # rows and resets the counter, so a split cache costs one launch, not two (22 of a
 # TinyLlama step's launches, 31 us of kernels beside their gaps: profile of 2026-11-26).
-# Off until measured on a GPU (benchmarks/diag/diag_decode_attention.py) and run by the GPU
-# tests there: the interpreter runs programs one after another, so it checks the merge and
-# the reset but not the ordering between concurrent programs. Read at each call. The
-# counters: kernels/arrivals.py.
+# Off: measured slower on an H100 (benchmarks/diag/diag_decode_attention.py, each variant
+# in a CUDA graph; decode_attention_fold_h100.json): a TinyLlama-shape step's attention over
+# 176 slots 4.21 against 3.51 us for the two launches, Llama-3-8B's over 4096 slots 18.7
+# against 10.0 us, as the last program merges the splits alone. Run by the GPU tests there:
+# the interpreter runs programs one after another, so it checks the merge and the reset but
+# not the ordering between concurrent programs. Read at each call. The counters:
+# kernels/arrivals.py.
 FOLD_COMBINE = False
 
 
