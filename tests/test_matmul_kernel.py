@@ -326,6 +326,19 @@ def test_default_config_splits_k_of_narrow_down_projections_only(rows):
     assert matmul.launch_config(rows, 4096, 32000, False).split_k == 1
 
 
+@pytest.mark.parametrize("rows", [1, 4, 16])
+def test_default_config_splits_k_of_narrow_rotary_groups_of_few_rows(rows):
+    # q/k/v + rotary at 1 row (rotary_splitk_h100.json): TinyLlama (2048 -> 1024 + 128 + 256
+    # columns per launch), Qwen2 (896 -> 448 + 64 + 128) and Llama-3-8B at TP=2 (4096 -> 1024
+    # + 256 + 512) in 4 slices; Llama-3-8B (3584 columns) and 16 rows (not swept) in one
+    split = LaunchConfig(32, 128, warps=2, stages=3, split_k=4)
+    for width, outputs in ((2048, 1408), (896, 640), (4096, 1792)):
+        expected = split if rows <= 4 else LaunchConfig(16, 256, 4, 3)
+        assert matmul.launch_config(rows, width, outputs, True, rotary=True) == expected
+    assert matmul.launch_config(rows, 4096, 3584, True, rotary=True).split_k == 1
+    assert matmul.launch_config(rows, 896, 640, True).split_k == 1  # a narrow gate/up pair
+
+
 def test_default_config_runs_o_projections_of_16_rows_on_2_warps():
     # Qwen2's o projection (896 -> 896) 3.4 against 3.8 us with 16 rows; TinyLlama's
     # (2048 -> 2048) 6.5 against 7.5 us; one row keeps 4 warps (TinyLlama: 6.6 against 7.3)
@@ -364,7 +377,7 @@ def test_default_config_is_read_at_each_call(monkeypatch):
 
     monkeypatch.setattr(matmul, "_launch_config", spy)
     check_case(Case((64, 64), gate="silu"), 3, 64, torch.float32)
-    assert seen == [(3, 64, 64, True)]
+    assert seen == [(3, 64, 64, True, False)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

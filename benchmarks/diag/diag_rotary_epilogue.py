@@ -34,7 +34,8 @@ captured), replayed between CUDA events, median. Each call uses the next of enou
 of the layer (weights and its own caches; >= 192 MB of weights, at least 20 calls) that the
 50 MB L2 cannot hold them: a decode step reads each layer's weights once, from HBM.
 
-``--sweep``: the fused launch at block_n (16, 32, 64) x block_k (64, 128, 256) x warps (2,
+``--sweep``: the fused launch in 2-4 K slices (split-K, see SWEEP_SPLITS), then at
+block_n (16, 32, 64) x block_k (64, 128, 256) x warps (2,
 4, 8) x stages (2, 3, 4), by swapping ``matmul._launch_config`` (read at each launch): the
 default config, each tile at 4 warps and 3 stages, warps x stages at the best tile, then the
 rest; configs whose pipeline cannot fit an H100's shared memory are skipped as such, every
@@ -82,6 +83,9 @@ SWEEP_BLOCK_N = (16, 32, 64)
 SWEEP_BLOCK_K = (64, 128, 256)
 SWEEP_WARPS = (2, 4, 8)
 SWEEP_STAGES = (2, 3, 4)
+# ... and first, split-K: 2-4 slices of K at 16 or 32 columns, 128- or 256-wide K steps,
+# 2 or 4 warps, 3 stages (a rotary launch has few programs: TinyLlama's 88, Qwen2's 40)
+SWEEP_SPLITS = (2, 3, 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +125,8 @@ class Shape:
 SHAPES = [
     Shape("tinyllama-qkv-rotary", 2048, 32, 4, 64, bias=False, slots=2048),
     Shape("qwen2-qkv-rotary", 896, 14, 2, 64, bias=True, slots=2048),
+    Shape("llama3-8b-qkv-rotary", 4096, 32, 8, 128, bias=False, slots=2048),
+    Shape("llama3-8b-tp2-qkv-rotary", 4096, 16, 4, 128, bias=False, slots=2048),
 ]
 # --smoke: interpreter-sized; T = 2 once, so a program's rows span tokens and batches
 SMOKE_SHAPES = [
@@ -428,6 +434,9 @@ def sweep(case: Case, deadline: float) -> dict[str, Any]:
         return LaunchConfig(**min(timed, key=lambda t: t["us"])["config"])
 
     run(default)
+    for split_k, block_n, block_k, warps in itertools.product(SWEEP_SPLITS, (16, 32), (128, 256),
+                                                              (2, 4)):  # fmt: skip
+        run(LaunchConfig(block_n, block_k, warps, 3, split_k=split_k))
     for block_n, block_k in itertools.product(SWEEP_BLOCK_N, SWEEP_BLOCK_K):
         run(LaunchConfig(block_n, block_k, 4, 3))
     tile = best_tile()

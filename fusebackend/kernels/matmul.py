@@ -302,10 +302,13 @@ class LaunchConfig:
     split_k: int = 1
 
 
-def launch_config(rows: int, width: int, outputs: int, gated: bool) -> LaunchConfig:
+def launch_config(
+    rows: int, width: int, outputs: int, gated: bool, rotary: bool = False
+) -> LaunchConfig:
     """Tile, warps, pipeline stages and K slices for ``rows`` rows of a ``width``-wide input
     and ``outputs`` output columns in all (a gated pair: its output's columns; each program
-    reads a gate and an up tile).
+    reads a gate and an up tile; ``rotary``: a q/k/v group with its rotary embedding, gated's
+    kind too, ``outputs`` counting q's and k's columns once per rotate_half pair).
 
     From the H100 sweep of ``benchmarks/matmul_kernels.py --sweep``
     (``benchmarks/results/matmul_sweep_h100.json``, fp16, 1 and 16 rows), against the first
@@ -339,8 +342,13 @@ def launch_config(rows: int, width: int, outputs: int, gated: bool) -> LaunchCon
     widest_k = max(16, 1 << (width - 1).bit_length())
     if gated:
         # a rotary q, k, v group is gated's kind too (two accumulators per program: columns
-        # j and j + D/2); its q/k/v are narrower than a gate/up pair, so 16 columns keep 80+
-        # programs (unmeasured: rotary groups are not in the sweep yet)
+        # j and j + D/2); its q/k/v are narrower than a gate/up pair. Under 64 tiles of 32
+        # columns (1 row: TinyLlama's, Qwen2's, Llama-3-8B's at TP=2), 4 K slices of 32
+        # columns: 7.9 against 8.9 us, 4.9 against 6.1, 13.2 against 14.9 (the best of each
+        # sweep 7.8, 4.7 and 13.1; Llama-3-8B's 112 tiles keep one slice, its best;
+        # benchmarks/results/rotary_splitk_h100.json). Rows > 4 were not swept.
+        if rotary and not deep and outputs // 32 < 64:
+            return LaunchConfig(32, min(128, widest_k), warps=2, stages=3, split_k=4)
         block_n = 32 if outputs // 32 >= 80 else 16
         return LaunchConfig(block_n, min(256, widest_k), warps=4 if deep else 2, stages=3)
     if width >= 4096:  # down projections: long K, few columns
@@ -396,7 +404,7 @@ def _launch(
     # a rotary group's q and k programs each cover columns j and j + D/2 of their heads
     columns = [n // 2 for n in widths[:2]] + widths[2:] if group.rotary else out_widths
     gated = bool(group.gate or group.rotary)
-    config = _launch_config(rows, width, sum(columns), gated)
+    config = _launch_config(rows, width, sum(columns), gated, bool(group.rotary))
     if group.head_norm:  # a program holds whole heads: one head's halves
         config = dataclasses.replace(config, block_n=group.rotary // 2)
     tiles = [-(-n // config.block_n) for n in columns]
