@@ -52,6 +52,7 @@ SOURCES = (
     "suite_decode_h100_gpt2_pdl_new.json",
     "suite_decode_h100_pdl_attention.json",
     "suite_decode_h100_rotary_split.json",
+    "generate_h100_pdl.json",
 )
 # metric name in a result row -> unit
 SUITE_METRICS = {"per_call_ms": "ms", "first_call_s": "s", "kernels_per_call": "count"}
