@@ -93,6 +93,7 @@ def main() -> None:
         variants += [(f"off, prefetch {prefetch}", False, prefetch),
                      (f"on, prefetch {prefetch}", True, prefetch)]  # fmt: skip
     variants.append(("off again", False, 0))
+    defaults = dependent_launch.USE_PDL, matmul.PREFETCH_K
     for label, pdl, prefetch in variants:
         dependent_launch.USE_PDL, matmul.PREFETCH_K = pdl, prefetch
         try:
@@ -100,7 +101,7 @@ def main() -> None:
         except Exception as exc:  # a driver or Triton without PDL in graphs: say so
             results[label] = f"failed: {type(exc).__name__}: {exc}"[:300]
         finally:
-            dependent_launch.USE_PDL, matmul.PREFETCH_K = False, 0
+            dependent_launch.USE_PDL, matmul.PREFETCH_K = defaults
     same = {label: torch.equal(outputs["off"], out) for label, out in outputs.items()}
     report = {
         "device": torch.cuda.get_device_name(0),
