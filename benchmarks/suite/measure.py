@@ -315,6 +315,8 @@ def count_kernels(
         fresh_state(device)  # the timed row's stats were read already
         options: dict[str, Any] = {"cudagraphs": False, **INFINIFUSE_OPTIONS[backend]}
         fn = torch.compile(case.model, backend="infinifuse", options=options)
+        if backend in INFINIFUSE_FLAGS:
+            fn = _with_flags(fn, INFINIFUSE_FLAGS[backend])
     step = None  # reduce-overhead never gets here
     cuda = device.type == "cuda"
     case.prepare()

@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-__all__ = ["USE_PDL", "pdl_launch"]
+__all__ = ["USE_PDL", "nvidia_gpu", "pdl_launch"]
 
 USE_PDL = True
 
@@ -31,7 +31,13 @@ USE_PDL = True
 def pdl_launch(device: torch.device) -> bool:
     """Whether a kernel on ``device`` is launched as a programmatic dependent (and so must
     wait inside before its first read of what earlier kernels wrote)."""
-    return USE_PDL and device.type == "cuda" and _supported(device.index)
+    return USE_PDL and nvidia_gpu(device) and _supported(device.index)
+
+
+def nvidia_gpu(device: torch.device) -> bool:
+    """An NVIDIA GPU: griddepcontrol and the kernels' inline PTX (a ROCm build of torch
+    also names its GPUs "cuda")."""
+    return device.type == "cuda" and torch.version.hip is None
 
 
 @functools.cache

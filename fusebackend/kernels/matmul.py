@@ -61,7 +61,7 @@ import torch
 
 from fusebackend.kernels.arrivals import arrival_counters
 from fusebackend.kernels.cache_write import check_cache_index
-from fusebackend.kernels.dependent_launch import pdl_launch
+from fusebackend.kernels.dependent_launch import nvidia_gpu, pdl_launch
 from fusebackend.kernels.family import concrete_cuda_tensor, launch_key
 from fusebackend.kernels.ir import ACTIVATIONS, GATES, MAX_SIBLINGS, NORMS, MatmulGroup
 from fusebackend.kernels.triton_api import interpreter_enabled, triton_usable, warmup_launch
@@ -273,7 +273,9 @@ class MatmulGroupOp:
         tensors = [v for v in args if v is not None]
         if not all(concrete_cuda_tensor(v) for v in tensors):
             return None
-        key = ("matmul", self.group, *map(launch_key, args))
+        # the flags the launch reads at each call: a kernel built with others is another
+        key = ("matmul", self.group, pdl_launch(tensors[0].device), PREFETCH_K,
+               *map(launch_key, args))  # fmt: skip
         return key, functools.partial(precompile_matmul, self.group, *args)
 
     def __repr__(self) -> str:
@@ -455,7 +457,7 @@ def _launch(
         "BLOCK_K": config.block_k,
         "PRECISION": _precision(x.dtype),
         "PDL": pdl,
-        "PREFETCH": PREFETCH_K if x.device.type == "cuda" else 0,
+        "PREFETCH": PREFETCH_K if nvidia_gpu(x.device) else 0,  # inline PTX
         "num_warps": config.warps,
         "num_stages": config.stages,
     }

@@ -137,7 +137,9 @@ def _prefetch_l2(w, w_n, w_k, cols, N, K: tl.constexpr, k_first, PREFETCH: tl.co
     weight stored [K, N] (GPT-2's Conv1D) is not prefetched."""
     if w_k == 1:
         LINE: tl.constexpr = 1024 // w.dtype.element_ty.primitive_bitwidth
-        ks = k_first + tl.arange(0, PREFETCH // LINE) * LINE
+        LINES: tl.constexpr = PREFETCH // LINE  # tl.arange: a power of two of them
+        tl.static_assert(LINES * LINE == PREFETCH, "PREFETCH_K: whole 128-byte lines")
+        ks = k_first + tl.arange(0, LINES) * LINE
         keep = (cols[:, None] < N) & (ks[None, :] < K)
         tl.inline_asm_elementwise(
             "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; "
