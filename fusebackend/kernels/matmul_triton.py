@@ -120,7 +120,8 @@ def _tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, v, v_n, v_k,
         # Let the next kernel launch once every program is past its K loop: its programs
         # then prefetch their weights while this kernel's last programs finish. Called at
         # each program's start instead, the next kernel's waiting programs slowed the chain
-        # of diag_matmul_pdl.py by 10% (904 against 825 us; matmul_pdl_prefetch_h100.json).
+        # of diag_matmul_pdl.py by 10% (904 against 825 us;
+        # matmul_pdl_early_release_h100.json; see kernels/dependent_launch.py).
         gdc_launch_dependents()
     if SPLIT_K == 1:
         last = True
@@ -233,7 +234,7 @@ def _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, bias, out, r
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PRECISION: tl.constexpr, work, counters, SPLIT_K: tl.constexpr,
                  K_SPAN: tl.constexpr, PDL: tl.constexpr,
-          PREFETCH: tl.constexpr):  # fmt: skip
+                 PREFETCH: tl.constexpr):  # fmt: skip
     """One tile of one sibling's output: products, bias, cast, activation, residual,
     store."""
     rows = tl.arange(0, BLOCK_M)
@@ -281,7 +282,7 @@ def _rotary_tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, bias,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PRECISION: tl.constexpr, work, counters, SPLIT_K: tl.constexpr,
                  K_SPAN: tl.constexpr, PDL: tl.constexpr,
-          PREFETCH: tl.constexpr):  # fmt: skip
+                 PREFETCH: tl.constexpr):  # fmt: skip
     """One tile of q or k with its rotary embedding: ``BLOCK_N`` columns ``j`` of the first
     halves of heads and their partners ``j + HEAD_DIM / 2``, which rotate_half pairs
     (``out_j = y_j cos_j - y_p sin_j``, ``out_p = y_p cos_p + y_j sin_p``), each product
@@ -340,7 +341,7 @@ def _value_tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, bias,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 PRECISION: tl.constexpr, work, counters, SPLIT_K: tl.constexpr,
                 K_SPAN: tl.constexpr, PDL: tl.constexpr,
-          PREFETCH: tl.constexpr):  # fmt: skip
+                PREFETCH: tl.constexpr):  # fmt: skip
     """One tile of v beside a rotary q and k: products, bias, cast, stored by heads."""
     rows = tl.arange(0, BLOCK_M)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
