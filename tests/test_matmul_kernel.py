@@ -352,19 +352,77 @@ def test_default_config_runs_o_projections_of_16_rows_on_2_warps():
 
 
 def test_qwen2_down_projection_splits_k_in_the_real_launch():
-    """The full Qwen2-0.5B down projection (K 4864 -> 896, residual, fp16, one decode row)
-    under the default launch_config: 56 tiles x 8 slices of 640 (the last 384), summed by
-    the last to arrive, against eager (~7 s on the interpreter)."""
+    """The full Qwen2-0.5B down projection (K 4864 -> 896, residual, fp16, two decode rows:
+    one row is a GEMV launch) under the default launch_config: 56 tiles x 8 slices of 640
+    (the last 384), summed by the last to arrive, against eager (~7 s on the
+    interpreter)."""
     from fusebackend.kernels import arrivals
 
     case = Case((896,), residual=True)
-    x = rand(1, 4864, dtype=torch.float16)
+    x = rand(2, 4864, dtype=torch.float16)
     weights = (rand(896, 4864, dtype=torch.float16),)
     _, grid, meta, _ = matmul._launch(case.group(0.0), x, None, None, x[:, :896], weights, ())
     assert grid == (56, 8) and meta["SPLIT_K"] == 8 and meta["K_SPAN"] == 640, (grid, meta)
     assert (meta["BLOCK_K"], meta["num_warps"], meta["num_stages"]) == (128, 2, 4), meta
-    check_case(case, 1, 4864, torch.float16, seed=4864)
+    check_case(case, 2, 4864, torch.float16, seed=4864)
     assert arrivals._counters[DEVICE].abs().amax() == 0
+
+
+# ---- one row: GEMV launches (LaunchConfig.gemv, matmul_triton._row_products)
+
+GEMV = LaunchConfig(2, 1024, warps=4, stages=1, gemv=True)
+
+
+def test_default_config_of_one_row_is_a_gemv_where_measured():
+    # diag_matmul_gemv.py (matmul_gemv_h100.json): 2-column tiles of 1024-wide K steps
+    # for one row of the decode projections (896 to 7168 output columns)
+    for width, outputs, gated in ((5632, 2048, False), (2048, 5632, True), (4864, 896, False),
+                                  (2048, 1408, True), (2048, 32000, False)):  # fmt: skip
+        assert matmul.launch_config(1, width, outputs, gated, gemv=True) == GEMV
+    assert matmul.launch_config(1, 896, 896, False, gemv=True).block_k == 1024
+    assert matmul.launch_config(1, 384, 1152, False, gemv=True).block_k == 512  # K's power
+    # not: more rows, a launch that cannot take it, under 512 columns (not measured)
+    assert not matmul.launch_config(2, 5632, 2048, False, gemv=True).gemv
+    assert not matmul.launch_config(1, 5632, 2048, False, gemv=False).gemv
+    assert not matmul.launch_config(1, 2048, 511, False, gemv=True).gemv
+
+
+def test_one_row_launches_as_gemv_unless_the_weight_is_stored_along_n():
+    x = rand(1, 127, dtype=torch.float16)
+    weight = rand(600, 127, dtype=torch.float16)
+    group = MatmulGroup()
+    _, grid, meta, _ = matmul._launch(group, x, None, None, None, (weight,), ())
+    assert (meta["BLOCK_M"], meta["BLOCK_N"], grid) == (1, 2, (300, 1)), meta
+    # GPT-2's Conv1D weight [K, N] seen as [N, K]: 2-column tiles would read 4 bytes a line
+    stored_kn = rand(127, 600, dtype=torch.float16).t()
+    _, _, meta, _ = matmul._launch(group, x, None, None, None, (stored_kn,), ())
+    assert meta["BLOCK_M"] == 16, meta
+    _, _, meta, _ = matmul._launch(group, rand(2, 127, dtype=torch.float16), None, None, None,
+                                   (weight,), ())  # fmt: skip
+    assert meta["BLOCK_M"] == 16, meta
+
+
+def test_a_gemv_config_for_more_rows_is_refused(launch_config):
+    launch_config(dataclasses.replace(GEMV, block_k=64))
+    with pytest.raises(ValueError, match="GEMV launch config is for one row, not 3"):
+        check_case(Case((64,)), 3, 64, torch.float32)
+
+
+GEMV_CONFIGS = [
+    LaunchConfig(2, 64, 4, 1, gemv=True),  # K 127: two steps, the last one masked
+    LaunchConfig(8, 256, 2, 1, gemv=True),  # one step past K; N's last tile partial
+    LaunchConfig(4, 32, 4, 1, split_k=3, gemv=True),  # 3 of four 32-wide steps: 64 + 63
+]
+
+
+@pytest.mark.parametrize("config", GEMV_CONFIGS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemv_for_every_prologue_and_epilogue(config, dtype, launch_config):
+    # every epilogue once and every prologue four times over the list, one row, K = 127
+    launch_config(config)
+    for i, case in enumerate(EPILOGUES.values()):
+        case = dataclasses.replace(case, prologue=PROLOGUES[i % len(PROLOGUES)])
+        check_case(case, 1, 127, dtype, seed=i)
 
 
 def test_default_config_is_read_at_each_call(monkeypatch):
@@ -377,7 +435,7 @@ def test_default_config_is_read_at_each_call(monkeypatch):
 
     monkeypatch.setattr(matmul, "_launch_config", spy)
     check_case(Case((64, 64), gate="silu"), 3, 64, torch.float32)
-    assert seen == [(3, 64, 64, True, False)]
+    assert seen == [(3, 64, 64, True, False, True)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -304,14 +304,22 @@ def test_other_uses_of_the_heads_are_kept(fn):
     assert not graph.rewrites.get("rotary_epilogues"), graph.rewrites
 
 
-@pytest.mark.parametrize("split_k", [1, 3])
-def test_kernel_matches_transformers_rotary_and_index_copy(monkeypatch, split_k):
-    # the launch itself, rows 1 to 16 (B x T), against the eager code it replaces; split-K
-    # too: the last of a tile's 3 slices rotates the sums and writes the caches
-    if split_k > 1:
-        config = matmul.LaunchConfig(16, 16, 4, 2, split_k=split_k)
-        monkeypatch.setattr(matmul, "_launch_config", lambda *a: config)
-    for batch, seq in ((1, 1), (2, 3), (4, 4)):
+KERNEL_CONFIGS = {
+    "default": None,
+    # the last of a tile's 3 slices rotates the sums and writes the caches
+    "split_k": matmul.LaunchConfig(16, 16, 4, 2, split_k=3),
+    # one row without tensor cores: 2-column tiles of rotate_half pairs
+    "gemv": matmul.LaunchConfig(2, 16, 4, 1, gemv=True),
+}
+
+
+@pytest.mark.parametrize("config", KERNEL_CONFIGS)
+def test_kernel_matches_transformers_rotary_and_index_copy(monkeypatch, config):
+    # the launch itself, rows 1 to 16 (B x T), against the eager code it replaces
+    if KERNEL_CONFIGS[config] is not None:
+        monkeypatch.setattr(matmul, "_launch_config", lambda *a: KERNEL_CONFIGS[config])
+    shapes = ((1, 1),) if config == "gemv" else ((1, 1), (2, 3), (4, 4))
+    for batch, seq in shapes:
         inputs = _block_inputs(torch.float16, batch=batch, seq=seq, width=16, heads=(4, 2))
         h, norm_w, wq, wk, wv, cos, sin, k_cache, v_cache, index = inputs
         want_caches = k_cache.clone(), v_cache.clone()

@@ -21,6 +21,7 @@ Prints one line per kernel variant; exits 1 when one fails to compile.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -105,10 +106,12 @@ def matmul_cases() -> list[tuple[str, MatmulGroup, dict[str, Any]]]:
     return [(label, group, {}) for label, group in groups]
 
 
-def _matmul_tensors(group: MatmulGroup, dtype: torch.dtype):
-    """Rows [2, 3, K] and the parameters a graph would pass for ``group``."""
+def _matmul_tensors(group: MatmulGroup, dtype: torch.dtype, one_row: bool = False):
+    """Rows [2, 3, K] ([1, 1, K] with ``one_row``) and the parameters a graph would pass for
+    ``group``."""
     k, width = 256, 64
-    x = torch.randn(2, 3, k).to(dtype)
+    b, t = (1, 1) if one_row else (2, 3)
+    x = torch.randn(b, t, k).to(dtype)
     norm_weight = torch.randn(k).to(dtype) if group.norm else None
     norm_bias = torch.randn(k).to(dtype) if group.norm_bias else None
     widths = [4 * width, 2 * width, 2 * width][: group.siblings]
@@ -117,15 +120,15 @@ def _matmul_tensors(group: MatmulGroup, dtype: torch.dtype):
     shapes = [(k, n) if group.weight_layout == "kn" else (n, k) for n in widths]
     weights = [torch.randn(*s).to(dtype) for s in shapes]
     biases = [torch.randn(n).to(dtype) for n in widths] if group.bias else []
-    residual = torch.randn(2, 3, widths[0]).to(dtype) if group.residual else None
+    residual = torch.randn(b, t, widths[0]).to(dtype) if group.residual else None
     extra: list[torch.Tensor] = []
     if group.rotary:
-        extra = [torch.randn(2, 1, 3, width).to(dtype), torch.randn(2, 1, 3, width).to(dtype)]
+        extra = [torch.randn(b, 1, t, width).to(dtype), torch.randn(b, 1, t, width).to(dtype)]
     if group.head_norm:
         extra += [torch.randn(width).to(dtype), torch.randn(width).to(dtype)]
     if group.cache_write:
-        extra += [torch.randn(2, 2, 16, width).to(dtype), torch.randn(2, 2, 16, width).to(dtype),
-                  torch.arange(3)]  # fmt: skip
+        extra += [torch.randn(b, 2, 16, width).to(dtype), torch.randn(b, 2, 16, width).to(dtype),
+                  torch.arange(t)]  # fmt: skip
     return x, norm_weight, norm_bias, residual, [*weights, *biases, *extra]
 
 
@@ -135,10 +138,13 @@ OVERLAP = {"PDL": True, "PREFETCH": 256}
 
 
 def compile_matmul(group: MatmulGroup, dtype: torch.dtype, split_k: int,
-                   overlap: bool = False) -> Any:  # fmt: skip
-    x, norm_weight, norm_bias, residual, params = _matmul_tensors(group, dtype)
+                   overlap: bool = False, gemv: bool = False) -> Any:  # fmt: skip
+    """One variant; ``gemv``: one row without tensor cores (LaunchConfig.gemv)."""
+    x, norm_weight, norm_bias, residual, params = _matmul_tensors(group, dtype, gemv)
     default = matmul.launch_config
-    matmul._launch_config = lambda *a: matmul.LaunchConfig(16, 64, 4, 2, split_k=split_k)
+    config = (matmul.LaunchConfig(2, 128, 4, 1, split_k=split_k, gemv=True) if gemv
+              else matmul.LaunchConfig(16, 64, 4, 2, split_k=split_k))  # fmt: skip
+    matmul._launch_config = lambda *a: config
     try:
         weights, biases, heads = matmul._split_params(group, tuple(params))
         args, _, meta, _ = matmul._launch(group, x, norm_weight, norm_bias, residual, weights,
@@ -203,6 +209,12 @@ def cases() -> list[tuple[str, Any]]:
     for (label, group, _), split_k in itertools.product(matmul_cases(), (1, 3)):
         name = f"matmul_group {label} float16 split_k={split_k} PDL + prefetch"
         found.append((name, lambda g=group, s=split_k: compile_matmul(g, torch.float16, s, True)))
+    for (label, group, _), dtype, split_k in itertools.product(matmul_cases(), dtypes, (1, 3)):
+        if group.head_norm:  # a program holds a whole head: never a GEMV launch
+            continue
+        name = f"matmul_group {label} {str(dtype)[6:]} split_k={split_k} GEMV + PDL + prefetch"
+        gemv = functools.partial(compile_matmul, group, dtype, split_k, True, True)
+        found.append((name, gemv))
     for fold in (False, True):
         name = f"decode_attention float16 mask=True fold={fold} slots=300 PDL"
         found.append((name, lambda f=fold: compile_attention(torch.float16, True, f, 300, True)))

@@ -50,15 +50,17 @@ __all__ = [
 
 BACKENDS = (
     "eager", "dynamo", "inductor", "reduce-overhead", "infinifuse", "infinifuse-nofusion",
-    "infinifuse-nomatmul", "infinifuse-nopdl", "infinifuse-fold",
+    "infinifuse-nomatmul", "infinifuse-nopdl", "infinifuse-fold", "infinifuse-nogemv",
 )  # fmt: skip
 # Variants that run with flags of fusebackend.kernels modules set otherwise while they run
 # (each launcher reads its flag at each call; a captured graph keeps what it was captured
 # with): programmatic dependent launch and the matmul weight prefetch off, which matter on
-# Hopper GPUs alone; decode attention's combine folded into its last program.
+# Hopper GPUs alone; decode attention's combine folded into its last program; one-row matmul
+# groups on tensor cores (matmul.ONE_ROW_GEMV off).
 INFINIFUSE_FLAGS: dict[str, dict[tuple[str, str], Any]] = {
     "infinifuse-nopdl": {("dependent_launch", "USE_PDL"): False, ("matmul", "PREFETCH_K"): 0},
     "infinifuse-fold": {("decode_attention", "FOLD_COMBINE"): True},
+    "infinifuse-nogemv": {("matmul", "ONE_ROW_GEMV"): False},
 }
 # Without --backends: all but the flag variants (diagnostics: name them to run them)
 DEFAULT_BACKENDS = tuple(b for b in BACKENDS if b not in INFINIFUSE_FLAGS)
@@ -70,6 +72,7 @@ INFINIFUSE_OPTIONS: dict[str, dict[str, Any]] = {
     "infinifuse-nomatmul": {"matmul_groups": False},
     "infinifuse-nopdl": {},  # the defaults, with INFINIFUSE_FLAGS
     "infinifuse-fold": {},
+    "infinifuse-nogemv": {},
 }
 CUDA_ONLY = frozenset({"inductor", "reduce-overhead"})  # Inductor on CPU needs a C++ toolchain
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-4}

@@ -103,6 +103,7 @@ _COLORS = {
     "infinifuse-nomatmul": "tab:pink",
     "infinifuse-nopdl": "tab:purple",
     "infinifuse-fold": "tab:olive",
+    "infinifuse-nogemv": "tab:cyan",
 }
 
 

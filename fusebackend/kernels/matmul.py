@@ -275,7 +275,7 @@ class MatmulGroupOp:
             return None
         # the flags the launch reads at each call: a kernel built with others is another
         key = ("matmul", self.group, pdl_launch(tensors[0].device), PREFETCH_K,
-               *map(launch_key, args))  # fmt: skip
+               ONE_ROW_GEMV, *map(launch_key, args))  # fmt: skip
         return key, functools.partial(precompile_matmul, self.group, *args)
 
     def __repr__(self) -> str:
@@ -302,10 +302,13 @@ class LaunchConfig:
     # long K over few columns (Qwen2-0.5B's down projection), where the H100 sweep measured
     # it faster (benchmarks/results/matmul_sweep_h100_splitk.json); 1 elsewhere.
     split_k: int = 1
+    # One row without tensor cores (matmul_triton._row_products): the rows' tile is one row
+    # (BLOCK_M 1, which selects that loop), not 16. For launches of exactly one row.
+    gemv: bool = False
 
 
 def launch_config(
-    rows: int, width: int, outputs: int, gated: bool, rotary: bool = False
+    rows: int, width: int, outputs: int, gated: bool, rotary: bool = False, gemv: bool = False
 ) -> LaunchConfig:
     """Tile, warps, pipeline stages and K slices for ``rows`` rows of a ``width``-wide input
     and ``outputs`` output columns in all (a gated pair: its output's columns; each program
@@ -339,9 +342,22 @@ def launch_config(
       (768 -> 768, 3072 -> 768) falls under the rule unswept. Left out: Qwen2's o projection
       at 1 row with 3 stages, 3.5 against 3.7 us: within the 0.2-0.3 us between two timings
       of the same default in that file (3.7 us in the sweep, 3.9 in its shape table), and
-      TinyLlama's is slower with 3 (7.0 against 6.6 us)."""
-    deep = rows > 4
+      TinyLlama's is slower with 3 (7.0 against 6.6 us).
+
+    One row with ``gemv`` (the launch allows it: weights stored along K, no head norm) and at
+    least ``GEMV_MIN_OUTPUTS`` columns: the products without tensor cores in 2-column tiles of
+    1024-wide K steps, 4 warps (``LaunchConfig.gemv``). From ``diag_matmul_gemv.py`` on an
+    H100 (``matmul_gemv_h100.json``, fp16, both variants launched as programmatic
+    dependents): TinyLlama's down projection 9.7 against 11.0 us, gate/up 17.7 against 19.2,
+    o 4.4 against 5.8; Qwen2-0.5B's down 4.9 against 6.4; Llama-3-8B at TP=2 gate/up 41.6
+    against 44.1, down 21.6 against 22.7. This one rule came within 0.8 us of each shape's
+    best of the sweep (2-16 columns, 256-1024-wide K steps, 2-8 warps, the next step's tile
+    loaded ahead or not). A rotary q/k/v group and LM heads take it unswept (their
+    decode-step effect: the suite's ``infinifuse-nogemv`` variant)."""
     widest_k = max(16, 1 << (width - 1).bit_length())
+    if gemv and rows == 1 and outputs >= GEMV_MIN_OUTPUTS and ONE_ROW_GEMV:
+        return LaunchConfig(2, min(1024, widest_k), warps=4, stages=1, gemv=True)
+    deep = rows > 4
     if gated:
         # a rotary q, k, v group is gated's kind too (two accumulators per program: columns
         # j and j + D/2); its q/k/v are narrower than a gate/up pair. Under 64 tiles of 32
@@ -375,6 +391,14 @@ def launch_config(
 PREFETCH_K = 256
 
 
+# One-row launches as GEMV (launch_config). Read at each call: the suite's
+# ``infinifuse-nogemv`` variant turns it off to measure what it gives.
+ONE_ROW_GEMV = True
+# The narrowest output measured with it (Qwen2-0.5B's down projection: 896 columns); below,
+# the tl.dot tiles stay (not measured; the CPU tests' tiny models keep their few programs).
+GEMV_MIN_OUTPUTS = 512
+
+
 # Tests and the sweep swap this function (the launch reads it at each call).
 _launch_config = launch_config
 
@@ -406,11 +430,16 @@ def _launch(
     # a rotary group's q and k programs each cover columns j and j + D/2 of their heads
     columns = [n // 2 for n in widths[:2]] + widths[2:] if group.rotary else out_widths
     gated = bool(group.gate or group.rotary)
-    config = _launch_config(rows, width, sum(columns), gated, bool(group.rotary))
+    # GEMV tiles are 2 columns wide: not with a head norm (a program holds a whole head) or
+    # a weight stored [K, N] (GPT-2's Conv1D: a 2-column tile would read 4 bytes per line)
+    gemv = not group.head_norm and all(w.stride(-1) == 1 for w in weights)
+    config = _launch_config(rows, width, sum(columns), gated, bool(group.rotary), gemv)
     if group.head_norm:  # a program holds whole heads: one head's halves
         config = dataclasses.replace(config, block_n=group.rotary // 2)
+    if config.gemv and rows != 1:
+        raise ValueError(f"a GEMV launch config is for one row, not {rows}: {config}")
     tiles = [-(-n // config.block_n) for n in columns]
-    block_m = max(16, 1 << max(0, (rows - 1).bit_length()))
+    block_m = 1 if config.gemv else max(16, 1 << max(0, (rows - 1).bit_length()))
     # split-K: slices of whole K steps, none empty
     span = -(-width // config.split_k)
     span = -(-span // config.block_k) * config.block_k
