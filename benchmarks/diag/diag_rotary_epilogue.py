@@ -34,7 +34,9 @@ captured), replayed between CUDA events, median. Each call uses the next of enou
 of the layer (weights and its own caches; >= 192 MB of weights, at least 20 calls) that the
 50 MB L2 cannot hold them: a decode step reads each layer's weights once, from HBM.
 
-``--sweep``: the fused launch in 2-4 K slices (split-K, see SWEEP_SPLITS), then at
+``--sweep``: for one row, the tensor-core split-K config launch_config picked before GEMV
+launches and GEMV tiles (2-8 columns, 256-1024-wide K steps, 4 or 8 warps); the fused
+launch in 2-4 K slices (split-K, see SWEEP_SPLITS), then at
 block_n (16, 32, 64) x block_k (64, 128, 256) x warps (2,
 4, 8) x stages (2, 3, 4), by swapping ``matmul._launch_config`` (read at each launch): the
 default config, each tile at 4 warps and 3 stages, warps x stages at the best tile, then the
@@ -315,7 +317,8 @@ class Case:
 
 def default_config(case: Case) -> LaunchConfig:
     shape = case.shape
-    return matmul.launch_config(case.batch * shape.seq, shape.k, shape.launch_columns, True)
+    return matmul.launch_config(case.batch * shape.seq, shape.k, shape.launch_columns, True,
+                                rotary=True, gemv=True)  # fmt: skip
 
 
 VARIANTS = ("fused", "before", "qkv_only", "eager")
@@ -434,6 +437,11 @@ def sweep(case: Case, deadline: float) -> dict[str, Any]:
         return LaunchConfig(**min(timed, key=lambda t: t["us"])["config"])
 
     run(default)
+    if case.batch * case.shape.seq == 1:
+        # one row: the tensor-core split-K pick before GEMV launches, then GEMV tiles
+        run(LaunchConfig(32, 128, 2, 3, split_k=4))
+        for block_n, block_k, warps in itertools.product((2, 4, 8), (256, 512, 1024), (4, 8)):
+            run(LaunchConfig(block_n, block_k, warps, 1, gemv=True))
     for split_k, block_n, block_k, warps in itertools.product(SWEEP_SPLITS, (16, 32), (128, 256),
                                                               (2, 4)):  # fmt: skip
         run(LaunchConfig(block_n, block_k, warps, 3, split_k=split_k))
