@@ -53,6 +53,15 @@ SOURCES = (
     "suite_decode_h100_pdl_attention.json",
     "suite_decode_h100_rotary_split.json",
     "generate_h100_pdl.json",
+    "suite_decode_h100_gemv.json",
+    "suite_decode_h100_gemv_run2.json",
+    "generate_h100_gemv.json",
+    "tensor_parallel_tinyllama_tp1_h100x2_session8.json",
+    "tensor_parallel_tinyllama_tp2_h100x2_session8.json",
+    "tensor_parallel_llama3-8b_tp1_h100x2_session8.json",
+    "tensor_parallel_llama3-8b_tp2_h100x2_session8.json",
+    "tensor_parallel_llama3-8b_tp1_h100x2_session8_gemv.json",
+    "tensor_parallel_llama3-8b_tp2_h100x2_session8_gemv.json",
 )
 # metric name in a result row -> unit
 SUITE_METRICS = {"per_call_ms": "ms", "first_call_s": "s", "kernels_per_call": "count"}
