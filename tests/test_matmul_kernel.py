@@ -408,10 +408,12 @@ def test_a_gemv_config_for_more_rows_is_refused(launch_config):
         check_case(Case((64,)), 3, 64, torch.float32)
 
 
+# 16-column tiles keep the interpreter's program count low (the GPU's 2-column tile runs the
+# same code; test_gemv_of_two_column_tiles runs it here once per kind of tile)
 GEMV_CONFIGS = [
-    LaunchConfig(2, 64, 4, 1, gemv=True),  # K 127: two steps, the last one masked
-    LaunchConfig(8, 256, 2, 1, gemv=True),  # one step past K; N's last tile partial
-    LaunchConfig(4, 32, 4, 1, split_k=3, gemv=True),  # 3 of four 32-wide steps: 64 + 63
+    LaunchConfig(16, 64, 4, 1, gemv=True),  # K 127: two steps, the last one masked
+    LaunchConfig(32, 256, 2, 1, gemv=True),  # one step past K; N's last tile partial
+    LaunchConfig(16, 32, 4, 1, split_k=3, gemv=True),  # 3 of four 32-wide steps: 64 + 63
 ]
 
 
@@ -423,6 +425,15 @@ def test_gemv_for_every_prologue_and_epilogue(config, dtype, launch_config):
     for i, case in enumerate(EPILOGUES.values()):
         case = dataclasses.replace(case, prologue=PROLOGUES[i % len(PROLOGUES)])
         check_case(case, 1, 127, dtype, seed=i)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemv_of_two_column_tiles(dtype, launch_config):
+    # launch_config's GEMV tile width: a plain tile, a gated pair, three siblings
+    launch_config(LaunchConfig(2, 64, 4, 1, gemv=True))
+    check_case(Case((33,), "rms", residual=True), 1, 127, dtype, seed=1)
+    check_case(Case((17, 17), "layer", gate="silu"), 1, 127, dtype, seed=2)
+    check_case(Case((17, 9, 9), "layer_nobias", bias=True), 1, 127, dtype, seed=3)
 
 
 def test_default_config_is_read_at_each_call(monkeypatch):

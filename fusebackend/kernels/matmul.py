@@ -347,13 +347,17 @@ def launch_config(
     One row with ``gemv`` (the launch allows it: weights stored along K, no head norm) and at
     least ``GEMV_MIN_OUTPUTS`` columns: the products without tensor cores in 2-column tiles of
     1024-wide K steps, 4 warps (``LaunchConfig.gemv``). From ``diag_matmul_gemv.py`` on an
-    H100 (``matmul_gemv_h100.json``, fp16, both variants launched as programmatic
-    dependents): TinyLlama's down projection 9.7 against 11.0 us, gate/up 17.7 against 19.2,
-    o 4.4 against 5.8; Qwen2-0.5B's down 4.9 against 6.4; Llama-3-8B at TP=2 gate/up 41.6
-    against 44.1, down 21.6 against 22.7. This one rule came within 0.8 us of each shape's
-    best of the sweep (2-16 columns, 256-1024-wide K steps, 2-8 warps, the next step's tile
-    loaded ahead or not). A rotary q/k/v group and LM heads take it unswept (their
-    decode-step effect: the suite's ``infinifuse-nogemv`` variant)."""
+    H100 (``matmul_gemv_h100.json``, fp16, one row, launched as programmatic dependents),
+    the sweep's best GEMV tile against the tensor-core launch: TinyLlama's down projection
+    9.7 against 11.0 us, gate/up 17.7 against 19.2, o 4.4 against 5.8; Qwen2-0.5B's down 4.9
+    against 6.4; Llama-3-8B at TP=2 gate/up 41.6 against 44.1, down 21.6 against 22.7. This
+    one tile came within 0.8 us of each shape's best (the sweep: 2-16 columns,
+    256-1024-wide K steps, 2-8 warps, the next step's tile loaded ahead or not); as launched
+    (``matmul_kernels_h100_gemv.json``) TinyLlama's down 10.0, gate/up 18.4, o 4.8 us. The
+    rotary q/k/v launch: 6.6 against 7.9 us for the split-K pick below (TinyLlama), 3.7
+    against 5.0 (Qwen2), 11.8 against 13.1 (Llama-3-8B, TP=2; ``rotary_gemv_h100.json``).
+    LM heads take it unswept: the Qwen2 decode step with them on tensor cores took 0.820
+    against 0.757 ms (``suite_decode_h100_gemv_no_lm_head.json``, ``..._run2.json``)."""
     widest_k = max(16, 1 << (width - 1).bit_length())
     if gemv and rows == 1 and outputs >= GEMV_MIN_OUTPUTS and ONE_ROW_GEMV:
         return LaunchConfig(2, min(1024, widest_k), warps=4, stages=1, gemv=True)

@@ -158,10 +158,10 @@ def _row_products(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, v, v
     fp32 and summed along K once at the end; returns the [1, columns] sums (and the second
     weight's with ``TWO``). A ``tl.dot`` pads the row to 16 and stages the tile through
     shared memory; here a tile can be 2 columns wide, so even a 2048-column output has 1024
-    programs. H100, one fp16 row, 2-column tiles of 1024-wide K steps against the tl.dot
-    launch (both launched as programmatic dependents; benchmarks/diag/diag_matmul_gemv.py,
-    matmul_gemv_h100.json): TinyLlama's down projection 9.7 against 11.0 us, gate/up 17.7
-    against 19.2, o 4.4 against 5.8; Qwen2-0.5B's down 4.9 against 6.4."""
+    programs. H100, one fp16 row, launch_config's GEMV tile against the tl.dot launch (both
+    launched as programmatic dependents; matmul_kernels_h100_gemv.json and
+    matmul_gemv_h100.json): TinyLlama's down projection 10.0 against 11.0 us, gate/up 18.4
+    against 19.2, o 4.8 against 5.8 (the timings of matmul.launch_config's docstring)."""
     acc = tl.zeros([cols.shape[0], BLOCK_K], tl.float32)
     acc2 = tl.zeros([cols.shape[0], BLOCK_K], tl.float32)
     for step in range(0, K_SPAN, BLOCK_K):
