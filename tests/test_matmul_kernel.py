@@ -31,6 +31,10 @@ programs x 8 steps, ~25 s on one core; the whole file must stay under ~60 s on 2
 * layouts: x as a transposed view (column stride != 1) and as a column slice (row stride
   != K), 3-D ``[B, T, K]`` rows with a 3-D residual, weights as slices of one fused
   parameter and as a transposed view; validation of ``MatmulGroup``; zero rows.
+* one row as GEMV (``LaunchConfig.gemv``): ``launch_config``'s rule (one row, weights along
+  K, 512 columns or more, ``ONE_ROW_GEMV``), every prologue and epilogue under three GEMV
+  configs (split-K among them, its counters back to zero), 2-column tiles, and a GEMV config
+  refused for more rows. The rotary q/k/v launch as GEMV: tests/test_rotary_epilogue.py.
 
 Tolerances, per dtype (``TOL``): fp32 atol = rtol = 1e-4: eager (MKL / cuBLAS) and the
 kernel sum the K products in different orders; measured max error 6e-6 at K = 5632 for O(1)
@@ -312,6 +316,8 @@ def test_split_k_sums_every_slice_once_for_every_epilogue(config, dtype, launch_
 DOWN_SPLIT = LaunchConfig(16, 128, warps=2, stages=4, split_k=8)
 
 
+# One row asks launch_config with gemv=False where GEMV is not allowed (a head norm, weights
+# stored [K, N]): these picks still apply there, and to 2-16 rows.
 @pytest.mark.parametrize("rows", [1, 4, 16])
 def test_default_config_splits_k_of_narrow_down_projections_only(rows):
     # Qwen2-0.5B's down projection (K 4864 -> 896, residual): 8 slices (7.6 / 7.9 us
@@ -421,10 +427,25 @@ GEMV_CONFIGS = [
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gemv_for_every_prologue_and_epilogue(config, dtype, launch_config):
     # every epilogue once and every prologue four times over the list, one row, K = 127
+    from fusebackend.kernels import arrivals
+
     launch_config(config)
+    x = rand(1, 127, dtype=dtype)
+    _, grid, meta, _ = matmul._launch(MatmulGroup(), x, None, None, None,
+                                      (rand(64, 127, dtype=dtype),), ())  # fmt: skip
+    assert meta["BLOCK_M"] == 1 and grid[1] == meta["SPLIT_K"] == {1: 1, 3: 2}[config.split_k]
     for i, case in enumerate(EPILOGUES.values()):
         case = dataclasses.replace(case, prologue=PROLOGUES[i % len(PROLOGUES)])
         check_case(case, 1, 127, dtype, seed=i)
+    assert arrivals._counters.get(DEVICE, torch.zeros(1)).abs().amax() == 0
+
+
+def test_one_row_gemv_off_keeps_tensor_cores(monkeypatch):
+    monkeypatch.setattr(matmul, "ONE_ROW_GEMV", False)
+    assert not matmul.launch_config(1, 5632, 2048, False, gemv=True).gemv
+    _, _, meta, _ = matmul._launch(MatmulGroup(), rand(1, 127), None, None, None,
+                                   (rand(600, 127),), ())  # fmt: skip
+    assert meta["BLOCK_M"] == 16, meta
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -250,6 +250,59 @@ def test_block_at_odd_shapes_equals_eager(dtype):
     assert _epilogues(fusebackend.last_report()) == [_ROTARY + " + cache write(k, v)"]
 
 
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_one_row_as_gemv_at_odd_shapes_equals_eager(dtype, split_k, monkeypatch):
+    # one decode row as a GEMV launch (its 2-column tiles straddle heads of width 10: halves
+    # of 5), with and without split-K; the graph's launch is asked for GEMV (weights along K,
+    # no head norm) and gets it from this config
+    from fusebackend.kernels import arrivals
+
+    asked = []
+    config = matmul.LaunchConfig(2, 16, 4, 1, split_k=split_k, gemv=True)
+
+    def gemv_config(*args):
+        asked.append(args)
+        return config
+
+    monkeypatch.setattr(matmul, "_launch_config", gemv_config)
+    inputs = _block_inputs(dtype, batch=1, seq=1)
+    want = [t.clone() for t in inputs]
+    with torch.no_grad():
+        expected = _block(*want, peek=False)
+        actual = compile_fused(_block)(*inputs, peek=False)
+    assert_close(actual.float(), expected.float(), **_TOLERANCE[dtype])
+    for k in (7, 8):
+        assert_close(inputs[k].float(), want[k].float(), **_TOLERANCE[dtype])
+    assert _epilogues(fusebackend.last_report()) == [_ROTARY + " + cache write(k, v)"]
+    assert asked and all(a[0] == 1 and a[-1] is True for a in asked), asked  # rows, gemv
+    if split_k > 1:  # every tile's arrival counter set back to zero by its last program
+        assert arrivals._counters[inputs[0].device].abs().amax() == 0
+
+
+def test_a_head_norm_group_of_one_row_stays_on_tensor_cores(monkeypatch):
+    # its programs hold whole heads (BLOCK_N = head width / 2): never a 2-column GEMV tile
+    asked = []
+    default = matmul.launch_config
+
+    def spy(*args):
+        asked.append(args)
+        return default(*args)
+
+    monkeypatch.setattr(matmul, "_launch_config", spy)
+    h, norm_w, wq, wk, wv, cos, sin, k_cache, v_cache, index = _block_inputs(
+        torch.float32, batch=1, seq=1, width=16, heads=(40, 8), slots=4)  # fmt: skip
+    q_norm, k_norm = torch.rand(16) + 0.5, torch.rand(16) + 0.5
+    group = MatmulGroup(siblings=3, norm="rms", eps=1e-6, rotary=16, cache_write=True,
+                        head_norm="rms", head_eps=1e-6)  # fmt: skip
+    weights, biases, heads = matmul._split_params(
+        group, (wq, wk, wv, cos[:, None], sin[:, None], q_norm, k_norm, k_cache, v_cache, index)
+    )
+    _, _, meta, _ = matmul._launch(group, h, norm_w, None, None, weights, biases, heads)
+    assert asked == [(1, 40, 320 + 64 + 128, True, True, False)], asked
+    assert (meta["BLOCK_M"], meta["BLOCK_N"]) == (16, 8), meta
+
+
 def test_a_read_of_the_cache_between_keeps_the_write_apart():
     inputs = _block_inputs(torch.float32)
     want = [t.clone() for t in inputs]

@@ -449,7 +449,8 @@ def sweep(case: Case, deadline: float) -> dict[str, Any]:
         run(LaunchConfig(block_n, block_k, 4, 3))
     tile = best_tile()
     for warps, stages in itertools.product(SWEEP_WARPS, SWEEP_STAGES):
-        run(LaunchConfig(tile.block_n, tile.block_k, warps, stages))
+        # the best tile's kind kept (a GEMV tile, a split), with its warps and stages swept
+        run(dataclasses.replace(tile, warps=warps, stages=stages))
     for config in itertools.product(SWEEP_BLOCK_N, SWEEP_BLOCK_K, SWEEP_WARPS, SWEEP_STAGES):
         run(LaunchConfig(*config))
     timed = [t for t in tried if t["us"] is not None]
@@ -556,8 +557,8 @@ def main(argv: list[str] | None = None) -> int:
             cases = [(s, b) for s in shapes for b in batches]
             for i, (shape, batch) in enumerate(cases):
                 # an equal share of the time left, so a case that finishes early hands its
-                # rest on (B = 16 may compile its own kernels although BLOCK_M is 16 for
-                # both: Triton specializes an integer argument equal to 1, here M)
+                # rest on (B = 1 compiles its own kernels: a GEMV tile, BLOCK_M 1, and
+                # Triton specializes an integer argument equal to 1, here M)
                 now = time.perf_counter()
                 case = Case(shape, batch, device, dtype)
                 report["sweep"].append(sweep(case, now + (end - now) / (len(cases) - i)))

@@ -30,13 +30,16 @@ activation's output, the product, the residual sum. Math runs in fp32 (``tl.dot`
 accumulates in fp32; fp32 inputs use IEEE products, not TF32, as eager's default).
 
 One program computes a ``BLOCK_M x BLOCK_N`` tile of one sibling's output (``BLOCK_M`` the
-rows padded to 16, the smallest ``tl.dot`` tile), looping over K; the grid is the tiles of
-every sibling one after another. The prologue's row statistics (a sum over K) are computed
-by every program from the rows themselves, which are a few KB read from L2 against the
-weight tile's tens of KB. Programs are many and narrow (``BLOCK_N`` 16-64): a 2048-wide
-output is 32-128 programs, so every SM streams weights. With ``LaunchConfig.split_k`` grid
-axis 1 also cuts K into slices, and the last of a tile's programs to finish adds their sums
-and runs the epilogue (``_sum_slices`` in matmul_triton.py; kernels/arrivals.py).
+rows padded to 16, the smallest ``tl.dot`` tile; 1 for a one-row GEMV launch, which
+multiplies in fp32 registers instead: ``LaunchConfig.gemv``), looping over K; the grid is the
+tiles of every sibling one after another. The prologue's row statistics (a sum over K) are
+computed by every program from the rows themselves, which are a few KB read from L2 against
+the weight tile's tens of KB (a 2-column GEMV tile reads about as much of the row as of its
+weights). Programs are many and narrow (``BLOCK_N`` 16-64 on tensor cores, 2 for GEMV): a
+2048-wide output is 32-128 programs, or 1024, so every SM streams weights. With
+``LaunchConfig.split_k`` grid axis 1 also cuts K into slices, and the last of a tile's
+programs to finish adds their sums and runs the epilogue (``_sum_slices`` in
+matmul_triton.py; kernels/arrivals.py).
 
 A rotary group's q and k programs each compute two tiles of one weight, columns ``j`` and
 ``j + D/2`` of the same heads (the pairs rotate_half mixes), so the rotation happens in
@@ -350,21 +353,28 @@ def launch_config(
     H100 (``matmul_gemv_h100.json``, fp16, one row, launched as programmatic dependents),
     the sweep's best GEMV tile against the tensor-core launch: TinyLlama's down projection
     9.7 against 11.0 us, gate/up 17.7 against 19.2, o 4.4 against 5.8; Qwen2-0.5B's down 4.9
-    against 6.4; Llama-3-8B at TP=2 gate/up 41.6 against 44.1, down 21.6 against 22.7. This
-    one tile came within 0.8 us of each shape's best (the sweep: 2-16 columns,
-    256-1024-wide K steps, 2-8 warps, the next step's tile loaded ahead or not); as launched
-    (``matmul_kernels_h100_gemv.json``) TinyLlama's down 10.0, gate/up 18.4, o 4.8 us. The
-    rotary q/k/v launch: 6.6 against 7.9 us for the split-K pick below (TinyLlama), 3.7
-    against 5.0 (Qwen2), 11.8 against 13.1 (Llama-3-8B, TP=2; ``rotary_gemv_h100.json``).
-    LM heads take it unswept: the Qwen2 decode step with them on tensor cores took 0.820
-    against 0.757 ms (``suite_decode_h100_gemv_no_lm_head.json``, ``..._run2.json``)."""
+    against 6.4; Llama-3-8B at TP=2 gate/up 41.6 against 44.1, down 21.6 against 22.7 (the
+    diag's own kernel, the same math; the sweep: 2-16 columns, 256-1024-wide K steps, 2-8
+    warps, the next step's tile loaded ahead or not; Qwen2's best loads ahead, TinyLlama's
+    gate/up best is 16 columns wide). This one tile came within 0.8 us of the best on the
+    four shapes where it was timed; on TinyLlama's gate/up and the 8B down only its variant
+    loading ahead was, 0.4 and 0.8 us from their best. As launched
+    (``matmul_kernels_h100_gemv.json``, another run) TinyLlama's down 10.0, gate/up 18.4, o
+    4.8 us. The rotary q/k/v launch: 6.6 against 7.9 us for the split-K pick below
+    (TinyLlama), 3.7 against 5.0 (Qwen2), 11.8 against 13.1 (Llama-3-8B, TP=2;
+    ``rotary_gemv_h100.json``). LM heads take it untimed alone: a variant keeping them on
+    tensor cores, run in its own process after ``suite_decode_h100_gemv_run2.json``, took
+    Qwen2's step 0.820 ms (rounds 0.773-0.909) against that run's 0.757
+    (``suite_decode_h100_gemv_no_lm_head.json``): not a decision either way."""
     widest_k = max(16, 1 << (width - 1).bit_length())
     if gemv and rows == 1 and outputs >= GEMV_MIN_OUTPUTS and ONE_ROW_GEMV:
         return LaunchConfig(2, min(1024, widest_k), warps=4, stages=1, gemv=True)
     deep = rows > 4
     if gated:
         # a rotary q, k, v group is gated's kind too (two accumulators per program: columns
-        # j and j + D/2); its q/k/v are narrower than a gate/up pair. Under 64 tiles of 32
+        # j and j + D/2); its q/k/v are narrower than a gate/up pair. One row reaches this
+        # split only where GEMV is not allowed (head norms, weights stored [K, N]), 2-4 rows
+        # always; measured at 1 row before GEMV launches: under 64 tiles of 32
         # columns (1 row: TinyLlama's, Qwen2's, Llama-3-8B's at TP=2), 4 K slices of 32
         # columns: 7.9 against 8.9 us, 4.9 against 6.1, 13.2 against 14.9 (the best of each
         # sweep 7.8, 4.7 and 13.1; Llama-3-8B's 112 tiles keep one slice, its best;
@@ -398,8 +408,9 @@ PREFETCH_K = 256
 # One-row launches as GEMV (launch_config). Read at each call: the suite's
 # ``infinifuse-nogemv`` variant turns it off to measure what it gives.
 ONE_ROW_GEMV = True
-# The narrowest output measured with it (Qwen2-0.5B's down projection: 896 columns); below,
-# the tl.dot tiles stay (not measured; the CPU tests' tiny models keep their few programs).
+# The fewest launch columns measured with it (Qwen2-0.5B's rotary q/k/v launch: 640, q and k
+# counted once per rotate_half pair); under 512 the tl.dot tiles stay (not measured; the
+# CPU tests' tiny models keep their few programs). 512-639 are unmeasured.
 GEMV_MIN_OUTPUTS = 512
 
 
