@@ -37,7 +37,7 @@ from fusebackend.kernels import (
 )
 from fusebackend.kernels.cache_write import write_cache_pair
 from fusebackend.kernels.decode_attention import decode_attention
-from fusebackend.kernels.family import concrete_cuda_tensor, family_of, launch_key
+from fusebackend.kernels.family import concrete_cuda_tensor, family_of, launch_key, launch_path
 from fusebackend.kernels.launch import (
     hinted_examples,
     launch_rank,
@@ -303,7 +303,7 @@ def _pair_twin_groups(c: Compilation) -> None:
 
 def _precompile_pass(c: Compilation) -> None:
     assert c.graph is not None
-    c.launches = _precompile(c.graph)
+    c.launches, c.launch_paths = _precompile(c.graph)
 
 
 # (Triton runs on one of the graph's devices here; a cache-write pair on another device runs
@@ -429,6 +429,7 @@ def infinifuse(
         labels=c.labels,
         pass_seconds=c.seconds,
         launches=fusion.launches,
+        launch_paths=fusion.launch_paths,
     )
     record(report)
     log.info(
@@ -485,6 +486,7 @@ class Fusion:
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     launches: dict[str, int] = dataclasses.field(default_factory=dict)
+    launch_paths: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
 def _fuse(
@@ -501,14 +503,17 @@ def _fuse(
         why = {k: v for k, v in c.rewrites.items() if k == "matmuls_left_alone"}
         return Fusion(None, c.groups, c.rejections, why, c.labels, seconds=c.seconds)
     fused = torch.fx.GraphModule(gm, c.graph)
-    return Fusion(fused, c.groups, c.rejections, c.rewrites, c.labels, c.seconds, c.launches)
+    return Fusion(fused, c.groups, c.rejections, c.rewrites, c.labels, c.seconds, c.launches,
+                  c.launch_paths)  # fmt: skip
 
 
-def _precompile(graph: torch.fx.Graph) -> dict[str, int]:
+def _precompile(graph: torch.fx.Graph) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
     """Compile the graph's CUDA kernels now, concurrently, rather than one by one at their
     first launches (a 22-layer Llama's fused decode graph took 2.3 s longer to its first
     call than the unfused one on an H100, 2026-11-23, most of it compiling ~7 kernels).
-    Returns each kernel family's launches in the graph (by ``describe()``).
+    Returns each kernel family's launches in the graph (by ``describe()``) and, for
+    families that say how a launch on the traced values runs (``launch_path``: a matmul
+    group as GEMV or on tensor cores), how many run each way.
 
     Launches alike in every way Triton specialises on (each family's ``precompile_job``
     key) are warmed up once: each warm-up of a kernel not yet compiled costs Triton a source
@@ -516,6 +521,7 @@ def _precompile(graph: torch.fx.Graph) -> dict[str, int]:
     launches of 10 kernels."""
     jobs: dict[Any, Callable[[], None]] = {}
     kernels: dict[str, int] = {}
+    paths: dict[str, dict[str, int]] = {}
     launches = 0
     for node in graph.nodes:
         family = family_of(node.target)
@@ -524,6 +530,10 @@ def _precompile(graph: torch.fx.Graph) -> dict[str, int]:
         name = family.describe()
         kernels[name] = kernels.get(name, 0) + 1
         values = [example_value(a) if isinstance(a, torch.fx.Node) else a for a in node.args]
+        path = launch_path(family, values)
+        if path:
+            ways = paths.setdefault(name, {})
+            ways[path] = ways.get(path, 0) + 1
         job = family.precompile_job(values)
         if job is not None:
             launches += 1
@@ -533,7 +543,7 @@ def _precompile(graph: torch.fx.Graph) -> dict[str, int]:
         failed = precompile_all(list(jobs.values()))
         log.info("precompiled %d launch(es), %d distinct, in %.2f s (%d failed)",
                  launches, len(jobs), time.perf_counter() - start, failed)  # fmt: skip
-    return kernels
+    return kernels, paths
 
 
 def _kernel_rank(candidate: Candidate) -> int:

@@ -51,6 +51,8 @@ class Compilation:
     fused_nodes: list[torch.fx.Node] = dataclasses.field(default_factory=list)
     matmul_groups: int = 0  # matmul_group launches the graph got (passes/matmul_groups.py)
     launches: dict[str, int] = dataclasses.field(default_factory=dict)  # kernel -> launches
+    # kernel -> how its launches run -> how many (a family's optional launch_path)
+    launch_paths: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     stopped: bool = False  # a pass ended its stage (nothing to fuse: no fused graph)
     # What the passes report: report key -> node names, report key -> explain's label, and
     # pass name -> seconds.

@@ -67,6 +67,9 @@ class GraphReport:
     pass_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     # Kernel (a kernel family's describe()) -> its launches in the fused graph.
     launches: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Kernel -> how its launches run on the traced values -> how many (matmul groups: "GEMV"
+    # for one row, "tensor cores", with their K slices; kernels/family.launch_path).
+    launch_paths: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     # The rewrites under their names before they were data (read-only).
     constants = _rewrite("constants", "Nodes built from Python values alone (passes/constants)")
@@ -160,11 +163,11 @@ class FusionReport:
             if graph.launches:
                 # the backend's own kernels in the fused graph, one launch per call each
                 # (what else the graph runs, as Dynamo traced it, is not counted here)
-                total = sum(graph.launches.values())
-                parts = [f"{name} x {n}" for name, n in sorted(graph.launches.items(),
-                                                                key=lambda kv: -kv[1])]  # fmt: skip
-                lines.append(f"fused kernel launches per call: {total}")
-                lines += [f"  {part}" for part in parts]
+                lines.append(f"fused kernel launches per call: {sum(graph.launches.values())}")
+                for name, n in sorted(graph.launches.items(), key=lambda kv: -kv[1]):
+                    ways = graph.launch_paths.get(name, {})  # e.g. (GEMV x 22)
+                    how = ", ".join(f"{way} x {k}" for way, k in sorted(ways.items()))
+                    lines.append(f"  {name} x {n}" + (f" ({how})" if how else ""))
             for key, names in graph.rewrites.items():
                 label = graph.labels.get(key)
                 if not (names and label):  # constants have none: counted above

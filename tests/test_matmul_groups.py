@@ -166,6 +166,41 @@ def test_many_rows_stay_with_cublas_and_say_why():
     assert len(left) == 7 and all("21 rows (> 16): cuBLAS" in line for line in left), left
 
 
+class _WideMLP(torch.nn.Module):
+    """LayerNorm + a 600-wide linear + ReLU, then back to 64 with the residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(64)
+        self.up, self.down = torch.nn.Linear(64, 600), torch.nn.Linear(600, 64)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(self.norm(x)))) + x
+
+
+@pytest.mark.parametrize("rows,gemv", [(1, True), (1, False), (3, True)])
+def test_explain_says_which_matmul_groups_run_as_gemv(rows, gemv, monkeypatch):
+    # one row of >= 512 output columns runs without tensor cores; the 64-wide down
+    # projection, more rows, or the flag off keep them; explain says which way each ran
+    from fusebackend.kernels import matmul
+
+    monkeypatch.setattr(matmul, "ONE_ROW_GEMV", gemv)
+    torch.manual_seed(3)
+    model, x = _WideMLP().eval(), torch.randn(rows, 64)
+    expected = eager(model, x)
+    with torch.no_grad():
+        actual = compile_fused(model)(x)
+    assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    graph = fusebackend.last_report().graphs[-1]
+    up = "matmul_group(layer_norm + linear + bias + relu)"
+    way = "GEMV" if rows == 1 and gemv else "tensor cores"
+    assert graph.launch_paths == {
+        up: {way: 1},
+        "matmul_group(linear + bias + residual)": {"tensor cores": 1},
+    }
+    assert f"{up} x 1 ({way} x 1)" in str(fusebackend.last_report())
+
+
 def test_option_off_leaves_every_matmul_as_traced():
     torch.manual_seed(3)
     config = tiny_llama_config(layers=1)

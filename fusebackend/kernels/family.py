@@ -14,6 +14,10 @@ which one it holds:
   share one job; or None where nothing is compiled ahead (a CPU tensor, a symbolic shape
   the family does not compile at its hint).
 
+A family may also answer ``launch_path(args)`` (same arguments): how a launch on them runs,
+where a family has several ways (a matmul group: one row as GEMV or tensor cores, split-K),
+for ``explain``; ``launch_path`` below asks it of any family and gets None where it has none.
+
 A function launcher takes the two as attributes (``family(...)``), as it takes
 ``writes_arguments``: a class with ``__call__`` would add a bound call to every launch.
 Importing this module imports neither Triton nor FX.
@@ -26,7 +30,14 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["KernelFamily", "concrete_cuda_tensor", "family", "family_of", "launch_key"]
+__all__ = [
+    "KernelFamily",
+    "concrete_cuda_tensor",
+    "family",
+    "family_of",
+    "launch_key",
+    "launch_path",
+]
 
 PrecompileJob = tuple[Hashable, Callable[[], None]]
 
@@ -58,6 +69,13 @@ def family(
 def family_of(target: Any) -> KernelFamily | None:
     """``target`` when it is a kernel family's launcher (a node's target), else None."""
     return target if callable(getattr(target, "precompile_job", None)) else None
+
+
+def launch_path(family: KernelFamily, args: Sequence[Any]) -> str | None:
+    """How a launch of ``family`` on ``args`` (example values) runs, where the family says
+    (its optional ``launch_path``), else None."""
+    answer = getattr(family, "launch_path", None)
+    return answer(args) if callable(answer) else None
 
 
 def launch_key(value: Any) -> Any:

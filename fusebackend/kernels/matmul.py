@@ -58,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -271,6 +272,11 @@ class MatmulGroupOp:
     def describe(self) -> str:
         return f"matmul_group({self.group.describe()})"
 
+    def launch_path(self, args: Any) -> str | None:
+        """GEMV or tensor cores for a launch on ``args`` (kernels/family.py)."""
+        x, _norm_weight, _norm_bias, _residual, *params = args
+        return launch_path(self.group, x, params)
+
     def precompile_job(self, args: Any) -> Any:
         """(key, job) compiling the launch on ``args`` (example values), or None."""
         tensors = [v for v in args if v is not None]
@@ -362,10 +368,9 @@ def launch_config(
     (``matmul_kernels_h100_gemv.json``, another run) TinyLlama's down 10.0, gate/up 18.4, o
     4.8 us. The rotary q/k/v launch: 6.6 against 7.9 us for the split-K pick below
     (TinyLlama), 3.7 against 5.0 (Qwen2), 11.8 against 13.1 (Llama-3-8B, TP=2;
-    ``rotary_gemv_h100.json``). LM heads take it untimed alone: a variant keeping them on
-    tensor cores, run in its own process after ``suite_decode_h100_gemv_run2.json``, took
-    Qwen2's step 0.820 ms (rounds 0.773-0.909) against that run's 0.757
-    (``suite_decode_h100_gemv_no_lm_head.json``): not a decision either way."""
+    ``rotary_gemv_h100.json``). LM heads take it untimed alone (with them on tensor cores,
+    in its own process, Qwen2's step took 0.820 ms, rounds 0.773-0.909, against the run
+    before's 0.757: ``suite_decode_h100_gemv_no_lm_head.json``; no decision either way)."""
     widest_k = max(16, 1 << (width - 1).bit_length())
     if gemv and rows == 1 and outputs >= GEMV_MIN_OUTPUTS and ONE_ROW_GEMV:
         return LaunchConfig(2, min(1024, widest_k), warps=4, stages=1, gemv=True)
@@ -442,23 +447,12 @@ def _launch(
         outputs = tuple(x for _ in out_widths)
     # The residual as [rows, N_0] (a view where its strides allow; absent: x, never read)
     res = rows_2d if residual is None else residual.reshape(rows, out_widths[0])
-    # a rotary group's q and k programs each cover columns j and j + D/2 of their heads
-    columns = [n // 2 for n in widths[:2]] + widths[2:] if group.rotary else out_widths
+    columns = _launch_columns(group, widths)
     gated = bool(group.gate or group.rotary)
-    # GEMV tiles are 2 columns wide: not with a head norm (a program holds a whole head) or
-    # a weight stored [K, N] (GPT-2's Conv1D: a 2-column tile would read 4 bytes per line)
-    gemv = not group.head_norm and all(w.stride(-1) == 1 for w in weights)
-    config = _launch_config(rows, width, sum(columns), gated, bool(group.rotary), gemv)
-    if group.head_norm:  # a program holds whole heads: one head's halves
-        config = dataclasses.replace(config, block_n=group.rotary // 2)
-    if config.gemv and rows != 1:
-        raise ValueError(f"a GEMV launch config is for one row, not {rows}: {config}")
+    config = _config(group, rows, width, weights)
     tiles = [-(-n // config.block_n) for n in columns]
     block_m = 1 if config.gemv else max(16, 1 << max(0, (rows - 1).bit_length()))
-    # split-K: slices of whole K steps, none empty
-    span = -(-width // config.split_k)
-    span = -(-span // config.block_k) * config.block_k
-    splits = -(-width // span)
+    span, splits = _k_slices(width, config)
     if splits > 1:
         programs = sum(tiles)
         pairs = 2 if gated else 1  # a pair's programs keep two sums per slice
@@ -513,6 +507,51 @@ def _launch(
         # of the K loop included (the compiled q/k/v kernel's code doubled)
         meta["sanitize_overflow"] = False
     return args, (sum(tiles), splits), meta, outputs
+
+
+def _launch_columns(group: MatmulGroup, widths: list[int]) -> list[int]:
+    """Each sibling's output columns as its programs cover them: a rotary group's q and k
+    programs each cover columns j and j + D/2 of their heads."""
+    return [n // 2 for n in widths[:2]] + widths[2:] if group.rotary else widths[: group.outputs]
+
+
+def _config(group: MatmulGroup, rows: int, width: int, weights: Sequence[torch.Tensor]
+            ) -> LaunchConfig:  # fmt: skip
+    """The launch config of ``rows`` rows of ``width`` on these weights."""
+    columns = _launch_columns(group, [w.shape[0] for w in weights])
+    # GEMV tiles are 2 columns wide: not with a head norm (a program holds a whole head) or
+    # a weight stored [K, N] (GPT-2's Conv1D: a 2-column tile would read 4 bytes per line)
+    gemv = not group.head_norm and all(w.stride(-1) == 1 for w in weights)
+    gated = bool(group.gate or group.rotary)
+    config = _launch_config(rows, width, sum(columns), gated, bool(group.rotary), gemv)
+    if group.head_norm:  # a program holds whole heads: one head's halves
+        config = dataclasses.replace(config, block_n=group.rotary // 2)
+    if config.gemv and rows != 1:
+        raise ValueError(f"a GEMV launch config is for one row, not {rows}: {config}")
+    return config
+
+
+def _k_slices(width: int, config: LaunchConfig) -> tuple[int, int]:
+    """(K columns per slice, slices): split-K's slices of whole K steps, none empty."""
+    span = -(-width // config.split_k)
+    span = -(-span // config.block_k) * config.block_k
+    return span, -(-width // span)
+
+
+def launch_path(group: MatmulGroup, x: Any, params: Sequence[Any]) -> str | None:
+    """How a launch on these values runs, for ``explain``: "GEMV" (one row) or "tensor
+    cores", with ", split-K N" where K is summed in N slices; None for sizes or strides
+    known only at run time."""
+    if not isinstance(x, torch.Tensor):
+        return None
+    weights, _, _ = _split_params(group, tuple(params))
+    sizes = [n for t in (x, *weights) for n in (*t.shape, *t.stride())]
+    if not all(isinstance(n, int) for n in sizes) or x.numel() == 0:
+        return None
+    config = _config(group, math.prod(x.shape[:-1]), x.shape[-1], weights)
+    _, splits = _k_slices(x.shape[-1], config)
+    path = "GEMV" if config.gemv else "tensor cores"
+    return f"{path}, split-K {splits}" if splits > 1 else path
 
 
 def _heads_args(x: torch.Tensor, heads: Heads | None, group: MatmulGroup) -> list[Any]:
