@@ -187,7 +187,8 @@ def test_a_new_kernel_family_is_precompiled_with_no_change_to_the_backend(monkey
         node = graph.placeholder(f"x{len(graph.nodes)}")
         node.meta["example_value"] = torch.empty(shape)
         graph.call_function(my_kernel, (node,))
-    assert backend._precompile(graph) == {"my_kernel": 3}
+    # its launches counted; no launch paths: the family has no launch_path
+    assert backend._precompile(graph) == ({"my_kernel": 3}, {})
     for job in jobs:
         job()
     assert built == [(2, 3), (4, 3)]
