@@ -501,11 +501,14 @@ def test_rows_of_a_3d_input(dtype):
     assert out[0].shape == (2, 3, 127)
 
 
+@pytest.mark.parametrize("rows", [5, 1])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_weights_read_in_place_as_views(dtype):
+def test_weights_read_in_place_as_views(dtype, rows, launch_config):
     """Weights as slices of one fused [q; k; v] parameter (row offsets into one storage) and
-    as a transposed view (stride 1 along N): read where they are."""
-    k, rows = 127, 5
+    as a transposed view (stride 1 along N): read where they are; one row as GEMV too."""
+    if rows == 1:
+        launch_config(LaunchConfig(2, 64, 4, 1, gemv=True))
+    k = 127
     g = torch.Generator().manual_seed(11)
     fused = rand(64 + 17 + 17, k, dtype=dtype, scale=k**-0.5, g=g)
     q, kk, v = fused[:64], fused[64:81], fused[81:]
@@ -523,6 +526,28 @@ def test_weights_read_in_place_as_views(dtype):
         expected = (F.linear(x, transposed),)
         actual = matmul_group(MatmulGroup(), x, None, None, None, transposed)
         assert_close(actual, expected, **TOL[dtype])
+
+
+_REFERENCE = matmul.reference  # the torch math (the autouse fixture makes it raise)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemv_of_a_gemma_norm_and_a_chunked_gate_up_weight(dtype, launch_config):
+    # Gemma's (1 + weight) RMSNorm before one [gate; up] parameter (Phi-3's gate_up_proj),
+    # one row as GEMV, against the group's torch math
+    launch_config(LaunchConfig(2, 64, 4, 1, gemv=True))
+    g = torch.Generator().manual_seed(12)
+    k, n = 127, 40
+    x = rand(1, k, dtype=dtype, g=g)
+    norm_w = rand(k, dtype=dtype, scale=0.5, g=g)
+    gate_up = rand(2 * n, k, dtype=dtype, scale=k**-0.5, g=g)
+    group = MatmulGroup(siblings=2, norm="rms_offset", eps=1e-6, gate="gelu_tanh", chunked=True)
+    weights, biases, _ = matmul._split_params(group, (gate_up,))
+    with torch.no_grad():
+        expected = _REFERENCE(group, x, norm_w, None, None, weights, biases)
+        actual = matmul_group(group, x, norm_w, None, None, gate_up)
+    assert actual[0].shape == (1, n)
+    assert_close(actual, expected, **TOL[dtype])
 
 
 def test_non_contiguous_residual():
