@@ -64,12 +64,8 @@ SMOKE_SHAPES = [s for s in mk.SMOKE_SHAPES if not s.bias and not s.activation
 
 
 @triton.jit
-def _gemv(x, norm_w, eps, w0, w1, out, res, N, K: tl.constexpr, NORM: tl.constexpr,
-          GATE: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr, PDL: tl.constexpr, AHEAD: tl.constexpr):  # fmt: skip
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if PDL:
-        gdc_wait()
+def _rstd(x, eps, K: tl.constexpr, NORM: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / RMS of the row (1.0 without NORM)."""
     rstd = 1.0
     if NORM:
         squares = tl.zeros([BLOCK_K], tl.float32)
@@ -78,6 +74,28 @@ def _gemv(x, norm_w, eps, w0, w1, out, res, N, K: tl.constexpr, NORM: tl.constex
             a = tl.load(x + ks, mask=ks < K, other=0.0).to(tl.float32)
             squares += a * a
         rstd = tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
+    return rstd
+
+
+@triton.jit
+def _row_block(x, norm_w, rstd, ks, K: tl.constexpr, NORM: tl.constexpr):
+    """Columns ``ks`` of the row, after transformers' RMSNorm with NORM:
+    weight * (x.float() * rstd).to(dtype)."""
+    a = tl.load(x + ks, mask=ks < K, other=0.0)
+    if NORM:
+        g = tl.load(norm_w + ks, mask=ks < K, other=0.0).to(tl.float32)
+        a = (((a.to(tl.float32) * rstd).to(a.dtype)).to(tl.float32) * g).to(a.dtype)
+    return a
+
+
+@triton.jit
+def _gemv(x, norm_w, eps, w0, w1, out, res, N, K: tl.constexpr, NORM: tl.constexpr,
+          GATE: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_K: tl.constexpr, PDL: tl.constexpr, AHEAD: tl.constexpr):  # fmt: skip
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PDL:
+        gdc_wait()
+    rstd = _rstd(x, eps, K, NORM, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     # AHEAD: the next K step's weight tiles are loaded before this step's products (Triton
@@ -91,10 +109,7 @@ def _gemv(x, norm_w, eps, w0, w1, out, res, N, K: tl.constexpr, NORM: tl.constex
         b2 = tl.load(w1 + at, mask=keep, other=0.0)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(x + ks, mask=ks < K, other=0.0)
-        if NORM:  # transformers' RMSNorm: weight * (x.float() * rstd).to(dtype)
-            g = tl.load(norm_w + ks, mask=ks < K, other=0.0).to(tl.float32)
-            a = (((a.to(tl.float32) * rstd).to(a.dtype)).to(tl.float32) * g).to(a.dtype)
+        a = _row_block(x, norm_w, rstd, ks, K, NORM)
         if AHEAD:
             nks = ks + BLOCK_K
             nkeep = (cols[:, None] < N) & (nks[None, :] < K)
@@ -139,22 +154,12 @@ def _gemv_tma(x, norm_w, eps, d0, d1, out, res, N, K: tl.constexpr, NORM: tl.con
     cols = col0 + tl.arange(0, BLOCK_N)
     if PDL:
         gdc_wait()
-    rstd = 1.0
-    if NORM:
-        squares = tl.zeros([BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            a = tl.load(x + ks, mask=ks < K, other=0.0).to(tl.float32)
-            squares += a * a
-        rstd = tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
+    rstd = _rstd(x, eps, K, NORM, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(x + ks, mask=ks < K, other=0.0)
-        if NORM:
-            g = tl.load(norm_w + ks, mask=ks < K, other=0.0).to(tl.float32)
-            a = (((a.to(tl.float32) * rstd).to(a.dtype)).to(tl.float32) * g).to(a.dtype)
+        a = _row_block(x, norm_w, rstd, ks, K, NORM)
         b = d0.load([col0, k0])  # out of bounds reads zeros
         acc += b.to(tl.float32) * a.to(tl.float32)[None, :]
         if GATE:
