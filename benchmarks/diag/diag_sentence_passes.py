@@ -41,6 +41,65 @@ VARIANTS = {
 }
 
 
+# CUgraphNodeType values (CUDA driver API)
+_NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty",
+               6: "wait_event", 7: "event_record", 8: "ext_sem_signal", 9: "ext_sem_wait",
+               10: "mem_alloc", 11: "mem_free", 12: "batch_mem_op", 13: "conditional"}  # fmt: skip
+
+
+def _driver() -> Any:
+    """The CUDA driver library (torch links the runtime statically; a cudaGraph_t is a
+    CUgraph)."""
+    import ctypes
+
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def _time_capture_phases(torch: Any) -> dict[str, Any]:
+    """Make every CUDAGraph keep its graph, and time ``capture_end`` (the stream's end of
+    capture) apart from ``instantiate`` (cudaGraphInstantiate); count the nodes per type."""
+    import ctypes
+
+    phases: dict[str, Any] = {"end_s": 0.0, "instantiate_s": 0.0, "graphs": 0, "nodes": 0}
+    driver = _driver()
+    base = torch.cuda.CUDAGraph
+
+    class PhasedGraph(base):
+        # keep_graph=True (the C++ graph reads it in __init__), so that capture_end only
+        # ends the capture and instantiate is timed on its own
+        def __new__(cls, keep_graph: bool = False):
+            return super().__new__(cls, True)
+
+        def __init__(self, keep_graph: bool = False) -> None:
+            super().__init__(True)
+
+        def capture_end(self) -> None:
+            start = time.perf_counter()
+            super().capture_end()
+            middle = time.perf_counter()
+            self.instantiate()
+            end = time.perf_counter()
+            phases["end_s"] += middle - start
+            phases["instantiate_s"] += end - middle
+            phases["graphs"] += 1
+            graph = ctypes.c_void_p(self.raw_cuda_graph())
+            count = ctypes.c_size_t(0)
+            driver.cuGraphGetNodes(graph, None, ctypes.byref(count))
+            nodes = (ctypes.c_void_p * count.value)()
+            driver.cuGraphGetNodes(graph, nodes, ctypes.byref(count))
+            types: dict[str, int] = {}
+            for node in nodes:
+                kind = ctypes.c_int(-1)
+                driver.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind))
+                name = _NODE_TYPES.get(kind.value, str(kind.value))
+                types[name] = types.get(name, 0) + 1
+            phases["nodes"] += count.value
+            phases["types"] = types
+
+    torch.cuda.CUDAGraph = PhasedGraph
+    return phases
+
+
 def child(shape: str, variant: str, sentences: int, profiled: str) -> dict[str, Any]:
     import torch
     from sentence_embeddings import _example
@@ -66,6 +125,24 @@ def child(shape: str, variant: str, sentences: int, profiled: str) -> dict[str, 
             spent["captures"] += 1
 
     capture_module.capture_graph = timed_capture
+    # Host seconds inside CUDAGraph.replay, split into each graph's first replay (where the
+    # driver uploads the executable graph) and the later ones.
+    replays = {"first_s": 0.0, "first": 0, "later_s": 0.0, "later": 0}
+    replayed: set[int] = set()
+    original_replay = torch.cuda.CUDAGraph.replay
+
+    def timed_replay(graph):
+        start = time.perf_counter()
+        try:
+            return original_replay(graph)
+        finally:
+            kind = "later" if id(graph) in replayed else "first"
+            replayed.add(id(graph))
+            replays[kind + "_s"] += time.perf_counter() - start
+            replays[kind] += 1
+
+    torch.cuda.CUDAGraph.replay = timed_replay
+    phases = _time_capture_phases(torch)
     corpus = ex.make_sentences(sentences, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         ex.build_model_dir(tmp, ex.SHAPES[shape], 0)
@@ -84,6 +161,8 @@ def child(shape: str, variant: str, sentences: int, profiled: str) -> dict[str, 
     ex.compile_inner(model, "infinifuse", VARIANTS[variant])
     for name in ("first", "second", "third"):
         before = dict(spent)
+        replays_before = dict(replays)
+        phases_before = dict(phases)
         counts = fusebackend.stats()
         profile = cProfile.Profile() if name == profiled else None
         if profile:
@@ -102,8 +181,14 @@ def child(shape: str, variant: str, sentences: int, profiled: str) -> dict[str, 
         after = fusebackend.stats()
         result[f"{name}_capture_s"] = spent["seconds"] - before["seconds"]
         result[f"{name}_captures"] = spent["captures"] - before["captures"]
+        for k in replays:
+            result[f"{name}_replay_{k}"] = replays[k] - replays_before[k]
+        for k in phases:
+            if isinstance(phases[k], (int, float)):
+                result[f"{name}_phase_{k}"] = phases[k] - phases_before.get(k, 0)
         result[f"{name}_misses"] = after["cache_misses"] - counts["cache_misses"]
         result[f"{name}_evictions"] = after["evictions"] - counts["evictions"]
+    result["node_types_last_graph"] = phases.get("types")
     result["eager_again_s"] = None
     ex.uncompile_inner(model)
     result["eager_again_s"] = one_pass()
@@ -117,7 +202,7 @@ def main() -> int:
     parser.add_argument("--sentences", type=int, default=3000)
     parser.add_argument(
         "--profile",
-        choices=("first", "second"),
+        choices=("first", "second", "none"),
         default="second",
         help="the pass cProfile'd (the first one includes Dynamo's compiles)",
     )
@@ -139,10 +224,13 @@ def main() -> int:
             continue
         row = json.loads(proc.stdout.strip().splitlines()[-1])
         rows.append(row)
-        print(row.pop("profile"))
+        print(row.pop("profile", ""))
     keys = ["eager_s", "first_s", "second_s", "third_s", "eager_again_s", "first_captures",
             "first_capture_s", "second_captures", "second_capture_s", "second_misses",
-            "second_evictions", "third_captures"]  # fmt: skip
+            "second_evictions", "third_captures", "second_replay_first",
+            "second_replay_first_s", "second_replay_later", "second_replay_later_s",
+            "second_phase_graphs", "second_phase_nodes", "second_phase_end_s",
+            "second_phase_instantiate_s"]  # fmt: skip
     print("variant  " + " ".join(f"{k:>16}" for k in keys))
     for row in rows:
         cells = [row.get(k) for k in keys]
