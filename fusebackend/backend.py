@@ -47,6 +47,7 @@ from fusebackend.kernels.launch import (
 )
 from fusebackend.kernels.matmul import matmul_op
 from fusebackend.kernels.vocab_lookup import vocab_parallel_lookup
+from fusebackend.passes.attention import avoid_cudnn_plans
 from fusebackend.passes.cache_writes import pair_cache_writes
 from fusebackend.passes.collectives import (
     collective_nodes,
@@ -327,6 +328,9 @@ FUSE = [
          needs_rewrites=True),
     Pass("use_decode_attention", lambda c: use_decode_attention(c.graph, decode_attention),
          "decode attention reading K/V unrepeated (fused graph)", report="decode_attention",
+         needs_rewrites=True),
+    Pass("avoid_cudnn_plans", lambda c: avoid_cudnn_plans(c.graph),
+         "attention without cuDNN's per-shape plans (fused graph)", report="cudnn_free_attention",
          needs_rewrites=True),
     Pass("precompile", _precompile_pass),
 ]  # fmt: skip

@@ -84,6 +84,7 @@ class GraphReport:
     vocab_lookups = _rewrite("vocab_lookups", "Vocab-parallel lookups as one kernel")
     cache_writes = _rewrite("cache_writes", "KV-cache write pairs run as one launch")
     decode_attention = _rewrite("decode_attention", "SDPA calls run by decode_attention")
+    cudnn_free_attention = _rewrite("cudnn_free_attention", "SDPA calls run with cuDNN's off")
     collectives = _rewrite("collectives", "Collectives in the graph the runtime runs")
 
     @property

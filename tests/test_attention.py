@@ -254,3 +254,106 @@ def test_key_uniform_mask_on_the_gpu_in_a_cuda_graph(dtype):
     assert_close(actual, expected)
     assert actual[5, :, 100:].abs().amax() == 0
     assert len(graph.dropped_masks) == 2, graph.dropped_masks
+
+
+def _padded_bert(layers=2, seed=0):
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=layers,
+                                     num_attention_heads=2, intermediate_size=37,
+                                     max_position_embeddings=64)  # fmt: skip
+    return transformers.BertModel(config).eval()
+
+
+def _padded_batch(batch, length, device="cpu"):
+    ids = torch.randint(0, 99, (batch, length), device=device)
+    mask = torch.ones(batch, length, dtype=torch.long, device=device)
+    mask[1:, length // 2 :] = 0  # padded rows, as a batch of a sorted corpus has
+    return ids, mask
+
+
+def test_encoder_attention_runs_with_cudnn_off_and_the_flag_is_put_back(monkeypatch):
+    model = _padded_bert()
+    ids, mask = _padded_batch(3, 11)
+    compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": False})
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        actual = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert_close(actual, expected)
+        graph = fusebackend.last_report().graphs[-1]
+        assert len(graph.cudnn_free_attention) == 2, graph.cudnn_free_attention
+        assert "attention without cuDNN's per-shape plans" in str(fusebackend.last_report())
+        # each call of the fused graph's SDPA sees cuDNN off; the flag is back on after it
+        seen = []
+        sdpa = F.scaled_dot_product_attention
+
+        def spy(*args, **kwargs):
+            seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+            return sdpa(*args, **kwargs)
+
+        import fusebackend.passes.attention as attention
+
+        monkeypatch.setattr(attention, "F", type("F", (), {"scaled_dot_product_attention": spy}))
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        again = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert seen == [False, False], seen
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    assert_close(again, expected)
+
+
+def test_cudnn_flag_after_a_failing_call_and_when_the_user_turned_it_off():
+    from fusebackend.passes.attention import sdpa_without_cudnn
+
+    q = torch.randn(1, 2, 5, 8)
+    with pytest.raises(RuntimeError):
+        sdpa_without_cudnn(q, torch.randn(1, 2, 5, 3), torch.randn(1, 2, 5, 8))
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # put back although SDPA raised
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        assert_close(sdpa_without_cudnn(q, q, q), F.scaled_dot_product_attention(q, q, q))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()  # the user's choice stands
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
+def _attention_and_norm(q, k, v, mask):
+    """Attention, then a residual add + norm: a graph with something to fuse (the cuDNN
+    rewrite applies to fused graphs)."""
+    return F.layer_norm(_attention(q, k, v, mask) + q, (q.shape[-1],))
+
+
+@pytest.mark.parametrize("rows", [1, 3], ids=["decode", "prefill"])
+def test_only_calls_of_several_query_rows_leave_cudnn(rows):
+    args = _inputs(torch.float32, rows, "bool")
+    actual, graph = _compiled(_attention_and_norm, *args)
+    assert graph.path == "fused", graph.path
+    assert_close(actual, eager(_attention_and_norm, *args))
+    assert len(graph.cudnn_free_attention) == (rows > 1), graph.cudnn_free_attention
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_padded_encoder_runs_no_cudnn_kernel_on_the_gpu():
+    # A BERT-shaped padded batch at lengths seen once each, as a sorted corpus sends them:
+    # eager's SDPA runs cuDNN's kernel (where the device picks it), the fused graph does not.
+    model = _padded_bert(layers=2).cuda().half()
+    compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": False})
+
+    def kernels(fn):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+    with torch.no_grad():
+        for length in (13, 22, 31):
+            ids, mask = _padded_batch(4, length, "cuda")
+            expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            actual = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+            assert_close(actual, expected)
+        ids, mask = _padded_batch(4, 40, "cuda")
+        eager_kernels = kernels(lambda: model(input_ids=ids, attention_mask=mask))
+        fused_kernels = kernels(lambda: compiled(input_ids=ids, attention_mask=mask))
+    assert fusebackend.last_report().graphs[-1].cudnn_free_attention
+    assert not [n for n in fused_kernels if "cudnn" in n.lower()], fused_kernels
+    if not [n for n in eager_kernels if "cudnn" in n.lower()]:
+        pytest.skip(f"SDPA does not pick cuDNN on {torch.cuda.get_device_name()}")

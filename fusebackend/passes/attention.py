@@ -32,6 +32,18 @@ which is what SDPA returns for them (the math path's safe softmax; the CPU kerne
 Applied when the call has no dropout and is not causal, and the ``where`` keeps SDPA's
 output layout. On an H100, BERT-base 8 x 128 then took 0.93 ms per call against
 reduce-overhead's 1.19 ms (``benchmarks/results/suite_decode_h100_no_packing.md``).
+
+**No cuDNN plans per shape** (``avoid_cudnn_plans``, fused graph only): on an H100 (torch
+2.11) SDPA picks cuDNN's fused kernel for fp16/bf16 attention, and cuDNN builds an execution
+plan for each new shape: a padded encoder's attention took 48-71 ms at its first call at
+each new length, against 0.12-0.18 ms for the memory-efficient kernel, whose steady calls
+cost the same (0.10-0.16 ms against cuDNN's 0.10-0.15 ms, MiniLM and BERT-base heads at
+batch 1 and 32; ``benchmarks/results/diag_encoder_sdpa_h100.json``). Encoders fed a corpus
+sorted by length, or one query at a time, meet a new length on most calls; the plans made
+their queries' p90 (49-60 ms in every backend, eager's included). Calls with more than one
+query row run with cuDNN's kernel switched off for the call (SDPA then picks flash or
+memory-efficient attention, or its math path); decode rows (one query row, one cache shape)
+keep SDPA's choice.
 """
 
 from __future__ import annotations
@@ -49,7 +61,13 @@ import torch.nn.functional as F
 
 from fusebackend.passes.fx_util import example_value, static_tensor
 
-__all__ = ["drop_key_uniform_masks", "sdpa_arguments", "share_mask_conversion"]
+__all__ = [
+    "avoid_cudnn_plans",
+    "drop_key_uniform_masks",
+    "sdpa_arguments",
+    "sdpa_without_cudnn",
+    "share_mask_conversion",
+]
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +154,40 @@ def drop_key_uniform_masks(gm: torch.fx.GraphModule) -> list[str]:
             user.replace_input_with(node, zeroed)
         dropped.append(node.name)
     return _finish(gm, dropped, "attention masks uniform along the keys dropped")
+
+
+def avoid_cudnn_plans(graph: torch.fx.Graph) -> list[str]:
+    """Rewrite ``graph`` in place: each SDPA call whose queries have more than one row (or
+    a symbolic number of rows) calls ``sdpa_without_cudnn`` instead. Return the names of
+    the calls rewritten."""
+    rewritten = []
+    for node in graph.nodes:
+        a = sdpa_arguments(node)
+        if a is None:
+            continue
+        query = example_value(a["query"]) if isinstance(a["query"], torch.fx.Node) else None
+        if not isinstance(query, torch.Tensor) or query.dim() < 2 or query.shape[-2] == 1:
+            continue  # decode rows: one plan per cache shape, made once
+        node.target = sdpa_without_cudnn
+        rewritten.append(node.name)
+    if rewritten:
+        graph.lint()
+        log.info("attention without cuDNN's per-shape plans: %s", ", ".join(rewritten))
+    return rewritten
+
+
+def sdpa_without_cudnn(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` with cuDNN's kernel switched off for this call (the
+    other kernels as the user set them); the switch is put back even when SDPA raises.
+    Like ``torch.nn.attention.sdpa_kernel``, this sets the process-wide flag for the call,
+    so an eager SDPA call in another thread at that moment skips cuDNN too."""
+    if not torch._C._get_cudnn_sdp_enabled():
+        return F.scaled_dot_product_attention(*args, **kwargs)
+    torch._C._set_sdp_use_cudnn(False)
+    try:
+        return F.scaled_dot_product_attention(*args, **kwargs)
+    finally:
+        torch._C._set_sdp_use_cudnn(True)
 
 
 def _finish(gm: torch.fx.GraphModule, rewritten: list[str], what: str) -> list[str]:
