@@ -272,10 +272,18 @@ def _padded_batch(batch, length, device="cpu"):
 
 
 def test_encoder_attention_runs_with_cudnn_off_and_the_flag_is_put_back(monkeypatch):
+    torch._dynamo.reset()
     model = _padded_bert()
-    ids, mask = _padded_batch(3, 11)
     compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": False})
     with torch.no_grad():
+        ids, mask = _padded_batch(3, 8)
+        assert_close(
+            compiled(input_ids=ids, attention_mask=mask).last_hidden_state,
+            model(input_ids=ids, attention_mask=mask).last_hidden_state,
+        )
+        # one length so far: the static graph keeps SDPA's own choice (one plan serves it)
+        assert fusebackend.last_report().graphs[-1].cudnn_free_attention == []
+        ids, mask = _padded_batch(3, 11)  # a second length: Dynamo makes the graph dynamic
         expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
         actual = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
         assert_close(actual, expected)
@@ -318,13 +326,19 @@ def test_cudnn_flag_after_a_failing_call_and_when_the_user_turned_it_off():
 def _attention_and_norm(q, k, v, mask):
     """Attention, then a residual add + norm: a graph with something to fuse (the cuDNN
     rewrite applies to fused graphs)."""
-    return F.layer_norm(_attention(q, k, v, mask) + q, (q.shape[-1],))
+    return F.layer_norm(_attention(q, k, v, mask) + q, (16,))  # _inputs: 16 wide
 
 
 @pytest.mark.parametrize("rows", [1, 3], ids=["decode", "prefill"])
-def test_only_calls_of_several_query_rows_leave_cudnn(rows):
+def test_only_dynamic_calls_of_several_query_rows_leave_cudnn(rows):
     args = _inputs(torch.float32, rows, "bool")
-    actual, graph = _compiled(_attention_and_norm, *args)
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        _attention_and_norm, backend="infinifuse", dynamic=True, options={"cudagraphs": False}
+    )
+    with torch.no_grad():
+        actual = compiled(*args)
+    graph = fusebackend.last_report().graphs[-1]
     assert graph.path == "fused", graph.path
     assert_close(actual, eager(_attention_and_norm, *args))
     assert len(graph.cudnn_free_attention) == (rows > 1), graph.cudnn_free_attention
@@ -333,8 +347,10 @@ def test_only_calls_of_several_query_rows_leave_cudnn(rows):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_padded_encoder_runs_no_cudnn_kernel_on_the_gpu():
-    # A BERT-shaped padded batch at lengths seen once each, as a sorted corpus sends them:
-    # eager's SDPA runs cuDNN's kernel (where the device picks it), the fused graph does not.
+    # A BERT-shaped padded batch at lengths seen once each, as a sorted corpus sends them
+    # (Dynamo goes dynamic at the second): eager's SDPA runs cuDNN's kernel (where the
+    # device picks it), the fused dynamic graph does not.
+    torch._dynamo.reset()
     model = _padded_bert(layers=2).cuda().half()
     compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": False})
 
@@ -353,7 +369,7 @@ def test_padded_encoder_runs_no_cudnn_kernel_on_the_gpu():
         ids, mask = _padded_batch(4, 40, "cuda")
         eager_kernels = kernels(lambda: model(input_ids=ids, attention_mask=mask))
         fused_kernels = kernels(lambda: compiled(input_ids=ids, attention_mask=mask))
-    assert fusebackend.last_report().graphs[-1].cudnn_free_attention
     assert not [n for n in fused_kernels if "cudnn" in n.lower()], fused_kernels
+    assert fusebackend.last_report().graphs[-1].cudnn_free_attention
     if not [n for n in eager_kernels if "cudnn" in n.lower()]:
         pytest.skip(f"SDPA does not pick cuDNN on {torch.cuda.get_device_name()}")

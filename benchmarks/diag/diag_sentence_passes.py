@@ -12,7 +12,8 @@ capture + instantiate) and the capture count.
 
 Variants: ``default``; ``call1`` (``capture_on_call=1``: captures in the first pass);
 ``nowarm`` (capture_graph's warm-up run left out: the call that captures has just run the
-graph at this shape on the caller's stream).
+graph at this shape on the caller's stream); ``cudnn`` (the fused graph's attention keeps
+SDPA's own kernel choice, cuDNN's on an H100: ``passes/attention.avoid_cudnn_plans`` off).
 
     python benchmarks/diag/diag_sentence_passes.py --shape minilm-l6 --out /tmp/passes.json
 """
@@ -38,6 +39,7 @@ VARIANTS = {
     "default": {},
     "call1": {"capture_on_call": 1},
     "nowarm": {},
+    "cudnn": {},
 }
 
 
@@ -125,6 +127,10 @@ def child(shape: str, variant: str, sentences: int, profiled: str) -> dict[str, 
             spent["captures"] += 1
 
     capture_module.capture_graph = timed_capture
+    if variant == "cudnn":
+        import fusebackend.backend
+
+        fusebackend.backend.avoid_cudnn_plans = lambda graph: []
     # Host seconds inside CUDAGraph.replay, split into each graph's first replay (where the
     # driver uploads the executable graph) and the later ones.
     replays = {"first_s": 0.0, "first": 0, "later_s": 0.0, "later": 0}

@@ -40,10 +40,14 @@ each new length, against 0.12-0.18 ms for the memory-efficient kernel, whose ste
 cost the same (0.10-0.16 ms against cuDNN's 0.10-0.15 ms, MiniLM and BERT-base heads at
 batch 1 and 32; ``benchmarks/results/diag_encoder_sdpa_h100.json``). Encoders fed a corpus
 sorted by length, or one query at a time, meet a new length on most calls; the plans made
-their queries' p90 (49-60 ms in every backend, eager's included). Calls with more than one
-query row run with cuDNN's kernel switched off for the call (SDPA then picks flash or
-memory-efficient attention, or its math path); decode rows (one query row, one cache shape)
-keep SDPA's choice.
+their queries' p90 (49-60 ms in every backend, eager's included). Calls whose query or key
+length is symbolic (Dynamo went dynamic: it saw the lengths change) and that have more than
+one query row run with cuDNN's kernel switched off for the call (SDPA then picks flash or
+memory-efficient attention, or its math path). Graphs of one length keep SDPA's choice: one
+plan serves them, and cuDNN's steady calls are faster at longer lengths (a BERT-base corpus
+pass of replays only took 0.391 s with the memory-efficient kernel against 0.330 s with
+cuDNN's, ``diag_sentence_passes_bert_h100_cudnn_plans.json``), and so do decode rows (one
+query row, one plan per cache shape).
 """
 
 from __future__ import annotations
@@ -157,17 +161,22 @@ def drop_key_uniform_masks(gm: torch.fx.GraphModule) -> list[str]:
 
 
 def avoid_cudnn_plans(graph: torch.fx.Graph) -> list[str]:
-    """Rewrite ``graph`` in place: each SDPA call whose queries have more than one row (or
-    a symbolic number of rows) calls ``sdpa_without_cudnn`` instead. Return the names of
-    the calls rewritten."""
+    """Rewrite ``graph`` in place: each SDPA call whose query or key length is symbolic (Dynamo
+    made the graph dynamic: the lengths keep changing), with more than one query row, calls
+    ``sdpa_without_cudnn`` instead. Return the names of the calls rewritten."""
     rewritten = []
     for node in graph.nodes:
         a = sdpa_arguments(node)
         if a is None:
             continue
-        query = example_value(a["query"]) if isinstance(a["query"], torch.fx.Node) else None
-        if not isinstance(query, torch.Tensor) or query.dim() < 2 or query.shape[-2] == 1:
+        query, key = (example_value(a[k]) if isinstance(a[k], torch.fx.Node) else None
+                      for k in ("query", "key"))  # fmt: skip
+        if not (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)):
+            continue
+        if query.dim() < 2 or query.shape[-2] == 1:
             continue  # decode rows: one plan per cache shape, made once
+        if isinstance(query.shape[-2], int) and isinstance(key.shape[-2], int):
+            continue  # one length per graph: one plan, and cuDNN's steady calls are faster
         node.target = sdpa_without_cudnn
         rewritten.append(node.name)
     if rewritten:
