@@ -698,3 +698,89 @@ def test_a_failed_capture_on_promotion_runs_then_captures(recording_capture, mon
     assert failures == [1] and len(recording_capture) == 1
     assert cache.describe()[0]["captured"] is True
     assert fusebackend.stats()["capture_failures"] == 0  # retried at once, not a fallback
+
+
+# ------------------------------------------- capture without a run on a first call
+
+
+def test_capture_on_the_first_call_runs_only_to_validate_with_a_warm_stream(
+    recording_capture, monkeypatch
+):
+    """``capture_on_call=1`` with the capture stream warm: the graph's first length runs
+    (the validation run) and is captured after it; every later length is captured without
+    a run and replayed for its call, and is a plain replay the next time."""
+    monkeypatch.setattr(cap, "side_stream_warm", lambda device: True)
+    table, w, b = weights()
+    cache = norm_cache(capture_on_call=1)
+    lengths = LENGTHS[:12]
+    for n in lengths:
+        ids = rand_ids(V, (2, n))
+        assert_close(cache(ids, table, w, b)[0], embed_norm(ids, table, w, b)[0])
+    assert [graph.replays for graph, _ in recording_capture] == [0] + [1] * 11
+    s = fusebackend.stats()
+    assert (s["validations"], s["fusion_attempts"], s["recordings"]) == (1, 1, 12)
+    for n in lengths:
+        ids = rand_ids(V, (2, n))
+        assert_close(cache(ids, table, w, b)[0], embed_norm(ids, table, w, b)[0])
+    assert [graph.replays for graph, _ in recording_capture] == [1] + [2] * 11
+    assert fusebackend.stats()["recordings"] == 12
+
+
+def test_a_first_call_that_needs_validation_runs_before_its_capture(recording_capture, monkeypatch):
+    """Validation off for nothing: a fused graph's first call of its class is compared with
+    the unfused graph, so it runs directly (and is captured after), even with capture on the
+    first call and the stream warm; with ``validate=False`` it is captured at once."""
+    monkeypatch.setattr(cap, "side_stream_warm", lambda device: True)
+    table, w, b = weights()
+    ids = rand_ids(V, (2, 7))
+    validated = norm_cache(capture_on_call=1)
+    assert_close(validated(ids, table, w, b)[0], embed_norm(ids, table, w, b)[0])
+    assert recording_capture[-1][0].replays == 0 and fusebackend.stats()["validations"] == 1
+    unvalidated = norm_cache(capture_on_call=1, validate=False)
+    assert_close(unvalidated(ids, table, w, b)[0], embed_norm(ids, table, w, b)[0])
+    assert recording_capture[-1][0].replays == 1 and fusebackend.stats()["validations"] == 1
+
+
+def test_a_signature_back_after_an_eviction_is_captured_without_a_run(
+    recording_capture, monkeypatch
+):
+    """A signature known to recur (its verdict outlives its entry) is captured on its first
+    call after an eviction, without a run, its in-place update made once."""
+    monkeypatch.setattr(cap, "side_stream_warm", lambda device: True)
+    cache = GraphCache(
+        unfused=step, fused=None, config=FusionConfig(cudagraphs=True, max_graphs=1),
+        device=FAKE_CUDA, static_input_indices=frozenset({1}),
+        mutated_input_indices=frozenset({1}), name="step",
+    )  # fmt: skip
+    counter = torch.zeros(1)
+    a, b = torch.randn(3, 4), torch.randn(5, 4)
+    for n, x in enumerate((a, a, b, b, a), start=1):  # b evicts a, then a b
+        (out,) = cache(x, counter)
+        assert counter.item() == n
+        assert_close(out, x * 2 + n)
+    assert fusebackend.stats()["eviction_reasons"] == {"max_graphs": 2}
+    again, warmups = recording_capture[-1]
+    assert (len(recording_capture), again.replays, warmups) == (3, 1, 0)
+
+
+def test_a_failed_capture_on_a_first_call_runs_then_captures(recording_capture, monkeypatch):
+    """The capture without a run fails (as a capture can): the call runs the graph and is
+    captured after the run; one call's result and in-place update."""
+    monkeypatch.setattr(cap, "side_stream_warm", lambda device: True)
+    inner = cap.capture_graph
+    failures = []
+
+    def flaky(fn, inputs, *, device, warmup_iterations):
+        if len(failures) < 1 and warmup_iterations == 0 and fusebackend.stats()["recordings"]:
+            failures.append(1)
+            raise RuntimeError("capture invalidated")
+        return inner(fn, inputs, device=device, warmup_iterations=warmup_iterations)
+
+    monkeypatch.setattr(cap, "capture_graph", flaky)
+    table, w, b = weights()
+    cache = norm_cache(capture_on_call=1)
+    for n in (5, 6, 6):
+        ids = rand_ids(V, (2, n))
+        assert_close(cache(ids, table, w, b)[0], embed_norm(ids, table, w, b)[0])
+    assert failures == [1] and len(recording_capture) == 2
+    assert fusebackend.stats()["capture_failures"] == 0  # retried at once, not a fallback
