@@ -22,6 +22,8 @@ the rest of ``encode`` (``.cpu()`` and the GPU wait among it) / garbage collecti
 (``gc.callbacks``): ``query_trace`` (rows), ``query_phases`` (p50/p90 per phase, each phase's
 share of the slowest 10%, total by token bucket and by new vs seen length, correlation with
 tokens, gc counts); ``query_repeat_phases`` / ``query_repeat_trace`` for the second loop.
+Backends ``infinifuse-call1`` (``capture_on_call=1``) and ``infinifuse-buckets``
+(``length_buckets``) are infinifuse with those options, as rows of the same run.
 ``--no-cudnn-sdp`` turns cuDNN's SDPA off in each process (eager attention on an H100 ran
 it; it builds an execution plan per new shape).
 For infinifuse, ``fusebackend.stats()`` per phase: new entries, captures
@@ -34,6 +36,7 @@ makes its first captures there; ``recaptures_counted_as`` says how the count was
     python benchmarks/sentence_embeddings.py --quick --out /tmp/s.json        # 1000 sentences
     python benchmarks/sentence_embeddings.py --tiny --backends eager,infinifuse --out /tmp/s.json
     python benchmarks/sentence_embeddings.py --backends eager --no-cudnn-sdp --out /tmp/s2.json
+    python benchmarks/sentence_embeddings.py --backends eager,infinifuse-call1 --out /tmp/s3.json
 
 Writes the JSON (environment: device, torch, CUDA, Triton, transformers, sentence-transformers,
 date, commit) after every process, so a run cut short keeps what finished, and prints the
@@ -56,6 +59,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("eager", "infinifuse", "reduce-overhead")
+# infinifuse with options, as more rows of one run (each in its own cold process, like every
+# backend); ``--options`` applies to them too, under theirs
+VARIANTS: dict[str, dict[str, Any]] = {
+    "infinifuse-call1": {"capture_on_call": 1},
+    "infinifuse-buckets": {"length_buckets": [8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]},
+}
 DEFAULT_SHAPES = ("minilm-l6", "bert-base")
 _MARKER = "SENTENCE_BENCH_RESULT "
 
@@ -132,10 +141,14 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     if args.warmup:  # CUDA context, cuBLAS, the allocator: the same for every backend
         _, warmup_s = ex._timed(device, lambda: model.encode(["warm up", "the device"]))
     fusebackend.reset_stats()
+    backend, options = args.backend, args.options
+    if backend in VARIANTS:
+        backend, options = "infinifuse", {**(options or {}), **VARIANTS[backend]}
     result, embeddings = ex.measure(
-        model, args.backend, corpus, queries, args.batch_size, device, args.options,
+        model, backend, corpus, queries, args.batch_size, device, options,
         probe=args.query_probe, repeat_queries=args.repeat_queries,
     )  # fmt: skip
+    result["backend"], result["options"] = args.backend, options
     result.update(
         shape=args.shape,
         model=ex.describe(model),
@@ -155,7 +168,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
             result["query_cosine_vs_eager"] = ex.cosine(
                 embeddings["queries"], np.stack(reference_queries)
             )
-    if args.backend == "infinifuse":
+    if backend == "infinifuse":
         stats = fusebackend.stats()
         result["fallback_reasons"] = {str(k): str(v)[:300] for k, v in
                                       stats.get("fallback_reasons", {}).items()}  # fmt: skip
@@ -460,9 +473,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if shape not in known_shapes:
             parser.error(f"--shapes: unknown shape {shape!r} (known: {', '.join(known_shapes)})")
     for backend in args.backends:
-        if backend not in (*BACKENDS, "inductor", "dynamo"):
-            parser.error(f"--backends: unknown backend {backend!r} "
-                         f"(known: {', '.join(BACKENDS)}, inductor, dynamo)")  # fmt: skip
+        if backend not in (*BACKENDS, *VARIANTS, "inductor", "dynamo"):
+            parser.error(f"--backends: unknown backend {backend!r} (known: "
+                         f"{', '.join((*BACKENDS, *VARIANTS))}, inductor, dynamo)")  # fmt: skip
     if args.sentences is None:
         args.sentences = 24 if args.tiny else 1000 if args.quick else 3000
     if args.queries is None:

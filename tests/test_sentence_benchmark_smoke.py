@@ -103,7 +103,7 @@ def test_sentence_benchmark_tiny_writes_runs_environment_and_targets(tmp_path):
     out = tmp_path / "sentence.json"
     env = dict(os.environ)
     command = [sys.executable, str(ROOT / "benchmarks" / "sentence_embeddings.py"), "--tiny",
-               "--backends", "eager,infinifuse", "--out", str(out)]  # fmt: skip
+               "--backends", "eager,infinifuse,infinifuse-call1", "--out", str(out)]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -116,7 +116,12 @@ def test_sentence_benchmark_tiny_writes_runs_environment_and_targets(tmp_path):
     assert environment["cudnn_sdp"] is True and "cudnn_sdp_enabled" in environment
     assert result["workload"]["sentences"] == 24 and result["workload"]["max_words"] == 40
     runs = {(r["shape"], r["backend"]): r for r in result["runs"]}
-    assert set(runs) == {("tiny", "eager"), ("tiny", "infinifuse")}, runs
+    assert set(runs) == {("tiny", "eager"), ("tiny", "infinifuse"), ("tiny", "infinifuse-call1")}
+    # a variant is infinifuse with its options, a row of its own
+    call1 = runs["tiny", "infinifuse-call1"]
+    assert call1["options"] == {"capture_on_call": 1}, call1["options"]
+    assert call1["graphs"] and call1["cosine_vs_eager"]["min"] > 0.99999, call1
+    assert runs["tiny", "infinifuse"]["options"] is None
     for run in runs.values():
         assert "error" not in run, run
         missing = [k for k in RUN_KEYS if k not in run]
@@ -148,13 +153,14 @@ def test_sentence_benchmark_tiny_writes_runs_environment_and_targets(tmp_path):
     assert targets["query p50 / reduce-overhead"]["ratio"] is None  # not run here
     assert targets["re-captures on the second pass"]["met"] is True
     # the table is printed last, a line per run, then the targets
-    tail = done.stdout.strip().splitlines()[-4:]
+    tail = done.stdout.strip().splitlines()[-5:]
     assert tail[0].split()[:2] == ["shape", "backend"], tail
-    assert tail[1].split()[:2] == ["tiny", "eager"] and tail[2].split()[:2] == [
-        "tiny",
-        "infinifuse",
-    ]
-    assert tail[3].startswith("tiny: first pass / eager"), tail
+    assert [line.split()[:2] for line in tail[1:4]] == [
+        ["tiny", "eager"],
+        ["tiny", "infinifuse"],
+        ["tiny", "infinifuse-call1"],
+    ], tail
+    assert tail[4].startswith("tiny: first pass / eager"), tail
 
 
 def _check_query_probe(run):
