@@ -2,7 +2,7 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|decode|rows|matmul|splitk|rotary|zoo|suite|tp|diag]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|decode|rows|matmul|splitk|rotary|zoo|suite|tp|sentence|diag]...
 #
 # Knobs (environment): GPU_TESTS (test paths for "tests", default tests), DECODE_ONLY and
 # DECODE_BACKENDS (run.py's --only and --backends for "decode"), ROWS_ARGS (more arguments
@@ -158,6 +158,20 @@ for step in $steps; do
             done
         done
         ;;
+    sentence)
+        # sentence-transformers (issue 25): each SENTENCE_SHAPES shape (default minilm-l6) with
+        # SENTENCE_BACKENDS (default eager, infinifuse, its capture_on_call=1 variant,
+        # reduce-overhead; ~4.5 min for MiniLM, ~6 for BERT-base), then the passes diag of
+        # capture on the 1st call against the 2nd (~1.5 min a shape)
+        for shape in ${SENTENCE_SHAPES:-minilm-l6}; do
+            run_step "sentence_$shape" python3 benchmarks/sentence_embeddings.py --shapes "$shape" \
+                --backends "${SENTENCE_BACKENDS:-eager,infinifuse,infinifuse-call1,reduce-overhead}" \
+                --child-timeout 200 --out "$OUT/sentence_embeddings_$shape.json"
+            run_step "passes_$shape" python3 benchmarks/diag/diag_sentence_passes.py \
+                --shape "$shape" --variants default,call1 --profile none \
+                --out "$OUT/diag_sentence_passes_$shape.json"
+        done
+        ;;
     diag)
         run_step diag_bert_sdpa python3 benchmarks/diag/diag_bert_sdpa.py
         run_step diag_decode_sdpa python3 benchmarks/diag/diag_decode_sdpa.py
@@ -167,7 +181,7 @@ for step in $steps; do
         run_step diag_generate_host python3 benchmarks/diag/diag_generate_host.py
         ;;
     *)
-        echo "unknown step: $step (tests, examples, bench, generate, rows, decode, matmul, splitk, rotary, zoo, suite, tp, diag)"
+        echo "unknown step: $step (tests, examples, bench, generate, rows, decode, matmul, splitk, rotary, zoo, suite, tp, sentence, diag)"
         status=1
         ;;
     esac
