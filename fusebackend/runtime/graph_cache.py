@@ -397,10 +397,6 @@ class GraphCache(Recapture, Padding, Inspection):
         # step, on its 2nd call; any shape of a second pass) is captured then.
         defer = capture and calls < self._config.capture_on_call
         capture_now = capture and not defer
-        if capture_now and not (verdict is None and self._needs_validation(key)):
-            replayed = self._capture_and_replay(key, mode, reason, calls - 1, call)
-            if replayed is not None:
-                return replayed
         if capture_now:
             _capture.join_replay_order(self._replay_device)
         effects = Effects(self._to_device(args) if self._host else args, self._mutated)
@@ -441,18 +437,13 @@ class GraphCache(Recapture, Padding, Inspection):
         matched."""
         assert self._fused is not None
         cls = plan_class(key)
-        validate = first and self._needs_validation(key)
+        validate = first and self._config.validate and cls not in self._validated
         outputs, winner, failure = fused_run(
             self._fused, self._unfused, effects, self._device, first=first, validate=validate
         )
         if validate and failure is None:
             self._validated.add(cls)
         return outputs, winner, failure
-
-    def _needs_validation(self, key: Key) -> bool:
-        """Whether a fused first run of ``key`` is compared with the unfused graph: no other
-        key of its validation class (the same graph at other sizes) has matched yet."""
-        return self._config.validate and plan_class(key) not in self._validated
 
     def _ignore(self, why: str) -> None:
         self.ignored_options.append(why)

@@ -64,7 +64,6 @@ class Recapture:
     _warn_once: Callable[[], int]
     _label: Callable[[Key], str]
     _callable: Callable[[Mode], Callable[..., Sequence[Any]]]
-    _needs_validation: Callable[[Key], bool]
     _device: torch.device | None
     _static: frozenset[int]
     _mutated: tuple[int, ...]
@@ -78,26 +77,20 @@ class Recapture:
         else (or if that capture fails) run, then captured, as a new key is."""
         del self._entries[key]
         self._drop(entry)
-        replayed = self._capture_and_replay(key, entry.mode, entry.reason, entry.hits, call)
+        replayed = self._capture_and_replay(key, entry, call)
         if replayed is not None:
             return replayed
         return self._new_entry(key, Verdict(entry.mode, entry.reason, True, entry.hits), call)
 
-    def _capture_and_replay(
-        self, key: Key, mode: Mode, reason: str | None, hits: int, call: Call
-    ) -> Sequence[Any] | None:
-        """Capture ``mode`` on this call's inputs without running it first, insert the
-        entry (``hits`` earlier calls; ``reason``: why it runs in ``mode``) and replay it
-        for the call's outputs (the replay runs the call's in-place effects once, as any
-        replay does); None where that is not done (a cold capture stream, a capture
-        blocker, a failed or over-budget capture: the caller runs the usual path). Used on
-        promotion (its earlier calls ran it at this signature) and for a signature captured
-        on its first call here that needs no validation run (``capture_on_call=1``, or one
-        known to recur: evicted, or served by an older compilation): one direct run fewer
-        per captured signature. On an H100 (MiniLM-L6 at batch 32, 99 nodes) such a capture
-        took 5.4 ms, of which 0.7 ms ended and instantiated it, the rest the capture's own
-        run of the graph on the host; a direct run took 3.9 ms of host time
-        (``diag_sentence_passes_minilm_h100_phases.json``, ``diag_direct_host_minilm_h100.txt``)."""
+    def _capture_and_replay(self, key: Key, old: Entry, call: Call) -> Sequence[Any] | None:
+        """Capture ``old``'s mode on this call's inputs without running it first, insert the
+        entry and replay it for the call's outputs (the replay runs the call's in-place
+        effects once, as any replay does); None where that is not done (a cold capture
+        stream, a capture blocker, a failed or over-budget capture: the caller runs the
+        usual path). One direct run fewer per captured signature, and the graph's first
+        replay, which costs far more host time than the next ones, falls in the call that
+        captures it."""
+        mode = old.mode
         args = call.args
         if not (self._capture and mode.capturable and self._device is not None):
             return None
@@ -116,8 +109,8 @@ class Recapture:
             _capture.join_replay_order(self._replay_device)
         if self._over_budget(entry) is not None:
             return None
-        entry.reason, entry.hits = reason, hits
-        self._remember(key, Verdict(mode, reason, True, hits + 1))
+        entry.reason, entry.hits = old.reason, old.hits
+        self._remember(key, Verdict(mode, old.reason, True, old.hits + 1))
         self._insert(key, entry)
         return self._replay(entry, call)
 
