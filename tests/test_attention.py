@@ -329,19 +329,22 @@ def _attention_and_norm(q, k, v, mask):
     return F.layer_norm(_attention(q, k, v, mask) + q, (16,))  # _inputs: 16 wide
 
 
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "static"])
 @pytest.mark.parametrize("rows", [1, 3], ids=["decode", "prefill"])
-def test_only_dynamic_calls_of_several_query_rows_leave_cudnn(rows):
+def test_only_calls_of_symbolic_lengths_leave_cudnn(rows, dynamic):
+    """Dynamic lengths (a prefill's, or a decode row's growing cache) leave cuDNN; static
+    ones keep SDPA's choice."""
     args = _inputs(torch.float32, rows, "bool")
     torch._dynamo.reset()
     compiled = torch.compile(
-        _attention_and_norm, backend="infinifuse", dynamic=True, options={"cudagraphs": False}
+        _attention_and_norm, backend="infinifuse", dynamic=dynamic, options={"cudagraphs": False}
     )
     with torch.no_grad():
         actual = compiled(*args)
     graph = fusebackend.last_report().graphs[-1]
     assert graph.path == "fused", graph.path
     assert_close(actual, eager(_attention_and_norm, *args))
-    assert len(graph.cudnn_free_attention) == (rows > 1), graph.cudnn_free_attention
+    assert len(graph.cudnn_free_attention) == dynamic, graph.cudnn_free_attention
 
 
 @pytest.mark.gpu

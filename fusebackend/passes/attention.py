@@ -41,13 +41,13 @@ cost the same (0.10-0.16 ms against cuDNN's 0.10-0.15 ms, MiniLM and BERT-base h
 batch 1 and 32; ``benchmarks/results/diag_encoder_sdpa_h100.json``). Encoders fed a corpus
 sorted by length, or one query at a time, meet a new length on most calls; the plans made
 their queries' p90 (49-60 ms in every backend, eager's included). Calls whose query or key
-length is symbolic (Dynamo went dynamic: it saw the lengths change) and that have more than
-one query row run with cuDNN's kernel switched off for the call (SDPA then picks flash or
-memory-efficient attention, or its math path). Graphs of one length keep SDPA's choice: one
-plan serves them, and cuDNN's steady calls are faster at longer lengths (a BERT-base corpus
-pass of replays only took 0.391 s with the memory-efficient kernel against 0.330 s with
-cuDNN's, ``diag_sentence_passes_bert_h100_cudnn_plans.json``), and so do decode rows (one
-query row, one plan per cache shape).
+length is symbolic (Dynamo went dynamic: it saw the lengths change; a decode step over a
+cache that grows each step, too) run with cuDNN's kernel switched off for the call (SDPA then
+picks flash or memory-efficient attention, or its math path). Graphs of static lengths keep
+SDPA's choice: one plan serves each batch size, and cuDNN's steady calls are faster at
+longer lengths (a BERT-base corpus pass of replays only took 0.391 s with the
+memory-efficient kernel against 0.330 s with cuDNN's,
+``diag_sentence_passes_bert_h100_cudnn_plans.json``).
 """
 
 from __future__ import annotations
@@ -162,8 +162,8 @@ def drop_key_uniform_masks(gm: torch.fx.GraphModule) -> list[str]:
 
 def avoid_cudnn_plans(graph: torch.fx.Graph) -> list[str]:
     """Rewrite ``graph`` in place: each SDPA call whose query or key length is symbolic (Dynamo
-    made the graph dynamic: the lengths keep changing), with more than one query row, calls
-    ``sdpa_without_cudnn`` instead. Return the names of the calls rewritten."""
+    made the graph dynamic: the lengths keep changing; a decode step's cache that grows every
+    step too) calls ``sdpa_without_cudnn`` instead. Return the names of the calls rewritten."""
     rewritten = []
     for node in graph.nodes:
         a = sdpa_arguments(node)
@@ -173,8 +173,8 @@ def avoid_cudnn_plans(graph: torch.fx.Graph) -> list[str]:
                       for k in ("query", "key"))  # fmt: skip
         if not (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)):
             continue
-        if query.dim() < 2 or query.shape[-2] == 1:
-            continue  # decode rows: one plan per cache shape, made once
+        if query.dim() < 2 or key.dim() < 2:
+            continue
         if isinstance(query.shape[-2], int) and isinstance(key.shape[-2], int):
             continue  # one length per graph: one plan, and cuDNN's steady calls are faster
         node.target = sdpa_without_cudnn
@@ -189,7 +189,9 @@ def sdpa_without_cudnn(*args: Any, **kwargs: Any) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` with cuDNN's kernel switched off for this call (the
     other kernels as the user set them); the switch is put back even when SDPA raises.
     Like ``torch.nn.attention.sdpa_kernel``, this sets the process-wide flag for the call,
-    so an eager SDPA call in another thread at that moment skips cuDNN too."""
+    so another thread's SDPA call at that moment skips cuDNN too; and another thread that
+    saves and restores the flag meanwhile (``sdpa_kernel``, ``enable_cudnn_sdp``) can leave
+    it off, or have its own change undone, as two threads using ``sdpa_kernel`` can."""
     if not torch._C._get_cudnn_sdp_enabled():
         return F.scaled_dot_product_attention(*args, **kwargs)
     torch._C._set_sdp_use_cudnn(False)
