@@ -127,6 +127,9 @@ def test_embeddings_equal_eager_and_groups_fuse(model_dir, batch_size):
     lookups = [g for g in groups if len(g.lookups) == 3]
     assert len(lookups) == 1, str(report)
     assert all(g.backend == "triton" for g in groups), str(report)
+    # that graph's lengths are dynamic: each layer's attention runs with cuDNN's kernel off
+    # (no execution plan per new length on a GPU)
+    assert len(report.graphs[-1].cudnn_free_attention) == LAYERS, str(report)
 
 
 def test_second_pass_adds_no_entry_and_no_capture(model_dir):
