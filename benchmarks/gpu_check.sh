@@ -161,12 +161,13 @@ for step in $steps; do
     sentence)
         # sentence-transformers (issue 25): each SENTENCE_SHAPES shape (default minilm-l6) with
         # SENTENCE_BACKENDS (default eager, infinifuse, its capture_on_call=1 variant,
-        # reduce-overhead; ~4.5 min for MiniLM, ~6 for BERT-base), then the passes diag of
-        # capture on the 1st call against the 2nd (~1.5 min a shape)
+        # reduce-overhead; ~4.5 min for MiniLM, ~6 for BERT-base; SENTENCE_ARGS passed on,
+        # e.g. --rounds 2), then the passes diag of capture on the 1st call against the 2nd
+        # (~1.5 min a shape)
         for shape in ${SENTENCE_SHAPES:-minilm-l6}; do
             run_step "sentence_$shape" python3 benchmarks/sentence_embeddings.py --shapes "$shape" \
                 --backends "${SENTENCE_BACKENDS:-eager,infinifuse,infinifuse-call1,reduce-overhead}" \
-                --child-timeout 200 --out "$OUT/sentence_embeddings_$shape.json"
+                --child-timeout 200 ${SENTENCE_ARGS:-} --out "$OUT/sentence_embeddings_$shape.json"
             run_step "passes_$shape" python3 benchmarks/diag/diag_sentence_passes.py \
                 --shape "$shape" --variants default,call1 --profile none \
                 --out "$OUT/diag_sentence_passes_$shape.json"

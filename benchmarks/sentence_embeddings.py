@@ -22,6 +22,8 @@ the rest of ``encode`` (``.cpu()`` and the GPU wait among it) / garbage collecti
 (``gc.callbacks``): ``query_trace`` (rows), ``query_phases`` (p50/p90 per phase, each phase's
 share of the slowest 10%, total by token bucket and by new vs seen length, correlation with
 tokens, gc counts); ``query_repeat_phases`` / ``query_repeat_trace`` for the second loop.
+``--rounds N`` runs every backend N times, alternating, and takes each backend's median for
+the target ratios (these machines' hosts moved eager's own second pass by 40% between runs).
 Backends ``infinifuse-call1`` (``capture_on_call=1``) and ``infinifuse-buckets``
 (``length_buckets``) are infinifuse with those options, as rows of the same run.
 ``--no-cudnn-sdp`` turns cuDNN's SDPA off in each process (eager attention on an H100 ran
@@ -257,28 +259,40 @@ TARGETS = (
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    by = {(r["shape"], r["backend"]): r for r in runs if "error" not in r}
+    """The target ratios per shape, from each backend's median over its rounds (``--rounds``;
+    one run each by default); re-captures count the worst round."""
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        if "error" not in r:
+            by.setdefault((r["shape"], r["backend"]), []).append(r)
+
+    def median(shape: str, backend: str, key: str) -> float | None:
+        values = sorted(r[key] for r in by.get((shape, backend), []) if r.get(key) is not None)
+        if not values:
+            return None
+        middle = len(values) // 2
+        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
     out: dict[str, Any] = {}
     for shape in dict.fromkeys(r["shape"] for r in runs):
         rows = []
         for name, num, key, den, target in TARGETS:
-            a, b = by.get((shape, num)), by.get((shape, den))
-            value = _ratio(a.get(key) if a else None, b.get(key) if b else None)
+            value = _ratio(median(shape, num, key), median(shape, den, key))
             rows.append({"name": name, "ratio": value, "target": target,
                          "met": None if value is None else value <= target})  # fmt: skip
-        fuse = by.get((shape, "infinifuse"))
-        recaptures = fuse.get("second_pass_recaptures") if fuse else None
+        counts = [r.get("second_pass_recaptures") for r in by.get((shape, "infinifuse"), [])]
+        recaptures = max((c for c in counts if c is not None), default=None)
         met = None if recaptures is None else recaptures == 0
         rows.append({"name": "re-captures on the second pass", "value": recaptures,
                      "target": 0, "met": met})  # fmt: skip
-        ro, eager = by.get((shape, "reduce-overhead")), by.get((shape, "eager"))
+        first = {b: median(shape, b, "first_pass_s") for b in ("eager", "infinifuse",
+                                                               "reduce-overhead")}  # fmt: skip
         context = {
-            "reduce-overhead first pass / eager": _ratio(
-                ro.get("first_pass_s") if ro else None, eager.get("first_pass_s") if eager else None
-            ),
+            "reduce-overhead first pass / eager": _ratio(first["reduce-overhead"], first["eager"]),
             "infinifuse first pass / reduce-overhead": _ratio(
-                fuse.get("first_pass_s") if fuse else None, ro.get("first_pass_s") if ro else None
+                first["infinifuse"], first["reduce-overhead"]
             ),
+            "rounds": max((len(v) for (s, _), v in by.items() if s == shape), default=0),
         }
         out[shape] = {"targets": rows, "context": context}
     return out
@@ -299,8 +313,9 @@ def table(runs: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
             continue
         end = r.get("stats", {}).get("queries", {})
         pool = end.get("graph_pool_bytes")
+        label = r["backend"] + (f" #{r['round']}" if "round" in r else "")
         rows.append((
-            r["shape"], r["backend"], _fmt(r.get("first_pass_s"), ".2f"),
+            r["shape"], label, _fmt(r.get("first_pass_s"), ".2f"),
             _fmt(r.get("second_pass_s"), ".3f"), _fmt(r.get("query_p50_ms"), ".2f"),
             _fmt(r.get("query_p90_ms"), ".2f"),
             _fmt(r.get("cosine_vs_eager", {}).get("min"), ".5f"),
@@ -350,6 +365,7 @@ def run_parent(args: argparse.Namespace) -> int:
             "query_probe": args.query_probe,
             "repeat_queries": args.repeat_queries,
             "cudnn_sdp": args.cudnn_sdp,
+            "rounds": args.rounds,
         },
         "workload": {
             "sentences": args.sentences,
@@ -364,31 +380,37 @@ def run_parent(args: argparse.Namespace) -> int:
         "runs": [],
     }
     started = time.perf_counter()
-    for shape in args.shapes:
-        for backend in args.backends:
-            print(f"== {shape} / {backend} ...", flush=True)
-            run = run_one(args, shape, backend)
-            result["runs"].append(run)
-            if "environment" in run and "device" not in result["environment"]:
-                # the device and versions as the measuring process saw them
-                keys = ("device", "torch", "cuda", "triton", "transformers",
-                        "sentence_transformers", "fusebackend", "triton_interpret",
-                        "cudnn_sdp_enabled")  # fmt: skip
-                result["environment"].update({k: run["environment"].get(k) for k in keys})
-            brief = {k: run.get(k) for k in ("first_pass_s", "second_pass_s", "query_p50_ms",
-                     "query_p90_ms", "query_repeat_p50_ms", "query_repeat_p90_ms",
-                     "second_pass_captures", "second_pass_recaptures", "process_s",
-                     "error")}  # fmt: skip
-            by_new = run.get("query_phases", {}).get("total_by_new_length_ms", {})
-            if by_new:
-                brief["query_p90_ms_new_vs_seen_length"] = [by_new[k].get("p90")
-                                                            for k in ("new", "seen")]  # fmt: skip
-            print(json.dumps({k: v for k, v in brief.items() if v is not None}), flush=True)
-            if "error" in run:
-                print(run.get("stderr_tail", "")[-2000:], flush=True)
-            result["summary"] = summarize(result["runs"])
-            result["total_s"] = time.perf_counter() - started
-            write(args.out, result)
+    # rounds: every backend once, then again (alternating, so a host that slows down during
+    # the run weighs on each backend alike); the targets use each backend's median
+    plan = [(shape, n, backend) for shape in args.shapes for n in range(1, args.rounds + 1)
+            for backend in args.backends]  # fmt: skip
+    for shape, round_no, backend in plan:
+        print(f"== {shape} / {backend}" + (f" (round {round_no})" if args.rounds > 1 else "")
+              + " ...", flush=True)  # fmt: skip
+        run = run_one(args, shape, backend)
+        if args.rounds > 1:
+            run["round"] = round_no
+        result["runs"].append(run)
+        if "environment" in run and "device" not in result["environment"]:
+            # the device and versions as the measuring process saw them
+            keys = ("device", "torch", "cuda", "triton", "transformers",
+                    "sentence_transformers", "fusebackend", "triton_interpret",
+                    "cudnn_sdp_enabled")  # fmt: skip
+            result["environment"].update({k: run["environment"].get(k) for k in keys})
+        brief = {k: run.get(k) for k in ("first_pass_s", "second_pass_s", "query_p50_ms",
+                 "query_p90_ms", "query_repeat_p50_ms", "query_repeat_p90_ms",
+                 "second_pass_captures", "second_pass_recaptures", "process_s",
+                 "error")}  # fmt: skip
+        by_new = run.get("query_phases", {}).get("total_by_new_length_ms", {})
+        if by_new:
+            brief["query_p90_ms_new_vs_seen_length"] = [by_new[k].get("p90")
+                                                        for k in ("new", "seen")]  # fmt: skip
+        print(json.dumps({k: v for k, v in brief.items() if v is not None}), flush=True)
+        if "error" in run:
+            print(run.get("stderr_tail", "")[-2000:], flush=True)
+        result["summary"] = summarize(result["runs"])
+        result["total_s"] = time.perf_counter() - started
+        write(args.out, result)
     lines = table(result["runs"], result["summary"])
     result["lines"] = lines
     write(args.out, result)
@@ -430,6 +452,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-words", type=int,
                         help="longest sentence, in words (default 199; --tiny 40)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every backend this many times, alternating; the targets use "
+                        "each backend's median (default 1)")  # fmt: skip
     parser.add_argument(
         "--options",
         type=json.loads,
@@ -484,6 +509,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.batch_size = 8 if args.tiny else 32
     if args.max_words is None:
         args.max_words = 40 if args.tiny else 199
+    if args.rounds < 1:
+        parser.error("--rounds >= 1")
     if args.max_words < 2 or args.sentences < 1 or args.batch_size < 1 or args.queries < 0:
         parser.error("--max-words >= 2, --sentences >= 1, --batch-size >= 1, --queries >= 0")
     return args

@@ -98,6 +98,31 @@ def test_recaptures_count_only_signatures_captured_before(example):
     assert example.recaptures(None, set(), set(), evictions=0)[0] is None
 
 
+def test_rounds_summarize_each_backends_median():
+    spec = importlib.util.spec_from_file_location(
+        "_sentence_benchmark", ROOT / "benchmarks" / "sentence_embeddings.py"
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def run(backend, second, recaptures=None, round_no=1):
+        return {"shape": "s", "backend": backend, "first_pass_s": 1.0, "second_pass_s": second,
+                "second_pass_recaptures": recaptures, "round": round_no}  # fmt: skip
+
+    runs = [run("eager", 1.0), run("infinifuse", 0.9, 0), run("eager", 0.6, round_no=2),
+            run("infinifuse", 0.5, 1, round_no=2), run("eager", 0.8, round_no=3),
+            run("infinifuse", 0.4, 0, round_no=3)]  # fmt: skip
+    summary = bench.summarize(runs)["s"]
+    targets = {t["name"]: t for t in summary["targets"]}
+    # medians: infinifuse 0.5 s against eager 0.8 s (not the last round's 0.4 / 0.8)
+    assert targets["second pass / eager"]["ratio"] == pytest.approx(0.5 / 0.8)
+    assert targets["re-captures on the second pass"]["value"] == 1  # the worst round
+    assert summary["context"]["rounds"] == 3
+    lines = bench.table(runs, {"s": summary})
+    assert [line.split()[1:3] for line in lines[1:3]] == [["eager", "#1"], ["infinifuse", "#1"]]
+
+
 def test_sentence_benchmark_tiny_writes_runs_environment_and_targets(tmp_path):
     _needs_sentence_transformers()
     out = tmp_path / "sentence.json"
