@@ -149,6 +149,12 @@ for step in $steps; do
             # memory's one-shot all-reduce (~1.5 min on 2 GPUs)
             run_step diag_tp_chain torchrun --nproc_per_node "$gpus" \
                 benchmarks/diag/diag_tp_chain.py --out "$OUT/tp_chain.json"
+            # where the first generate's seconds go at TP=N and unsharded (Dynamo, the
+            # backend's passes and Triton's compiles, captures, new signatures' runs)
+            run_step diag_tp_first_call torchrun --nproc_per_node "$gpus" \
+                benchmarks/diag/diag_tp_first_call.py
+            run_step diag_tp_first_call_tp1 torchrun --nproc_per_node 1 \
+                benchmarks/diag/diag_tp_first_call.py
         fi
         for shape in ${TP_SHAPES:-tinyllama}; do
             for n in ${TP_SIZES:-$gpus 1}; do

@@ -10,7 +10,10 @@ unless TP1_PLAN is set), and generates 2 tokens through ``CompileConfig(backend=
 the backend (``GraphReport.compile_seconds``) with its slowest passes, and Dynamo's own
 compile metrics (``torch._dynamo.utils.compile_times``). On CPUs (gloo) the kernels run in
 Triton's interpreter, so the figures say nothing of Triton's compiles or CUDA graph captures:
-only of tracing and the backend's passes.
+only of tracing and the backend's passes. Where a GPU is present (``/dev/nvidiactl``; NCCL)
+the model has TinyLlama's widths in fp16, and rank 0 also prints the seconds spent in CUDA
+graph captures and in the runs of new signatures (fused, validated once per class); the backend's compile seconds
+include Triton's compiles (its ``precompile`` pass).
 
     PYTHONPATH=. torchrun --nproc_per_node 2 benchmarks/diag/diag_tp_first_call.py
     PYTHONPATH=. torchrun --nproc_per_node 1 benchmarks/diag/diag_tp_first_call.py
@@ -22,8 +25,11 @@ import json
 import os
 import sys
 import tempfile
+import time
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before torch and Triton: CPU ranks
+GPU = os.path.exists("/dev/nvidiactl")
+if not GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before torch and Triton: CPU ranks
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "examples"))  # fmt: skip
 
@@ -36,17 +42,46 @@ from torch._dynamo.utils import compile_times  # noqa: E402
 import fusebackend  # noqa: E402
 
 
+def _time_runtime() -> dict[str, float]:
+    """Seconds in CUDA graph captures and in the runs of new signatures (fused, with their validation), summed
+    (both functions are looked up on their modules at each call)."""
+    from fusebackend.runtime import capture, graph_cache
+
+    spent = {"capture_s": 0.0, "captures": 0, "new_key_runs_s": 0.0, "new_key_runs": 0}
+
+    def timed(owner, name: str, count: str, seconds: str) -> None:
+        inner = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                spent[seconds] += time.perf_counter() - start
+                spent[count] += 1
+
+        setattr(owner, name, wrapper)
+
+    timed(capture, "capture_graph", "captures", "capture_s")
+    timed(graph_cache, "fused_run", "new_key_runs", "new_key_runs_s")
+    return spent
+
+
 def main() -> None:
     layers = os.environ.get("LAYERS", "22")
-    args = tg.parse_args(["--tiny", "--layers", layers, "--interpret", "--new-tokens", "2"])
+    shape = [] if GPU else ["--tiny", "--interpret"]
+    args = tg.parse_args([*shape, "--layers", layers, "--new-tokens", "2"])
     device = tg.setup()
+    spent = _time_runtime()
     sharded = dist.get_world_size() > 1 or bool(os.environ.get("TP1_PLAN"))
     with tempfile.TemporaryDirectory() as root:
         shared = [root]
         dist.broadcast_object_list(shared, src=0)
         path = tg.random_model_dir(args, shared[0])
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32, local_files_only=True,
+            path, dtype=torch.float16 if GPU else torch.float32, local_files_only=True,
             **({"tp_plan": "auto"} if sharded else {}),
         ).eval()  # fmt: skip
         dist.barrier()
@@ -62,6 +97,8 @@ def main() -> None:
                     "slowest_passes_s": dict(sorted(g.pass_seconds.items(),
                                                     key=lambda kv: -kv[1])[:6])}
                    for g in graphs],
+        "backend_compile_s": sum(g.compile_seconds for g in graphs),
+        **spent,
     }  # fmt: skip
     if dist.get_rank() == 0:
         print(json.dumps(report, indent=1))
