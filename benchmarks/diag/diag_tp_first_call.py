@@ -12,8 +12,8 @@ compile metrics (``torch._dynamo.utils.compile_times``). On CPUs (gloo) the kern
 Triton's interpreter, so the figures say nothing of Triton's compiles or CUDA graph captures:
 only of tracing and the backend's passes. Where a GPU is present (``/dev/nvidiactl``; NCCL)
 the model has TinyLlama's widths in fp16, and rank 0 also prints the seconds spent in CUDA
-graph captures and in the runs of new signatures (fused, validated once per class); the backend's compile seconds
-include Triton's compiles (its ``precompile`` pass).
+graph captures and in the runs of new signatures (fused, validated once per class); the
+backend's compile seconds include Triton's compiles (its ``precompile`` pass).
 
     PYTHONPATH=. torchrun --nproc_per_node 2 benchmarks/diag/diag_tp_first_call.py
     PYTHONPATH=. torchrun --nproc_per_node 1 benchmarks/diag/diag_tp_first_call.py
@@ -43,8 +43,8 @@ import fusebackend  # noqa: E402
 
 
 def _time_runtime() -> dict[str, float]:
-    """Seconds in CUDA graph captures and in the runs of new signatures (fused, with their validation), summed
-    (both functions are looked up on their modules at each call)."""
+    """Seconds in CUDA graph captures and in the runs of new signatures (fused, with their
+    validation), summed (both functions are looked up on their modules at each call)."""
     from fusebackend.runtime import capture, graph_cache
 
     spent = {"capture_s": 0.0, "captures": 0, "new_key_runs_s": 0.0, "new_key_runs": 0}
