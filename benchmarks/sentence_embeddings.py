@@ -25,7 +25,9 @@ tokens, gc counts); ``query_repeat_phases`` / ``query_repeat_trace`` for the sec
 ``--rounds N`` runs every backend N times, alternating, and takes each backend's median for
 the target ratios (these machines' hosts moved eager's own second pass by 40% between runs).
 Backends ``infinifuse-call1`` (``capture_on_call=1``) and ``infinifuse-buckets``
-(``length_buckets``) are infinifuse with those options, as rows of the same run.
+(``length_buckets``) are infinifuse with those options, as rows of the same run;
+``infinifuse-dynamic`` and ``reduce-overhead-dynamic`` compile with ``dynamic=True`` (symbolic
+lengths from the first trace, as sentence-transformers' docs advise: no recompiles).
 ``--no-cudnn-sdp`` turns cuDNN's SDPA off in each process (eager attention on an H100 ran
 it; it builds an execution plan per new shape).
 For infinifuse, ``fusebackend.stats()`` per phase: new entries, captures
@@ -61,11 +63,18 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("eager", "infinifuse", "reduce-overhead")
-# infinifuse with options, as more rows of one run (each in its own cold process, like every
-# backend); ``--options`` applies to them too, under theirs
-VARIANTS: dict[str, dict[str, Any]] = {
-    "infinifuse-call1": {"capture_on_call": 1},
-    "infinifuse-buckets": {"length_buckets": [8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]},
+# A backend with options or torch.compile(dynamic=True), as more rows of one run (each in its
+# own cold process, like every backend): name -> (backend, infinifuse options, dynamic);
+# ``--options`` applies to the infinifuse rows too, under theirs
+VARIANTS: dict[str, tuple[str, dict[str, Any], bool | None]] = {
+    "infinifuse-call1": ("infinifuse", {"capture_on_call": 1}, None),
+    "infinifuse-buckets": (
+        "infinifuse",
+        {"length_buckets": [8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]},
+        None,
+    ),
+    "infinifuse-dynamic": ("infinifuse", {}, True),
+    "reduce-overhead-dynamic": ("reduce-overhead", {}, True),
 }
 DEFAULT_SHAPES = ("minilm-l6", "bert-base")
 _MARKER = "SENTENCE_BENCH_RESULT "
@@ -143,14 +152,15 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     if args.warmup:  # CUDA context, cuBLAS, the allocator: the same for every backend
         _, warmup_s = ex._timed(device, lambda: model.encode(["warm up", "the device"]))
     fusebackend.reset_stats()
-    backend, options = args.backend, args.options
+    backend, options, dynamic = args.backend, args.options, None
     if backend in VARIANTS:
-        backend, options = "infinifuse", {**(options or {}), **VARIANTS[backend]}
+        backend, extra, dynamic = VARIANTS[backend]
+        options = {**(options or {}), **extra} if backend == "infinifuse" else None
     result, embeddings = ex.measure(
         model, backend, corpus, queries, args.batch_size, device, options,
-        probe=args.query_probe, repeat_queries=args.repeat_queries,
+        probe=args.query_probe, repeat_queries=args.repeat_queries, dynamic=dynamic,
     )  # fmt: skip
-    result["backend"], result["options"] = args.backend, options
+    result["backend"], result["options"], result["dynamic"] = args.backend, options, dynamic
     result.update(
         shape=args.shape,
         model=ex.describe(model),

@@ -5,6 +5,7 @@
     python examples/sentence_embeddings.py --shape bert-base   # 12 layers, hidden 768
     python examples/sentence_embeddings.py --tiny --interpret  # CPU: 2 layers, hidden 64
     python examples/sentence_embeddings.py --model-dir DIR # a local model (never downloads)
+    python examples/sentence_embeddings.py --dynamic       # torch.compile(..., dynamic=True)
 
 The workload of issue 25, built locally (nothing is downloaded): a BertModel of the MiniLM-L6
 shape (6 layers, hidden 384, 12 heads, intermediate 1536; random weights) saved to a temporary
@@ -209,19 +210,25 @@ def check_tokenizer(model: Any) -> None:
         )
 
 
-def compile_inner(model: Any, backend: str, options: dict[str, Any] | None = None) -> None:
-    """Compile the inner transformers model's forward in place (see the module docstring)."""
+def compile_inner(
+    model: Any, backend: str, options: dict[str, Any] | None = None, dynamic: bool | None = None
+) -> None:
+    """Compile the inner transformers model's forward in place (see the module docstring).
+    ``dynamic``: torch.compile's (None: Dynamo's default, a static graph first and symbolic
+    lengths after its recompiles; True: symbolic lengths from the first trace, the setting
+    sentence-transformers' docs recommend for varied lengths)."""
     if backend == "eager":
         return
     hf = model[0].auto_model
     if backend == "infinifuse":
-        hf.forward = torch.compile(hf.forward, backend="infinifuse", options=options)
+        hf.forward = torch.compile(hf.forward, backend="infinifuse", options=options,
+                                   dynamic=dynamic)  # fmt: skip
     elif backend == "reduce-overhead":
-        hf.forward = torch.compile(hf.forward, mode="reduce-overhead")
+        hf.forward = torch.compile(hf.forward, mode="reduce-overhead", dynamic=dynamic)
     elif backend == "inductor":
-        hf.forward = torch.compile(hf.forward)
+        hf.forward = torch.compile(hf.forward, dynamic=dynamic)
     elif backend == "dynamo":
-        hf.forward = torch.compile(hf.forward, backend="eager")
+        hf.forward = torch.compile(hf.forward, backend="eager", dynamic=dynamic)
     else:
         raise ValueError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
 
@@ -530,6 +537,7 @@ def measure(
     options: dict[str, Any] | None = None,
     probe: bool = True,
     repeat_queries: bool = True,
+    dynamic: bool | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One backend on the workload: two corpus passes, then single queries.
 
@@ -539,10 +547,11 @@ def measure(
     (``summarize_queries``) and ``query_trace``. With ``repeat_queries`` every query is encoded
     a second time after the timed loop (each length then seen before, by the same process):
     ``query_repeat_*``, ``query_repeat_phases``. Neither changes ``query_p50_ms`` and the
-    other query fields, which time the first loop as before.
+    other query fields, which time the first loop as before. ``dynamic``: torch.compile's
+    (``compile_inner``).
     """
     result: dict[str, Any] = {"backend": backend}
-    compile_inner(model, backend, options)
+    compile_inner(model, backend, options, dynamic)
     fused = backend == "infinifuse"
     try:
         counters_before = dict(torch._dynamo.utils.counters["stats"])
@@ -716,6 +725,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="infinifuse's options as JSON, e.g. '{\"max_graphs\": 64}'",
     )
+    parser.add_argument("--dynamic", action="store_true",
+                        help="torch.compile(..., dynamic=True): symbolic lengths from the first "
+                        "trace (sentence-transformers' advice for varied lengths), no "
+                        "recompiles as lengths change")  # fmt: skip
     parser.add_argument(
         "--compare",
         action="store_true",
@@ -796,8 +809,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         fusebackend.clear_cache()
         fusebackend.reset_stats()
         result, embeddings = measure(
-            model, backend, corpus, queries, args.batch_size, device, args.options
-        )
+            model, backend, corpus, queries, args.batch_size, device, args.options,
+            dynamic=True if args.dynamic else None,
+        )  # fmt: skip
         if backend == "eager":
             reference = embeddings
         else:

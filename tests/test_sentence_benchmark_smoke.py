@@ -128,7 +128,8 @@ def test_sentence_benchmark_tiny_writes_runs_environment_and_targets(tmp_path):
     out = tmp_path / "sentence.json"
     env = dict(os.environ)
     command = [sys.executable, str(ROOT / "benchmarks" / "sentence_embeddings.py"), "--tiny",
-               "--backends", "eager,infinifuse,infinifuse-call1", "--out", str(out)]  # fmt: skip
+               "--backends", "eager,infinifuse,infinifuse-call1,infinifuse-dynamic",
+               "--out", str(out)]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -141,12 +142,20 @@ def test_sentence_benchmark_tiny_writes_runs_environment_and_targets(tmp_path):
     assert environment["cudnn_sdp"] is True and "cudnn_sdp_enabled" in environment
     assert result["workload"]["sentences"] == 24 and result["workload"]["max_words"] == 40
     runs = {(r["shape"], r["backend"]): r for r in result["runs"]}
-    assert set(runs) == {("tiny", "eager"), ("tiny", "infinifuse"), ("tiny", "infinifuse-call1")}
+    backends = ("eager", "infinifuse", "infinifuse-call1", "infinifuse-dynamic")
+    assert set(runs) == {("tiny", b) for b in backends}
     # a variant is infinifuse with its options, a row of its own
     call1 = runs["tiny", "infinifuse-call1"]
     assert call1["options"] == {"capture_on_call": 1}, call1["options"]
     assert call1["graphs"] and call1["cosine_vs_eager"]["min"] > 0.99999, call1
     assert runs["tiny", "infinifuse"]["options"] is None
+    assert call1["dynamic"] is None and runs["tiny", "infinifuse"]["dynamic"] is None
+    # torch.compile(dynamic=True): symbolic lengths from the first trace, so fewer Dynamo
+    # graphs than the default's static graph + recompiles (2 against 3 on this corpus)
+    dynamic = runs["tiny", "infinifuse-dynamic"]
+    assert dynamic["dynamic"] is True and dynamic["options"] == {}, dynamic
+    assert dynamic["dynamo_graphs"] < runs["tiny", "infinifuse"]["dynamo_graphs"], runs
+    assert dynamic["cosine_vs_eager"]["min"] > 0.99999, dynamic["cosine_vs_eager"]
     for run in runs.values():
         assert "error" not in run, run
         missing = [k for k in RUN_KEYS if k not in run]
@@ -178,14 +187,10 @@ def test_sentence_benchmark_tiny_writes_runs_environment_and_targets(tmp_path):
     assert targets["query p50 / reduce-overhead"]["ratio"] is None  # not run here
     assert targets["re-captures on the second pass"]["met"] is True
     # the table is printed last, a line per run, then the targets
-    tail = done.stdout.strip().splitlines()[-5:]
+    tail = done.stdout.strip().splitlines()[-6:]
     assert tail[0].split()[:2] == ["shape", "backend"], tail
-    assert [line.split()[:2] for line in tail[1:4]] == [
-        ["tiny", "eager"],
-        ["tiny", "infinifuse"],
-        ["tiny", "infinifuse-call1"],
-    ], tail
-    assert tail[4].startswith("tiny: first pass / eager"), tail
+    assert [line.split()[:2] for line in tail[1:5]] == [["tiny", b] for b in backends], tail
+    assert tail[5].startswith("tiny: first pass / eager"), tail
 
 
 def _check_query_probe(run):

@@ -84,6 +84,8 @@ def main() -> None:
             path, dtype=torch.float16 if GPU else torch.float32, local_files_only=True,
             **({"tp_plan": "auto"} if sharded else {}),
         ).eval()  # fmt: skip
+        if not sharded:  # from_pretrained without a tp_plan loads onto the CPU
+            model.to(device)
         dist.barrier()
     inputs = tg.prompts(args, model.config.vocab_size, device)
     with torch.no_grad():
