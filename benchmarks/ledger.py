@@ -62,6 +62,14 @@ SOURCES = (
     "tensor_parallel_llama3-8b_tp2_h100x2_session8.json",
     "tensor_parallel_llama3-8b_tp1_h100x2_session8_gemv.json",
     "tensor_parallel_llama3-8b_tp2_h100x2_session8_gemv.json",
+    "sentence_embeddings_h100_minilm_session9_before.json",
+    "sentence_embeddings_h100_minilm_no_cudnn_plans.json",
+    "sentence_embeddings_h100_bert_no_cudnn_plans.json",
+    "sentence_embeddings_h100_minilm_session9_length_buckets.json",
+    "sentence_embeddings_minilm_h100_session10_call1.json",
+    "sentence_embeddings_minilm_h100_session10_dynamic.json",
+    "sentence_embeddings_bert_h100_session10_dynamic.json",
+    "tensor_parallel_tinyllama_tp2_h100x2_session10_decode.json",
 )
 # metric name in a result row -> unit
 SUITE_METRICS = {"per_call_ms": "ms", "first_call_s": "s", "kernels_per_call": "count"}
