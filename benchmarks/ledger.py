@@ -62,6 +62,7 @@ SOURCES = (
     "tensor_parallel_llama3-8b_tp2_h100x2_session8.json",
     "tensor_parallel_llama3-8b_tp1_h100x2_session8_gemv.json",
     "tensor_parallel_llama3-8b_tp2_h100x2_session8_gemv.json",
+    "sentence_embeddings_h100_bert_session6_dynamo.json",
     "sentence_embeddings_h100_minilm_session9_before.json",
     "sentence_embeddings_h100_minilm_no_cudnn_plans.json",
     "sentence_embeddings_h100_bert_no_cudnn_plans.json",
@@ -78,7 +79,8 @@ TP_METRICS = {
     "generate": {"tokens_per_s": "tokens/s", "first_generate_s": "s"},
 }
 SENTENCE_METRICS = {"first_pass_s": "s", "second_pass_s": "s", "query_p50_ms": "ms",
-                    "query_p90_ms": "ms"}  # fmt: skip
+                    "query_p90_ms": "ms", "query_p90_ms_new_length": "ms",
+                    "query_p90_ms_seen_length": "ms"}  # fmt: skip
 GENERATE_METRICS = {"first_generate_s": "s", "tokens_per_s": "tokens/s"}
 
 
@@ -150,6 +152,10 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
                 add(workload, backend, metrics, parts.get(part) or {})
     elif data.get("benchmark") == "sentence_embeddings":
         for run in data.get("runs", []):
+            # the p90 of the queries at a new token length and at a length seen before
+            split = run.get("query_phases", {}).get("total_by_new_length_ms", {})
+            run = {**run, "query_p90_ms_new_length": split.get("new", {}).get("p90"),
+                   "query_p90_ms_seen_length": split.get("seen", {}).get("p90")}  # fmt: skip
             add(f"sentence-{run.get('shape')}", run.get("backend"), SENTENCE_METRICS, run)
     elif data.get("benchmark") == "generate":
         for run in data.get("runs", []):

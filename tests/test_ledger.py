@@ -120,7 +120,9 @@ def _section(text: str, title: str) -> str:
     return text[start:end]
 
 
-@pytest.mark.parametrize("title", ["Decode steps and an encoder", "Matmul groups"])
+@pytest.mark.parametrize(
+    "title", ["Decode steps and an encoder", "Matmul groups", "sentence-transformers"]
+)
 def test_the_readme_performance_tables_read_the_ledger(ledger, title):
     # Every "N.NNN ms" of these README tables is a ledger figure, at the digits shown: the
     # tables are written from the committed result files, not by hand from memory.
