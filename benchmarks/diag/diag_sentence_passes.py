@@ -13,7 +13,10 @@ capture + instantiate) and the capture count.
 Variants: ``default``; ``call1`` (``capture_on_call=1``: captures in the first pass);
 ``nowarm`` (capture_graph's warm-up run left out: the call that captures has just run the
 graph at this shape on the caller's stream); ``cudnn`` (the fused graph's attention keeps
-SDPA's own kernel choice, cuDNN's on an H100: ``passes/attention.avoid_cudnn_plans`` off).
+SDPA's own kernel choice, cuDNN's on an H100: ``passes/attention.avoid_cudnn_plans`` off);
+``dynamic`` (``torch.compile(..., dynamic=True)``: symbolic lengths and batch from the first
+trace; its second pass measured 0.565 against 0.456 s on MiniLM, 2026-11-27). ``--profile
+third`` profiles the pass of replays only (the per-call host cost).
 
     python benchmarks/diag/diag_sentence_passes.py --shape minilm-l6 --out /tmp/passes.json
 """
@@ -40,6 +43,7 @@ VARIANTS = {
     "call1": {"capture_on_call": 1},
     "nowarm": {},
     "cudnn": {},
+    "dynamic": {},
 }
 
 
@@ -164,7 +168,8 @@ def child(shape: str, variant: str, sentences: int, profiled: str) -> dict[str, 
 
     result: dict[str, Any] = {"shape": shape, "variant": variant}
     result["eager_s"] = one_pass()
-    ex.compile_inner(model, "infinifuse", VARIANTS[variant])
+    ex.compile_inner(model, "infinifuse", VARIANTS[variant],
+                     dynamic=True if variant == "dynamic" else None)  # fmt: skip
     for name in ("first", "second", "third"):
         before = dict(spent)
         replays_before = dict(replays)
@@ -208,7 +213,7 @@ def main() -> int:
     parser.add_argument("--sentences", type=int, default=3000)
     parser.add_argument(
         "--profile",
-        choices=("first", "second", "none"),
+        choices=("first", "second", "third", "none"),
         default="second",
         help="the pass cProfile'd (the first one includes Dynamo's compiles)",
     )
