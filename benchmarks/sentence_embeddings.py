@@ -54,6 +54,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -277,11 +278,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             by.setdefault((r["shape"], r["backend"]), []).append(r)
 
     def median(shape: str, backend: str, key: str) -> float | None:
-        values = sorted(r[key] for r in by.get((shape, backend), []) if r.get(key) is not None)
-        if not values:
-            return None
-        middle = len(values) // 2
-        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+        values = [r[key] for r in by.get((shape, backend), []) if r.get(key) is not None]
+        return statistics.median(values) if values else None
 
     out: dict[str, Any] = {}
     for shape in dict.fromkeys(r["shape"] for r in runs):

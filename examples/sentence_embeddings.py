@@ -210,27 +210,31 @@ def check_tokenizer(model: Any) -> None:
         )
 
 
+# torch.compile's arguments per backend of compile_inner ("eager": not compiled)
+_COMPILE_ARGS: dict[str, dict[str, Any]] = {
+    "infinifuse": {"backend": "infinifuse"},
+    "reduce-overhead": {"mode": "reduce-overhead"},
+    "inductor": {},
+    "dynamo": {"backend": "eager"},
+}
+
+
 def compile_inner(
     model: Any, backend: str, options: dict[str, Any] | None = None, dynamic: bool | None = None
 ) -> None:
     """Compile the inner transformers model's forward in place (see the module docstring).
-    ``dynamic``: torch.compile's (None: Dynamo's default, a static graph first and symbolic
-    lengths after its recompiles; True: symbolic lengths from the first trace, the setting
-    sentence-transformers' docs recommend for varied lengths)."""
+    ``options``: infinifuse's. ``dynamic``: torch.compile's (None: Dynamo's default, a static
+    graph first and symbolic lengths after its recompiles; True: symbolic lengths from the
+    first trace, the setting sentence-transformers' docs recommend for varied lengths)."""
     if backend == "eager":
         return
-    hf = model[0].auto_model
-    if backend == "infinifuse":
-        hf.forward = torch.compile(hf.forward, backend="infinifuse", options=options,
-                                   dynamic=dynamic)  # fmt: skip
-    elif backend == "reduce-overhead":
-        hf.forward = torch.compile(hf.forward, mode="reduce-overhead", dynamic=dynamic)
-    elif backend == "inductor":
-        hf.forward = torch.compile(hf.forward, dynamic=dynamic)
-    elif backend == "dynamo":
-        hf.forward = torch.compile(hf.forward, backend="eager", dynamic=dynamic)
-    else:
+    if backend not in _COMPILE_ARGS:
         raise ValueError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    kwargs = {**_COMPILE_ARGS[backend], "dynamic": dynamic}
+    if backend == "infinifuse":
+        kwargs["options"] = options
+    hf = model[0].auto_model
+    hf.forward = torch.compile(hf.forward, **kwargs)
 
 
 def uncompile_inner(model: Any) -> None:
