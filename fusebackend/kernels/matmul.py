@@ -449,7 +449,7 @@ def _launch(
     res = rows_2d if residual is None else residual.reshape(rows, out_widths[0])
     columns = _launch_columns(group, widths)
     gated = bool(group.gate or group.rotary)
-    config = _config(group, rows, width, weights)
+    config = _config(group, rows, width, weights, columns)
     tiles = [-(-n // config.block_n) for n in columns]
     block_m = 1 if config.gemv else max(16, 1 << max(0, (rows - 1).bit_length()))
     span, splits = _k_slices(width, config)
@@ -515,10 +515,10 @@ def _launch_columns(group: MatmulGroup, widths: list[int]) -> list[int]:
     return [n // 2 for n in widths[:2]] + widths[2:] if group.rotary else widths[: group.outputs]
 
 
-def _config(group: MatmulGroup, rows: int, width: int, weights: Sequence[torch.Tensor]
-            ) -> LaunchConfig:  # fmt: skip
-    """The launch config of ``rows`` rows of ``width`` on these weights."""
-    columns = _launch_columns(group, [w.shape[0] for w in weights])
+def _config(group: MatmulGroup, rows: int, width: int, weights: Sequence[torch.Tensor],
+            columns: list[int]) -> LaunchConfig:  # fmt: skip
+    """The launch config of ``rows`` rows of ``width`` on these weights, whose programs
+    cover ``columns`` (``_launch_columns``)."""
     # GEMV tiles are 2 columns wide: not with a head norm (a program holds a whole head) or
     # a weight stored [K, N] (GPT-2's Conv1D: a 2-column tile would read 4 bytes per line)
     gemv = not group.head_norm and all(w.stride(-1) == 1 for w in weights)
@@ -548,7 +548,8 @@ def launch_path(group: MatmulGroup, x: Any, params: Sequence[Any]) -> str | None
     sizes = [n for t in (x, *weights) for n in (*t.shape, *t.stride())]
     if not all(isinstance(n, int) for n in sizes) or x.numel() == 0:
         return None
-    config = _config(group, math.prod(x.shape[:-1]), x.shape[-1], weights)
+    columns = _launch_columns(group, [w.shape[0] for w in weights])
+    config = _config(group, math.prod(x.shape[:-1]), x.shape[-1], weights, columns)
     _, splits = _k_slices(x.shape[-1], config)
     path = "GEMV" if config.gemv else "tensor cores"
     return f"{path}, split-K {splits}" if splits > 1 else path
