@@ -34,6 +34,7 @@ SOURCES = (
     "generate_h100_full_suite.json",
     "embedding_chain_h100_full_suite.json",
     "row_kernels_h100_full_suite.json",
+    "row_kernels_h100_columns_first.json",
     "sentence_embeddings_h100.json",
     "tensor_parallel_tinyllama_tp1_h100.json",
     "tensor_parallel_tinyllama_tp2_h100.json",
@@ -75,17 +76,68 @@ SOURCES = (
     "sentence_embeddings_minilm_h100_session10_dynamic.json",
     "sentence_embeddings_bert_h100_session10_dynamic.json",
     "tensor_parallel_tinyllama_tp2_h100x2_session10_decode.json",
+    "suite_decode_h100_gemv_no_lm_head.json",
+    "suite_decode_h100_kernel_loading.json",
+    "suite_decode_h100_pdl_experiments.json",
+    # each matmul kernel against cuBLAS + the eager ops it replaces (matmul_kernels.py)
+    "matmul_kernels_h100.json",
+    "matmul_kernels_h100_gemv.json",
+    # one-row launches: tensor cores against GEMV tiles (diag_matmul_gemv.py)
+    "matmul_gemv_h100.json",
+    # the q/k/v launch with its rotation and cache write (diag_rotary_epilogue.py)
+    "rotary_epilogue_h100.json",
+    "rotary_splitk_h100.json",
+    "rotary_gemv_h100.json",
+    # a tensor-parallel step per rank, replayed and run direct (diag_tp_step.py)
+    "diag_tp_step_tinyllama_tp1_h100_before_in_place.json",
+    "diag_tp_step_tinyllama_tp2_h100_before_in_place.json",
+    "diag_tp_step_tinyllama_tp2_h100_in_place.json",
+    "diag_tp_step_tinyllama_tp2_h100_host.json",
+    "diag_tp_step_tinyllama_tp2_h100_guard_filter.json",
+    "diag_tp_step_tinyllama_tp2_h100_session6_guard_filter.json",
+    "diag_tp_step_llama3-8b_tp1_h100_before_in_place.json",
+    "diag_tp_step_llama3-8b_tp2_h100_before_in_place.json",
+    "diag_tp_step_llama3-8b_tp2_h100_in_place.json",
+    "diag_tp_step_llama3-8b_tp2_h100_host.json",
+    "diag_tp_step_llama3-8b_tp2_h100_guard_filter.json",
+    "diag_tp_step_llama3-8b_tp2_h100_session6_guard_filter.json",
+    "diag_tp_step_llama3-8b_tp2_h100_session6_summed_rows.json",
 )
 # metric name in a result row -> unit
-SUITE_METRICS = {"per_call_ms": "ms", "first_call_s": "s", "kernels_per_call": "count"}
+SUITE_METRICS = {"per_call_ms": "ms", "first_call_s": "s", "kernels_per_call": "count",
+                 "floor_fraction": "fraction"}  # fmt: skip
 TP_METRICS = {
     "decode": {"step_ms": "ms", "first_call_s": "s"},
     "generate": {"tokens_per_s": "tokens/s", "first_generate_s": "s"},
 }
+TP_ALL_REDUCE = {"all_reduce_ms": "ms", "all_reduces_per_step": "count",
+                 "all_reduce_ms_per_step": "ms"}  # fmt: skip
 SENTENCE_METRICS = {"first_pass_s": "s", "second_pass_s": "s", "query_p50_ms": "ms",
                     "query_p90_ms": "ms", "query_p90_ms_new_length": "ms",
                     "query_p90_ms_seen_length": "ms"}  # fmt: skip
 GENERATE_METRICS = {"first_generate_s": "s", "tokens_per_s": "tokens/s"}
+# diag_tp_step.py, per rank: the step replayed (with the all-reduce's clones put back: _cloned)
+# and run direct, the host's time per replayed step, and each profile's device time
+TP_STEP_METRICS = {"step_ms_graphs": "ms", "step_ms_graphs_cloned": "ms", "step_ms_direct": "ms",
+                   "host_ms_per_step": "ms"}  # fmt: skip
+TP_STEP_PROFILES = {"profile_graphs": "graphs", "profile_direct": "direct"}
+PROFILE_FIELDS = ("device_us_per_step", "nccl_us_per_step")
+# matmul_kernels.py, per shape and row count: backend -> the record's time
+MATMUL_TIMES = {"infinifuse": "fused_us", "eager": "eager_us", "cublas-linear": "cublas_us"}
+# diag_matmul_gemv.py, per one-row shape: backend -> the record's field (gemv: its sweep's)
+GEMV_TIMES = {"infinifuse-tensor-cores": "production_us",
+              "infinifuse-tensor-cores-nopdl": "production_nopdl_us", "cublas-linear": "cublas_us",
+              "gemv-best": "gemv.best_us", "gemv-best-pdl": "gemv.best_pdl_us"}  # fmt: skip
+GEMV_FRACTIONS = {"infinifuse-tensor-cores": "production_fraction_of_copy",
+                  "gemv-best": "gemv.best_fraction_of_copy",
+                  "gemv-best-pdl": "gemv.best_pdl_fraction_of_copy"}  # fmt: skip
+# diag_rotary_epilogue.py: the fused q/k/v + rotation + cache write launch against the launches
+# it replaces ("before"), the plain q/k/v launch alone and eager, each row's time
+ROTARY_TIMES = {"infinifuse": "fused_us", "before": "before_us", "qkv-only": "qkv_only_us",
+                "eager": "eager_us"}  # fmt: skip
+# the config diag_rotary_epilogue.py times second at one row: the tensor-core split-K pick
+TENSOR_CORE_SPLITK = {"block_n": 32, "block_k": 128, "warps": 2, "stages": 3, "split_k": 4,
+                      "gemv": False}  # fmt: skip
 
 
 def _git_commit() -> str | None:
@@ -134,6 +186,13 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _field(record: dict[str, Any], path: str) -> Any:
+    """record's field at a dotted path ("gemv.best_us"), None where a part is missing."""
+    for part in path.split("."):
+        record = record.get(part) if isinstance(record, dict) else None
+    return record
+
+
 def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
     """The ledger rows of one result JSON (any of the benchmarks' formats), source its name."""
     env = dict(data.get("environment") or {})
@@ -148,12 +207,22 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
             if _number(record.get(metric)):
                 out.append(_row(env, source, workload, backend, metric, record[metric], unit))
 
-    if "ranks" in data:  # tensor_parallel.py: rank 0's figures
+    if "ranks" in data and "step_ms_graphs" in data["ranks"][0]:  # diag_tp_step.py: each rank
+        for rank in data["ranks"]:
+            workload = f"diag-tp-step-{rank['shape']}-tp{rank['tp']}-rank{rank['rank']}"
+            add(workload, "infinifuse", TP_STEP_METRICS, rank)
+            for profile, name in TP_STEP_PROFILES.items():
+                record = rank.get(profile) or {}
+                add(workload, "infinifuse", {f"{k}_{name}": "us" for k in PROFILE_FIELDS},
+                    {f"{k}_{name}": record.get(k) for k in PROFILE_FIELDS})  # fmt: skip
+    elif "ranks" in data:  # tensor_parallel.py: rank 0's figures
         rank = data["ranks"][0]
         for backend, parts in rank.get("backends", {}).items():
             for part, metrics in TP_METRICS.items():
                 workload = f"tp-{rank['shape']}-tp{rank['tp']}-{part}"
                 add(workload, backend, metrics, parts.get(part) or {})
+        # one all-reduce of a decode row replayed alone, and the step's count of them
+        add(f"tp-{rank['shape']}-tp{rank['tp']}-decode", "nccl", TP_ALL_REDUCE, rank)
     elif data.get("benchmark") == "sentence_embeddings":
         for run in data.get("runs", []):
             # the p90 of the queries at a new token length and at a length seen before
@@ -165,19 +234,55 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
         for run in data.get("runs", []):
             add(f"generate-cache{run.get('cache_len')}", run.get("variant"), GENERATE_METRICS,
                 run)  # fmt: skip
+    elif data.get("benchmark") == "matmul_kernels":  # as matmul_kernels.ledger_rows names them
+        for record in data.get("shapes", []):
+            workload = f"matmul-{record['shape']}-m{record['rows']}"
+            for backend, key in MATMUL_TIMES.items():
+                add(workload, backend, {"device_us": "us"}, {"device_us": record.get(key)})
+            add(workload, "infinifuse", {"fraction_of_copy": "fraction"}, record)
+    elif data.get("benchmark") == "diag_matmul_gemv":
+        for record in data.get("shapes", []):
+            workload = f"matmul-{record['shape']}-m1"
+            for backend, key in GEMV_TIMES.items():
+                add(workload, backend, {"device_us": "us"}, {"device_us": _field(record, key)})
+            for backend, key in GEMV_FRACTIONS.items():
+                add(workload, backend, {"fraction_of_copy": "fraction"},
+                    {"fraction_of_copy": _field(record, key)})  # fmt: skip
+    elif data.get("benchmark") == "diag_rotary_epilogue":
+        for record in data.get("rows", []):
+            workload = f"rotary-{record['shape']}-b{record['batch']}"
+            for backend, key in ROTARY_TIMES.items():
+                add(workload, backend, {"device_us": "us"}, {"device_us": record.get(key)})
+        for record in data.get("sweep", []):
+            workload = f"rotary-{record['shape']}-b{record['batch']}"
+            pick = [t for t in record.get("tried", []) if all(
+                (t.get("config") or {}).get(k, False if k == "gemv" else None) == v
+                for k, v in TENSOR_CORE_SPLITK.items())]  # fmt: skip
+            times = {
+                "infinifuse-default": record.get("default_us"),
+                "infinifuse-swept-best": record.get("best_us"),
+                "infinifuse-tensor-core-splitk4": pick[0].get("us") if pick else None,
+            }
+            for backend, value in times.items():
+                add(workload, backend, {"device_us": "us"}, {"device_us": value})
     elif data.get("benchmark") == "embedding_chain":
         shape = data.get("shape", {})
         workload = f"embedding-chain-B{shape.get('B')}xT{shape.get('T')}"
-        metrics = {"ms": "ms", "per_call_ms_cpu_included": "ms"}
+        metrics = {"ms": "ms", "per_call_ms_cpu_included": "ms", "fraction_of_copy": "fraction"}
         for backend, record in data.get("results", {}).items():
             add(workload, backend, metrics, record)
+        # as users call it, each output kept (its own backends' names)
+        for backend, value in (data.get("per_call_outputs_kept_ms") or {}).items():
+            if backend != "ratio":
+                add(workload, backend, {"per_call_ms_outputs_kept": "ms"},
+                    {"per_call_ms_outputs_kept": value})  # fmt: skip
     elif isinstance(data.get("results"), list):  # row_kernels.py
         for record in data["results"]:
             workload = f"row-{record.get('pattern')}-{record.get('rows')}x{record.get('width')}"
             for backend in ("infinifuse", "inductor"):
-                add(workload, backend, {f"{backend}_ms": "ms"}, record)
-        for row in out:
-            row["metric"] = "ms"
+                add(workload, backend, {"ms": "ms", "fraction_of_copy": "fraction"},
+                    {"ms": record.get(f"{backend}_ms"),
+                     "fraction_of_copy": record.get(f"{backend}_fraction_of_copy")})  # fmt: skip
     elif isinstance(data.get("rows"), list):  # run.py's suite.json
         for record in data["rows"]:
             if record.get("status", "ok") == "ok":

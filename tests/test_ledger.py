@@ -114,30 +114,109 @@ def test_run_py_ledger_flag_appends_rows(tmp_path):
         assert r["source"] == "suite.json" and r["torch"] and r["device"] and r["date"], r
 
 
-def _section(text: str, title: str) -> str:
-    start = text.index(f"### {title}\n")
-    end = text.find("\n### ", start + 1)
-    return text[start:end]
+@pytest.fixture(scope="module")
+def tables(ledger):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import readme_tables
+
+        yield readme_tables
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
 
 
-@pytest.mark.parametrize(
-    "title", ["Decode steps and an encoder", "Matmul groups", "sentence-transformers"]
-)
-def test_the_readme_performance_tables_read_the_ledger(ledger, title):
-    # Every "N.NNN ms" of these README tables is a ledger figure, at the digits shown: the
-    # tables are written from the committed result files, not by hand from memory.
-    import re
+def test_every_readme_and_history_figure_is_tied_to_its_row_or_its_file(tables):
+    # Each performance table is written from its ledger rows (workload, backend, metric,
+    # device, source file) and each figure of the text is keyed to its row or names its file.
+    faults = tables.check_files()
+    assert faults == {"README.md": [], "docs/PERFORMANCE_HISTORY.md": []}, "\n".join(
+        f"{name}: {fault}" for name, found in faults.items() for fault in found
+    )
 
-    text = _section((ROOT / "README.md").read_text(), title)
-    table = [line for line in text.splitlines() if line.startswith("|")]
-    shown = [m for line in table for m in re.findall(r"(\d+\.\d+) ms", line)]
-    assert len(shown) >= 8, shown
-    values = [r["value"] for r in ledger.read() if r["unit"] == "ms"]
-    missing = [
-        s for s in shown
-        if not any(round(v, len(s.split(".")[1])) == float(s) for v in values)
-    ]  # fmt: skip
-    assert not missing, f"README figures that are no ledger row: {missing}"
+
+# The edits of issue 39 (and a few more), each applied alone to the README in memory: the check
+# must fail on every one. (old, new) replace one occurrence in the performance section.
+README_EDITS = {
+    "swap TinyLlama's reduce-overhead and infinifuse cells": (
+        "| TinyLlama shape, 22 layers, decode | 1.964 ms | **1.744 ms** |",
+        "| TinyLlama shape, 22 layers, decode | 1.744 ms | **1.964 ms** |",
+    ),
+    "a figure replaced by another row's (the re-run's TinyLlama step)": (
+        "| 1.964 ms | **1.744 ms** |",
+        "| 1.964 ms | **1.698 ms** |",
+    ),
+    "a ratio": ("| **1.744 ms** | **0.89x** |", "| **1.744 ms** | **0.88x** |"),
+    "a first-call time": ("4.5 / 28.3 / **7.0 s**", "4.5 / 28.3 / **6.9 s**"),
+    "a kernel count in a table": ("| 423 / **344** |", "| 423 / **343** |"),
+    "a kernel count in the text": ("Of the 146 kernels", "Of the 145 kernels"),
+    "a microsecond figure in a table": (
+        "| 5.8 us | 4.4 us | **4.8 us** |",
+        "| 5.8 us | 4.4 us | **4.9 us** |",
+    ),  # fmt: skip
+    "a microsecond figure in the text": (
+        "TinyLlama q/k/v 8.0 against 31.6 us",
+        "TinyLlama q/k/v 8.1 against 31.6 us",
+    ),  # fmt: skip
+    "a sentence pass time in a table": ("**11.3 s / 0.920 s /", "**11.3 s / 0.902 s /"),
+    "a sentence pass time in the text": (
+        "replays only: 0.524 against 0.920 s",
+        "replays only: 0.524 against 0.902 s",
+    ),  # fmt: skip
+    "a p50": ("| 7.40 / 68.3 ms |", "| 7.04 / 68.3 ms |"),
+    "a tensor-parallel figure (the old 10.49 of a 10.4846 ms row)": (
+        "| 10.48 ms |",
+        "| 10.49 ms |",
+    ),  # fmt: skip
+    "a tensor-parallel step": ("| 4.76 ms | **3.38 ms** |", "| 4.76 ms | **3.28 ms** |"),
+    "a tensor-parallel diag cell": ("| 2.06 / 2.05 ms |", "| 2.05 / 2.06 ms |"),
+    "two figures of the text swapped": (
+        "TinyLlama 0.543x reduce-overhead's, Qwen2-0.5B 0.553x",
+        "TinyLlama 0.553x reduce-overhead's, Qwen2-0.5B 0.543x",
+    ),
+    "a figure of the text with neither a key nor a file": (
+        "Kernels per call: CUDA launches",
+        "A step took 1.23 ms. Kernels per call: CUDA launches",
+    ),
+    "a result file that does not exist": (
+        "8bcdfe7, `suite_decode_h100_gemv_run2.json`",
+        "8bcdfe7, `suite_decode_h100_gemv_run9.json`",
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("edit", list(README_EDITS))
+def test_the_ledger_check_fails_on_each_readme_edit(tables, edit):
+    text = (ROOT / "README.md").read_text()
+    start, end = tables.performance_section(text)
+    rows = tables.load()
+    assert tables.check(text, rows, (start, end)) == []
+    old, new = README_EDITS[edit]
+    section = text[start:end]
+    assert section.count(old) == 1, f"{edit}: {old!r} is not once in the performance section"
+    edited = text[:start] + section.replace(old, new) + text[end:]
+    faults = tables.check(edited, rows, tables.performance_section(edited))
+    assert faults, f"the check passed the README with {edit}"
+
+
+def test_a_history_figure_swapped_fails(tables):
+    text = (ROOT / "docs" / "PERFORMANCE_HISTORY.md").read_text()
+    rows = tables.load()
+    old, new = "per call 1.698 / 0.492 / 0.909 ms", "per call 0.492 / 1.698 / 0.909 ms"
+    assert text.count(old) == 1
+    assert tables.check(text.replace(old, new), rows, tables_generated=False)
+
+
+def test_a_keyed_figure_must_render_from_its_row(tables):
+    rows = tables.Rows([{"source": "suite.json", "workload": "w", "backend": b, "metric": "ms",
+                         "value": v, "unit": "ms", "device": tables.H100}
+                        for b, v in (("a", 1.2346), ("b", 2.0))])  # fmt: skip
+    text = "A took 1.235 ms against 2.0 (0.62x, `suite.json`).\n<!-- ledger-keys suite.json:\n"
+    keys = "1.235 = [w/a/ms]; 2.0 = [w/b/ms]; 0.62x = [w/a/ms] / [w/b/ms] -->\n"
+    assert tables.check(text + keys, rows) == []
+    assert tables.check(text.replace("1.235", "1.234") + keys, rows)  # another value
+    assert tables.check(text + keys.replace("0.62x", "0.61x"), rows)  # a wrong key
+    assert tables.check(text + keys.replace("[w/b/ms]", "[w/c/ms]"), rows)  # no such row
+    assert tables.check(text + keys.replace("1.235 = [w/a/ms]", "1.235 = [w/a/ms] in us"), rows)
 
 
 def test_the_suite_report_shows_the_ledger_figure_before(tmp_path):
