@@ -5,6 +5,8 @@ transformers, commit, date, and source (the result JSON it came from). The bench
 (``run.py``, ``tensor_parallel.py``, ``sentence_embeddings.py``) append their rows when given
 ``--ledger PATH``; ``--rebuild`` builds the file from the committed result JSONs the README
 cites (``SOURCES``), sorted, so a rebuild of the same files writes the same bytes.
+``benchmarks/readme_tables.py`` writes the README's performance tables from these rows and
+checks each figure of its text against its row.
 
     python benchmarks/ledger.py --rebuild
     python benchmarks/ledger.py --table llama-decode gpt2-decode
