@@ -1,0 +1,602 @@
+"""Mutation check: planted bugs that the test suite must catch (a maintainers' tool, not CI).
+
+Each mutation is one precise source edit (``old`` -> ``new``, ``old`` found exactly once in
+its file) planted in a fresh copy of the repository, with the tests that must catch it. For
+each mutation the tool copies the repository (everything but .git and caches) into a
+temporary directory, plants the bug, checks that ``fusebackend`` imports from the copy (the
+package is installed editable from the checkout: ``PYTHONPATH=<copy>`` must win), and runs
+
+    python3 -m pytest -q -x -p no:cacheprovider [-n N] <tests>
+
+in the copy. Results: ``caught`` (pytest exit 1: a test failed), ``missed`` (exit 0: every
+test passed with the bug in place) or ``broken`` (any other exit: collection or usage
+error, no test selected, timeout; or the old text not found exactly once). A clean run of
+every distinct selection comes first (``clean``: no mutation), to show the selections pass
+without a bug. GPU-only mutations (``gpu=True``: behaviour the CPU interpreter cannot show)
+run their ``-m gpu`` tests only where CUDA is available, else they are ``skipped``.
+
+Usage (from the repository root; the whole list takes about 20-30 min on 2 cores):
+
+    python3 tools/mutation_check.py                    # everything; writes docs/MUTATIONS.md
+    python3 tools/mutation_check.py --list             # the mutations, their files and tests
+    python3 tools/mutation_check.py --only NAME [--only NAME2]   # some (no table written)
+    python3 tools/mutation_check.py --workers 2        # pytest-xdist -n 2 per selection
+    python3 tools/mutation_check.py --rev HEAD         # copy a commit (git archive), not the
+                                                       # working tree
+    python3 tools/mutation_check.py --no-clean         # skip the clean run
+    python3 tools/mutation_check.py --out FILE         # write the table elsewhere
+    python3 tools/mutation_check.py --logs DIR         # keep each run's pytest output
+
+Keep every mutation caught: a missed one means the suite lets that bug through; add or
+strengthen a test (behaviour compared with eager PyTorch, never the source text), rerun
+``--only NAME`` and commit the refreshed table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import io
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "docs" / "MUTATIONS.md"
+TIMEOUT_S = 1200  # one selection; past it the mutation counts as broken
+_IGNORE = shutil.ignore_patterns(
+    ".git", "__pycache__", "*.egg-info", ".pytest_cache", ".ruff_cache", ".hypothesis",
+    ".benchmarks", "build", "dist", "*.pyc",
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    name: str
+    family: str  # what it breaks: "kernel: ...", "pass: ...", "runtime: ..."
+    file: str  # relative to the repository root
+    old: str  # found exactly once in ``file``
+    new: str
+    tests: tuple[str, ...]  # pytest arguments: node ids, files, ``-k`` expressions
+    gpu: bool = False  # only GPU-marked tests on a GPU can catch it
+    note: str = ""
+
+
+MUTATIONS: list[Mutation] = [
+    # ---- the six planted bugs of issue 39 (a review at a4dc674)
+    Mutation(
+        "matmul_layernorm_var_k_minus_1",
+        "kernel: matmul prologue (LayerNorm)",
+        "fusebackend/kernels/matmul_triton.py",
+        "rstd = tl.rsqrt(squares / K + eps)",
+        "rstd = tl.rsqrt(squares / (K - 1) + eps)",
+        (
+            "tests/test_matmul_kernel.py::test_prologue_epilogue_matrix[layer-linear-float32-5x64]",
+            "tests/test_matmul_groups.py",
+            "-k",
+            "layer",
+        ),
+        note="issue 39 #1",
+    ),
+    Mutation(
+        "rotary_upper_half_reads_lower_bias",
+        "kernel: rotary epilogue (q/k bias)",
+        "fusebackend/kernels/matmul_triton.py",
+        "hi = _add_bias(hi, bias + HALF, cols, N)",
+        "hi = _add_bias(hi, bias, cols, N)",
+        ("tests/test_rotary_epilogue.py", "tests/test_matmul_groups.py", "-k", "bias or qwen2"),
+        note="issue 39 #2: needs q/k tests with non-zero biases (being rewritten)",
+    ),
+    Mutation(
+        "demotion_drops_uncaptured_fusion_to_eager",
+        "runtime: demotion",
+        "fusebackend/runtime/modes.py",
+        "new = Mode.FUSION if mode is Mode.FUSION else Mode.EAGER",
+        "new = Mode.EAGER",
+        (
+            "tests/test_runtime.py",
+            "tests/test_reliability.py",
+            "-k",
+            "chain or falls_back or capture",
+        ),
+        note="issue 39 #3",
+    ),
+    Mutation(
+        "validation_mismatch_keeps_fused_writes",
+        "runtime: first-run validation",
+        "fusebackend/runtime/validation.py",
+        "outputs, winner = expected, ref_args",
+        "outputs = expected",
+        ("tests/test_reliability.py", "-k", "validation"),
+        note="issue 39 #4: needs test_validation_mismatch_restores_written_input",
+    ),
+    Mutation(
+        "constants_fold_without_dtype_shape_device_check",
+        "pass: constant folding",
+        "fusebackend/passes/constants.py",
+        "    if not isinstance(value, torch.Tensor) or "
+        "(value.dtype, value.shape, value.device) != (\n"
+        "        expected.dtype,\n"
+        "        expected.shape,\n"
+        "        expected.device,\n"
+        "    ):\n",
+        "    if not isinstance(value, torch.Tensor):\n",
+        ("tests/test_graph_prep.py", "-k", "constant or fold or autocast"),
+        note="issue 39 #5: needs the autocast/dtype/shape folding tests",
+    ),
+    Mutation(
+        "constants_fold_returned_storages",
+        "pass: constant folding",
+        "fusebackend/passes/constants.py",
+        "return storages | written_storages(graph.nodes)",
+        "return written_storages(graph.nodes)",
+        ("tests/test_graph_prep.py", "-k", "constant or fold or autocast"),
+        note="issue 39 #6",
+    ),
+    # ---- kernel families
+    Mutation(
+        "row_mean_over_padded_block",
+        "kernel: row reductions / norms",
+        "fusebackend/kernels/codegen.py",
+        '            count = "D"\n',
+        '            count = "BLOCK_D"\n',
+        ("tests/test_row_patterns.py", "-k", "norm and float32"),
+        note="a mean over the block width, not the row's (rows not a power of two wide)",
+    ),
+    Mutation(
+        "softmax_max_padding_is_zero",
+        "kernel: softmax / amax",
+        "fusebackend/kernels/codegen.py",
+        """init = {"sum": "0.0", "mean": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}""",
+        """init = {"sum": "0.0", "mean": "0.0", "max": "0.0", "min": 'float("inf")'}""",
+        (
+            "tests/test_row_rope_softmax.py",
+            "tests/test_mutation_guards.py",
+            "-k",
+            "softmax_is_one_group and float32 or row_max or negative_rows",
+        ),
+        note="masked columns count as 0 in a row max: wrong for all-negative rows",
+    ),
+    Mutation(
+        "embedding_gather_assumes_contiguous_table",
+        "kernel: embedding lookup",
+        "fusebackend/kernels/codegen.py",
+        'f"v{j} = tl.load({tab}_ptr + idx{j}[:, None] * {tab}_s0 + cols[None, :] * "',
+        'f"v{j} = tl.load({tab}_ptr + idx{j}[:, None] * D + cols[None, :] * "',
+        ("tests/test_reliability.py", "-k", "weight_layouts"),
+        note="table rows addressed by the row width instead of the table's row stride",
+    ),
+    Mutation(
+        "decode_attention_sum_not_rescaled",
+        "kernel: decode attention",
+        "fusebackend/kernels/decode_attention.py",
+        "total = total * rescale + tl.sum(weight, axis=1)",
+        "total = total + tl.sum(weight, axis=1)",
+        ("tests/test_decode_attention.py", "-k", "several_blocks or split"),
+        note="online softmax: the running sum is not rescaled when the max grows",
+    ),
+    Mutation(
+        "cache_write_head_from_wrong_axis",
+        "kernel: KV-cache write pair",
+        "fusebackend/kernels/cache_write.py",
+        "head = (program // rows) % heads",
+        "head = program % heads",
+        (
+            "tests/test_cache_writes.py",
+            "tests/test_mutation_guards.py",
+            "-k",
+            "pair_kernel_equals or cache_pair",
+        ),
+        note="right for one new row (decode), wrong for a prefill of several rows",
+    ),
+    Mutation(
+        "matmul_gelu_tanh_square_not_cube",
+        "kernel: matmul epilogue activation",
+        "fusebackend/kernels/matmul_triton.py",
+        "_tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))",
+        "_tanh(0.7978845608028654 * (g + 0.044715 * g * g))",
+        ("tests/test_matmul_kernel.py", "-k", "prologue_epilogue_matrix and gelu_tanh"),
+    ),
+    # ---- passes
+    Mutation(
+        "partition_multi_dim_reduction_as_last_dim",
+        "pass: partition (fusion checker)",
+        "fusebackend/passes/ops.py",
+        "if isinstance(dim, (list, tuple)) and len(dim) == 1:",
+        "if isinstance(dim, (list, tuple)) and len(dim) >= 1:",
+        ("tests/test_passes.py", "tests/test_mutation_guards.py", "-k", "reduc or reject"),
+        note="x.mean(dim=(-1, -2)) taken as a last-dim reduction",
+    ),
+    Mutation(
+        "host_inputs_hoist_a_dtype_changing_move",
+        "pass: host inputs",
+        "fusebackend/passes/host_inputs.py",
+        "        and result.dtype == source.dtype\n",
+        "",
+        ("tests/test_graph_prep.py", "tests/test_mutation_guards.py", "-k", "hoist or host_input"),
+        note="ids.to('cuda', torch.float32) staged as a plain copy: the cast is lost",
+    ),
+    Mutation(
+        "collectives_drop_copy_despite_earlier_reader",
+        "pass: collectives",
+        "fusebackend/passes/collectives.py",
+        "    if (set(source.users) - {reduce, copy}) & set(nodes_between(source, copy)):\n"
+        "        return None\n",
+        "",
+        ("tests/test_tensor_parallel.py", "tests/test_mutation_guards.py", "-k", "copy"),
+        note="a reader of x between the all-reduce and the copy is handed the reduced x",
+    ),
+    Mutation(
+        "lowering_comparison_scalar_not_rounded",
+        "pass: lowering",
+        "fusebackend/passes/lowering.py",
+        "                return torch.tensor(value, dtype=dtype).item()\n",
+        "                return value\n",
+        ("tests/test_ops_table.py", "-k", "compare_with_python_scalar"),
+        note="x == 0.1 on fp16 compares with fp32 0.1, not fp16(0.1) as eager does",
+    ),
+    # ---- runtime rules
+    Mutation(
+        "row_kernel_index_assert_compiled_out",
+        "kernel: row kernel lookups (device-side index check)",
+        "fusebackend/kernels/codegen.py",
+        'f"@triton.jit(debug={self.options.index_checks and bool(self.p.lookups)}, "',
+        'f"@triton.jit(debug=False, "',
+        ("tests/test_reliability_gpu.py", "-k", "device_side_assert and not first"),
+        gpu=True,
+        note="GPU-only: an out-of-range id reads zeros instead of stopping the kernel (the "
+        "CPU checks ids on the host before the kernel runs; the CPU suite passes with it). "
+        "Last GPU run: caught on an H200 (torch 2.11, 2026-11-28) by "
+        "test_out_of_range_index_through_torch_compile_is_a_device_side_assert"
+        "[replay-options2-100] in 28 s; its selection passed clean in 56 s",
+    ),
+    Mutation(
+        "key_ignores_fusion_switch",
+        "runtime: graph cache key",
+        "fusebackend/runtime/keys.py",
+        "self._has_fused and fusion_enabled(),",
+        "self._has_fused,",
+        ("tests/test_runtime.py",),
+    ),
+    Mutation(
+        "replay_returns_static_output_buffers",
+        "runtime: output ownership",
+        "fusebackend/runtime/graph_cache.py",
+        "result.append(out.clone() if clone else out)",
+        "result.append(out)",
+        ("tests/test_runtime.py",),
+        note="a later call overwrites the outputs the caller kept",
+    ),
+    Mutation(
+        "eviction_hits_do_not_refresh_recency",
+        "runtime: eviction",
+        "fusebackend/runtime/graph_cache.py",
+        "            self._entries.move_to_end(key)\n",
+        "",
+        ("tests/test_runtime.py",),
+        note="max_graphs evicts the oldest inserted, not the least recently used",
+    ),
+    Mutation(
+        "fallback_reason_forgets_earlier_steps",
+        "runtime: fallback reasons",
+        "fusebackend/runtime/modes.py",
+        'step if previous is None else f"{previous}; {step}"',
+        "step",
+        ("tests/test_runtime.py",),
+    ),
+    Mutation(
+        "mismatch_counted_as_fusion_success",
+        "runtime: stats counters",
+        "fusebackend/runtime/validation.py",
+        "    if failure is None and first:\n",
+        "    if first:\n",
+        ("tests/test_runtime.py", "tests/test_reliability.py", "-k", "valid or stats"),
+    ),
+    Mutation(
+        "failed_validation_class_marked_validated",
+        "runtime: validation classes",
+        "fusebackend/runtime/graph_cache.py",
+        "        if validate and failure is None:\n            self._validated.add(cls)\n",
+        "        if validate:\n            self._validated.add(cls)\n",
+        ("tests/test_runtime.py", "tests/test_mutation_guards.py", "-k", "valid or compared_again"),
+        note="after a mismatch the class's next shape runs fused unchecked",
+    ),
+]
+
+
+@dataclasses.dataclass
+class Result:
+    name: str
+    family: str
+    tests: str
+    result: str
+    seconds: float
+    first_failure: str = ""
+    detail: str = ""
+
+
+# ------------------------------------------------------------------------------ the copy
+
+
+def make_copy(dest: Path, rev: str | None) -> None:
+    """The repository's files (working tree, or ``rev`` through git archive) under ``dest``."""
+    if rev is None:
+        for entry in sorted(ROOT.iterdir()):
+            if _IGNORE(str(ROOT), [entry.name]):
+                continue
+            target = dest / entry.name
+            if entry.is_dir():
+                shutil.copytree(entry, target, ignore=_IGNORE, symlinks=True)
+            else:
+                shutil.copy2(entry, target)
+        return
+    data = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", rev],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(dest, filter="data")
+
+
+def plant(copy: Path, mutation: Mutation) -> str | None:
+    """Apply ``mutation`` in ``copy``; why not (the old text not found exactly once)."""
+    path = copy / mutation.file
+    if not path.exists():
+        return f"{mutation.file} does not exist"
+    text = path.read_text()
+    count = text.count(mutation.old)
+    if count != 1:
+        return f"old text found {count} times in {mutation.file}"
+    path.write_text(text.replace(mutation.old, mutation.new))
+    return None
+
+
+def _env(copy: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(copy), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("PYTEST_ADDOPTS", None)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    return env
+
+
+def check_imports_from(copy: Path) -> None:
+    """Fail unless ``fusebackend`` and ``tests`` resolve inside ``copy`` (PYTHONPATH first:
+    the editable install of the checkout must not win)."""
+    code = (
+        "import importlib.util as u;"
+        "print(u.find_spec('fusebackend').origin);"
+        "print(u.find_spec('tests').submodule_search_locations[0])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=copy,
+        env=_env(copy),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for found in out:
+        if not Path(found).resolve().is_relative_to(copy.resolve()):
+            raise SystemExit(f"the copy does not shadow the checkout: {found} (copy: {copy})")
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def run_tests(
+    copy: Path, tests: tuple[str, ...], workers: str | None, gpu: bool, log: Path | None
+) -> Result:
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+    if workers:
+        command += ["-n", workers]
+    if gpu:
+        command += ["-m", "gpu"]
+    command += list(tests)
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(
+            command, cwd=copy, env=_env(copy), capture_output=True, text=True, timeout=TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        return Result("", "", "", "broken", time.monotonic() - start, "", f"timeout {TIMEOUT_S}s")
+    seconds = time.monotonic() - start
+    output = proc.stdout + proc.stderr
+    if log is not None:
+        log.write_text(" ".join(command) + "\n\n" + output)
+    result = {0: "missed", 1: "caught"}.get(proc.returncode, "broken")
+    failure = _first_failure(output)
+    detail = "" if proc.returncode in (0, 1) else f"pytest exit {proc.returncode}: " + _tail(output)
+    return Result("", "", "", result, seconds, failure, detail)
+
+
+def _first_failure(output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            return line.split(" - ", 1)[0].split(" ", 1)[1]
+    return ""
+
+
+def _tail(output: str) -> str:
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    return " | ".join(lines[-3:])[-400:]
+
+
+def run_mutation(
+    mutation: Mutation | None, tests: tuple[str, ...], gpu: bool, args, label: str = "clean"
+) -> Result:
+    """Plant ``mutation`` (None: the clean run, logged as ``label``) in a fresh copy and run
+    ``tests`` there (``gpu``: only the GPU-marked ones)."""
+    name = mutation.name if mutation else "clean"
+    family = mutation.family if mutation else "(no mutation)"
+    shown = " ".join(("-m gpu", *tests) if gpu else tests)
+    if gpu and not _cuda():
+        return Result(name, family, shown, "skipped (no CUDA)", 0.0)
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"mutation-{name}-") as tmp:
+        copy = Path(tmp)
+        make_copy(copy, args.rev)
+        if mutation is not None:
+            why = plant(copy, mutation)
+            if why is not None:
+                return Result(name, family, shown, "broken", time.monotonic() - start, "", why)
+        check_imports_from(copy)
+        log = args.logs / f"{mutation.name if mutation else label}.log" if args.logs else None
+        result = run_tests(copy, tests, args.workers, gpu, log)
+    result.name, result.family, result.tests = name, family, shown
+    result.seconds = time.monotonic() - start
+    return result
+
+
+@functools.cache
+def _cuda() -> bool:
+    code = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+# ------------------------------------------------------------------------------ reporting
+
+
+def _row(r: Result) -> str:
+    cells = [r.name, r.family, f"`{r.tests}`", r.result, f"{r.seconds:.0f}", r.first_failure]
+    if r.detail:
+        cells[-1] = (cells[-1] + " " if cells[-1] else "") + f"({r.detail})"
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def table(results: list[Result]) -> str:
+    head = "| mutation | family | tests | result | seconds | first failing test |"
+    return "\n".join([head, "|---|---|---|---|---|---|", *map(_row, results)])
+
+
+def _commit(rev: str | None) -> str:
+    def git(*a: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(ROOT), *a], capture_output=True, text=True
+        ).stdout.strip()
+
+    sha = git("rev-parse", "--short", rev or "HEAD")
+    if rev is not None:
+        return sha
+    dirty = [line[3:] for line in git("status", "--porcelain").splitlines()]
+    return sha + (f" + uncommitted changes ({', '.join(dirty)})" if dirty else "")
+
+
+def _machine() -> str:
+    code = (
+        "import torch, triton; print(torch.__version__, triton.__version__, "
+        "torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
+    )
+    versions = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    torch_v, triton_v, device = (versions.stdout.strip().split(" ", 2) + ["?"] * 3)[:3]
+    return (
+        f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPU cores, {device}; "
+        f"Python {platform.python_version()}, torch {torch_v}, triton {triton_v}"
+    )
+
+
+def write_doc(path: Path, results: list[Result], clean: list[Result], args, total: float) -> None:
+    notes = [f"- **{m.name}**: {m.note}" for m in MUTATIONS if m.note]
+    counts = {k: sum(r.result.startswith(k) for r in results) for k in
+              ("caught", "missed", "broken", "skipped")}  # fmt: skip
+    text = "\n".join(
+        [
+            "# Mutation check",
+            "",
+            "Planted bugs and the tests that must catch each (`tools/mutation_check.py`: its",
+            "docstring says how to run it). Each row: one source edit planted in a fresh copy",
+            "of the repository, then `pytest -q -x` on its selection. `caught`: a test failed;",
+            "`missed`: every test passed with the bug in place; `broken`: the run itself failed",
+            "(collection error, nothing selected, the edit no longer applies).",
+            "",
+            f"- date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+            f"- commit: {_commit(args.rev)}",
+            f"- machine: {_machine()}",
+            f"- pytest workers per selection: {args.workers or 1}",
+            f"- total: {total / 60:.1f} min; "
+            + ", ".join(f"{v} {k}" for k, v in counts.items() if v),
+            "",
+            "## Clean run (no mutation): every selection passes",
+            "",
+            table(clean) if clean else "(skipped: --no-clean)",
+            "",
+            "## Mutations",
+            "",
+            table(results),
+            "",
+            "## Notes",
+            "",
+            *notes,
+            "",
+        ]
+    )
+    path.write_text(text)
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--only", action="append", metavar="NAME", help="run only these")
+    parser.add_argument("--workers", metavar="N", help="pytest-xdist workers (-n N)")
+    parser.add_argument("--rev", help="copy this git revision instead of the working tree")
+    parser.add_argument("--no-clean", action="store_true", help="skip the clean run")
+    parser.add_argument("--logs", type=Path, help="keep each run's pytest output in this dir")
+    parser.add_argument("--out", type=Path, help=f"markdown file (default {DEFAULT_OUT})")
+    args = parser.parse_args(argv)
+
+    if args.list:
+        for m in MUTATIONS:
+            where = " [GPU]" if m.gpu else ""
+            print(f"{m.name}{where}\n    {m.family}; {m.file}\n    tests: {' '.join(m.tests)}")
+        return 0
+    chosen = MUTATIONS
+    if args.only:
+        unknown = set(args.only) - {m.name for m in MUTATIONS}
+        if unknown:
+            parser.error(f"unknown mutation(s): {', '.join(sorted(unknown))}")
+        chosen = [m for m in MUTATIONS if m.name in args.only]
+
+    if args.logs:
+        args.logs.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    clean: list[Result] = []
+    if not args.no_clean:
+        selections = list(dict.fromkeys((m.tests, m.gpu) for m in chosen))
+        for k, (tests, gpu) in enumerate(selections):
+            r = run_mutation(None, tests, gpu, args, f"clean-{k}")
+            if not r.result.startswith("skipped"):  # exit 0: every test passed
+                r.result = "passed" if r.result == "missed" else f"FAILED ({r.result})"
+            print(f"clean: {r.result} in {r.seconds:.0f}s: {r.tests}", r.first_failure, r.detail,
+                  flush=True)  # fmt: skip
+            clean.append(r)
+    results = []
+    for m in chosen:
+        r = run_mutation(m, m.tests, m.gpu, args)
+        print(f"{m.name}: {r.result} in {r.seconds:.0f}s", r.first_failure, r.detail, flush=True)
+        results.append(r)
+    total = time.monotonic() - start
+    print()
+    print(table(results))
+    print(f"\ntotal {total / 60:.1f} min")
+    out = args.out or (None if args.only else DEFAULT_OUT)
+    if out is not None:
+        write_doc(out, results, clean, args, total)
+        print(f"written to {out}")
+    ran = [r for r in clean + results if not r.result.startswith("skipped")]
+    good = all(r.result in ("passed", "caught") for r in ran)
+    return 0 if good else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
