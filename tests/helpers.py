@@ -164,6 +164,49 @@ def assert_fused(report: FusionReport) -> None:
         assert entry["reason"] is None, entry
 
 
+def perturb_uniform_parameters(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Give every parameter whose elements are all equal random, non-uniform values around
+    them (N(0, 0.2) added), in place; returns ``model``.
+
+    transformers' and torch's initialisations leave biases at 0 and norm weights at 1: a
+    kernel that drops a bias, reads another half's bias or skips a norm's scale gives eager's
+    result on such weights (the rotary epilogue's bias halves went through every CPU test)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.numel() and bool(param.min() == param.max()):
+                noise = torch.randn(param.shape, generator=g, dtype=torch.float32) * 0.2
+                param.add_(noise.to(param.device, param.dtype))
+    return model
+
+
+def graphs_since(previous: FusionReport) -> list[Any]:
+    """The graph reports recorded after ``previous`` (a ``fusebackend.reports()`` taken before
+    compiling): compared by identity, since only the last 256 reports are kept."""
+    seen = {id(graph) for graph in previous.graphs}
+    return [graph for graph in fusebackend.reports().graphs if id(graph) not in seen]
+
+
+def assert_model_fused(
+    graphs: Sequence[Any], *, row_groups: int = 0, matmul_launches: int = 0
+) -> None:
+    """A whole model ran the path it claims: every graph was rewritten with fused kernels, every
+    live signature runs in mode "fusion" (a validation demotion to "graph_replay" or "eager",
+    which leaves outputs equal to eager's, fails here), and each graph kept at least
+    ``row_groups`` row groups and ``matmul_launches`` matmul-group launches."""
+    assert graphs, "no graph was compiled"
+    live = 0
+    for graph in graphs:
+        assert graph.path == "fused", f"{graph.name}: {graph.path}"
+        for entry in graph.runtime_modes():
+            live += 1
+            assert entry["mode"] == "fusion", f"{graph.name} fell back: {entry}"
+        assert len(graph.groups) >= row_groups, (graph.name, [g.name for g in graph.groups])
+        matmuls = sum(n for kernel, n in graph.launches.items() if kernel.startswith("matmul"))
+        assert matmuls >= matmul_launches, (graph.name, graph.launches)
+    assert live, "no signature of these graphs is live: nothing ran through the cache"
+
+
 def tiny_llama_config(layers: int = 2) -> Any:
     """A Llama of 64 wide, 4 query and 2 K/V heads over a 97-token vocabulary (random
     weights): the small decoder the CPU tests build (imports transformers)."""

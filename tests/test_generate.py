@@ -1,7 +1,8 @@
 """transformers' own generate() with a StaticCache through infinifuse: greedy tokens equal
 eager's, through ``CompileConfig(backend="infinifuse")`` (transformers' documented way) and
 through a compiled ``model.forward``. On the GPU, the prefill and the decode graphs must both
-run captured (no signature in mode "eager").
+run captured (no signature in mode "eager"). On both, every graph runs the fused path: a
+validation demotion keeps tokens equal, so only the mode shows a broken kernel.
 
 Greedy tokens are compared exactly: the logits of a tiny random model differ between tokens by
 far more than fp32 rounding, so any difference is a bug (a cache position applied twice, a
@@ -18,15 +19,24 @@ import fusebackend
 pytest.importorskip("transformers")
 
 import model_zoo  # noqa: E402
+from helpers import assert_model_fused, graphs_since, perturb_uniform_parameters  # noqa: E402
 from transformers.generation import CompileConfig  # noqa: E402
 
 NEW_TOKENS = 6
 
+# family -> the fewest row groups of its graphs (prefill, decode) on the CPU, with transformers
+# 5.24 (2026-11-28); each graph has 9 matmul-group launches (QKV, output, gate-up, down per
+# layer, 2 layers, and the LM head).
+ROW_GROUPS_ON_CPU = {"llama": 2, "qwen2": 2, "mistral": 2, "gemma2": 10, "phi3": 6, "gpt2": 1}
+
 
 def _generate_both_ways(family: str, how: str, device: str, dtype: torch.dtype):
-    model = model_zoo.build_causal_lm(family, dtype=dtype, device=device)
+    model = perturb_uniform_parameters(
+        model_zoo.build_causal_lm(family, dtype=dtype, device=device)
+    )
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(3, model_zoo.VOCAB, (1, 9), generator=g).to(device)
+    previous = fusebackend.reports()
     kwargs = {"max_new_tokens": NEW_TOKENS, "do_sample": False, "cache_implementation": "static"}
     expected = model.generate(ids, disable_compile=True, **kwargs)
     if how == "compile_config":
@@ -36,14 +46,19 @@ def _generate_both_ways(family: str, how: str, device: str, dtype: torch.dtype):
     else:
         model.forward = torch.compile(model.forward, backend="infinifuse")
         actual = model.generate(ids, **kwargs)
-    return actual, expected
+    return actual, expected, graphs_since(previous)
+
+
+def test_the_row_group_table_names_every_family():
+    assert sorted(ROW_GROUPS_ON_CPU) == sorted(model_zoo.GENERATE_FAMILIES)
 
 
 @pytest.mark.parametrize("how", ["compile_config", "compiled_forward"])
 @pytest.mark.parametrize("family", model_zoo.GENERATE_FAMILIES)
-def test_generate_cpu_tokens_equal_eager(family, how):
-    actual, expected = _generate_both_ways(family, how, "cpu", torch.float32)
+def test_generate_cpu_tokens_equal_eager_fused(family, how):
+    actual, expected, graphs = _generate_both_ways(family, how, "cpu", torch.float32)
     assert actual.tolist() == expected.tolist()
+    assert_model_fused(graphs, row_groups=ROW_GROUPS_ON_CPU[family], matmul_launches=9)
     if family not in model_zoo.SLIDING_WINDOW_FAMILIES:
         assert fusebackend.stats()["cache_hits"] >= 1, "no decode step was served by the cache"
 
@@ -55,8 +70,9 @@ def test_generate_cpu_tokens_equal_eager(family, how):
 def test_generate_gpu_tokens_equal_eager_and_captured(family, how, dtype):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    actual, expected = _generate_both_ways(family, how, "cuda", dtype)
+    actual, expected, graphs = _generate_both_ways(family, how, "cuda", dtype)
     assert actual.tolist() == expected.tolist()
+    assert_model_fused(graphs)
     modes = fusebackend.stats()["fusion_modes"]
     # A compiled forward compiles the prefill and the decode step; CompileConfig leaves the
     # prefill to eager in transformers 5.x (GenerationMixin._prefill), so only decode there.

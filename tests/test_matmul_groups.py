@@ -14,6 +14,7 @@ from helpers import (
     compile_fused,
     eager,
     gpu_llama_decode,
+    perturb_uniform_parameters,
     runtime_modes,
     tiny_llama_config,
 )
@@ -59,7 +60,7 @@ def _decode(model, config, dtype, steps=2, options=None):
 def test_llama_decode_step_is_five_matmul_groups_per_layer_equal_eager(dtype):
     torch.manual_seed(0)
     config = tiny_llama_config(layers=2)
-    model = transformers.LlamaForCausalLM(config).eval().to(dtype)
+    model = perturb_uniform_parameters(transformers.LlamaForCausalLM(config).eval().to(dtype))
     expected, actual = _decode(model, config, dtype)
     assert_close(actual, expected, **_TOLERANCE[dtype])
     groups = _matmul_groups(fusebackend.last_report())
@@ -85,7 +86,7 @@ def test_qwen2_projections_with_bias_and_tied_head():
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         tie_word_embeddings=True,
     )  # fmt: skip
-    model = transformers.Qwen2ForCausalLM(config).eval()
+    model = perturb_uniform_parameters(transformers.Qwen2ForCausalLM(config).eval())
     expected, actual = _decode(model, config, torch.float32)
     assert_close(actual, expected, **_TOLERANCE[torch.float32])
     groups = _matmul_groups(fusebackend.last_report())
@@ -98,7 +99,7 @@ def test_gpt2_conv1d_layers_with_layer_norms_bias_and_residuals(dtype):
     torch.manual_seed(8)
     config = transformers.GPT2Config(vocab_size=101, n_embd=64, n_layer=2, n_head=4,
                                      n_positions=64)  # fmt: skip
-    model = transformers.GPT2LMHeadModel(config).eval().to(dtype)
+    model = perturb_uniform_parameters(transformers.GPT2LMHeadModel(config).eval().to(dtype))
     expected, actual = _decode(model, config, dtype)
     assert_close(actual, expected, **_TOLERANCE[dtype])
     per_layer = [
@@ -128,7 +129,7 @@ def test_zoo_norm_and_gate_spellings(family, expected):
     import model_zoo
 
     torch.manual_seed(10)
-    model = model_zoo.build_causal_lm(family)
+    model = perturb_uniform_parameters(model_zoo.build_causal_lm(family))
     expected_logits, actual = _decode(model, model.config, torch.float32)
     assert_close(actual, expected_logits, **_TOLERANCE[torch.float32])
     groups = _matmul_groups(fusebackend.last_report())
@@ -150,7 +151,7 @@ def test_conv1d_weights_read_transposed_in_place():
 
 def test_many_rows_stay_with_cublas_and_say_why():
     torch.manual_seed(2)
-    model = transformers.LlamaModel(tiny_llama_config(layers=1)).eval()
+    model = perturb_uniform_parameters(transformers.LlamaModel(tiny_llama_config(layers=1)).eval())
     ids = torch.randint(0, 97, (3, 7))  # 21 rows
 
     def fn(ids):
@@ -204,7 +205,7 @@ def test_explain_says_which_matmul_groups_run_as_gemv(rows, gemv, monkeypatch):
 def test_option_off_leaves_every_matmul_as_traced():
     torch.manual_seed(3)
     config = tiny_llama_config(layers=1)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = perturb_uniform_parameters(transformers.LlamaForCausalLM(config).eval())
     expected, actual = _decode(model, config, torch.float32, options={"matmul_groups": False})
     assert_close(actual, expected, **_TOLERANCE[torch.float32])
     assert _matmul_groups(fusebackend.last_report()) == []
@@ -310,7 +311,7 @@ def test_opt_decoder_fc1_relu_is_one_launch():
     config = transformers.OPTConfig(vocab_size=101, hidden_size=64, ffn_dim=96,
                                     num_hidden_layers=2, num_attention_heads=4,
                                     word_embed_proj_dim=64, max_position_embeddings=64)  # fmt: skip
-    model = transformers.OPTForCausalLM(config).eval().half()
+    model = perturb_uniform_parameters(transformers.OPTForCausalLM(config).eval().half())
     ids = torch.randint(0, 101, (1, 1))
     expected = eager(lambda i: model(i).logits, ids)
     with torch.no_grad():
@@ -339,7 +340,7 @@ def test_new_gelu_spelled_otherwise_stays_a_row_kernel():
 def test_generate_with_compile_config_matches_eager_tokens():
     torch.manual_seed(5)
     config = tiny_llama_config(layers=2)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = perturb_uniform_parameters(transformers.LlamaForCausalLM(config).eval())
     ids = torch.randint(0, 97, (1, 5))
     kwargs = {"max_new_tokens": 6, "do_sample": False, "cache_implementation": "static"}
     start = fusebackend.report._recorded  # reports() keeps only the newest 256 (CI runs serially)
