@@ -93,7 +93,8 @@ MUTATIONS: list[Mutation] = [
         "hi = _add_bias(hi, bias + HALF, cols, N)",
         "hi = _add_bias(hi, bias, cols, N)",
         ("tests/test_rotary_epilogue.py", "tests/test_matmul_groups.py", "-k", "bias or qwen2"),
-        note="issue 39 #2: needs q/k tests with non-zero biases (being rewritten)",
+        note="issue 39 #2: missed at a4dc674 (zero biases); caught since a1d4d01 gave the q/k "
+        "tests non-zero biases",
     ),
     Mutation(
         "demotion_drops_uncaptured_fusion_to_eager",
@@ -116,7 +117,8 @@ MUTATIONS: list[Mutation] = [
         "outputs, winner = expected, ref_args",
         "outputs = expected",
         ("tests/test_reliability.py", "-k", "validation"),
-        note="issue 39 #4: needs test_validation_mismatch_restores_written_input",
+        note="issue 39 #4: missed until tests/test_reliability.py::"
+        "test_validation_mismatch_restores_written_input lands",
     ),
     Mutation(
         "constants_fold_without_dtype_shape_device_check",
@@ -130,7 +132,8 @@ MUTATIONS: list[Mutation] = [
         "    ):\n",
         "    if not isinstance(value, torch.Tensor):\n",
         ("tests/test_graph_prep.py", "-k", "constant or fold or autocast"),
-        note="issue 39 #5: needs the autocast/dtype/shape folding tests",
+        note="issue 39 #5: missed until the autocast / dtype / shape folding tests of "
+        "tests/test_graph_prep.py land",
     ),
     Mutation(
         "constants_fold_returned_storages",
