@@ -315,6 +315,43 @@ def test_an_op_that_moves_the_generator_is_not_folded_and_draws_nothing_at_compi
     assert fusebackend.last_report().graphs[0].constants == ["zeros"]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_constant_product_under_autocast_keeps_the_autocast_dtype(dtype):
+    # Folding evaluates the product outside the autocast region, in fp32 (5.72 here), where
+    # eager rounds it to the autocast dtype (5.71875 in bf16): the value must not be folded
+    def fn(x):
+        with torch.autocast("cpu", dtype=dtype):
+            m = torch.full((2, 3), 1.1) @ torch.full((3, 2), 1.7333)
+        return x + m
+
+    x = torch.randn(2, 2)
+    compiled = torch.compile(fn, backend="infinifuse", fullgraph=True)
+    with torch.no_grad():
+        expected = fn(x)
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), expected, rtol=0, atol=0)
+    assert fusebackend.last_report().graphs[0].constants == ["full", "full_1"]  # not m
+
+
+def test_folded_dtype_shape_and_layout_changes_equal_eager():
+    # Casts, views, a transpose and an expand of constants fold into buffers equal to what
+    # eager computes at each call
+    def fn(x):
+        ramp = torch.arange(6).to(torch.float16).reshape(2, 3).t() * 0.3
+        scale = torch.tensor([1.5, -2.25]).to(torch.bfloat16).float().expand(3, 2)
+        return x * ramp.type_as(x) + scale, ramp
+
+    x = torch.randn(3, 2)
+    compiled = torch.compile(fn, backend="infinifuse", fullgraph=True)
+    with torch.no_grad():
+        expected = fn(x)
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), expected, rtol=0, atol=0)
+    constants = fusebackend.last_report().graphs[0].constants
+    assert {"to", "reshape", "t", "to_1", "float_1", "scale"} <= set(constants), constants
+    assert "ramp" not in constants, constants  # returned: each call gets its own tensor
+
+
 def test_symbolic_and_random_values_are_not_folded():
     def fn(x):
         noise = torch.rand(3)
@@ -322,10 +359,12 @@ def test_symbolic_and_random_values_are_not_folded():
         return x + ramp, noise
 
     compiled = torch.compile(fn, backend="infinifuse", dynamic=True)
+    x4, x6 = torch.randn(4), torch.randn(6)
     with torch.no_grad():
-        a, n1 = compiled(torch.zeros(4))
-        b, n2 = compiled(torch.zeros(6))
-    assert_close(a, torch.arange(4.0)) and assert_close(b, torch.arange(6.0))
+        a, n1 = compiled(x4)
+        b, n2 = compiled(x6)
+    assert_close(a, x4 + torch.arange(4.0))
+    assert_close(b, x6 + torch.arange(6.0))
     assert not torch.equal(n1, n2)
     assert fusebackend.last_report().graphs[0].constants == []
 

@@ -597,6 +597,48 @@ class Counter(nn.Module):
         return self.inner(ids)
 
 
+class KeepsLast(nn.Module):
+    """TokPos that keeps its last output in a buffer and counts its calls in another: two
+    inputs written in place, one of them from the fused group's values."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = TokPos()
+        self.register_buffer("last", torch.zeros(3, 4, D))
+        self.register_buffer("calls", torch.zeros(1))
+
+    def forward(self, ids):
+        out = self.inner(ids)
+        self.last.copy_(out)
+        self.calls.add_(1)
+        return out
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_validation_mismatch_restores_written_input(path, request, monkeypatch):
+    # The fused run wrote its wrong values into its copy of the buffer: on a mismatch the
+    # unfused run's writes are the ones kept, and the counter advances once per call, not
+    # once per run (the fused and the reference run each ran it)
+    real = fusebackend.backend.FusedGroupOp.__call__
+
+    def wrong(self, *inputs):
+        return tuple(out * 1.01 + 0.01 for out in real(self, *inputs))
+
+    monkeypatch.setattr(fusebackend.backend.FusedGroupOp, "__call__", wrong)
+    torch.manual_seed(12)
+    model = KeepsLast()
+    options = _options(path, request, validate=True)
+    compiled = torch.compile(model, backend="infinifuse", options=options)
+    with torch.no_grad():
+        for n in range(1, 4):
+            ids = rand_ids(V, (3, 4))
+            expected = eager(model.inner, ids)
+            assert_close(compiled(ids), expected)
+            torch.testing.assert_close(model.last, expected, rtol=0, atol=0)
+            assert model.calls.item() == n
+    _expect_fallback(path, str(fusebackend.last_report()), "does not match the unfused graph")
+
+
 @pytest.mark.parametrize("which", ["fused", "both"])
 def test_capture_failing_halfway_falls_back(which, fake_capture):
     # The capture runs the graph partway (the mutated buffer is written) and then fails.

@@ -321,6 +321,7 @@ def _slow_double_plus_one(x):
     return (x * 2 + 1,)
 
 
+@pytest.mark.gpu
 def test_replays_on_two_streams_never_overlap(dev):
     # Thread-style use with one stream per caller: call 1 is queued on stream 1, whose replay
     # sleeps before reading the static input; call 2 on stream 2 comes right after with other
@@ -348,6 +349,7 @@ def test_replays_on_two_streams_never_overlap(dev):
     torch.testing.assert_close(out2, x2 * 2 + 1)
 
 
+@pytest.mark.gpu
 def test_capture_on_another_stream_waits_for_a_slow_replay(dev):
     # Thread A replays a slow graph on stream s1 (queued behind ~50 ms of sleep); thread B,
     # on stream s2, then calls a new signature: its capture evicts A's entry (max_graphs=1),
@@ -395,6 +397,7 @@ def test_capture_on_another_stream_waits_for_a_slow_replay(dev):
     assert stats()["evictions"] == 2
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("batch", [16, 1])
 def test_large_outputs_get_a_capture_decision_and_equal_eager(dev, batch):
     # 16 x 2048 x 2048 fp16: 128 MiB per output, the chain benchmark's size:
