@@ -36,6 +36,33 @@ def test_constant_mask_is_folded_and_the_graph_is_captured():
     assert fusebackend.stats()["recordings"] == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_constants_moved_to_the_device_and_under_autocast_equal_eager(dtype):
+    # A ramp built on the host and moved to the device folds to a device buffer; a constant
+    # product under CUDA autocast stays in the graph (folded outside the region it would be
+    # fp32, where eager's is rounded to the autocast dtype)
+    def fn(x):
+        ramp = (torch.arange(6).reshape(2, 3).t() * 0.3).to(x.device)
+        with torch.autocast("cuda", dtype=dtype):
+            m = torch.full((3, 2), 1.1, device=x.device) @ torch.full(
+                (2, 2), 1.7333, device=x.device
+            )
+        return x * ramp + m
+
+    x = torch.randn(3, 2, device="cuda")
+    compiled = torch.compile(fn, backend="infinifuse", fullgraph=True)
+    with torch.no_grad():
+        expected = fn(x)
+        for _ in range(3):
+            # fp32 defaults (a fused multiply-add may round once): m's fp32 value, 5.72
+            # against eager's 5.71875 in bf16, is 2e-4 off, far past them
+            torch.testing.assert_close(compiled(x), expected)
+    graph = fusebackend.last_report().graphs[0]
+    assert {"t", "mul", "ramp"} <= set(graph.constants), graph.constants  # ramp: the .to()
+    assert "m" not in graph.constants, graph.constants
+    assert _modes(graph) == ["fusion"], str(fusebackend.last_report())
+
+
 def test_cpu_counter_runs_on_the_host_and_the_device_part_is_captured():
     def fn(counter, x):
         pos = counter + 1  # host bookkeeping
