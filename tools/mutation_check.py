@@ -199,7 +199,8 @@ MUTATIONS: list[Mutation] = [
             "-k",
             "pair_kernel_equals or cache_pair",
         ),
-        note="right for one new row (decode), wrong for a prefill of several rows",
+        note="right for one new row (decode) and where rows and heads are coprime, "
+        "wrong for a prefill whose rows and heads share a factor",
     ),
     Mutation(
         "matmul_gelu_tanh_square_not_cube",
