@@ -88,6 +88,17 @@ MUTATIONS: list[Mutation] = [
         note="issue 39 #1",
     ),
     Mutation(
+        "matmul_layernorm_var_k_minus_1_in_models",
+        "kernel: matmul prologue (LayerNorm), seen from whole models",
+        "fusebackend/kernels/matmul_triton.py",
+        "rstd = tl.rsqrt(squares / K + eps)",
+        "rstd = tl.rsqrt(squares / (K - 1) + eps)",
+        ("tests/test_model_zoo.py", "-k", "cpu and (gpt2 or opt)"),
+        note="issue 39: GPT-2 and OPT passed the zoo with this bug at a4dc674 (validation "
+        "demoted them to eager, outputs stayed equal); the zoo tests assert mode fusion since "
+        "a1d4d01",
+    ),
+    Mutation(
         "rotary_upper_half_reads_lower_bias",
         "kernel: rotary epilogue (q/k bias)",
         "fusebackend/kernels/matmul_triton.py",
