@@ -36,6 +36,11 @@ def _caches(dtype, batch=2, heads=3, slots=13, width=24, rows=2, device="cpu", s
 def test_pair_kernel_equals_two_index_copies_exactly(dtype):
     k_cache, v_cache, k, v = _caches(dtype)
     index = torch.tensor([7, 2])  # unsorted, odd width 24, strided v
+    _assert_pair_writes_like_index_copy(k_cache, v_cache, index, k, v)
+
+
+def _assert_pair_writes_like_index_copy(k_cache, v_cache, index, k, v):
+    """write_cache_pair leaves both caches exactly as two ``index_copy_`` calls do."""
     want_k, want_v = k_cache.clone(), v_cache.clone()
     want_k.index_copy_(2, index, k)
     want_v.index_copy_(2, index, v)
@@ -221,3 +226,23 @@ def test_pair_kernel_on_the_gpu_in_a_cuda_graph(dtype):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+
+
+# --- a prefill: several rows per head
+
+
+@pytest.mark.parametrize("heads, rows", [(4, 2), (2, 6), (8, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cache_pair_writes_a_prefill_of_several_rows_per_head(heads, rows, dtype):
+    """A prefill writes T > 1 rows per head; with a power-of-two number of heads (every
+    Llama) T and H share factors. Exactly ``index_copy_``'s result, both caches. Guards a
+    program -> (batch, head, row) split that is right only when T and H are coprime (the
+    other cache-write tests use 3 heads and 2 rows)."""
+    g = torch.Generator().manual_seed(heads * 10 + rows)
+    batch, slots, width = 2, 11, 20
+    k_cache = torch.randn(batch, heads, slots, width, generator=g).to(dtype)
+    v_cache = torch.randn(batch, heads, slots, width, generator=g).to(dtype)
+    k = torch.randn(batch, heads, rows, width, generator=g).to(dtype)
+    v = torch.randn(batch, rows, heads, width, generator=g).to(dtype).transpose(1, 2)
+    index = torch.randperm(slots, generator=g)[:rows]
+    _assert_pair_writes_like_index_copy(k_cache, v_cache, index, k, v)

@@ -953,3 +953,33 @@ def test_a_cpu_graph_uses_its_mutated_scalars_in_place():
     with torch.no_grad():
         compiled(counter, buf, x)
     assert fusebackend.last_report().graphs[0].static_inputs == ["l_counter_", "l_buf_"]
+
+
+# ------------------------------------------------ host inputs: a move that also casts
+
+
+def test_a_host_input_moved_with_a_cast_is_not_staged_as_a_plain_copy():
+    """``ids.to("cuda", torch.float16)`` both moves and casts: staging the CPU tensor as the
+    graph's device input would copy it unconverted (int64 where the graph computes fp16).
+    The pass leaves that move in the graph and stages nothing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusebackend.passes.host_inputs import hoist_host_to_device
+
+    mode = FakeTensorMode()
+
+    graph = torch.fx.Graph()
+    ids = graph.placeholder("ids")
+    w = graph.placeholder("w")
+    moved = graph.call_method("to", (ids, "cuda", torch.float16))
+    out = graph.call_function(operator.mul, (moved, w))
+    graph.output((out,))
+    with mode:
+        ids.meta["example_value"] = torch.zeros(5, dtype=torch.int64)
+    w.meta["example_value"] = _fake_cuda(mode, (5,), torch.float16)
+    moved.meta["example_value"] = _fake_cuda(mode, (5,), torch.float16)
+    out.meta["example_value"] = _fake_cuda(mode, (5,), torch.float16)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+
+    assert hoist_host_to_device(gm, [torch.arange(5), None]) == {}
+    assert moved in gm.graph.nodes and out.args[0] is moved

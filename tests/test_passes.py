@@ -553,3 +553,31 @@ def test_a_consumer_is_never_claimed_by_two_groups():
     owners = [g.name for g in report.groups for node in g.nodes if node == "add"]
     assert len(owners) == 1, str(report)
     assert_close(out, eager(fn, ids, wte, wpe))
+
+
+# --- reductions over several dims: not a row reduction
+
+
+def _centred_mean(x, w):
+    y = x * w
+    return y - y.mean(dim=(-1, -2), keepdim=True)
+
+
+def _scaled_sum(x, w):
+    y = x * w
+    return y / y.sum(dim=(2, 0), keepdim=True)
+
+
+def _minus_amax(x, w):
+    y = x + w
+    return y - y.amax(dim=[-1, 1], keepdim=True)
+
+
+@pytest.mark.parametrize("fn", [_centred_mean, _scaled_sum, _minus_amax], ids=lambda f: f.__name__)
+def test_a_reduction_over_several_dims_starting_with_the_last_equals_eager(fn):
+    """``mean(dim=(-1, -2))`` reduces two dims: a row kernel reduces only the last, so the
+    chain must not be fused around it as if it were a row reduction."""
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(3, 5, 7, generator=g), torch.randn(7, generator=g) + 2.0
+    actual, _ = run_fused(fn, x, w, expect_fused=False)
+    assert_close(actual, eager(fn, x, w))

@@ -252,3 +252,51 @@ def test_producer_read_outside_the_group_stays_an_operand():
     assert len(report.groups) == 2, str(report)
     first = next(g for g in report.groups if "mul" in g.nodes)
     assert "sigmoid" not in first.nodes, str(report)
+
+
+# --- a row max over padded columns: rows whose every value is negative
+
+
+def _half_softmax(x):
+    return (x * 0.5).softmax(-1)
+
+
+def _half_log_softmax(x):
+    return torch.log_softmax(x * 0.5, dim=-1)
+
+
+def _half_minus_row_max(x):
+    y = x * 0.5
+    return y - y.amax(-1, keepdim=True)
+
+
+ROW_MAX_FORMS = {
+    "softmax": _half_softmax,
+    "log_softmax": _half_log_softmax,
+    "minus_amax": _half_minus_row_max,
+}
+
+
+@pytest.mark.parametrize("width", [7, 127])  # not powers of two: the kernel pads the row
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("form", sorted(ROW_MAX_FORMS))
+def test_row_max_of_rows_whose_every_value_is_negative(form, dtype, width):
+    """Log-probabilities, scores far below zero: the row max is negative, and a softmax of
+    such rows underflows to 0 / 0 unless it subtracts the true max. Guards a row max that
+    lets the padded columns count (as 0): tools/mutation_check.py's
+    softmax_max_padding_is_zero."""
+    fn = ROW_MAX_FORMS[form]
+    g = torch.Generator().manual_seed(width)
+    x = (torch.randn(2, 3, width, generator=g) - 400.0).to(dtype)
+    actual, _ = run_fused(fn, x)
+    assert_close(actual, eager(fn, x))
+
+
+def test_softmax_of_negative_rows_in_the_chunked_layout():
+    """Rows wider than the persistent limit loop over chunks: the running max must start
+    below every value, not at 0 (softmax_max_padding_is_zero)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 2, 8193, generator=g) - 400.0
+    actual, report = run_fused(_half_softmax, x)
+    assert "layout: chunked" in report.groups[0].source
+    assert_close(actual, eager(_half_softmax, x))

@@ -1456,3 +1456,27 @@ def test_a_new_signature_holds_at_most_two_copies_of_a_written_input(monkeypatch
     cache(kv, torch.randn(3))  # fused run, then the validating reference run
     assert kv.tolist() == [1.0] * 16
     assert peak[0] <= 2, peak[0]
+
+
+# --- validation classes: a class counts as checked once a comparison matched
+
+
+def test_after_a_mismatch_the_next_shape_of_its_class_is_compared_again():
+    """A fused graph that is wrong at one shape may be wrong at the next: a validation class
+    counts as checked only once a comparison matched, so each new shape here is compared,
+    falls back, and every call returns the unfused graph's result."""
+    cache = GraphCache(
+        unfused=lambda x, y: (x * y + 1,),
+        fused=lambda x, y: (x * y + 1.25,),
+        config=FusionConfig(capture_on_call=1),
+        device=None,
+        name="t",
+    )
+    g = torch.Generator().manual_seed(3)
+    for n in (3, 5, 11):
+        x, y = torch.randn(n, generator=g), torch.randn(n, generator=g)
+        (out,) = cache(x, y)
+        torch.testing.assert_close(out, x * y + 1)
+        assert cache.mode_for(x, y) == EAGER
+    s = stats()
+    assert (s["validations"], s["fusion_successes"], s["fusion_fallbacks"]) == (3, 0, 3)

@@ -468,3 +468,29 @@ def test_arithmetic_on_a_dtensor_activation_is_left_to_dtensor_dispatch(mesh):
     stats = fusebackend.stats()
     assert stats["fusion_fallbacks"] == 0 and not stats["fallback_reasons"], stats
     assert not fusebackend.last_report().groups, str(fusebackend.last_report())
+
+
+# --- collectives: a reader of x before x.copy_(all_reduce(x))
+
+
+def test_a_copy_whose_target_is_read_before_the_copy_stays(mesh):
+    """``before`` reads y's partial sum, between the all-reduce and the copy that writes the
+    sum into y: handing it the reduced tensor instead would give it the sum over ranks. The
+    copy stays (on one rank the values agree, so the report says it), and the results are
+    eager's."""
+    functional = torch.ops._c10d_functional
+    group = dist.group.WORLD.group_name
+
+    def f(x, w):
+        y = x @ w
+        reduced = functional.wait_tensor(functional.all_reduce(y, "sum", group))
+        before = y * 2.0 + 1.0
+        y.copy_(reduced)
+        return before, y - 3.0
+
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(3, 5, generator=g), torch.randn(5, 7, generator=g)
+    compiled = torch.compile(f, backend="infinifuse")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, w), f(x, w))
+    assert fusebackend.last_report().graphs[0].reduce_copies == []
