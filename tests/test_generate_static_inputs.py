@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_model_fused, perturb_uniform_parameters
 
 import fusebackend
 
@@ -24,7 +25,7 @@ def _model():
         num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
         vocab_size=128, intermediate_size=128, max_position_embeddings=256,
     )  # fmt: skip
-    return transformers.LlamaForCausalLM(config).eval()
+    return perturb_uniform_parameters(transformers.LlamaForCausalLM(config).eval())
 
 
 def _generate(model, ids, **kwargs):
@@ -49,6 +50,7 @@ def test_generate_through_a_compiled_forward_equals_eager():
     assert len(graphs) >= 2  # prefill and decode
     assert any(g.mutated_inputs for g in graphs)
     assert _kv_in_place(graphs), [g.static_inputs for g in graphs]
+    assert_model_fused(graphs)
 
 
 def test_generate_through_compile_config_equals_eager():
@@ -62,3 +64,4 @@ def test_generate_through_compile_config_equals_eager():
     graphs = fusebackend.report._reports_since(start)
     assert graphs, "generate compiled nothing"
     assert _kv_in_place(graphs), [g.static_inputs for g in graphs]
+    assert_model_fused(graphs)
