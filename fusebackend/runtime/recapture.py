@@ -109,7 +109,7 @@ class Recapture:
             _capture.join_replay_order(self._replay_device)
         if self._over_budget(entry) is not None:
             return None
-        entry.reason, entry.hits = old.reason, old.hits
+        entry.reason, entry.hits, entry.derived = old.reason, old.hits, call.derived
         self._remember(key, Verdict(mode, old.reason, True, old.hits + 1))
         self._insert(key, entry)
         return self._replay(entry, call)
@@ -171,8 +171,9 @@ class Recapture:
             # Logged above; a fused entry stays in fusion, run directly.
             mode, reason = self._demote(key, entry.mode, Cause.NO_PAYOFF, why, entry.reason)
             self._entries[key] = Entry(
-                mode, entry.fn, reason, hits=entry.hits, decision=why, last_use=entry.last_use
-            )
+                mode, entry.fn, reason, hits=entry.hits, decision=why, last_use=entry.last_use,
+                derived=entry.derived,
+            )  # fmt: skip
             self._remember(key, Verdict(mode, reason, False, entry.hits + 1))
             self._drop(entry)
         return outputs
@@ -239,7 +240,7 @@ class Recapture:
             args,
             device=self._device,
             warmup_iterations=0 if skip else self._config.warmup_iterations,
-            static=self._static,
+            static=self._in_place(args),
             copied_static=self._copied_static,
             host=self._host,
             mutated=self._mutated,
