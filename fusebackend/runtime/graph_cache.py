@@ -560,26 +560,6 @@ class GraphCache(Recapture, Padding, Inspection):
 
     # ------------------------------------------------------------------------- arg plumbing
 
-    def _derive(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The per-signature inputs for ``args`` (``per_signature``)."""
-        assert self._per_signature is not None
-        with torch.no_grad():
-            derived = tuple(self._per_signature(*args))
-        if len(derived) != self._per_signature_count:
-            raise RuntimeError(
-                f"{self.name}: per_signature gave {len(derived)} values, "
-                f"expected {self._per_signature_count}"
-            )
-        return derived
-
-    def _in_place(self, args: tuple[Any, ...]) -> frozenset[int]:
-        """Inputs a capture on ``args`` uses in place: the static ones and the entry's
-        per-signature inputs (last in ``args``)."""
-        if not self._per_signature_count:
-            return self._static
-        n = len(args)
-        return self._static | frozenset(range(n - self._per_signature_count, n))
-
     def _to_device(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         moved = list(args)
         for i, device in self._host.items():

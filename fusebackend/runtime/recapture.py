@@ -54,6 +54,8 @@ class Recapture:
     _entries: OrderedDict[Key, Entry]
     _moves: dict[int, int]
     _copied_static: set[int]
+    _per_signature: Callable[..., Sequence[Any]] | None
+    _per_signature_count: int
     _new_entry: Callable[..., Sequence[Any]]
     _insert: Callable[[Key, Entry], None]
     _replay: Callable[[Entry, Call], Sequence[Any]]
@@ -224,6 +226,26 @@ class Recapture:
             return None
         _capture.retire(entry.resources(), self._replay_device)
         return f"its buffers ({_mib(entry.nbytes)}) exceed graph_memory ({_mib(budget)})"
+
+    def _derive(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The per-signature inputs for ``args`` (``per_signature``)."""
+        assert self._per_signature is not None
+        with torch.no_grad():
+            derived = tuple(self._per_signature(*args))
+        if len(derived) != self._per_signature_count:
+            raise RuntimeError(
+                f"{self.name}: per_signature gave {len(derived)} values, "
+                f"expected {self._per_signature_count}"
+            )
+        return derived
+
+    def _in_place(self, args: tuple[Any, ...]) -> frozenset[int]:
+        """Inputs a capture on ``args`` uses in place: the static ones and the entry's
+        per-signature inputs (last in ``args``)."""
+        if not self._per_signature_count:
+            return self._static
+        n = len(args)
+        return self._static | frozenset(range(n - self._per_signature_count, n))
 
     def _record(
         self, mode: Mode, fn: Callable[..., Sequence[Any]], args: tuple[Any, ...], warmed: bool
