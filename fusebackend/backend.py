@@ -385,6 +385,8 @@ def infinifuse(
     )
     static = static_inputs(part.example_inputs, mutated_here, part.host_inputs, config, device)
     static |= sharded_parameters
+    constants = part.per_signature
+    arity = len(part.example_inputs)  # the inputs callers pass (per-signature ones follow)
     cache = GraphCache(
         unfused=part.graph,
         fused=fusion.graph,
@@ -394,9 +396,11 @@ def infinifuse(
         mutated_input_indices=mutated_here,
         host_inputs=part.host_inputs,
         name=name,
-        batch_size_input_indices=batch_size_inputs(inputs, static),
-        example_values=[example_value(p) for p in inputs],
-        form=form_of(part.graph, traced),
+        batch_size_input_indices=batch_size_inputs(inputs[:arity], static),
+        example_values=[example_value(p) for p in inputs[:arity]],
+        form=form_of(part.graph, traced, arity),
+        per_signature=constants.graph if constants is not None else None,
+        per_signature_count=constants.count if constants is not None else 0,
     )
     groups = fusion.groups
     if not config.fusion:

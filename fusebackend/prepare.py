@@ -29,6 +29,7 @@ from fusebackend.passes.host_inputs import (
     stage_scalars,
 )
 from fusebackend.passes.mutations import mutated_placeholders
+from fusebackend.passes.signature_constants import SignatureConstants, split_signature_constants
 from fusebackend.pipeline import Compilation, Pass
 from fusebackend.runtime.graph_cache import captures
 
@@ -124,13 +125,26 @@ PREPARE = [
 
 
 def device_part(c: Compilation) -> DevicePart:
-    """What the runtime runs of the prepared graph (timed as the pass ``device_part``)."""
+    """What the runtime runs of the prepared graph (timed as the pass ``device_part``).
+
+    Where CUDA graphs capture, host chains of that part that read only sizes become its
+    per-signature inputs (``split_signature_constants``; ``explain`` lists their nodes and
+    why other host-to-device copies stay in the graph)."""
     start = time.perf_counter()
     if c.split is None:
         inputs = c.example_inputs
         part = DevicePart(c.gm, list(inputs), c.host_inputs, range(len(inputs)))
     else:
         part = _device_part_of(c.split, c.example_inputs, c.host_inputs, c.device)
+    if _captured(c):
+        found = split_signature_constants(part.graph, _on_host)
+        if found.module is not None:
+            part.graph, part.per_signature = found.module, found
+            c.rewrites.setdefault("signature_constants", []).extend(found.nodes)
+            c.labels["signature_constants"] = "computed once per signature (sizes only)"
+        if found.refused:
+            c.rewrites.setdefault("host_copies_kept", []).extend(found.refused)
+            c.labels["host_copies_kept"] = "host-to-device copies left in the captured graph"
     c.seconds["device_part"] = time.perf_counter() - start
     return part
 
@@ -151,6 +165,9 @@ class DevicePart:
     example_inputs: list[Any]  # None for the host values a split passes
     host_inputs: dict[int, torch.device]  # input index -> device the runtime stages it to
     original_indices: Sequence[int]
+    # Host chains of sizes taken out of ``graph``: its last ``per_signature.count`` inputs,
+    # which ``example_inputs`` leaves out (the runtime computes them per signature).
+    per_signature: SignatureConstants | None = None
 
 
 def _device_part_of(

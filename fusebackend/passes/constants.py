@@ -136,21 +136,48 @@ def _foldable(
         return False
     if storage_id(value) in excluded or _is_random(node) or _symbolic(value):
         return False
+    if _cast_like(node):
+        # ``c.type_as(t)`` / ``c.to(t)`` read only t's dtype and device (DeBERTa's
+        # ``torch.tensor(mid - 1).type_as(relative_pos)``): a constant where ``c`` is one.
+        return node.args[0] in values
     inputs = node.all_input_nodes
     if any(n not in values for n in inputs) or _has_symbols((node.args, node.kwargs)):
         return False
     return bool(inputs) or (node.op == "call_function" and node.target in _FACTORIES)
 
 
+def _cast_like(node: torch.fx.Node) -> bool:
+    """``x.type_as(t)`` or ``x.to(t)`` with a tensor ``t`` and nothing else."""
+    method = node.op == "call_method" and node.target in ("type_as", "to")
+    function = node.op == "call_function" and node.target in (
+        torch.Tensor.type_as,
+        torch.Tensor.to,
+    )
+    if not (method or function) or len(node.args) != 2 or node.kwargs:
+        return False
+    source, like = node.args
+    return (
+        isinstance(source, torch.fx.Node)
+        and isinstance(like, torch.fx.Node)
+        and isinstance(example_value(like), torch.Tensor)
+    )
+
+
 def _evaluate(node: torch.fx.Node, values: dict[torch.fx.Node, torch.Tensor]) -> Any:
     """The node's real value, or None when it cannot be computed, differs from Dynamo's, or
     drew random numbers (the generators are then put back as they were)."""
-    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
     expected = example_value(node)
+    cast = _cast_like(node)
+    if cast:  # the other tensor is not a constant: only its dtype and device count
+        args, kwargs = (values[node.args[0]],), {}
+    else:
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
     rng = _RngStates()
     try:
         with unset_fake_temporarily(), torch.no_grad():
-            if node.op == "call_method":
+            if cast:
+                value = args[0].to(device=expected.device, dtype=expected.dtype)
+            elif node.op == "call_method":
                 value = getattr(args[0], node.target)(*args[1:], **kwargs)
             else:
                 value = node.target(*args, **kwargs)

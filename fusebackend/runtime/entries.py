@@ -38,6 +38,14 @@ class Call:
     user_args: tuple[Any, ...]
     batch: int | None = None
     bucket: int | None = None
+    # Per-signature inputs (GraphCache's ``per_signature``) appended to ``args`` and
+    # ``user_args``: the entry's own tensors, or computed for this call's new entry.
+    derived: tuple[Any, ...] = ()
+
+    def with_derived(self, derived: tuple[Any, ...]) -> Call:
+        """This call with the per-signature inputs ``derived`` after its own."""
+        return Call(self.args + derived, self.user_args + derived, self.batch, self.bucket,
+                    derived)  # fmt: skip
 
     def unpad(self, outputs: Sequence[Any]) -> Sequence[Any]:
         """``outputs`` without the batch padding."""
@@ -73,7 +81,10 @@ class Entry:
     pending: bool = False  # uncaptured until its capture_on_call-th call
     nbytes: int = 0  # device memory it holds alone (static input and output buffers)
     last_use: int = 0  # the process-wide use clock at its last call
+    # Per-signature inputs (GraphCache's ``per_signature``), computed once for this entry:
+    # a captured graph reads them in place.
+    derived: tuple[Any, ...] = ()
 
     def resources(self) -> list[Any]:
         """What a queued replay may still read: held by ``capture.retire`` once dropped."""
-        return [self.graph, self.copy_bufs, self.host_copies, self.outputs]
+        return [self.graph, self.copy_bufs, self.host_copies, self.outputs, self.derived]

@@ -129,6 +129,12 @@ class GraphCache(Recapture, Padding, Inspection):
         form: ``unfused`` without its size arithmetic (``specialization.form_of``), or None:
             with it, a signature that an older compilation of the same function holds is
             routed there when the two compute the same function for it (``frames.route``).
+        per_signature: A callable of a call's inputs (after padding) returning the graphs'
+            last ``per_signature_count`` inputs, which depend only on the signature (tensors
+            built from sizes: relative position buckets). Evaluated once per new entry,
+            before its runs and capture; the entry owns the tensors and a captured graph
+            reads them in place, so a replay copies nothing. The caller passes the other
+            inputs only.
     """
 
     def __init__(
@@ -145,6 +151,8 @@ class GraphCache(Recapture, Padding, Inspection):
         batch_size_input_indices: frozenset[int] = frozenset(),
         example_values: Sequence[Any] | None = None,
         form: GraphForm | None = None,
+        per_signature: Callable[..., Sequence[Any]] | None = None,
+        per_signature_count: int = 0,
     ) -> None:
         if device is not None and device.type != "cuda":
             device = None  # only CUDA graphs are captured; anything else runs directly
@@ -160,6 +168,8 @@ class GraphCache(Recapture, Padding, Inspection):
         self._mutated = tuple(sorted(mutated_input_indices))
         self._host = dict(host_inputs or {}) if device is not None else {}
         self._batch_ints = frozenset(batch_size_input_indices)
+        self._per_signature = per_signature if per_signature_count else None
+        self._per_signature_count = per_signature_count if per_signature is not None else 0
         self.name = name
         self.label_prefix = f"{name}#{next(_serials)}"
         self._buckets = config.batch_buckets
@@ -277,6 +287,8 @@ class GraphCache(Recapture, Padding, Inspection):
                 COUNTERS.cache_misses += 1
                 return self._new_entry(key, verdict, call, seen)
             self._entries.move_to_end(key)
+            if entry.derived:
+                call = call.with_derived(entry.derived)
             COUNTERS.cache_hits += 1
             entry.hits += 1
             entry.last_use = self._last_call = _clock()
@@ -284,7 +296,7 @@ class GraphCache(Recapture, Padding, Inspection):
                 return self._promote(key, entry, call)
             if entry.graph is not None:
                 if entry.static_idx and not static_ptrs_equal(
-                    args, entry.static_ptrs, entry.static_idx
+                    call.args, entry.static_ptrs, entry.static_idx
                 ):
                     return self._rerecord(key, entry, call)
                 if self._moves:
@@ -367,6 +379,8 @@ class GraphCache(Recapture, Padding, Inspection):
         return tuple(result) if entry.out_tuple else result
 
     def _direct(self, fn: Callable[..., Sequence[Any]], call: Call) -> Sequence[Any]:
+        if self._per_signature is not None and not call.derived:
+            call = call.with_derived(self._derive(call.args))  # a one-off run (a reference)
         args = self._to_device(call.args) if self._host else call.args
         outputs = fn(*args)
         if args is not call.user_args:
@@ -384,6 +398,10 @@ class GraphCache(Recapture, Padding, Inspection):
         and commit the call's in-place effects into the caller's tensors once, last
         (``effects.Effects``). ``seen``: calls of this signature known from elsewhere (an
         older compilation of the same function that served it)."""
+        if self._per_signature is not None and not call.derived:
+            # Once per entry, before its runs and capture: host work and its copy to the
+            # device, as eager does them, into tensors the entry owns.
+            call = call.with_derived(self._derive(call.args))
         args = call.args
         if verdict is not None:
             mode, reason, capture = verdict.mode, verdict.reason, verdict.capture
@@ -422,6 +440,7 @@ class GraphCache(Recapture, Padding, Inspection):
             if capture_now:
                 _capture.join_replay_order(self._replay_device)
         entry.hits = calls - 1
+        entry.derived = call.derived
         self._remember(
             key, Verdict(entry.mode, entry.reason, entry.graph is not None or entry.pending, calls)
         )

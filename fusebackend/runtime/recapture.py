@@ -54,6 +54,8 @@ class Recapture:
     _entries: OrderedDict[Key, Entry]
     _moves: dict[int, int]
     _copied_static: set[int]
+    _per_signature: Callable[..., Sequence[Any]] | None
+    _per_signature_count: int
     _new_entry: Callable[..., Sequence[Any]]
     _insert: Callable[[Key, Entry], None]
     _replay: Callable[[Entry, Call], Sequence[Any]]
@@ -109,7 +111,7 @@ class Recapture:
             _capture.join_replay_order(self._replay_device)
         if self._over_budget(entry) is not None:
             return None
-        entry.reason, entry.hits = old.reason, old.hits
+        entry.reason, entry.hits, entry.derived = old.reason, old.hits, call.derived
         self._remember(key, Verdict(mode, old.reason, True, old.hits + 1))
         self._insert(key, entry)
         return self._replay(entry, call)
@@ -171,8 +173,9 @@ class Recapture:
             # Logged above; a fused entry stays in fusion, run directly.
             mode, reason = self._demote(key, entry.mode, Cause.NO_PAYOFF, why, entry.reason)
             self._entries[key] = Entry(
-                mode, entry.fn, reason, hits=entry.hits, decision=why, last_use=entry.last_use
-            )
+                mode, entry.fn, reason, hits=entry.hits, decision=why, last_use=entry.last_use,
+                derived=entry.derived,
+            )  # fmt: skip
             self._remember(key, Verdict(mode, reason, False, entry.hits + 1))
             self._drop(entry)
         return outputs
@@ -224,6 +227,26 @@ class Recapture:
         _capture.retire(entry.resources(), self._replay_device)
         return f"its buffers ({_mib(entry.nbytes)}) exceed graph_memory ({_mib(budget)})"
 
+    def _derive(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The per-signature inputs for ``args`` (``per_signature``)."""
+        assert self._per_signature is not None
+        with torch.no_grad():
+            derived = tuple(self._per_signature(*args))
+        if len(derived) != self._per_signature_count:
+            raise RuntimeError(
+                f"{self.name}: per_signature gave {len(derived)} values, "
+                f"expected {self._per_signature_count}"
+            )
+        return derived
+
+    def _in_place(self, args: tuple[Any, ...]) -> frozenset[int]:
+        """Inputs a capture on ``args`` uses in place: the static ones and the entry's
+        per-signature inputs (last in ``args``)."""
+        if not self._per_signature_count:
+            return self._static
+        n = len(args)
+        return self._static | frozenset(range(n - self._per_signature_count, n))
+
     def _record(
         self, mode: Mode, fn: Callable[..., Sequence[Any]], args: tuple[Any, ...], warmed: bool
     ) -> Entry:
@@ -239,7 +262,7 @@ class Recapture:
             args,
             device=self._device,
             warmup_iterations=0 if skip else self._config.warmup_iterations,
-            static=self._static,
+            static=self._in_place(args),
             copied_static=self._copied_static,
             host=self._host,
             mutated=self._mutated,

@@ -162,15 +162,18 @@ def _is_scalar_input(value: Any) -> bool:
     return isinstance(value, _SCALARS) and not isinstance(value, bool)
 
 
-def form_of(runs: torch.fx.GraphModule, traced: Operations | None) -> GraphForm | None:
-    """The form of a compiled graph: the inputs of ``runs`` (the graph the cache runs) and
-    the ``traced`` operations of Dynamo's graph it came from (None: no form)."""
+def form_of(
+    runs: torch.fx.GraphModule, traced: Operations | None, arity: int | None = None
+) -> GraphForm | None:
+    """The form of a compiled graph: the inputs of ``runs`` (the graph the cache runs; its
+    first ``arity``, the ones callers pass: per-signature inputs follow them) and the
+    ``traced`` operations of Dynamo's graph it came from (None: no form)."""
     if traced is None:
         return None
     inputs: list[str] = []
     input_sizes: list[Any] = []
     for node in runs.graph.nodes:
-        if node.op == "placeholder":
+        if node.op == "placeholder" and (arity is None or len(inputs) < arity):
             value = example_value(node)
             inputs.append(str(node.target))
             input_sizes.append(_size(value) if _is_scalar_input(value) else None)
