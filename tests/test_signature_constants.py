@@ -361,3 +361,51 @@ def test_a_host_chain_reading_a_tensor_input_is_refused_with_its_node_and_fix(gp
         compiled(torch.randn(2, 6), torch.randn(6))
     kept = fusebackend.last_report().graphs[-1].rewrites.get("host_copies_kept", [])
     assert kept and "copies a host tensor" in kept[0] and "device=" in kept[0], kept
+
+
+# ------------------------------------------------------------------ real models on a GPU
+
+
+def _encoder(family: str):
+    import transformers
+
+    if family == "mpnet":
+        config = transformers.MPNetConfig(
+            vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=HEADS,
+            intermediate_size=48, max_position_embeddings=64, pad_token_id=1,
+        )  # fmt: skip
+        return transformers.MPNetModel(config)
+    config = transformers.DebertaV2Config(
+        vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=HEADS,
+        intermediate_size=48, max_position_embeddings=64, relative_attention=True,
+        position_buckets=8, pos_att_type=["p2c", "c2p"], max_relative_positions=16,
+    )  # fmt: skip
+    return transformers.DebertaV2Model(config)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["mpnet", "deberta_v2"])
+def test_real_encoders_capture_every_length_and_equal_eager(family):
+    # transformers 5.17 (the GPU machines') builds MPNet's buckets on the host; DeBERTa-v2
+    # moves torch.tensor(mid - 1).type_as(...): every length is captured, none falls back
+    pytest.importorskip("transformers")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch.manual_seed(0)
+    model = _encoder(family).eval().cuda()
+    compiled = torch.compile(model, backend="infinifuse", options={"capture_on_call": 1})
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for length in (5, 7, 11, 13, 7, 5):
+            ids = rand_ids(V, (2, length), g=g).cuda()
+            mask = torch.ones_like(ids)
+            mask[1, -2:] = 0  # a padded row
+            want = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            got = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    s = fusebackend.stats()
+    assert not s["fallback_reasons"], s["fallback_reasons"]
+    assert s["capture_failures"] == 0 and s["recordings"] >= 4, s
+    assert set(s["fusion_modes"].values()) == {"fusion"}, s["fusion_modes"]
+    kept = [n for g in fusebackend.reports().graphs for n in g.rewrites.get("host_copies_kept", [])]
+    assert not kept, kept
