@@ -273,6 +273,20 @@ MUTATIONS: list[Mutation] = [
         "[replay-options2-100] in 28 s; its selection passed clean in 56 s",
     ),
     Mutation(
+        "per_signature_inputs_copied_per_replay",
+        "runtime: per-signature inputs",
+        "fusebackend/runtime/recapture.py",
+        """        if not self._per_signature_count:
+            return self._static
+        n = len(args)""",
+        """        if True:
+            return self._static
+        n = len(args)""",
+        ("tests/test_signature_constants.py", "-k", "once_per_signature"),
+        note="an entry's per-signature tensors captured as copied inputs: right values, but "
+        "every replay copies them again",
+    ),
+    Mutation(
         "key_ignores_fusion_switch",
         "runtime: graph cache key",
         "fusebackend/runtime/keys.py",
