@@ -450,7 +450,7 @@ def test_dynamo_recompiles_leave_one_entry_per_shape(monkeypatch):
     """Graphs that cannot be compared (no form: routing off) fall back to supersession: the
     older graphs' entries for the shapes the newest graph is handed are dropped, 4 entries
     for 4 shapes (7 with neither rule)."""
-    monkeypatch.setattr(fusebackend.backend, "form_of", lambda runs, traced: None)
+    monkeypatch.setattr(fusebackend.backend, "form_of", lambda runs, traced, arity=None: None)
     table, w, b = weights()
     compiled = torch.compile(chain, backend="infinifuse")
     shapes = [(32, 81), (32, 70), (32, 39), (16, 9)]
