@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.mutations import storage_id, written_args, written_storages
 
-__all__ = ["fold_constants", "fold_list_indices"]
+__all__ = ["fold_constants", "fold_list_indices", "is_random"]
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def _foldable(
     value = example_value(node)
     if not isinstance(value, torch.Tensor) or value.requires_grad:
         return False
-    if storage_id(value) in excluded or _is_random(node) or _symbolic(value):
+    if storage_id(value) in excluded or is_random(node) or _symbolic(value):
         return False
     if _cast_like(node):
         # ``c.type_as(t)`` / ``c.to(t)`` read only t's dtype and device (DeBERTa's
@@ -213,7 +213,7 @@ class _RngStates:
             torch.set_rng_state(self.cpu)
             moved = True
         # A node that initialised CUDA itself (the first CUDA tensor of the process) left
-        # nothing to compare with; the name and tag checks of ``_is_random`` cover it.
+        # nothing to compare with; the name and tag checks of ``is_random`` cover it.
         if self.cuda is not None:
             now = torch.cuda.get_rng_state_all()
             if any(not torch.equal(a, b) for a, b in zip(now, self.cuda, strict=True)):
@@ -229,7 +229,7 @@ def _mutated_or_returned_storages(graph: torch.fx.Graph) -> set[int]:
     return storages | written_storages(graph.nodes)  # type: ignore[operator]
 
 
-def _is_random(node: torch.fx.Node) -> bool:
+def is_random(node: torch.fx.Node) -> bool:
     """Random by name, or by the ``nondeterministic_seeded`` tag of its aten op."""
     target = node.target
     if isinstance(target, torch._ops.OpOverload):

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from fusebackend.passes.constants import _is_random
+from fusebackend.passes.constants import is_random
 from fusebackend.passes.fx_util import example_value, placeholders
 from fusebackend.passes.mutations import storage_id, written_args, written_storages
 
@@ -211,7 +211,7 @@ def _why_not_sized(
         return "it does not yield a tensor"
     if value.requires_grad:
         return "it needs gradients"
-    if _is_random(node):
+    if is_random(node):
         return "it draws random numbers"
     for n in inputs:
         if n not in numbers and n not in constants and n not in sized:
