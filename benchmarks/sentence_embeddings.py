@@ -501,7 +501,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.backends = [b for b in args.backends.split(",") if b]
     if args.tiny and args.shapes == list(DEFAULT_SHAPES):
         args.shapes = ["tiny"]
-    known_shapes = ("minilm-l6", "bert-base", "tiny")
+    known_shapes = tuple(_example().SHAPES)
     for shape in args.shapes:
         if shape not in known_shapes:
             parser.error(f"--shapes: unknown shape {shape!r} (known: {', '.join(known_shapes)})")

@@ -56,14 +56,25 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-# Model shapes (BertConfig fields). bert-base has BERT-base's and MPNet-base's widths.
-SHAPES: dict[str, dict[str, int]] = {
+# Model shapes: config fields, and the architecture where it is not BERT. bert-base has
+# BERT-base's widths; mpnet-base is all-mpnet-base-v2's architecture (MPNetModel: relative
+# position buckets computed per length, on the host in transformers <= 5.17); deberta-v3-base
+# is DeBERTa-v3's (relative attention with log position buckets). Every shape uses the same
+# WordPiece tokenizer: the workload's token lengths stay the same across architectures.
+SHAPES: dict[str, dict[str, Any]] = {
     "minilm-l6": {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 12,
                   "intermediate_size": 1536},
     "bert-base": {"num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12,
                   "intermediate_size": 3072},
+    "mpnet-base": {"architecture": "mpnet", "num_hidden_layers": 12, "hidden_size": 768,
+                   "num_attention_heads": 12, "intermediate_size": 3072},
+    "deberta-v3-base": {"architecture": "deberta-v2", "num_hidden_layers": 12,
+                        "hidden_size": 768, "num_attention_heads": 12,
+                        "intermediate_size": 3072},
     "tiny": {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2,
              "intermediate_size": 128},
+    "mpnet-tiny": {"architecture": "mpnet", "num_hidden_layers": 2, "hidden_size": 64,
+                   "num_attention_heads": 2, "intermediate_size": 128},
 }  # fmt: skip
 MAX_SEQ_LENGTH = 256  # all-MiniLM-L6-v2's max_seq_length
 # "dynamo": Dynamo's tracing with no code generation (torch.compile's backend="eager"), the
@@ -158,20 +169,35 @@ def wordpiece_tokenizer(tokens: list[str], directory: str) -> Any:
 
 
 def build_model_dir(directory: str, shape: dict[str, int], seed: int = 0) -> str:
-    """Write a random-weight BertModel of ``shape`` and its WordPiece tokenizer to ``directory``."""
+    """Write a random-weight model of ``shape`` (BERT unless its ``architecture`` says otherwise)
+    and its WordPiece tokenizer to ``directory``."""
     transformers = _needs("transformers")
     transformers.utils.logging.disable_progress_bar()  # "Writing model shards" bars
     tokens = vocab_tokens()
     wordpiece_tokenizer(tokens, directory).save_pretrained(directory)
-    config = transformers.BertConfig(
-        # a real vocabulary's embedding table (30522 rows, MiniLM's and BERT's) where the
-        # shape is a real model's; ids past the synthetic vocab are never looked up
-        vocab_size=max(len(tokens), 30522) if shape["hidden_size"] >= 384 else len(tokens),
-        max_position_embeddings=512,
-        **shape,
-    )
+    fields = {k: v for k, v in shape.items() if k != "architecture"}
+    # a real vocabulary's embedding table (30522 rows, MiniLM's and BERT's) where the shape is
+    # a real model's; ids past the synthetic vocab are never looked up
+    vocab_size = max(len(tokens), 30522) if shape["hidden_size"] >= 384 else len(tokens)
+    common = {"vocab_size": vocab_size, "max_position_embeddings": 512, "pad_token_id": 0}
+    architecture = shape.get("architecture", "bert")
+    if architecture == "bert":
+        config, model_class = transformers.BertConfig(**common, **fields), transformers.BertModel
+    elif architecture == "mpnet":  # MPNet's default pad id is 1; the tokenizer's [PAD] is 0
+        config = transformers.MPNetConfig(**common, **fields)
+        model_class = transformers.MPNetModel
+    elif architecture == "deberta-v2":  # DeBERTa-v3-base's attention settings
+        config = transformers.DebertaV2Config(
+            **{**common, "vocab_size": max(vocab_size, 128100)}, **fields,
+            relative_attention=True, position_buckets=256, max_relative_positions=-1,
+            pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm", share_att_key=True,
+            type_vocab_size=0, position_biased_input=False,
+        )  # fmt: skip
+        model_class = transformers.DebertaV2Model
+    else:
+        raise ValueError(f"architecture {architecture!r}: expected bert, mpnet or deberta-v2")
     torch.manual_seed(seed)
-    transformers.BertModel(config).eval().save_pretrained(directory)
+    model_class(config).eval().save_pretrained(directory)
     return directory
 
 
