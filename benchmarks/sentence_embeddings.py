@@ -216,34 +216,48 @@ def commit(given: str | None) -> dict[str, Any]:
     return {"commit": given, "commit_source": "--commit" if given else "unknown (no git)"}
 
 
-def run_one(args: argparse.Namespace, shape: str, backend: str) -> dict[str, Any]:
+def run_one(args: argparse.Namespace, shape: str, backend: str) -> list[dict[str, Any]]:
+    """The backend's cold process; with ``--restart`` then a second process on the same cache
+    directories (its row's backend is ``<backend>-restart``): a user's restarted process."""
     with tempfile.TemporaryDirectory() as cache_dir:
-        env = dict(os.environ)
-        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "inductor")
-        env["TRITON_CACHE_DIR"] = os.path.join(cache_dir, "triton")
-        env.setdefault("HF_HUB_OFFLINE", "1")
-        env.setdefault("TRANSFORMERS_OFFLINE", "1")
-        env["TOKENIZERS_PARALLELISM"] = "false"
-        command = [sys.executable, os.path.abspath(__file__), "--child", "--out", args.out,
-                   "--shape", shape, "--backend", backend, "--sentences", str(args.sentences),
-                   "--queries", str(args.queries), "--batch-size", str(args.batch_size),
-                   "--max-words", str(args.max_words), *([] if args.warmup else ["--no-warmup"]),
-                   *([] if args.query_probe else ["--no-query-probe"]),
-                   *([] if args.repeat_queries else ["--no-repeat-queries"]),
-                   *([] if args.cudnn_sdp else ["--no-cudnn-sdp"]),
-                   "--seed", str(args.seed)]  # fmt: skip
-        if args.options is not None:
-            command += ["--options", json.dumps(args.options)]
-        start = time.perf_counter()
-        try:
-            done = subprocess.run(command, env=env, capture_output=True, text=True,
-                                  timeout=args.child_timeout)  # fmt: skip
-        except subprocess.TimeoutExpired as exc:
-            tail = (exc.stderr or b"")[-3000:]
-            tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
-            return {"shape": shape, "backend": backend,
-                    "error": f"timed out after {args.child_timeout} s (--child-timeout)",
-                    "stderr_tail": tail}  # fmt: skip
+        runs = [_run_child(args, shape, backend, cache_dir)]
+        if args.restart and "error" not in runs[0]:
+            again = _run_child(args, shape, backend, cache_dir)
+            again["backend"] = f"{backend}-restart"
+            runs.append(again)
+    return runs
+
+
+def _run_child(
+    args: argparse.Namespace, shape: str, backend: str, cache_dir: str
+) -> dict[str, Any]:
+    """One child process with its Inductor and Triton caches under ``cache_dir``."""
+    env = dict(os.environ)
+    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "inductor")
+    env["TRITON_CACHE_DIR"] = os.path.join(cache_dir, "triton")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    command = [sys.executable, os.path.abspath(__file__), "--child", "--out", args.out,
+               "--shape", shape, "--backend", backend, "--sentences", str(args.sentences),
+               "--queries", str(args.queries), "--batch-size", str(args.batch_size),
+               "--max-words", str(args.max_words), *([] if args.warmup else ["--no-warmup"]),
+               *([] if args.query_probe else ["--no-query-probe"]),
+               *([] if args.repeat_queries else ["--no-repeat-queries"]),
+               *([] if args.cudnn_sdp else ["--no-cudnn-sdp"]),
+               "--seed", str(args.seed)]  # fmt: skip
+    if args.options is not None:
+        command += ["--options", json.dumps(args.options)]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True,
+                              timeout=args.child_timeout)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        tail = (exc.stderr or b"")[-3000:]
+        tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+        return {"shape": shape, "backend": backend,
+                "error": f"timed out after {args.child_timeout} s (--child-timeout)",
+                "stderr_tail": tail}  # fmt: skip
     wall = time.perf_counter() - start
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith(_MARKER)]
     if done.returncode != 0 or not lines:
@@ -352,6 +366,39 @@ def write(path: str, result: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _record(
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    run: dict[str, Any],
+    round_no: int,
+    started: float,
+) -> None:
+    """Add one process's row to ``result``, print its brief and rewrite the JSON."""
+    if args.rounds > 1:
+        run["round"] = round_no
+    result["runs"].append(run)
+    if "environment" in run and "device" not in result["environment"]:
+        # the device and versions as the measuring process saw them
+        keys = ("device", "torch", "cuda", "triton", "transformers",
+                "sentence_transformers", "fusebackend", "triton_interpret",
+                "cudnn_sdp_enabled")  # fmt: skip
+        result["environment"].update({k: run["environment"].get(k) for k in keys})
+    brief = {k: run.get(k) for k in ("first_pass_s", "second_pass_s", "query_p50_ms",
+             "query_p90_ms", "query_repeat_p50_ms", "query_repeat_p90_ms",
+             "second_pass_captures", "second_pass_recaptures", "process_s",
+             "error")}  # fmt: skip
+    by_new = run.get("query_phases", {}).get("total_by_new_length_ms", {})
+    if by_new:
+        brief["query_p90_ms_new_vs_seen_length"] = [by_new[k].get("p90")
+                                                    for k in ("new", "seen")]  # fmt: skip
+    print(json.dumps({k: v for k, v in brief.items() if v is not None}), flush=True)
+    if "error" in run:
+        print(run.get("stderr_tail", "")[-2000:], flush=True)
+    result["summary"] = summarize(result["runs"])
+    result["total_s"] = time.perf_counter() - started
+    write(args.out, result)
+
+
 def run_parent(args: argparse.Namespace) -> int:
     ex = _example()
     corpus = ex.make_sentences(args.sentences, seed=args.seed, high=args.max_words)
@@ -395,30 +442,8 @@ def run_parent(args: argparse.Namespace) -> int:
     for shape, round_no, backend in plan:
         print(f"== {shape} / {backend}" + (f" (round {round_no})" if args.rounds > 1 else "")
               + " ...", flush=True)  # fmt: skip
-        run = run_one(args, shape, backend)
-        if args.rounds > 1:
-            run["round"] = round_no
-        result["runs"].append(run)
-        if "environment" in run and "device" not in result["environment"]:
-            # the device and versions as the measuring process saw them
-            keys = ("device", "torch", "cuda", "triton", "transformers",
-                    "sentence_transformers", "fusebackend", "triton_interpret",
-                    "cudnn_sdp_enabled")  # fmt: skip
-            result["environment"].update({k: run["environment"].get(k) for k in keys})
-        brief = {k: run.get(k) for k in ("first_pass_s", "second_pass_s", "query_p50_ms",
-                 "query_p90_ms", "query_repeat_p50_ms", "query_repeat_p90_ms",
-                 "second_pass_captures", "second_pass_recaptures", "process_s",
-                 "error")}  # fmt: skip
-        by_new = run.get("query_phases", {}).get("total_by_new_length_ms", {})
-        if by_new:
-            brief["query_p90_ms_new_vs_seen_length"] = [by_new[k].get("p90")
-                                                        for k in ("new", "seen")]  # fmt: skip
-        print(json.dumps({k: v for k, v in brief.items() if v is not None}), flush=True)
-        if "error" in run:
-            print(run.get("stderr_tail", "")[-2000:], flush=True)
-        result["summary"] = summarize(result["runs"])
-        result["total_s"] = time.perf_counter() - started
-        write(args.out, result)
+        for run in run_one(args, shape, backend):
+            _record(args, result, run, round_no, started)
     lines = table(result["runs"], result["summary"])
     result["lines"] = lines
     write(args.out, result)
@@ -490,6 +515,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="torch.backends.cuda.enable_cudnn_sdp(False) in each process: "
                         "eager attention without cuDNN's SDPA, which builds an execution plan "
                         "for each new shape")  # fmt: skip
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="run each backend a second time on the first one's cache "
+        "directories (rows <backend>-restart: a restarted process)",
+    )
     parser.add_argument("--commit", help="the commit measured, where the checkout has no git")
     parser.add_argument("--ledger", metavar="PATH",
                         help="also append the figures to the results ledger at PATH")  # fmt: skip
