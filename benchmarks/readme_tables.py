@@ -166,7 +166,7 @@ def _decode_against(rows: Rows, sources: list[str], off: str | None,
 
 
 def decode_epilogues(rows: Rows) -> list[str]:
-    floor, first = "suite_decode_h100_session4_floor.json", "suite_decode_h100_session4.json"
+    floor, first = "suite_decode_h100_epilogues_floor.json", "suite_decode_h100_epilogues.json"
     return table(["model", "reduce-overhead", bold("infinifuse"), "ratio", "kernels per call",
                   "of the weight-streaming floor"],
                  _decode_against(rows, [floor, floor, first], None, True))  # fmt: skip
@@ -305,7 +305,7 @@ def tp_guard_filter(rows: Rows) -> list[str]:
                             "TinyLlama TP=2, generate tokens/s", "Llama-3-8B TP=2",
                             "Llama-3-8B TP=2, first call"], True)  # fmt: skip
     strong.update({"TinyLlama TP=1": False, "Llama-3-8B TP=1": False})
-    return _tp_runs(rows, "session6_guard_filter", strong)
+    return _tp_runs(rows, "guard_filter_0eb9757", strong)
 
 
 def tp_launch_overlap(rows: Rows) -> list[str]:
@@ -322,7 +322,7 @@ def tp_launch_overlap(rows: Rows) -> list[str]:
             False,
         )
     )
-    return _tp_runs(rows, "session8", strong)
+    return _tp_runs(rows, "launch_overlap_9bdc3da", strong)
 
 
 def _per_rank(rows: Rows, source: str, ranks: list[str], metric: str, scale: float = 1.0) -> str:
@@ -426,12 +426,12 @@ def sentence_dynamo(rows: Rows) -> list[str]:
     backends = ["eager", "dynamo", "reduce-overhead", "infinifuse"]
     body = _sentence_rows(
         rows,
-        "sentence_embeddings_h100_minilm_session5_dynamo.json",
+        "sentence_embeddings_h100_minilm_dynamo.json",
         "sentence-minilm-l6",
         backends,
         "first pass",
     )
-    off = _sentence_rows(rows, "sentence_embeddings_h100_minilm_session5_dynamo_no_cudnn_sdp.json",
+    off = _sentence_rows(rows, "sentence_embeddings_h100_minilm_dynamo_no_cudnn_sdp.json",
                          "sentence-minilm-l6", backends, "without cuDNN's SDPA: first pass",
                          p90_digits=2)  # fmt: skip
     return table(["MiniLM-L6 shape", *backends[:3], bold("infinifuse")], body + off)
@@ -441,7 +441,7 @@ def sentence_bert_dynamo(rows: Rows) -> list[str]:
     backends = ["eager", "dynamo", "reduce-overhead", "infinifuse"]
     body = _sentence_rows(
         rows,
-        "sentence_embeddings_h100_bert_session6_dynamo.json",
+        "sentence_embeddings_h100_bert_dynamo.json",
         "sentence-bert-base",
         backends,
         "first pass",
@@ -455,7 +455,7 @@ def sentence_cudnn_plans(rows: Rows) -> list[str]:
     backends = ["eager", "reduce-overhead", "infinifuse"]
     body = _sentence_rows(
         rows,
-        "sentence_embeddings_h100_minilm_session9_before.json",
+        "sentence_embeddings_h100_minilm_cudnn_plans.json",
         "sentence-minilm-l6",
         backends,
         "before (library of 8b74142): first pass",
@@ -489,9 +489,9 @@ def sentence_call1_dynamic(rows: Rows) -> list[str]:
         return " / ".join(bold(p) if i == {"first": 0, "second": 1}.get(strong) else p
                           for i, p in enumerate(parts))  # fmt: skip
 
-    a = ("sentence_embeddings_minilm_h100_session10_call1.json", "sentence-minilm-l6")
-    b = ("sentence_embeddings_minilm_h100_session10_dynamic.json", "sentence-minilm-l6")
-    c = ("sentence_embeddings_bert_h100_session10_dynamic.json", "sentence-bert-base")
+    a = ("sentence_embeddings_minilm_h100_call1.json", "sentence-minilm-l6")
+    b = ("sentence_embeddings_minilm_h100_dynamic.json", "sentence-minilm-l6")
+    c = ("sentence_embeddings_bert_h100_dynamic.json", "sentence-bert-base")
     body = [["A, MiniLM-L6", four(*a, "eager"), four(*a, "reduce-overhead"),
              four(*a, "infinifuse", "all"),
              "call1: " + four(*a, "infinifuse-call1", "second")]]  # fmt: skip
