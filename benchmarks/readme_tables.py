@@ -1,5 +1,6 @@
-"""The README's performance tables, written from the results ledger, and the check that ties
-every figure of its performance section (and of docs/PERFORMANCE_HISTORY.md) to its source.
+"""The performance tables of the README, docs/PERFORMANCE.md and docs/PERFORMANCE_HISTORY.md,
+written from the results ledger, and the check that ties every figure of the README's
+performance section and of both docs to its source.
 
 Three kinds of figure, three rules:
 
@@ -24,9 +25,11 @@ Three kinds of figure, three rules:
 * Any other figure of the section (a number with a unit: ms, s, us, x, %, MB, ...) must come
   from a file its sentence, or an earlier sentence of its paragraph, names in backticks
   (a result under ``benchmarks/results/``, a diag script): measured outside the ledger, said
-  so where it stands. A named result file must exist.
+  so where it stands. A named result file must exist: under ``benchmarks/results/``, or
+  removed from there as a ledger source (its rows folded into the ledger) or a retired file
+  (``benchmarks/ledger.py``'s ``RETIRED``, in git at ``FOLDED_AT``).
 
-    python benchmarks/readme_tables.py           # check README.md and the history: rc 1 on a fault
+    python benchmarks/readme_tables.py           # check README.md and the docs: rc 1 on a fault
     python benchmarks/readme_tables.py --write   # rewrite every table between its markers
 """
 
@@ -46,6 +49,7 @@ import ledger  # noqa: E402  (benchmarks/ledger.py, beside this file)
 
 ROOT = ledger.ROOT
 README = ROOT / "README.md"
+PERFORMANCE = ROOT / "docs" / "PERFORMANCE.md"
 HISTORY = ROOT / "docs" / "PERFORMANCE_HISTORY.md"
 H100 = "NVIDIA H100 80GB HBM3"
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
@@ -552,7 +556,59 @@ def row_kernels(rows: Rows) -> list[str]:
                   "1 x 2048", "1 x 4096", "1 x 8192"], body)  # fmt: skip
 
 
+def _run(rows: Rows, source: str, workload: str, backend: str, metric: str) -> str:
+    """Where a headline figure comes from: its row's date and commit, and its source file."""
+    row = rows.row(source, workload, backend, metric)
+    commit = row["commit"] or "commit not recorded"
+    return f"{row['date'][:10]}, {commit}, `{source}`"
+
+
+def headline(rows: Rows) -> list[str]:
+    """The README's short table: a few rows of the latest runs, each with its date, commit and
+    source file (docs/PERFORMANCE.md has the rest)."""
+    body = []
+
+    def line(label: str, source: str, w: str, base: str, metric: str, unit: str, digits: int,
+             against: str) -> None:  # fmt: skip
+        b, inf = rows.get(source, w, base, metric), rows.get(source, w, "infinifuse", metric)
+        body.append([label, against, f"{num(b, digits)}{unit}", bold(f"{num(inf, digits)}{unit}"),
+                     bold(ratio(inf, b)),
+                     _run(rows, source, w, "infinifuse", metric)])  # fmt: skip
+
+    gemv = "suite_decode_h100_gemv.json"
+    for label, w in DECODERS:
+        line(label.replace("decode", "decode step"), gemv, w, "reduce-overhead", "per_call_ms",
+             " ms", 3, "reduce-overhead")  # fmt: skip
+    line("BERT-base, 8 x 128, encoder call", "suite.json", "bert", "reduce-overhead",
+         "per_call_ms", " ms", 3, "reduce-overhead")  # fmt: skip
+    line("TinyLlama shape, first decode call (cold caches)", "suite.json", "llama-decode",
+         "reduce-overhead", "first_call_s", " s", 1, "reduce-overhead")  # fmt: skip
+    for cache in (128, 4096):
+        line(f"`generate()`, {cache}-slot StaticCache, tokens/s (higher is better)",
+             "generate_h100_gemv.json", f"generate-cache{cache}", "autocompile", "tokens_per_s",
+             "", 0, "auto-compile")  # fmt: skip
+    line("Llama-3-8B shape, TP=2 on 2 GPUs, decode step",
+         "tensor_parallel_llama3-8b_tp2_h100x2_launch_overlap_9bdc3da.json",
+         "tp-llama3-8b-tp2-decode", "inductor", "step_ms", " ms", 2, "reduce-overhead")  # fmt: skip
+    line("sentence-transformers MiniLM-L6, single query p90",
+         "sentence_embeddings_minilm_h100_call1.json", "sentence-minilm-l6", "reduce-overhead",
+         "query_p90_ms", " ms", 1, "reduce-overhead")  # fmt: skip
+    ratios = sorted(
+        rows.get("suite.json", f"zoo-{f}", "infinifuse", "per_call_ms")
+        / rows.get("suite.json", f"zoo-{f}", "reduce-overhead", "per_call_ms")
+        for f in ZOO
+    )
+    slower = sum(r > 1 for r in ratios)
+    body.append([f"model zoo, {len(ZOO)} families (2 layers, hidden 64), per call",
+                 "reduce-overhead", "-", "-",
+                 f"{ratios[0]:.2f}-{ratios[-1]:.2f}x ({slower} over 1.00x)",
+                 _run(rows, "suite.json", "zoo-llama", "infinifuse", "per_call_ms")])  # fmt: skip
+    return table(["workload (H100, fp16, batch 1 unless said)", "against", "its figure",
+                  bold("infinifuse"), "ratio", "run: date, commit, ledger source"], body)  # fmt: skip
+
+
 TABLES: dict[str, Callable[[Rows], list[str]]] = {
+    "headline": headline,
     "decode-steps": decode_steps,
     "matmul-groups": matmul_groups,
     "decode-epilogues": decode_epilogues,
@@ -733,12 +789,18 @@ def _blank(text: str, pattern: re.Pattern) -> str:
 
 
 def _result_exists(name: str) -> bool:
+    """A script under benchmarks/, a file under benchmarks/results/ (or a path from the root),
+    or a result file removed from results/: a ledger source (its rows folded into the ledger)
+    or a retired file (benchmarks/ledger.py: git show FOLDED_AT:benchmarks/results/NAME)."""
     name = name.replace("...", "*")
     if name.endswith(".py"):
         return any(fnmatch.fnmatch(p.name, Path(name).name)
                    for p in (ROOT / "benchmarks").rglob("*.py"))  # fmt: skip
     base = ROOT if "/" in name and not name.startswith("*") else ledger.RESULTS
-    return any(base.glob(name if base is ROOT else name.split("/")[-1]))
+    if any(base.glob(name if base is ROOT else name.split("/")[-1])):
+        return True
+    removed = (*ledger.SOURCES, *ledger.RETIRED)
+    return any(fnmatch.fnmatch(n, name.split("/")[-1]) for n in removed)
 
 
 def _is_source(name: str) -> bool:
@@ -842,24 +904,25 @@ def check(text: str, rows: Rows, section: tuple[int, int] | None = None,
 
 
 def check_files(rows: Rows | None = None) -> dict[str, list[str]]:
-    """The faults of README.md's performance section and of the performance history."""
+    """The faults of README.md's performance section, of docs/PERFORMANCE.md and of the
+    performance history."""
     rows = rows or load()
     readme = README.read_text()
-    history = HISTORY.read_text()
     return {
         "README.md": check(readme, rows, performance_section(readme)),
-        "docs/PERFORMANCE_HISTORY.md": check(history, rows, tables_generated=False),
+        "docs/PERFORMANCE.md": check(PERFORMANCE.read_text(), rows),
+        "docs/PERFORMANCE_HISTORY.md": check(HISTORY.read_text(), rows, tables_generated=False),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true",
-                        help="rewrite the ledger tables of README.md and the history")  # fmt: skip
+                        help="rewrite the ledger tables of README.md and the docs")  # fmt: skip
     args = parser.parse_args(argv)
     rows = load()
     if args.write:
-        for path in (README, HISTORY):
+        for path in (README, PERFORMANCE, HISTORY):
             text = path.read_text()
             if (new := render(text, rows)) != text:
                 path.write_text(new)
