@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ledger", default=str(LEDGER), help="default: %(default)s")
     parser.add_argument("--rebuild", action="store_true",
-                        help="build the ledger from SOURCES (a folded source keeps its rows)")  # fmt: skip
+                        help="build the ledger from SOURCES (folded: rows kept)")  # fmt: skip
     parser.add_argument("--results", default=str(RESULTS), help="where --rebuild reads")
     parser.add_argument("--table", nargs="+", metavar="WORKLOAD",
                         help="print these workloads' rows ('name*': a prefix)")  # fmt: skip

@@ -604,7 +604,8 @@ def headline(rows: Rows) -> list[str]:
                  f"{ratios[0]:.2f}-{ratios[-1]:.2f}x ({slower} over 1.00x)",
                  _run(rows, "suite.json", "zoo-llama", "infinifuse", "per_call_ms")])  # fmt: skip
     return table(["workload (H100, fp16, batch 1 unless said)", "against", "its figure",
-                  bold("infinifuse"), "ratio", "run: date, commit, ledger source"], body)  # fmt: skip
+                  bold("infinifuse"), "ratio", "run: date, commit, ledger source"],
+                 body)  # fmt: skip
 
 
 TABLES: dict[str, Callable[[Rows], list[str]]] = {
@@ -918,8 +919,9 @@ def check_files(rows: Rows | None = None) -> dict[str, list[str]]:
     readme = README.read_text()
     return {
         "README.md": check(readme, rows, performance_section(readme)),
-        "docs/PERFORMANCE.md": check(performance := PERFORMANCE.read_text(), rows,
-                                     measured_section(performance)),
+        "docs/PERFORMANCE.md": check(
+            performance := PERFORMANCE.read_text(), rows, measured_section(performance)
+        ),
         "docs/PERFORMANCE_HISTORY.md": check(HISTORY.read_text(), rows, tables_generated=False),
     }
 

@@ -1,5 +1,6 @@
 """benchmarks/ledger.py: the results ledger built from result JSONs (a folded one's rows kept),
-appended to, and written by ``benchmarks/run.py --ledger`` (one quick zoo row in a subprocess, ~15 s on two CPU cores)."""
+appended to, and written by ``benchmarks/run.py --ledger`` (one quick zoo row in a
+subprocess, ~15 s on two CPU cores)."""
 
 from __future__ import annotations
 
@@ -232,7 +233,10 @@ def test_the_ledger_check_fails_on_each_performance_doc_edit(tables, edit):
 README_EDITS = {
     "a headline figure": ("| **1.051 ms** |", "| **1.015 ms** |"),
     "a headline ratio": ("| **0.54x** |", "| **0.45x** |"),
-    "a headline run's commit": ("**0.55x** | 2026-11-26, 6fdca0c,", "**0.55x** | 2026-11-26, 6fdca0d,"),
+    "a headline run's commit": (
+        "**0.55x** | 2026-11-26, 6fdca0c,",
+        "**0.55x** | 2026-11-26, 6fdca0d,",
+    ),  # fmt: skip
     "a figure in the README's prose with neither a key nor a file": (
         "The full record, with every table,",
         "A step took 1.05 ms. The full record, with every table,",
