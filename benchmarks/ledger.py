@@ -3,10 +3,15 @@
 Each row is one figure: workload, backend, metric, value, unit, device, torch, triton,
 transformers, commit, date, and source (the result JSON it came from). The benchmarks
 (``run.py``, ``tensor_parallel.py``, ``sentence_embeddings.py``) append their rows when given
-``--ledger PATH``; ``--rebuild`` builds the file from the committed result JSONs the README
-cites (``SOURCES``), sorted, so a rebuild of the same files writes the same bytes.
-``benchmarks/readme_tables.py`` writes the README's performance tables from these rows and
-checks each figure of its text against its row.
+``--ledger PATH``; ``--rebuild`` builds the file from the result JSONs in ``SOURCES``, sorted,
+so a rebuild of the same files writes the same bytes. A source no longer under
+``benchmarks/results/`` is folded: the ledger is its only copy, and a rebuild keeps its rows
+as they are (``git show FOLDED_AT:benchmarks/results/NAME`` prints the file it came from).
+``RETIRED`` lists result files the docs still cite that are in neither form (logs, diag
+outputs of their own format): removed from ``benchmarks/results/``, in git at
+``FOLDED_AT``. ``benchmarks/readme_tables.py`` writes the performance tables of the README
+and ``docs/PERFORMANCE.md`` from these rows and checks each figure of their text against its
+row.
 
     python benchmarks/ledger.py --rebuild
     python benchmarks/ledger.py --table llama-decode gpt2-decode
@@ -29,7 +34,8 @@ LEDGER = RESULTS / "ledger.jsonl"
 FIELDS = ("workload", "backend", "metric", "value", "unit", "device", "torch", "triton",
           "transformers", "commit", "date", "source")  # fmt: skip
 ENV_FIELDS = ("device", "torch", "triton", "transformers", "commit", "date")
-# The result files the README cites, in benchmarks/results/.
+# The result files whose rows make the ledger: in benchmarks/results/, or folded (the file
+# removed, its rows kept by --rebuild).
 SOURCES = (
     "suite.json",
     "decode_recheck_h100.json",
@@ -44,12 +50,12 @@ SOURCES = (
     "tensor_parallel_llama3-8b_tp2_h100.json",
     "matmul_groups_decode_h100.json",
     "matmul_groups_gpt2_h100.json",
-    "suite_decode_h100_session4.json",
-    "suite_decode_h100_session4_floor.json",
+    "suite_decode_h100_epilogues.json",
+    "suite_decode_h100_epilogues_floor.json",
     "sentence_embeddings_h100_minilm_routes.json",
     "sentence_embeddings_h100_bert_routes.json",
-    "sentence_embeddings_h100_minilm_session5_dynamo.json",
-    "sentence_embeddings_h100_minilm_session5_dynamo_no_cudnn_sdp.json",
+    "sentence_embeddings_h100_minilm_dynamo.json",
+    "sentence_embeddings_h100_minilm_dynamo_no_cudnn_sdp.json",
     "suite_decode_h100_pdl.json",
     "suite_decode_h100_gpt2_pdl_old.json",
     "suite_decode_h100_gpt2_pdl_new.json",
@@ -59,28 +65,61 @@ SOURCES = (
     "suite_decode_h100_gemv.json",
     "suite_decode_h100_gemv_run2.json",
     "generate_h100_gemv.json",
-    "tensor_parallel_tinyllama_tp1_h100x2_session6_guard_filter.json",
-    "tensor_parallel_tinyllama_tp2_h100x2_session6_guard_filter.json",
-    "tensor_parallel_llama3-8b_tp1_h100x2_session6_guard_filter.json",
-    "tensor_parallel_llama3-8b_tp2_h100x2_session6_guard_filter.json",
-    "tensor_parallel_tinyllama_tp1_h100x2_session8.json",
-    "tensor_parallel_tinyllama_tp2_h100x2_session8.json",
-    "tensor_parallel_llama3-8b_tp1_h100x2_session8.json",
-    "tensor_parallel_llama3-8b_tp2_h100x2_session8.json",
-    "tensor_parallel_llama3-8b_tp1_h100x2_session8_gemv.json",
-    "tensor_parallel_llama3-8b_tp2_h100x2_session8_gemv.json",
-    "sentence_embeddings_h100_bert_session6_dynamo.json",
-    "sentence_embeddings_h100_minilm_session9_before.json",
+    "tensor_parallel_tinyllama_tp1_h100x2_guard_filter_0eb9757.json",
+    "tensor_parallel_tinyllama_tp2_h100x2_guard_filter_0eb9757.json",
+    "tensor_parallel_llama3-8b_tp1_h100x2_guard_filter_0eb9757.json",
+    "tensor_parallel_llama3-8b_tp2_h100x2_guard_filter_0eb9757.json",
+    "tensor_parallel_tinyllama_tp1_h100x2_launch_overlap_9bdc3da.json",
+    "tensor_parallel_tinyllama_tp2_h100x2_launch_overlap_9bdc3da.json",
+    "tensor_parallel_llama3-8b_tp1_h100x2_launch_overlap_9bdc3da.json",
+    "tensor_parallel_llama3-8b_tp2_h100x2_launch_overlap_9bdc3da.json",
+    "tensor_parallel_llama3-8b_tp1_h100x2_gemv_8bcdfe7.json",
+    "tensor_parallel_llama3-8b_tp2_h100x2_gemv_8bcdfe7.json",
+    "sentence_embeddings_h100_bert_dynamo.json",
+    "sentence_embeddings_h100_minilm_cudnn_plans.json",
     "sentence_embeddings_h100_minilm_no_cudnn_plans.json",
     "sentence_embeddings_h100_bert_no_cudnn_plans.json",
-    "sentence_embeddings_h100_minilm_session9_length_buckets.json",
-    "sentence_embeddings_minilm_h100_session10_call1.json",
-    "sentence_embeddings_minilm_h100_session10_dynamic.json",
-    "sentence_embeddings_bert_h100_session10_dynamic.json",
-    "tensor_parallel_tinyllama_tp2_h100x2_session10_decode.json",
+    "sentence_embeddings_h100_minilm_length_buckets.json",
+    "sentence_embeddings_minilm_h100_call1.json",
+    "sentence_embeddings_minilm_h100_dynamic.json",
+    "sentence_embeddings_bert_h100_dynamic.json",
+    "tensor_parallel_tinyllama_tp2_h100x2_decode_2fb76a0.json",
     "suite_decode_h100_gemv_no_lm_head.json",
     "suite_decode_h100_kernel_loading.json",
     "suite_decode_h100_pdl_experiments.json",
+    # folded from the earlier runs docs/PERFORMANCE_HISTORY.md describes (and runs no doc cites)
+    "embedding_chain_h100.json",
+    "embedding_chain_h100_kernel_loading.json",
+    "embedding_chain_h100_launch_plans.json",
+    "embedding_chain_h100_no_packing.json",
+    "embedding_chain_h100_trial_costs.json",
+    "embedding_chain_h200.json",
+    "generate_h100.json",
+    "generate_h100_columns_first.json",
+    "generate_h100_decode_attention.json",
+    "generate_h100_decode_attention_run2.json",
+    "generate_h100_kernel_loading.json",
+    "generate_h100_kernel_loading_run2.json",
+    "generate_h100_launch_plans.json",
+    "generate_h100_loading_key_thread.json",
+    "generate_h100_no_packing.json",
+    "generate_h100_no_packing_128_first_run.json",
+    "generate_h100_no_packing_run3.json",
+    "matmul_kernels_h100_before_pdl.json",
+    "matmul_kernels_h100_pdl.json",
+    "row_kernels_h100.json",
+    "row_kernels_h100_lookup_blocks.json",
+    "row_kernels_h100_prefill_configs.json",
+    "row_kernels_h100_rotation_loads.json",
+    "sentence_embeddings_h100_c7ca9d9.json",
+    "suite_decode_h100_decode_attention.json",
+    "suite_decode_h100_gpt2_launch_plans.json",
+    "suite_decode_h100_kernel_loading_gpt2_bert.json",
+    "suite_decode_h100_launch_plans.json",
+    "suite_decode_h100_no_packing.json",
+    "suite_first_call_h100_decode_attention.json",
+    "tensor_parallel_llama3-8b_tp1_h100x2_summed_rows_0d18dff.json",
+    "tensor_parallel_llama3-8b_tp2_h100x2_summed_rows_0d18dff.json",
     # each matmul kernel against cuBLAS + the eager ops it replaces (matmul_kernels.py)
     "matmul_kernels_h100.json",
     "matmul_kernels_h100_gemv.json",
@@ -96,14 +135,48 @@ SOURCES = (
     "diag_tp_step_tinyllama_tp2_h100_in_place.json",
     "diag_tp_step_tinyllama_tp2_h100_host.json",
     "diag_tp_step_tinyllama_tp2_h100_guard_filter.json",
-    "diag_tp_step_tinyllama_tp2_h100_session6_guard_filter.json",
+    "diag_tp_step_tinyllama_tp2_h100_guard_filter_b9295ce.json",
     "diag_tp_step_llama3-8b_tp1_h100_before_in_place.json",
     "diag_tp_step_llama3-8b_tp2_h100_before_in_place.json",
     "diag_tp_step_llama3-8b_tp2_h100_in_place.json",
     "diag_tp_step_llama3-8b_tp2_h100_host.json",
     "diag_tp_step_llama3-8b_tp2_h100_guard_filter.json",
-    "diag_tp_step_llama3-8b_tp2_h100_session6_guard_filter.json",
-    "diag_tp_step_llama3-8b_tp2_h100_session6_summed_rows.json",
+    "diag_tp_step_llama3-8b_tp2_h100_guard_filter_0eb9757.json",
+    "diag_tp_step_llama3-8b_tp2_h100_summed_rows_0d18dff.json",
+)
+# The commit whose benchmarks/results/ last held every folded source and retired file:
+# git show FOLDED_AT:benchmarks/results/NAME prints one.
+FOLDED_AT = "e37d61a"
+# Result files the docs cite that are neither in benchmarks/results/ nor ledger sources (test
+# logs, diag outputs in formats of their own), removed to keep results/ to what is read.
+RETIRED = (
+    "decode_attention_h100.json",
+    "diag_call_host_gpt2_h100.txt",
+    "diag_call_host_gpt2_order_h100.txt",
+    "diag_capture_trial_h100_3_calls.json",
+    "diag_capture_trial_h100_5_calls.json",
+    "diag_first_call_h100.txt",
+    "diag_generate_host_h100.txt",
+    "diag_sentence_passes_minilm_h100_before.json",
+    "diag_sentence_passes_minilm_h100_first_profile.json",
+    "diag_sentence_passes_minilm_h100_first_profile.txt",
+    "diag_sentence_passes_minilm_h100_routes.json",
+    "diag_suite_host_gpt2_h100.txt",
+    "diag_tp_first_call_cpu_gloo.txt",
+    "gpu_tests_h100.txt",
+    "gpu_tests_h100_columns_first.txt",
+    "gpu_tests_h100_full_suite.txt",
+    "gpu_tests_h100_gemv.txt",
+    "gpu_tests_h100_issue24_25.txt",
+    "gpu_tests_h100_kernel_loading.txt",
+    "gpu_tests_h100_runtime_gpu_fix.txt",
+    "gpu_tests_h200_issue39.txt",
+    "matmul_sweep_h100_pdl.json",
+    "overhead_h200_second_host.json",
+    "overhead_h200_third_host_cold.json",
+    "overhead_h200_third_host_warm_inductor_cache.json",
+    "sentence_query_p90_cpu.md",
+    "suite_decode_h100_columns_first_llama.txt",
 )
 # metric name in a result row -> unit
 SUITE_METRICS = {"per_call_ms": "ms", "first_call_s": "s", "kernels_per_call": "count",
@@ -330,13 +403,26 @@ def append_result(data: dict[str, Any], source: str | Path, path: str | Path) ->
 
 
 def rebuild(results: str | Path = RESULTS, out: str | Path | None = None,
-            sources: Iterable[str] = SOURCES) -> list[dict[str, Any]]:  # fmt: skip
+            sources: Iterable[str] = SOURCES,
+            folded_from: str | Path | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """The ledger built from the result JSONs in results named by sources, sorted; written to
-    out (default: results/ledger.jsonl)."""
+    out (default: results/ledger.jsonl). A source with no file in results is folded: its rows
+    are taken from the ledger at folded_from (default: results/ledger.jsonl) as they are; a
+    source in neither place raises FileNotFoundError."""
     results = Path(results)
+    folded_from = Path(folded_from) if folded_from is not None else results / "ledger.jsonl"
+    kept: list[dict[str, Any]] | None = None
     rows: list[dict[str, Any]] = []
     for name in sources:
-        rows += rows_of(json.loads((results / name).read_text()), name)
+        if (results / name).exists():
+            rows += rows_of(json.loads((results / name).read_text()), name)
+            continue
+        if kept is None:
+            kept = read(folded_from) if folded_from.exists() else []
+        old = [row for row in kept if row["source"] == name]
+        if not old:
+            raise FileNotFoundError(f"{name}: not in {results} and no rows of it in {folded_from}")
+        rows += old
     rows.sort(key=_key)
     out = Path(out) if out is not None else results / "ledger.jsonl"
     out.write_text(dumps(rows))
@@ -375,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ledger", default=str(LEDGER), help="default: %(default)s")
     parser.add_argument("--rebuild", action="store_true",
-                        help="build the ledger from the result JSONs the README cites")  # fmt: skip
+                        help="build the ledger from SOURCES (folded: rows kept)")  # fmt: skip
     parser.add_argument("--results", default=str(RESULTS), help="where --rebuild reads")
     parser.add_argument("--table", nargs="+", metavar="WORKLOAD",
                         help="print these workloads' rows ('name*': a prefix)")  # fmt: skip

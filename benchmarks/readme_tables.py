@@ -1,5 +1,6 @@
-"""The README's performance tables, written from the results ledger, and the check that ties
-every figure of its performance section (and of docs/PERFORMANCE_HISTORY.md) to its source.
+"""The performance tables of the README, docs/PERFORMANCE.md and docs/PERFORMANCE_HISTORY.md,
+written from the results ledger, and the check that ties every figure of the README's
+performance section and of both docs to its source.
 
 Three kinds of figure, three rules:
 
@@ -24,9 +25,11 @@ Three kinds of figure, three rules:
 * Any other figure of the section (a number with a unit: ms, s, us, x, %, MB, ...) must come
   from a file its sentence, or an earlier sentence of its paragraph, names in backticks
   (a result under ``benchmarks/results/``, a diag script): measured outside the ledger, said
-  so where it stands. A named result file must exist.
+  so where it stands. A named result file must exist: under ``benchmarks/results/``, or
+  removed from there as a ledger source (its rows folded into the ledger) or a retired file
+  (``benchmarks/ledger.py``'s ``RETIRED``, in git at ``FOLDED_AT``).
 
-    python benchmarks/readme_tables.py           # check README.md and the history: rc 1 on a fault
+    python benchmarks/readme_tables.py           # check README.md and the docs: rc 1 on a fault
     python benchmarks/readme_tables.py --write   # rewrite every table between its markers
 """
 
@@ -46,6 +49,7 @@ import ledger  # noqa: E402  (benchmarks/ledger.py, beside this file)
 
 ROOT = ledger.ROOT
 README = ROOT / "README.md"
+PERFORMANCE = ROOT / "docs" / "PERFORMANCE.md"
 HISTORY = ROOT / "docs" / "PERFORMANCE_HISTORY.md"
 H100 = "NVIDIA H100 80GB HBM3"
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
@@ -166,7 +170,7 @@ def _decode_against(rows: Rows, sources: list[str], off: str | None,
 
 
 def decode_epilogues(rows: Rows) -> list[str]:
-    floor, first = "suite_decode_h100_session4_floor.json", "suite_decode_h100_session4.json"
+    floor, first = "suite_decode_h100_epilogues_floor.json", "suite_decode_h100_epilogues.json"
     return table(["model", "reduce-overhead", bold("infinifuse"), "ratio", "kernels per call",
                   "of the weight-streaming floor"],
                  _decode_against(rows, [floor, floor, first], None, True))  # fmt: skip
@@ -305,7 +309,7 @@ def tp_guard_filter(rows: Rows) -> list[str]:
                             "TinyLlama TP=2, generate tokens/s", "Llama-3-8B TP=2",
                             "Llama-3-8B TP=2, first call"], True)  # fmt: skip
     strong.update({"TinyLlama TP=1": False, "Llama-3-8B TP=1": False})
-    return _tp_runs(rows, "session6_guard_filter", strong)
+    return _tp_runs(rows, "guard_filter_0eb9757", strong)
 
 
 def tp_launch_overlap(rows: Rows) -> list[str]:
@@ -322,7 +326,7 @@ def tp_launch_overlap(rows: Rows) -> list[str]:
             False,
         )
     )
-    return _tp_runs(rows, "session8", strong)
+    return _tp_runs(rows, "launch_overlap_9bdc3da", strong)
 
 
 def _per_rank(rows: Rows, source: str, ranks: list[str], metric: str, scale: float = 1.0) -> str:
@@ -426,12 +430,12 @@ def sentence_dynamo(rows: Rows) -> list[str]:
     backends = ["eager", "dynamo", "reduce-overhead", "infinifuse"]
     body = _sentence_rows(
         rows,
-        "sentence_embeddings_h100_minilm_session5_dynamo.json",
+        "sentence_embeddings_h100_minilm_dynamo.json",
         "sentence-minilm-l6",
         backends,
         "first pass",
     )
-    off = _sentence_rows(rows, "sentence_embeddings_h100_minilm_session5_dynamo_no_cudnn_sdp.json",
+    off = _sentence_rows(rows, "sentence_embeddings_h100_minilm_dynamo_no_cudnn_sdp.json",
                          "sentence-minilm-l6", backends, "without cuDNN's SDPA: first pass",
                          p90_digits=2)  # fmt: skip
     return table(["MiniLM-L6 shape", *backends[:3], bold("infinifuse")], body + off)
@@ -441,7 +445,7 @@ def sentence_bert_dynamo(rows: Rows) -> list[str]:
     backends = ["eager", "dynamo", "reduce-overhead", "infinifuse"]
     body = _sentence_rows(
         rows,
-        "sentence_embeddings_h100_bert_session6_dynamo.json",
+        "sentence_embeddings_h100_bert_dynamo.json",
         "sentence-bert-base",
         backends,
         "first pass",
@@ -455,7 +459,7 @@ def sentence_cudnn_plans(rows: Rows) -> list[str]:
     backends = ["eager", "reduce-overhead", "infinifuse"]
     body = _sentence_rows(
         rows,
-        "sentence_embeddings_h100_minilm_session9_before.json",
+        "sentence_embeddings_h100_minilm_cudnn_plans.json",
         "sentence-minilm-l6",
         backends,
         "before (library of 8b74142): first pass",
@@ -489,9 +493,9 @@ def sentence_call1_dynamic(rows: Rows) -> list[str]:
         return " / ".join(bold(p) if i == {"first": 0, "second": 1}.get(strong) else p
                           for i, p in enumerate(parts))  # fmt: skip
 
-    a = ("sentence_embeddings_minilm_h100_session10_call1.json", "sentence-minilm-l6")
-    b = ("sentence_embeddings_minilm_h100_session10_dynamic.json", "sentence-minilm-l6")
-    c = ("sentence_embeddings_bert_h100_session10_dynamic.json", "sentence-bert-base")
+    a = ("sentence_embeddings_minilm_h100_call1.json", "sentence-minilm-l6")
+    b = ("sentence_embeddings_minilm_h100_dynamic.json", "sentence-minilm-l6")
+    c = ("sentence_embeddings_bert_h100_dynamic.json", "sentence-bert-base")
     body = [["A, MiniLM-L6", four(*a, "eager"), four(*a, "reduce-overhead"),
              four(*a, "infinifuse", "all"),
              "call1: " + four(*a, "infinifuse-call1", "second")]]  # fmt: skip
@@ -552,7 +556,60 @@ def row_kernels(rows: Rows) -> list[str]:
                   "1 x 2048", "1 x 4096", "1 x 8192"], body)  # fmt: skip
 
 
+def _run(rows: Rows, source: str, workload: str, backend: str, metric: str) -> str:
+    """Where a headline figure comes from: its row's date and commit, and its source file."""
+    row = rows.row(source, workload, backend, metric)
+    commit = row["commit"] or "commit not recorded"
+    return f"{row['date'][:10]}, {commit}, `{source}`"
+
+
+def headline(rows: Rows) -> list[str]:
+    """The README's short table: a few rows of the latest runs, each with its date, commit and
+    source file (docs/PERFORMANCE.md has the rest)."""
+    body = []
+
+    def line(label: str, source: str, w: str, base: str, metric: str, unit: str, digits: int,
+             against: str) -> None:  # fmt: skip
+        b, inf = rows.get(source, w, base, metric), rows.get(source, w, "infinifuse", metric)
+        body.append([label, against, f"{num(b, digits)}{unit}", bold(f"{num(inf, digits)}{unit}"),
+                     bold(ratio(inf, b)),
+                     _run(rows, source, w, "infinifuse", metric)])  # fmt: skip
+
+    gemv = "suite_decode_h100_gemv.json"
+    for label, w in DECODERS:
+        line(label.replace("decode", "decode step"), gemv, w, "reduce-overhead", "per_call_ms",
+             " ms", 3, "reduce-overhead")  # fmt: skip
+    line("BERT-base, 8 x 128, encoder call", "suite.json", "bert", "reduce-overhead",
+         "per_call_ms", " ms", 3, "reduce-overhead")  # fmt: skip
+    line("TinyLlama shape, first decode call (cold caches)", "suite.json", "llama-decode",
+         "reduce-overhead", "first_call_s", " s", 1, "reduce-overhead")  # fmt: skip
+    for cache in (128, 4096):
+        line(f"`generate()`, {cache}-slot StaticCache, tokens/s (higher is better)",
+             "generate_h100_gemv.json", f"generate-cache{cache}", "autocompile", "tokens_per_s",
+             "", 0, "auto-compile")  # fmt: skip
+    line("Llama-3-8B shape, TP=2 on 2 GPUs, decode step",
+         "tensor_parallel_llama3-8b_tp2_h100x2_launch_overlap_9bdc3da.json",
+         "tp-llama3-8b-tp2-decode", "inductor", "step_ms", " ms", 2, "reduce-overhead")  # fmt: skip
+    line("sentence-transformers MiniLM-L6, single query p90",
+         "sentence_embeddings_minilm_h100_call1.json", "sentence-minilm-l6", "reduce-overhead",
+         "query_p90_ms", " ms", 1, "reduce-overhead")  # fmt: skip
+    ratios = sorted(
+        rows.get("suite.json", f"zoo-{f}", "infinifuse", "per_call_ms")
+        / rows.get("suite.json", f"zoo-{f}", "reduce-overhead", "per_call_ms")
+        for f in ZOO
+    )
+    slower = sum(r > 1 for r in ratios)
+    body.append([f"model zoo, {len(ZOO)} families (2 layers, hidden 64), per call",
+                 "reduce-overhead", "-", "-",
+                 f"{ratios[0]:.2f}-{ratios[-1]:.2f}x ({slower} over 1.00x)",
+                 _run(rows, "suite.json", "zoo-llama", "infinifuse", "per_call_ms")])  # fmt: skip
+    return table(["workload (H100, fp16, batch 1 unless said)", "against", "its figure",
+                  bold("infinifuse"), "ratio", "run: date, commit, ledger source"],
+                 body)  # fmt: skip
+
+
 TABLES: dict[str, Callable[[Rows], list[str]]] = {
+    "headline": headline,
     "decode-steps": decode_steps,
     "matmul-groups": matmul_groups,
     "decode-epilogues": decode_epilogues,
@@ -733,12 +790,18 @@ def _blank(text: str, pattern: re.Pattern) -> str:
 
 
 def _result_exists(name: str) -> bool:
+    """A script under benchmarks/, a file under benchmarks/results/ (or a path from the root),
+    or a result file removed from results/: a ledger source (its rows folded into the ledger)
+    or a retired file (benchmarks/ledger.py: git show FOLDED_AT:benchmarks/results/NAME)."""
     name = name.replace("...", "*")
     if name.endswith(".py"):
         return any(fnmatch.fnmatch(p.name, Path(name).name)
                    for p in (ROOT / "benchmarks").rglob("*.py"))  # fmt: skip
     base = ROOT if "/" in name and not name.startswith("*") else ledger.RESULTS
-    return any(base.glob(name if base is ROOT else name.split("/")[-1]))
+    if any(base.glob(name if base is ROOT else name.split("/")[-1])):
+        return True
+    removed = (*ledger.SOURCES, *ledger.RETIRED)
+    return any(fnmatch.fnmatch(n, name.split("/")[-1]) for n in removed)
 
 
 def _is_source(name: str) -> bool:
@@ -803,8 +866,16 @@ def _table_intro_start(text: str, line_start: int) -> int:
 
 
 def performance_section(text: str) -> tuple[int, int]:
+    """The README's performance section."""
     start = text.index("\n## Performance\n")
     return start, text.index("\n## ", start + 1)
+
+
+def measured_section(text: str) -> tuple[int, int]:
+    """docs/PERFORMANCE.md up to its known limits (a list of limits whose figures repeat, in
+    words, figures of the sections above: its tables and keys are still checked)."""
+    end = text.find("\n## Known limits\n")
+    return 0, len(text) if end < 0 else end
 
 
 def check(text: str, rows: Rows, section: tuple[int, int] | None = None,
@@ -842,24 +913,27 @@ def check(text: str, rows: Rows, section: tuple[int, int] | None = None,
 
 
 def check_files(rows: Rows | None = None) -> dict[str, list[str]]:
-    """The faults of README.md's performance section and of the performance history."""
+    """The faults of README.md's performance section, of docs/PERFORMANCE.md and of the
+    performance history."""
     rows = rows or load()
     readme = README.read_text()
-    history = HISTORY.read_text()
     return {
         "README.md": check(readme, rows, performance_section(readme)),
-        "docs/PERFORMANCE_HISTORY.md": check(history, rows, tables_generated=False),
+        "docs/PERFORMANCE.md": check(
+            performance := PERFORMANCE.read_text(), rows, measured_section(performance)
+        ),
+        "docs/PERFORMANCE_HISTORY.md": check(HISTORY.read_text(), rows, tables_generated=False),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true",
-                        help="rewrite the ledger tables of README.md and the history")  # fmt: skip
+                        help="rewrite the ledger tables of README.md and the docs")  # fmt: skip
     args = parser.parse_args(argv)
     rows = load()
     if args.write:
-        for path in (README, HISTORY):
+        for path in (README, PERFORMANCE, HISTORY):
             text = path.read_text()
             if (new := render(text, rows)) != text:
                 path.write_text(new)

@@ -16,7 +16,8 @@ backend) in an earlier one, and "parts" lists every run in order.
 
 Parts beyond the per-call/first-call rows:
 - Kernels per call without CUDA graphs (torch.profiler, CUDA activity, one steady call) for
-  the four models of the README's table (llama-decode, qwen2-decode, gpt2-decode, bert) and the zoo;
+  the four models of docs/PERFORMANCE.md's decode table (llama-decode, qwen2-decode,
+  gpt2-decode, bert) and the zoo;
   infinifuse is compiled again with cudagraphs=False for it, and reduce-overhead shows
   Inductor's default count (its graphs hide launches). None without a CUDA device.
 - The model zoo ("zoo-<family>", the 21 families of tests/model_zoo.py; 3 with --quick):

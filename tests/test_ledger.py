@@ -1,5 +1,6 @@
-"""benchmarks/ledger.py: the results ledger built from result JSONs, appended to, and written by
-``benchmarks/run.py --ledger`` (one quick zoo row in a subprocess, ~15 s on two CPU cores)."""
+"""benchmarks/ledger.py: the results ledger built from result JSONs (a folded one's rows kept),
+appended to, and written by ``benchmarks/run.py --ledger`` (one quick zoo row in a
+subprocess, ~15 s on two CPU cores)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,34 @@ def test_the_committed_ledger_is_the_rebuild_of_the_cited_files(ledger, tmp_path
     )
 
 
+def test_a_folded_source_keeps_its_rows_and_a_missing_one_fails(ledger, tmp_path):
+    # A source whose file left benchmarks/results/ is folded: the ledger is its only copy and
+    # a rebuild keeps its rows as they are; a source in neither place is an error.
+    (tmp_path / "suite.json").write_text(json.dumps(_suite_fixture()))
+    out = tmp_path / "ledger.jsonl"
+    first = ledger.rebuild(tmp_path, out, sources=("suite.json",))
+    (tmp_path / "suite.json").unlink()
+    assert ledger.rebuild(tmp_path, out, sources=("suite.json",)) == first
+    with pytest.raises(FileNotFoundError, match="gone.json"):
+        ledger.rebuild(tmp_path, out, sources=("suite.json", "gone.json"))
+
+
+def test_results_hold_the_ledger_and_cited_files_only(ledger):
+    # issue 37: at most 40 files, each the ledger or a file the README, the docs, the code or
+    # the tests name; none named after a session; a retired or folded name is not there.
+    import re
+
+    names = sorted(p.name for p in ledger.RESULTS.iterdir())
+    assert len(names) <= 40, len(names)
+    texts = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    for folder in ("fusebackend", "benchmarks", "tests"):
+        texts += [p for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".sh")]
+    cited = "\n".join(p.read_text() for p in texts)
+    assert [n for n in names if n != "ledger.jsonl" and n not in cited] == []
+    assert [n for n in names if re.search(r"session_?\d", n, re.I)] == []
+    assert set(ledger.RETIRED).isdisjoint(names) and len(set(ledger.RETIRED)) == len(ledger.RETIRED)
+
+
 def test_append_fills_the_environment_fields(ledger, tmp_path):
     path = tmp_path / "sub" / "ledger.jsonl"
     row = {"workload": "w", "backend": "infinifuse", "metric": "per_call_ms", "value": 1.0,
@@ -125,18 +154,20 @@ def tables(ledger):
         sys.path.remove(str(ROOT / "benchmarks"))
 
 
-def test_every_readme_and_history_figure_is_tied_to_its_row_or_its_file(tables):
+def test_every_readme_and_docs_figure_is_tied_to_its_row_or_its_file(tables):
     # Each performance table is written from its ledger rows (workload, backend, metric,
     # device, source file) and each figure of the text is keyed to its row or names its file.
     faults = tables.check_files()
-    assert faults == {"README.md": [], "docs/PERFORMANCE_HISTORY.md": []}, "\n".join(
+    assert faults == {"README.md": [], "docs/PERFORMANCE.md": [],
+                      "docs/PERFORMANCE_HISTORY.md": []}, "\n".join(
         f"{name}: {fault}" for name, found in faults.items() for fault in found
-    )
+    )  # fmt: skip
 
 
-# The edits of issue 39 (and a few more), each applied alone to the README in memory: the check
-# must fail on every one. (old, new) replace one occurrence in the performance section.
-README_EDITS = {
+# The edits of issue 39 (and a few more), each applied alone to docs/PERFORMANCE.md (the
+# README's performance section until issue 37 moved it) in memory: the check must fail on
+# every one. (old, new) replace one occurrence in the checked part of the doc.
+PERFORMANCE_EDITS = {
     "swap TinyLlama's reduce-overhead and infinifuse cells": (
         "| TinyLlama shape, 22 layers, decode | 1.964 ms | **1.744 ms** |",
         "| TinyLlama shape, 22 layers, decode | 1.744 ms | **1.964 ms** |",
@@ -184,18 +215,45 @@ README_EDITS = {
 }
 
 
+@pytest.mark.parametrize("edit", list(PERFORMANCE_EDITS))
+def test_the_ledger_check_fails_on_each_performance_doc_edit(tables, edit):
+    text = (ROOT / "docs" / "PERFORMANCE.md").read_text()
+    start, end = tables.measured_section(text)
+    rows = tables.load()
+    assert tables.check(text, rows, (start, end)) == []
+    old, new = PERFORMANCE_EDITS[edit]
+    section = text[start:end]
+    assert section.count(old) == 1, f"{edit}: {old!r} is not once in the checked part"
+    edited = text[:start] + section.replace(old, new) + text[end:]
+    faults = tables.check(edited, rows, tables.measured_section(edited))
+    assert faults, f"the check passed docs/PERFORMANCE.md with {edit}"
+
+
+# The README keeps a few headline rows, written from the ledger like the doc's tables.
+README_EDITS = {
+    "a headline figure": ("| **1.051 ms** |", "| **1.015 ms** |"),
+    "a headline ratio": ("| **0.54x** |", "| **0.45x** |"),
+    "a headline run's commit": (
+        "**0.55x** | 2026-11-26, 6fdca0c,",
+        "**0.55x** | 2026-11-26, 6fdca0d,",
+    ),  # fmt: skip
+    "a figure in the README's prose with neither a key nor a file": (
+        "The full record, with every table,",
+        "A step took 1.05 ms. The full record, with every table,",
+    ),
+}
+
+
 @pytest.mark.parametrize("edit", list(README_EDITS))
 def test_the_ledger_check_fails_on_each_readme_edit(tables, edit):
     text = (ROOT / "README.md").read_text()
-    start, end = tables.performance_section(text)
     rows = tables.load()
-    assert tables.check(text, rows, (start, end)) == []
+    assert tables.check(text, rows, tables.performance_section(text)) == []
     old, new = README_EDITS[edit]
-    section = text[start:end]
-    assert section.count(old) == 1, f"{edit}: {old!r} is not once in the performance section"
-    edited = text[:start] + section.replace(old, new) + text[end:]
-    faults = tables.check(edited, rows, tables.performance_section(edited))
-    assert faults, f"the check passed the README with {edit}"
+    start, end = tables.performance_section(text)
+    assert text[start:end].count(old) == 1, f"{edit}: {old!r} is not once in the section"
+    edited = text[:start] + text[start:end].replace(old, new) + text[end:]
+    assert tables.check(edited, rows, tables.performance_section(edited)), edit
 
 
 def test_a_history_figure_swapped_fails(tables):

@@ -1,4 +1,5 @@
-"""The README's first snippet, run as a newcomer copies it (it once printed no fusion)."""
+"""The README: its first snippet, run as a newcomer copies it (it once printed no fusion), and
+its Layout section, which lists every module of the package."""
 
 from __future__ import annotations
 
@@ -43,3 +44,33 @@ def test_the_first_snippet_on_a_plain_cpu_lists_the_group_it_would_fuse(monkeypa
     printed = _run_snippet()
     assert "1 group(s) found" in printed and "group0" in printed, printed
     assert "not rewritten: Triton cannot run on cpu (the CPU needs TRITON_INTERPRET=1)" in printed
+
+
+def _layout_modules() -> dict[str, set[str]]:
+    """The README's Layout section: folder (`fusebackend/`, `fusebackend/passes/`, ...) -> the
+    module names listed under it, one `- `name.py`: ...` line each."""
+    text = README.read_text()
+    section = text[text.index("\n## Layout\n") :]
+    section = section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section
+    listed: dict[str, set[str]] = {}
+    folder = None
+    for line in section.splitlines():
+        if head := re.match(r"`(fusebackend/(?:\w+/)?)`", line):
+            folder = head.group(1)
+            listed.setdefault(folder, set())
+        elif (item := re.match(r"- `(\w+\.py)`", line)) and folder:
+            listed[folder].add(item.group(1))
+    return listed
+
+
+def test_the_layout_section_lists_every_module_of_the_package():
+    package = README.parent / "fusebackend"
+    on_disk: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        folder = "fusebackend/" + "".join(f"{p}/" for p in path.parent.relative_to(package).parts)
+        on_disk.setdefault(folder, set()).add(path.name)
+    listed = _layout_modules()
+    missing = {f: sorted(n - listed.get(f, set())) for f, n in on_disk.items()}
+    extra = {f: sorted(n - on_disk.get(f, set())) for f, n in listed.items()}
+    assert not any(missing.values()), f"modules missing from README's Layout: {missing}"
+    assert not any(extra.values()), f"README's Layout lists modules that do not exist: {extra}"

@@ -1,4 +1,4 @@
-"""Compile the hand-written kernels for an H100 (sm_90) on a machine without a GPU.
+"""Do the hand-written kernels compile for an H100 (sm_90)? Checked on a machine without a GPU.
 
 Triton's interpreter (the CPU tests' TRITON_INTERPRET=1) runs a kernel's Python, not its
 compiler: a kernel can pass every CPU test and still fail to compile for a GPU. That

@@ -1,4 +1,4 @@
-"""Diagnose failed-capture cleanup on this torch: RNG and allocator state afterwards."""
+"""Does a failed CUDA-graph capture leave this torch's RNG and allocator state usable?"""
 
 import torch
 

@@ -1,5 +1,5 @@
-"""The decode attention kernel against what the traced graph runs (repeat_kv + SDPA), and
-its launch parameters swept.
+"""Is the decode attention kernel faster than what the traced graph runs (repeat_kv + SDPA),
+and at which launch parameters? Its launch parameters swept.
 
 Each variant is captured in a CUDA graph of 22 calls (a 22-layer decode step) and timed by
 replays: device microseconds per call, launch gaps included, as a replayed step sees them.

@@ -1,4 +1,4 @@
-"""Where a decode step's GPU time goes: one TinyLlama-shape (or Qwen2-shape) decode step,
+"""Where does a decode step's GPU time go? One TinyLlama-shape (or Qwen2-shape) decode step,
 compiled by infinifuse without CUDA graphs (so the profiler sees each launch), its kernels
 grouped by name with their device time per step, for the default options and with matmul
 groups off, in one run.

@@ -1,4 +1,5 @@
-"""What a padded encoder's attention costs at a length seen for the first time, per SDPA kernel.
+"""What does a padded encoder's attention cost at a length seen for the first time, per SDPA
+kernel?
 
 The sentence-transformers benchmark's single queries (``benchmarks/sentence_embeddings.py``)
 had a p90 of 49-60 ms in every backend, eager included, on an H100, where a query at a

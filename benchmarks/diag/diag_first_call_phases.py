@@ -1,4 +1,4 @@
-"""Where a compiled decode step's first call goes, phase by phase, against Dynamo alone.
+"""Where does a compiled decode step's first call go, phase by phase, against Dynamo alone?
 
 The target asks the TinyLlama decode step's first call to take <= 1.5x Dynamo alone's
 (``backend="eager"``) with a warm Triton cache. In one process, after a throwaway trace

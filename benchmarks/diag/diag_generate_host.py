@@ -1,4 +1,4 @@
-"""Where a generate() step's host time goes: infinifuse against transformers' auto-compile.
+"""Where does a generate() step's host time go, infinifuse against transformers' auto-compile?
 
 On an H100 (2026-11-23) the TinyLlama-shaped decode step replayed in 1.84 ms with infinifuse
 against 1.92 ms with reduce-overhead, yet generate() made 248 tokens/s against 279 (4.03 vs

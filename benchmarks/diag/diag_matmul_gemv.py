@@ -1,7 +1,8 @@
-"""Diag: a one-row matmul group without tensor cores (a GEMV: each program multiplies its
-weight tile by the row in fp32 and sums along K at the end) against the production
-``matmul_group`` (``tl.dot`` on a 16-row tile padded from one row), for the decode step's
-projections over 16 MB (issue 23: >= 85% of copy bandwidth, measured 69-79%).
+"""Is a one-row matmul group faster without tensor cores than with them? A one-row group as
+a GEMV (each program multiplies its weight tile by the row in fp32 and sums along K at the
+end) against the production ``matmul_group`` (``tl.dot`` on a 16-row tile padded from one
+row), for the decode step's projections over 16 MB (issue 23: >= 85% of copy bandwidth,
+measured 69-79%).
 
 Why it might pay: a ``tl.dot`` program stages its weight tile through shared memory for the
 tensor cores and pads the row to 16; a GEMV reads the tile straight into registers, coalesced

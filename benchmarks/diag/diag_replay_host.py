@@ -1,4 +1,4 @@
-"""Why a replay of infinifuse's graph costs more host time than reduce-overhead's.
+"""Why does a replay of infinifuse's graph cost more host time than reduce-overhead's?
 
 A cProfile of generate() on an H100 (2026-11-25, ``diag_generate_host_h100.txt``) put the
 host time of ``CUDAGraph.replay`` at 63 us per call for infinifuse's TinyLlama decode graph

@@ -1,6 +1,6 @@
-"""Where a sentence-transformers corpus pass spends its time under infinifuse (GPU diag).
+"""Where does a sentence-transformers corpus pass spend its time under infinifuse? (GPU diag)
 
-On an H100 (2026-11-26, ``benchmarks/results/sentence_embeddings_h100_session4.json``) the
+On an H100 (2026-11-26, ``benchmarks/results/sentence_embeddings_h100_c7ca9d9.json``) the
 second corpus pass took 1.11 s against eager's 0.76 (MiniLM-L6 shape) and 2.09 against 0.79
 (BERT-base shape), with 46 captures in it: a shape seen once in the first pass is captured
 on its second call (``capture_on_call=2``), and 45 entries of the first pass's older Dynamo

@@ -1,4 +1,4 @@
-"""Time ``split_host`` on the Llama generate graphs (CPU; no GPU needed).
+"""How long does ``split_host`` take on the Llama generate graphs? (CPU; no GPU needed)
 
 Captures the prefill and decode graphs Dynamo hands a backend during transformers'
 generate() with a StaticCache (2 and 22 layers, tiny widths), then times the host/device

@@ -1,7 +1,7 @@
-"""Tensor parallelism on N GPUs, step by step, each step printed as it ends and a stack dump
-of every thread if a step hangs (faulthandler after --hang-s): an all-reduce + copy compiled
-by infinifuse (captured), then transformers' tp_plan="auto" tiny Llama through a compiled
-forward and through CompileConfig.
+"""Where does tensor parallelism on N GPUs fail or hang, if it does? Step by step, each step
+printed as it ends and a stack dump of every thread if a step hangs (faulthandler after
+--hang-s): an all-reduce + copy compiled by infinifuse (captured), then transformers'
+tp_plan="auto" tiny Llama through a compiled forward and through CompileConfig.
 
     torchrun --nproc_per_node 2 benchmarks/diag/diag_tp_capture.py
 """

@@ -1,7 +1,7 @@
-"""Diag: where the first ``generate()`` of a tensor-parallel model goes, Dynamo's tracing or
-infinifuse's own passes, on N ranks (issue 24: the first call at TP=2 took 0.38-0.42x
-reduce-overhead's on 2 H100s against 0.32x a session before, and infinifuse's 8B TP=2 first
-call took ~9 s more than its TP=1 one).
+"""Where does the first ``generate()`` of a tensor-parallel model go: Dynamo's tracing or
+infinifuse's own passes? On N ranks (issue 24: the first call at TP=2 took 0.38-0.42x
+reduce-overhead's on 2 H100s at 9bdc3da against 0.32x at 0eb9757, both 2026-11-26, and
+infinifuse's 8B TP=2 first call took ~9 s more than its TP=1 one).
 
 A random Llama of ``examples/tp_generate.py``'s tiny widths (hidden 64) with ``LAYERS``
 layers (default 22) is saved once, loaded with ``tp_plan="auto"`` (on one rank: unsharded,

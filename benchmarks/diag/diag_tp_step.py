@@ -1,4 +1,4 @@
-"""Where a tensor-parallel decode step's GPU time goes, per rank (GPU diag, under torchrun).
+"""Where does a tensor-parallel decode step's GPU time go, per rank? (GPU diag, under torchrun)
 
 On two H100s (2026-11-26, ``benchmarks/results/tensor_parallel_*_h100.json``) a TP=2 step
 was slower than the same model on one GPU: TinyLlama shape 3.38 against 1.93 ms, Llama-3-8B

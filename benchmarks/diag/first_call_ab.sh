@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A/B of the first call's one-time costs (diag_first_call_phases.py), each variant in its own
+# Does loading the kernels in the precompile cut the first call's one-time costs? An A/B
+# (diag_first_call_phases.py with and without --without-loading), each variant in its own
 # process with an empty Triton cache (round 0 cold, round 1 warm), alternated twice:
 #     OUT=/tmp/out bash benchmarks/diag/first_call_ab.sh [model]
 set -u

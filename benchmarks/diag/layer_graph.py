@@ -1,5 +1,6 @@
-"""Shared by the decode-attention diagnostics: device time per call of one layer's op,
-captured as a decode step's layers would be, and transformers' ``repeat_kv``."""
+"""No question of its own: a helper of diag_decode_sdpa.py and diag_decode_attention.py (device
+time per call of one layer's op, captured as a decode step's layers would be, and
+transformers' ``repeat_kv``)."""
 
 from __future__ import annotations
 

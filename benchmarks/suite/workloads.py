@@ -361,8 +361,9 @@ def _bert_config(quick: bool) -> Callable[[], Any]:
 def workloads(quick: bool, device: torch.device) -> list[Workload]:
     """The suite, in run order. fp16 on a GPU; fp32 on a CPU (CPU fp16 kernels are slow).
 
-    The four models of the README's table (llama-decode, qwen2-decode, gpt2-decode, bert) and
-    the zoo count kernels per call; the zoo has one workload per family ("zoo-llama", ...).
+    The four models of docs/PERFORMANCE.md's decode table (llama-decode, qwen2-decode,
+    gpt2-decode, bert) and the zoo count kernels per call; the zoo has one workload per family
+    ("zoo-llama", ...).
     """
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     if quick:
