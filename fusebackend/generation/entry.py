@@ -153,12 +153,12 @@ class DeviceDecoding:
         """The loop's ``Plan`` for this call, or the reason it falls back."""
         from transformers.generation.configuration_utils import GenerationMode
 
-        mode = generation_config.get_generation_mode()
-        if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):
-            return None, f"generation mode {mode.value}: the device loop runs greedy and sampling"
         reason = support.config_reason(model, generation_config, model_kwargs)
         if reason is not None:
             return None, reason
+        mode = generation_config.get_generation_mode()
+        if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):
+            return None, f"generation mode {mode.value}: the device loop runs greedy and sampling"
         device = getattr(model, "device", input_ids.device)
         if input_ids.device != device:
             return None, f"input_ids on {input_ids.device}, the model on {device}"

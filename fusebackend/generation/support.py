@@ -80,10 +80,10 @@ def static_cache_reason(cache: Any) -> str | None:
     empty (None: it can)."""
     if cache is None:
         return "no cache: pass cache_implementation='static' or a StaticCache"
-    from transformers.cache_utils import StaticLayer
+    from transformers.cache_utils import StaticCache, StaticLayer
 
     layers = getattr(cache, "layers", None)
-    if not layers:
+    if not isinstance(cache, StaticCache) or not layers:
         return (
             f"a {type(cache).__name__}: the loop needs a StaticCache "
             "(cache_implementation='static')"
