@@ -103,7 +103,9 @@ def run_one(args: argparse.Namespace) -> list[dict[str, Any]]:
         elif variant == "eager":
             out = model.generate(ids, disable_compile=True, **kwargs)
         else:
-            config = CompileConfig(backend="infinifuse") if variant == "infinifuse" else CompileConfig()
+            config = (
+                CompileConfig(backend="infinifuse") if variant == "infinifuse" else CompileConfig()
+            )
             config._compile_all_devices = device != "cuda"  # transformers compiles on GPUs only
             out = model.generate(ids, compile_config=config, **kwargs)
         if device == "cuda":
@@ -173,8 +175,11 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke test: the tiny shape, batch 1, 64 slots, 8 tokens, k=4")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: the tiny shape, batch 1, 64 slots, 8 tokens, k=4",
+    )
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--ledger", help="also append the figures to the ledger at PATH")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # the child

@@ -93,13 +93,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "repeat_equal": bool(torch.equal(first, tokens)),
     }
     print(f"first call (compile included): {first_s:.2f} s; second: {second_s:.3f} s")
-    print(f"{result['tokens_per_s']:.1f} tokens/s, first token {report.time_to_first_token_s * 1e3:.1f} ms")
+    ttft_ms = report.time_to_first_token_s * 1e3
+    print(f"{result['tokens_per_s']:.1f} tokens/s, first token {ttft_ms:.1f} ms")
     print(report)
     if not args.sample:
         expected = model.generate(ids, cache_implementation="static", **kwargs)
         new = tokens[:, ids.shape[1] :]
         result["tokens_equal_generate"] = int((expected[:, ids.shape[1] :] == new).sum())
-        print(f"tokens equal to transformers' generate(): {result['tokens_equal_generate']}/{new.numel()}")
+        equal = result["tokens_equal_generate"]
+        print(f"tokens equal to transformers' generate(): {equal}/{new.numel()}")
     return result
 
 

@@ -228,7 +228,10 @@ def test_the_custom_generate_hook_runs_the_loop_and_returns_a_dict_when_asked():
     assert out.tolist() == expected.tolist()
     assert last_report().path == "device loop"
     full = model.generate(
-        ids, custom_generate=DeviceDecoding(k=3, backend=None), return_dict_in_generate=True, **kwargs
+        ids,
+        custom_generate=DeviceDecoding(k=3, backend=None),
+        return_dict_in_generate=True,
+        **kwargs,
     )
     assert full.sequences.tolist() == expected.tolist()
     assert last_report().path == "device loop"

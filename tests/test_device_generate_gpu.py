@@ -69,7 +69,9 @@ def test_the_eos_flag_stops_inside_a_replay():
     tokens = free[0, PROMPT:].tolist()
     # the first token that first appears after the warm-up chunk, not last in its replay
     index = next(
-        i for i, t in enumerate(tokens) if i > k + 1 and tokens.index(t) == i and (i - 1) % k != k - 1
+        i
+        for i, t in enumerate(tokens)
+        if i > k + 1 and tokens.index(t) == i and (i - 1) % k != k - 1
     )
     kwargs = {"max_new_tokens": 24, "do_sample": False, "cache_implementation": "static"}
     expected = model.generate(ids, eos_token_id=tokens[index], **kwargs)

@@ -73,7 +73,9 @@ class DeviceDecoding:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 256:
             raise ValueError(f"k: expected an int in [1, 256] (decode steps per chunk), got {k!r}")
         if backend is not None and not isinstance(backend, str):
-            raise TypeError(f"backend: expected a torch.compile backend name or None, got {backend!r}")
+            raise TypeError(
+                f"backend: expected a torch.compile backend name or None, got {backend!r}"
+            )
         if options is not None and not isinstance(options, dict):
             raise TypeError(f"options: expected a dict of backend options, got {type(options)}")
         options = dict(options or {})

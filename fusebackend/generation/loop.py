@@ -280,7 +280,9 @@ class DecodeLoop:
         key += (input_ids.device, layout, plan.key)
         entry = self._captured
         if entry is None or entry.key != key:
-            entry = _Captured(key, _allocate(input_ids, plan, mask, positions, vocab, k, slots), plan)
+            entry = _Captured(
+                key, _allocate(input_ids, plan, mask, positions, vocab, k, slots), plan
+            )
             self._captured = entry
         _reset(entry.buffers, input_ids, mask, positions)
         return entry

@@ -54,9 +54,7 @@ class GenerateReport:
     def __str__(self) -> str:
         if self.path != "device loop":
             return f"generate: transformers' loop ({self.reason})"
-        ttft = (
-            f"{self.time_to_first_token_s * 1e3:.1f} ms" if self.time_to_first_token_s else "-"
-        )
+        ttft = f"{self.time_to_first_token_s * 1e3:.1f} ms" if self.time_to_first_token_s else "-"
         how = f"{self.replays} CUDA-graph replays" if self.captured else "uncaptured"
         return (
             f"generate: device loop, k={self.k}, {self.new_tokens} new tokens x {self.batch} "

@@ -46,7 +46,9 @@ def cache_name(model_kwargs: Mapping[str, Any]) -> str | None:
     return None
 
 
-def config_reason(model: Any, generation_config: Any, model_kwargs: Mapping[str, Any]) -> str | None:
+def config_reason(
+    model: Any, generation_config: Any, model_kwargs: Mapping[str, Any]
+) -> str | None:
     """Why the options of ``generation_config`` and ``model_kwargs`` cannot run on the device
     (None: they can)."""
     if getattr(model.config, "is_encoder_decoder", False):
@@ -67,7 +69,9 @@ def config_reason(model: Any, generation_config: Any, model_kwargs: Mapping[str,
         key for key, value in model_kwargs.items() if value is not None and key not in MODEL_INPUTS
     )
     if extra:
-        return f"model input(s) {', '.join(extra)}: the decode step feeds only ids, positions and mask"
+        return (
+            f"model input(s) {', '.join(extra)}: the decode step feeds only ids, positions and mask"
+        )
     mask = model_kwargs.get("attention_mask")
     if mask is not None and mask.dim() != 2:
         return f"a {mask.dim()}-D attention_mask (2-D only)"
