@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from fusebackend.generation import report as _report
-from fusebackend.generation import support
+import fusebackend.generation.report as _report
+import fusebackend.generation.support as support
 from fusebackend.generation.loop import loop_for, make_plan
 
 __all__ = ["DEFAULT_K", "DeviceDecoding", "generate"]

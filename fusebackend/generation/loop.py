@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fusebackend.generation import selection
+import fusebackend.generation.selection as selection
 from fusebackend.generation.report import GenerateReport
 from fusebackend.generation.support import StopRule
 

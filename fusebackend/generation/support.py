@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from fusebackend.generation import selection
+import fusebackend.generation.selection as selection
 
 __all__ = [
     "MODEL_INPUTS",
