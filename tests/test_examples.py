@@ -363,3 +363,15 @@ def test_suite_targets_logic():
     assert targets["gpt2-sweep", "first_call_s", "reduce-overhead"]["status"] == "not measured"
     errors = computed[-1]
     assert errors["status"] == "missed" and "bert/inductor" in errors["note"]
+
+
+def test_fast_generate_example_runs_the_device_loop_and_matches_generate():
+    _needs_transformers()
+    example = _load("examples/fast_generate.py")
+    # --eager-step: the loop alone (an infinifuse step of this shape takes ~10 s interpreted;
+    # tests/test_device_generate.py runs the loop through infinifuse)
+    argv = ["--tiny", "--device", "cpu", "--new-tokens", "5", "--k", "2", "--eager-step"]
+    result = example.main(argv)
+    assert result["tokens_equal_generate"] == 5, result
+    assert result["repeat_equal"] and result["tokens_per_s"] > 0, result
+    assert "device loop, k=2, 5 new tokens" in result["report"], result
