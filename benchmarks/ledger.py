@@ -143,6 +143,12 @@ SOURCES = (
     "diag_tp_step_llama3-8b_tp2_h100_guard_filter.json",
     "diag_tp_step_llama3-8b_tp2_h100_guard_filter_0eb9757.json",
     "diag_tp_step_llama3-8b_tp2_h100_summed_rows_0d18dff.json",
+    # issue 37 on an H200 at e37d61a (2026-11-28): a cold process and a restarted one on the
+    # same cache directories; a repeated single query's parts; one call's host time, static
+    # against dynamic=True (diag formats, their rows written by hand from the diag JSONs)
+    "sentence_embeddings_restart_h200_e37d61a.json",
+    "diag_query_host_h200_e37d61a.json",
+    "diag_dynamic_host_h200_e37d61a.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
