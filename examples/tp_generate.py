@@ -70,6 +70,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="run the fused kernels in Triton's interpreter (CPU)",
     )
+    parser.add_argument(
+        "--device-loop",
+        action="store_true",
+        help="also run fusebackend.generate (the device decode loop) and compare its tokens",
+    )
+    parser.add_argument("--decode-steps", type=int, default=4, help="the loop's k")
     parser.add_argument("--json", help="write each rank's results to this path + .rankN.json")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -262,6 +268,8 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
             "tokens_per_s": n * args.batch / compiled_s,
             "tokens_equal_eager_tp": int((compiled == eager).sum()),
         }
+        if args.device_loop:  # fusebackend.generate: k decode steps per captured graph
+            result["device_loop"] = device_loop(args, model, inputs, eager, device)
         result["eager_tp"] = {
             "generate_s": eager_s,
             "tokens_per_s": n * args.batch / eager_s,
@@ -279,6 +287,47 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         with open(f"{args.json}.rank{rank}.json", "w") as f:
             json.dump(result, f, indent=1, default=str)
     return result
+
+
+def device_loop(
+    args: argparse.Namespace,
+    model: Any,
+    inputs: dict[str, torch.Tensor],
+    eager: Any,
+    device: torch.device,
+) -> dict[str, Any]:
+    """``fusebackend.generate`` on this rank's shards: the first call (compile and capture),
+    then a timed one; its tokens against eager tensor-parallel's, and its report."""
+    import fusebackend
+    import fusebackend.generation
+
+    n = args.new_tokens
+
+    def run() -> Any:
+        kwargs = {"do_sample": False, "max_new_tokens": n, "min_new_tokens": n}
+        eos = model.generation_config.eos_token_id
+        pad = model.generation_config.pad_token_id
+        kwargs["pad_token_id"] = (
+            pad if pad is not None else (eos[0] if isinstance(eos, list) else eos)
+        )
+        out = fusebackend.generate(model, inputs["input_ids"], decode_steps=args.decode_steps,
+                                   attention_mask=inputs["attention_mask"], **kwargs)  # fmt: skip
+        return out[:, inputs["input_ids"].shape[1] :].cpu()
+
+    _mark("first device-loop generate")
+    _, first_s = timed(device, run)
+    _mark("second device-loop generate")
+    tokens, warm_s = timed(device, run)
+    report = fusebackend.generation.last_report()
+    return {
+        "first_generate_s": first_s,
+        "generate_s": warm_s,
+        "tokens_per_s": n * args.batch / warm_s,
+        "tokens_equal_eager_tp": int((tokens == eager).sum()),
+        "path": report.path,
+        "reason": report.reason,
+        "captured": report.captured,
+    }
 
 
 def shutdown(device: torch.device) -> None:
@@ -314,6 +363,12 @@ def _print(result: dict[str, Any]) -> None:
         f"  torch.compile(model.forward, backend='infinifuse'): {fwd['tokens_per_s']:.1f} "
         f"tokens/s; tokens equal eager TP {fwd['tokens_equal_eager_tp']}/{total}",
     ]
+    if "device_loop" in result:
+        loop = result["device_loop"]
+        lines.append(
+            f"  fusebackend.generate (device loop, {loop['path']}): {loop['tokens_per_s']:.1f} "
+            f"tokens/s; tokens equal eager TP {loop['tokens_equal_eager_tp']}/{total}"
+        )
     if "tokens_equal_single_device" in result:
         lines.append(
             f"  tokens equal one device's eager: {result['tokens_equal_single_device']}/{total}"

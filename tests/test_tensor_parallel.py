@@ -397,8 +397,9 @@ def _rank_results(prefix: Path, nproc: int) -> list[dict]:
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_tp_plan_auto_generate_equals_eager_tp_on_two_gloo_ranks(kind, tmp_path):
-    # transformers' tp_plan="auto" on 2 processes (gloo): generate through CompileConfig and
-    # through a compiled forward, a batch of 2 with a left-padded prompt; qwen2 ties its LM
+    # transformers' tp_plan="auto" on 2 processes (gloo): generate through CompileConfig,
+    # through a compiled forward and through fusebackend.generate (the device decode loop,
+    # 4 steps a chunk: issue 36), a batch of 2 with a left-padded prompt; qwen2 ties its LM
     # head to the vocab-parallel embedding.
     prefix = tmp_path / "result"
     proc = _torchrun(
@@ -411,6 +412,9 @@ def test_tp_plan_auto_generate_equals_eager_tp_on_two_gloo_ranks(kind, tmp_path)
         "--new-tokens",
         "5",
         "--single",
+        "--device-loop",
+        "--decode-steps",
+        "4",
         "--json",
         str(prefix),
         env={"TRITON_INTERPRET": "1"},
@@ -418,6 +422,9 @@ def test_tp_plan_auto_generate_equals_eager_tp_on_two_gloo_ranks(kind, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     for result in _rank_results(prefix, 2):
         total = result["tokens_total"]
+        loop = result["device_loop"]  # the loop ran (no fallback) and gave eager TP's tokens
+        assert loop["path"] == "device loop" and loop["reason"] is None, loop
+        assert loop["tokens_equal_eager_tp"] == total, loop
         assert result["compile_config"]["tokens_equal_eager_tp"] == total, result
         assert result["compiled_forward"]["tokens_equal_eager_tp"] == total, result
         assert result["tokens_equal_single_device"] == total, result
