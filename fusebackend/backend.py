@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import gc
 import itertools
 import logging
@@ -29,25 +28,21 @@ import torch.fx
 from fusebackend.config import FusionConfig
 from fusebackend.kernels import (
     KernelOptions,
-    RowProgram,
     kernel_source,
-    row_kernel,
-    row_kernel_pair,
     triton_usable,
 )
 from fusebackend.kernels.cache_write import write_cache_pair
 from fusebackend.kernels.decode_attention import decode_attention
-from fusebackend.kernels.family import concrete_cuda_tensor, family_of, launch_key, launch_path
+from fusebackend.kernels.family import family_of, launch_path
 from fusebackend.kernels.launch import (
-    hinted_examples,
     launch_rank,
     layout_for,
-    precompile,
     precompile_all,
 )
 from fusebackend.kernels.matmul import matmul_op
 from fusebackend.kernels.vocab_lookup import vocab_parallel_lookup
 from fusebackend.passes.attention import avoid_cudnn_plans
+from fusebackend.passes.batch_norm_folding import fold_batch_norms
 from fusebackend.passes.cache_writes import pair_cache_writes
 from fusebackend.passes.collectives import (
     collective_nodes,
@@ -67,114 +62,18 @@ from fusebackend.prepare import (
     batch_size_inputs,
     device_part,
     is_module_state,
+    is_parameter_or_buffer,
     static_inputs,
 )
 from fusebackend.report import GraphReport, GroupReport, record
+from fusebackend.row_ops import FusedGroupOp, FusedPairOp
 from fusebackend.runtime.graph_cache import GraphCache
 from fusebackend.runtime.specialization import form_of, operations
 
-__all__ = ["FUSE", "FusedGroupOp", "FusedPairOp", "infinifuse"]
+__all__ = ["FUSE", "FusedGroupOp", "FusedPairOp", "infinifuse"]  # the ops: row_ops.py
 
 log = logging.getLogger(__name__)
 _graph_ids = itertools.count()
-
-
-class FusedGroupOp:
-    """The callable a fused group becomes in the rewritten FX graph.
-
-    Runs the generated Triton kernel when Triton can run on the group's device (a CUDA
-    device, or the CPU through ``TRITON_INTERPRET=1``), otherwise the group's original
-    torch ops (``reference``), so a CPU-only machine still gets correct results.
-    """
-
-    def __init__(
-        self,
-        program: RowProgram,
-        kernel_name: str,
-        reference: torch.fx.Graph,
-        device: torch.device,
-        options: KernelOptions,
-    ) -> None:
-        self.program = program
-        self._reference_graph = reference
-        self.options = options
-        self.use_triton = triton_usable(device)
-        self.group = ""  # its GroupReport's name, for the report of a paired launch
-        self.plans: dict = {}  # launches per input signature (kernels/launch.py)
-        self.__name__ = kernel_name  # FX's generated code calls the node after this name
-        self.__qualname__ = kernel_name
-
-    @functools.cached_property
-    def reference(self) -> torch.fx.GraphModule:
-        """The group's torch ops as a module, compiled on first use (passes/rewrite.py)."""
-        return torch.fx.GraphModule(torch.nn.Module(), self._reference_graph)
-
-    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.use_triton:
-            return row_kernel(self.program, inputs, options=self.options, plans=self.plans)
-        return tuple(self.reference(*inputs))
-
-    def describe(self) -> str:
-        return self.__name__
-
-    def precompile_job(self, args: Sequence[Any]) -> Any:
-        """The kernel family's precompile job (kernels/family.py)."""
-        return _row_precompile_job(self.use_triton, self.program, self.options, None, args)
-
-    def __repr__(self) -> str:
-        return f"FusedGroupOp({self.__name__})"
-
-
-class FusedPairOp:
-    """Two fused groups of one kernel run by one launch (passes/pairing.py): called on the
-    first group's inputs then the second's, returns the first's outputs then the second's."""
-
-    def __init__(self, first: FusedGroupOp, second: FusedGroupOp, split: int) -> None:
-        self.first, self.second, self.split = first, second, split
-        self.use_triton = first.use_triton and second.use_triton
-        self.plans: dict = {}  # launches per input signature (kernels/launch.py)
-        self.__name__ = f"{first.__name__}_pair"
-        self.__qualname__ = self.__name__
-
-    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        first, second = inputs[: self.split], inputs[self.split :]
-        if self.use_triton:
-            return row_kernel_pair(
-                self.first.program, first, second, self.first.options, self.plans
-            )
-        return (*self.first(*first), *self.second(*second))
-
-    def describe(self) -> str:
-        return self.__name__
-
-    def precompile_job(self, args: Sequence[Any]) -> Any:
-        """The kernel family's precompile job (kernels/family.py)."""
-        first = self.first
-        return _row_precompile_job(self.use_triton, first.program, first.options, self.split, args)
-
-    def __repr__(self) -> str:
-        return f"FusedPairOp({self.__name__})"
-
-
-def _row_precompile_job(
-    use_triton: bool,
-    program: RowProgram,
-    options: KernelOptions,
-    split: int | None,
-    values: Sequence[Any],
-) -> Any:
-    """(key, job) compiling a row launch on ``values`` (a pair's: ``split``), or None."""
-    if not use_triton:
-        return None
-    if not all(concrete_cuda_tensor(v) for v in values):
-        # Symbolic shapes (dynamic=True, Dynamo's recompiles) or a number (a norm's eps):
-        # compiled for the traced call's sizes (their hints), whose binary later lengths
-        # of the same launch config share; none where a size has no hint
-        values = hinted_examples(values)
-        if values is None:
-            return None
-    key = ("group", program, options, split, *map(launch_key, values))
-    return key, functools.partial(precompile, program, values, options, split)
 
 
 @contextlib.contextmanager
@@ -198,6 +97,18 @@ def _collector_paused() -> Iterator[None]:
 
 
 # ---- Fusion: on a copy of the graph the runtime runs; stops where nothing will be fused.
+
+
+def _fold_batch_norms(c: Compilation) -> list[str]:
+    """Eval BatchNorms folded into their convolutions' weight and bias (derived constants the
+    fused graph owns, refreshed before each call); those left alone reported with why."""
+    assert c.graph is not None
+    found = fold_batch_norms(c.graph, c.gm, c.example_inputs, is_parameter_or_buffer)
+    if found.left_alone:
+        c.rewrites.setdefault("batch_norms_left_alone", []).extend(found.left_alone)
+        c.labels["batch_norms_left_alone"] = "BatchNorms not folded"
+    c.refresh = found.refresh(c.example_inputs)
+    return [fold.name for fold in found.folds]
 
 
 def _use_matmul_groups(c: Compilation) -> list[str]:
@@ -226,7 +137,7 @@ def _use_rotary_epilogues(c: Compilation) -> list[str]:
 def _find_groups(c: Compilation) -> None:
     assert c.graph is not None
     c.candidates, c.rejections = find_groups(c.graph)
-    c.stopped = not c.candidates and not c.matmul_groups
+    c.stopped = not c.candidates and not c.matmul_groups and c.refresh is None
 
 
 def _rewrite_groups(c: Compilation) -> None:
@@ -310,6 +221,9 @@ def _precompile_pass(c: Compilation) -> None:
 # (Triton runs on one of the graph's devices here; a cache-write pair on another device runs
 # its two index_copy_ calls.)
 FUSE = [
+    Pass("fold_batch_norms", _fold_batch_norms,
+         "eval BatchNorms folded into their convolutions (fused graph)",
+         report="batch_norms_folded"),
     Pass("use_vocab_parallel_lookup",
          lambda c: use_vocab_parallel_lookup(c.graph, vocab_parallel_lookup, c.config.index_checks),
          "vocab-parallel lookups as one kernel + all-reduce (fused graph)",
@@ -379,7 +293,7 @@ def infinifuse(
     # Inputs of the device part that are original inputs the graph writes (the host part
     # writes its own inputs itself, on the caller's tensors).
     mutated_here = frozenset(k for k, i in enumerate(part.original_indices) if i in mutated_indices)
-    fusion = _fuse(part.graph, device, config, name)
+    fusion = _fuse(part.graph, device, config, name, part.example_inputs)
     sharded_parameters = frozenset(
         k for k, i in enumerate(part.original_indices) if shards and i in shards.parameters
     )
@@ -401,6 +315,7 @@ def infinifuse(
         form=form_of(part.graph, traced, arity),
         per_signature=constants.graph if constants is not None else None,
         per_signature_count=constants.count if constants is not None else 0,
+        before_call=fusion.refresh,
     )
     groups = fusion.groups
     if not config.fusion:
@@ -495,24 +410,34 @@ class Fusion:
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     launches: dict[str, int] = dataclasses.field(default_factory=dict)
     launch_paths: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    refresh: Callable[[Sequence[Any]], None] | None = None  # run before each call
+
+
+# The rewrites kept in the report when nothing runs fused: what says why something was not.
+_WHY_NOT_FUSED = ("matmuls_left_alone", "batch_norms_left_alone")
 
 
 def _fuse(
-    gm: torch.fx.GraphModule, device: torch.device | None, config: FusionConfig, name: str = ""
+    gm: torch.fx.GraphModule,
+    device: torch.device | None,
+    config: FusionConfig,
+    name: str = "",
+    example_inputs: Sequence[Any] = (),
 ) -> Fusion:
-    """Fuse a copy of ``gm``'s graph: the ``FUSE`` passes."""
+    """Fuse a copy of ``gm``'s graph: the ``FUSE`` passes (``example_inputs``: its inputs,
+    real tensors, from which derived constants are computed)."""
     if not config.fusion:
         return Fusion()
-    c = Compilation(name, gm, [], config, device, graph=torch.fx.Graph())
+    c = Compilation(name, gm, list(example_inputs), config, device, graph=torch.fx.Graph())
     c.graph.output(c.graph.graph_copy(gm.graph, {}))  # node meta (example values) is kept
     run_passes(FUSE, c)
     if c.stopped:
         # No fused graph: only what says why something was not fused stays reported.
-        why = {k: v for k, v in c.rewrites.items() if k == "matmuls_left_alone"}
+        why = {k: v for k, v in c.rewrites.items() if k in _WHY_NOT_FUSED}
         return Fusion(None, c.groups, c.rejections, why, c.labels, seconds=c.seconds)
     fused = torch.fx.GraphModule(gm, c.graph)
     return Fusion(fused, c.groups, c.rejections, c.rewrites, c.labels, c.seconds, c.launches,
-                  c.launch_paths)  # fmt: skip
+                  c.launch_paths, c.refresh)  # fmt: skip
 
 
 def _precompile(graph: torch.fx.Graph) -> tuple[dict[str, int], dict[str, dict[str, int]]]:

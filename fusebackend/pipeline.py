@@ -50,6 +50,9 @@ class Compilation:
     groups: list[Any] = dataclasses.field(default_factory=list)  # GroupReports
     fused_nodes: list[torch.fx.Node] = dataclasses.field(default_factory=list)
     matmul_groups: int = 0  # matmul_group launches the graph got (passes/matmul_groups.py)
+    # Run before each call with the graph's inputs (passes/batch_norm_folding.Refresh): keeps
+    # the fused graph's derived constants in step with the parameters they come from.
+    refresh: Callable[[Sequence[Any]], None] | None = None
     launches: dict[str, int] = dataclasses.field(default_factory=dict)  # kernel -> launches
     # kernel -> how its launches run -> how many (a family's optional launch_path)
     launch_paths: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)

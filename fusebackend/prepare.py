@@ -34,6 +34,7 @@ from fusebackend.pipeline import Compilation, Pass
 from fusebackend.runtime.graph_cache import captures
 
 __all__ = ["PREPARE", "DevicePart", "batch_size_inputs", "device_part", "is_module_state",
+           "is_parameter_or_buffer",
            "static_inputs"]  # fmt: skip
 
 
@@ -236,7 +237,7 @@ def static_inputs(
     anyway; CPU ops on CPU inputs alone are the host part's), and on the fake-CUDA test path
     every tensor is on the CPU, where parameters must stay in place as on a GPU.
     """
-    static = {i for i, t in enumerate(example_inputs) if _is_parameter_or_buffer(t)}
+    static = {i for i, t in enumerate(example_inputs) if is_parameter_or_buffer(t)}
     if config.batch_buckets is None:
         tensors = {i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor)}
         static |= (mutated & tensors) - set(host_inputs)
@@ -249,7 +250,7 @@ def _on_host_scalar(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.dim() == 0 and _on_host(t)
 
 
-def _is_parameter_or_buffer(t: Any) -> bool:
+def is_parameter_or_buffer(t: Any) -> bool:
     # Dynamo marks the parameters and buffers of inlined nn.Modules, and mark_static_address
     # marks any tensor, with this attribute.
     return isinstance(t, torch.nn.Parameter) or (

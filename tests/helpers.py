@@ -34,6 +34,7 @@ import torch
 
 import fusebackend
 import fusebackend.backend
+import fusebackend.row_ops
 from fusebackend.report import FusionReport
 
 TOLERANCES: dict[torch.dtype, dict[str, float]] = {
@@ -108,10 +109,10 @@ def count_launches() -> Iterator[list[int]]:
 
         return spy
 
-    backend = fusebackend.backend
+    row_ops = fusebackend.row_ops
     with (
-        mock.patch.object(backend, "row_kernel", counting(backend.row_kernel)),
-        mock.patch.object(backend, "row_kernel_pair", counting(backend.row_kernel_pair)),
+        mock.patch.object(row_ops, "row_kernel", counting(row_ops.row_kernel)),
+        mock.patch.object(row_ops, "row_kernel_pair", counting(row_ops.row_kernel_pair)),
     ):
         yield calls
 

@@ -302,7 +302,7 @@ def test_a_dynamic_graph_precompiles_the_binary_its_first_call_launches(monkeypa
     # by one at their first launches. With its example values' hints (the traced call's
     # sizes) the warm-up compiles the binary that call launches, and a later length of the
     # same launch config launches it too. (CUDA tensors only: here the CPU's are let in.)
-    import fusebackend.backend as backend
+    import fusebackend.row_ops as row_ops
 
     asked = []
 
@@ -310,7 +310,7 @@ def test_a_dynamic_graph_precompiles_the_binary_its_first_call_launches(monkeypa
         asked.append(launch.hinted_examples(values))  # not CUDA tensors: None
         return launch.hinted_examples(values, device_type="cpu")
 
-    monkeypatch.setattr(backend, "hinted_examples", on_cpu)
+    monkeypatch.setattr(row_ops, "hinted_examples", on_cpu)
     g = torch.Generator().manual_seed(10)
     model = _Embeddings(48).eval()
     compiled = torch.compile(model, backend="infinifuse", dynamic=True,

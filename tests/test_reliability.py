@@ -534,7 +534,7 @@ def test_kernel_launch_error_falls_back(path, request, monkeypatch):
         calls.append(args)
         raise RuntimeError("CUDA error: an illegal memory access was encountered (injected)")
 
-    monkeypatch.setattr(fusebackend.backend, "row_kernel", broken)
+    monkeypatch.setattr(fusebackend.row_ops, "row_kernel", broken)
     _, text = _run_with_fault(path, request)
     _expect_fallback(path, text, "fused graph raised RuntimeError", "illegal memory access")
     assert len(calls) == 1
@@ -546,7 +546,7 @@ def test_kernel_launch_error_on_a_later_call_falls_back(monkeypatch):
     # A fused signature that worked can fail later (on a GPU without CUDA graphs a new
     # input alignment makes Triton compile a new binary). The README promises that a
     # failing fused kernel falls back to the unfused graph, not that the error escapes.
-    real = fusebackend.backend.row_kernel
+    real = fusebackend.row_ops.row_kernel
     failing = [False]
 
     def flaky(*args, **kwargs):
@@ -554,7 +554,7 @@ def test_kernel_launch_error_on_a_later_call_falls_back(monkeypatch):
             raise RuntimeError("CUDA error: launch failure (injected)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(fusebackend.backend, "row_kernel", flaky)
+    monkeypatch.setattr(fusebackend.row_ops, "row_kernel", flaky)
     torch.manual_seed(8)
     model = TokPos()
     compiled = _compile(model)
@@ -849,14 +849,14 @@ def test_two_threads_different_shapes_through_torch_compile(path, request, monke
     # Triton's interpreter patches triton.language globally while a kernel runs, so two
     # interpreted launches must not overlap (a GPU has no such limit); launches are
     # serialised here, everything else (Dynamo, guards, the cache) runs concurrently.
-    real = fusebackend.backend.row_kernel
+    real = fusebackend.row_ops.row_kernel
     interpreter = threading.Lock()
 
     def serialised(*args, **kwargs):
         with interpreter:
             return real(*args, **kwargs)
 
-    monkeypatch.setattr(fusebackend.backend, "row_kernel", serialised)
+    monkeypatch.setattr(fusebackend.row_ops, "row_kernel", serialised)
     torch.manual_seed(12)
     model = TokPos()
     compiled = torch.compile(model, backend="infinifuse", options=_options(path, request))

@@ -1,7 +1,7 @@
 """The kernel-family protocol: what the backend asks of every kernel a fused graph calls.
 
 A fused graph calls a kernel family's launcher as a node's target: a row group's
-``FusedGroupOp`` or ``FusedPairOp`` (backend.py), ``write_cache_pair``, ``decode_attention``,
+``FusedGroupOp`` or ``FusedPairOp`` (row_ops.py), ``write_cache_pair``, ``decode_attention``,
 ``vocab_parallel_lookup``. Each also answers two questions, so the backend never switches on
 which one it holds:
 

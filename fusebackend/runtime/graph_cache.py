@@ -135,6 +135,9 @@ class GraphCache(Recapture, Padding, Inspection):
             before its runs and capture; the entry owns the tensors and a captured graph
             reads them in place, so a replay copies nothing. The caller passes the other
             inputs only.
+        before_call: Run with each call's inputs before anything else (routed calls too):
+            keeps constants the fused graph derives from its inputs (folded BatchNorms) in
+            step with them; it writes them in place, so captured graphs stay valid.
     """
 
     def __init__(
@@ -153,6 +156,7 @@ class GraphCache(Recapture, Padding, Inspection):
         form: GraphForm | None = None,
         per_signature: Callable[..., Sequence[Any]] | None = None,
         per_signature_count: int = 0,
+        before_call: Callable[[Sequence[Any]], None] | None = None,
     ) -> None:
         if device is not None and device.type != "cuda":
             device = None  # only CUDA graphs are captured; anything else runs directly
@@ -169,6 +173,7 @@ class GraphCache(Recapture, Padding, Inspection):
         self._host = dict(host_inputs or {}) if device is not None else {}
         self._batch_ints = frozenset(batch_size_input_indices)
         self._per_signature = per_signature if per_signature_count else None
+        self._before_call = before_call
         self._per_signature_count = per_signature_count if per_signature is not None else 0
         self.name = name
         self.label_prefix = f"{name}#{next(_serials)}"
@@ -245,6 +250,8 @@ class GraphCache(Recapture, Padding, Inspection):
         self, args: tuple[Any, ...], original: tuple[Any, ...] | None = None
     ) -> Sequence[Any]:
         """A call with ``args`` (``original``: the caller's, before length padding)."""
+        if self._before_call is not None:
+            self._before_call(args)
         user_args = args
         batch = bucket = None
         if self._buckets is not None:

@@ -1,0 +1,226 @@
+"""Eval-mode BatchNorm folded into the convolution before it (fused graph only).
+
+``conv(x, W, b)`` followed by ``batch_norm(y, mean, var, gamma, beta, training=False, _, eps)``
+is one convolution with a derived weight and bias:
+
+    scale = gamma / sqrt(var + eps)
+    W' = W * scale (per output channel)     b' = (b - mean) * scale + beta
+
+so the BatchNorm's kernel disappears from every call (a ResNet-50 has 53 of them), and what
+follows the convolution (ReLU, a residual add) meets the convolution's output directly.
+
+``W'`` and ``b'`` are derived constants: tensors the fused graph owns (``get_attr``), computed
+here from the first call's parameters in float32 and cast to the weight's dtype; the user's
+parameters are never changed. Each call first runs ``Refresh`` over the graph's inputs:
+where a source tensor is another object or its version counter moved (an in-place edit,
+``load_state_dict``), the fold is derived again into the same buffers, so captured CUDA
+graphs, which read the buffers' addresses, stay valid and never see stale values. The
+unfused graph (the runtime's fallback and validation reference) keeps the BatchNorm.
+
+Folded only where every source is module state (a parameter or buffer the graph gets as an
+input), the convolution's output has no other reader, the BatchNorm is not training and
+its eps is a number; the reason is reported otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch import Tensor
+
+from fusebackend.passes.fx_util import placeholders
+
+__all__ = ["Fold", "FoldResult", "Refresh", "fold_batch_norms"]
+
+_CONVS = {torch.conv1d, torch.conv2d, torch.conv3d, torch.nn.functional.conv1d,
+          torch.nn.functional.conv2d, torch.nn.functional.conv3d}  # fmt: skip
+_BATCH_NORMS = {torch.nn.functional.batch_norm}
+# The sources of one fold, in this order (None where the module has none).
+SOURCES = ("weight", "bias", "mean", "var", "gamma", "beta")
+
+
+@dataclasses.dataclass
+class Fold:
+    """One folded convolution + BatchNorm.
+
+    Attributes:
+        name: The BatchNorm node's name (for reports).
+        sources: Graph input index of each of ``SOURCES`` (None: absent).
+        eps: The BatchNorm's eps.
+        weight: The derived weight ``W'`` (the graph reads it in place).
+        bias: The derived bias ``b'``.
+    """
+
+    name: str
+    sources: tuple[int | None, ...]
+    eps: float
+    weight: Tensor
+    bias: Tensor
+
+    def derive(self, inputs: Sequence[Any]) -> None:
+        """Compute ``W'`` and ``b'`` from ``inputs`` into ``weight`` and ``bias`` in place."""
+        weight, bias, mean, var, gamma, beta = (
+            None if i is None else inputs[i].detach().float() for i in self.sources
+        )
+        scale = torch.rsqrt(var + self.eps)
+        if gamma is not None:
+            scale = scale * gamma
+        shift = -mean * scale if bias is None else (bias - mean) * scale
+        if beta is not None:
+            shift = shift + beta
+        with torch.no_grad():
+            self.weight.copy_(weight * scale.reshape(-1, *[1] * (weight.dim() - 1)))
+            self.bias.copy_(shift)
+
+
+class Refresh:
+    """Run before each call with the graph's inputs: derives again every fold whose source
+    tensors changed (another object, or an in-place write: the version counter), so the
+    folded constants always follow the parameters. A call with nothing changed compares each
+    source's identity and version once (ResNet-50: 53 folds, about 260 sources)."""
+
+    def __init__(self, folds: Sequence[Fold], inputs: Sequence[Any]) -> None:
+        self.folds = list(folds)
+        self.derivations = 0  # folds derived again after compile time (tests read it)
+        self._indices = [i for fold in self.folds for i in fold.sources if i is not None]
+        self._remember(inputs)
+
+    def _remember(self, inputs: Sequence[Any]) -> None:
+        self._tensors = [inputs[i] for i in self._indices]
+        self._versions = [t._version for t in self._tensors]
+
+    def __call__(self, inputs: Sequence[Any]) -> None:
+        current = [inputs[i] for i in self._indices]
+        if all(map(operator.is_, current, self._tensors)) and (
+            [t._version for t in current] == self._versions
+        ):
+            return
+        start = 0
+        for fold in self.folds:
+            count = sum(i is not None for i in fold.sources)
+            window = slice(start, start + count)
+            start += count
+            same = all(map(operator.is_, current[window], self._tensors[window]))
+            if not same or [t._version for t in current[window]] != self._versions[window]:
+                fold.derive(inputs)
+                self.derivations += 1
+        self._remember(inputs)
+
+
+@dataclasses.dataclass
+class FoldResult:
+    """What ``fold_batch_norms`` did: the folds made, and the BatchNorms left (with why)."""
+
+    folds: list[Fold] = dataclasses.field(default_factory=list)
+    left_alone: list[str] = dataclasses.field(default_factory=list)
+
+    def refresh(self, inputs: Sequence[Any]) -> Refresh | None:
+        return Refresh(self.folds, inputs) if self.folds else None
+
+
+def _refusal(
+    conv: Any, bn: torch.fx.Node, index: dict[torch.fx.Node, int], inputs: Sequence[Any],
+    is_state: Callable[[Any], bool],
+) -> str | None:  # fmt: skip
+    """Why ``bn`` cannot fold into ``conv`` (None: it can)."""
+    if not isinstance(conv, torch.fx.Node) or conv.target not in _CONVS:
+        return "its input is not a convolution"
+    if len(conv.users) != 1:
+        return "the convolution's output has other readers"
+    training, eps = _bn_arg(bn, 5, "training"), _bn_arg(bn, 7, "eps", 1e-5)
+    if training is not False:
+        return "training mode (batch statistics)"
+    if not isinstance(eps, (int, float)):
+        return "eps is not a number (dynamic=True makes module floats inputs)"
+    for node in (*_conv_sources(conv), *_bn_sources(bn)):
+        if node is None:
+            continue
+        if not isinstance(node, torch.fx.Node) or node not in index:
+            return "a weight or statistic is not a graph input"
+        if not is_state(inputs[index[node]]):
+            return f"{node.name} is not a parameter or buffer"
+    return None
+
+
+def _bn_arg(bn: torch.fx.Node, position: int, name: str, default: Any = None) -> Any:
+    if len(bn.args) > position:
+        return bn.args[position]
+    return bn.kwargs.get(name, default)
+
+
+def _conv_sources(conv: torch.fx.Node) -> tuple[Any, Any]:
+    weight = conv.args[1] if len(conv.args) > 1 else conv.kwargs.get("weight")
+    bias = conv.args[2] if len(conv.args) > 2 else conv.kwargs.get("bias")
+    return weight, bias
+
+
+def _bn_sources(bn: torch.fx.Node) -> tuple[Any, Any, Any, Any]:
+    mean = bn.args[1] if len(bn.args) > 1 else bn.kwargs.get("running_mean")
+    var = bn.args[2] if len(bn.args) > 2 else bn.kwargs.get("running_var")
+    return mean, var, _bn_arg(bn, 3, "weight"), _bn_arg(bn, 4, "bias")
+
+
+def fold_batch_norms(
+    graph: torch.fx.Graph,
+    owner: torch.nn.Module,
+    inputs: Sequence[Any],
+    is_state: Callable[[Any], bool],
+) -> FoldResult:
+    """Fold each eval BatchNorm of ``graph`` into its convolution (see the module docstring).
+
+    ``inputs`` are the graph's example inputs (real tensors: the first call's parameters);
+    the derived tensors are set on ``owner`` (the module the fused graph is built from) as
+    attributes the new ``get_attr`` nodes read.
+    """
+    result = FoldResult()
+    index = {node: i for i, node in enumerate(placeholders(graph))}
+    for bn in [n for n in graph.nodes if n.op == "call_function" and n.target in _BATCH_NORMS]:
+        conv = bn.args[0] if bn.args else bn.kwargs.get("input")
+        why = _refusal(conv, bn, index, inputs, is_state)
+        if why is not None:
+            result.left_alone.append(f"{bn.name}: {why}")
+            continue
+        weight, bias = _conv_sources(conv)
+        sources = tuple(
+            None if node is None else index[node] for node in (weight, bias, *_bn_sources(bn))
+        )
+        example = inputs[sources[0]]
+        fold = Fold(
+            name=bn.name,
+            sources=sources,
+            eps=float(_bn_arg(bn, 7, "eps", 1e-5)),
+            weight=torch.empty_like(example, memory_format=torch.contiguous_format),
+            bias=example.new_empty(example.shape[0]),
+        )
+        fold.derive(inputs)
+        attrs = []
+        for part, tensor in (("weight", fold.weight), ("bias", fold.bias)):
+            attr = f"_infinifuse_folded_{bn.name}_{part}"
+            setattr(owner, attr, tensor)
+            with graph.inserting_before(conv):
+                node = graph.get_attr(attr)
+            node.meta["example_value"] = _fake_like(conv.args[1], tensor)
+            attrs.append(node)
+        conv.args = (conv.args[0], attrs[0], attrs[1], *conv.args[3:])
+        conv.kwargs = {k: v for k, v in conv.kwargs.items() if k not in ("weight", "bias")}
+        bn.replace_all_uses_with(conv)
+        graph.erase_node(bn)
+        result.folds.append(fold)
+    return result
+
+
+def _fake_like(weight_node: Any, tensor: Tensor) -> Any:
+    """A fake tensor like ``tensor`` in the fake mode of ``weight_node``'s example (so later
+    passes read shapes and dtypes from the new node as from any other)."""
+    if not isinstance(weight_node, torch.fx.Node):
+        return None
+    example = weight_node.meta.get("example_value")
+    mode = getattr(example, "fake_mode", None)
+    if mode is None:
+        return None
+    return mode.from_tensor(tensor)

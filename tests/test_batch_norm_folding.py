@@ -1,0 +1,225 @@
+"""Eval BatchNorm folded into the convolution before it (passes/batch_norm_folding.py).
+
+Blocks written the way timm and torchvision write them (conv without bias + BatchNorm + ReLU,
+a bottleneck's residual add, a depthwise conv, a 1-d conv, a BatchNorm without affine), in eval
+mode with non-trivial running statistics: outputs equal eager's, the report lists every
+BatchNorm as folded and the fused graph holds none; an in-place edit of a weight or a
+statistic and a ``load_state_dict()`` after compiling give eager's new result; what cannot fold
+is left with its reason.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+from helpers import graphs_since
+
+import fusebackend
+
+TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (3e-2, 3e-2)}
+
+
+def _randomize_statistics(model: nn.Module, seed: int = 0) -> nn.Module:
+    """BatchNorms with running statistics and affine parameters far from 0 and 1."""
+    generator = torch.Generator().manual_seed(seed)
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            n = module.num_features
+            module.running_mean.copy_(torch.randn(n, generator=generator))
+            module.running_var.copy_(torch.rand(n, generator=generator) * 2 + 0.2)
+            if module.affine:
+                module.weight.data.copy_(torch.randn(n, generator=generator))
+                module.bias.data.copy_(torch.randn(n, generator=generator))
+    return model.eval()
+
+
+class Bottleneck(nn.Module):
+    """A ResNet bottleneck: three conv + BN, ReLUs, a projected shortcut, the residual add."""
+
+    def __init__(self, cin: int = 6, mid: int = 4, cout: int = 10) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid)
+        self.conv2 = nn.Conv2d(mid, mid, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(mid)
+        self.conv3, self.bn3 = nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout)
+        self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=1, bias=False),
+                                  nn.BatchNorm2d(cout))  # fmt: skip
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.act(self.bn1(self.conv1(x)))
+        y = self.act(self.bn2(self.conv2(y)))
+        return self.act(self.bn3(self.conv3(y)) + self.down(x))
+
+
+class MixedBlock(nn.Module):
+    """A depthwise conv with bias, a BatchNorm without affine, SiLU; a 1-d conv + BN1d."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(5, 5, 3, padding=1, groups=5)
+        self.bn = nn.BatchNorm2d(5, affine=False)
+        self.conv1d, self.bn1d = nn.Conv1d(5, 7, 3), nn.BatchNorm1d(7)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.silu(self.bn(self.dw(x)))
+        return self.bn1d(self.conv1d(y.mean(dim=2)))
+
+
+_BEFORE: list = []
+
+
+def _compiled(model: nn.Module):
+    torch._dynamo.reset()
+    fusebackend.clear_cache()
+    _BEFORE[:] = [fusebackend.reports()]
+    return torch.compile(model, backend="infinifuse")
+
+
+def _graph():
+    """The one graph compiled since the last ``_compiled``."""
+    graphs = graphs_since(_BEFORE[0])
+    assert len(graphs) == 1, graphs
+    return graphs[0]
+
+
+def _batch_norms(graph_module: torch.fx.GraphModule) -> list[str]:
+    return [
+        n.name
+        for n in graph_module.graph.nodes
+        if n.op == "call_function" and n.target is torch.nn.functional.batch_norm
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block", [Bottleneck, MixedBlock])
+def test_every_eval_batch_norm_folds_and_outputs_equal_eager(block, dtype):
+    model = _randomize_statistics(block()).to(dtype)
+    x = torch.randn(2, model.dw.in_channels if block is MixedBlock else 6, 7, 9, dtype=dtype)
+    expected_folds = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    compiled = _compiled(model)
+    with torch.no_grad():
+        expected = model(x)
+        out = compiled(x)
+    rtol, atol = TOLERANCES[dtype]
+    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
+    graph = _graph()
+    assert graph.path == "fused", graph.path
+    assert len(graph.rewrites.get("batch_norms_folded", [])) == expected_folds, graph.rewrites
+    assert not graph.rewrites.get("batch_norms_left_alone"), graph.rewrites
+
+
+def test_the_fused_graph_has_no_batch_norm_left(monkeypatch):
+    # The graph the runtime runs fused: the folded conv reads the derived constants and no
+    # batch_norm node is left; the unfused reference graph keeps every BatchNorm.
+    from fusebackend import backend
+
+    made = []
+    real = backend._fuse
+
+    def keep(*args, **kwargs):
+        fusion = real(*args, **kwargs)
+        made.append((args[0], fusion.graph))
+        return fusion
+
+    monkeypatch.setattr(backend, "_fuse", keep)
+    model = _randomize_statistics(Bottleneck())
+    with torch.no_grad():
+        _compiled(model)(torch.randn(1, 6, 5, 5))
+    ((unfused, fused),) = made
+    assert fused is not None
+    assert _batch_norms(fused) == [], fused.code
+    assert len(_batch_norms(unfused)) == 4, unfused.code
+    folded = [n for n in fused.graph.nodes if n.op == "get_attr" and "_folded_" in n.target]
+    assert len(folded) == 8  # a weight and a bias per fold
+
+
+def test_an_in_place_edit_after_compiling_gives_eagers_new_result():
+    model = _randomize_statistics(Bottleneck())
+    compiled = _compiled(model)
+    x = torch.randn(2, 6, 7, 9)
+    with torch.no_grad():
+        compiled(x)
+        model.conv2.weight.mul_(1.5)  # a weight edited in place
+        model.bn3.running_var.add_(0.7)  # a statistic edited in place
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_load_state_dict_after_compiling_gives_eagers_new_result():
+    model = _randomize_statistics(Bottleneck(), seed=1)
+    other = _randomize_statistics(Bottleneck(), seed=2)
+    compiled = _compiled(model)
+    x = torch.randn(1, 6, 6, 6)
+    with torch.no_grad():
+        before = compiled(x)
+        model.load_state_dict(other.state_dict())
+        after = compiled(x)
+        torch.testing.assert_close(after, other(x), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(before, after)
+
+
+def test_refresh_derives_only_the_folds_whose_sources_changed():
+    from fusebackend.passes.batch_norm_folding import Fold, Refresh
+
+    sources = [torch.randn(3, 2, 1), None, torch.randn(3), torch.rand(3) + 0.5, None, None]
+    inputs = [t for t in sources if t is not None]
+    fold = Fold("bn", (0, None, 1, 2, None, None), 1e-5, torch.empty(3, 2, 1), torch.empty(3))
+    fold.derive(inputs)
+    refresh = Refresh([fold], inputs)
+    refresh(inputs)
+    assert refresh.derivations == 0
+    inputs[2].mul_(2.0)  # an in-place write: the version counter moves
+    refresh(inputs)
+    assert refresh.derivations == 1
+    scale = torch.rsqrt(inputs[2] + 1e-5)
+    torch.testing.assert_close(fold.weight, inputs[0] * scale[:, None, None])
+    torch.testing.assert_close(fold.bias, -inputs[1] * scale)
+    swapped = [inputs[0].clone(), inputs[1], inputs[2]]  # another tensor object, same values
+    refresh(swapped)
+    assert refresh.derivations == 2
+
+
+class Shared(nn.Module):
+    """A conv whose output is also read elsewhere, a training-mode BatchNorm, a BN after a
+    non-conv op: none can fold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3)
+        self.bn_after_add = nn.BatchNorm2d(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return self.bn(y) + y, self.bn_after_add(x + 1.0)
+
+
+def test_what_cannot_fold_is_left_with_its_reason():
+    model = _randomize_statistics(Shared())
+    compiled = _compiled(model)
+    x = torch.randn(2, 3, 4, 4)
+    with torch.no_grad():
+        out = compiled(x)
+        expected = model(x)
+    for a, b in zip(out, expected):
+        torch.testing.assert_close(a, b)
+    reasons = " | ".join(_graph().rewrites.get("batch_norms_left_alone", []))
+    assert "other readers" in reasons, reasons
+    assert "not a convolution" in reasons, reasons
+    assert not _graph().rewrites.get("batch_norms_folded")
+
+
+def test_a_training_mode_batch_norm_is_not_folded():
+    model = _randomize_statistics(Bottleneck()).train()
+    reference = copy.deepcopy(model)
+    compiled = _compiled(model)
+    x = torch.randn(2, 6, 5, 5)
+    with torch.no_grad():
+        out = compiled(x)
+        expected = reference(x)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    reasons = " | ".join(_graph().rewrites.get("batch_norms_left_alone", []))
+    assert "training mode" in reasons, reasons
