@@ -1,0 +1,84 @@
+"""Folded BatchNorms on the GPU: timm models (``pretrained=False``) captured in CUDA graphs.
+
+Each model's eval BatchNorms fold into their convolutions; outputs equal eager's in fp16
+after the signature is captured (replays), and a weight edited in place or a
+``load_state_dict()`` after capture reaches the replayed graph (the derived constants are
+written in place, where the captured graph reads them).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import graphs_since
+
+import fusebackend
+
+pytestmark = pytest.mark.gpu
+
+timm = pytest.importorskip("timm")
+
+MODELS = ["resnet18", "mobilenetv3_small_100", "efficientnet_b0"]
+
+
+def _eval_model(name: str, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = timm.create_model(name, pretrained=False).eval()
+    generator = torch.Generator().manual_seed(seed)
+    for module in model.modules():  # statistics far from the defaults 0 and 1
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            n = module.num_features
+            module.running_mean.copy_(torch.randn(n, generator=generator) * 0.1)
+            module.running_var.copy_(torch.rand(n, generator=generator) + 0.5)
+    return model.to("cuda", torch.float16)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> None:
+    # fp16 through a deep net: compare against the output's own scale
+    scale = b.float().abs().max().item() + 1e-3
+    assert (a.float() - b.float()).abs().max().item() <= 2e-2 * scale
+
+
+@pytest.fixture(autouse=True)
+def _cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch._dynamo.reset()
+    fusebackend.clear_cache()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_timm_batch_norms_fold_and_replays_equal_eager(name):
+    model = _eval_model(name)
+    x = torch.randn(2, 3, 96, 96, device="cuda", dtype=torch.float16)
+    before = fusebackend.reports()
+    compiled = torch.compile(model, backend="infinifuse")
+    with torch.no_grad():
+        expected = model(x)
+        for _ in range(3):  # the 2nd call captures, the 3rd replays
+            out = compiled(x)
+    _close(out, expected)
+    graphs = graphs_since(before)
+    norms = sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    folded = sum(len(g.rewrites.get("batch_norms_folded", [])) for g in graphs)
+    assert folded == norms, [g.rewrites.get("batch_norms_left_alone") for g in graphs]
+    assert fusebackend.stats()["recordings"] >= 1
+
+
+def test_an_edit_after_capture_reaches_the_replayed_graph():
+    model = _eval_model("resnet18")
+    other = _eval_model("resnet18", seed=1)
+    x = torch.randn(1, 3, 64, 64, device="cuda", dtype=torch.float16)
+    compiled = torch.compile(model, backend="infinifuse")
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(x)
+        recordings = fusebackend.stats()["recordings"]
+        model.layer1[0].conv1.weight.mul_(-1.0)  # in place, after capture
+        _close(compiled(x), model(x))
+        model.load_state_dict(copy.deepcopy(other.state_dict()))
+        _close(compiled(x), other(x))
+    # the same captured graph replayed: the derived constants changed in place
+    assert fusebackend.stats()["recordings"] == recordings
