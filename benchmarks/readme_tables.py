@@ -14,12 +14,14 @@ Three kinds of figure, three rules:
       1.744 = [llama-decode/infinifuse/per_call_ms];
       0.89x = [llama-decode/infinifuse/per_call_ms] / [llama-decode/reduce-overhead/per_call_ms];
       23.0 = [row_kernels_h100_full_suite.json:row-rope-4096x4096/infinifuse/ms] in us;
-      0.95-0.98x = [a/b/m] / [c/d/m] .. [e/f/m] / [g/h/m] -->
+      0.95-0.98x = [a/b/m] / [c/d/m] .. [e/f/m] / [g/h/m];
+      3.28 = [diag_query_host_h200_e37d61a.json:w/b/m@H200] -->
 
   Each entry is the figure as the text shows it, then an expression of ledger rows in
   brackets (``[workload/backend/metric]`` of the comment's source file, or
   ``[file:workload/backend/metric]``), ``+ - * /``, parentheses and numbers; ``in us`` (``ms``,
-  ``s``) converts times first, and a figure ending in ``%`` is a fraction times 100. The
+  ``s``) converts times first, ``@H200`` after a row takes it from that device's runs (rows are
+  H100's otherwise), and a figure ending in ``%`` is a fraction times 100. The
   figure must equal the expression rendered at the digits shown, and the paragraph must show
   the keyed figures in the comment's order, so a swap or another row's value fails.
 * Any other figure of the section (a number with a unit: ms, s, us, x, %, MB, ...) must come
@@ -52,6 +54,7 @@ README = ROOT / "README.md"
 PERFORMANCE = ROOT / "docs" / "PERFORMANCE.md"
 HISTORY = ROOT / "docs" / "PERFORMANCE_HISTORY.md"
 H100 = "NVIDIA H100 80GB HBM3"
+DEVICES = {"H100": H100, "H200": "NVIDIA H200"}  # a key's row of another device: [...@H200]
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
 
@@ -679,10 +682,16 @@ def _evaluate(expr: str, rows: Rows, source: str | None) -> float:
         src = source
         if ":" in text:
             src, text = text.split(":", 1)
+        device = H100
+        if "@" in text:  # [workload/backend/metric@H200]: a row of another device
+            text, short = text.rsplit("@", 1)
+            if short not in DEVICES:
+                raise ValueError(f"[{match.group(1)}]: device {short!r} not in {sorted(DEVICES)}")
+            device = DEVICES[short]
         parts = text.split("/")
         if len(parts) < 3 or not src:
             raise ValueError(f"[{match.group(1)}]: not [file:workload/backend/metric]")
-        row = rows.row(src, parts[0], "/".join(parts[1:-1]), parts[-1])
+        row = rows.row(src, parts[0], "/".join(parts[1:-1]), parts[-1], device)
         value = row["value"]
         if unit and row["unit"] in TIME_UNITS:
             value = value * TIME_UNITS[row["unit"]] / TIME_UNITS[unit]
