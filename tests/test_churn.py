@@ -241,7 +241,7 @@ def test_a_returning_signature_is_neither_validated_nor_left_uncaptured(fake_cap
     assert_close(out, embed_norm(a, table, w, b)[0])
     assert counts("validations", "recordings") == (1, 1)
     assert fusebackend.stats()["eviction_reasons"] == {"max_graphs": 2}
-    assert len(cache._verdicts) == 2
+    assert cache.table.verdict_count == 2
 
 
 def test_verdict_memory_is_bounded(fake_capture, monkeypatch):
@@ -250,7 +250,7 @@ def test_verdict_memory_is_bounded(fake_capture, monkeypatch):
     cache = norm_cache(max_graphs=2)
     for n in range(1, 12):
         cache(rand_ids(V, (1, n)), table, w, b)
-    assert len(cache._verdicts) == 5
+    assert cache.table.verdict_count == 5
 
 
 def test_validation_runs_once_per_graph_until_one_matches(fake_capture):

@@ -744,7 +744,7 @@ def test_a_fault_on_every_shape_is_logged_once_not_300_times(
     assert s["cache_size"] == 4
     assert s["capture_failures"] == 600  # fused and unfused capture of each shape
     assert set(s["fusion_modes"].values()) == {"eager"}
-    assert all(len(c._verdicts) <= graph_cache._MAX_VERDICTS for c in counters.live_caches())
+    assert all(c.table.verdict_count <= graph_cache._MAX_VERDICTS for c in counters.live_caches())
     assert len(backend_warnings(caplog)) <= 1, (
         f"{len(backend_warnings(caplog))} warnings, first: "
         + (backend_warnings(caplog)[:1] or [""])[0]

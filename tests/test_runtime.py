@@ -1129,7 +1129,7 @@ def test_large_outputs_keep_the_faster_of_replay_and_direct(
         assert list(stats()["fallback_reasons"].values()) == [expected]
         # Remembered: after a clear of the entries (not the verdicts) it is not re-captured.
         recordings = stats()["recordings"]
-        cache._entries.clear()
+        cache.table.remove(cache.key_for(x))
         cache(x)
         assert stats()["recordings"] == recordings
         assert cache.describe()[0]["captured"] is False
@@ -1298,8 +1298,10 @@ def test_captures_and_evictions_join_the_replay_order(fake_capture, monkeypatch)
     monkeypatch.setattr(cap, "_new_event", FakeEvent)
     monkeypatch.setattr(cap._CAPTURE, "replay_streams", {})
     monkeypatch.setattr(cap._CAPTURE, "retired", [])
-    cache = make(device=FAKE_CUDA, cudagraphs=True, max_graphs=1)
-    cache._replay_device = 0  # order as on a CUDA device, with the fakes above
+    with monkeypatch.context() as cuda:
+        # Built as on a CUDA device: its replays are ordered on device 0, with the fakes above.
+        cuda.setattr(torch.cuda, "is_available", lambda: True)
+        cache = make(device=FAKE_CUDA, cudagraphs=True, max_graphs=1)
     x, y = torch.randn(3), torch.randn(4)
 
     cache(x, x)  # stream 7 captures x's entry
@@ -1371,7 +1373,7 @@ def test_a_static_input_that_moves_now_and_then_stays_in_place(fake_capture):
         for _ in range(2):
             torch.testing.assert_close(cache(x, w)[0], x * w)
     assert stats()["rerecords"] == 4
-    assert cache._copied_static == set()
+    assert cache.copied_static == frozenset()
 
 
 def test_a_cpu_scalar_used_in_place_is_never_captured(fake_capture):

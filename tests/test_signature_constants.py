@@ -279,7 +279,7 @@ def test_mpnet_517_chain_is_evaluated_once_per_signature_and_replay_copies_nothi
             args = _mpnet_args(2, length)
             torch.testing.assert_close(compiled(*args), model(*args))
     assert len(calls) == 1  # length 9's new entry; 6 already had its entry
-    entries = list(cache._entries.values())
+    entries = [entry for _, entry in cache.table.items()]
     assert all(e.graph is not None and e.derived for e in entries)
     # the captured graph reads the entry's tensors in place: none of the graph's last inputs
     # (the per-signature ones) is among those a replay copies into static buffers

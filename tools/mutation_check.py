@@ -307,7 +307,7 @@ MUTATIONS: list[Mutation] = [
         "eviction_hits_do_not_refresh_recency",
         "runtime: eviction",
         "fusebackend/runtime/graph_cache.py",
-        "            self._entries.move_to_end(key)\n",
+        "            self._table.touch(key)\n",
         "",
         ("tests/test_runtime.py",),
         note="max_graphs evicts the oldest inserted, not the least recently used",

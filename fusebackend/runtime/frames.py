@@ -1,30 +1,91 @@
 """Caches by the Dynamo frame they were compiled for, in compile order, so that a newer
 compilation of one function hands a shape back to an older one that holds it and computes
 the same function there (``route``), or else takes over the shapes older ones served
-(``supersede``)."""
+(``supersede``).
+
+A cache takes part through its public surface (``Member``): its fixed ``Identity``, its entry
+table (``table.EntryTable``), its last call on the use clock, whether it pads, and
+``routed_call``; this module never reads a cache's private state.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 
 from fusebackend.runtime import specialization as spec
-from fusebackend.runtime.keys import Key, tensor_signature
+from fusebackend.runtime.keys import Key, Signatures, tensor_signature
+from fusebackend.runtime.table import EntryTable
 
-if TYPE_CHECKING:
-    from fusebackend.runtime.graph_cache import GraphCache
+__all__ = ["Identity", "Member", "Route", "compiling", "register", "route", "supersede"]
 
-__all__ = ["Route", "register", "route", "supersede"]
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Identity:
+    """What a graph cache is, fixed at its creation: what routing and supersession compare.
+
+    Args:
+        frame: The Dynamo frame (and recompile slot) it was compiled for; None outside a
+            compile (such a cache is neither routed nor superseding).
+        device: Its CUDA device, None for a CPU graph.
+        form: Its graph without size arithmetic (``specialization.form_of``), or None (never
+            routed to or from).
+        symbols: Input index -> the dynamic-shape symbols of its dims or value
+            (``buckets.symbols_of``), or None.
+        signatures: Builds its keys (``keys.Signatures``).
+        created: The use clock at its creation (``supersede``).
+    """
+
+    frame: Any
+    device: torch.device | None
+    form: spec.GraphForm | None
+    symbols: dict[int, Any] | None
+    signatures: Signatures
+    created: int
+    # How each older cache's graph relates to this one's (``specialization``; False: it
+    # cannot serve it), computed once per pair by ``route``.
+    relations: weakref.WeakKeyDictionary[Any, Any] = dataclasses.field(
+        default_factory=weakref.WeakKeyDictionary, repr=False
+    )
+
+
+class Member(Protocol):
+    """What this module reads of a graph cache (``GraphCache``'s public surface)."""
+
+    label_prefix: str  # ``name#number``: how logs and ``describe()`` name it
+
+    @property
+    def identity(self) -> Identity: ...
+
+    @property
+    def table(self) -> EntryTable: ...
+
+    @property
+    def last_call(self) -> int:
+        """The use clock at its last call."""
+        ...
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether its keys are padded shapes (batch or length buckets): never routed."""
+        ...
+
+    def routed_call(self, args: tuple[Any, ...]) -> Sequence[Any]:
+        """A call handed over by a newer compilation (its inputs already picked)."""
+        ...
+
 
 # Caches by the Dynamo frame they were compiled for, in compile order (see supersede).
-_FRAMES: dict[Any, list[weakref.ref[GraphCache]]] = {}
+_FRAMES: dict[Any, list[weakref.ref[Member]]] = {}
 _FRAMES_LOCK = threading.Lock()
 
 
-def _compile_frame() -> tuple[Any, Any] | None:
+def compiling() -> tuple[Any, Any] | None:
     """(frame, compilation of that frame) of the Dynamo compile in progress, or None outside
     one (a cache built directly). The frame stands for the compiled function; Dynamo numbers
     its recompiles 0, 1, ... (``torch._dynamo.reset()`` starts frames again at 0)."""
@@ -45,12 +106,11 @@ def _compile_frame() -> tuple[Any, Any] | None:
     return (frame, slot), getattr(compile_id, "frame_compile_id", None)
 
 
-def register(cache: GraphCache) -> Any:
-    """List ``cache`` under the Dynamo frame being compiled; return that frame (None outside
-    a compile: such a cache supersedes nothing)."""
-    compiled = _compile_frame()
+def register(cache: Member, compiled: tuple[Any, Any] | None) -> None:
+    """List ``cache`` under the Dynamo frame being compiled (``compiled``: what
+    ``compiling()`` gave; None outside a compile: such a cache supersedes nothing)."""
     if compiled is None:
-        return None
+        return
     frame = compiled[0]
     with _FRAMES_LOCK:
         if compiled[1] == 0:
@@ -60,13 +120,12 @@ def register(cache: GraphCache) -> Any:
         siblings = _FRAMES.setdefault(frame, [])
         siblings[:] = [ref for ref in siblings if ref() is not None]
         siblings.append(weakref.ref(cache))
-    return frame
 
 
-def _older(cache: GraphCache) -> list[GraphCache]:
+def _older(cache: Member) -> list[Member]:
     """The live caches of earlier compilations of ``cache``'s function, oldest first."""
     with _FRAMES_LOCK:
-        refs = list(_FRAMES.get(cache._frame, ()))
+        refs = list(_FRAMES.get(cache.identity.frame, ()))
     older = []
     for ref in refs:
         other = ref()
@@ -84,13 +143,13 @@ class Route:
 
     __slots__ = ("_cache", "_picks", "key")
 
-    def __init__(self, cache: GraphCache, picks: tuple[Any, ...], key: Key) -> None:
+    def __init__(self, cache: Member, picks: tuple[Any, ...], key: Key) -> None:
         self._cache = weakref.ref(cache)
         self._picks = picks
         self.key = key
 
     @property
-    def cache(self) -> GraphCache | None:
+    def cache(self) -> Member | None:
         """The older cache, None once it is gone."""
         return self._cache()
 
@@ -99,7 +158,7 @@ class Route:
         cache = self._cache()
         if cache is None:
             return None
-        return cache._call(_pick(args, self._picks))
+        return cache.routed_call(_pick(args, self._picks))
 
 
 def _pick(args: tuple[Any, ...], picks: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -107,7 +166,7 @@ def _pick(args: tuple[Any, ...], picks: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(args[p] if isinstance(p, int) else p[0] for p in picks)
 
 
-def route(cache: GraphCache, key: Key, args: tuple[Any, ...]) -> Route | None:
+def route(cache: Member, key: Key, args: tuple[Any, ...]) -> Route | None:
     """An older compilation of ``cache``'s function that holds an entry for this call and
     computes the same function for it (``specialization``), newest first; or None.
 
@@ -116,46 +175,48 @@ def route(cache: GraphCache, key: Key, args: tuple[Any, ...]) -> Route | None:
     time there (``specialization``'s docstring gives the measurement). Routed, it replays
     the older graph's capture. Only caches without batch or length buckets (their keys
     are padded shapes) and on the same device take part."""
-    form = cache._form
-    if form is None or cache._buckets is not None or cache._lengths is not None:
+    own = cache.identity
+    form = own.form
+    if form is None or cache.bucketed:
         return None
     newer_values = None
     for other in reversed(_older(cache)):
-        if (other._form is None or other._buckets is not None or other._lengths is not None
-                or other._device != cache._device):  # fmt: skip
+        theirs = other.identity
+        if theirs.form is None or other.bucketed or theirs.device != own.device:
             continue
-        relation = cache._relations.get(other)
+        relation = own.relations.get(other)
         if relation is None:
-            relation = spec.specialization(other._form, form) or False  # once per pair
-            cache._relations[other] = relation
+            relation = spec.specialization(theirs.form, form) or False  # once per pair
+            own.relations[other] = relation
         if relation is False:
             continue
         if newer_values is None:
-            newer_values = spec.binding(cache._symbols or {}, args)
-        picks = _picks(other, relation, args)
+            newer_values = spec.binding(own.symbols or {}, args)
+        picks = _picks(theirs, relation, args)
         if picks is None:
             continue
         mapped = _pick(args, picks)
-        older_values = spec.binding(other._symbols or {}, mapped)
+        older_values = spec.binding(theirs.symbols or {}, mapped)
         if not spec.holds(relation.checks, newer_values, older_values):
             continue
-        older_key = other._signatures.key(mapped)
-        if older_key in other._entries:
+        older_key = theirs.signatures.key(mapped)
+        if older_key in other.table:
             return Route(other, picks, older_key)
     return None
 
 
 def _picks(
-    other: GraphCache, relation: spec.Specialization, args: tuple[Any, ...]
+    other: Identity, relation: spec.Specialization, args: tuple[Any, ...]
 ) -> tuple[Any, ...] | None:
     """The older graph's inputs as picks (``Route``): the newer graph's input of the same
     name; for a scalar (a size the older graph takes as an input), its value in the older
     graph's own tensor sizes where they have it (the same-named input must agree), else
     the same-named input. None where a scalar has neither."""
-    sizes = other._form.input_sizes
+    assert other.form is not None
+    sizes = other.form.input_sizes
     tensors = tuple(args[j] if j is not None and sizes[i] is None else None
                     for i, j in enumerate(relation.inputs))  # fmt: skip
-    values = spec.binding(other._symbols or {}, tensors)
+    values = spec.binding(other.symbols or {}, tensors)
     picks: list[Any] = []
     for j, size in zip(relation.inputs, sizes, strict=True):
         if size is None:
@@ -173,7 +234,7 @@ def _picks(
     return tuple(picks)
 
 
-def supersede(cache: GraphCache, key: Key) -> int:
+def supersede(cache: Member, key: Key) -> int:
     """Drop the entries of older compilations of ``cache``'s function that served the tensor
     shapes of ``key``; return how many calls they had (0: none).
 
@@ -187,9 +248,10 @@ def supersede(cache: GraphCache, key: Key) -> int:
     per shape once; its verdicts stay, so that miss captures at once. An older cache
     called since this one was created is still routed calls and keeps its entries (after
     Dynamo's recompiles the older graphs get none). A padded call also drops the entries
-    of the caller's own shapes (``GraphCache._supersede_unpadded``).
+    of the caller's own shapes (``GraphCache``'s padded calls).
     """
-    older = [other for other in _older(cache) if other._last_call < cache._created]
+    created = cache.identity.created
+    older = [other for other in _older(cache) if other.last_call < created]
     if not older:
         return 0
     signature = tensor_signature(key)
@@ -197,12 +259,13 @@ def supersede(cache: GraphCache, key: Key) -> int:
     for other in older:
         # Never wait on another cache's lock while holding this one's (two caches
         # superseding each other would deadlock); a busy cache keeps its entry for now.
-        if not other._lock.acquire(blocking=False):
+        table = other.table
+        if not table.lock.acquire(blocking=False):
             continue
         try:
-            for old in [k for k in other._entries if tensor_signature(k) == signature]:
-                seen = max(seen, other._entries[old].hits + 1)
-                other._evict(old, "superseded")
+            for old in [k for k in table.keys() if tensor_signature(k) == signature]:
+                seen = max(seen, table[old].hits + 1)
+                table.evict(old, "superseded")
         finally:
-            other._lock.release()
+            table.lock.release()
     return seen

@@ -32,10 +32,11 @@ large-output trial (``payoff.py``) and when the staging ring is full. Each call 
 model's in-place effects exactly once (``effects.py``). Captures and dropped entries are
 ordered against replays on other streams (``capture.py``).
 
-This module holds the lookup, the replay and direct runs, the handling of a miss (run,
-validate, capture or demote, remember), the entry table and its bounds; the class takes its
-re-captures from ``recapture.py``, its batch and length buckets from ``padding.py`` and its
-read-only views (``describe``, stats rows) from ``inspection.py``.
+This module holds the lookup, the replay and direct runs and the handling of a miss (run,
+validate, capture or demote, remember). The cache owns its parts, none of which refers back
+to it: ``table.EntryTable`` (entries, verdicts, bytes, bounds, evictions, the lock),
+``logbook.Logbook``, ``recapture.Recapture``, ``padding.Padding`` and
+``inspection.Inspection``. Other modules read only its public surface (``frames.Member``).
 
 Inference only: capture records no autograd graph.
 """
@@ -44,9 +45,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -56,17 +55,19 @@ from torch import Tensor
 from fusebackend.config import FusionConfig
 from fusebackend.runtime import capture as _capture
 from fusebackend.runtime import frames
-from fusebackend.runtime.buckets import LengthInputs, pad, pad_length, symbols_of
+from fusebackend.runtime.buckets import pad, pad_length, symbols_of
 from fusebackend.runtime.counters import COUNTERS, register_cache
 from fusebackend.runtime.effects import Effects, shared_storages, write_back
 from fusebackend.runtime.entries import Call, Entry, StatsRow, Verdict
-from fusebackend.runtime.eviction import enforce_memory, eviction_hint, retire_entries
+from fusebackend.runtime.eviction import enforce_memory
 from fusebackend.runtime.inspection import Inspection
 from fusebackend.runtime.keys import Key, Signatures, plan_class, static_ptrs_equal
-from fusebackend.runtime.modes import Cause, Mode, demote, first_mode
+from fusebackend.runtime.logbook import Logbook
+from fusebackend.runtime.modes import Cause, Mode, first_mode
 from fusebackend.runtime.padding import Padding
 from fusebackend.runtime.recapture import Recapture
 from fusebackend.runtime.specialization import GraphForm
+from fusebackend.runtime.table import EntryTable
 from fusebackend.runtime.validation import fused_run, one_line
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ def captures(config: FusionConfig, device: torch.device | None) -> bool:
     return config.cudagraphs is True or (config.cudagraphs is None and torch.cuda.is_available())
 
 
-class GraphCache(Recapture, Padding, Inspection):
+class GraphCache:
     """Run a compiled graph through per-signature CUDA graphs, falling back when needed.
 
     Args:
@@ -165,85 +166,136 @@ class GraphCache(Recapture, Padding, Inspection):
         self._config = config
         self._device = device
         self._static = frozenset(static_input_indices)
-        # Static inputs seen at a new address too often: copied in like the others (their
-        # values are still read on every call: only where the graph reads them changes).
-        self._moves: dict[int, int] = {}
-        self._copied_static: set[int] = set()
         self._mutated = tuple(sorted(mutated_input_indices))
         self._host = dict(host_inputs or {}) if device is not None else {}
-        self._batch_ints = frozenset(batch_size_input_indices)
         self._per_signature = per_signature if per_signature_count else None
         self._before_call = before_call
         self._per_signature_count = per_signature_count if per_signature is not None else 0
         self.name = name
         self.label_prefix = f"{name}#{next(_serials)}"
-        self._buckets = config.batch_buckets
         self._static_outputs = config.static_outputs
         self._capture = captures(config, device)
-        # Options the user set that cannot take effect on this graph, with the reason:
-        # logged once as a warning and listed by stats()["ignored_options"].
-        self.ignored_options: list[str] = []
+        self._logbook = Logbook(name, self.label_prefix, device)
+        # Options that cannot take effect on this graph (stats()["ignored_options"]).
+        self.ignored_options: list[str] = self._logbook.ignored
         if config.cudagraphs is True and not self._capture:
-            self._ignore(
+            self._logbook.ignore(
                 "cudagraphs=True has no effect: "
                 + ("CUDA is not available" if device is not None else "the graph runs on the CPU")
                 + "; nothing is captured"
             )
-        self._buckets_checked = self._buckets is None
-        # Input index -> dynamic-shape symbol of each dim (tensors) or of the value (ints).
-        self._symbols = None if example_values is None else symbols_of(example_values)
-        self._lengths = config.length_buckets
-        # length_buckets: which inputs carry the length (found at the first call), and each
-        # bucket's check against the unpadded run: bucket -> outputs to slice, or the reason
-        # it is not used.
-        self._length_plan: LengthInputs | None = None
-        self._lengths_checked = self._lengths is None
-        self._length_state: dict[int, tuple[bool, ...] | str] = {}
         # Validation classes (keys.plan_class) whose fused run matched the unfused graph.
         self._validated: set[Key] = set()
-        self._held_bytes = 0  # nbytes of the captured entries (graph_memory)
         # The use clock at this cache's creation and at its last call (frames.supersede).
-        self._created = self._last_call = _clock()
+        self._last_call = created = _clock()
         self._unpadded_seen: set[Key] = set()  # caller signatures of padded calls (supersede)
-        # Signatures served by an older compilation (frames.route), and how each older
-        # cache's graph relates to this one's (specialization; False: it cannot serve it).
-        self._form = form
+        # Signatures served by an older compilation (frames.route).
         self._routes: dict[Key, frames.Route] = {}
-        self._relations: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         # Device whose replays are ordered across streams (None: test doubles without CUDA).
         self._replay_device: int | None = None
         if self._capture and torch.cuda.is_available():
             index = device.index
             self._replay_device = index if index is not None else torch.cuda.current_device()
-        self._entries: OrderedDict[Key, Entry] = OrderedDict()
-        self._verdicts: dict[Key, Verdict] = {}
-        self._warned = False  # this cache's one warning (fallback or eviction) was issued
-        self._evicting = False
+        self._table = EntryTable(
+            self._logbook, config, replay_device=self._replay_device, max_entries=_MAX_ENTRIES,
+            max_verdicts=_MAX_VERDICTS,
+        )  # fmt: skip
         # Held for lookup, misses and the whole copy-in/replay/copy-out of captured entries:
         # static buffers are shared by every call of a key. Reentrant: a callable that calls
         # back into this cache (a compiled function calling itself) must not deadlock.
-        self._lock = threading.RLock()
+        self._lock = self._table.lock
         self._signatures = Signatures(
             self._static, self._fused is not None, self._capture, frozenset(self._host)
         )
-        register_cache(self)
+        # Input index -> dynamic-shape symbol of each dim (tensors) or of the value (ints).
+        symbols = None if example_values is None else symbols_of(example_values)
+        self._padding = Padding(
+            config, static=self._static, mutated=self._mutated, symbols=symbols,
+            batch_ints=frozenset(batch_size_input_indices), signatures=self._signatures,
+            unfused=unfused, table=self._table, logbook=self._logbook,
+        )  # fmt: skip
+        self._recapture = Recapture(
+            config, device=device, replay_device=self._replay_device, capture=self._capture,
+            static=self._static, mutated=self._mutated, host=self._host,
+            static_outputs=self._static_outputs, per_signature_count=self._per_signature_count,
+            unfused=unfused, fused=self._fused, table=self._table, logbook=self._logbook,
+        )  # fmt: skip
+        self._inspection = Inspection(
+            self._table, self._routes, self._padding.key_for, self._logbook,
+            config.capture_on_call,
+        )  # fmt: skip
         # The Dynamo frame this cache was compiled for (None outside a compile: frames.py).
-        self._frame = frames.register(self)
+        compiled = frames.compiling()
+        self._identity = frames.Identity(
+            frame=compiled[0] if compiled is not None else None, device=device, form=form,
+            symbols=symbols, signatures=self._signatures, created=created,
+        )  # fmt: skip
+        register_cache(self)
+        frames.register(self, compiled)
         # A cache collected with live entries (Dynamo recompiled, the model was deleted) lets
         # them go through retire like an eviction: a replay queued on another stream may still
         # read their buffers, which freeing them at once would hand to other tensors.
-        weakref.finalize(self, retire_entries, self._entries, self._replay_device)
+        weakref.finalize(self, self._table.retire)
+
+    # ------------------------------------------------------------------- public surface
+
+    @property
+    def identity(self) -> frames.Identity:
+        """What this cache is, fixed at its creation (frame, device, form, ...: ``frames``)."""
+        return self._identity
+
+    @property
+    def table(self) -> EntryTable:
+        """Its entries, verdicts and captured bytes (``eviction.py``, ``frames.py``)."""
+        return self._table
+
+    @property
+    def last_call(self) -> int:
+        """The process-wide use clock at its last call (``frames.supersede``)."""
+        return self._last_call
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether its keys are padded shapes (batch or length buckets in use)."""
+        return self._padding.bucketed
+
+    @property
+    def copied_static(self) -> frozenset[int]:
+        """Static inputs copied in from now on (they moved on consecutive calls)."""
+        return frozenset(self._recapture.copied_static)
+
+    def routed_call(self, args: tuple[Any, ...]) -> Sequence[Any]:
+        """A call handed over by a newer compilation of the same function (``frames.route``),
+        its inputs as this graph takes them."""
+        return self._call(args)
+
+    def key_for(self, *args: Any) -> Key:
+        """The cache key a call with ``args`` uses (after length- and batch-bucket padding)."""
+        return self._padding.key_for(*args)
+
+    def mode_for(self, *args: Any) -> str | None:
+        """The mode a call with ``args`` would run in now, or None if it would be a miss."""
+        return self._inspection.mode_for(*args)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """One dict per live entry and per routed signature (``Inspection.describe``)."""
+        return self._inspection.describe()
+
+    def stats_rows(self) -> list[StatsRow]:
+        """One row per live entry (``stats()``)."""
+        return self._inspection.stats_rows()
 
     # ----------------------------------------------------------------------------- hot path
 
     def __call__(self, *args: Any) -> Sequence[Any]:
-        if self._lengths is not None:
-            if not self._lengths_checked:
-                self._check_lengths(args)
-            if self._length_plan is not None:
-                padded = pad_length(args, self._length_plan, self._lengths)
+        padding = self._padding
+        if padding.lengths is not None:
+            if not padding.lengths_checked:
+                padding.check_lengths(args)
+            if padding.length_plan is not None:
+                padded = pad_length(args, padding.length_plan, padding.lengths)
                 if padded is not None:
-                    return self._length_call(args, *padded)
+                    return padding.length_call(args, *padded, self._call, self._direct)
         return self._call(args)
 
     def _call(
@@ -254,14 +306,15 @@ class GraphCache(Recapture, Padding, Inspection):
             self._before_call(args)
         user_args = args
         batch = bucket = None
-        if self._buckets is not None:
-            if not self._buckets_checked:
-                self._check_buckets(args)
+        padding = self._padding
+        if padding.buckets is not None:
+            if not padding.buckets_checked:
+                padding.check_buckets(args)
             # Padding copies each input on its own: inputs sharing a storage with a written
             # one would lose the write through the other, so such a call runs unpadded.
-            buckets = self._buckets  # None once the first call found a static batch dim
+            buckets = padding.buckets  # None once the first call found a static batch dim
             if buckets is not None and not (self._mutated and shared_storages(args, self._mutated)):
-                args, batch, bucket = pad(args, buckets, self._static, self._batch_ints)
+                args, batch, bucket = pad(args, buckets, self._static, padding.batch_ints)
         key = self._signatures.key(args)
         found = self._routes.get(key) if self._routes else None
         if found is not None:
@@ -271,15 +324,15 @@ class GraphCache(Recapture, Padding, Inspection):
         call = Call(args, user_args, batch, bucket)
         given = original if original is not None else user_args
         with self._lock:
-            entry = self._entries.get(key)
-            if given is not args and self._frame is not None:
+            entry = self._table.get(key)
+            if given is not args and self._identity.frame is not None:
                 # A padded call: an older compilation may hold the caller's own shapes even
                 # when this padded key is a hit here (its bucket served other sizes first).
                 self._supersede_unpadded(given)
             if entry is None:
-                verdict = self._verdicts.get(key)
+                verdict = self._table.verdict(key)
                 seen = 0
-                if verdict is None and self._frame is not None:
+                if verdict is None and self._identity.frame is not None:
                     # An older compilation that holds this signature serves it (and counts
                     # it); else this one takes the older ones' entries for it over.
                     found = frames.route(self, key, args)
@@ -293,23 +346,26 @@ class GraphCache(Recapture, Padding, Inspection):
                     seen = frames.supersede(self, key)
                 COUNTERS.cache_misses += 1
                 return self._new_entry(key, verdict, call, seen)
-            self._entries.move_to_end(key)
+            self._table.touch(key)
             if entry.derived:
                 call = call.with_derived(entry.derived)
             COUNTERS.cache_hits += 1
             entry.hits += 1
             entry.last_use = self._last_call = _clock()
             if entry.pending and entry.hits + 1 >= self._config.capture_on_call:
-                return self._promote(key, entry, call)
+                return self._recapture.promote(
+                    key, entry, call, self._new_entry, self._insert, self._replay
+                )
             if entry.graph is not None:
                 if entry.static_idx and not static_ptrs_equal(
                     call.args, entry.static_ptrs, entry.static_idx
                 ):
-                    return self._rerecord(key, entry, call)
-                if self._moves:
-                    self._moves.clear()  # moves must be consecutive to stop in-place use
+                    return self._recapture.rerecord(key, entry, call, self._new_entry)
+                moves = self._recapture.moves
+                if moves:
+                    moves.clear()  # moves must be consecutive to stop in-place use
                 if entry.trial is not None:
-                    return self._trial_call(key, entry, call)
+                    return self._recapture.trial_call(key, entry, call, self._replay, self._direct)
                 return self._replay(entry, call)
         # Direct entries share no buffers between calls: run outside the lock.
         if entry.mode is not FUSION:
@@ -329,7 +385,7 @@ class GraphCache(Recapture, Padding, Inspection):
             with self._lock:
                 why = f"fused graph raised {type(exc).__name__}: {one_line(exc)}"
                 # An entry the large-output trial left uncaptured runs directly from now on.
-                mode, reason = self._demote(
+                mode, reason = self._logbook.demote(
                     key,
                     FUSION,
                     Cause.FUSED_FAILED,
@@ -340,7 +396,7 @@ class GraphCache(Recapture, Padding, Inspection):
                 capture = entry.pending and self._capture and mode.capturable
                 entry.mode, entry.fn, entry.reason = mode, self._unfused, reason
                 entry.pending = capture
-                self._remember(key, Verdict(mode, reason, capture, entry.hits + 1))
+                self._table.remember(key, Verdict(mode, reason, capture, entry.hits + 1))
             return outputs
 
     def _routed(self, found: frames.Route, key: Key, args: tuple[Any, ...]) -> Sequence[Any] | None:
@@ -425,30 +481,30 @@ class GraphCache(Recapture, Padding, Inspection):
         if capture_now:
             _capture.join_replay_order(self._replay_device)
         effects = Effects(self._to_device(args) if self._host else args, self._mutated)
-        ran = mode  # the mode whose callable runs now (a capture's warm-up: _record)
+        ran = mode  # the mode whose callable runs now (a capture's warm-up: Recapture.record)
         if mode is FUSION:
             outputs, winner, failure = self._fused_run(key, effects, first=verdict is None)
             if failure is not None:
-                mode, reason = self._demote(
+                mode, reason = self._logbook.demote(
                     key, mode, Cause.FUSED_FAILED, failure, reason, captures=self._capture
                 )
         else:
             winner = effects.isolate()
-            outputs = self._callable(mode)(*winner)
+            outputs = self._recapture.callable(mode)(*winner)
         effects.release()
         try:
             # Warm-up and capture write mutated static inputs (parameters, buffers, a KV
             # cache marked static) in place; the commit below overwrites whatever they did.
             # The run above, at this signature, is the capture's warm-up where the capture
-            # stream is set up (_record).
-            entry = self._settle(key, mode, reason, capture, defer, args, warmed=ran)
+            # stream is set up (Recapture.record).
+            entry = self._recapture.settle(key, mode, reason, capture, defer, args, warmed=ran)
         finally:
             effects.commit(winner, call.user_args)
             if capture_now:
                 _capture.join_replay_order(self._replay_device)
         entry.hits = calls - 1
         entry.derived = call.derived
-        self._remember(
+        self._table.remember(
             key, Verdict(entry.mode, entry.reason, entry.graph is not None or entry.pending, calls)
         )
         self._insert(key, entry)
@@ -471,88 +527,25 @@ class GraphCache(Recapture, Padding, Inspection):
             self._validated.add(cls)
         return outputs, winner, failure
 
-    def _ignore(self, why: str) -> None:
-        self.ignored_options.append(why)
-        log.warning("%s: %s", self.name, why)
-
-    def _callable(self, mode: Mode) -> Callable[..., Sequence[Any]]:
-        fn = self._fused if mode.fused else self._unfused
-        assert fn is not None
-        return fn
-
-    def _warn_once(self) -> int:
-        """WARNING for this cache's first noteworthy event, INFO after that."""
-        if self._warned:
-            return logging.INFO
-        self._warned = True
-        return logging.WARNING
-
-    def _remember(self, key: Key, verdict: Verdict) -> None:
-        """Keep a key's verdict, success or fallback: it never retries a fallback, is not
-        validated again and is captured at once when it returns (bounded: oldest dropped)."""
-        if key not in self._verdicts and len(self._verdicts) >= _MAX_VERDICTS:
-            del self._verdicts[next(iter(self._verdicts))]
-        self._verdicts[key] = verdict
-
-    def _demote(
-        self,
-        key: Key,
-        mode: Mode,
-        cause: Cause,
-        why: str,
-        previous: str | None,
-        *,
-        captures: bool = True,
-    ) -> tuple[Mode, str]:
-        """Where ``key`` goes from ``mode`` for ``cause`` and its new reason
-        (``modes.demote``); a key that leaves ``fusion`` is counted (``fusion_fallbacks``)."""
-        demotion = demote(mode, cause, why, previous, captures=captures)
-        if demotion.mode is not mode and mode is FUSION:
-            COUNTERS.fusion_fallbacks += 1
-        if cause.logged:
-            # One warning per cache (a fault on every one of 300 shapes is one warning, not
-            # 600); later events are logged at INFO. Every reason stays in
-            # stats()["fallback_reasons"].
-            level = self._warn_once()
-            if demotion.mode is not mode:
-                args = (mode, demotion.mode, self._label(key), demotion.why)
-                log.log(level, "%s: %s -> %s for %s: %s", self.name, *args)
-            else:
-                log.log(level, "%s: %s %s", self.name, self._label(key), demotion.step)
-        return demotion.mode, demotion.reason
+    def _derive(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The per-signature inputs for ``args`` (``per_signature``)."""
+        assert self._per_signature is not None
+        with torch.no_grad():
+            derived = tuple(self._per_signature(*args))
+        if len(derived) != self._per_signature_count:
+            raise RuntimeError(
+                f"{self.name}: per_signature gave {len(derived)} values, "
+                f"expected {self._per_signature_count}"
+            )
+        return derived
 
     def _insert(self, key: Key, entry: Entry) -> None:
+        """Add ``key``'s entry to the table (bounded by count there) as just used, then keep
+        the captured entries of every cache within ``graph_memory``."""
         entry.last_use = self._last_call = _clock()
-        self._entries[key] = entry
-        self._held_bytes += entry.nbytes
-        cap = self._config.max_graphs
-        while cap is not None and len(self._entries) > cap:
-            self._evict(next(iter(self._entries)), "max_graphs")
-        while len(self._entries) > _MAX_ENTRIES:
-            self._evict(next(iter(self._entries)), "entry_limit")
+        self._table.insert(key, entry)
         if entry.nbytes and self._config.graph_memory is not None:
-            enforce_memory(self._config.graph_memory, self, key)
-
-    def _evict(self, key: Key, cause: str) -> None:
-        """Drop one entry (the caller holds this cache's lock); its verdict stays, so it is
-        neither validated nor kept uncaptured again when it returns."""
-        entry = self._entries.pop(key)
-        self._drop(entry)
-        COUNTERS.evicted(cause)
-        if cause == "superseded":  # the expected course of Dynamo's recompiles: no warning
-            log.debug("%s: %s superseded by a newer compilation", self.name, self._label(key))
-            return
-        if not self._evicting:
-            self._evicting = True
-            hint = eviction_hint(cause, self._config, _MAX_ENTRIES)
-            log.log(self._warn_once(), "%s: %s", self.name, hint)
-        log.debug("%s: evicted %s (%s)", self.name, self._label(key), cause)
-
-    def _drop(self, entry: Entry) -> None:
-        """Let go of a dropped entry's graph and buffers once no queued replay reads them."""
-        self._held_bytes -= entry.nbytes
-        if entry.graph is not None:
-            _capture.retire(entry.resources(), self._replay_device)
+            enforce_memory(self._config.graph_memory, self._table, key)
 
     def _supersede_unpadded(self, given: tuple[Any, ...]) -> None:
         """Once per caller signature of padded calls: drop older compilations' entries for
@@ -577,24 +570,19 @@ class GraphCache(Recapture, Padding, Inspection):
     # ---------------------------------------------------------------------------- controls
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._table)
 
     def clear(self) -> None:
         """Drop every entry (captured graphs, static buffers) and every fallback verdict."""
         with self._lock:
-            for entry in self._entries.values():
-                self._drop(entry)
-            self._entries.clear()
-            self._held_bytes = 0
-            self._verdicts.clear()
+            self._table.clear()
             self._validated.clear()
-            self._length_state.clear()
+            self._padding.clear()
             self._unpadded_seen.clear()
-            self._moves.clear()
-            self._copied_static.clear()
+            self._recapture.clear()
 
     def __repr__(self) -> str:
         return (
             f"GraphCache({self.label_prefix}, device={self._device}, "
-            f"capture={self._capture}, entries={len(self._entries)})"
+            f"capture={self._capture}, entries={len(self._table)})"
         )

@@ -10,7 +10,7 @@ where it goes (``demote``): the fallback chain, written once.
 A mode says which callable runs (``fused``) and whether capture is possible at all
 (``capturable``); whether an entry is captured is the entry's own state (``Entry.graph``): a
 fused entry may run uncaptured and stay in ``fusion``. A pure module: the graph cache counts
-and logs each demotion (``GraphCache._demote``).
+and logs each demotion (``logbook.Logbook.demote``).
 """
 
 from __future__ import annotations

@@ -1,57 +1,95 @@
 """Batch and length buckets of a graph cache: the one-time checks of which inputs carry the
 batch and the length, a call padded to a length bucket (checked against the unpadded run on
 the bucket's first call), and the key a padded call uses. The padding itself is
-``buckets.py``'s; ``GraphCache`` takes these methods from ``Padding``.
+``buckets.py``'s; a ``GraphCache`` owns one ``Padding``, which holds no reference to it (the
+cache's calls it needs are passed in).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import Tensor
 
+from fusebackend.config import FusionConfig
 from fusebackend.runtime.buckets import LengthInputs, length_inputs, pad, pad_length, slice_length
-from fusebackend.runtime.entries import Call, Entry
+from fusebackend.runtime.entries import Call
 from fusebackend.runtime.keys import Key, Signatures
+from fusebackend.runtime.logbook import Logbook
+from fusebackend.runtime.table import EntryTable
 from fusebackend.runtime.validation import mismatch, one_line
 
-# GraphCache's logger: these are the cache's methods, and its records keep one name.
+# GraphCache's logger: the cache's parts log under one name.
 log = logging.getLogger("fusebackend.runtime.graph_cache")
 
 __all__ = ["Padding"]
 
 
 class Padding:
-    """The bucket part of ``GraphCache`` (a mixin: the state below is set by its __init__)."""
+    """A graph cache's batch and length buckets.
 
-    name: str
-    _static: frozenset[int]
-    _mutated: tuple[int, ...]
-    _batch_ints: frozenset[int]
-    _buckets: tuple[int, ...] | None
-    _buckets_checked: bool
-    _symbols: dict[int, Any] | None
-    _lengths: tuple[int, ...] | None
-    _length_plan: LengthInputs | None
-    _lengths_checked: bool
-    _length_state: dict[int, tuple[bool, ...] | str]
-    _signatures: Signatures
-    _unfused: Callable[..., Sequence[Any]]
-    _lock: threading.RLock
-    _entries: OrderedDict[Key, Entry]
-    _call: Callable[..., Sequence[Any]]
-    _direct: Callable[[Callable[..., Sequence[Any]], Call], Sequence[Any]]
-    _drop: Callable[[Entry], None]
-    _ignore: Callable[[str], None]
+    Args:
+        config: Reads ``batch_buckets`` and ``length_buckets``.
+        static: Inputs used in place (never padded).
+        mutated: Inputs the graph writes (no length buckets then).
+        batch_ints: Integer inputs that carry the batch size (replaced by the bucket).
+        symbols: Input index -> dynamic-shape symbols (``buckets.symbols_of``), or None.
+        signatures: The cache's key builder (``key_for``).
+        unfused: The unfused graph (a length bucket's reference run).
+        table: The cache's entries (a rejected bucket's entry is let go).
+        logbook: The cache's logs and ignored options.
 
-    def _check_buckets(self, args: tuple[Any, ...]) -> None:
+    ``buckets`` (None once the first call found a static batch dim) and ``lengths`` are the
+    buckets in use; ``lengths_checked`` and ``length_plan`` say whether the first call has
+    found which inputs carry the length, and which.
+    """
+
+    def __init__(
+        self,
+        config: FusionConfig,
+        *,
+        static: frozenset[int],
+        mutated: tuple[int, ...],
+        batch_ints: frozenset[int],
+        symbols: dict[int, Any] | None,
+        signatures: Signatures,
+        unfused: Callable[..., Sequence[Any]],
+        table: EntryTable,
+        logbook: Logbook,
+    ) -> None:
+        self.buckets = config.batch_buckets
+        self.buckets_checked = self.buckets is None
+        self.lengths = config.length_buckets
+        # length_buckets: which inputs carry the length (found at the first call), and each
+        # bucket's check against the unpadded run: bucket -> outputs to slice, or the reason
+        # it is not used.
+        self.length_plan: LengthInputs | None = None
+        self.lengths_checked = self.lengths is None
+        self._length_state: dict[int, tuple[bool, ...] | str] = {}
+        self._static = static
+        self._mutated = mutated
+        self.batch_ints = batch_ints
+        self._symbols = symbols
+        self._signatures = signatures
+        self._unfused = unfused
+        self._table = table
+        self._logbook = logbook
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether keys are padded shapes (batch or length buckets in use)."""
+        return self.buckets is not None or self.lengths is not None
+
+    def clear(self) -> None:
+        """Forget each length bucket's check (``GraphCache.clear``)."""
+        self._length_state.clear()
+
+    def check_buckets(self, args: tuple[Any, ...]) -> None:
         """Once, at the first call: batch_buckets needs a non-static tensor input with a
         leading (batch) dim; a graph without one (only parameters and scalars) pads nothing."""
-        self._buckets_checked = True
+        self.buckets_checked = True
         first = next(
             (
                 i
@@ -61,8 +99,8 @@ class Padding:
             None,
         )
         if first is None:
-            self._ignore(
-                f"batch_buckets={list(self._buckets or ())} has no effect: the graph has no "
+            self._logbook.ignore(
+                f"batch_buckets={list(self.buckets or ())} has no effect: the graph has no "
                 "non-parameter tensor input with a batch dimension"
             )
         elif self._symbols is not None and (self._symbols.get(first) or (0,))[0] is None:
@@ -73,45 +111,52 @@ class Padding:
             # batch, where the buckets apply.
             log.info(
                 "%s: batch_buckets: the graph's batch dim is static (%d); it runs unpadded",
-                self.name,
+                self._logbook.name,
                 args[first].shape[0],
             )
-            self._buckets = None
+            self.buckets = None
 
-    def _check_lengths(self, args: tuple[Any, ...]) -> None:
+    def check_lengths(self, args: tuple[Any, ...]) -> None:
         """Once, at the first call: which inputs carry the length (``buckets.length_inputs``)."""
-        self._lengths_checked = True
-        given = f"length_buckets={list(self._lengths or ())}"
+        self.lengths_checked = True
+        given = f"length_buckets={list(self.lengths or ())}"
         if self._mutated:
-            self._ignore(
+            self._logbook.ignore(
                 f"{given} has no effect: the graph writes its inputs in place (a cache or "
                 "state padded along the length would not be the caller's)"
             )
             return
         plan = length_inputs(args, self._static, self._symbols)
         if isinstance(plan, LengthInputs):
-            self._length_plan = plan
+            self.length_plan = plan
         elif "static" in plan:
-            log.info("%s: %s: %s; it runs unpadded", self.name, given, plan)
+            log.info("%s: %s: %s; it runs unpadded", self._logbook.name, given, plan)
         else:
-            self._ignore(f"{given} has no effect: {plan}")
+            self._logbook.ignore(f"{given} has no effect: {plan}")
 
-    def _length_call(
-        self, args: tuple[Any, ...], padded: tuple[Any, ...], length: int, bucket: int
+    def length_call(
+        self,
+        args: tuple[Any, ...],
+        padded: tuple[Any, ...],
+        length: int,
+        bucket: int,
+        call: Callable[..., Sequence[Any]],
+        direct: Callable[[Callable[..., Sequence[Any]], Call], Sequence[Any]],
     ) -> Sequence[Any]:
-        """A call padded to a length bucket. The bucket's first call also runs the unpadded
-        graph and compares: a model whose padded positions are not masked out (no attention
-        mask passed, a position-dependent output) leaves the bucket unpadded, with the
-        reason in ``ignored_options``."""
+        """A call padded to a length bucket (``call``: the cache's call with the graph's args
+        and the caller's; ``direct``: its direct run of a callable). The bucket's first call
+        also runs the unpadded graph and compares: a model whose padded positions are not
+        masked out (no attention mask passed, a position-dependent output) leaves the bucket
+        unpadded, with the reason in ``ignored_options``."""
         state = self._length_state.get(bucket)
         if isinstance(state, str):
-            return self._call(args)
+            return call(args)
         if state is not None:
-            return slice_length(self._call(padded, args), length, state)
-        reference = self._direct(self._unfused, Call(args, args))
+            return slice_length(call(padded, args), length, state)
+        reference = direct(self._unfused, Call(args, args))
         why = None
         try:
-            outputs = self._call(padded, args)
+            outputs = call(padded, args)
         except Exception as exc:
             why = f"the padded run raised {type(exc).__name__}: {one_line(exc)}"
         else:
@@ -136,11 +181,9 @@ class Padding:
         self._length_state[bucket] = why
         # The padded entry made by the check serves no later call: let it go.
         padded_key = self.key_for(*padded)
-        with self._lock:
-            stale = self._entries.pop(padded_key, None)
-            if stale is not None:
-                self._drop(stale)
-        self._ignore(
+        with self._table.lock:
+            self._table.remove(padded_key)
+        self._logbook.ignore(
             f"length_buckets: bucket {bucket} is not used (length {length} and the others "
             f"padded to it run unpadded): {why}"
         )
@@ -148,10 +191,10 @@ class Padding:
 
     def key_for(self, *args: Any) -> Key:
         """The cache key a call with ``args`` uses (after length- and batch-bucket padding)."""
-        if self._length_plan is not None:
-            padded = pad_length(args, self._length_plan, self._lengths or ())
+        if self.length_plan is not None:
+            padded = pad_length(args, self.length_plan, self.lengths or ())
             if padded is not None and not isinstance(self._length_state.get(padded[2]), str):
                 args = padded[0]
-        if self._buckets is not None:
-            args = pad(args, self._buckets, self._static, self._batch_ints)[0]
+        if self.buckets is not None:
+            args = pad(args, self.buckets, self._static, self.batch_ints)[0]
         return self._signatures.key(args)

@@ -1,18 +1,20 @@
-"""Making a signature's entry once its call has run (``_settle``: capture it, keep it for a
-later call, or fall back; ``_record``), and what a hit of a captured or pending entry may
+"""Making a signature's entry once its call has run (``settle``: capture it, keep it for a
+later call, or fall back; ``record``), and what a hit of a captured or pending entry may
 run instead of a plain replay: the capture of an uncaptured entry on its
-``capture_on_call``-th call (``_promote``), a re-record after a static input moved
-(``_rerecord``; an input that keeps moving is copied in from then on), and the timed calls
-that decide whether capture pays for large outputs (``_trial_call``, ``payoff.py``).
-``GraphCache`` takes these methods from ``Recapture``.
+``capture_on_call``-th call (``promote``), a re-record after a static input moved
+(``rerecord``; an input that keeps moving is copied in from then on), and the timed calls
+that decide whether capture pays for large outputs (``trial_call``, ``payoff.py``).
+
+A ``GraphCache`` owns one ``Recapture``. It holds no reference to the cache (a cycle would
+leave a dropped cache's graphs to the next garbage collection): the cache's own steps it
+needs (run a new entry, insert, replay, run directly) are passed to each method.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -23,12 +25,20 @@ from fusebackend.runtime import payoff
 from fusebackend.runtime.counters import COUNTERS
 from fusebackend.runtime.entries import Call, Entry, Verdict
 from fusebackend.runtime.keys import Key
+from fusebackend.runtime.logbook import Logbook
 from fusebackend.runtime.modes import Cause, Mode
 from fusebackend.runtime.recording import capture_blocker, record
+from fusebackend.runtime.table import EntryTable
 from fusebackend.runtime.validation import one_line
 
-# GraphCache's logger: these are the cache's methods, and its records keep one name.
+# GraphCache's logger: the cache's parts log under one name.
 log = logging.getLogger("fusebackend.runtime.graph_cache")
+
+# The cache's steps a method here may take (bound methods of the cache, passed per call).
+NewEntry = Callable[[Key, Verdict, Call], Sequence[Any]]  # GraphCache._new_entry
+Insert = Callable[[Key, Entry], None]  # GraphCache._insert
+Replay = Callable[[Entry, Call], Sequence[Any]]  # GraphCache._replay
+Direct = Callable[[Callable[..., Sequence[Any]], Call], Sequence[Any]]  # GraphCache._direct
 
 __all__ = ["Recapture"]
 
@@ -45,46 +55,90 @@ def _mib(nbytes: int) -> str:
 
 
 class Recapture:
-    """The re-capture part of ``GraphCache`` (a mixin: the state below is set by its
-    __init__)."""
+    """How a graph cache makes and re-makes captured entries.
 
-    name: str
-    _config: FusionConfig
-    _replay_device: int | None
-    _entries: OrderedDict[Key, Entry]
-    _moves: dict[int, int]
-    _copied_static: set[int]
-    _per_signature: Callable[..., Sequence[Any]] | None
-    _per_signature_count: int
-    _new_entry: Callable[..., Sequence[Any]]
-    _insert: Callable[[Key, Entry], None]
-    _replay: Callable[[Entry, Call], Sequence[Any]]
-    _direct: Callable[[Callable[..., Sequence[Any]], Call], Sequence[Any]]
-    _drop: Callable[[Entry], None]
-    _remember: Callable[[Key, Verdict], None]
-    _demote: Callable[..., tuple[Mode, str]]
-    _warn_once: Callable[[], int]
-    _label: Callable[[Key], str]
-    _callable: Callable[[Mode], Callable[..., Sequence[Any]]]
-    _device: torch.device | None
-    _static: frozenset[int]
-    _mutated: tuple[int, ...]
-    _host: dict[int, torch.device]
-    _static_outputs: bool
+    Args:
+        config: Reads ``warmup_iterations``, ``graph_memory`` and ``capture_on_call``.
+        device: The CUDA device (None: a CPU graph, never captured).
+        replay_device: Device whose replays are ordered across streams (None: no order).
+        capture: Whether the cache captures at all (``graph_cache.captures``).
+        static: Inputs used in place.
+        mutated: Inputs the graph writes.
+        host: Input index -> device, for inputs passed on the CPU (staged in).
+        static_outputs: Replays hand out the static output buffers (no clone).
+        per_signature_count: How many last inputs are per-signature (used in place).
+        unfused: The unfused graph.
+        fused: The fused graph, or None.
+        table: The cache's entries and verdicts.
+        logbook: The cache's logs, readable keys and demotions.
 
-    def _promote(self, key: Key, entry: Entry, call: Call) -> Sequence[Any]:
+    ``moves`` counts each static input's consecutive address changes (a replay without a move
+    clears it); ``copied_static`` holds those copied in from then on.
+    """
+
+    def __init__(
+        self,
+        config: FusionConfig,
+        *,
+        device: torch.device | None,
+        replay_device: int | None,
+        capture: bool,
+        static: frozenset[int],
+        mutated: tuple[int, ...],
+        host: Mapping[int, torch.device],
+        static_outputs: bool,
+        per_signature_count: int,
+        unfused: Callable[..., Sequence[Any]],
+        fused: Callable[..., Sequence[Any]] | None,
+        table: EntryTable,
+        logbook: Logbook,
+    ) -> None:
+        self._config = config
+        self._device = device
+        self._replay_device = replay_device
+        self._capture = capture
+        self._static = static
+        self._mutated = mutated
+        self._host = host
+        self._static_outputs = static_outputs
+        self._per_signature_count = per_signature_count
+        self._unfused = unfused
+        self._fused = fused
+        self._table = table
+        self._logbook = logbook
+        # Static inputs seen at a new address too often: copied in like the others (their
+        # values are still read on every call: only where the graph reads them changes).
+        self.moves: dict[int, int] = {}
+        self.copied_static: set[int] = set()
+
+    def clear(self) -> None:
+        """Forget the address moves (``GraphCache.clear``)."""
+        self.moves.clear()
+        self.copied_static.clear()
+
+    def callable(self, mode: Mode) -> Callable[..., Sequence[Any]]:
+        """The callable ``mode`` runs (the fused graph or the unfused one)."""
+        fn = self._fused if mode.fused else self._unfused
+        assert fn is not None
+        return fn
+
+    def promote(
+        self, key: Key, entry: Entry, call: Call, new_entry: NewEntry, insert: Insert,
+        replay: Replay,
+    ) -> Sequence[Any]:  # fmt: skip
         """The ``capture_on_call``-th call of an uncaptured entry: capture it now. Its
         earlier runs at this signature were the warm-up: where the capture stream is warm
         it is captured straight away and replayed for this call (``_capture_and_replay``),
         else (or if that capture fails) run, then captured, as a new key is."""
-        del self._entries[key]
-        self._drop(entry)
-        replayed = self._capture_and_replay(key, entry, call)
+        self._table.remove(key)
+        replayed = self._capture_and_replay(key, entry, call, insert, replay)
         if replayed is not None:
             return replayed
-        return self._new_entry(key, Verdict(entry.mode, entry.reason, True, entry.hits), call)
+        return new_entry(key, Verdict(entry.mode, entry.reason, True, entry.hits), call)
 
-    def _capture_and_replay(self, key: Key, old: Entry, call: Call) -> Sequence[Any] | None:
+    def _capture_and_replay(
+        self, key: Key, old: Entry, call: Call, insert: Insert, replay: Replay
+    ) -> Sequence[Any] | None:
         """Capture ``old``'s mode on this call's inputs without running it first, insert the
         entry and replay it for the call's outputs (the replay runs the call's in-place
         effects once, as any replay does); None where that is not done (a cold capture
@@ -102,63 +156,68 @@ class Recapture:
             return None
         _capture.join_replay_order(self._replay_device)
         try:
-            entry = self._record(mode, self._callable(mode), args, warmed=True)
+            entry = self.record(mode, self.callable(mode), args, warmed=True)
         except Exception as exc:
             log.info("%s: %s: capture without a run first failed (%s: %s); run, then capture",
-                     self.name, self._label(key), type(exc).__name__, one_line(exc))  # fmt: skip
+                     self._logbook.name, self._logbook.label(key), type(exc).__name__,
+                     one_line(exc))  # fmt: skip
             return None
         finally:
             _capture.join_replay_order(self._replay_device)
-        if self._over_budget(entry) is not None:
+        if self.over_budget(entry) is not None:
             return None
         entry.reason, entry.hits, entry.derived = old.reason, old.hits, call.derived
-        self._remember(key, Verdict(mode, old.reason, True, old.hits + 1))
-        self._insert(key, entry)
-        return self._replay(entry, call)
+        self._table.remember(key, Verdict(mode, old.reason, True, old.hits + 1))
+        insert(key, entry)
+        return replay(entry, call)
 
-    def _rerecord(self, key: Key, entry: Entry, call: Call) -> Sequence[Any]:
+    def rerecord(self, key: Key, entry: Entry, call: Call, new_entry: NewEntry) -> Sequence[Any]:
+        """A hit whose static input(s) moved: capture ``key`` again (``new_entry``); an input
+        that moved on ``_MAX_ADDRESS_CHANGES`` consecutive calls is copied in from now on."""
         COUNTERS.rerecords += 1
         args = call.args
+        book = self._logbook
         moved = [i for i in entry.static_idx if args[i].data_ptr() != entry.static_ptrs[i]]
         for i in moved:
-            self._moves[i] = self._moves.get(i, 0) + 1
-            if self._moves[i] == _MAX_ADDRESS_CHANGES:
-                self._copied_static.add(i)
+            self.moves[i] = self.moves.get(i, 0) + 1
+            if self.moves[i] == _MAX_ADDRESS_CHANGES:
+                self.copied_static.add(i)
                 log.log(
-                    self._warn_once(),
+                    book.warn_once(),
                     "%s: input %d changed address %d times; it is copied into the captured "
                     "graph from now on instead of re-recording",
-                    self.name,
+                    book.name,
                     i,
                     _MAX_ADDRESS_CHANGES,
                 )
         log.info(
             "%s: static input(s) %s changed address; re-recording %s",
-            self.name,
+            book.name,
             moved,
-            self._label(key),
+            book.label(key),
         )
         # Retire the old graph before capturing the new one (freed once replays are past it).
-        del self._entries[key]
-        self._drop(entry)
+        self._table.remove(key)
         seen = max(entry.hits, self._config.capture_on_call - 1)
-        outputs = self._new_entry(key, Verdict(entry.mode, entry.reason, True, seen), call)
-        new = self._entries[key]
+        outputs = new_entry(key, Verdict(entry.mode, entry.reason, True, seen), call)
+        new = self._table[key]
         new.hits = entry.hits
         if entry.decision is not None and new.trial is not None:
             new.trial, new.decision = None, entry.decision  # "capture pays" was decided: keep it
         return outputs
 
-    def _trial_call(self, key: Key, entry: Entry, call: Call) -> Sequence[Any]:
+    def trial_call(
+        self, key: Key, entry: Entry, call: Call, replay: Replay, direct: Direct
+    ) -> Sequence[Any]:
         """One of the timed calls that decide whether capturing ``key`` pays (``payoff``):
         replayed or run directly, in turn; each call runs the graph once either way."""
         trial = entry.trial
         assert trial is not None
         replayed = trial.next_is_replay()
         if replayed:
-            run = functools.partial(self._replay, entry, call)
+            run = functools.partial(replay, entry, call)
         else:
-            run = functools.partial(self._direct, entry.fn, call)
+            run = functools.partial(direct, entry.fn, call)
         outputs, host_s, device_s = payoff.time_call(
             run, self._replay_device, trial.prime_for(replayed)
         )
@@ -167,20 +226,20 @@ class Recapture:
         if verdict is None:
             return outputs
         keep, why = verdict
-        log.info("%s: %s %s", self.name, self._label(key), why)
+        log.info("%s: %s %s", self._logbook.name, self._logbook.label(key), why)
         entry.trial, entry.decision = None, why
         if not keep:
             # Logged above; a fused entry stays in fusion, run directly.
-            mode, reason = self._demote(key, entry.mode, Cause.NO_PAYOFF, why, entry.reason)
-            self._entries[key] = Entry(
+            mode, reason = self._logbook.demote(key, entry.mode, Cause.NO_PAYOFF, why, entry.reason)
+            uncaptured = Entry(
                 mode, entry.fn, reason, hits=entry.hits, decision=why, last_use=entry.last_use,
                 derived=entry.derived,
             )  # fmt: skip
-            self._remember(key, Verdict(mode, reason, False, entry.hits + 1))
-            self._drop(entry)
+            self._table.replace(key, entry, uncaptured)
+            self._table.remember(key, Verdict(mode, reason, False, entry.hits + 1))
         return outputs
 
-    def _settle(
+    def settle(
         self,
         key: Key,
         mode: Mode,
@@ -192,32 +251,33 @@ class Recapture:
     ) -> Entry:
         """Make the entry for ``key`` starting from ``mode``: capture (or, with ``defer``, an
         uncaptured entry captured on a later call), or fall back. ``warmed``: the mode whose
-        callable has just run on ``args`` (its capture needs no warm-up: ``_record``)."""
+        callable has just run on ``args`` (its capture needs no warm-up: ``record``)."""
         entry = None
+        demote = self._logbook.demote
         blocker = capture_blocker(args, self._static, self._mutated) if capture else None
         if blocker is not None:
             capture = False
             # The fused graph runs directly (its kernels need no capture); others go eager.
-            mode, reason = self._demote(key, mode, Cause.NOT_CAPTURABLE, blocker, reason)
+            mode, reason = demote(key, mode, Cause.NOT_CAPTURABLE, blocker, reason)
         if capture and defer:
-            return Entry(mode, self._callable(mode), reason, pending=True)
+            return Entry(mode, self.callable(mode), reason, pending=True)
         while entry is None and capture and mode.capturable:
             try:
-                entry = self._record(mode, self._callable(mode), args, warmed=mode is warmed)
+                entry = self.record(mode, self.callable(mode), args, warmed=mode is warmed)
             except Exception as exc:
                 COUNTERS.capture_failures += 1
                 why = f"capture failed: {type(exc).__name__}: {one_line(exc)}"
-                mode, reason = self._demote(key, mode, Cause.CAPTURE_FAILED, why, reason)
-        why = self._over_budget(entry) if entry is not None else None
+                mode, reason = demote(key, mode, Cause.CAPTURE_FAILED, why, reason)
+        why = self.over_budget(entry) if entry is not None else None
         if why is not None:
             entry = None
-            mode, reason = self._demote(key, mode, Cause.OVER_BUDGET, why, reason)
+            mode, reason = demote(key, mode, Cause.OVER_BUDGET, why, reason)
         if entry is None:
-            entry = Entry(mode, self._callable(mode))
+            entry = Entry(mode, self.callable(mode))
         entry.reason = reason
         return entry
 
-    def _over_budget(self, entry: Entry) -> str | None:
+    def over_budget(self, entry: Entry) -> str | None:
         """Why a captured ``entry`` is not kept: its buffers exceed ``graph_memory`` (kept, it
         would evict every other captured entry and then itself at the next capture); its
         graph is then retired. None where it fits."""
@@ -227,18 +287,6 @@ class Recapture:
         _capture.retire(entry.resources(), self._replay_device)
         return f"its buffers ({_mib(entry.nbytes)}) exceed graph_memory ({_mib(budget)})"
 
-    def _derive(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The per-signature inputs for ``args`` (``per_signature``)."""
-        assert self._per_signature is not None
-        with torch.no_grad():
-            derived = tuple(self._per_signature(*args))
-        if len(derived) != self._per_signature_count:
-            raise RuntimeError(
-                f"{self.name}: per_signature gave {len(derived)} values, "
-                f"expected {self._per_signature_count}"
-            )
-        return derived
-
     def _in_place(self, args: tuple[Any, ...]) -> frozenset[int]:
         """Inputs a capture on ``args`` uses in place: the static ones and the entry's
         per-signature inputs (last in ``args``)."""
@@ -247,7 +295,7 @@ class Recapture:
         n = len(args)
         return self._static | frozenset(range(n - self._per_signature_count, n))
 
-    def _record(
+    def record(
         self, mode: Mode, fn: Callable[..., Sequence[Any]], args: tuple[Any, ...], warmed: bool
     ) -> Entry:
         """Capture ``fn`` on ``args``. ``warmed``: ``fn`` has just run on ``args`` (this
@@ -263,7 +311,7 @@ class Recapture:
             device=self._device,
             warmup_iterations=0 if skip else self._config.warmup_iterations,
             static=self._in_place(args),
-            copied_static=self._copied_static,
+            copied_static=self.copied_static,
             host=self._host,
             mutated=self._mutated,
             static_outputs=self._static_outputs,

@@ -130,7 +130,7 @@ def stats() -> dict[str, Any]:
     result["fallback_reasons"] = {row.label: row.reason for row in rows if row.reason}
     result["eviction_reasons"] = dict(EVICTION_REASONS)
     result["graph_pool_bytes"] = pool_bytes()
-    result["captured_bytes"] = sum(cache._held_bytes for cache in live_caches())
+    result["captured_bytes"] = sum(cache.table.held_bytes for cache in live_caches())
     result["ignored_options"] = {
         cache.label_prefix: list(cache.ignored_options)
         for cache in live_caches()
