@@ -149,6 +149,9 @@ SOURCES = (
     "sentence_embeddings_restart_h200_e37d61a.json",
     "diag_query_host_h200_e37d61a.json",
     "diag_dynamic_host_h200_e37d61a.json",
+    # issue 36 on an H200 at 32c90b8 (2026-11-28): TinyLlama shape, batch 1, 128 slots, bf16
+    # (benchmarks/fast_generate.py's rows, written by hand from its JSON)
+    "fast_generate_h200_32c90b8.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
