@@ -113,7 +113,7 @@ def run_one(args: argparse.Namespace) -> list[dict[str, Any]]:
         return out, time.perf_counter() - start
 
     runs = []
-    reference = None
+    reference = through_transformers = None
     with torch.no_grad():
         for variant in args.variants:
             torch._dynamo.reset()
@@ -140,15 +140,20 @@ def run_one(args: argparse.Namespace) -> list[dict[str, Any]]:
             new_ids = tokens[:, args.prompt :].cpu()
             if variant == "eager":
                 reference = new_ids
+            if variant == "infinifuse":  # the loop's tokens against the same compiled step's
+                through_transformers = new_ids
             if reference is not None:
                 result["tokens_equal_eager"] = int((new_ids == reference).sum())
+            if variant.startswith("loop-k") and through_transformers is not None:
+                result["tokens_equal_infinifuse"] = int((new_ids == through_transformers).sum())
             runs.append(result)
             print(json.dumps(result), file=sys.stderr, flush=True)
     return runs
 
 
 LEDGER_METRICS = {"tokens_per_s": "tokens/s", "time_to_first_token_ms": "ms",
-                  "decode_step_ms": "ms", "first_call_s": "s"}  # fmt: skip
+                  "decode_step_ms": "ms", "first_call_s": "s", "tokens_equal_eager": "tokens",
+                  "tokens_equal_infinifuse": "tokens"}  # fmt: skip
 
 
 def ledger_rows(runs: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:

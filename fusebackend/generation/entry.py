@@ -135,8 +135,9 @@ class DeviceDecoding:
             backend=self.backend,
             options=self.options,
         )
+        prefill = loop.prefill(self.backend, self.options, input_ids.device)
         sequences, report = loop.run(
-            input_ids, plan, model_kwargs, key, forward, self.k, self.capture, started
+            input_ids, plan, model_kwargs, key, forward, self.k, self.capture, started, prefill
         )
         _report.record(report)
         if not returned:
