@@ -33,17 +33,17 @@ accumulates in fp32; fp32 inputs use IEEE products, not TF32, as eager's default
 
 One program computes a ``BLOCK_M x BLOCK_N`` tile of one sibling's output (``BLOCK_M`` the
 rows padded to 16, the smallest ``tl.dot`` tile; 1 for a one-row GEMV launch, which
-multiplies in fp32 registers instead: ``LaunchConfig.gemv``), looping over K; the grid is the
-tiles of every sibling one after another. A GEMV reads its weight tiles in the order they are
-stored: [columns, K step] for weights contiguous along K, [K step, columns] for weights
-stored [K, N] (``matmul_triton._weight_tile``; wider tiles, 32 columns). The prologue's row statistics (a sum over K) are
-computed by every program from the rows themselves, which are a few KB read from L2 against
-the weight tile's tens of KB (a 2-column GEMV tile reads about as much of the row as of its
-weights). Programs are many and narrow (``BLOCK_N`` 16-64 on tensor cores, 2 for GEMV): a
-2048-wide output is 32-128 programs, or 1024, so every SM streams weights. With
-``LaunchConfig.split_k`` grid axis 1 also cuts K into slices, and the last of a tile's
-programs to finish adds their sums and runs the epilogue (``_sum_slices`` in
-matmul_triton.py; kernels/arrivals.py).
+multiplies in fp32 registers instead: ``LaunchConfig.gemv``), looping over K; the grid is
+the tiles of every sibling one after another. A GEMV reads its weight tiles in the order
+they are stored: [columns, K step] for weights contiguous along K, [K step, columns] for
+weights stored [K, N] (``matmul_triton._weight_tile``; 32 columns wide). The prologue's row
+statistics (a sum over K) are computed by every program from the rows themselves, which are
+a few KB read from L2 against the weight tile's tens of KB (a 2-column GEMV tile reads about
+as much of the row as of its weights). Programs are many and narrow (``BLOCK_N`` 16-64 on
+tensor cores, 2 for GEMV): a 2048-wide output is 32-128 programs, or 1024, so every SM
+streams weights. With ``LaunchConfig.split_k`` grid axis 1 also cuts K into slices, and the
+last of a tile's programs to finish adds their sums and runs the epilogue (``_sum_slices``
+in matmul_triton.py; kernels/arrivals.py).
 
 A rotary group's q and k programs each compute two tiles of one weight, columns ``j`` and
 ``j + D/2`` of the same heads (the pairs rotate_half mixes), so the rotation happens in
@@ -363,24 +363,25 @@ def launch_config(
       of the same default in that file (3.7 us in the sweep, 3.9 in its shape table), and
       TinyLlama's is slower with 3 (7.0 against 6.6 us).
 
-    One row with ``gemv`` (the launch allows it: weights contiguous along K or along N, no
-    head norm) and at least ``GEMV_MIN_OUTPUTS`` columns: the products without tensor cores in 2-column tiles of
-    1024-wide K steps, 4 warps (``LaunchConfig.gemv``). From ``diag_matmul_gemv.py`` on an
-    H100 (``matmul_gemv_h100.json``, fp16, one row, launched as programmatic dependents),
-    the sweep's best GEMV tile against the tensor-core launch: TinyLlama's down projection
-    9.7 against 11.0 us, gate/up 17.7 against 19.2, o 4.4 against 5.8; Qwen2-0.5B's down 4.9
-    against 6.4; Llama-3-8B at TP=2 gate/up 41.6 against 44.1, down 21.6 against 22.7 (the
-    diag's own kernel, the same math; the sweep: 2-16 columns, 256-1024-wide K steps, 2-8
-    warps, the next step's tile loaded ahead or not; Qwen2's best loads ahead, TinyLlama's
-    gate/up best is 16 columns wide). This one tile came within 0.8 us of the best on the
-    four shapes where it was timed; on TinyLlama's gate/up and the 8B down only its variant
-    loading ahead was, 0.4 and 0.8 us from their best. As launched
-    (``matmul_kernels_h100_gemv.json``, another run) TinyLlama's down 10.0, gate/up 18.4, o
-    4.8 us. The rotary q/k/v launch: 6.6 against 7.9 us for the split-K pick below
-    (TinyLlama), 3.7 against 5.0 (Qwen2), 11.8 against 13.1 (Llama-3-8B, TP=2;
-    ``rotary_gemv_h100.json``). LM heads take it untimed alone (with them on tensor cores,
-    in its own process, Qwen2's step took 0.820 ms, rounds 0.773-0.909, against the run
-    before's 0.757: ``suite_decode_h100_gemv_no_lm_head.json``; no decision either way)."""
+    One row with ``gemv`` (the launch allows it: weights contiguous along K or along N, no head
+    norm) and at least ``GEMV_MIN_OUTPUTS`` columns: the products without tensor cores; weights
+    along K in 2-column tiles of 1024-wide K steps, 4 warps (``LaunchConfig.gemv``). From
+    ``diag_matmul_gemv.py`` on an H100 (``matmul_gemv_h100.json``, fp16, one row, launched as
+    programmatic dependents), the sweep's best GEMV tile against the tensor-core launch:
+    TinyLlama's down projection 9.7 against 11.0 us, gate/up 17.7 against 19.2, o 4.4 against
+    5.8; Qwen2-0.5B's down 4.9 against 6.4; Llama-3-8B at TP=2 gate/up 41.6 against 44.1, down
+    21.6 against 22.7 (the diag's own kernel, the same math; the sweep: 2-16 columns,
+    256-1024-wide K steps, 2-8 warps, the next step's tile loaded ahead or not; Qwen2's best
+    loads ahead, TinyLlama's gate/up best is 16 columns wide). This one tile came within 0.8 us
+    of the best on the four shapes where it was timed; on TinyLlama's gate/up and the 8B down
+    only its variant loading ahead was, 0.4 and 0.8 us from their best. As launched
+    (``matmul_kernels_h100_gemv.json``, another run) TinyLlama's down 10.0, gate/up 18.4, o 4.8
+    us. The rotary q/k/v launch: 6.6 against 7.9 us for the split-K pick below (TinyLlama), 3.7
+    against 5.0 (Qwen2), 11.8 against 13.1 (Llama-3-8B, TP=2; ``rotary_gemv_h100.json``). LM
+    heads take it untimed alone (with them on tensor cores, in its own process, Qwen2's step
+    took 0.820 ms, rounds 0.773-0.909, against the run before's 0.757:
+    ``suite_decode_h100_gemv_no_lm_head.json``; no decision either way). Weights along N
+    (``along_n``): ``_gemv_along_n``."""
     widest_k = max(16, 1 << (width - 1).bit_length())
     if gemv and rows == 1 and outputs >= GEMV_MIN_OUTPUTS and ONE_ROW_GEMV:
         if along_n:
