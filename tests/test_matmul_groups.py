@@ -149,6 +149,88 @@ def test_conv1d_weights_read_transposed_in_place():
     assert_close(actual, torch.addmm(bias, x, weight), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_gpt2_one_token_forward_runs_conv1d_projections_as_gemv_along_n(dtype):
+    # One token without a cache (issue 38): c_attn (176 -> 528) and c_fc (176 -> 704) are
+    # one row of >= 512 columns on weights stored [K, N], so GEMV launches reading along N;
+    # the c_proj (176 outputs) and the 101-token LM head keep tensor cores
+    torch.manual_seed(12)
+    config = transformers.GPT2Config(vocab_size=101, n_embd=176, n_layer=2, n_head=4,
+                                     n_positions=64)  # fmt: skip
+    model = perturb_uniform_parameters(transformers.GPT2LMHeadModel(config).eval().to(dtype))
+    ids = torch.randint(0, 101, (1, 1))
+
+    def logits(i):
+        return model(i, use_cache=False).logits
+
+    expected = eager(logits, ids)
+    with torch.no_grad():
+        actual = compile_fused(logits)(ids)
+    assert_close(actual, expected, **_TOLERANCE[dtype])
+    graph = fusebackend.last_report().graphs[-1]
+    assert graph.launch_paths == {
+        "matmul_group(layer_norm + linear + bias)": {"GEMV": 2},  # ln_1 + c_attn
+        "matmul_group(layer_norm + linear + bias + gelu_new)": {"GEMV": 2},  # ln_2 + c_fc
+        "matmul_group(linear + bias + residual)": {"tensor cores": 4},  # both c_proj
+        "matmul_group(layer_norm + linear)": {"tensor cores": 1},  # ln_f + the LM head
+    }, graph.launch_paths
+
+
+class _Spellings(torch.nn.Module):
+    """A LayerNorm, then the three spellings of a product with a weight: ``x @ W`` (W
+    stored [K, N]), ``torch.mm`` (the same) and ``x @ W.T`` (W stored [N, K], Falcon's
+    FalconLinear)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(64)
+        self.up = torch.nn.Parameter(torch.randn(64, 600) / 8)
+        self.down = torch.nn.Parameter(torch.randn(600, 64) / 25)
+        self.head = torch.nn.Parameter(torch.randn(520, 64) / 8)
+
+    def forward(self, x):
+        h = F.gelu(self.norm(x) @ self.up)
+        h = torch.mm(h, self.down) + x
+        return h @ self.head.T
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_matmul_spellings_of_a_weight_become_groups(rows):
+    torch.manual_seed(13)
+    model, x = _Spellings().eval(), torch.randn(rows, 64)
+    expected = eager(model, x)
+    with torch.no_grad():
+        actual = compile_fused(model)(x)
+    assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    graph = fusebackend.last_report().graphs[-1]
+    assert _matmul_groups(fusebackend.last_report()) == [
+        "layer_norm + linear + gelu", "linear + residual", "linear",
+    ]  # fmt: skip
+    way = "GEMV" if rows == 1 else "tensor cores"  # up (along N) and head (along K): 1 row
+    assert graph.launch_paths == {
+        "matmul_group(layer_norm + linear + gelu)": {way: 1},
+        "matmul_group(linear + residual)": {"tensor cores": 1},  # 64 outputs
+        "matmul_group(linear)": {way: 1},
+    }, graph.launch_paths
+    assert not graph.rewrites.get("matmuls_left_alone")
+
+
+def test_a_matmul_by_an_activation_is_left_alone_with_its_reason():
+    def fn(x, y):
+        return x @ (y * 2.0)  # a right operand the graph computes (scores @ values, say)
+
+    x, y = torch.randn(1, 32), torch.randn(32, 40)
+    expected = eager(fn, x, y)
+    with torch.no_grad():
+        actual = compile_fused(fn)(x, y)
+    assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    graph = fusebackend.last_report().graphs[-1]
+    assert not graph.rewrites.get("matmul_groups"), graph.rewrites
+    assert graph.rewrites["matmuls_left_alone"] == [
+        "matmul: the right operand (mul) is computed in the graph, not a weight",
+    ], graph.rewrites
+
+
 def test_many_rows_stay_with_cublas_and_say_why():
     torch.manual_seed(2)
     model = perturb_uniform_parameters(transformers.LlamaModel(tiny_llama_config(layers=1)).eval())
