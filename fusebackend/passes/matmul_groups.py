@@ -6,9 +6,15 @@ its siblings (q, k, v; gate and up) and the ops after it (the gate's activation 
 the residual add) are separate launches that re-read the small activations. This pass finds,
 on the fused graph before the row partition:
 
-- **siblings**: linears of static shapes and at most ``MAX_ROWS`` rows that read one input
-  node (same dtype, all with or all without bias), up to ``MAX_SIBLINGS`` per launch in
-  graph order;
+- **products**: ``F.linear(x, W, b)`` (W stored [N, K]); GPT-2's Conv1D
+  ``addmm(b, x.view(-1, K), W).view(..., N)``, ``x @ W``, ``torch.matmul`` and ``torch.mm``
+  (W stored [K, N]: ``weight_layout`` "kn"); ``x @ W.T`` (Falcon's FalconLinear: W stored
+  [N, K]). Beside ``F.linear`` the right operand must be a graph input (a parameter, a
+  buffer, a constant): a matrix the graph computes (attention's scores @ values) is left to
+  cuBLAS;
+- **siblings**: products of static shapes and at most ``MAX_ROWS`` rows that read one input
+  node (same dtype and weight layout, all with or all without bias), up to
+  ``MAX_SIBLINGS`` per launch in graph order;
 - **prologue**: when every user of that input is one of the siblings and the input is a norm
   of the un-normalised rows ``h``: ``F.layer_norm`` over the last dim (weight, bias and a
   Python-number eps), or transformers' RMSNorm as traced
