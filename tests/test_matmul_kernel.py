@@ -532,7 +532,7 @@ def test_default_config_is_read_at_each_call(monkeypatch):
 
     monkeypatch.setattr(matmul, "_launch_config", spy)
     check_case(Case((64, 64), gate="silu"), 3, 64, torch.float32)
-    assert seen == [(3, 64, 64, True, False, True, False)]
+    assert seen == [(3, 64, 64, True, False, False, True)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -326,8 +326,8 @@ def launch_config(
     outputs: int,
     gated: bool,
     rotary: bool = False,
-    gemv: bool = False,
     along_n: bool = False,
+    gemv: bool = False,
 ) -> LaunchConfig:
     """Tile, warps, pipeline stages and K slices for ``rows`` rows of a ``width``-wide input
     and ``outputs`` output columns in all (a gated pair: its output's columns; each program
@@ -551,8 +551,9 @@ def _config(group: MatmulGroup, rows: int, width: int, weights: Sequence[torch.T
     along_n = _stored_along_n(weights)
     gemv = not group.head_norm and (along_n or all(w.stride(-1) == 1 for w in weights))
     gated = bool(group.gate or group.rotary)
-    config = _launch_config(rows, width, sum(columns), gated, bool(group.rotary), gemv,
-                            along_n)  # fmt: skip
+    # (gemv last: tests and sweeps that swap _launch_config read it there)
+    config = _launch_config(rows, width, sum(columns), gated, bool(group.rotary), along_n,
+                            gemv)  # fmt: skip
     if group.head_norm:  # a program holds whole heads: one head's halves
         config = dataclasses.replace(config, block_n=group.rotary // 2)
     if config.gemv and rows != 1:
