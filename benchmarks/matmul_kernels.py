@@ -7,7 +7,9 @@ RMSNorm + 2 x 5632 silu-gated, down = 5632 -> 2048 + residual, lm head = RMSNorm
 Qwen2-0.5B (896, 4864, 14 x 64 heads, 2 K/V heads, qkv with bias, vocab 151936): the same
 five; GPT-2 (768, 3072): LayerNorm (with bias) + c_attn 2304 + bias, LayerNorm + c_fc 3072
 + bias + NewGELU (its 8 ops, as GPT-2 writes them), c_proj 3072 -> 768 + bias +
-residual and the attention's c_proj 768 -> 768 + bias + residual.
+residual and the attention's c_proj 768 -> 768 + bias + residual; each twice, with weights
+[N, K] (``gpt2-*``) and stored [K, N] as GPT-2's Conv1D holds them (``gpt2-conv1d-*``,
+``weight_layout`` "kn": one row runs the GEMV along N; cuBLAS gets the same storage).
 
 Per (shape, M): ``fused_us`` (one ``matmul_group`` launch), ``eager_us`` (the eager module
 sequence it replaces: transformers' RMSNorm formula or ``F.layer_norm``, one ``F.linear`` per
@@ -77,13 +79,15 @@ class Shape:
     gate: str = ""
     residual: bool = False
     activation: str = ""
+    layout: str = "nk"  # the weights stored [N, K] (nn.Linear) or [K, N] (GPT-2's Conv1D)
 
     @property
     def group(self) -> MatmulGroup:
         eps = {"rms": 1e-6, "layer": 1e-5}.get(self.norm, 0.0)
         return MatmulGroup(siblings=len(self.widths), norm=self.norm, eps=eps,
                            norm_bias=self.norm == "layer", gate=self.gate, bias=self.bias,
-                           residual=self.residual, activation=self.activation)  # fmt: skip
+                           residual=self.residual, activation=self.activation,
+                           weight_layout=self.layout)  # fmt: skip
 
     @property
     def out_width(self) -> int:
@@ -100,13 +104,23 @@ def _model(model, hidden, inter, q, kv, vocab, bias_qkv):
     ]
 
 
+def _gpt2(prefix: str, layout: str) -> list[Shape]:
+    return [
+        Shape(f"{prefix}-c-attn", "gpt2", 768, (2304,), "layer", bias=True, layout=layout),
+        Shape(f"{prefix}-c-fc", "gpt2", 768, (3072,), "layer", bias=True,
+              activation="gelu_new", layout=layout),
+        Shape(f"{prefix}-mlp-c-proj", "gpt2", 3072, (768,), bias=True, residual=True,
+              layout=layout),
+        Shape(f"{prefix}-attn-c-proj", "gpt2", 768, (768,), bias=True, residual=True,
+              layout=layout),
+    ]  # fmt: skip
+
+
 SHAPES = [
     *_model("tinyllama", 2048, 5632, 32 * 64, 4 * 64, 32000, False),
     *_model("qwen2", 896, 4864, 14 * 64, 2 * 64, 151936, True),
-    Shape("gpt2-c-attn", "gpt2", 768, (2304,), "layer", bias=True),
-    Shape("gpt2-c-fc", "gpt2", 768, (3072,), "layer", bias=True, activation="gelu_new"),
-    Shape("gpt2-mlp-c-proj", "gpt2", 3072, (768,), bias=True, residual=True),
-    Shape("gpt2-attn-c-proj", "gpt2", 768, (768,), bias=True, residual=True),
+    *_gpt2("gpt2", "nk"),
+    *_gpt2("gpt2-conv1d", "kn"),
 ]
 
 # --smoke: one tiny shape of each kind (interpreter-sized)
@@ -118,6 +132,7 @@ SMOKE_SHAPES = [
     Shape("smoke-lm-head", "smoke", 64, (97,), "rms"),
     Shape("smoke-layer-bias", "smoke", 48, (144,), "layer", bias=True, activation="gelu_new"),
     Shape("smoke-bias-residual", "smoke", 144, (48,), bias=True, residual=True),
+    Shape("smoke-conv1d", "smoke", 48, (144,), "layer", bias=True, layout="kn"),
 ]
 
 
@@ -129,7 +144,12 @@ class Weights:
             return (torch.randn(*size, generator=g, device=device) * scale).to(dtype)
 
         k = shape.k
-        self.weights = [rand(n, k, scale=k**-0.5) for n in shape.widths]
+        # the launch's arguments, stored as the shape says; ``linear`` sees them as [N, K]
+        if shape.layout == "kn":
+            self.weights = [rand(k, n, scale=k**-0.5) for n in shape.widths]
+            self.linear = [w.t() for w in self.weights]
+        else:
+            self.weights = self.linear = [rand(n, k, scale=k**-0.5) for n in shape.widths]
         self.biases = [rand(n, scale=0.1) for n in shape.widths] if shape.bias else []
         self.norm_weight = 1.0 + rand(k, scale=0.1) if shape.norm else None
         self.norm_bias = rand(k, scale=0.1) if shape.norm == "layer" else None
@@ -149,7 +169,7 @@ def eager_sequence(shape: Shape, p: Weights, x, residual):
         a = p.norm_weight * h.to(x.dtype)
     elif shape.norm == "layer":
         a = F.layer_norm(x, (shape.k,), p.norm_weight, p.norm_bias, shape.group.eps)
-    ys = [F.linear(a, w, p.biases[i] if shape.bias else None) for i, w in enumerate(p.weights)]
+    ys = [F.linear(a, w, p.biases[i] if shape.bias else None) for i, w in enumerate(p.linear)]
     if shape.gate:
         ys = [F.silu(ys[0]) * ys[1]]
     if shape.activation == "gelu_new":  # transformers' NewGELUActivation, op by op
@@ -163,7 +183,7 @@ def eager_sequence(shape: Shape, p: Weights, x, residual):
 def cublas_only(shape: Shape, p: Weights, x):
     """The linears alone (what a matmul costs on cuBLAS, nothing around it)."""
     return tuple(
-        F.linear(x, w, p.biases[i] if shape.bias else None) for i, w in enumerate(p.weights)
+        F.linear(x, w, p.biases[i] if shape.bias else None) for i, w in enumerate(p.linear)
     )
 
 
@@ -220,7 +240,7 @@ class Case:
     def reference(self, p=None):
         p = p or self.params[0]
         return matmul.reference(self.shape.group, self.x, p.norm_weight, p.norm_bias,
-                                self.residual, tuple(p.weights), tuple(p.biases))  # fmt: skip
+                                self.residual, tuple(p.linear), tuple(p.biases))  # fmt: skip
 
 
 def timed_us(case: Case, fn, reps: int = 10) -> float:
@@ -252,9 +272,10 @@ def measure(case: Case, copy_gbs: float) -> dict[str, Any]:
 
 def _default_config(case: Case) -> LaunchConfig:
     shape = case.shape
-    # the weights here are [N, K] (along K) and no group has a head norm: GEMV allowed
+    # the weights are contiguous along K or (Conv1D's) along N, and no group has a head
+    # norm: GEMV allowed
     return matmul.launch_config(case.rows, shape.k, shape.out_width, bool(shape.gate),
-                                gemv=True)  # fmt: skip
+                                gemv=True, along_n=shape.layout == "kn")  # fmt: skip
 
 
 # ---- --sweep

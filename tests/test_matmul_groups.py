@@ -37,6 +37,15 @@ def _matmul_groups(report) -> list[str]:
     return [line.split(": ", 1)[1] for line in report.graphs[-1].rewrites.get("matmul_groups", [])]
 
 
+def _fused_graph(fn, *args, **tolerance):
+    """Compile ``fn`` with infinifuse, check it equals eager on ``args``; its graph report."""
+    expected = eager(fn, *args)
+    with torch.no_grad():
+        actual = compile_fused(fn)(*args)
+    assert_close(actual, expected, **tolerance)
+    return fusebackend.last_report().graphs[-1]
+
+
 def _decode(model, config, dtype, steps=2, options=None):
     """Prefill 3 tokens eagerly into two StaticCaches, then ``steps`` decode steps through
     eager and through the compiled model; returns (eager logits, compiled logits)."""
@@ -94,13 +103,18 @@ def test_qwen2_projections_with_bias_and_tied_head():
     assert groups[-1] == "rms_norm + linear", groups  # the tied embedding, read in place
 
 
+def _tiny_gpt2(dtype: torch.dtype, width: int, seed: int):
+    """A 2-layer GPT2LMHeadModel of ``width`` (4 heads, 101 tokens), random weights."""
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(vocab_size=101, n_embd=width, n_layer=2, n_head=4,
+                                     n_positions=64)  # fmt: skip
+    return perturb_uniform_parameters(transformers.GPT2LMHeadModel(config).eval().to(dtype))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_gpt2_conv1d_layers_with_layer_norms_bias_and_residuals(dtype):
-    torch.manual_seed(8)
-    config = transformers.GPT2Config(vocab_size=101, n_embd=64, n_layer=2, n_head=4,
-                                     n_positions=64)  # fmt: skip
-    model = perturb_uniform_parameters(transformers.GPT2LMHeadModel(config).eval().to(dtype))
-    expected, actual = _decode(model, config, dtype)
+    model = _tiny_gpt2(dtype, 64, seed=8)
+    expected, actual = _decode(model, model.config, dtype)
     assert_close(actual, expected, **_TOLERANCE[dtype])
     per_layer = [
         "layer_norm + linear + bias",  # ln_1 + c_attn (Conv1D: addmm on a [K, N] weight)
@@ -149,6 +163,71 @@ def test_conv1d_weights_read_transposed_in_place():
     assert_close(actual, torch.addmm(bias, x, weight), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_gpt2_one_token_forward_runs_conv1d_projections_as_gemv_along_n(dtype):
+    # One token without a cache (issue 38): c_attn (176 -> 528) and c_fc (176 -> 704) are
+    # one row of >= 512 columns on weights stored [K, N], so GEMV launches reading along N;
+    # the c_proj (176 outputs) and the 101-token LM head keep tensor cores
+    model = _tiny_gpt2(dtype, 176, seed=12)
+    ids = torch.randint(0, 101, (1, 1))
+
+    def logits(i):
+        return model(i, use_cache=False).logits
+
+    graph = _fused_graph(logits, ids, **_TOLERANCE[dtype])
+    assert graph.launch_paths == {
+        "matmul_group(layer_norm + linear + bias)": {"GEMV": 2},  # ln_1 + c_attn
+        "matmul_group(layer_norm + linear + bias + gelu_new)": {"GEMV": 2},  # ln_2 + c_fc
+        "matmul_group(linear + bias + residual)": {"tensor cores": 4},  # both c_proj
+        "matmul_group(layer_norm + linear)": {"tensor cores": 1},  # ln_f + the LM head
+    }, graph.launch_paths
+
+
+class _Spellings(torch.nn.Module):
+    """A LayerNorm, then the three spellings of a product with a weight: ``x @ W`` (W
+    stored [K, N]), ``torch.mm`` (the same) and ``x @ W.T`` (W stored [N, K], Falcon's
+    FalconLinear)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(64)
+        self.up = torch.nn.Parameter(torch.randn(64, 600) / 8)
+        self.down = torch.nn.Parameter(torch.randn(600, 64) / 25)
+        self.head = torch.nn.Parameter(torch.randn(520, 64) / 8)
+
+    def forward(self, x):
+        h = F.gelu(self.norm(x) @ self.up)
+        h = torch.mm(h, self.down) + x
+        return h @ self.head.T
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_matmul_spellings_of_a_weight_become_groups(rows):
+    torch.manual_seed(13)
+    graph = _fused_graph(_Spellings().eval(), torch.randn(rows, 64), rtol=1e-4, atol=1e-4)
+    assert _matmul_groups(fusebackend.last_report()) == [
+        "layer_norm + linear + gelu", "linear + residual", "linear",
+    ]  # fmt: skip
+    way = "GEMV" if rows == 1 else "tensor cores"  # up (along N) and head (along K): 1 row
+    assert graph.launch_paths == {
+        "matmul_group(layer_norm + linear + gelu)": {way: 1},
+        "matmul_group(linear + residual)": {"tensor cores": 1},  # 64 outputs
+        "matmul_group(linear)": {way: 1},
+    }, graph.launch_paths
+    assert not graph.rewrites.get("matmuls_left_alone")
+
+
+def test_a_matmul_by_an_activation_is_left_alone_with_its_reason():
+    def fn(x, y):
+        return x @ (y * 2.0)  # a right operand the graph computes (scores @ values, say)
+
+    graph = _fused_graph(fn, torch.randn(1, 32), torch.randn(32, 40), rtol=1e-5, atol=1e-5)
+    assert not graph.rewrites.get("matmul_groups"), graph.rewrites
+    assert graph.rewrites["matmuls_left_alone"] == [
+        "matmul: the right operand (mul) is computed in the graph, not a weight",
+    ], graph.rewrites
+
+
 def test_many_rows_stay_with_cublas_and_say_why():
     torch.manual_seed(2)
     model = perturb_uniform_parameters(transformers.LlamaModel(tiny_llama_config(layers=1)).eval())
@@ -187,12 +266,7 @@ def test_explain_says_which_matmul_groups_run_as_gemv(rows, gemv, monkeypatch):
 
     monkeypatch.setattr(matmul, "ONE_ROW_GEMV", gemv)
     torch.manual_seed(3)
-    model, x = _WideMLP().eval(), torch.randn(rows, 64)
-    expected = eager(model, x)
-    with torch.no_grad():
-        actual = compile_fused(model)(x)
-    assert_close(actual, expected, rtol=1e-4, atol=1e-4)
-    graph = fusebackend.last_report().graphs[-1]
+    graph = _fused_graph(_WideMLP().eval(), torch.randn(rows, 64), rtol=1e-4, atol=1e-4)
     up = "matmul_group(layer_norm + linear + bias + relu)"
     way = "GEMV" if rows == 1 and gemv else "tensor cores"
     assert graph.launch_paths == {

@@ -105,7 +105,8 @@ def rand(*shape, dtype=torch.float32, scale=1.0, g=None):
 class Case:
     """One eager block: ``prologue`` ("", "rms", "layer", "layer_nobias"), linears of
     ``widths``, ``bias``, ``gate`` (a kernel gate name), ``activation`` (one linear's) or
-    ``residual``."""
+    ``residual``; the fused launch is given the weights stored [N, K] (``layout`` "nk", as
+    ``nn.Linear`` holds them) or [K, N] ("kn", as GPT-2's Conv1D)."""
 
     widths: tuple[int, ...]
     prologue: str = ""
@@ -113,12 +114,14 @@ class Case:
     gate: str = ""
     residual: bool = False
     activation: str = ""
+    layout: str = "nk"
 
     def group(self, eps: float) -> MatmulGroup:
         norm = "layer" if self.prologue.startswith("layer") else self.prologue
         return MatmulGroup(siblings=len(self.widths), norm=norm, eps=eps if norm else 0.0,
                            norm_bias=self.prologue == "layer", gate=self.gate, bias=self.bias,
-                           residual=self.residual, activation=self.activation)  # fmt: skip
+                           residual=self.residual, activation=self.activation,
+                           weight_layout=self.layout)  # fmt: skip
 
 
 class Eager(nn.Module):
@@ -162,6 +165,8 @@ class Eager(nn.Module):
         norm_weight = getattr(norm, "weight", None)
         norm_bias = getattr(norm, "bias", None)
         weights = [lin.weight for lin in self.linears]
+        if self.case.layout == "kn":  # the same values stored [K, N], N contiguous
+            weights = [w.t().contiguous() for w in weights]
         biases = [lin.bias for lin in self.linears] if self.case.bias else []
         with torch.no_grad():
             return matmul_group(self.case.group(eps), x, norm_weight, norm_bias, residual,
@@ -316,8 +321,8 @@ def test_split_k_sums_every_slice_once_for_every_epilogue(config, dtype, launch_
 DOWN_SPLIT = LaunchConfig(16, 128, warps=2, stages=4, split_k=8)
 
 
-# One row asks launch_config with gemv=False where GEMV is not allowed (a head norm, weights
-# stored [K, N]): these picks still apply there, and to 2-16 rows.
+# One row asks launch_config with gemv=False where GEMV is not allowed (a head norm): these
+# picks still apply there, and to 2-16 rows.
 @pytest.mark.parametrize("rows", [1, 4, 16])
 def test_default_config_splits_k_of_narrow_down_projections_only(rows):
     # Qwen2-0.5B's down projection (K 4864 -> 896, residual): 8 slices (7.6 / 7.9 us
@@ -393,19 +398,36 @@ def test_default_config_of_one_row_is_a_gemv_where_measured():
     assert not matmul.launch_config(1, 2048, 511, False, gemv=True).gemv
 
 
-def test_one_row_launches_as_gemv_unless_the_weight_is_stored_along_n():
+def test_one_row_launches_as_gemv_along_the_weights_storage():
     x = rand(1, 127, dtype=torch.float16)
     weight = rand(600, 127, dtype=torch.float16)
     group = MatmulGroup()
     _, grid, meta, _ = matmul._launch(group, x, None, None, None, (weight,), ())
-    assert (meta["BLOCK_M"], meta["BLOCK_N"], grid) == (1, 2, (300, 1)), meta
-    # GPT-2's Conv1D weight [K, N] seen as [N, K]: 2-column tiles would read 4 bytes a line
+    assert (meta["BLOCK_M"], meta["BLOCK_N"], meta["W_KN"], grid) == (1, 2, False, (300, 1))
+    # GPT-2's Conv1D weight [K, N] seen as [N, K]: tiles along N, 32 columns wide
     stored_kn = rand(127, 600, dtype=torch.float16).t()
-    _, _, meta, _ = matmul._launch(group, x, None, None, None, (stored_kn,), ())
-    assert meta["BLOCK_M"] == 16, meta
-    _, _, meta, _ = matmul._launch(group, rand(2, 127, dtype=torch.float16), None, None, None,
-                                   (weight,), ())  # fmt: skip
-    assert meta["BLOCK_M"] == 16, meta
+    _, grid, meta, _ = matmul._launch(group, x, None, None, None, (stored_kn,), ())
+    assert (meta["BLOCK_M"], meta["BLOCK_N"], meta["W_KN"], grid) == (1, 32, True, (19, 1))
+    # contiguous along neither (every other column of a [K, 2N] weight): tensor cores
+    strided = rand(127, 1200, dtype=torch.float16)[:, ::2].t()
+    _, _, meta, _ = matmul._launch(group, x, None, None, None, (strided,), ())
+    assert (meta["BLOCK_M"], meta["W_KN"]) == (16, False), meta
+    for w in (weight, stored_kn):  # more rows: tensor cores, whatever the layout
+        _, _, meta, _ = matmul._launch(group, rand(2, 127, dtype=torch.float16), None, None,
+                                       None, (w,), ())  # fmt: skip
+        assert (meta["BLOCK_M"], meta["W_KN"]) == (16, False), meta
+
+
+def test_default_gemv_config_of_weights_stored_kn():
+    # unmeasured defaults (_gemv_along_n): 32-column tiles, K slices of >= 256 to 128 programs
+    def config(width, outputs, splits):
+        return LaunchConfig(32, min(128, width), 4, 1, split_k=splits, gemv=True)
+
+    for width, outputs, splits in ((768, 2304, 2), (768, 3072, 2), (3072, 768, 8),
+                                   (768, 768, 2), (768, 50257, 1), (64, 600, 1)):  # fmt: skip
+        got = matmul.launch_config(1, width, outputs, False, gemv=True, along_n=True)
+        assert got == config(width, outputs, splits), (width, outputs, got)
+    assert not matmul.launch_config(2, 768, 2304, False, gemv=True, along_n=True).gemv
 
 
 def test_a_gemv_config_for_more_rows_is_refused(launch_config):
@@ -457,6 +479,49 @@ def test_gemv_of_two_column_tiles(dtype, launch_config):
     check_case(Case((17, 9, 9), "layer_nobias", bias=True), 1, 127, dtype, seed=3)
 
 
+# ---- weights stored [K, N] (GPT-2's Conv1D, ``x @ W``: MatmulGroup.weight_layout "kn")
+
+KN_GEMV = LaunchConfig(32, 64, 4, 1, gemv=True)  # K 127: two steps, the last masked
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemv_along_n_for_every_prologue_and_epilogue(dtype, launch_config):
+    # the GEMV's [K step, columns] tiles (W_KN): every epilogue once, every prologue four
+    # times over the list, one row, K = 127, outputs of 17-127 columns (partial last tiles)
+    launch_config(KN_GEMV)
+    x = rand(1, 127, dtype=dtype)
+    stored_kn = rand(127, 64, dtype=dtype).t()
+    _, _, meta, _ = matmul._launch(MatmulGroup(weight_layout="kn"), x, None, None, None,
+                                   (stored_kn,), ())  # fmt: skip
+    assert meta["BLOCK_M"] == 1 and meta["W_KN"], meta
+    for i, case in enumerate(EPILOGUES.values()):
+        case = dataclasses.replace(case, prologue=PROLOGUES[i % len(PROLOGUES)], layout="kn")
+        check_case(case, 1, 127, dtype, seed=i)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_weights_stored_kn_under_the_default_config(dtype):
+    # K 600 and N 530, multiples of no tile: one row is the GEMV along N in 17 tiles x 2 K
+    # slices (384 + 216), the last to arrive adding them
+    from fusebackend.kernels import arrivals
+
+    # (a gate and a residual after an RMSNorm make 6 roundings, which bf16 on the interpreter
+    # truncates: 3 of 530 values beyond BF16_TOL, for [N, K] weights as for [K, N])
+    for seed, case in enumerate([Case((530,), "layer", bias=True, activation="gelu_new"),
+                                 Case((530, 530), "rms", gate="silu"),
+                                 Case((530,), bias=True, residual=True)]):  # fmt: skip
+        check_case(dataclasses.replace(case, layout="kn"), 1, 600, dtype, seed=seed)
+    assert arrivals._counters[DEVICE].abs().amax() == 0
+
+
+@pytest.mark.parametrize("rows,dtype", [(2, torch.float32), (3, torch.float16),
+                                        (4, torch.bfloat16)], ids=str)  # fmt: skip
+def test_weights_stored_kn_of_few_rows_on_tensor_cores(rows, dtype):
+    # 2-4 rows read the same [K, N] tiles into tl.dot; K 127, N 67 and 33
+    check_case(Case((67, 33, 33), "layer", bias=True, layout="kn"), rows, 127, dtype)
+    check_case(Case((67,), "rms", residual=True, layout="kn"), rows, 127, dtype)
+
+
 def test_default_config_is_read_at_each_call(monkeypatch):
     """The sweep swaps ``_launch_config``: the launch must read it at each call."""
     seen = []
@@ -467,7 +532,7 @@ def test_default_config_is_read_at_each_call(monkeypatch):
 
     monkeypatch.setattr(matmul, "_launch_config", spy)
     check_case(Case((64, 64), gate="silu"), 3, 64, torch.float32)
-    assert seen == [(3, 64, 64, True, False, True)]
+    assert seen == [(3, 64, 64, True, False, False, True)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -624,3 +689,24 @@ def test_gelu_new_rounds_where_eager_rounds_op_by_op():
     apart = (got != want).float().mean().item()
     assert apart < 0.05, apart  # tanh's last fp32 bit may differ between implementations
     assert_close(got, want, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, 4])
+def test_gpu_gpt2_projections_stored_kn(rows, dtype):
+    # GPT-2's Conv1D blocks under the default configs, weights [K, N] as Conv1D stores them:
+    # ln_1 + c_attn, ln_2 + c_fc + NewGELU, the MLP's and the attention's c_proj + residual
+    blocks = [
+        (Case((2304,), "layer", bias=True, layout="kn"), 768),
+        (Case((3072,), "layer", bias=True, activation="gelu_new", layout="kn"), 768),
+        (Case((768,), bias=True, residual=True, layout="kn"), 3072),
+        (Case((768,), bias=True, residual=True, layout="kn"), 768),
+    ]
+    for case, k in blocks:
+        x = rand(rows, k, dtype=dtype)
+        weights = (rand(k, case.widths[0], dtype=dtype).t(),)
+        _, _, meta, _ = matmul._launch(case.group(1e-5), x, None, None, None, weights, ())
+        assert meta["W_KN"] == (rows == 1), meta  # one row: the GEMV along N
+        check_case(case, rows, k, dtype, seed=k)

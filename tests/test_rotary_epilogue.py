@@ -312,7 +312,7 @@ def test_a_head_norm_group_of_one_row_stays_on_tensor_cores(monkeypatch):
         group, (wq, wk, wv, cos[:, None], sin[:, None], q_norm, k_norm, k_cache, v_cache, index)
     )
     _, _, meta, _ = matmul._launch(group, h, norm_w, None, None, weights, biases, heads)
-    assert asked == [(1, 40, 320 + 64 + 128, True, True, False)], asked
+    assert asked == [(1, 40, 320 + 64 + 128, True, True, False, False)], asked  # not along N
     assert (meta["BLOCK_M"], meta["BLOCK_N"]) == (16, 8), meta
 
 

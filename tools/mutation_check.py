@@ -219,6 +219,15 @@ MUTATIONS: list[Mutation] = [
         "_tanh(0.7978845608028654 * (g + 0.044715 * g * g))",
         ("tests/test_matmul_kernel.py", "-k", "prologue_epilogue_matrix and gelu_tanh"),
     ),
+    Mutation(
+        "matmul_gemv_kn_strides_swapped",
+        "kernel: matmul GEMV of weights stored [K, N]",
+        "fusebackend/kernels/matmul_triton.py",
+        "b = tl.load(w + ks[:, None] * w_k + cols[None, :] * w_n, mask=keep, other=0.0)",
+        "b = tl.load(w + ks[:, None] * w_n + cols[None, :] * w_k, mask=keep, other=0.0)",
+        ("tests/test_matmul_kernel.py", "-k", "along_n or stored_kn"),
+        note="GPT-2's Conv1D GEMV walks its [K, N] weight with the N and K strides swapped",
+    ),
     # ---- passes
     Mutation(
         "partition_multi_dim_reduction_as_last_dim",

@@ -12,7 +12,9 @@ and re-reading the small activations). One launch here computes, for rows ``x [M
                                        "rms_offset" (Gemma's RMSNorm: (x.float() * rstd *
                                        (1 + w.float())).to(dt), rounded once)
     y_i  = a @ W_i.T (+ b_i)           W_i [N_i, K], the user's parameters read in place
-                                       (1-3 siblings: q, k, v; gate and up)
+                                       (1-3 siblings: q, k, v; gate and up); with
+                                       ``weight_layout`` "kn" given stored [K, N_i]
+                                       (GPT-2's Conv1D, ``x @ W``), read in place
     out  = y_0, y_1, ...               or, with a gate: act(y_0) * y_1 (SwiGLU, GeGLU)
     out  = act(y_0)                    with ``activation`` (one linear): silu, gelu, relu,
                                        gelu_new (NewGELU's 8 ops, each rounded)
@@ -31,15 +33,17 @@ accumulates in fp32; fp32 inputs use IEEE products, not TF32, as eager's default
 
 One program computes a ``BLOCK_M x BLOCK_N`` tile of one sibling's output (``BLOCK_M`` the
 rows padded to 16, the smallest ``tl.dot`` tile; 1 for a one-row GEMV launch, which
-multiplies in fp32 registers instead: ``LaunchConfig.gemv``), looping over K; the grid is the
-tiles of every sibling one after another. The prologue's row statistics (a sum over K) are
-computed by every program from the rows themselves, which are a few KB read from L2 against
-the weight tile's tens of KB (a 2-column GEMV tile reads about as much of the row as of its
-weights). Programs are many and narrow (``BLOCK_N`` 16-64 on tensor cores, 2 for GEMV): a
-2048-wide output is 32-128 programs, or 1024, so every SM streams weights. With
-``LaunchConfig.split_k`` grid axis 1 also cuts K into slices, and the last of a tile's
-programs to finish adds their sums and runs the epilogue (``_sum_slices`` in
-matmul_triton.py; kernels/arrivals.py).
+multiplies in fp32 registers instead: ``LaunchConfig.gemv``), looping over K; the grid is
+the tiles of every sibling one after another. A GEMV reads its weight tiles in the order
+they are stored: [columns, K step] for weights contiguous along K, [K step, columns] for
+weights stored [K, N] (``matmul_triton._weight_tile``; 32 columns wide). The prologue's row
+statistics (a sum over K) are computed by every program from the rows themselves, which are
+a few KB read from L2 against the weight tile's tens of KB (a 2-column GEMV tile reads about
+as much of the row as of its weights). Programs are many and narrow (``BLOCK_N`` 16-64 on
+tensor cores, 2 for GEMV): a 2048-wide output is 32-128 programs, or 1024, so every SM
+streams weights. With ``LaunchConfig.split_k`` grid axis 1 also cuts K into slices, and the
+last of a tile's programs to finish adds their sums and runs the epilogue (``_sum_slices``
+in matmul_triton.py; kernels/arrivals.py).
 
 A rotary group's q and k programs each compute two tiles of one weight, columns ``j`` and
 ``j + D/2`` of the same heads (the pairs rotate_half mixes), so the rotation happens in
@@ -317,7 +321,13 @@ class LaunchConfig:
 
 
 def launch_config(
-    rows: int, width: int, outputs: int, gated: bool, rotary: bool = False, gemv: bool = False
+    rows: int,
+    width: int,
+    outputs: int,
+    gated: bool,
+    rotary: bool = False,
+    along_n: bool = False,
+    gemv: bool = False,
 ) -> LaunchConfig:
     """Tile, warps, pipeline stages and K slices for ``rows`` rows of a ``width``-wide input
     and ``outputs`` output columns in all (a gated pair: its output's columns; each program
@@ -353,26 +363,29 @@ def launch_config(
       of the same default in that file (3.7 us in the sweep, 3.9 in its shape table), and
       TinyLlama's is slower with 3 (7.0 against 6.6 us).
 
-    One row with ``gemv`` (the launch allows it: weights stored along K, no head norm) and at
-    least ``GEMV_MIN_OUTPUTS`` columns: the products without tensor cores in 2-column tiles of
-    1024-wide K steps, 4 warps (``LaunchConfig.gemv``). From ``diag_matmul_gemv.py`` on an
-    H100 (``matmul_gemv_h100.json``, fp16, one row, launched as programmatic dependents),
-    the sweep's best GEMV tile against the tensor-core launch: TinyLlama's down projection
-    9.7 against 11.0 us, gate/up 17.7 against 19.2, o 4.4 against 5.8; Qwen2-0.5B's down 4.9
-    against 6.4; Llama-3-8B at TP=2 gate/up 41.6 against 44.1, down 21.6 against 22.7 (the
-    diag's own kernel, the same math; the sweep: 2-16 columns, 256-1024-wide K steps, 2-8
-    warps, the next step's tile loaded ahead or not; Qwen2's best loads ahead, TinyLlama's
-    gate/up best is 16 columns wide). This one tile came within 0.8 us of the best on the
-    four shapes where it was timed; on TinyLlama's gate/up and the 8B down only its variant
-    loading ahead was, 0.4 and 0.8 us from their best. As launched
-    (``matmul_kernels_h100_gemv.json``, another run) TinyLlama's down 10.0, gate/up 18.4, o
-    4.8 us. The rotary q/k/v launch: 6.6 against 7.9 us for the split-K pick below
-    (TinyLlama), 3.7 against 5.0 (Qwen2), 11.8 against 13.1 (Llama-3-8B, TP=2;
-    ``rotary_gemv_h100.json``). LM heads take it untimed alone (with them on tensor cores,
-    in its own process, Qwen2's step took 0.820 ms, rounds 0.773-0.909, against the run
-    before's 0.757: ``suite_decode_h100_gemv_no_lm_head.json``; no decision either way)."""
+    One row with ``gemv`` (the launch allows it: weights contiguous along K or along N, no head
+    norm) and at least ``GEMV_MIN_OUTPUTS`` columns: the products without tensor cores; weights
+    along K in 2-column tiles of 1024-wide K steps, 4 warps (``LaunchConfig.gemv``). From
+    ``diag_matmul_gemv.py`` on an H100 (``matmul_gemv_h100.json``, fp16, one row, launched as
+    programmatic dependents), the sweep's best GEMV tile against the tensor-core launch:
+    TinyLlama's down projection 9.7 against 11.0 us, gate/up 17.7 against 19.2, o 4.4 against
+    5.8; Qwen2-0.5B's down 4.9 against 6.4; Llama-3-8B at TP=2 gate/up 41.6 against 44.1, down
+    21.6 against 22.7 (the diag's own kernel, the same math; the sweep: 2-16 columns,
+    256-1024-wide K steps, 2-8 warps, the next step's tile loaded ahead or not; Qwen2's best
+    loads ahead, TinyLlama's gate/up best is 16 columns wide). This one tile came within 0.8 us
+    of the best on the four shapes where it was timed; on TinyLlama's gate/up and the 8B down
+    only its variant loading ahead was, 0.4 and 0.8 us from their best. As launched
+    (``matmul_kernels_h100_gemv.json``, another run) TinyLlama's down 10.0, gate/up 18.4, o 4.8
+    us. The rotary q/k/v launch: 6.6 against 7.9 us for the split-K pick below (TinyLlama), 3.7
+    against 5.0 (Qwen2), 11.8 against 13.1 (Llama-3-8B, TP=2; ``rotary_gemv_h100.json``). LM
+    heads take it untimed alone (with them on tensor cores, in its own process, Qwen2's step
+    took 0.820 ms, rounds 0.773-0.909, against the run before's 0.757:
+    ``suite_decode_h100_gemv_no_lm_head.json``; no decision either way). Weights along N
+    (``along_n``): ``_gemv_along_n``."""
     widest_k = max(16, 1 << (width - 1).bit_length())
     if gemv and rows == 1 and outputs >= GEMV_MIN_OUTPUTS and ONE_ROW_GEMV:
+        if along_n:
+            return _gemv_along_n(width, outputs, widest_k)
         return LaunchConfig(2, min(1024, widest_k), warps=4, stages=1, gemv=True)
     deep = rows > 4
     if gated:
@@ -398,6 +411,19 @@ def launch_config(
     block_k = min(512 if deep and width >= 2048 else 256, widest_k)
     warps = 2 if deep and block_n == 16 and outputs <= width else 4
     return LaunchConfig(block_n, block_k, warps=warps, stages=4 if block_n == 16 else 3)
+
+
+def _gemv_along_n(width: int, outputs: int, widest_k: int) -> LaunchConfig:
+    """One row's GEMV on weights stored [K, N] (``along_n``: GPT-2's Conv1D, ``x @ W``), not
+    yet measured: 32-column tiles (64 bytes of fp16 per K row, two whole sectors; a warp
+    reads 8 K rows of a tile at once) of 128-wide K steps, 4 warps (32 weights a thread per
+    step), and K cut into 2, 4 or 8 slices (of 256 or more) until there are 128 programs or
+    more: GPT-2's c_attn (768 -> 2304) 72 tiles x 2 slices, c_fc (768 -> 3072) 96 x 2, the
+    MLP's c_proj (3072 -> 768) 24 x 8, the attention's (768 -> 768) 24 x 2."""
+    tiles, splits = -(-outputs // 32), 1
+    while tiles * splits < 128 and splits < 8 and width // (2 * splits) >= 256:
+        splits *= 2
+    return LaunchConfig(32, min(128, widest_k), warps=4, stages=1, split_k=splits, gemv=True)
 
 
 # Weight elements per row of a program's tile asked of L2 first, before anything else is
@@ -496,6 +522,7 @@ def _launch(
         "PRECISION": _precision(x.dtype),
         "PDL": pdl,
         "PREFETCH": PREFETCH_K if nvidia_gpu(x.device) else 0,  # inline PTX
+        "W_KN": config.gemv and _stored_along_n(weights),  # tensor cores read any layout
         "num_warps": config.warps,
         "num_stages": config.stages,
     }
@@ -519,16 +546,25 @@ def _config(group: MatmulGroup, rows: int, width: int, weights: Sequence[torch.T
             columns: list[int]) -> LaunchConfig:  # fmt: skip
     """The launch config of ``rows`` rows of ``width`` on these weights, whose programs
     cover ``columns`` (``_launch_columns``)."""
-    # GEMV tiles are 2 columns wide: not with a head norm (a program holds a whole head) or
-    # a weight stored [K, N] (GPT-2's Conv1D: a 2-column tile would read 4 bytes per line)
-    gemv = not group.head_norm and all(w.stride(-1) == 1 for w in weights)
+    # Not with a head norm: a program holds a whole head, a GEMV tile a few columns. Weights
+    # contiguous along neither K nor N (slices of both) keep tensor cores.
+    along_n = _stored_along_n(weights)
+    gemv = not group.head_norm and (along_n or all(w.stride(-1) == 1 for w in weights))
     gated = bool(group.gate or group.rotary)
-    config = _launch_config(rows, width, sum(columns), gated, bool(group.rotary), gemv)
+    # (gemv last: tests and sweeps that swap _launch_config read it there)
+    config = _launch_config(rows, width, sum(columns), gated, bool(group.rotary), along_n,
+                            gemv)  # fmt: skip
     if group.head_norm:  # a program holds whole heads: one head's halves
         config = dataclasses.replace(config, block_n=group.rotary // 2)
     if config.gemv and rows != 1:
         raise ValueError(f"a GEMV launch config is for one row, not {rows}: {config}")
     return config
+
+
+def _stored_along_n(weights: Sequence[torch.Tensor]) -> bool:
+    """Are the weights (``[N, K]`` views) stored [K, N], N contiguous (GPT-2's Conv1D, ``x @
+    W``)? Their GEMV then reads tiles along N (matmul_triton._weight_tile)."""
+    return all(w.stride(0) == 1 and w.stride(-1) != 1 for w in weights)
 
 
 def _k_slices(width: int, config: LaunchConfig) -> tuple[int, int]:

@@ -78,7 +78,7 @@ def _tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, v, v_n, v_k,
           rows, cols, M, K: tl.constexpr, N, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
           TWO: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
           work, counters, SPLIT_K: tl.constexpr, K_SPAN: tl.constexpr, PDL: tl.constexpr,
-          PREFETCH: tl.constexpr):  # fmt: skip
+          PREFETCH: tl.constexpr, W_KN: tl.constexpr):  # fmt: skip
     """The fp32 products of the rows with weight ``w``'s columns ``cols`` (and, with
     ``TWO``, with weight ``v``'s: a gated pair shares the input block), and whether this
     program goes on to the epilogue: with ``SPLIT_K`` each program sums a ``K_SPAN`` slice
@@ -101,7 +101,7 @@ def _tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, v, v_n, v_k,
     if rows.shape[0] == 1:  # one row: a GEMV launch (LaunchConfig.gemv)
         acc, acc2 = _row_products(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k,
                                   v, v_n, v_k, rows, cols, M, K, N, NORM, NORM_BIAS, TWO,
-                                  BLOCK_K, k_first, K_SPAN)  # fmt: skip
+                                  BLOCK_K, k_first, K_SPAN, W_KN)  # fmt: skip
     else:
         acc, acc2 = _dot_products(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k,
                                   v, v_n, v_k, rows, cols, M, K, N, NORM, NORM_BIAS, TWO,
@@ -152,29 +152,53 @@ def _dot_products(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, v, v
 def _row_products(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, v, v_n, v_k,
                   rows, cols, M, K: tl.constexpr, N, NORM: tl.constexpr,
                   NORM_BIAS: tl.constexpr, TWO: tl.constexpr, BLOCK_K: tl.constexpr, k_first,
-                  K_SPAN: tl.constexpr):  # fmt: skip
-    """``_tile``'s K loop for one row without tensor cores: the weight tile is read as
-    [columns, K step] (coalesced along K) straight into registers, multiplied by the row in
-    fp32 and summed along K once at the end; returns the [1, columns] sums (and the second
-    weight's with ``TWO``). A ``tl.dot`` pads the row to 16 and stages the tile through
-    shared memory; here a tile can be 2 columns wide, so even a 2048-column output has 1024
-    programs. H100, one fp16 row, launch_config's GEMV tile against the tl.dot launch (both
-    launched as programmatic dependents; matmul_kernels_h100_gemv.json and
-    matmul_gemv_h100.json): TinyLlama's down projection 10.0 against 11.0 us, gate/up 18.4
-    against 19.2, o 4.8 against 5.8 (the timings of matmul.launch_config's docstring)."""
-    acc = tl.zeros([cols.shape[0], BLOCK_K], tl.float32)
-    acc2 = tl.zeros([cols.shape[0], BLOCK_K], tl.float32)
+                  K_SPAN: tl.constexpr, W_KN: tl.constexpr):  # fmt: skip
+    """``_tile``'s K loop for one row without tensor cores: each K step's weight tile is read
+    as stored (``_weight_tile``) straight into registers, multiplied by the row in fp32, and
+    summed along K once at the end; returns the [1, columns] sums (and the second weight's
+    with ``TWO``). A ``tl.dot`` pads the row to 16 and stages the tile through shared memory;
+    here a tile can be 2 columns wide, so even a 2048-column output has 1024 programs. H100,
+    one fp16 row, launch_config's GEMV tile against the tl.dot launch (both launched as
+    programmatic dependents; matmul_kernels_h100_gemv.json and matmul_gemv_h100.json):
+    TinyLlama's down projection 10.0 against 11.0 us, gate/up 18.4 against 19.2, o 4.8
+    against 5.8 (the timings of matmul.launch_config's docstring).
+
+    With ``W_KN`` (weights stored [K, N], N contiguous: GPT-2's Conv1D, ``x @ W``) the tiles
+    are [K step, columns] and the row a [K step, 1] column, so a warp's loads run along N;
+    launch_config gives them 32 columns (64 bytes of fp16 per K row: two whole 32-byte
+    sectors) instead of 2, which along N would use 4 bytes of each sector read."""
+    if W_KN:
+        acc = tl.zeros([BLOCK_K, cols.shape[0]], tl.float32)
+    else:
+        acc = tl.zeros([cols.shape[0], BLOCK_K], tl.float32)
+    acc2 = tl.zeros(acc.shape, tl.float32)
     for step in range(0, K_SPAN, BLOCK_K):
         ks = k_first + step + tl.arange(0, BLOCK_K)
         a = _input_block(x, x_row, x_col, norm_w, norm_b, mean, rstd, rows, ks, M, K,
                          NORM, NORM_BIAS).to(tl.float32)  # fmt: skip
+        if W_KN:
+            a = tl.trans(a)  # [1, K step] -> [K step, 1]
+        acc += _weight_tile(w, w_n, w_k, cols, ks, N, K, W_KN) * a
+        if TWO:
+            acc2 += _weight_tile(v, v_n, v_k, cols, ks, N, K, W_KN) * a
+    if W_KN:
+        return tl.sum(acc, axis=0)[None, :], tl.sum(acc2, axis=0)[None, :]
+    return tl.sum(acc, axis=1)[None, :], tl.sum(acc2, axis=1)[None, :]
+
+
+@triton.jit
+def _weight_tile(w, w_n, w_k, cols, ks, N, K: tl.constexpr, W_KN: tl.constexpr):
+    """Weight ``w``'s columns ``cols`` x K step ``ks`` (strides ``w_n``, ``w_k``) in fp32,
+    zero outside [N, K], in the orientation of its storage: [K step, columns] with ``W_KN``
+    (N contiguous), else [columns, K step] (K contiguous), so consecutive threads read
+    consecutive addresses either way."""
+    if W_KN:
+        keep = (ks[:, None] < K) & (cols[None, :] < N)
+        b = tl.load(w + ks[:, None] * w_k + cols[None, :] * w_n, mask=keep, other=0.0)
+    else:
         keep = (cols[:, None] < N) & (ks[None, :] < K)
         b = tl.load(w + cols[:, None] * w_n + ks[None, :] * w_k, mask=keep, other=0.0)
-        acc += b.to(tl.float32) * a
-        if TWO:
-            b2 = tl.load(v + cols[:, None] * v_n + ks[None, :] * v_k, mask=keep, other=0.0)
-            acc2 += b2.to(tl.float32) * a
-    return tl.sum(acc, axis=1)[None, :], tl.sum(acc2, axis=1)[None, :]
+    return b.to(tl.float32)
 
 
 @triton.jit
@@ -281,14 +305,14 @@ def _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, bias, out, r
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PRECISION: tl.constexpr, work, counters, SPLIT_K: tl.constexpr,
                  K_SPAN: tl.constexpr, PDL: tl.constexpr,
-                 PREFETCH: tl.constexpr):  # fmt: skip
+                 PREFETCH: tl.constexpr, W_KN: tl.constexpr):  # fmt: skip
     """One tile of one sibling's output: products, bias, cast, activation, residual,
     store."""
     rows = tl.arange(0, BLOCK_M)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     acc, _, last = _tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, w, w_n,
                          w_k, rows, cols, M, K, N, NORM, NORM_BIAS, False, BLOCK_K, PRECISION,
-                         work, counters, SPLIT_K, K_SPAN, PDL, PREFETCH)  # fmt: skip
+                         work, counters, SPLIT_K, K_SPAN, PDL, PREFETCH, W_KN)  # fmt: skip
     if last:
         if HAS_BIAS:
             acc = _add_bias(acc, bias, cols, N)
@@ -345,7 +369,7 @@ def _rotary_tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, bias,
     lo, hi, last = _tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k,
                          w + HALF * w_n, w_n, w_k, rows, cols, M, K, N, NORM, NORM_BIAS, True,
                          BLOCK_K, PRECISION, work, counters, SPLIT_K, K_SPAN, PDL,
-                         PREFETCH)  # fmt: skip
+                         PREFETCH, False)  # fmt: skip
     if last:
         if HAS_BIAS:
             lo = _add_bias(lo, bias, cols, N)
@@ -394,7 +418,7 @@ def _value_tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, bias,
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     acc, _, last = _tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, w, w_n,
                          w_k, rows, cols, M, K, N, NORM, NORM_BIAS, False, BLOCK_K, PRECISION,
-                         work, counters, SPLIT_K, K_SPAN, PDL, PREFETCH)  # fmt: skip
+                         work, counters, SPLIT_K, K_SPAN, PDL, PREFETCH, False)  # fmt: skip
     if last:
         if HAS_BIAS:
             acc = _add_bias(acc, bias, cols, N)
@@ -405,7 +429,7 @@ def _value_tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, bias,
 def _matmul_group(
     x, x_row, x_col,            # the rows [M, K] and their strides
     norm_w, norm_b, eps,        # the prologue's weight, bias and epsilon
-    w0, w1, w2,                 # sibling weights [N_i, K] (absent ones: w0)
+    w0, w1, w2,                 # sibling weights as [N_i, K] views (absent ones: w0)
     w0_n, w0_k, w1_n, w1_k, w2_n, w2_k,
     b0, b1, b2,                 # their biases [N_i]
     out0, out1, out2,           # outputs [M, N_i], contiguous
@@ -429,6 +453,7 @@ def _matmul_group(
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,          # launched as a programmatic dependent (kernels/dependent_launch.py)
     PREFETCH: tl.constexpr,     # weight elements per row asked of L2 first (matmul.PREFETCH_K)
+    W_KN: tl.constexpr,         # weights stored [K, N], N contiguous: GEMV tiles along N
 ):  # fmt: skip
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
@@ -470,7 +495,7 @@ def _matmul_group(
         gate, up, last = _tile(x, x_row, x_col, norm_w, norm_b, eps, w0, w0_n, w0_k,
                                w1, w1_n, w1_k, rows, cols, M, K, N0, NORM, NORM_BIAS, True,
                                BLOCK_K, PRECISION, work, counters, SPLIT_K,
-                               K_SPAN, PDL, PREFETCH)  # fmt: skip
+                               K_SPAN, PDL, PREFETCH, W_KN)  # fmt: skip
         if last:
             if HAS_BIAS:
                 gate = _add_bias(gate, b0, cols, N0)
@@ -484,7 +509,8 @@ def _matmul_group(
             _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w0, w0_n, w0_k, b0,
                          out0, res, res_row, res_col, pid, M, K, N0, NORM, NORM_BIAS,
                          HAS_BIAS, HAS_RESIDUAL, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
-                         PRECISION, work, counters, SPLIT_K, K_SPAN, PDL, PREFETCH)  # fmt: skip
+                         PRECISION, work, counters, SPLIT_K, K_SPAN, PDL, PREFETCH,
+                         W_KN)  # fmt: skip
         else:
             if SIBLINGS >= 2:
                 if pid < TILES0 + TILES1:
@@ -492,7 +518,7 @@ def _matmul_group(
                                  w1_k, b1, out1, res, res_row, res_col, pid - TILES0, M,
                                  K, N1, NORM, NORM_BIAS, HAS_BIAS, False, 0, BLOCK_M,
                                  BLOCK_N, BLOCK_K, PRECISION, work, counters, SPLIT_K,
-                                 K_SPAN, PDL, PREFETCH)  # fmt: skip
+                                 K_SPAN, PDL, PREFETCH, W_KN)  # fmt: skip
                 else:
                     if SIBLINGS == 3:
                         _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w2, w2_n,
@@ -500,7 +526,7 @@ def _matmul_group(
                                      pid - TILES0 - TILES1, M, K, N2, NORM, NORM_BIAS,
                                      HAS_BIAS, False, 0, BLOCK_M, BLOCK_N, BLOCK_K,
                                      PRECISION, work, counters, SPLIT_K, K_SPAN, PDL,
-                                     PREFETCH)  # fmt: skip
+                                     PREFETCH, W_KN)  # fmt: skip
 
 
 # The kernel as built for launches (``matmul_group_kernel``), and built in Triton's debug

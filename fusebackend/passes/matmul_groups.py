@@ -6,9 +6,15 @@ its siblings (q, k, v; gate and up) and the ops after it (the gate's activation 
 the residual add) are separate launches that re-read the small activations. This pass finds,
 on the fused graph before the row partition:
 
-- **siblings**: linears of static shapes and at most ``MAX_ROWS`` rows that read one input
-  node (same dtype, all with or all without bias), up to ``MAX_SIBLINGS`` per launch in
-  graph order;
+- **products**: ``F.linear(x, W, b)`` (W stored [N, K]); GPT-2's Conv1D
+  ``addmm(b, x.view(-1, K), W).view(..., N)``, ``x @ W``, ``torch.matmul`` and ``torch.mm``
+  (W stored [K, N]: ``weight_layout`` "kn"); ``x @ W.T`` (Falcon's FalconLinear: W stored
+  [N, K]). Beside ``F.linear`` the right operand must be a graph input (a parameter, a
+  buffer, a constant): a matrix the graph computes (attention's scores @ values) is left to
+  cuBLAS;
+- **siblings**: products of static shapes and at most ``MAX_ROWS`` rows that read one input
+  node (same dtype and weight layout, all with or all without bias), up to
+  ``MAX_SIBLINGS`` per launch in graph order;
 - **prologue**: when every user of that input is one of the siblings and the input is a norm
   of the un-normalised rows ``h``: ``F.layer_norm`` over the last dim (weight, bias and a
   Python-number eps), or transformers' RMSNorm as traced
@@ -79,8 +85,9 @@ class _Norm:
 @dataclasses.dataclass
 class _Anchor:
     """One product a group computes: ``F.linear(rows, weight, bias)`` (weight ``[N, K]``,
-    layout "nk"), or GPT-2's Conv1D ``addmm(bias, rows.view(-1, K), weight).view(..., N)``
-    (weight ``[K, N]``, layout "kn")."""
+    layout "nk"), GPT-2's Conv1D ``addmm(bias, rows.view(-1, K), weight).view(..., N)``
+    (weight ``[K, N]``, layout "kn"), or ``rows @ weight`` (``torch.matmul``, ``torch.mm``;
+    "kn") and ``rows @ weight.T`` (Falcon's FalconLinear; the weight ``[N, K]``, "nk")."""
 
     output: torch.fx.Node  # the node whose value the product is
     rows: torch.fx.Node  # the input rows [..., K]
@@ -157,8 +164,16 @@ def use_matmul_groups(
 
 
 def _anchor(node: torch.fx.Node) -> _Anchor | None:
-    """The product ``node`` computes (an ``F.linear`` call, or the ``addmm`` of a Conv1D
-    between its views), else None."""
+    """The product ``node`` computes (an ``F.linear`` call, the ``addmm`` of a Conv1D
+    between its views, a matmul by a matrix or its transpose), else None."""
+    if _is_matmul(node) and len(node.args) == 2 and not node.kwargs:
+        rows, right = node.args
+        if not (isinstance(rows, torch.fx.Node) and isinstance(right, torch.fx.Node)):
+            return None
+        weight = _transposed(right)
+        if weight is not None:  # x @ W.T: W stored [N, K], as F.linear's
+            return _Anchor(node, rows, weight, None, "nk", [node, right], node)
+        return _Anchor(node, rows, right, None, "kn", [node], node)
     if node.op != "call_function":
         return None
     if node.target is torch._C._nn.linear:
@@ -188,6 +203,34 @@ def _anchor(node: torch.fx.Node) -> _Anchor | None:
     return None
 
 
+def _is_matmul(node: torch.fx.Node) -> bool:
+    """``a @ b``, ``torch.matmul``, ``torch.mm`` or their method spellings."""
+    if node.op == "call_method":
+        return node.target in ("matmul", "mm")
+    return node.op == "call_function" and node.target in (operator.matmul, torch.matmul, torch.mm)
+
+
+def _transposed(node: Any) -> torch.fx.Node | None:
+    """The matrix ``node`` is the transpose of (``w.T``, ``w.t()``, ``w.transpose(0, 1)``,
+    ``torch.t(w)``, ``torch.transpose(w, -1, -2)``, ...), or None."""
+    if not isinstance(node, torch.fx.Node) or node.kwargs or not node.args:
+        return None
+    source, target, rest = node.args[0], node.target, node.args[1:]
+    value = example_value(source) if isinstance(source, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or value.dim() != 2:
+        return None
+    method = node.op == "call_method"
+    if node.op == "call_function" and target is getattr:
+        found = rest in (("T",), ("mT",))
+    elif (method and target == "t") or target is torch.t:
+        found = rest == ()
+    elif (method and target == "transpose") or target is torch.transpose:
+        found = len(rest) == 2 and {d % 2 for d in rest if isinstance(d, int)} == {0, 1}
+    else:
+        found = False
+    return source if found else None
+
+
 def _is_view(node: Any) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "call_method" and node.target in (
         "view", "reshape",
@@ -203,7 +246,14 @@ def _anchor_reason(anchor: _Anchor, usable: Callable[[torch.device], bool]) -> s
         return f"dtypes {xv.dtype} x {wv.dtype}"
     k_dim = 1 if anchor.layout == "nk" else 0
     if wv.dim() != 2 or xv.dim() < 1 or xv.shape[-1] != wv.shape[k_dim]:
-        return "not a [..., K] x [N, K] product"
+        shape = "[N, K]" if anchor.layout == "nk" else "[K, N]"
+        return f"not a [..., K] x {shape} product"
+    if anchor.product.target is not torch._C._nn.linear and anchor.weight.op not in (
+        "placeholder", "get_attr",
+    ):  # fmt: skip
+        # a matmul group streams weights that are the same tensors at every call; a product
+        # of two activations (attention's scores and values) is left to cuBLAS
+        return f"the right operand ({anchor.weight.name}) is computed in the graph, not a weight"
     if xv.device != wv.device or not usable(xv.device):
         return f"no Triton on {xv.device}"
     rows = math.prod(xv.shape[:-1])
