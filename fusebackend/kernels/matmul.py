@@ -72,6 +72,7 @@ from fusebackend.kernels.cache_write import check_cache_index
 from fusebackend.kernels.dependent_launch import nvidia_gpu, pdl_launch
 from fusebackend.kernels.family import concrete_cuda_tensor, launch_key
 from fusebackend.kernels.ir import ACTIVATIONS, GATES, MAX_SIBLINGS, NORMS, MatmulGroup
+from fusebackend.kernels.matmul_reference import Heads, reference
 from fusebackend.kernels.triton_api import interpreter_enabled, triton_usable, warmup_launch
 
 __all__ = [
@@ -111,20 +112,6 @@ def matmul_group(
                                         biases, heads)  # fmt: skip
     _kernel(group.index_checks)[grid](*args, **meta)
     return outputs
-
-
-@dataclasses.dataclass(frozen=True)
-class Heads:
-    """What a rotary q, k, v group reads beside its weights: cos and sin, and the caches it
-    writes k and v into at ``index`` (None without a cache write)."""
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-    q_norm: torch.Tensor | None = None  # with ``head_norm``: the heads' norm weights [D]
-    k_norm: torch.Tensor | None = None
-    k_cache: torch.Tensor | None = None
-    v_cache: torch.Tensor | None = None
-    index: torch.Tensor | None = None
 
 
 def _split_params(
@@ -169,80 +156,6 @@ def _weights_and_biases(
     if group.gate_half == 1:
         halves, bias_halves = halves[::-1], bias_halves[::-1]
     return tuple(halves), tuple(bias_halves)
-
-
-def reference(
-    group: MatmulGroup,
-    x: torch.Tensor,
-    norm_weight: torch.Tensor | None,
-    norm_bias: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    weights: tuple[torch.Tensor, ...],
-    biases: tuple[torch.Tensor, ...],
-    heads: Heads | None = None,
-) -> tuple[torch.Tensor, ...]:
-    """``group``'s math in torch ops, rounded as the kernel rounds (and as eager does);
-    ``weights`` ``[N_i, K]``, ``biases`` and ``heads`` as ``_split_params`` gives them."""
-    a = x
-    if group.norm in ("rms", "rms_offset"):
-        a = _rms_reference(group.norm, x, norm_weight, group.eps)
-    elif group.norm == "layer":
-        a = torch.nn.functional.layer_norm(x, x.shape[-1:], norm_weight, norm_bias, group.eps)
-    ys = [
-        torch.nn.functional.linear(a, w, biases[k] if group.bias else None)
-        for k, w in enumerate(weights)
-    ]
-    if group.gate:
-        ys = [_activation_reference(group.gate, ys[0]) * ys[1]]
-    if group.activation:
-        ys = [_activation_reference(group.activation, ys[0])]
-    if group.residual:
-        ys = [ys[0] + residual]
-    if heads is not None:
-        return _rotary_reference(group, ys, heads)
-    return tuple(ys)
-
-
-def _rms_reference(kind: str, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' RMSNorm ("rms": the weight times the normalised row rounded to x's
-    dtype) or Gemma's ("rms_offset": times ``1 + weight`` in fp32, rounded once)."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    if kind == "rms":
-        return weight * h.to(x.dtype)
-    return (h * (1.0 + weight.float())).to(x.dtype)
-
-
-def _activation_reference(name: str, y: torch.Tensor) -> torch.Tensor:
-    if name == "gelu_new":  # transformers' NewGELUActivation, op by op
-        return 0.5 * y * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y**3.0)))
-    if name == "relu":
-        return torch.relu(y)
-    if name == "silu":
-        return torch.nn.functional.silu(y)
-    return torch.nn.functional.gelu(y, approximate="tanh" if name == "gelu_tanh" else "none")
-
-
-def _rotary_reference(group: MatmulGroup, ys: list[torch.Tensor], heads: Heads):
-    """q and k (``[B, T, N]``) rotated as transformers' ``apply_rotary_pos_emb`` rotates
-    them, k and v written into the caches with ``index_copy_`` (returning q), or q, k, v."""
-    batch, seq = ys[0].shape[:2]
-    width = group.rotary
-    cos = torch.broadcast_to(heads.cos, (batch, 1, seq, width))
-    sin = torch.broadcast_to(heads.sin, (batch, 1, seq, width))
-    by_heads = [y.view(batch, seq, -1, width).transpose(1, 2) for y in ys]
-    for k, weight in ((0, heads.q_norm), (1, heads.k_norm)):
-        y = by_heads[k]
-        if group.head_norm:  # transformers' RMSNorm over each head, or Gemma3's
-            y = _rms_reference(group.head_norm, y, weight, group.head_eps)
-        rotated = torch.cat((-y[..., width // 2 :], y[..., : width // 2]), dim=-1)
-        by_heads[k] = y * cos + rotated * sin
-    flat = [y.transpose(1, 2).reshape(batch, seq, -1) for y in by_heads]
-    if not group.cache_write:
-        return tuple(flat)
-    heads.k_cache.index_copy_(2, heads.index, by_heads[1])
-    heads.v_cache.index_copy_(2, heads.index, by_heads[2])
-    return (flat[0],)
 
 
 def precompile_matmul(group: MatmulGroup, x, norm_weight, norm_bias, residual, *params) -> None:

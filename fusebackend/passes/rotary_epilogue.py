@@ -52,8 +52,8 @@ from fusebackend.passes.cache_writes import cache_write_of, can_write_pair
 from fusebackend.passes.fx_util import example_value, nodes_between, single_user, static_tensor
 from fusebackend.passes.graph import is_mutation, resort_stably
 from fusebackend.passes.groups import op_call
-from fusebackend.passes.matmul_groups import offset_rms_norm_of, rms_norm_of
 from fusebackend.passes.mutations import storage_id, written_storages
+from fusebackend.passes.norms import offset_rms_norm_of, rms_norm_of
 from fusebackend.passes.rotation import Rotation, is_split, match_rotation
 
 __all__ = ["RotaryEpilogues", "use_rotary_epilogues"]
@@ -78,7 +78,7 @@ class _Heads:
     output: torch.fx.Node  # getitem(group, i)
     view: torch.fx.Node
     heads: torch.fx.Node  # the transpose, [B, H, T, D]
-    norm: Any = None  # matmul_groups' _Norm of the heads (its ``nodes`` end at its output)
+    norm: Any = None  # norms.Norm of the heads (its ``nodes`` end at its output)
     normed: torch.fx.Node | None = None  # the norm's output
     norm_after: bool = False  # the norm reads the transpose (else the transpose reads it)
 
