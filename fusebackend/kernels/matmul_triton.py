@@ -181,9 +181,14 @@ def _row_products(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, v, v
         acc += _weight_tile(w, w_n, w_k, cols, ks, N, K, W_KN) * a
         if TWO:
             acc2 += _weight_tile(v, v_n, v_k, cols, ks, N, K, W_KN) * a
+    # One return after a static if/else: Triton 3.6 type-checks a return after a static if
+    # that returned too, and the two orientations' sums differ ([1, 32] against [1, 128]:
+    # CompilationError "Inconsistent return types" on an H200; the interpreter never checks)
     if W_KN:
-        return tl.sum(acc, axis=0)[None, :], tl.sum(acc2, axis=0)[None, :]
-    return tl.sum(acc, axis=1)[None, :], tl.sum(acc2, axis=1)[None, :]
+        sums, sums2 = tl.sum(acc, axis=0), tl.sum(acc2, axis=0)
+    else:
+        sums, sums2 = tl.sum(acc, axis=1), tl.sum(acc2, axis=1)
+    return sums[None, :], sums2[None, :]
 
 
 @triton.jit
