@@ -152,6 +152,10 @@ SOURCES = (
     # issue 36 on an H200 at 32c90b8 (2026-11-28): TinyLlama shape, batch 1, 128 slots, bf16
     # (benchmarks/fast_generate.py's rows, written by hand from its JSON)
     "fast_generate_h200_32c90b8.json",
+    # the same at 127aca0, the prefill through the backend (no eager row in this run)
+    "fast_generate_h200_127aca0.json",
+    # GPT-2's decode step after the (K, N) GEMV's fix, 9147d04 (benchmarks/run.py's rows)
+    "suite_gpt2_decode_h200_9147d04.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
