@@ -449,9 +449,14 @@ def run_tests(
     output = proc.stdout + proc.stderr
     if log is not None:
         log.write_text(" ".join(command) + "\n\n" + output)
-    result = {0: "missed", 1: "caught"}.get(proc.returncode, "broken")
     failure = _first_failure(output)
-    detail = "" if proc.returncode in (0, 1) else f"pytest exit {proc.returncode}: " + _tail(output)
+    returncode = proc.returncode
+    if workers and returncode == 2 and failure.startswith("FAILED "):
+        # pytest-xdist ends a -x run at its first failure as "Interrupted", exit 2, where
+        # one process exits 1: a failing test still caught the mutation
+        returncode = 1
+    result = {0: "missed", 1: "caught"}.get(returncode, "broken")
+    detail = "" if returncode in (0, 1) else f"pytest exit {returncode}: " + _tail(output)
     return Result("", "", "", result, seconds, failure, detail)
 
 
