@@ -451,7 +451,7 @@ def run_tests(
         log.write_text(" ".join(command) + "\n\n" + output)
     failure = _first_failure(output)
     returncode = proc.returncode
-    if workers and returncode == 2 and failure.startswith("FAILED "):
+    if workers and returncode == 2 and "\nFAILED " in "\n" + output:
         # pytest-xdist ends a -x run at its first failure as "Interrupted", exit 2, where
         # one process exits 1: a failing test still caught the mutation
         returncode = 1
