@@ -230,6 +230,15 @@ MUTATIONS: list[Mutation] = [
     ),
     # ---- passes
     Mutation(
+        "batch_norm_fold_never_refreshed",
+        "pass: folded BatchNorms follow their parameters",
+        "fusebackend/passes/batch_norm_folding.py",
+        "[t._version for t in current] == self._versions",
+        "True",
+        ("tests/test_batch_norm_folding.py",),
+        note="a weight edited in place after compiling leaves the folded conv's W' stale",
+    ),
+    Mutation(
         "partition_multi_dim_reduction_as_last_dim",
         "pass: partition (fusion checker)",
         "fusebackend/passes/ops.py",
