@@ -74,3 +74,10 @@ def test_the_layout_section_lists_every_module_of_the_package():
     extra = {f: sorted(n - on_disk.get(f, set())) for f, n in listed.items()}
     assert not any(missing.values()), f"modules missing from README's Layout: {missing}"
     assert not any(extra.values()), f"README's Layout lists modules that do not exist: {extra}"
+
+
+def test_the_readme_stays_a_front_door_under_400_lines():
+    # The long performance record lives in docs/PERFORMANCE.md (issue 37, item 6): the README
+    # keeps what it is, set-up, the first example, options and a short table.
+    lines = README.read_text().splitlines()
+    assert len(lines) < 400, f"README.md has {len(lines)} lines; move detail to docs/"
