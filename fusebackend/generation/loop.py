@@ -212,10 +212,10 @@ class DecodeLoop:
         k: int,
         capture: bool,
         started: float,
-        prefill: Callable[[dict[str, Any]], Tensor] | None = None,
+        prefill: Callable[[dict[str, Any]], Tensor],
     ) -> tuple[Tensor, GenerateReport]:
         """Generate; returns the sequences (prompt + new tokens) and the call's report
-        (``prefill``: the prompt's forward, ``DecodeLoop.prefill``; None: the model's)."""
+        (``prefill``: the prompt's forward, ``DecodeLoop.prefill``)."""
         model = self._model()
         batch, prompt = input_ids.shape
         max_new = plan.stop.max_length - prompt
@@ -232,10 +232,7 @@ class DecodeLoop:
             inputs = model.prepare_inputs_for_generation(
                 input_ids, is_first_iteration=True, **model_kwargs
             )
-            if prefill is not None:
-                logits = prefill(inputs)
-            else:
-                logits = model(**inputs, return_dict=True).logits[:, -1]
+            logits = prefill(inputs)
             slots = cache.layers[0].max_cache_len
             entry = self._entry(input_ids, plan, model_kwargs, cache, logits.shape[-1], k, slots)
             buffers = entry.buffers

@@ -88,6 +88,13 @@ class Refresh:
         self.folds = list(folds)
         self.derivations = 0  # folds derived again after compile time (tests read it)
         self._indices = [i for fold in self.folds for i in fold.sources if i is not None]
+        # each fold's sources as a slice of the flat lists (derived once: sources are fixed)
+        self._windows = []
+        start = 0
+        for fold in self.folds:
+            count = sum(i is not None for i in fold.sources)
+            self._windows.append(slice(start, start + count))
+            start += count
         self._remember(inputs)
 
     def _remember(self, inputs: Sequence[Any]) -> None:
@@ -100,11 +107,7 @@ class Refresh:
             [t._version for t in current] == self._versions
         ):
             return
-        start = 0
-        for fold in self.folds:
-            count = sum(i is not None for i in fold.sources)
-            window = slice(start, start + count)
-            start += count
+        for fold, window in zip(self.folds, self._windows):
             same = all(map(operator.is_, current[window], self._tensors[window]))
             if not same or [t._version for t in current[window]] != self._versions[window]:
                 fold.derive(inputs)
