@@ -48,10 +48,12 @@ from fusebackend.passes.collectives import (
     collective_nodes,
     use_vocab_parallel_lookup,
 )
+from fusebackend.passes.conv_bias import move_conv_biases
 from fusebackend.passes.decode_attention import use_decode_attention
 from fusebackend.passes.fx_util import example_value, placeholders
 from fusebackend.passes.lowering import lower
 from fusebackend.passes.matmul_groups import use_matmul_groups
+from fusebackend.passes.out_of_place import make_out_of_place
 from fusebackend.passes.pairing import pair_twin_groups
 from fusebackend.passes.partition import Candidate, find_groups
 from fusebackend.passes.rewrite import reference_graph, rewrite
@@ -109,6 +111,17 @@ def _fold_batch_norms(c: Compilation) -> list[str]:
         c.labels["batch_norms_left_alone"] = "BatchNorms not folded"
     c.refresh = found.refresh(c.example_inputs)
     return [fold.name for fold in found.folds]
+
+
+def _make_out_of_place(c: Compilation) -> list[str]:
+    """In-place elementwise ops on graph temporaries as out-of-place ops (so they fuse); the
+    in-place table ops left alone reported with why."""
+    assert c.graph is not None
+    found = make_out_of_place(c.graph)
+    if found.left_alone:
+        c.rewrites.setdefault("in_place_left_alone", []).extend(found.left_alone)
+        c.labels["in_place_left_alone"] = "in-place ops left in place"
+    return found.made
 
 
 def _use_matmul_groups(c: Compilation) -> list[str]:
@@ -221,9 +234,15 @@ def _precompile_pass(c: Compilation) -> None:
 # (Triton runs on one of the graph's devices here; a cache-write pair on another device runs
 # its two index_copy_ calls.)
 FUSE = [
+    Pass("make_out_of_place", _make_out_of_place,
+         "in-place ops on graph temporaries made out-of-place (fused graph)",
+         report="made_out_of_place"),
     Pass("fold_batch_norms", _fold_batch_norms,
          "eval BatchNorms folded into their convolutions (fused graph)",
          report="batch_norms_folded"),
+    Pass("move_conv_biases", lambda c: move_conv_biases(c.graph),
+         "convolution biases added in the elementwise group after them (fused graph)",
+         report="conv_biases_moved"),
     Pass("use_vocab_parallel_lookup",
          lambda c: use_vocab_parallel_lookup(c.graph, vocab_parallel_lookup, c.config.index_checks),
          "vocab-parallel lookups as one kernel + all-reduce (fused graph)",

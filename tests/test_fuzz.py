@@ -152,6 +152,8 @@ UNARY: list[tuple[str, Callable, Callable[[float], float]]] = [
     ("gelu", F.gelu, lambda b: b),
     ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), lambda b: b),
     ("silu", F.silu, lambda b: b),
+    ("hardswish", F.hardswish, lambda b: b),
+    ("hardsigmoid", F.hardsigmoid, lambda b: 1.0),
     ("hardtanh", F.hardtanh, lambda b: 1.0),
     ("leaky_relu", lambda x: F.leaky_relu(x, 0.2), lambda b: b),
     ("sin", lambda x: torch.sin(x.clamp(-1.5, 1.5)), lambda b: 1.0),

@@ -112,6 +112,9 @@ EXPRESSIONS: dict[str, Emitter] = {
     "relu6": lambda a, p: _clamp(a[0], "0.0", "6.0"),
     "gelu": lambda a, p: _gelu(str(a[0]), p.get("approximate", "none")),
     "silu": _unary("({0} * tl.sigmoid({0}))"),
+    # as ATen's CUDA kernels write them: clamp(x + 3, 0, 6) times 1/6 (not divided by 6)
+    "hardswish": lambda a, p: f"({a[0]} * {_clamp(f'({a[0]} + 3.0)', '0.0', '6.0')} * {1 / 6!r})",
+    "hardsigmoid": lambda a, p: f"({_clamp(f'({a[0]} + 3.0)', '0.0', '6.0')} * {1 / 6!r})",
     "leaky_relu": lambda a, p: (
         f"tl.where({a[0]} > 0, {a[0]}, {a[0]} * {format_scalar(p['negative_slope'])})"
     ),

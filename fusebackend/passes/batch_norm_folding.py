@@ -197,7 +197,7 @@ def fold_batch_norms(
             name=bn.name,
             sources=sources,
             eps=float(_bn_arg(bn, 7, "eps", 1e-5)),
-            weight=torch.empty_like(example, memory_format=torch.contiguous_format),
+            weight=torch.empty_like(example),  # keeps a channels-last weight's layout
             bias=example.new_empty(example.shape[0]),
         )
         fold.derive(inputs)

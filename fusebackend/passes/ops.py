@@ -238,6 +238,17 @@ _op(
     [*_both("gelu"), torch._C._nn.gelu],
 )
 _op(OpDef("silu", _U, "float", _reject_inplace), _sig_unary_inplace, [F.silu, "silu"])
+# MobileNetV3's activations (timm, torchvision); their in-place forms: passes/out_of_place.py
+_op(
+    OpDef("hardswish", _U, "float", _reject_inplace),
+    _sig_unary_inplace,
+    [F.hardswish, torch._C._nn.hardswish],
+)
+_op(
+    OpDef("hardsigmoid", _U, "float", _reject_inplace),
+    _sig_unary_inplace,
+    [F.hardsigmoid, torch._C._nn.hardsigmoid],
+)
 _op(
     OpDef("leaky_relu", _U, "float", _reject_inplace),
     _sig_leaky_relu,

@@ -1,0 +1,143 @@
+"""In-place ops made out-of-place (passes/out_of_place.py) and convolution biases moved into
+the elementwise group after them (passes/conv_bias.py).
+
+Blocks written the way timm and torchvision write them (``nn.ReLU(inplace=True)``,
+``x += shortcut``, ``Tensor.mul_``, ``torch.relu_``, in-place hardswish): outputs equal eager's
+at odd shapes, the in-place ops and the moved biases sit inside fused groups; a write into a
+graph input, into a view of a temporary, or one whose out-of-place result has another dtype
+stays in place with its reason, and eager's effect on the input happens exactly once.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from helpers import assert_model_fused, graphs_since
+
+import fusebackend
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    fusebackend.clear_cache()
+
+
+class InPlaceBlock(nn.Module):
+    """conv + BN + ReLU(inplace), conv with bias + hardswish(inplace), ``+=`` shortcut,
+    SiLU(inplace), ``mul_`` whose result is dropped, ``torch.relu_``."""
+
+    def __init__(self, channels: int = 6) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 1)
+        self.act1, self.act2 = nn.ReLU(inplace=True), nn.Hardswish(inplace=True)
+        self.act3 = nn.SiLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shortcut = x
+        x = self.act1(self.bn1(self.conv1(x)))
+        before = x * 1.5  # reads x before the in-place ops below change it
+        x = self.act2(self.conv2(x))
+        x += shortcut
+        x = self.act3(x)
+        x.mul_(2.0)
+        return torch.relu_(x), before
+
+
+def _run(model: nn.Module, *inputs: torch.Tensor, calls: int = 2):
+    before = fusebackend.reports()
+    compiled = torch.compile(model, backend="infinifuse")
+    with torch.no_grad():
+        for _ in range(calls):
+            out = compiled(*inputs)
+    return out, graphs_since(before)
+
+
+def _rewrites(graphs, key: str) -> list[str]:
+    return [name for g in graphs for name in g.rewrites.get(key, [])]
+
+
+def test_in_place_activations_and_residual_add_fuse_and_equal_eager():
+    torch.manual_seed(0)
+    model = InPlaceBlock().eval()
+    with torch.no_grad():
+        model.bn1.running_mean.normal_()
+        model.bn1.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(2, 6, 5, 7)
+    with torch.no_grad():
+        expected = model(x.clone())
+    out, graphs = _run(model, x.clone())
+    for got, want in zip(out, expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert_model_fused(graphs, row_groups=2)  # validation kept the fused graph
+    made = _rewrites(graphs, "made_out_of_place")
+    assert len(made) == 6, made  # relu, hardswish, +=, silu, mul_, relu_
+    assert not _rewrites(graphs, "in_place_left_alone")
+    assert sorted(_rewrites(graphs, "conv_biases_moved")) == ["conv2d", "conv2d_1"]
+    fused = {node for g in graphs for group in g.groups for node in group.nodes}
+    assert set(made) <= fused, (made, fused)  # every one of them inside a fused group
+
+
+def test_a_write_into_a_graph_input_stays_in_place_and_happens_once():
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x.relu_()
+        return x * 2.0 + 1.0
+
+    x = torch.randn(3, 17)
+    expected_input = x.clone().relu_()
+    before = fusebackend.reports()
+    out = torch.compile(f, backend="infinifuse")(x)
+    graphs = graphs_since(before)
+    torch.testing.assert_close(x, expected_input)  # the input changed, once
+    torch.testing.assert_close(out, expected_input * 2.0 + 1.0)
+    left = _rewrites(graphs, "in_place_left_alone")
+    assert any("graph input" in reason for reason in left), left
+    assert not _rewrites(graphs, "made_out_of_place")
+
+
+def test_a_write_through_a_view_of_a_temporary_stays_in_place():
+    def f(x: torch.Tensor) -> torch.Tensor:
+        t = x * 3.0
+        head = t[:, :5]
+        head.relu_()  # changes t too
+        return torch.sigmoid(t + 1.0) * 2.0
+
+    x = torch.randn(4, 11)
+    before = fusebackend.reports()
+    out = torch.compile(f, backend="infinifuse")(x)
+    graphs = graphs_since(before)
+    torch.testing.assert_close(out, f(x.clone()))
+    left = _rewrites(graphs, "in_place_left_alone")
+    assert any("shares its storage" in reason for reason in left), left
+
+
+def test_an_in_place_op_that_casts_its_result_stays_in_place():
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        t = x * 2.0  # bfloat16
+        t.add_(y)  # float32 operand: in place rounds the sum to bfloat16
+        return torch.sigmoid(t * 3.0) + 1.0
+
+    x, y = torch.randn(3, 9, dtype=torch.bfloat16), torch.randn(3, 9)
+    before = fusebackend.reports()
+    out = torch.compile(f, backend="infinifuse")(x, y)
+    graphs = graphs_since(before)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, f(x, y), rtol=1e-2, atol=1e-2)
+    left = _rewrites(graphs, "in_place_left_alone")
+    assert any("dtype" in reason for reason in left), left
+
+
+def test_a_conv_whose_reader_is_not_elementwise_keeps_its_bias():
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Conv2d(4, 5, 3), nn.Conv2d(5, 3, 1), nn.ReLU()).eval()
+    x = torch.randn(1, 4, 9, 6)
+    out, graphs = _run(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    assert_model_fused(graphs)
+    moved = _rewrites(graphs, "conv_biases_moved")
+    assert len(moved) == 1, moved  # the second one only: the first one's reader is a conv
