@@ -2,7 +2,7 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|decode|rows|matmul|splitk|rotary|zoo|suite|tp|sentence|diag]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|decode|rows|matmul|splitk|rotary|zoo|suite|tp|sentence|vision|diag]...
 #
 # Knobs (environment): GPU_TESTS (test paths for "tests", default tests), DECODE_ONLY and
 # DECODE_BACKENDS (run.py's --only and --backends for "decode"), ROWS_ARGS (more arguments
@@ -26,7 +26,9 @@
 # it replaces and eager, with its launch sweep capped at 150 s; not yet run), zoo
 # (21 architectures: kernels per call, captured or not,
 # error vs eager), suite (the whole benchmarks/run.py suite), tp (tensor parallelism on every
-# GPU of the machine: its GPU tests, diag_tp_chain.py and benchmarks/tensor_parallel.py), diag (why BERT's SDPA runs its
+# GPU of the machine: its GPU tests, diag_tp_chain.py and benchmarks/tensor_parallel.py), vision
+# (timm models, benchmarks/vision.py: VISION_ARGS passed on, VISION_NAME the result's name,
+# default vision; stops starting models after 300 s), diag (why BERT's SDPA runs its
 # math path under Dynamo; which SDPA kernel a decode step's attention should get; the decode
 # attention kernel against repeat_kv + SDPA and its launch sweep; the host time of a replay
 # and of a generate() step, ~5 min). One device call runs at most 10
@@ -179,6 +181,16 @@ for step in $steps; do
                 --out "$OUT/diag_sentence_passes_$shape.json"
         done
         ;;
+    vision)
+        # timm vision models, each (model, backend) in a cold process (issue 38). The defaults
+        # below keep the step inside one device call (no process starts after 300 s, none runs
+        # past 240 s); VISION_ARGS, after them, can override them. JSON in --variant must hold
+        # no spaces: VISION_ARGS is split at spaces. Ledger rows (source: $VISION_NAME.json)
+        # land in $OUT for appending to benchmarks/results/ledger.jsonl.
+        name=${VISION_NAME:-vision}
+        run_step "bench_$name" python3 benchmarks/vision.py --time-budget 300 --child-timeout 240 \
+            ${VISION_ARGS:-} --out "$OUT/$name.json" --ledger "$OUT/${name}_ledger.jsonl"
+        ;;
     diag)
         run_step diag_bert_sdpa python3 benchmarks/diag/diag_bert_sdpa.py
         run_step diag_decode_sdpa python3 benchmarks/diag/diag_decode_sdpa.py
@@ -188,7 +200,7 @@ for step in $steps; do
         run_step diag_generate_host python3 benchmarks/diag/diag_generate_host.py
         ;;
     *)
-        echo "unknown step: $step (tests, examples, bench, generate, rows, decode, matmul, splitk, rotary, zoo, suite, tp, sentence, diag)"
+        echo "unknown step: $step (tests, examples, bench, generate, rows, decode, matmul, splitk, rotary, zoo, suite, tp, sentence, vision, diag)"
         status=1
         ;;
     esac
