@@ -2,9 +2,10 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|decode|rows|matmul|splitk|rotary|zoo|suite|tp|sentence|vision|diag]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|suite|tp|sentence|vision|diag]...
 #
-# Knobs (environment): GPU_TESTS (test paths for "tests", default tests), DECODE_ONLY and
+# Knobs (environment): GPU_TESTS (test paths for "tests", default tests), FASTGEN_ARGS (the
+# arguments of fast_generate.py for "fastgen", see there), DECODE_ONLY and
 # DECODE_BACKENDS (run.py's --only and --backends for "decode"), ROWS_ARGS (more arguments
 # of row_kernels.py for "rows", e.g. --sweep), MATMUL_ARGS (more arguments of
 # matmul_kernels.py for "matmul", e.g. --sweep), SPLITK_ARGS (more arguments of
@@ -17,8 +18,9 @@
 # $OUT).
 #
 # (default: tests examples bench. Asked for by name: generate (transformers' generate()
-# through three backends, cold caches, ~4 min), decode (the four decode/encoder models of the
-# suite), rows (each row-kernel pattern vs Inductor and copy bandwidth, ~1 min; ROWS_ARGS=--sweep
+# through three backends, cold caches, ~4 min), fastgen (issue 36's device decode loop
+# against generate(): benchmarks/fast_generate.py with FASTGEN_ARGS), decode (the four
+# decode/encoder models of the suite), rows (each row-kernel pattern vs Inductor and copy bandwidth, ~1 min; ROWS_ARGS=--sweep
 # adds the launch-config sweep), matmul (matmul groups: GPU tests, each kernel vs cuBLAS,
 # the PDL diag, ~2 min), splitk (a diag: split-K few-row matmul kernels against split-K = 1
 # and cuBLAS, its launch sweep capped at 240 s; not yet run, ~5-6 min expected), rotary (a
@@ -26,9 +28,10 @@
 # it replaces and eager, with its launch sweep capped at 150 s; not yet run), zoo
 # (21 architectures: kernels per call, captured or not,
 # error vs eager), suite (the whole benchmarks/run.py suite), tp (tensor parallelism on every
-# GPU of the machine: its GPU tests, diag_tp_chain.py and benchmarks/tensor_parallel.py), vision
-# (timm models, benchmarks/vision.py: VISION_ARGS passed on, VISION_NAME the result's name,
-# default vision; stops starting models after 300 s), diag (why BERT's SDPA runs its
+# GPU of the machine: its GPU tests, diag_tp_chain.py and benchmarks/tensor_parallel.py, the
+# device loop's generate among its rows), vision (timm models, benchmarks/vision.py:
+# VISION_ARGS passed on, VISION_NAME the result's name, default vision; stops starting models
+# after 300 s), diag (why BERT's SDPA runs its
 # math path under Dynamo; which SDPA kernel a decode step's attention should get; the decode
 # attention kernel against repeat_kv + SDPA and its launch sweep; the host time of a replay
 # and of a generate() step, ~5 min). One device call runs at most 10
@@ -87,6 +90,17 @@ for step in $steps; do
     generate)
         run_step bench_generate python3 benchmarks/generate.py --out "$OUT/generate.json"
         ;;
+    fastgen)
+        # the device decode loop (fusebackend.generate) against generate()'s loop through
+        # three backends and its decode step alone: FASTGEN_ARGS picks the runs (default the
+        # TinyLlama shape, batch 1, 128 slots, greedy, k=8), e.g. "--configs tinyllama:1:128
+        # tinyllama:1:128:sampled qwen2-0.5b:1:128 --ks 8". The JSON is rewritten after each
+        # run (a call cut off keeps the finished ones); its ledger rows afterwards, on any
+        # machine: fast_generate.py --ledger-from JSON --ledger benchmarks/results/ledger.jsonl
+        fastgen_args=${FASTGEN_ARGS:-"--configs tinyllama:1:128 --ks 8"}
+        run_step bench_fastgen python3 benchmarks/fast_generate.py \
+            --out "$OUT/fast_generate.json" $fastgen_args
+        ;;
     rows)
         run_step bench_rows python3 benchmarks/row_kernels.py --out "$OUT/row_kernels.json" \
             ${ROWS_ARGS:-}
@@ -141,7 +155,9 @@ for step in $steps; do
         # Tensor parallelism on every GPU of the machine (2 or more): the GPU tests of
         # tests/test_tensor_parallel.py, then benchmarks/tensor_parallel.py at TP=N and TP=1
         # for each shape in TP_SHAPES (default tinyllama; llama3-8b saves 16 GB of random
-        # weights first), TP_ARGS passed on (e.g. --parts decode). TP_SIZES: the process
+        # weights first): eager, infinifuse, reduce-overhead and (generate only) the device
+        # loop, infinifuse-loop (fusebackend.generate, k=8), TP_ARGS passed on (e.g. --parts
+        # decode, --guard-filter, --decode-steps 16, --backends). TP_SIZES: the process
         # counts (default: every GPU, then 1); TP_BENCH_ONLY=1 skips the tests and the chain
         # diag (a benchmark split over several device calls).
         gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
@@ -200,7 +216,7 @@ for step in $steps; do
         run_step diag_generate_host python3 benchmarks/diag/diag_generate_host.py
         ;;
     *)
-        echo "unknown step: $step (tests, examples, bench, generate, rows, decode, matmul, splitk, rotary, zoo, suite, tp, sentence, vision, diag)"
+        echo "unknown step: $step (tests, examples, bench, generate, fastgen, rows, decode, matmul, splitk, rotary, zoo, suite, tp, sentence, vision, diag)"
         status=1
         ;;
     esac

@@ -1,4 +1,4 @@
-"""Tensor parallelism: a decode step and transformers' generate() on N GPUs, three backends.
+"""Tensor parallelism: a decode step and transformers' generate() on N GPUs, four backends.
 
     torchrun --nproc_per_node 2 benchmarks/tensor_parallel.py --shape tinyllama --out tp2.json
     torchrun --nproc_per_node 1 benchmarks/tensor_parallel.py --shape tinyllama --out tp1.json
@@ -7,18 +7,30 @@ With N > 1 the model is loaded with ``tp_plan="auto"`` (NCCL); with N = 1 it is 
 model on one GPU (what "TP=1" means in the results). Random weights of the chosen shape are
 saved once by rank 0 (``--model-root``, reused by later runs of the same shape).
 
-Per backend (eager, infinifuse, Inductor with mode="reduce-overhead"), each from cold
-Dynamo caches, on every rank at once:
+Per backend (eager, infinifuse, Inductor with mode="reduce-overhead", and infinifuse-loop:
+generate only), each from cold Dynamo caches, on every rank at once:
 - decode step: ``torch.compile(model.forward)``, B=1 with a StaticCache after a 64-token
   prefill; the first call (compilation included), then the median over rounds of the time
   per step of 32 back-to-back steps;
 - generate: ``CompileConfig(backend=...)`` (eager: ``disable_compile=True``), 64 new tokens
-  after a 16-token prompt; the first generate, then the median of 3.
+  after a 16-token prompt, greedy; the first generate, then the median of 3.
+  ``infinifuse-loop`` is ``fusebackend.generate(..., decode_steps=k)`` (``--decode-steps``,
+  default 8): infinifuse's device decode loop, k steps per captured graph on every rank, the
+  all-reduces inside it (docs/GENERATION.md). Rank 0 records, per backend, whether every
+  rank generated the same tokens and how many equal eager tensor-parallel's.
 Also the time of one all-reduce of a decode step's hidden row (NCCL, captured in a CUDA
 graph, 200 replays) times the step's all-reduces: the communication share of a step.
 Rank 0 writes the JSON: device, versions, date, every rank's figures. ``--guard-filter``
 compiles infinifuse with Dynamo's guards on the parameters skipped (README: Tensor
-parallelism); each rank's row records it.
+parallelism), the loop's step included; each rank's row records it. The loop's graph replays
+skip Dynamo's guards anyway, so without the filter the loop is compared with a CompileConfig
+row that pays them on every step.
+
+On CPUs the ranks join with gloo (a smoke test of the plumbing: transformers compiles only on
+accelerators, so CompileConfig's rows run eagerly there, and nothing is captured):
+
+    torchrun --nproc_per_node 2 benchmarks/tensor_parallel.py --shape tiny \
+        --backends eager,infinifuse,infinifuse-loop --parts generate --new-tokens 8
 """
 
 from __future__ import annotations
@@ -59,17 +71,21 @@ SHAPES = {
         num_key_value_heads=2,
     ),
 }
+LOOP = "infinifuse-loop"  # fusebackend.generate: the device decode loop (generate part only)
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tinyllama")
-    parser.add_argument("--backends", default="eager,infinifuse,inductor")
+    parser.add_argument("--backends", default=f"eager,infinifuse,inductor,{LOOP}")
     parser.add_argument("--parts", default="decode,generate", help="decode, generate or both")
     parser.add_argument("--model-root", default="/tmp/fusebackend_tp_models")
     parser.add_argument("--steps", type=int, default=32, help="decode steps per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument(
+        "--decode-steps", type=int, default=8, help=f"{LOOP}: the loop's k (steps per replay)"
+    )
     parser.add_argument(
         "--guard-filter",
         action="store_true",
@@ -235,6 +251,8 @@ def generate(model: Any, backend: str, args: argparse.Namespace, device, world) 
         "cache_implementation": "static",
         "pad_token_id": 0,
     }
+    if backend == LOOP:
+        return device_loop(model, ids, kwargs, args, device, world)
     if backend == "eager":
         kwargs["disable_compile"] = True
     elif backend == "infinifuse":
@@ -254,6 +272,46 @@ def generate(model: Any, backend: str, args: argparse.Namespace, device, world) 
         "generate_s": median,
         "tokens_per_s": args.new_tokens / median,
         "tokens": tokens[0, 16:].tolist(),
+    }
+
+
+def device_loop(model: Any, ids: Any, kwargs: dict[str, Any], args, device, world) -> dict:
+    """generate()'s figures for ``fusebackend.generate`` (the same arguments as the other
+    backends' generate; the decode step compiled with --guard-filter's options too) and
+    whether its chunks were captured; an error where it fell back to transformers' loop."""
+    import fusebackend
+    import fusebackend.generation.loop
+
+    options = compile_options(args.guard_filter)
+
+    def run() -> Any:
+        return fusebackend.generate(
+            model, ids, decode_steps=args.decode_steps, options=options, **kwargs
+        )
+
+    try:
+        with torch.no_grad():
+            tokens, first = synced(device, world, run)
+            times = [synced(device, world, run)[1] for _ in range(3)]
+    finally:
+        # The loop keeps its captured k-step graph (NCCL all-reduces inside) for the model's
+        # next call, out of reach of fusebackend.clear_cache(), and the model keeps it alive
+        # (the loop's compiled forwards hold the model): NCCL's teardown waited forever while
+        # such graphs lived (examples/tp_generate.py's shutdown). Synchronized above: no
+        # replay in flight when it goes.
+        fusebackend.generation.loop._loops.pop(model, None)
+    report = fusebackend.generation.last_report()
+    if report.path != "device loop":  # the figures would be transformers' loop's
+        raise RuntimeError(f"fusebackend.generate fell back to transformers' loop: {report.reason}")
+    median = statistics.median(times)
+    return {
+        "first_generate_s": first,
+        "generate_s": median,
+        "tokens_per_s": args.new_tokens / median,
+        "tokens": tokens[0, 16:].tolist(),
+        "decode_steps": args.decode_steps,
+        "captured": report.captured,
+        "replays": report.replays,
     }
 
 
@@ -324,8 +382,8 @@ def main() -> None:
     for backend in args.backends.split(","):
         row: dict[str, Any] = {}
         for part, fn in (("decode", decode), ("generate", generate)):
-            if part not in args.parts:
-                continue
+            if part not in args.parts or (part == "decode" and backend == LOOP):
+                continue  # (the loop is a way to generate(); the infinifuse row times a step)
             reset_compilers()
             try:
                 row[part] = fn(model, backend, args, device, world)
@@ -346,7 +404,8 @@ def main() -> None:
         gathered = [None] * world
         dist.all_gather_object(gathered, result)
     if rank == 0:
-        report = {"environment": environment(world, args.commit), "ranks": gathered}
+        report = {"environment": environment(world, args.commit), "ranks": gathered,
+                  "generate_tokens": token_checks(gathered)}  # fmt: skip
         _summary(report)
         if args.out:
             with open(args.out, "w") as f:
@@ -366,6 +425,28 @@ def main() -> None:
         dist.destroy_process_group()
 
 
+def token_checks(ranks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per backend that generated: whether every rank's tokens are the same (each rank
+    chooses them from its own copy of the logits: ranks that part have seen different logits),
+    and how many of rank 0's equal eager tensor-parallel's."""
+
+    def tokens(rank: dict[str, Any], backend: str) -> list[int] | None:
+        return ((rank["backends"].get(backend) or {}).get("generate") or {}).get("tokens")
+
+    checks = {}
+    eager = tokens(ranks[0], "eager")
+    for backend in ranks[0]["backends"]:
+        per_rank = [tokens(rank, backend) for rank in ranks]
+        if per_rank[0] is None:
+            continue
+        check: dict[str, Any] = {"same_on_every_rank": all(t == per_rank[0] for t in per_rank)}
+        if eager is not None and backend != "eager":
+            check["tokens_equal_eager"] = sum(a == b for a, b in zip(per_rank[0], eager))
+            check["tokens"] = len(eager)
+        checks[backend] = check
+    return checks
+
+
 def _summary(report: dict[str, Any]) -> None:
     rank0 = report["ranks"][0]
     print(f"\n{rank0['shape']}, TP={rank0['tp']} on {report['environment']['device']}")
@@ -374,14 +455,21 @@ def _summary(report: dict[str, Any]) -> None:
             f"  all-reduce: {rank0['all_reduce_ms'] * 1e3:.1f} us each, "
             f"{rank0['all_reduce_ms_per_step']:.3f} ms per step"
         )
+    checks = report.get("generate_tokens", {})
     for backend, row in rank0["backends"].items():
         d, g = row.get("decode", {}), row.get("generate", {})
+        check = checks.get(backend, {})
+        tokens = ""
+        if check:
+            tokens = f"  same on every rank {check['same_on_every_rank']}"
+        if "tokens_equal_eager" in check:
+            tokens += f", equal eager {check['tokens_equal_eager']}/{check['tokens']}"
         print(
-            f"  {backend:10s} step {d.get('step_ms', float('nan')):7.3f} ms  first call "
+            f"  {backend:15s} step {d.get('step_ms', float('nan')):7.3f} ms  first call "
             f"{d.get('first_call_s', float('nan')):6.2f} s | generate "
             f"{g.get('tokens_per_s', float('nan')):7.1f} tok/s  first "
-            f"{g.get('first_generate_s', float('nan')):6.2f} s  {d.get('error', '')}"
-            f"{g.get('error', '')}"[:300]
+            f"{g.get('first_generate_s', float('nan')):6.2f} s{tokens}  {d.get('error', '')}"
+            f"{g.get('error', '')}"[:400]
         )
 
 
