@@ -302,3 +302,20 @@ def test_choose_samples_as_torch_multinomial_does():
     assert selection.choose(scores, sample=True).tolist() == expected.tolist()
     assert selection.choose(scores, sample=False).tolist() == scores.argmax(-1).tolist()
     assert not math.isnan(float(selection.choose(scores, sample=True).float().sum()))
+
+
+def test_a_model_dropped_by_its_user_is_released_with_its_loop():
+    """The loop keeps the model weakly: its compiled forwards, cache and captured graph go
+    with the model (a closure that held the model kept all of them alive until exit)."""
+    import gc
+    import weakref
+
+    model = _model()
+    fusebackend.generate(model, _prompt(), decode_steps=2, backend="infinifuse",
+                         max_new_tokens=3, do_sample=False)  # fmt: skip
+    alive = weakref.ref(model)
+    del model
+    torch._dynamo.reset()
+    fusebackend.clear_cache()
+    gc.collect()
+    assert alive() is None

@@ -161,7 +161,8 @@ class DecodeLoop:
         fn = self._forwards.get(key)
         if fn is not None:
             return fn
-        model = self._model()
+        model_ref = self._model  # a closure holding the model would keep it (and its loop,
+        # cache and captured graph, whose NCCL collectives hang teardown) alive for good
 
         def decode_forward(ids: Tensor, pos: Tensor | None, attn: Tensor | None, cache: Any):
             kwargs: dict[str, Any] = {"input_ids": ids, cache_key: cache, "use_cache": True}
@@ -171,7 +172,7 @@ class DecodeLoop:
                 kwargs["attention_mask"] = attn
             if logits_to_keep:
                 kwargs["logits_to_keep"] = 1
-            return model(**kwargs).logits[:, -1]
+            return model_ref()(**kwargs).logits[:, -1]
 
         fn = decode_forward
         if backend is not None:
@@ -185,10 +186,10 @@ class DecodeLoop:
         user set it, not the decode step's False): a warm process replays a prompt length it
         has seen (TinyLlama shape on an H200: the eager prefill took 17.4 ms to the first
         token, 2026-11-28). Eager on a CPU, where nothing is captured."""
-        model = self._model()
+        model_ref = self._model
 
         def prefill_forward(inputs: dict[str, Any]) -> Tensor:
-            return model(**inputs, return_dict=True).logits[:, -1]
+            return model_ref()(**inputs, return_dict=True).logits[:, -1]
 
         if backend is None or device.type != "cuda":
             return prefill_forward
