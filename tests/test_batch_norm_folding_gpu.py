@@ -1,8 +1,8 @@
 """Folded BatchNorms on the GPU: timm models (``pretrained=False``) captured in CUDA graphs.
 
 Each model's eval BatchNorms fold into their convolutions (fp16: a per-channel scale and shift
-after each), the activations after them (written in place) fuse with those; outputs equal eager's in fp16 after the
-signature is captured (replays), and a weight edited in place or a
+after each), and the activations after them (written in place) fuse with those; outputs equal
+eager's in fp16 after the signature is captured (replays), and a weight edited in place or a
 ``load_state_dict()`` after capture reaches the replayed graph (the derived constants are
 written in place, where the captured graph reads them).
 """

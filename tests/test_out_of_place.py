@@ -13,7 +13,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from helpers import assert_model_fused, graphs_since
 
 import fusebackend
