@@ -156,6 +156,14 @@ SOURCES = (
     "fast_generate_h200_127aca0.json",
     # GPT-2's decode step after the (K, N) GEMV's fix, 9147d04 (benchmarks/run.py's rows)
     "suite_gpt2_decode_h200_9147d04.json",
+    # issue 36's matrix at c3dac07 (2026-11-28, H200): TinyLlama b1/b4, 128/4096 slots, greedy
+    # and sampled, Qwen2-0.5B and Llama-3.2-1B shapes (fast_generate.py --ledger-from), and the
+    # device loop at TP=2 and 1 on two H200s (tensor_parallel.py --guard-filter)
+    "fast_generate_h200_c3dac07.json",
+    "tensor_parallel_tinyllama_tp2_h200_c3dac07.json",
+    "tensor_parallel_tinyllama_tp1_h200_c3dac07.json",
+    # issue 38's vision suite at c3dac07 (benchmarks/vision.py, four timm models, fp16)
+    "vision_h200_c3dac07.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.

@@ -202,7 +202,10 @@ def _version(dist: str) -> str | None:
 
 
 def commit(given: str | None) -> dict[str, Any]:
-    """The checkout's commit (git), else --commit; and whether tracked files were modified."""
+    """--commit where given (the device machine's copy of a checkout can carry an older .git
+    than its files), else the checkout's commit (git) and whether tracked files were modified."""
+    if given:
+        return {"commit": given, "commit_source": "--commit"}
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, timeout=10)  # fmt: skip
@@ -213,7 +216,7 @@ def commit(given: str | None) -> dict[str, Any]:
     if head is not None and head.returncode == 0:
         return {"commit": head.stdout.strip(), "commit_source": "git",
                 "modified_tracked_files": bool(dirty and dirty.stdout.strip())}  # fmt: skip
-    return {"commit": given, "commit_source": "--commit" if given else "unknown (no git)"}
+    return {"commit": None, "commit_source": "unknown (no git)"}
 
 
 def run_one(args: argparse.Namespace, shape: str, backend: str) -> list[dict[str, Any]]:
