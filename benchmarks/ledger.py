@@ -164,6 +164,11 @@ SOURCES = (
     "tensor_parallel_tinyllama_tp1_h200_c3dac07.json",
     # issue 38's vision suite at c3dac07 (benchmarks/vision.py, four timm models, fp16)
     "vision_h200_c3dac07.json",
+    # the same at ffe1664: BatchNorms as fp32 scale + shift after the conv in half precision,
+    # in-place activations fused (resnet50, efficientnet_b0, mobilenetv3_large_100)
+    "vision_h200_ffe1664.json",
+    # issue 37's restart with FUSEBACKEND_DYNAMIC_SHAPES=1 at ffe1664 (MiniLM-L6, --quick)
+    "sentence_embeddings_restart_h200_ffe1664.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
