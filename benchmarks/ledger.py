@@ -169,6 +169,8 @@ SOURCES = (
     "vision_h200_ffe1664.json",
     # issue 37's restart with FUSEBACKEND_DYNAMIC_SHAPES=1 at ffe1664 (MiniLM-L6, --quick)
     "sentence_embeddings_restart_h200_ffe1664.json",
+    # BERT-base and DeBERTa-v3-base encoders at c3dfa5a (--quick, 600 sentences, 40 queries)
+    "sentence_embeddings_encoders_h200_c3dfa5a.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
