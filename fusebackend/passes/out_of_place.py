@@ -101,6 +101,8 @@ def make_out_of_place(graph: torch.fx.Graph) -> OutOfPlace:
         if node.op == "call_module" or len(written) != 1 or written[0] is not node.args[0]:
             continue
         target = written[0]
+        if not isinstance(example_value(target), torch.Tensor):
+            continue  # not a tensor write: nothing to make out-of-place
         form = _out_of_place_form(node)
         if form is None:
             continue
