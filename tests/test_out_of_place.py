@@ -140,4 +140,3 @@ def test_a_conv_whose_reader_is_not_elementwise_keeps_its_bias():
     assert_model_fused(graphs)
     moved = _rewrites(graphs, "conv_biases_moved")
     assert len(moved) == 1, moved  # the second one only: the first one's reader is a conv
-
