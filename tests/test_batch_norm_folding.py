@@ -255,3 +255,32 @@ def test_a_training_mode_batch_norm_is_not_folded():
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     reasons = " | ".join(_graph().rewrites.get("batch_norms_left_alone", []))
     assert "training mode" in reasons, reasons
+
+
+def test_new_data_under_the_same_parameter_object_is_seen():
+    # param.data = t keeps the object and its version counter; the data pointer moves
+    model = _randomize_statistics(Bottleneck())
+    compiled = _compiled(model)
+    x = torch.randn(1, 6, 5, 5)
+    with torch.no_grad():
+        compiled(x)
+        model.conv2.weight.data = model.conv2.weight.data * -1.0
+        model.bn1.running_mean.data = model.bn1.running_mean.data + 1.0
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_an_unbatched_conv_and_inference_parameters_are_left_with_reasons():
+    torch.manual_seed(3)
+    unbatched = _randomize_statistics(nn.Sequential(nn.Conv1d(3, 4, 1), nn.BatchNorm1d(4)))
+    x = torch.randn(3, 4)  # (channels, length): BatchNorm1d reads dim 1 (length 4) as channels
+    compiled = _compiled(unbatched)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), unbatched(x), rtol=1e-5, atol=1e-5)
+    assert any("unbatched" in r for r in _graph().rewrites.get("batch_norms_left_alone", []))
+    with torch.inference_mode():  # inference tensors keep no version counter
+        model = _randomize_statistics(Bottleneck())
+        x = torch.randn(1, 6, 5, 5)
+        compiled = _compiled(model)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    left = _graph().rewrites.get("batch_norms_left_alone", [])
+    assert left and all("inference tensor" in r for r in left), left

@@ -140,3 +140,35 @@ def test_a_conv_whose_reader_is_not_elementwise_keeps_its_bias():
     assert_model_fused(graphs)
     moved = _rewrites(graphs, "conv_biases_moved")
     assert len(moved) == 1, moved  # the second one only: the first one's reader is a conv
+
+
+def test_a_reader_of_an_earlier_in_place_result_reads_the_rewritten_op():
+    # u = t.index_fill_(...) returns t itself and stays in place (not a table op); t.relu_()
+    # after it is made out-of-place: u's readers after it must read the relu's result.
+    # Validation off: the check is the fused graph's own output.
+    def g(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        t = x * 2.0
+        u = t.index_fill_(1, idx, -1.0)
+        t.relu_()
+        return (u + 1.0) * 2.0 + 3.0
+
+    x, idx = torch.randn(3, 9), torch.tensor([0, 2])
+    before = fusebackend.reports()
+    out = torch.compile(g, backend="infinifuse", options={"validate": False})(x, idx)
+    graphs = graphs_since(before)
+    torch.testing.assert_close(out, g(x.clone(), idx))
+    assert _rewrites(graphs, "made_out_of_place")  # the relu_ was rewritten
+
+
+def test_an_unbatched_convolution_keeps_its_bias():
+    # Conv1d on a (channels, length) input: its output's channels are dim 0, so a bias viewed
+    # per channel as for a batch (dim 1) would add along the length.
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Conv1d(3, 4, 1), nn.ReLU()).eval()
+    x = torch.randn(3, 4)
+    before = fusebackend.reports()
+    compiled = torch.compile(model, backend="infinifuse", options={"validate": False})
+    with torch.no_grad():
+        out = compiled(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    assert not _rewrites(graphs_since(before), "conv_biases_moved")

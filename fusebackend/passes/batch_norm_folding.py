@@ -44,12 +44,11 @@ import torch
 import torch.fx
 from torch import Tensor
 
+from fusebackend.passes.conv_bias import CONVOLUTIONS, is_batched, per_channel
 from fusebackend.passes.fx_util import example_value, placeholders
 
 __all__ = ["Fold", "FoldResult", "Refresh", "fold_batch_norms"]
 
-_CONVS = {torch.conv1d, torch.conv2d, torch.conv3d, torch.nn.functional.conv1d,
-          torch.nn.functional.conv2d, torch.nn.functional.conv3d}  # fmt: skip
 _BATCH_NORMS = {torch.nn.functional.batch_norm}
 # The sources of one fold, in this order (None where the module has none).
 SOURCES = ("weight", "bias", "mean", "var", "gamma", "beta")
@@ -96,9 +95,10 @@ class Fold:
 
 class Refresh:
     """Run before each call with the graph's inputs: derives again every fold whose source
-    tensors changed (another object, or an in-place write: the version counter), so the
-    folded constants always follow the parameters. A call with nothing changed compares each
-    source's identity and version once (ResNet-50: 53 folds, about 260 sources)."""
+    tensors changed (another object, an in-place write: the version counter, or new data
+    under the same object, ``param.data = t``: the data pointer), so the folded constants
+    always follow the parameters. A call with nothing changed compares each source's
+    identity, version and data pointer once (ResNet-50: 53 folds, about 260 sources)."""
 
     def __init__(self, folds: Sequence[Fold], inputs: Sequence[Any]) -> None:
         self.folds = list(folds)
@@ -115,20 +115,26 @@ class Refresh:
 
     def _remember(self, inputs: Sequence[Any]) -> None:
         self._tensors = [inputs[i] for i in self._indices]
-        self._versions = [t._version for t in self._tensors]
+        self._stamps = [_stamp(t) for t in self._tensors]
 
     def __call__(self, inputs: Sequence[Any]) -> None:
         current = [inputs[i] for i in self._indices]
         if all(map(operator.is_, current, self._tensors)) and (
-            [t._version for t in current] == self._versions
+            [_stamp(t) for t in current] == self._stamps
         ):
             return
         for fold, window in zip(self.folds, self._windows):
             same = all(map(operator.is_, current[window], self._tensors[window]))
-            if not same or [t._version for t in current[window]] != self._versions[window]:
+            if not same or [_stamp(t) for t in current[window]] != self._stamps[window]:
                 fold.derive(inputs)
                 self.derivations += 1
         self._remember(inputs)
+
+
+def _stamp(t: Tensor) -> tuple[int, int]:
+    """What changes when a tensor's values may have: its version counter (in-place writes)
+    and its data pointer (``.data =`` keeps the object and its version)."""
+    return t._version, t.data_ptr()
 
 
 @dataclasses.dataclass
@@ -147,7 +153,7 @@ def _refusal(
     is_state: Callable[[Any], bool],
 ) -> str | None:  # fmt: skip
     """Why ``bn`` cannot fold into ``conv`` (None: it can)."""
-    if not isinstance(conv, torch.fx.Node) or conv.target not in _CONVS:
+    if not isinstance(conv, torch.fx.Node) or conv.target not in CONVOLUTIONS:
         return "its input is not a convolution"
     if len(conv.users) != 1:
         return "the convolution's output has other readers"
@@ -158,6 +164,8 @@ def _refusal(
         return "eps is not a number (dynamic=True makes module floats inputs)"
     if getattr(example_value(conv), "fake_mode", None) is None:
         return "the convolution has no example tensor"
+    if not is_batched(conv):
+        return "an unbatched convolution or a keyword weight (the channels are another dim)"
     for node in (*_conv_sources(conv), *_bn_sources(bn)):
         if node is None:
             continue
@@ -165,6 +173,8 @@ def _refusal(
             return "a weight or statistic is not a graph input"
         if not is_state(inputs[index[node]]):
             return f"{node.name} is not a parameter or buffer"
+        if inputs[index[node]].is_inference():
+            return f"{node.name} is an inference tensor (no version counter: edits unseen)"
     return None
 
 
@@ -282,9 +292,8 @@ def _scale_and_shift(
         previous = node
         return node
 
-    per_channel = (-1,) + (1,) * (out.dim() - 2)
-    scale_view = append("call_method", "view", (scale, per_channel))
-    shift_view = append("call_method", "view", (shift, per_channel))
+    scale_view = append("call_method", "view", (scale, per_channel(out)))
+    shift_view = append("call_method", "view", (shift, per_channel(out)))
     scaled = append("call_function", operator.mul, (conv, scale_view))
     shifted = append("call_function", operator.add, (scaled, shift_view))
     return append("call_method", "to", (shifted, out.dtype))

@@ -20,7 +20,7 @@ from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.groups import match
 from fusebackend.passes.ops import OpCall, OpKind
 
-__all__ = ["CONVOLUTIONS", "move_conv_biases"]
+__all__ = ["CONVOLUTIONS", "is_batched", "move_conv_biases", "per_channel"]
 
 CONVOLUTIONS = {torch.conv1d, torch.conv2d, torch.conv3d, torch.nn.functional.conv1d,
                 torch.nn.functional.conv2d, torch.nn.functional.conv3d}  # fmt: skip
@@ -28,6 +28,24 @@ CONVOLUTIONS = {torch.conv1d, torch.conv2d, torch.conv3d, torch.nn.functional.co
 
 def _bias(conv: torch.fx.Node) -> object:
     return conv.args[2] if len(conv.args) > 2 else conv.kwargs.get("bias")
+
+
+def is_batched(conv: torch.fx.Node) -> bool:
+    """Is the convolution's input batched (as many dims as its weight, both positional)? An
+    unbatched input's output has its channels first, where a batched one has them second."""
+    if len(conv.args) < 2 or not isinstance(conv.args[1], torch.fx.Node):
+        return False
+    x, weight = example_value(conv.args[0]), example_value(conv.args[1])
+    return (
+        isinstance(x, torch.Tensor)
+        and isinstance(weight, torch.Tensor)
+        and (x.dim() == weight.dim())
+    )
+
+
+def per_channel(out: torch.Tensor) -> tuple[int, ...]:
+    """The view that broadcasts a per-channel vector over a batched conv's output."""
+    return (-1,) + (1,) * (out.dim() - 2)
 
 
 def _feeds_elementwise_only(conv: torch.fx.Node) -> bool:
@@ -46,17 +64,18 @@ def move_conv_biases(graph: torch.fx.Graph) -> list[str]:
         bias, out = _bias(conv), example_value(conv)
         if not isinstance(bias, torch.fx.Node) or not isinstance(out, torch.Tensor):
             continue
+        if not is_batched(conv):
+            continue  # an unbatched output has its channels first: the view below is wrong
         if not _feeds_elementwise_only(conv):
             continue
         readers = list(conv.users)
         with graph.inserting_after(conv):
-            per_channel = graph.call_method("view", (bias, (-1,) + (1,) * (out.dim() - 2)))
-        with graph.inserting_after(per_channel):
-            added = graph.call_function(operator.add, (conv, per_channel))
-        mode = out.fake_mode
-        with mode:
-            view = example_value(bias).view((-1,) + (1,) * (out.dim() - 2))
-            per_channel.meta["example_value"] = view
+            channel_view = graph.call_method("view", (bias, per_channel(out)))
+        with graph.inserting_after(channel_view):
+            added = graph.call_function(operator.add, (conv, channel_view))
+        with out.fake_mode:
+            view = example_value(bias).view(per_channel(out))
+            channel_view.meta["example_value"] = view
             added.meta["example_value"] = out + view
         if len(conv.args) > 2:
             conv.args = (*conv.args[:2], None, *conv.args[3:])

@@ -125,12 +125,22 @@ def make_out_of_place(graph: torch.fx.Graph) -> OutOfPlace:
             node.op, node.target, node.args, node.kwargs = saved
             result.left_alone.append(f"{node.name}: {why}")
             continue
-        by_storage[storage_id(old)].discard(node)
+        # The written tensor goes by several nodes: itself and the results of earlier in-place
+        # ops on it (u = t.add_(y) returns t). Every reader of any of them after this op
+        # reads this op's result.
+        group = by_storage[storage_id(old)]
+        names = [target] + [
+            other for other in group
+            if other is not node and position[other] < position[node]
+            and target in _written_chain(other)
+        ]  # fmt: skip
+        group.discard(node)
         node.meta["example_value"] = value
         by_storage.setdefault(storage_id(value), set()).add(node)
-        for reader in list(target.users):
-            if reader is not node and position[reader] > position[node]:
-                reader.replace_input_with(target, node)
+        for name in names:
+            for reader in list(name.users):
+                if reader is not node and position[reader] > position[node]:
+                    reader.replace_input_with(name, node)
         result.made.append(node.name)
     return result
 
