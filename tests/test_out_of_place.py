@@ -172,3 +172,17 @@ def test_an_unbatched_convolution_keeps_its_bias():
         out = compiled(x)
         torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
     assert not _rewrites(graphs_since(before), "conv_biases_moved")
+
+
+def test_an_in_place_eval_dropout_is_dropped_and_the_relu_after_it_fuses():
+    # F.dropout(x, training=False) returns x itself: in place it writes nothing
+    torch.manual_seed(4)
+    block = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.1, inplace=True), nn.ReLU(inplace=True))
+    model = nn.Sequential(block, nn.Sigmoid()).eval()
+    x = torch.randn(3, 8)
+    out, graphs = _run(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    assert len(_rewrites(graphs, "made_out_of_place")) == 2
+    assert not _rewrites(graphs, "in_place_left_alone")
+    assert_model_fused(graphs)

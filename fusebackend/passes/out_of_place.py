@@ -125,6 +125,13 @@ def make_out_of_place(graph: torch.fx.Graph) -> OutOfPlace:
             node.op, node.target, node.args, node.kwargs = saved
             result.left_alone.append(f"{node.name}: {why}")
             continue
+        if storage_id(value) == storage_id(old):
+            # The op returns its input itself (eval dropout): in place it wrote nothing
+            by_storage[storage_id(old)].discard(node)
+            node.replace_all_uses_with(target)
+            graph.erase_node(node)
+            result.made.append(node.name)
+            continue
         # The written tensor goes by several nodes: itself and the results of earlier in-place
         # ops on it (u = t.add_(y) returns t). Every reader of any of them after this op
         # reads this op's result.
