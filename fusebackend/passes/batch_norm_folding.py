@@ -50,6 +50,8 @@ from fusebackend.passes.fx_util import example_value, placeholders
 __all__ = ["Fold", "FoldResult", "Refresh", "fold_batch_norms"]
 
 _BATCH_NORMS = {torch.nn.functional.batch_norm}
+# Weight dtypes folded into the weights; others get the scale and shift after the conv.
+_INTO_WEIGHTS = (torch.float32, torch.float64)
 # The sources of one fold, in this order (None where the module has none).
 SOURCES = ("weight", "bias", "mean", "var", "gamma", "beta")
 
@@ -77,8 +79,9 @@ class Fold:
     def derive(self, inputs: Sequence[Any]) -> None:
         """Compute the derived tensors from ``inputs`` into this fold's buffers, in place."""
         weight, bias, mean, var, gamma, beta = (
-            None if i is None else inputs[i].detach().float() for i in self.sources
-        )
+            None if i is None or (k == 0 and self.weight is None) else inputs[i].detach().float()
+            for k, i in enumerate(self.sources)
+        )  # (the weight only where it is folded into)
         scale = torch.rsqrt(var + self.eps)
         if gamma is not None:
             scale = scale * gamma
@@ -249,10 +252,6 @@ def fold_batch_norms(
         graph.erase_node(bn)
         result.folds.append(fold)
     return result
-
-
-# Weight dtypes folded into the weights; others get the scale and shift after the conv.
-_INTO_WEIGHTS = (torch.float32, torch.float64)
 
 
 def _constants(
