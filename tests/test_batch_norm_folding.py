@@ -284,3 +284,37 @@ def test_an_unbatched_conv_and_inference_parameters_are_left_with_reasons():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
     left = _graph().rewrites.get("batch_norms_left_alone", [])
     assert left and all("inference tensor" in r for r in left), left
+
+
+def test_dynamic_shapes_fold_with_eps_as_an_input_and_follow_its_change():
+    # dynamic=True passes a module's float (BatchNorm's eps) as a 0-d tensor input
+    model = _randomize_statistics(Bottleneck())
+    torch._dynamo.reset()
+    fusebackend.clear_cache()
+    before = fusebackend.reports()
+    compiled = torch.compile(model, backend="infinifuse", dynamic=True)
+    with torch.no_grad():
+        for n in (2, 3):
+            x = torch.randn(n, 6, 5 + n, 7)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        model.bn2.eps = 0.5  # the next call passes the new value
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    graphs = graphs_since(before)
+    assert sum(len(g.rewrites.get("batch_norms_folded", [])) for g in graphs) >= 4
+    assert not any(g.rewrites.get("batch_norms_left_alone") for g in graphs)
+
+
+def test_refresh_derives_again_when_an_eps_input_changes_value():
+    from fusebackend.passes.batch_norm_folding import Fold, Refresh
+
+    inputs = [torch.randn(3, 2, 1), torch.randn(3), torch.rand(3) + 0.5, torch.tensor(1e-5)]
+    fold = Fold("bn", (0, None, 1, 2, None, None), 1e-5, bias=torch.empty(3),
+                weight=torch.empty(3, 2, 1), eps_source=3)  # fmt: skip
+    fold.derive(inputs)
+    refresh = Refresh([fold], inputs)
+    refresh([*inputs[:3], torch.tensor(1e-5)])  # a new 0-d tensor, the same value
+    assert refresh.derivations == 0
+    refresh([*inputs[:3], torch.tensor(0.5)])
+    assert refresh.derivations == 1 and fold.eps == 0.5
+    scale = torch.rsqrt(inputs[2] + 0.5)
+    torch.testing.assert_close(fold.weight, inputs[0] * scale[:, None, None])

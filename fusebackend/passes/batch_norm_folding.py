@@ -30,7 +30,8 @@ and validation reference) keeps the BatchNorm.
 
 Folded only where every source is module state (a parameter or buffer the graph gets as an
 input), the convolution's output has no other reader, the BatchNorm is not training and
-its eps is a number; the reason is reported otherwise.
+its eps is a number or (``dynamic=True``) an input's ``.item()``; the reason is reported
+otherwise.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class Fold:
         name: The BatchNorm node's name (for reports).
         sources: Graph input index of each of ``SOURCES`` (None: absent).
         eps: The BatchNorm's eps.
+        eps_source: Graph input index of a 0-d tensor holding eps (``dynamic=True`` passes
+            module floats as inputs: read each call, derived again if it changed), or None.
         bias: The derived shift (the convolution's bias ``b'`` when folded into the weights).
         weight: The derived weight ``W'`` when folded into the weights, else None.
         scale: The per-channel scale (float32) when applied after the convolution, else None.
@@ -75,6 +78,7 @@ class Fold:
     bias: Tensor
     weight: Tensor | None = None
     scale: Tensor | None = None
+    eps_source: int | None = None
 
     def derive(self, inputs: Sequence[Any]) -> None:
         """Compute the derived tensors from ``inputs`` into this fold's buffers, in place."""
@@ -82,6 +86,8 @@ class Fold:
             None if i is None or (k == 0 and self.weight is None) else inputs[i].detach().float()
             for k, i in enumerate(self.sources)
         )  # (the weight only where it is folded into)
+        if self.eps_source is not None:
+            self.eps = float(inputs[self.eps_source])
         scale = torch.rsqrt(var + self.eps)
         if gamma is not None:
             scale = scale * gamma
@@ -107,6 +113,7 @@ class Refresh:
         self.folds = list(folds)
         self.derivations = 0  # folds derived again after compile time (tests read it)
         self._indices = [i for fold in self.folds for i in fold.sources if i is not None]
+        self._eps_folds = [fold for fold in self.folds if fold.eps_source is not None]
         # each fold's sources as a slice of the flat lists (derived once: sources are fixed)
         self._windows = []
         start = 0
@@ -121,6 +128,10 @@ class Refresh:
         self._stamps = [_stamp(t) for t in self._tensors]
 
     def __call__(self, inputs: Sequence[Any]) -> None:
+        for fold in self._eps_folds:  # a new 0-d tensor every call: compared by value
+            if float(inputs[fold.eps_source]) != fold.eps:
+                fold.derive(inputs)
+                self.derivations += 1
         current = [inputs[i] for i in self._indices]
         if all(map(operator.is_, current, self._tensors)) and (
             [_stamp(t) for t in current] == self._stamps
@@ -163,8 +174,8 @@ def _refusal(
     training, eps = _bn_arg(bn, 5, "training"), _bn_arg(bn, 7, "eps", 1e-5)
     if training is not False:
         return "training mode (batch statistics)"
-    if not isinstance(eps, (int, float)):
-        return "eps is not a number (dynamic=True makes module floats inputs)"
+    if not isinstance(eps, (int, float)) and _eps_input(eps, index, inputs) is None:
+        return "eps is neither a number nor a graph input's .item()"
     if getattr(example_value(conv), "fake_mode", None) is None:
         return "the convolution has no example tensor"
     if not is_batched(conv):
@@ -179,6 +190,19 @@ def _refusal(
         if inputs[index[node]].is_inference():
             return f"{node.name} is an inference tensor (no version counter: edits unseen)"
     return None
+
+
+def _eps_input(eps: Any, index: dict[torch.fx.Node, int], inputs: Sequence[Any]) -> int | None:
+    """The graph input index of ``eps`` where it is ``input.item()`` of a 0-d tensor input (how
+    Dynamo passes a module's float under ``dynamic=True``), else None."""
+    if not (isinstance(eps, torch.fx.Node) and eps.op == "call_method" and eps.target == "item"):
+        return None
+    source = eps.args[0]
+    if not isinstance(source, torch.fx.Node) or source not in index:
+        return None
+    value = inputs[index[source]]  # read each call: on the host only (no device sync)
+    ok = isinstance(value, Tensor) and value.dim() == 0 and value.device.type == "cpu"
+    return index[source] if ok else None
 
 
 def _bn_arg(bn: torch.fx.Node, position: int, name: str, default: Any = None) -> Any:
@@ -224,20 +248,18 @@ def fold_batch_norms(
             None if node is None else index[node] for node in (weight, bias, *_bn_sources(bn))
         )
         example = inputs[sources[0]]
-        eps = float(_bn_arg(bn, 7, "eps", 1e-5))
+        eps = _bn_arg(bn, 7, "eps", 1e-5)
+        eps_source = None if isinstance(eps, (int, float)) else _eps_input(eps, index, inputs)
+        eps = float(eps) if eps_source is None else float(inputs[eps_source])
         channels = example.shape[0]
         if example.dtype in _INTO_WEIGHTS:
-            fold = Fold(
-                bn.name,
-                sources,
-                eps,
-                bias=example.new_empty(channels),
-                weight=torch.empty_like(example),
-            )  # fmt: skip  (keeps its layout)
+            fold = Fold(bn.name, sources, eps, bias=example.new_empty(channels),
+                        weight=torch.empty_like(example),  # (keeps a channels-last layout)
+                        eps_source=eps_source)  # fmt: skip
         else:
             fp32 = {"dtype": torch.float32, "device": example.device}
             fold = Fold(bn.name, sources, eps, bias=torch.empty(channels, **fp32),
-                        scale=torch.empty(channels, **fp32))  # fmt: skip
+                        scale=torch.empty(channels, **fp32), eps_source=eps_source)  # fmt: skip
         fold.derive(inputs)
         if fold.weight is not None:
             new_weight, shift = _constants(graph, owner, conv, fold, ("weight", "bias"))
