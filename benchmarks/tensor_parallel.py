@@ -264,8 +264,14 @@ def generate(model: Any, backend: str, args: argparse.Namespace, device, world) 
     else:
         kwargs["compile_config"] = transformers.CompileConfig()  # Inductor, reduce-overhead
     with torch.no_grad():
-        tokens, first = synced(device, world, lambda: model.generate(ids, **kwargs))
-        times = [synced(device, world, lambda: model.generate(ids, **kwargs))[1] for _ in range(3)]
+        return timed_generate(lambda: model.generate(ids, **kwargs), args, device, world)
+
+
+def timed_generate(run: Any, args: argparse.Namespace, device, world) -> dict[str, Any]:
+    """The first call of ``run`` (a generate) and the median of 3 more: the figures and the
+    first call's new tokens (after the 16-token prompt)."""
+    tokens, first = synced(device, world, run)
+    times = [synced(device, world, run)[1] for _ in range(3)]
     median = statistics.median(times)
     return {
         "first_generate_s": first,
@@ -291,28 +297,19 @@ def device_loop(model: Any, ids: Any, kwargs: dict[str, Any], args, device, worl
 
     try:
         with torch.no_grad():
-            tokens, first = synced(device, world, run)
-            times = [synced(device, world, run)[1] for _ in range(3)]
+            figures = timed_generate(run, args, device, world)
     finally:
         # The loop keeps its captured k-step graph (NCCL all-reduces inside) for the model's
-        # next call, out of reach of fusebackend.clear_cache(), and the model keeps it alive
-        # (the loop's compiled forwards hold the model): NCCL's teardown waited forever while
-        # such graphs lived (examples/tp_generate.py's shutdown). Synchronized above: no
-        # replay in flight when it goes.
+        # next call, out of reach of fusebackend.clear_cache(), as long as the model lives (here:
+        # to the end of the run): NCCL's teardown waited forever while such graphs lived
+        # (examples/tp_generate.py's shutdown). Synchronized above: no replay in flight when
+        # it goes.
         fusebackend.generation.loop._loops.pop(model, None)
     report = fusebackend.generation.last_report()
     if report.path != "device loop":  # the figures would be transformers' loop's
         raise RuntimeError(f"fusebackend.generate fell back to transformers' loop: {report.reason}")
-    median = statistics.median(times)
-    return {
-        "first_generate_s": first,
-        "generate_s": median,
-        "tokens_per_s": args.new_tokens / median,
-        "tokens": tokens[0, 16:].tolist(),
-        "decode_steps": args.decode_steps,
-        "captured": report.captured,
-        "replays": report.replays,
-    }
+    return {**figures, "decode_steps": args.decode_steps, "captured": report.captured,
+            "replays": report.replays}  # fmt: skip
 
 
 def compile_options(guard_filter: bool) -> dict[str, Any] | None:

@@ -82,7 +82,6 @@ import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 # The seven first (a run cut short by --time-budget has them), then more families, all
@@ -613,16 +612,9 @@ def ledger_rows(records: list[dict[str, Any]], env: dict[str, Any], source: str,
     return rows
 
 
-def write(path: str, result: dict[str, Any]) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=2, default=str)
-    os.replace(tmp, path)
-
-
 def run_parent(args: argparse.Namespace) -> int:
-    from sentence_embeddings import commit  # benchmarks/, beside this file: git, else --commit
+    # benchmarks/, beside this file: --commit, else git; the JSON written whole (tmp + rename)
+    from sentence_embeddings import commit, write
 
     started = time.perf_counter()
     result: dict[str, Any] = {

@@ -101,14 +101,19 @@ def _collector_paused() -> Iterator[None]:
 # ---- Fusion: on a copy of the graph the runtime runs; stops where nothing will be fused.
 
 
+def _report_left_alone(c: Compilation, key: str, label: str, reasons: list[str]) -> None:
+    """A pass's "left alone, and why" lines, under their own report key and explain label."""
+    if reasons:
+        c.rewrites.setdefault(key, []).extend(reasons)
+        c.labels[key] = label
+
+
 def _fold_batch_norms(c: Compilation) -> list[str]:
     """Eval BatchNorms folded into their convolutions' weight and bias (derived constants the
     fused graph owns, refreshed before each call); those left alone reported with why."""
     assert c.graph is not None
     found = fold_batch_norms(c.graph, c.gm, c.example_inputs, is_parameter_or_buffer)
-    if found.left_alone:
-        c.rewrites.setdefault("batch_norms_left_alone", []).extend(found.left_alone)
-        c.labels["batch_norms_left_alone"] = "BatchNorms not folded"
+    _report_left_alone(c, "batch_norms_left_alone", "BatchNorms not folded", found.left_alone)
     c.refresh = found.refresh(c.example_inputs)
     return [fold.name for fold in found.folds]
 
@@ -118,9 +123,7 @@ def _make_out_of_place(c: Compilation) -> list[str]:
     in-place table ops left alone reported with why."""
     assert c.graph is not None
     found = make_out_of_place(c.graph)
-    if found.left_alone:
-        c.rewrites.setdefault("in_place_left_alone", []).extend(found.left_alone)
-        c.labels["in_place_left_alone"] = "in-place ops left in place"
+    _report_left_alone(c, "in_place_left_alone", "in-place ops left in place", found.left_alone)
     return found.made
 
 
@@ -129,9 +132,7 @@ def _use_matmul_groups(c: Compilation) -> list[str]:
     the linears left alone are reported under their own key."""
     assert c.graph is not None
     found = use_matmul_groups(c.graph, matmul_op, triton_usable)
-    if found.left_alone:
-        c.rewrites.setdefault("matmuls_left_alone", []).extend(found.left_alone)
-        c.labels["matmuls_left_alone"] = "matmuls left as traced"
+    _report_left_alone(c, "matmuls_left_alone", "matmuls left as traced", found.left_alone)
     c.matmul_groups = len(found.made)
     return found.made
 
@@ -141,9 +142,8 @@ def _use_rotary_epilogues(c: Compilation) -> list[str]:
     are reported under their own key."""
     assert c.graph is not None
     found = use_rotary_epilogues(c.graph, matmul_op, c.config.index_checks)
-    if found.left_alone:
-        c.rewrites.setdefault("rotary_left_alone", []).extend(found.left_alone)
-        c.labels["rotary_left_alone"] = "rotary embeddings left to the row kernels"
+    label = "rotary embeddings left to the row kernels"
+    _report_left_alone(c, "rotary_left_alone", label, found.left_alone)
     return found.made
 
 
