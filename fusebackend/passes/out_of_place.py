@@ -68,20 +68,30 @@ def _out_of_place_form(node: torch.fx.Node) -> tuple[str, Any, tuple, dict] | No
     return None
 
 
-def _fresh_value(node: torch.fx.Node, written: torch.fx.Node) -> Any:
-    """The out-of-place call's fake result, computed in the graph's fake mode (a tensor of
-    its own storage), or None where it cannot be computed."""
-    old = example_value(written)
+def _is_elementwise(node: torch.fx.Node, form: tuple[str, Any, tuple, dict]) -> bool:
+    """Is ``form`` (``node`` written out-of-place) an elementwise op of the table? Asked of
+    the node itself, as the partition will ask it, then put back."""
+    saved = (node.op, node.target, node.args, node.kwargs)
+    node.op, node.target, node.args, node.kwargs = form
+    call = match(node)
+    node.op, node.target, node.args, node.kwargs = saved
+    return isinstance(call, OpCall) and call.op.kind == OpKind.ELEMENTWISE
+
+
+def _fresh_value(form: tuple[str, Any, tuple, dict], old: Any) -> Any:
+    """The out-of-place call's fake result, computed in the fake mode of ``old`` (the written
+    tensor's example value), or None where it cannot be computed."""
     mode = getattr(old, "fake_mode", None)
     if mode is None:
         return None
-    fake_args = torch.fx.node.map_arg(node.args, example_value)
-    fake_kwargs = torch.fx.node.map_arg(node.kwargs, example_value)
+    op, target, args, kwargs = form
+    fake_args = torch.fx.node.map_arg(args, example_value)
+    fake_kwargs = torch.fx.node.map_arg(kwargs, example_value)
     try:
         with mode:
-            if node.op == "call_method":
-                return getattr(fake_args[0], node.target)(*fake_args[1:], **fake_kwargs)
-            return node.target(*fake_args, **fake_kwargs)
+            if op == "call_method":
+                return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+            return target(*fake_args, **fake_kwargs)
     except Exception:  # a call the fake mode cannot run: the op stays in place
         return None
 
@@ -104,17 +114,11 @@ def make_out_of_place(graph: torch.fx.Graph) -> OutOfPlace:
         if not isinstance(example_value(target), torch.Tensor):
             continue  # not a tensor write: nothing to make out-of-place
         form = _out_of_place_form(node)
-        if form is None:
-            continue
-        why = _refusal(target, by_storage)  # asked before the rewrite: node still writes
-        saved = (node.op, node.target, node.args, node.kwargs)
-        node.op, node.target, node.args, node.kwargs = form
-        call = match(node)
-        if not isinstance(call, OpCall) or call.op.kind != OpKind.ELEMENTWISE:
-            node.op, node.target, node.args, node.kwargs = saved
+        if form is None or not _is_elementwise(node, form):
             continue  # not a table op: out of this pass's scope, nothing to report
-        value = None if why else _fresh_value(node, target)
         old = example_value(target)
+        why = _refusal(target, by_storage)
+        value = None if why else _fresh_value(form, old)
         if why is None and not (
             isinstance(value, torch.Tensor)
             and value.shape == old.shape
@@ -122,9 +126,9 @@ def make_out_of_place(graph: torch.fx.Graph) -> OutOfPlace:
         ):
             why = "its out-of-place result differs in shape or dtype (in place casts it)"
         if why is not None:
-            node.op, node.target, node.args, node.kwargs = saved
             result.left_alone.append(f"{node.name}: {why}")
             continue
+        node.op, node.target, node.args, node.kwargs = form
         if storage_id(value) == storage_id(old):
             # The op returns its input itself (eval dropout): in place it wrote nothing
             by_storage[storage_id(old)].discard(node)
