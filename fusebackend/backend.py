@@ -42,8 +42,9 @@ from fusebackend.kernels.launch import (
 from fusebackend.kernels.matmul import matmul_op
 from fusebackend.kernels.vocab_lookup import vocab_parallel_lookup
 from fusebackend.passes.attention import avoid_cudnn_plans
-from fusebackend.passes.batch_norm_folding import fold_batch_norms
+from fusebackend.passes.batch_norm_folding import Refresh, fold_batch_norms
 from fusebackend.passes.cache_writes import pair_cache_writes
+from fusebackend.passes.channels_last import choose_channels_last, use_channels_last
 from fusebackend.passes.collectives import (
     collective_nodes,
     use_vocab_parallel_lookup,
@@ -112,10 +113,34 @@ def _fold_batch_norms(c: Compilation) -> list[str]:
     """Eval BatchNorms folded into their convolutions' weight and bias (derived constants the
     fused graph owns, refreshed before each call); those left alone reported with why."""
     assert c.graph is not None
-    found = fold_batch_norms(c.graph, c.gm, c.example_inputs, is_parameter_or_buffer)
+    weight_format = torch.channels_last if c.channels_last else torch.preserve_format
+    found = fold_batch_norms(c.graph, c.gm, c.example_inputs, is_parameter_or_buffer,
+                             weight_format)  # fmt: skip
     _report_left_alone(c, "batch_norms_left_alone", "BatchNorms not folded", found.left_alone)
     c.refresh = found.refresh(c.example_inputs)
     return [fold.name for fold in found.folds]
+
+
+def _choose_channels_last(c: Compilation) -> None:
+    """Decide the graph's layout (before BatchNorm folding, which allocates weights in it);
+    a graph with convolutions left as traced says why."""
+    assert c.graph is not None
+    why_not = choose_channels_last(c.graph, c.config.channels_last)
+    c.channels_last = why_not is None
+    if why_not is not None and why_not != "no batched 2-d convolution":
+        _report_left_alone(c, "channels_last_left_alone", "not run channels-last", [why_not])
+
+
+def _use_channels_last(c: Compilation) -> list[str]:
+    """The graph's 2-d convolutions run channels-last, their weights as derived channels-last
+    copies refreshed with the folds; the convolutions are reported."""
+    assert c.graph is not None
+    found = use_channels_last(c.graph, c.gm, c.example_inputs, is_parameter_or_buffer)
+    _report_left_alone(c, "channels_last_left_alone", "not run channels-last", found.left_alone)
+    if found.copies:
+        folds = c.refresh.folds if isinstance(c.refresh, Refresh) else []
+        c.refresh = Refresh([*folds, *found.copies], c.example_inputs)
+    return found.convolutions
 
 
 def _make_out_of_place(c: Compilation) -> list[str]:
@@ -150,7 +175,8 @@ def _use_rotary_epilogues(c: Compilation) -> list[str]:
 def _find_groups(c: Compilation) -> None:
     assert c.graph is not None
     c.candidates, c.rejections = find_groups(c.graph)
-    c.stopped = not c.candidates and not c.matmul_groups and c.refresh is None
+    rewritten = c.refresh is not None or c.rewrites.get("channels_last")
+    c.stopped = not c.candidates and not c.matmul_groups and not rewritten
 
 
 def _rewrite_groups(c: Compilation) -> None:
@@ -237,12 +263,15 @@ FUSE = [
     Pass("make_out_of_place", _make_out_of_place,
          "in-place ops on graph temporaries made out-of-place (fused graph)",
          report="made_out_of_place"),
+    Pass("choose_channels_last", _choose_channels_last),
     Pass("fold_batch_norms", _fold_batch_norms,
          "eval BatchNorms folded into their convolutions (fused graph)",
          report="batch_norms_folded"),
     Pass("move_conv_biases", lambda c: move_conv_biases(c.graph),
          "convolution biases added in the elementwise group after them (fused graph)",
          report="conv_biases_moved"),
+    Pass("use_channels_last", _use_channels_last, "convolutions run channels-last (fused graph)",
+         report="channels_last", when=lambda c: c.channels_last),
     Pass("use_vocab_parallel_lookup",
          lambda c: use_vocab_parallel_lookup(c.graph, vocab_parallel_lookup, c.config.index_checks),
          "vocab-parallel lookups as one kernel + all-reduce (fused graph)",

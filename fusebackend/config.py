@@ -89,6 +89,13 @@ class FusionConfig:
             kernels/matmul.py); a q/k/v launch also takes the rotary embedding and the
             StaticCache write after it (passes/rotary_epilogue.py). ``False`` leaves every
             matmul to cuBLAS, as traced.
+        channels_last: Run a graph's 2-d convolutions and the elementwise groups between
+            them channels-last (NHWC), where cuDNN runs half-precision convolutions
+            without the layout transposes it adds around NCHW ones; the graph's outputs keep
+            their traced layout (passes/channels_last.py). ``None`` (default): on CUDA, in
+            half precision, unless a convolution is grouped with more than one input
+            channel per group; ``True``: wherever the graph has a batched 2-d
+            convolution; ``False``: never.
     """
 
     fusion: bool = True
@@ -110,6 +117,7 @@ class FusionConfig:
     round_intermediates: bool = True
     rewrites: bool = True
     matmul_groups: bool = True
+    channels_last: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("fusion", "static_outputs", "validate", "index_checks", "round_intermediates",
@@ -120,6 +128,12 @@ class FusionConfig:
             "cudagraphs",
             "a bool or None",
             self.cudagraphs,
+        )
+        _expect(
+            self.channels_last is None or isinstance(self.channels_last, bool),
+            "channels_last",
+            "a bool or None",
+            self.channels_last,
         )
         _expect(
             _is_int(self.warmup_iterations) and self.warmup_iterations >= 1,

@@ -25,6 +25,7 @@ ALL_OPTIONS = [
     "round_intermediates",
     "rewrites",
     "matmul_groups",
+    "channels_last",
 ]
 
 

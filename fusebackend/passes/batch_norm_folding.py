@@ -107,7 +107,10 @@ class Refresh:
     tensors changed (another object, an in-place write: the version counter, or new data
     under the same object, ``param.data = t``: the data pointer), so the folded constants
     always follow the parameters. A call with nothing changed compares each source's
-    identity, version and data pointer once (ResNet-50: 53 folds, about 260 sources)."""
+    identity, version and data pointer once (ResNet-50: 53 folds, about 260 sources).
+
+    Any derived constant with a fold's ``sources``, ``eps_source`` and ``derive(inputs)``
+    can be refreshed (``channels_last.WeightCopy``)."""
 
     def __init__(self, folds: Sequence[Fold], inputs: Sequence[Any]) -> None:
         self.folds = list(folds)
@@ -228,12 +231,14 @@ def fold_batch_norms(
     owner: torch.nn.Module,
     inputs: Sequence[Any],
     is_state: Callable[[Any], bool],
+    weight_format: torch.memory_format = torch.preserve_format,
 ) -> FoldResult:
     """Fold each eval BatchNorm of ``graph`` into its convolution (see the module docstring).
 
     ``inputs`` are the graph's example inputs (real tensors: the first call's parameters);
     the derived tensors are set on ``owner`` (the module the fused graph is built from) as
-    attributes the new ``get_attr`` nodes read.
+    attributes the new ``get_attr`` nodes read. Weights folded into are allocated in
+    ``weight_format`` (``torch.channels_last`` for a graph run channels-last, where 4-d).
     """
     result = FoldResult()
     index = {node: i for i, node in enumerate(placeholders(graph))}
@@ -254,7 +259,7 @@ def fold_batch_norms(
         channels = example.shape[0]
         if example.dtype in _INTO_WEIGHTS:
             fold = Fold(bn.name, sources, eps, bias=example.new_empty(channels),
-                        weight=torch.empty_like(example),  # (keeps a channels-last layout)
+                        weight=_empty_weight(example, weight_format),
                         eps_source=eps_source)  # fmt: skip
         else:
             fp32 = {"dtype": torch.float32, "device": example.device}
@@ -274,6 +279,13 @@ def fold_batch_norms(
         graph.erase_node(bn)
         result.folds.append(fold)
     return result
+
+
+def _empty_weight(example: Tensor, weight_format: torch.memory_format) -> Tensor:
+    """A buffer like the weight ``example``, in ``weight_format`` where it applies (4-d)."""
+    if weight_format == torch.channels_last and example.dim() != 4:
+        weight_format = torch.preserve_format  # (keeps a channels-last model's layout)
+    return torch.empty_like(example, memory_format=weight_format)
 
 
 def _constants(

@@ -45,6 +45,10 @@ class LoweredGroup:
     # non-lookup members -> their op matched at lowering, from the node's arguments then (an
     # earlier group's rewrite may have replaced an operand by that group's output)
     calls: Mapping[torch.fx.Node, OpCall]
+    # An elementwise group over tensors stored in another dim order (channels-last images):
+    # the order in which the kernel walks the dims (``x.permute(order)`` is contiguous), so
+    # its rows run along the dim stored contiguously. None: the dims as they are.
+    order: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass

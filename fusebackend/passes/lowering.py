@@ -7,6 +7,14 @@ written the way eager computes them for half-precision inputs: in fp32 (fp64 for
 inputs), rounded once at the end. Intermediate values of those sequences carry the
 accumulation dtype, so ``round_intermediates`` never rounds them. The program names no FX
 node: the same group in two layers lowers to an equal program.
+
+An elementwise group over tensors stored in another dim order than their shape's (a
+channels-last image: ``[N, C, H, W]`` stored ``[N, H, W, C]``) is lowered over its tensors
+in storage order (``LoweredGroup.order``: the rewrite reads them through ``permute`` views),
+so the kernel's rows run along the contiguous dim and its outputs keep the layout, as
+eager's elementwise ops keep it. Walked in shape order, a channels-last row of ``W``
+values sits ``C`` elements apart in memory, and the outputs would come out in another
+layout than eager's (the next convolution then transposes them back).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._prims_common import compute_elementwise_output_logical_to_physical_perm
 
 from fusebackend.kernels.ir import (
     Const,
@@ -39,7 +48,7 @@ from fusebackend.passes.groups import (
 )
 from fusebackend.passes.ops import OpCall, OpKind
 
-__all__ = ["lower"]
+__all__ = ["in_order", "lower"]
 
 _REDUCE_KIND = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min"}
 
@@ -61,8 +70,43 @@ def _params(call: OpCall) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, v) for k, v in call.params.items() if k != "inplace"))
 
 
+def in_order(shape: Any, order: tuple[int, ...]) -> tuple[Any, ...]:
+    """``shape`` broadcast to ``len(order)`` dims (leading 1s) and its dims in ``order``."""
+    padded = (1,) * (len(order) - len(shape)) + tuple(shape)
+    return tuple(padded[d] for d in order)
+
+
+def _walk_order(candidate: Candidate) -> tuple[int, ...] | None:
+    """The dim order to lower ``candidate`` in (``LoweredGroup.order``), or None for the
+    shape's own: only elementwise groups (no lookup, reduction, norm or rotation: those
+    work along the last dim) of rank >= 3 whose outputs have the group's whole shape and
+    are stored, static, in one other order: the layout Dynamo's example values give them,
+    which is eager's (its elementwise ops' outputs follow their inputs' layout)."""
+    if candidate.lookups or candidate.parts:
+        return None
+    if any(call.op.kind != OpKind.ELEMENTWISE for call in candidate.calls.values()):
+        return None
+    values = [example_value(m) for m in candidate.members]
+    if not all(isinstance(v, torch.Tensor) for v in values):
+        return None
+    shape = torch.broadcast_shapes(*(v.shape for v in values))
+    members = set(candidate.members)
+    outputs = [example_value(m) for m in candidate.members
+               if any(u not in members for u in m.users)]  # fmt: skip
+    if len(shape) < 3 or any(v.shape != shape for v in outputs):
+        return None  # (an output is permuted back from the kernel's: it needs every dim)
+    if not all(isinstance(n, int) for v in outputs for n in (*v.shape, *v.stride())):
+        return None
+    orders = {tuple(compute_elementwise_output_logical_to_physical_perm(v)[0]) for v in outputs}
+    if len(orders) != 1:
+        return None  # outputs in several layouts: each written contiguous, as before
+    (order,) = orders
+    return None if order == tuple(range(len(shape))) else order
+
+
 class _Builder:
-    def __init__(self) -> None:
+    def __init__(self, order: tuple[int, ...] | None = None) -> None:
+        self.order = order  # the dim order the group is lowered in (None: as shaped)
         self.slots: dict[tuple[torch.fx.Node, str], int] = {}
         self.inputs: list[torch.fx.Node] = []
         self.dtypes: list[torch.dtype] = []
@@ -79,7 +123,8 @@ class _Builder:
             self.slots[key] = len(self.inputs)
             self.inputs.append(node)
             self.dtypes.append(value.dtype)
-            width = value.shape[-1] if value.dim() else 1
+            shape = in_order(value.shape, self.order) if self.order else value.shape
+            width = shape[-1] if len(shape) else 1
             if role != "index" and isinstance(width, int) and width == 1:
                 self.narrow.add(self.slots[key])
         return self.slots[key]
@@ -215,7 +260,8 @@ def lower(candidate: Candidate) -> LoweredGroup:
 
 
 def _lowered(candidate: Candidate) -> LoweredGroup:
-    b = _Builder()
+    order = _walk_order(candidate)
+    b = _Builder(order)
     for node in candidate.lookups:
         args = embedding_args(node)
         lookup = Lookup(b.slot(args["input"], "index"), b.slot(args["weight"], "table"))
@@ -250,4 +296,5 @@ def _lowered(candidate: Candidate) -> LoweredGroup:
         frozenset(b.scalars),
     )
     rank = max(v.dim() for v in values if isinstance(v, torch.Tensor)) - 1
-    return LoweredGroup(program, rank, tuple(b.inputs), tuple(outputs), output_slot, calls)
+    return LoweredGroup(program, rank, tuple(b.inputs), tuple(outputs), output_slot, calls,
+                        order)  # fmt: skip

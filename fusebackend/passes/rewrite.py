@@ -7,6 +7,7 @@ node keeps its order relative to the mutations around it (see ``resort_stably``)
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -19,7 +20,7 @@ from fusebackend.passes.embedding_fusion import embedding_args
 from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.graph import resort_stably
 from fusebackend.passes.groups import Candidate, LoweredGroup
-from fusebackend.passes.lowering import lower
+from fusebackend.passes.lowering import in_order, lower
 from fusebackend.passes.rotation import is_split, rotate
 
 __all__ = ["reference_graph", "rewrite"]
@@ -41,14 +42,24 @@ def rewrite(
         start = priority[first]
         holders = _output_holders(lowered)
         with graph.inserting_before(first):
-            fused = graph.call_function(make_op(candidate), lowered.inputs)
-            fused.meta["example_value"] = tuple(example_value(h) for h in holders)
+            args = list(lowered.inputs)
+            if lowered.order is not None:  # the kernel walks the tensors in storage order
+                for slot, node in enumerate(args):
+                    if slot not in lowered.program.scalar_inputs:
+                        args[slot] = _call(graph, in_storage_order, (node, lowered.order))
+                        priority[args[slot]] = start - 0.5
+            fused = graph.call_function(make_op(candidate), tuple(args))
+            fused.meta["example_value"] = tuple(_kernel_output(h, lowered.order) for h in holders)
             priority[fused] = start
             items = []
-            for k, holder in enumerate(holders):
+            for k in range(len(holders)):
                 item = graph.call_function(operator.getitem, (fused, k))
-                item.meta["example_value"] = example_value(holder)
-                priority[item] = start + (k + 1) / (len(holders) + 1)
+                item.meta["example_value"] = fused.meta["example_value"][k]
+                priority[item] = start + (k + 1) / (len(holders) + 2)
+                if lowered.order is not None:  # back to the shape's dim order (a view)
+                    back = tuple(sorted(range(len(lowered.order)), key=lowered.order.__getitem__))
+                    item = _call(graph, torch.permute, (item, back))
+                    priority[item] = start + (k + 1.5) / (len(holders) + 2)
                 items.append(item)
             members = set(candidate.members)
             for out in lowered.outputs:
@@ -63,6 +74,32 @@ def rewrite(
     resort_stably(graph, priority)
     graph.lint()
     return fused_nodes
+
+
+def in_storage_order(x: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    """``x`` broadcast to ``len(order)`` dims (leading 1s) with its dims in ``order``: a
+    view (an elementwise group's operand as its kernel walks it, ``LoweredGroup.order``)."""
+    return x[(None,) * (len(order) - x.dim())].permute(order)
+
+
+def _call(graph: torch.fx.Graph, target: Any, args: tuple[Any, ...]) -> torch.fx.Node:
+    """A new node calling ``target``, with its example value computed from its arguments'."""
+    node = graph.call_function(target, args)
+    values = torch.fx.node.map_arg(args, example_value)
+    mode = next((v.fake_mode for v in values if hasattr(v, "fake_mode")), None)
+    with mode or contextlib.nullcontext():
+        node.meta["example_value"] = target(*values)
+    return node
+
+
+def _kernel_output(holder: torch.fx.Node, order: tuple[int, ...] | None) -> Any:
+    """The example value of the kernel's output holding ``holder``'s value: ``holder``'s
+    own, or (a group walked in ``order``) a contiguous tensor of its dims in that order."""
+    value = example_value(holder)
+    if order is None:
+        return value
+    with getattr(value, "fake_mode", None) or contextlib.nullcontext():
+        return value.new_empty(in_order(value.shape, order))
 
 
 def _output_holders(lowered: LoweredGroup) -> list[torch.fx.Node]:

@@ -1,0 +1,295 @@
+"""Channels-last per graph: 2-d convolutions run on NHWC tensors (fused graph only).
+
+cuDNN runs a half-precision 2-d convolution in NHWC. Given NCHW tensors it transposes the
+input before the convolution and the output after it: a timm ResNet-50 call at batch 1 ran
+35 + 19 such transposes (H200, fp16, 2026-11-28, ``benchmarks/diag/diag_conv_layout.py``).
+Inductor avoids them by choosing channels-last for graphs with convolutions; this pass does
+the same for the fused graph:
+
+- the image entering the first convolution is made channels-last once
+  (``x.contiguous(memory_format=torch.channels_last)``);
+- each convolution reads a channels-last copy of its weight: a derived constant the fused
+  graph owns, refreshed before each call when the parameter changed (in place,
+  ``load_state_dict``), as folded BatchNorms are (``batch_norm_folding.Refresh``);
+  BatchNorms folded into fp32 weights are folded into channels-last buffers directly;
+- what follows keeps the layout: convolutions give channels-last outputs, elementwise groups
+  walk their tensors in storage order and write the layout they read (``lowering``), and
+  pooling, reductions, permutes and matmuls read any layout;
+- an op not known to read any layout correctly (``view``, an unknown function) and the
+  graph's outputs get the layout they had in the traced graph back (``.contiguous()``), so
+  what the user receives has eager's strides.
+
+The layout is worked out on the graph's fake tensors first; if some value cannot be given
+its traced layout back, the graph is left as traced, with the reason.
+
+When (``FusionConfig.channels_last``): ``True`` wherever a graph has a batched 2-d
+convolution; ``None`` (default) where it runs on CUDA in half precision and no convolution
+is grouped with more than one input channel per group (cuDNN's NHWC grouped convolutions
+were 31x slower on some shapes, Inductor's measurement; depthwise ones gain); ``False``
+never.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import Tensor
+
+from fusebackend.passes.conv_bias import is_batched
+from fusebackend.passes.fx_util import example_value, placeholders
+from fusebackend.passes.groups import match
+from fusebackend.passes.ops import OpCall
+
+__all__ = ["LayoutResult", "WeightCopy", "choose_channels_last", "use_channels_last"]
+
+CHANNELS_LAST = torch.channels_last
+_CONV2D = {torch.conv2d, F.conv2d}
+_HALF = (torch.float16, torch.bfloat16)
+
+# Ops whose values do not depend on their inputs' strides (only their own strides do): a
+# channels-last tensor may flow into them. Anything else gets the traced layout back first.
+_ANY_LAYOUT_FUNCTIONS = {
+    *_CONV2D, F.batch_norm, F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d,
+    F.adaptive_max_pool2d, torch.max_pool2d, torch.mean, torch.sum, torch.amax, torch.amin,
+    torch.flatten, torch.reshape, torch.permute, torch.transpose, torch.cat, torch.clone,
+    torch.matmul, operator.matmul, F.linear, F.layer_norm, F.dropout, torch.squeeze,
+    torch.unsqueeze, operator.getitem,
+}  # fmt: skip
+_ANY_LAYOUT_METHODS = {
+    "mean", "sum", "amax", "amin", "flatten", "reshape", "permute", "transpose", "clone",
+    "contiguous", "squeeze", "unsqueeze", "size", "dim", "float", "half", "to", "type_as",
+}  # fmt: skip
+
+
+@dataclasses.dataclass
+class WeightCopy:
+    """A convolution weight's channels-last copy: a derived constant with one source (the
+    protocol of ``batch_norm_folding.Fold`` that ``Refresh`` runs)."""
+
+    name: str
+    sources: tuple[int]
+    buffer: Tensor
+    eps_source: None = None
+
+    def derive(self, inputs: Sequence[Any]) -> None:
+        with torch.no_grad():
+            self.buffer.copy_(inputs[self.sources[0]].detach())
+
+
+@dataclasses.dataclass
+class LayoutResult:
+    """What ``use_channels_last`` did: the convolutions it runs channels-last, the weight
+    copies it made, and why nothing or part was done."""
+
+    convolutions: list[str] = dataclasses.field(default_factory=list)
+    copies: list[WeightCopy] = dataclasses.field(default_factory=list)
+    left_alone: list[str] = dataclasses.field(default_factory=list)
+
+
+def _convolutions(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The batched 2-d convolutions of ``graph``."""
+    found = []
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in _CONV2D and is_batched(node):
+            if example_value(node.args[1]).dim() == 4:
+                found.append(node)
+    return found
+
+
+def _groups(conv: torch.fx.Node) -> int:
+    groups = conv.args[6] if len(conv.args) > 6 else conv.kwargs.get("groups", 1)
+    return groups if isinstance(groups, int) else 0
+
+
+def choose_channels_last(graph: torch.fx.Graph, setting: bool | None) -> str | None:
+    """None where ``graph`` should run channels-last (``FusionConfig.channels_last`` is
+    ``setting``), else why not (reported)."""
+    if setting is False:
+        return "channels_last=False"
+    convs = _convolutions(graph)
+    if not convs:
+        return "no batched 2-d convolution"
+    if setting:
+        return None
+    weights = [example_value(c.args[1]) for c in convs]
+    if any(w.device.type != "cuda" for w in weights):
+        return "not on CUDA (channels_last=True forces it)"
+    if any(w.dtype not in _HALF for w in weights):
+        return "not half precision (channels_last=True forces it)"
+    for conv, weight in zip(convs, weights):
+        if _groups(conv) != 1 and weight.shape[1] > 1:
+            return (f"{conv.name} is a grouped convolution with {weight.shape[1]} input "
+                    "channels per group (slow in NHWC; channels_last=True forces it)")  # fmt: skip
+    return None
+
+
+def _static(value: Any) -> bool:
+    return isinstance(value, Tensor) and all(
+        isinstance(n, int) for n in (*value.shape, *value.stride())
+    )
+
+
+def _any_layout(node: torch.fx.Node) -> bool:
+    if node.op == "call_function":
+        return node.target in _ANY_LAYOUT_FUNCTIONS or isinstance(match(node), OpCall)
+    if node.op == "call_method":
+        return node.target in _ANY_LAYOUT_METHODS or isinstance(match(node), OpCall)
+    return False
+
+
+def _evaluate(node: torch.fx.Node, current: Callable[[Any], Any]) -> Any:
+    """``node``'s value computed again from the (fake) values ``current`` gives its inputs."""
+    args = torch.fx.node.map_arg(node.args, current)
+    kwargs = torch.fx.node.map_arg(node.kwargs, current)
+    fake = next((v for v in (*args, *kwargs.values()) if hasattr(v, "fake_mode")), None)
+    with fake.fake_mode if fake is not None else contextlib.nullcontext():
+        if node.op == "call_method":
+            return getattr(args[0], node.target)(*args[1:], **kwargs)
+        return node.target(*args, **kwargs)
+
+
+def _same_layout(a: Any, b: Any) -> bool:
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(map(_same_layout, a, b))
+    if isinstance(a, Tensor) != isinstance(b, Tensor):
+        return False
+    if not isinstance(a, Tensor):
+        return True  # sizes, numbers: strides do not reach them
+    return a.shape == b.shape and a.stride() == b.stride()
+
+
+@dataclasses.dataclass
+class _Plan:
+    """The layout worked out on fake tensors, before anything is rewritten."""
+
+    values: dict[torch.fx.Node, Any]  # nodes whose value's layout changes -> new fake value
+    converted: dict[torch.fx.Node, Any]  # conv inputs made channels-last -> their new value
+    restored: dict[torch.fx.Node, list[torch.fx.Node]]  # value -> readers given the old layout
+
+
+def _plan(graph: torch.fx.Graph, convs: list[torch.fx.Node]) -> _Plan | str:
+    """The new layout of every value, or why the graph cannot have it."""
+    plan = _Plan({}, {}, {})
+    conv_set = set(convs)
+
+    def current(node: Any) -> Any:
+        return plan.values.get(node, example_value(node))
+
+    for node in graph.nodes:
+        if node in conv_set:
+            x, weight = node.args[0], example_value(node.args[1])
+            value = current(x)
+            if not _static(value):
+                return f"{node.name}: dynamic shapes (channels-last not measured there)"
+            if not value.is_contiguous(memory_format=CHANNELS_LAST):
+                if x not in plan.converted:  # one conversion, read by every conv of x
+                    with value.fake_mode:
+                        plan.converted[x] = value.contiguous(memory_format=CHANNELS_LAST)
+                value = plan.converted[x]
+            with value.fake_mode:
+                args = (value, weight.contiguous(memory_format=CHANNELS_LAST),
+                        *torch.fx.node.map_arg(node.args[2:], current))  # fmt: skip
+                kwargs = torch.fx.node.map_arg(node.kwargs, current)
+                plan.values[node] = node.target(*args, **kwargs)
+            continue
+        changed = [n for n in node.all_input_nodes if n in plan.values]
+        if not changed:
+            continue
+        if node.op != "output" and _any_layout(node):
+            try:
+                value = _evaluate(node, current)
+            except Exception:  # an op that refuses the new layout: it gets the old one
+                pass
+            else:
+                if not _same_layout(value, example_value(node)):
+                    plan.values[node] = value
+                continue
+        for source in changed:
+            old = example_value(source)
+            if not (isinstance(old, Tensor) and old.is_contiguous()):
+                return (f"{node.name} reads {source.name}, whose traced layout would not "
+                        "come back with .contiguous()")  # fmt: skip
+            plan.restored.setdefault(source, []).append(node)
+    return plan
+
+
+def use_channels_last(
+    graph: torch.fx.Graph,
+    owner: torch.nn.Module,
+    inputs: Sequence[Any],
+    is_state: Callable[[Any], bool],
+) -> LayoutResult:
+    """Run ``graph``'s batched 2-d convolutions channels-last (see the module docstring).
+
+    ``inputs`` are the graph's example inputs (the first call's parameters, which the weight
+    copies start from); the copies are set on ``owner`` as attributes the new ``get_attr``
+    nodes read."""
+    result = LayoutResult()
+    convs = _convolutions(graph)
+    plan = _plan(graph, convs)
+    if isinstance(plan, str):
+        result.left_alone.append(plan)
+        return result
+    index = {node: i for i, node in enumerate(placeholders(graph))}
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+    for conv in convs:
+        weight = conv.args[1]
+        if weight not in copies:
+            copies[weight] = _weight_copy(graph, owner, conv, index, inputs, is_state, result)
+        conv.args = (conv.args[0], copies[weight], *conv.args[2:])
+    for x, value in plan.converted.items():
+        readers = [c for c in convs if c.args[0] is x]
+        with graph.inserting_before(readers[0]):
+            node = graph.call_method("contiguous", (x,), {"memory_format": CHANNELS_LAST})
+        node.meta["example_value"] = value
+        for conv in readers:
+            conv.args = (node, *conv.args[1:])
+    for node, value in plan.values.items():
+        node.meta["example_value"] = value
+    for source, readers in plan.restored.items():
+        value = example_value(source)
+        with graph.inserting_after(source):
+            back = graph.call_method("contiguous", (source,))
+        with value.fake_mode:
+            back.meta["example_value"] = value.contiguous()
+        for reader in readers:
+            reader.replace_input_with(source, back)
+    result.convolutions = [c.name for c in convs]
+    return result
+
+
+def _weight_copy(
+    graph: torch.fx.Graph, owner: torch.nn.Module, conv: torch.fx.Node,
+    index: dict[torch.fx.Node, int], inputs: Sequence[Any], is_state: Callable[[Any], bool],
+    result: LayoutResult,
+) -> torch.fx.Node:  # fmt: skip
+    """The node ``conv`` reads its weight through: a channels-last copy (a derived constant)
+    of a parameter, a folded weight already channels-last, or the weight itself (cuDNN then
+    converts it each call: reported)."""
+    weight = conv.args[1]
+    value = example_value(weight)
+    if value.is_contiguous(memory_format=CHANNELS_LAST):
+        return weight  # a folded weight (allocated channels-last) or a channels-last model
+    source = inputs[index[weight]] if weight in index else None
+    if source is None or not is_state(source) or source.is_inference():
+        result.left_alone.append(f"{weight.name}: not a parameter or buffer (converted each "
+                                 "call by cuDNN)")  # fmt: skip
+        return weight
+    copy = WeightCopy(weight.name, (index[weight],),
+                      torch.empty_like(source, memory_format=CHANNELS_LAST))  # fmt: skip
+    copy.derive(inputs)
+    attr = f"_infinifuse_channels_last_{weight.name}"
+    setattr(owner, attr, copy.buffer)
+    with graph.inserting_before(conv):
+        node = graph.get_attr(attr)
+    with value.fake_mode:
+        node.meta["example_value"] = value.contiguous(memory_format=CHANNELS_LAST)
+    result.copies.append(copy)
+    return node

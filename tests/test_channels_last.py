@@ -1,0 +1,262 @@
+"""Channels-last graphs (passes/channels_last.py) and elementwise groups walked in storage
+order (passes/lowering.py's ``LoweredGroup.order``).
+
+CPU, Triton's interpreter: blocks written the way timm writes them (a ResNet bottleneck, an
+MBConv with squeeze-excite, a ConvNeXt block), in eval mode with non-trivial BatchNorm
+statistics, at odd sizes. Outputs equal eager's and keep eager's strides; the fused graph runs
+its convolutions on channels-last weight copies and its groups in storage order; a weight
+edited in place or loaded after compiling gives eager's new result; a reader that needs the
+traced layout gets it back; what is not run channels-last says why.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.fx
+import torch.nn as nn
+import torch.nn.functional as F
+from helpers import graphs_since
+from test_batch_norm_folding import Bottleneck, _randomize_statistics
+
+import fusebackend
+from fusebackend import backend
+from fusebackend.passes.channels_last import choose_channels_last
+from fusebackend.passes.rewrite import in_storage_order
+
+TOLERANCES = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (3e-2, 3e-2),
+}
+
+
+class MBConv(nn.Module):
+    """An EfficientNet block: 1x1 expand + BN + SiLU, depthwise 3x3 + BN + SiLU, a
+    squeeze-excite gate (mean over H x W, two 1x1 convs, SiLU, sigmoid), 1x1 project + BN,
+    the residual add."""
+
+    def __init__(self, channels: int = 6, expanded: int = 12, squeezed: int = 3) -> None:
+        super().__init__()
+        self.expand = nn.Conv2d(channels, expanded, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(expanded)
+        self.dw = nn.Conv2d(expanded, expanded, 3, padding=1, groups=expanded, bias=False)
+        self.bn2 = nn.BatchNorm2d(expanded)
+        self.reduce, self.grow = nn.Conv2d(expanded, squeezed, 1), nn.Conv2d(squeezed, expanded, 1)
+        self.project = nn.Conv2d(expanded, channels, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.silu(self.bn1(self.expand(x)))
+        y = F.silu(self.bn2(self.dw(y)))
+        gate = self.grow(F.silu(self.reduce(y.mean((2, 3), keepdim=True))))
+        y = y * gate.sigmoid()
+        return self.bn3(self.project(y)) + x
+
+
+class ConvNeXtBlock(nn.Module):
+    """A ConvNeXt block: depthwise 7x7, a LayerNorm over channels after a permute, two linears
+    with a GELU, a layer scale, the permute back and the residual add."""
+
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.rand(dim) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.dw(x).permute(0, 2, 3, 1)
+        y = self.fc2(F.gelu(self.fc1(self.norm(y)))) * self.gamma
+        return x + y.permute(0, 3, 1, 2)
+
+
+class Viewed(nn.Module):
+    """A conv whose output is read through ``view`` (which needs its traced strides)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 5, 3, padding=1, bias=False), nn.BatchNorm2d(5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn(self.conv(x)))
+        return y.view(y.shape[0], y.shape[1], -1).softmax(-1)
+
+
+_BEFORE: list = []
+
+
+def _compiled(model: nn.Module, **options):
+    torch._dynamo.reset()
+    fusebackend.clear_cache()
+    _BEFORE[:] = [fusebackend.reports()]
+    return torch.compile(model, backend="infinifuse", options=options)
+
+
+def _graph():
+    graphs = graphs_since(_BEFORE[0])
+    assert len(graphs) == 1, graphs
+    return graphs[0]
+
+
+@pytest.fixture
+def fused_graphs(monkeypatch):
+    """The fused graphs built while the test runs."""
+    made = []
+    real = backend._fuse
+
+    def keep(*args, **kwargs):
+        fusion = real(*args, **kwargs)
+        made.append(fusion.graph)
+        return fusion
+
+    monkeypatch.setattr(backend, "_fuse", keep)
+    return made
+
+
+def _assert_like_eager(out: torch.Tensor, expected: torch.Tensor) -> None:
+    rtol, atol = TOLERANCES[expected.dtype]
+    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
+    assert out.stride() == expected.stride(), (out.stride(), expected.stride())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_a_group_over_channels_last_tensors_walks_them_in_storage_order(dtype, fused_graphs):
+    # A user's channels-last tensors: the group's rows run along C (contiguous) and its output
+    # is channels-last, as eager's; the per-channel operand [C, 1, 1] and a [N, C, 1, 1] gate
+    # broadcast in that order too.
+    def block(x, skip, scale, gate):
+        return F.silu(x * scale + skip) * gate.sigmoid()
+
+    x = torch.randn(2, 5, 7, 3, dtype=dtype).to(memory_format=torch.channels_last)
+    skip = torch.randn(2, 5, 7, 3, dtype=dtype).to(memory_format=torch.channels_last)
+    scale = torch.randn(5, 1, 1, dtype=dtype)
+    gate = torch.randn(2, 5, 1, 1, dtype=dtype)
+    with torch.no_grad():
+        out = _compiled(block)(x, skip, scale, gate)
+    _assert_like_eager(out, block(x, skip, scale, gate))
+    (group,) = _graph().groups
+    assert len(group.nodes) == 5, group.nodes
+    walks = [n for n in fused_graphs[0].graph.nodes if n.target is in_storage_order]
+    assert len(walks) == 4 and all(n.args[1] == (0, 2, 3, 1) for n in walks), walks
+
+
+def test_mixed_layouts_and_contiguous_tensors_keep_their_results():
+    # One channels-last operand and one contiguous: the group walks the first's order and
+    # reads the other through its strides; all-contiguous groups are not walked differently.
+    def block(x, y):
+        return torch.relu(x + 2 * y)
+
+    x = torch.randn(3, 4, 5, 6).to(memory_format=torch.channels_last)
+    y = torch.randn(3, 4, 5, 6)
+    with torch.no_grad():
+        _assert_like_eager(_compiled(block)(x, y), block(x, y))
+        _assert_like_eager(_compiled(block)(y, x), block(y, x))
+        _assert_like_eager(_compiled(block)(y, y), block(y, y))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block", [Bottleneck, MBConv, ConvNeXtBlock])
+def test_blocks_run_channels_last_and_equal_eager(block, dtype, fused_graphs):
+    model = _randomize_statistics(block()).to(dtype)
+    channels = next(m for m in model.modules() if isinstance(m, nn.Conv2d)).in_channels
+    x = torch.randn(2, channels, 9, 7, dtype=dtype)
+    convs = sum(isinstance(m, nn.Conv2d) for m in model.modules())
+    with torch.no_grad():
+        out = _compiled(model, channels_last=True)(x)
+        expected = model(x)
+    _assert_like_eager(out, expected)
+    graph = _graph()
+    assert graph.path == "fused", graph.path
+    assert len(graph.rewrites["channels_last"]) == convs, graph.rewrites
+    assert not graph.rewrites.get("channels_last_left_alone"), graph.rewrites
+    fused = fused_graphs[0].graph
+    entry = [n for n in fused.nodes if n.target == "contiguous" and n.kwargs]
+    assert len(entry) == 1 and entry[0].args[0].op == "placeholder"  # the image, once
+    for conv in (n for n in fused.nodes if n.target is torch.conv2d):
+        weight = conv.args[1]
+        value = weight.meta["example_value"]
+        assert value.is_contiguous(memory_format=torch.channels_last), weight
+        if weight.op == "placeholder":  # the user's: both layouts at once (1x1, depthwise)
+            assert value.is_contiguous(), weight
+        else:  # a copy of the user's weight, or (fp32) the BatchNorm folded into a buffer
+            folded = dtype == torch.float32 and "_folded_" in weight.target
+            assert ("_channels_last_" in weight.target) != folded, weight
+        assert conv.meta["example_value"].is_contiguous(memory_format=torch.channels_last)
+    if block is not ConvNeXtBlock:  # (its groups read the NCHW input x: they keep NCHW)
+        assert any(n.target is in_storage_order for n in fused.nodes)
+
+
+def test_an_edited_or_loaded_weight_reaches_the_channels_last_copy(fused_graphs):
+    def convs():
+        return nn.Sequential(nn.Conv2d(3, 5, 3), nn.ReLU(), nn.Conv2d(5, 4, 3, padding=1)).eval()
+
+    model = convs()
+    x = torch.randn(2, 3, 8, 7)
+    compiled = _compiled(model, channels_last=True)
+    with torch.no_grad():
+        compiled(x)
+        copies = [n for n in fused_graphs[0].graph.nodes if n.op == "get_attr"]
+        assert len(copies) == 2 and all("_channels_last_" in n.target for n in copies)
+        model[2].weight.mul_(-1.5)  # in place, after compiling
+        _assert_like_eager(compiled(x), model(x))
+        other = convs()
+        model.load_state_dict(other.state_dict())
+        _assert_like_eager(compiled(x), other(x))
+
+
+def test_a_reader_that_needs_the_traced_layout_gets_it_back(fused_graphs):
+    # view() of a channels-last tensor would raise: it reads a contiguous copy instead.
+    model = _randomize_statistics(Viewed())
+    x = torch.randn(2, 3, 6, 5)
+    with torch.no_grad():
+        _assert_like_eager(_compiled(model, channels_last=True)(x), model(x))
+    (view,) = [n for n in fused_graphs[0].graph.nodes if n.target == "view" and len(n.args) == 4]
+    assert view.args[0].target == "contiguous" and not view.args[0].kwargs
+
+
+def test_the_default_says_why_a_cpu_graph_stays_as_traced():
+    model = _randomize_statistics(Bottleneck())
+    with torch.no_grad():
+        _compiled(model)(torch.randn(1, 6, 5, 5))
+    graph = _graph()
+    assert "channels_last" not in graph.rewrites or not graph.rewrites["channels_last"]
+    assert graph.rewrites["channels_last_left_alone"] == [
+        "not on CUDA (channels_last=True forces it)"
+    ]
+    with torch.no_grad():
+        _compiled(copy.deepcopy(model), channels_last=False)(torch.randn(1, 6, 5, 5))
+    assert _graph().rewrites["channels_last_left_alone"] == ["channels_last=False"]
+
+
+def _fake_cuda_graph(weights: list[tuple[int, ...]], groups: list[int], dtype=torch.float16):
+    """A graph of convolutions (one or two) over one fake CUDA image, with example values."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    def one(x, w):
+        return torch.conv2d(x, w, None, 1, 1, 1, groups[0])
+
+    def two(x, w, v):
+        return one(x, w) + torch.conv2d(x, v, None, 1, 1, 1, groups[1])
+
+    gm = torch.fx.symbolic_trace(one if len(weights) == 1 else two)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        values = [torch.empty(1, 8, 9, 9, device="cuda", dtype=dtype)]
+        values += [torch.empty(w, device="cuda", dtype=dtype) for w in weights]
+        FakeTensorProp(gm, mode).propagate(*values)
+    for node in gm.graph.nodes:
+        node.meta["example_value"] = node.meta.get("val")
+    return gm.graph
+
+
+def test_the_default_chooses_channels_last_on_cuda_half_precision_only():
+    dense, depthwise, grouped = (8, 8, 3, 3), (8, 1, 3, 3), (8, 2, 3, 3)
+    assert choose_channels_last(_fake_cuda_graph([dense, depthwise], [1, 8]), None) is None
+    why = choose_channels_last(_fake_cuda_graph([dense, grouped], [1, 4]), None)
+    assert why is not None and "grouped convolution with 2 input channels" in why
+    assert choose_channels_last(_fake_cuda_graph([dense, grouped], [1, 4]), True) is None
+    why = choose_channels_last(_fake_cuda_graph([dense], [1], torch.float32), None)
+    assert why == "not half precision (channels_last=True forces it)"

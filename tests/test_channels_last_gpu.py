@@ -1,0 +1,88 @@
+"""Channels-last graphs on the GPU (passes/channels_last.py): timm models (``pretrained=False``,
+fp16) run their convolutions channels-last by default, captured in CUDA graphs; replays equal
+eager; a weight edited in place after capture reaches the replayed graph; the elementwise
+kernels walk channels-last tensors in storage order in every float dtype.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_model_fused, graphs_since
+from test_batch_norm_folding_gpu import _close, _eval_model
+
+import fusebackend
+
+pytestmark = pytest.mark.gpu
+
+timm = pytest.importorskip("timm")
+
+
+@pytest.fixture(autouse=True)
+def _cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch._dynamo.reset()
+    fusebackend.clear_cache()
+
+
+@pytest.mark.parametrize("name", ["resnet18", "efficientnet_b0", "convnext_atto"])
+def test_timm_models_run_channels_last_by_default_and_replays_equal_eager(name):
+    model = _eval_model(name)
+    x = torch.randn(2, 3, 96, 80, device="cuda", dtype=torch.float16)
+    before = fusebackend.reports()
+    compiled = torch.compile(model, backend="infinifuse")
+    with torch.no_grad():
+        expected = model(x)
+        for _ in range(3):  # the 2nd call captures, the 3rd replays
+            out = compiled(x)
+    _close(out, expected)
+    assert out.stride() == expected.stride()
+    graphs = graphs_since(before)
+    convs = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    ran = sum(len(g.rewrites.get("channels_last", [])) for g in graphs)
+    assert ran == convs, [g.rewrites.get("channels_last_left_alone") for g in graphs]
+    assert_model_fused(graphs, row_groups=1)
+
+
+def test_a_grouped_model_stays_nchw_with_the_reason():
+    model = _eval_model("regnety_002")  # group width 8: 8 input channels per group
+    x = torch.randn(1, 3, 64, 64, device="cuda", dtype=torch.float16)
+    before = fusebackend.reports()
+    with torch.no_grad():
+        _close(torch.compile(model, backend="infinifuse")(x), model(x))
+    graphs = graphs_since(before)
+    reasons = [r for g in graphs for r in g.rewrites.get("channels_last_left_alone", [])]
+    assert reasons and "grouped convolution" in reasons[0], reasons
+
+
+def test_a_weight_edit_after_capture_reaches_the_channels_last_copy():
+    model = _eval_model("resnet18")
+    x = torch.randn(1, 3, 64, 64, device="cuda", dtype=torch.float16)
+    compiled = torch.compile(model, backend="infinifuse")
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(x)
+        model.layer1[0].conv1.weight.mul_(-1.0)  # a 3x3 weight: read through its copy
+        _close(compiled(x), model(x))
+        assert fusebackend.stats()["recordings"] >= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_an_elementwise_kernel_walks_channels_last_tensors(dtype):
+    def block(x, skip, scale, gate):
+        return F.silu(x * scale + skip) * gate.sigmoid()
+
+    def cl(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype).to(memory_format=torch.channels_last)
+
+    x, skip = cl(3, 37, 9, 11), cl(3, 37, 9, 11)
+    scale = torch.randn(37, 1, 1, device="cuda", dtype=dtype)
+    gate = torch.randn(3, 37, 1, 1, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        out = torch.compile(block, backend="infinifuse")(x, skip, scale, gate)
+    expected = block(x, skip, scale, gate)
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(out, expected, rtol=tol, atol=tol)
+    assert out.stride() == expected.stride()
