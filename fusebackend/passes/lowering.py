@@ -101,7 +101,9 @@ def _walk_order(candidate: Candidate) -> tuple[int, ...] | None:
     if len(orders) != 1:
         return None  # outputs in several layouts: each written contiguous, as before
     (order,) = orders
-    return None if order == tuple(range(len(shape))) else order
+    # Only where the contiguous dim is not the last: with it last (a transposed [B, H, T, D])
+    # the rows already run along memory, and the output stays contiguous as it was measured.
+    return None if order[-1] == len(shape) - 1 else order
 
 
 class _Builder:
