@@ -228,6 +228,28 @@ def test_a_matmul_by_an_activation_is_left_alone_with_its_reason():
     ], graph.rewrites
 
 
+class _Autocast(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(32, 40))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            m = x @ self.weight
+        return m * 2.0
+
+
+def test_a_matmul_under_autocast_is_left_alone_with_its_reason():
+    # eager casts the fp32 operands to bf16 first; a matmul group would multiply in fp32
+    # (on an H200 that left validation's tolerance and the graph ran unfused)
+    torch.manual_seed(5)
+    graph = _fused_graph(_Autocast().eval(), torch.randn(2, 32), rtol=0, atol=0)
+    assert not graph.rewrites.get("matmul_groups"), graph.rewrites
+    assert graph.rewrites["matmuls_left_alone"] == [
+        "m: an autocast region (torch.float32 operands, a torch.bfloat16 result)",
+    ], graph.rewrites
+
+
 def test_many_rows_stay_with_cublas_and_say_why():
     torch.manual_seed(2)
     model = perturb_uniform_parameters(transformers.LlamaModel(tiny_llama_config(layers=1)).eval())

@@ -235,6 +235,11 @@ def _anchor_reason(anchor: _Anchor, usable: Callable[[torch.device], bool]) -> s
         return "symbolic sizes"
     if xv.dtype not in _FLOATS or wv.dtype != xv.dtype:
         return f"dtypes {xv.dtype} x {wv.dtype}"
+    out = example_value(anchor.product)
+    if isinstance(out, torch.Tensor) and out.dtype != xv.dtype:
+        # an autocast region: eager casts the operands first; the kernel would not (seen on
+        # an H200: a fp32 product under fp16 autocast left validation's tolerance)
+        return f"an autocast region ({xv.dtype} operands, a {out.dtype} result)"
     k_dim = 1 if anchor.layout == "nk" else 0
     if wv.dim() != 2 or xv.dim() < 1 or xv.shape[-1] != wv.shape[k_dim]:
         shape = "[N, K]" if anchor.layout == "nk" else "[K, N]"
