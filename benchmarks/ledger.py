@@ -167,6 +167,11 @@ SOURCES = (
     # the same at ffe1664: BatchNorms as fp32 scale + shift after the conv in half precision,
     # in-place activations fused (resnet50, efficientnet_b0, mobilenetv3_large_100)
     "vision_h200_ffe1664.json",
+    # channels-last per graph at bead187 (resnet50, convnext_tiny, efficientnet_b0: default
+    # against channels_last=False, reduce-overhead beside them) and 7a07b46 (mobilenetv3, and
+    # vit_small's reduce-overhead rows; its infinifuse process was not started in the budget)
+    "vision_h200_bead187.json",
+    "vision_h200_7a07b46.json",
     # issue 37's restart with FUSEBACKEND_DYNAMIC_SHAPES=1 at ffe1664 (MiniLM-L6, --quick)
     "sentence_embeddings_restart_h200_ffe1664.json",
     # BERT-base and DeBERTa-v3-base encoders at c3dfa5a (--quick, 600 sentences, 40 queries)

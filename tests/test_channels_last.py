@@ -29,7 +29,9 @@ from fusebackend.passes.rewrite import in_storage_order
 TOLERANCES = {
     torch.float32: (1e-5, 1e-5),
     torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (3e-2, 3e-2),
+    # bf16 outputs near 4 are 0.03125 apart: the chains here differ from eager by up to two
+    # of those steps (channels-last or not: the same figures with channels_last=False)
+    torch.bfloat16: (3e-2, 7e-2),
 }
 
 
@@ -160,6 +162,7 @@ def test_mixed_layouts_and_contiguous_tensors_keep_their_results():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block", [Bottleneck, MBConv, ConvNeXtBlock])
 def test_blocks_run_channels_last_and_equal_eager(block, dtype, fused_graphs):
+    torch.manual_seed(0)
     model = _randomize_statistics(block()).to(dtype)
     channels = next(m for m in model.modules() if isinstance(m, nn.Conv2d)).in_channels
     x = torch.randn(2, channels, 9, 7, dtype=dtype)
