@@ -3,8 +3,8 @@
 Patterns (fp16, transformers' spellings): RMSNorm (decomposed, LlamaRMSNorm), add + RMSNorm
 (two outputs: the residual sum and its norm), SwiGLU activation (silu(gate) * up), RoPE
 (``q * cos + rotate_half(q) * sin`` on rows of D = heads x 128, cos/sin per row), softmax with
-its scale and additive mask, add + LayerNorm and GPT-2's tanh GELU. Rows: decode (1 x D) and
-prefill (4096 x D); D in 2048, 4096, 8192.
+its scale and additive mask, add + LayerNorm, a LayerNorm alone and GPT-2's tanh GELU. Rows:
+decode (1 x D) and prefill (4096 x D); D in 2048, 4096, 8192.
 
 Each variant is the same Python function compiled with ``dynamic=False``: infinifuse
 (``cudagraphs=False``: the kernel, not our replay), Inductor (torch.compile default mode)
@@ -81,6 +81,11 @@ def add_layer_norm(x, r, w, b):
     return h, F.layer_norm(h, (h.shape[-1],), w, b, 1e-5)
 
 
+def layer_norm(x, w, b):
+    """A LayerNorm alone: a ConvNeXt block's over its channels (after a permute)."""
+    return F.layer_norm(x, (x.shape[-1],), w, b, 1e-6)
+
+
 def gelu_tanh(x):
     """GPT-2's NewGELUActivation, as transformers spells it."""
     return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
@@ -111,6 +116,8 @@ def make_inputs(name: str, rows: int, width: int, device: str) -> tuple[tuple, i
         return (rand(rows, width), rand(rows, width), rand(width), rand(width)), 2 * (
             4 * n + 2 * width
         )
+    if name == "layernorm":
+        return (rand(rows, width), rand(width), rand(width)), 2 * (2 * n + 2 * width)
     if name == "gelu_tanh":
         return (rand(rows, width),), 2 * 2 * n
     raise ValueError(name)
@@ -118,7 +125,7 @@ def make_inputs(name: str, rows: int, width: int, device: str) -> tuple[tuple, i
 
 PATTERNS = {"rmsnorm": rms_norm, "add_rmsnorm": add_rms_norm, "swiglu": swiglu, "rope": rope,
             "softmax": scaled_masked_softmax, "add_layernorm": add_layer_norm,
-            "gelu_tanh": gelu_tanh}  # fmt: skip
+            "layernorm": layer_norm, "gelu_tanh": gelu_tanh}  # fmt: skip
 
 # The sweep's default cases: a decode step's rows of the suite's four models (TinyLlama and
 # Qwen2: residual + RMSNorm and SwiGLU; GPT-2 and BERT: residual + LayerNorm and GELU) and a

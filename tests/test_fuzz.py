@@ -950,7 +950,7 @@ def run_row_case(case: RowCase) -> Outcome:
 
 def _documented_row_rejection(graph) -> bool:
     """A chain whose only row op is one kernel in eager too (a lone norm or softmax) is
-    left alone by design (test_row_patterns.test_lone_norm_is_not_fused_and_says_why)."""
+    left alone by design (test_row_patterns.test_lone_softmax_is_not_fused_and_says_why)."""
     return graph.path.startswith("unfused") and all("alone" in r.reason for r in graph.rejections)
 
 

@@ -167,13 +167,22 @@ def test_pattern_with_one_leading_dim(name):
     _check_pattern(name, (5,), 33, torch.float32, seed=2)
 
 
-def test_lone_norm_is_not_fused_and_says_why():
-    # F.layer_norm alone is one kernel in eager too: fusing it would buy nothing.
-    x, w = torch.randn(3, 16), torch.randn(16)
-    out, report = run_fused(lambda x, w: F.layer_norm(x, (16,), w), x, w, expect_fused=False)
+def test_lone_softmax_is_not_fused_and_says_why():
+    # softmax alone is one kernel in eager too: fusing it would buy nothing.
+    x = torch.randn(3, 16)
+    out, report = run_fused(lambda x: x.softmax(-1), x, expect_fused=False)
     assert report.groups == []
     assert any("alone" in r.reason for r in report.rejections), str(report)
-    assert_close(out, F.layer_norm(x, (16,), w))
+    assert_close(out, x.softmax(-1))
+
+
+def test_lone_layer_norm_is_a_group():
+    # aten's LayerNorm reads short rows slowly (ConvNeXt's 96-768 channels): a lone one runs
+    # as a row kernel.
+    x, w, b = torch.randn(5, 7, 96), torch.randn(96), torch.randn(96)
+    out, report = run_fused(lambda x, w, b: F.layer_norm(x, (96,), w, b), x, w, b)
+    assert [g.nodes for g in report.groups] == [("layer_norm",)], str(report)
+    assert_close(out, F.layer_norm(x, (96,), w, b), rtol=1e-5, atol=1e-5)
 
 
 def test_lone_elementwise_op_is_not_fused():

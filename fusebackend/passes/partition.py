@@ -20,7 +20,8 @@ Rules that keep the rewrite correct:
 - results must be floating point (or bool for comparisons feeding ``where``);
 - one row width: every value is ``lead + [D]`` or ``lead + [1]`` for one D, and every
   reduction reduces rows of width D (or 1);
-- a group replaces at least two ops (two kernels in eager); a lone op stays as it is.
+- a group replaces at least two ops (two kernels in eager); a lone op stays as it is,
+  but for a lone LayerNorm (``_LONE_OPS_THAT_PAY``: aten's kernel reads short rows slowly).
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ __all__ = ["Candidate", "LoweredGroup", "find_groups", "is_alias", "match"]
 log = logging.getLogger(__name__)
 
 _MIN_OPS = 2  # a group must replace at least this many ops (eager kernels) to pay
+# Ops whose generated kernel beats aten's alone: a ConvNeXt's LayerNorms over 96-768 channels
+# (aten's layer norm took 241 us of a batch-8 call, 23 launches, H200, 2026-11-28,
+# benchmarks/diag/diag_conv_layout.py).
+_LONE_OPS_THAT_PAY = {"layer_norm"}
 _OTHER_REDUCTIONS = {
     "max", "min", "prod", "norm", "group_norm", "batch_norm",
     "logsumexp", "cumsum", "argmax", "argmin", "any", "all", "var_mean", "std_mean",
@@ -507,7 +512,7 @@ class _FusionPass:
                     rejections.append(RejectionReport(node.name, reason))
                 continue  # an elementwise op that cannot seed is not worth a line
             candidate = grower.grow()
-            if candidate.cost < _MIN_OPS:
+            if candidate.cost < _MIN_OPS and not _pays_alone(candidate):
                 if is_embedding(node):
                     stops = "; ".join(s.reason for s in candidate.stops) or "unused"
                     reason = f"no fusible consumer ({stops})"
@@ -525,6 +530,12 @@ class _FusionPass:
             groups.append(candidate)
             rejections.extend(s for s in candidate.stops if s.reason != "graph output")
         return groups, rejections
+
+
+def _pays_alone(candidate: Candidate) -> bool:
+    """Is the group one op whose kernel beats aten's alone (``_LONE_OPS_THAT_PAY``)?"""
+    calls = list(candidate.calls.values())
+    return not candidate.lookups and len(calls) == 1 and calls[0].op.name in _LONE_OPS_THAT_PAY
 
 
 def _kind(node: torch.fx.Node) -> OpKind | None:
