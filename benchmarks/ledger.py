@@ -172,6 +172,10 @@ SOURCES = (
     # vit_small's reduce-overhead rows; its infinifuse process was not started in the budget)
     "vision_h200_bead187.json",
     "vision_h200_7a07b46.json",
+    # a LayerNorm alone at ConvNeXt's and ViT's widths against aten's and Inductor's, and the
+    # vision rows after it (convnext_tiny, vit_small_patch16_224) at 0cb9249
+    "row_kernels_layernorm_h200_0cb9249.json",
+    "vision_h200_0cb9249.json",
     # issue 37's restart with FUSEBACKEND_DYNAMIC_SHAPES=1 at ffe1664 (MiniLM-L6, --quick)
     "sentence_embeddings_restart_h200_ffe1664.json",
     # BERT-base and DeBERTa-v3-base encoders at c3dfa5a (--quick, 600 sentences, 40 queries)
@@ -387,7 +391,7 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
     elif isinstance(data.get("results"), list):  # row_kernels.py
         for record in data["results"]:
             workload = f"row-{record.get('pattern')}-{record.get('rows')}x{record.get('width')}"
-            for backend in ("infinifuse", "inductor"):
+            for backend in ("infinifuse", "inductor", "eager"):
                 add(workload, backend, {"ms": "ms", "fraction_of_copy": "fraction"},
                     {"ms": record.get(f"{backend}_ms"),
                      "fraction_of_copy": record.get(f"{backend}_fraction_of_copy")})  # fmt: skip
