@@ -103,6 +103,13 @@ def _graph():
     return graphs[0]
 
 
+def _ran_fused(graph) -> None:
+    """Every signature ran the fused graph: validation found it equal to the unfused one (a
+    wrong fused graph falls back to the unfused graph, whose outputs equal eager's)."""
+    modes = [entry["mode"] for entry in graph.runtime_modes()]
+    assert modes and set(modes) == {"fusion"}, graph.runtime_modes()
+
+
 @pytest.fixture
 def fused_graphs(monkeypatch):
     """The fused graphs built while the test runs."""
@@ -173,6 +180,7 @@ def test_blocks_run_channels_last_and_equal_eager(block, dtype, fused_graphs):
     _assert_like_eager(out, expected)
     graph = _graph()
     assert graph.path == "fused", graph.path
+    _ran_fused(graph)
     assert len(graph.rewrites["channels_last"]) == convs, graph.rewrites
     assert not graph.rewrites.get("channels_last_left_alone"), graph.rewrites
     fused = fused_graphs[0].graph
@@ -208,6 +216,7 @@ def test_an_edited_or_loaded_weight_reaches_the_channels_last_copy(fused_graphs)
         other = convs()
         model.load_state_dict(other.state_dict())
         _assert_like_eager(compiled(x), other(x))
+    _ran_fused(_graph())
 
 
 def test_a_reader_that_needs_the_traced_layout_gets_it_back(fused_graphs):
