@@ -90,11 +90,11 @@ class Viewed(nn.Module):
 _BEFORE: list = []
 
 
-def _compiled(model: nn.Module, **options):
+def _compiled(model: nn.Module, dynamic: bool | None = None, **options):
     torch._dynamo.reset()
     fusebackend.clear_cache()
     _BEFORE[:] = [fusebackend.reports()]
-    return torch.compile(model, backend="infinifuse", options=options)
+    return torch.compile(model, backend="infinifuse", dynamic=dynamic, options=options)
 
 
 def _graph():
@@ -272,3 +272,23 @@ def test_the_default_chooses_channels_last_on_cuda_half_precision_only():
     assert choose_channels_last(_fake_cuda_graph([dense, grouped], [1, 4]), True) is None
     why = choose_channels_last(_fake_cuda_graph([dense], [1], torch.float32), None)
     assert why == "not half precision (channels_last=True forces it)"
+
+
+@pytest.mark.parametrize("block", [Bottleneck, MBConv])
+def test_dynamic_batch_sizes_run_channels_last_in_one_graph(block, fused_graphs):
+    # A second batch size makes Dynamo compile a graph with a symbolic batch (automatic
+    # dynamic shapes; dynamic=True here): its layout is worked out without guards, so one
+    # graph serves every size, channels-last, with its groups in storage order.
+    torch.manual_seed(1)
+    model = _randomize_statistics(block())
+    channels = next(m for m in model.modules() if isinstance(m, nn.Conv2d)).in_channels
+    compiled = _compiled(model, dynamic=True, channels_last=True)
+    with torch.no_grad():
+        for batch in (2, 3, 5):
+            x = torch.randn(batch, channels, 7, 9)
+            _assert_like_eager(compiled(x), model(x))
+    graph = _graph()
+    _ran_fused(graph)
+    assert graph.rewrites["channels_last"], graph.rewrites
+    fused = fused_graphs[0].graph
+    assert any(n.target is in_storage_order for n in fused.nodes)

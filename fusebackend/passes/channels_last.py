@@ -43,7 +43,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fusebackend.passes.conv_bias import is_batched
-from fusebackend.passes.fx_util import example_value, placeholders
+from fusebackend.passes.fx_util import (
+    example_value,
+    known_channels_last,
+    known_contiguous,
+    known_equal,
+    placeholders,
+)
 from fusebackend.passes.groups import match
 from fusebackend.passes.ops import OpCall
 
@@ -130,12 +136,6 @@ def choose_channels_last(graph: torch.fx.Graph, setting: bool | None) -> str | N
     return None
 
 
-def _static(value: Any) -> bool:
-    return isinstance(value, Tensor) and all(
-        isinstance(n, int) for n in (*value.shape, *value.stride())
-    )
-
-
 def _any_layout(node: torch.fx.Node) -> bool:
     if node.op == "call_function":
         return node.target in _ANY_LAYOUT_FUNCTIONS or isinstance(match(node), OpCall)
@@ -162,7 +162,8 @@ def _same_layout(a: Any, b: Any) -> bool:
         return False
     if not isinstance(a, Tensor):
         return True  # sizes, numbers: strides do not reach them
-    return a.shape == b.shape and a.stride() == b.stride()
+    return (a.dim() == b.dim() and all(map(known_equal, a.shape, b.shape))
+            and all(map(known_equal, a.stride(), b.stride())))  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -186,9 +187,7 @@ def _plan(graph: torch.fx.Graph, convs: list[torch.fx.Node]) -> _Plan | str:
         if node in conv_set:
             x, weight = node.args[0], example_value(node.args[1])
             value = current(x)
-            if not _static(value):
-                return f"{node.name}: dynamic shapes (channels-last not measured there)"
-            if not value.is_contiguous(memory_format=CHANNELS_LAST):
+            if not known_channels_last(value):
                 if x not in plan.converted:  # one conversion, read by every conv of x
                     with value.fake_mode:
                         plan.converted[x] = value.contiguous(memory_format=CHANNELS_LAST)
@@ -213,7 +212,7 @@ def _plan(graph: torch.fx.Graph, convs: list[torch.fx.Node]) -> _Plan | str:
                 continue
         for source in changed:
             old = example_value(source)
-            if not (isinstance(old, Tensor) and old.is_contiguous()):
+            if not (isinstance(old, Tensor) and known_contiguous(old)):
                 return (f"{node.name} reads {source.name}, whose traced layout would not "
                         "come back with .contiguous()")  # fmt: skip
             plan.restored.setdefault(source, []).append(node)
@@ -275,7 +274,7 @@ def _weight_copy(
     converts it each call: reported)."""
     weight = conv.args[1]
     value = example_value(weight)
-    if value.is_contiguous(memory_format=CHANNELS_LAST):
+    if known_channels_last(value):
         return weight  # a folded weight (allocated channels-last) or a channels-last model
     source = inputs[index[weight]] if weight in index else None
     if source is None or not is_state(source) or source.is_inference():

@@ -7,7 +7,16 @@ from collections.abc import Iterator
 import torch
 import torch.fx
 
-__all__ = ["example_value", "nodes_between", "placeholders", "single_user", "static_tensor"]
+__all__ = [
+    "example_value",
+    "known_channels_last",
+    "known_contiguous",
+    "known_equal",
+    "nodes_between",
+    "placeholders",
+    "single_user",
+    "static_tensor",
+]
 
 
 def example_value(node: torch.fx.Node) -> object:
@@ -39,3 +48,32 @@ def single_user(node: object) -> torch.fx.Node | None:
         return None
     users = list(node.users)
     return users[0] if len(users) == 1 else None
+
+
+def known_equal(a: object, b: object) -> bool:
+    """Are two sizes (ints or SymInts) equal for every value the shape environment allows?
+    Asked without adding a guard: unknown counts as not equal."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return bool(statically_known_true(a == b))
+
+
+def known_contiguous(value: torch.Tensor) -> bool:
+    """Is ``value`` contiguous (symbolic sizes: its strides are a contiguous tensor's)?"""
+    if static_tensor(value) and all(isinstance(s, int) for s in value.stride()):
+        return value.is_contiguous()
+    from torch._prims_common import make_contiguous_strides_for
+
+    expected = make_contiguous_strides_for(value.shape)
+    return all(map(known_equal, value.stride(), expected))
+
+
+def known_channels_last(value: torch.Tensor) -> bool:
+    """Is the 4-d ``value`` channels-last (symbolic sizes: its strides are those
+    ``contiguous(memory_format=torch.channels_last)`` gives)?"""
+    if value.dim() != 4:
+        return False
+    if static_tensor(value) and all(isinstance(s, int) for s in value.stride()):
+        return value.is_contiguous(memory_format=torch.channels_last)
+    _, c, h, w = value.shape
+    return all(map(known_equal, value.stride(), (c * h * w, 1, w * c, c)))

@@ -38,7 +38,7 @@ from fusebackend.kernels.ir import (
     accumulate_dtype,
 )
 from fusebackend.passes.embedding_fusion import embedding_args
-from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.fx_util import example_value, known_channels_last
 from fusebackend.passes.groups import (
     Candidate,
     LoweredGroup,
@@ -96,7 +96,9 @@ def _walk_order(candidate: Candidate) -> tuple[int, ...] | None:
     if len(shape) < 3 or any(v.shape != shape for v in outputs):
         return None  # (an output is permuted back from the kernel's: it needs every dim)
     if not all(isinstance(n, int) for v in outputs for n in (*v.shape, *v.stride())):
-        return None
+        # symbolic sizes (dynamic=True, a second batch size): channels-last is recognised
+        # from its stride formula, asked without adding a guard
+        return (0, 2, 3, 1) if all(map(known_channels_last, outputs)) else None
     orders = {tuple(compute_elementwise_output_logical_to_physical_perm(v)[0]) for v in outputs}
     if len(orders) != 1:
         return None  # outputs in several layouts: each written contiguous, as before
