@@ -462,7 +462,9 @@ class Fusion:
 
 
 # The rewrites kept in the report when nothing runs fused: what says why something was not.
-_WHY_NOT_FUSED = ("matmuls_left_alone", "batch_norms_left_alone")
+# What a graph with nothing fused still reports: what each pass left alone, and why.
+_WHY_NOT_FUSED = ("matmuls_left_alone", "batch_norms_left_alone", "in_place_left_alone",
+                  "channels_last_left_alone")  # fmt: skip
 
 
 def _fuse(

@@ -241,6 +241,13 @@ def test_the_default_says_why_a_cpu_graph_stays_as_traced():
     with torch.no_grad():
         _compiled(copy.deepcopy(model), channels_last=False)(torch.randn(1, 6, 5, 5))
     assert _graph().rewrites["channels_last_left_alone"] == ["channels_last=False"]
+    with torch.no_grad():  # nothing to fuse: the graph is not rewritten, the reason stays
+        _compiled(nn.Conv2d(3, 4, 3).eval())(torch.randn(1, 3, 8, 8))
+    graph = _graph()
+    assert graph.path == "unfused (nothing to fuse)", graph.path
+    assert graph.rewrites["channels_last_left_alone"] == [
+        "not on CUDA (channels_last=True forces it)"
+    ]
 
 
 def _fake_cuda_graph(weights: list[tuple[int, ...]], groups: list[int], dtype=torch.float16):
