@@ -113,28 +113,22 @@ def _fold_batch_norms(c: Compilation) -> list[str]:
     """Eval BatchNorms folded into their convolutions' weight and bias (derived constants the
     fused graph owns, refreshed before each call); those left alone reported with why."""
     assert c.graph is not None
-    weight_format = torch.channels_last if c.channels_last else torch.preserve_format
-    found = fold_batch_norms(c.graph, c.gm, c.example_inputs, is_parameter_or_buffer,
-                             weight_format)  # fmt: skip
+    found = fold_batch_norms(c.graph, c.gm, c.example_inputs, is_parameter_or_buffer)
     _report_left_alone(c, "batch_norms_left_alone", "BatchNorms not folded", found.left_alone)
     c.refresh = found.refresh(c.example_inputs)
     return [fold.name for fold in found.folds]
 
 
-def _choose_channels_last(c: Compilation) -> None:
-    """Decide the graph's layout (before BatchNorm folding, which allocates weights in it);
-    a graph with convolutions left as traced says why."""
+def _use_channels_last(c: Compilation) -> list[str]:
+    """The graph's 2-d convolutions run channels-last where the option and the graph allow
+    (their weights as derived channels-last copies refreshed with the folds); the
+    convolutions are reported, or why a graph with convolutions stays as traced."""
     assert c.graph is not None
     why_not = choose_channels_last(c.graph, c.config.channels_last)
-    c.channels_last = why_not is None
-    if why_not is not None and why_not != "no batched 2-d convolution":
-        _report_left_alone(c, "channels_last_left_alone", "not run channels-last", [why_not])
-
-
-def _use_channels_last(c: Compilation) -> list[str]:
-    """The graph's 2-d convolutions run channels-last, their weights as derived channels-last
-    copies refreshed with the folds; the convolutions are reported."""
-    assert c.graph is not None
+    if why_not is not None:
+        if why_not != "no batched 2-d convolution":
+            _report_left_alone(c, "channels_last_left_alone", "not run channels-last", [why_not])
+        return []
     found = use_channels_last(c.graph, c.gm, c.example_inputs, is_parameter_or_buffer)
     _report_left_alone(c, "channels_last_left_alone", "not run channels-last", found.left_alone)
     if found.copies:
@@ -263,7 +257,6 @@ FUSE = [
     Pass("make_out_of_place", _make_out_of_place,
          "in-place ops on graph temporaries made out-of-place (fused graph)",
          report="made_out_of_place"),
-    Pass("choose_channels_last", _choose_channels_last),
     Pass("fold_batch_norms", _fold_batch_norms,
          "eval BatchNorms folded into their convolutions (fused graph)",
          report="batch_norms_folded"),
@@ -271,7 +264,7 @@ FUSE = [
          "convolution biases added in the elementwise group after them (fused graph)",
          report="conv_biases_moved"),
     Pass("use_channels_last", _use_channels_last, "convolutions run channels-last (fused graph)",
-         report="channels_last", when=lambda c: c.channels_last),
+         report="channels_last"),
     Pass("use_vocab_parallel_lookup",
          lambda c: use_vocab_parallel_lookup(c.graph, vocab_parallel_lookup, c.config.index_checks),
          "vocab-parallel lookups as one kernel + all-reduce (fused graph)",

@@ -50,7 +50,6 @@ class Compilation:
     groups: list[Any] = dataclasses.field(default_factory=list)  # GroupReports
     fused_nodes: list[torch.fx.Node] = dataclasses.field(default_factory=list)
     matmul_groups: int = 0  # matmul_group launches the graph got (passes/matmul_groups.py)
-    channels_last: bool = False  # the graph's convolutions run NHWC (passes/channels_last.py)
     # Run before each call with the graph's inputs (passes/batch_norm_folding.Refresh): keeps
     # the fused graph's derived constants in step with the parameters they come from.
     refresh: Callable[[Sequence[Any]], None] | None = None

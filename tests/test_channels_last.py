@@ -27,6 +27,7 @@ from fusebackend.passes.channels_last import choose_channels_last
 from fusebackend.passes.rewrite import in_storage_order
 
 TOLERANCES = {
+    torch.float64: (1e-9, 1e-9),
     torch.float32: (1e-5, 1e-5),
     torch.float16: (2e-3, 2e-3),
     # bf16 outputs near 4 are 0.03125 apart: the chains here differ from eager by up to two
@@ -284,8 +285,9 @@ def test_the_default_chooses_channels_last_on_cuda_half_precision_only():
 @pytest.mark.parametrize("block", [Bottleneck, MBConv])
 def test_dynamic_batch_sizes_run_channels_last_in_one_graph(block, fused_graphs):
     # A second batch size makes Dynamo compile a graph with a symbolic batch (automatic
-    # dynamic shapes; dynamic=True here): its layout is worked out without guards, so one
-    # graph serves every size, channels-last, with its groups in storage order.
+    # dynamic shapes; dynamic=True here): layouts are compared through their stride
+    # formulas (statically_known_true), so one graph serves every size, channels-last,
+    # with its groups in storage order.
     torch.manual_seed(1)
     model = _randomize_statistics(block())
     channels = next(m for m in model.modules() if isinstance(m, nn.Conv2d)).in_channels
@@ -299,3 +301,113 @@ def test_dynamic_batch_sizes_run_channels_last_in_one_graph(block, fused_graphs)
     assert graph.rewrites["channels_last"], graph.rewrites
     fused = fused_graphs[0].graph
     assert any(n.target is in_storage_order for n in fused.nodes)
+
+
+class Stem(nn.Module):
+    """A ResNet stem: a 7x7 stride-2 conv, BatchNorm, ReLU, max pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 8, 7, 2, 3, bias=False), nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(F.relu(self.bn(self.conv(x))), 3, 2, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_batch_norm_folded_into_a_wide_kernel_runs_channels_last(dtype):
+    # fp32/fp64 folds write W' into a buffer the fused graph owns: it is made channels-last
+    # in place (its fake had symbolic sizes once, and Dynamo failed on the guards they
+    # made); fp64 folds are derived in fp64 (in fp32 they left validation's tolerance)
+    torch.manual_seed(2)
+    model = _randomize_statistics(Stem()).to(dtype)
+    x = torch.randn(2, 3, 20, 18, dtype=dtype)
+    compiled = _compiled(model, channels_last=True)
+    with torch.no_grad():
+        _assert_like_eager(compiled(x), model(x))
+        model.bn.running_var.mul_(2.0)  # the fold follows, into the channels-last buffer
+        _assert_like_eager(compiled(x), model(x))
+    graph = _graph()
+    _ran_fused(graph)
+    assert graph.rewrites["channels_last"] == ["conv2d"]
+    assert graph.rewrites["batch_norms_folded"] == ["batch_norm"]
+
+
+class PermutedOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 6, 3, bias=False), nn.BatchNorm2d(6)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.bn(self.conv(x))
+        return y.view(y.shape[0], -1), y.permute(0, 2, 3, 1)
+
+
+class Written(nn.Module):
+    """Writes into a conv's output, and into its input between two convs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3), nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.a(x)
+        y[:, 0] = 0
+        first = y.sum((2, 3))
+        z = x.clone()
+        w = self.b(z)
+        z.mul_(2)
+        return first, self.b(z) + w
+
+
+@pytest.mark.parametrize(
+    "model, why",
+    [
+        (PermutedOut, "output reads permute, whose traced layout would not come back"),
+        (Written, "the graph writes into"),
+    ],
+)
+def test_graphs_whose_layout_cannot_change_stay_as_traced_with_the_reason(model, why):
+    # A permuted output's strides would not come back; a write into a value whose layout
+    # changes would land in a copy (eager's was a view, or read by others): left as traced,
+    # and the folded weights (fp32) stay in the traced layout too.
+    torch.manual_seed(3)
+    model = _randomize_statistics(model())
+    x = torch.randn(2, 3, 8, 7)
+    with torch.no_grad():
+        out = _compiled(model, channels_last=True)(x.clone())
+        expected = model(x.clone())
+    for got, want in zip(out, expected):
+        _assert_like_eager(got, want)
+    graph = _graph()
+    assert not graph.rewrites.get("channels_last")
+    (reason,) = graph.rewrites["channels_last_left_alone"]
+    assert why in reason, reason
+
+
+class WritesItsWeight(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        self.conv.weight.mul_(0.5)  # the graph writes its own weight
+        return y
+
+
+def test_a_weight_the_graph_writes_is_read_as_it_is():
+    # A copy refreshed before the call would miss the call's own write: the conv reads the
+    # parameter (cuDNN converts it), with the reason.
+    torch.manual_seed(4)
+    model, reference = WritesItsWeight().eval(), WritesItsWeight().eval()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(1, 3, 6, 6)
+    compiled = _compiled(model, channels_last=True)
+    with torch.no_grad():
+        for _ in range(3):
+            _assert_like_eager(compiled(x), reference(x))
+    graph = _graph()
+    assert len(graph.rewrites["channels_last"]) == 1, graph.rewrites
+    assert any("written by the graph itself" in r
+               for r in graph.rewrites["channels_last_left_alone"])  # fmt: skip

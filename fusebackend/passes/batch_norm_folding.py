@@ -20,8 +20,9 @@ depends on the weight's dtype:
   norm, and validation (1%) rejected the fused graph.
 
 ``W'``, ``scale`` and ``shift`` are derived constants: tensors the fused graph owns
-(``get_attr``), computed here from the first call's parameters in float32 (``W'`` and the
-into-the-weights shift cast to the weight's dtype); the user's parameters are never changed.
+(``get_attr``), computed here from the first call's parameters in float32 (float64 for
+float64 weights; ``W'`` and the into-the-weights shift cast to the weight's dtype); the
+user's parameters are never changed.
 Each call first runs ``Refresh`` over the graph's inputs: where a source tensor is another
 object or its version counter moved (an in-place edit, ``load_state_dict``), the fold is
 derived again into the same buffers, so captured CUDA graphs, which read the buffers'
@@ -47,12 +48,15 @@ from torch import Tensor
 
 from fusebackend.passes.conv_bias import CONVOLUTIONS, is_batched, per_channel
 from fusebackend.passes.fx_util import example_value, placeholders
+from fusebackend.passes.mutations import storage_id, written_storages
 
-__all__ = ["Fold", "FoldResult", "Refresh", "fold_batch_norms"]
+__all__ = ["FOLDED_PREFIX", "Fold", "FoldResult", "Refresh", "fold_batch_norms"]
 
 _BATCH_NORMS = {torch.nn.functional.batch_norm}
 # Weight dtypes folded into the weights; others get the scale and shift after the conv.
 _INTO_WEIGHTS = (torch.float32, torch.float64)
+# The attribute names of the derived tensors start with this (the fused graph's get_attrs).
+FOLDED_PREFIX = "_infinifuse_folded_"
 # The sources of one fold, in this order (None where the module has none).
 SOURCES = ("weight", "bias", "mean", "var", "gamma", "beta")
 
@@ -82,8 +86,9 @@ class Fold:
 
     def derive(self, inputs: Sequence[Any]) -> None:
         """Compute the derived tensors from ``inputs`` into this fold's buffers, in place."""
+        acc = self.bias.dtype  # float32, float64 for float64 models (eager's precision)
         weight, bias, mean, var, gamma, beta = (
-            None if i is None or (k == 0 and self.weight is None) else inputs[i].detach().float()
+            None if i is None or (k == 0 and self.weight is None) else inputs[i].detach().to(acc)
             for k, i in enumerate(self.sources)
         )  # (the weight only where it is folded into)
         if self.eps_source is not None:
@@ -167,7 +172,7 @@ class FoldResult:
 
 def _refusal(
     conv: Any, bn: torch.fx.Node, index: dict[torch.fx.Node, int], inputs: Sequence[Any],
-    is_state: Callable[[Any], bool],
+    is_state: Callable[[Any], bool], written: set[int],
 ) -> str | None:  # fmt: skip
     """Why ``bn`` cannot fold into ``conv`` (None: it can)."""
     if not isinstance(conv, torch.fx.Node) or conv.target not in CONVOLUTIONS:
@@ -192,6 +197,8 @@ def _refusal(
             return f"{node.name} is not a parameter or buffer"
         if inputs[index[node]].is_inference():
             return f"{node.name} is an inference tensor (no version counter: edits unseen)"
+        if storage_id(example_value(node)) in written:  # derived before the call's write
+            return f"{node.name} is written by the graph itself"
     return None
 
 
@@ -231,20 +238,19 @@ def fold_batch_norms(
     owner: torch.nn.Module,
     inputs: Sequence[Any],
     is_state: Callable[[Any], bool],
-    weight_format: torch.memory_format = torch.preserve_format,
 ) -> FoldResult:
     """Fold each eval BatchNorm of ``graph`` into its convolution (see the module docstring).
 
     ``inputs`` are the graph's example inputs (real tensors: the first call's parameters);
     the derived tensors are set on ``owner`` (the module the fused graph is built from) as
-    attributes the new ``get_attr`` nodes read. Weights folded into are allocated in
-    ``weight_format`` (``torch.channels_last`` for a graph run channels-last, where 4-d).
+    attributes the new ``get_attr`` nodes read.
     """
     result = FoldResult()
     index = {node: i for i, node in enumerate(placeholders(graph))}
+    written = written_storages(graph.nodes)
     for bn in [n for n in graph.nodes if n.op == "call_function" and n.target in _BATCH_NORMS]:
         conv = bn.args[0] if bn.args else bn.kwargs.get("input")
-        why = _refusal(conv, bn, index, inputs, is_state)
+        why = _refusal(conv, bn, index, inputs, is_state, written)
         if why is not None:
             result.left_alone.append(f"{bn.name}: {why}")
             continue
@@ -259,7 +265,7 @@ def fold_batch_norms(
         channels = example.shape[0]
         if example.dtype in _INTO_WEIGHTS:
             fold = Fold(bn.name, sources, eps, bias=example.new_empty(channels),
-                        weight=_empty_weight(example, weight_format),
+                        weight=torch.empty_like(example),  # (keeps a channels-last layout)
                         eps_source=eps_source)  # fmt: skip
         else:
             fp32 = {"dtype": torch.float32, "device": example.device}
@@ -281,13 +287,6 @@ def fold_batch_norms(
     return result
 
 
-def _empty_weight(example: Tensor, weight_format: torch.memory_format) -> Tensor:
-    """A buffer like the weight ``example``, in ``weight_format`` where it applies (4-d)."""
-    if weight_format == torch.channels_last and example.dim() != 4:
-        weight_format = torch.preserve_format  # (keeps a channels-last model's layout)
-    return torch.empty_like(example, memory_format=weight_format)
-
-
 def _constants(
     graph: torch.fx.Graph, owner: torch.nn.Module, conv: torch.fx.Node, fold: Fold,
     parts: tuple[str, ...],
@@ -296,7 +295,7 @@ def _constants(
     nodes = []
     for part in parts:
         tensor = getattr(fold, part)
-        attr = f"_infinifuse_folded_{fold.name}_{part}"
+        attr = f"{FOLDED_PREFIX}{fold.name}_{part}"
         setattr(owner, attr, tensor)
         with graph.inserting_before(conv):
             node = graph.get_attr(attr)
@@ -341,4 +340,6 @@ def _fake_like(weight_node: Any, tensor: Tensor) -> Any:
     mode = getattr(example, "fake_mode", None)
     if mode is None:
         return None
-    return mode.from_tensor(tensor)
+    with mode:  # static sizes: mode.from_tensor would give symbols no guard can name
+        return torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()),
+                                   dtype=tensor.dtype, device=tensor.device)  # fmt: skip

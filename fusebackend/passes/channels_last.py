@@ -10,8 +10,8 @@ the same for the fused graph:
   (``x.contiguous(memory_format=torch.channels_last)``);
 - each convolution reads a channels-last copy of its weight: a derived constant the fused
   graph owns, refreshed before each call when the parameter changed (in place,
-  ``load_state_dict``), as folded BatchNorms are (``batch_norm_folding.Refresh``);
-  BatchNorms folded into fp32 weights are folded into channels-last buffers directly;
+  ``load_state_dict``), as folded BatchNorms are (``batch_norm_folding.Refresh``); a
+  BatchNorm folded into fp32 weights has its buffer made channels-last in place;
 - what follows keeps the layout: convolutions give channels-last outputs, elementwise groups
   walk their tensors in storage order and write the layout they read (``lowering``), and
   pooling, reductions, permutes and matmuls read any layout;
@@ -20,7 +20,9 @@ the same for the fused graph:
   what the user receives has eager's strides.
 
 The layout is worked out on the graph's fake tensors first; if some value cannot be given
-its traced layout back, the graph is left as traced, with the reason.
+its traced layout back, or the graph writes into a value whose layout would change (a write
+would land in a copy where eager's tensor was a view), the graph is left as traced, with the
+reason.
 
 When (``FusionConfig.channels_last``): ``True`` wherever a graph has a batched 2-d
 convolution; ``None`` (default) where it runs on CUDA in half precision and no convolution
@@ -42,6 +44,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import Tensor
 
+from fusebackend.passes.batch_norm_folding import FOLDED_PREFIX
 from fusebackend.passes.conv_bias import is_batched
 from fusebackend.passes.fx_util import (
     example_value,
@@ -51,6 +54,7 @@ from fusebackend.passes.fx_util import (
     placeholders,
 )
 from fusebackend.passes.groups import match
+from fusebackend.passes.mutations import storage_id, written_storages
 from fusebackend.passes.ops import OpCall
 
 __all__ = ["LayoutResult", "WeightCopy", "choose_channels_last", "use_channels_last"]
@@ -179,6 +183,7 @@ def _plan(graph: torch.fx.Graph, convs: list[torch.fx.Node]) -> _Plan | str:
     """The new layout of every value, or why the graph cannot have it."""
     plan = _Plan({}, {}, {})
     conv_set = set(convs)
+    written = written_storages(graph.nodes)
 
     def current(node: Any) -> Any:
         return plan.values.get(node, example_value(node))
@@ -216,6 +221,12 @@ def _plan(graph: torch.fx.Graph, convs: list[torch.fx.Node]) -> _Plan | str:
                 return (f"{node.name} reads {source.name}, whose traced layout would not "
                         "come back with .contiguous()")  # fmt: skip
             plan.restored.setdefault(source, []).append(node)
+    # A write into a value whose layout changes (or into a converted input, or through a
+    # restored copy) would reach another tensor than eager's: the converted copy, a reshape
+    # that copies where eager's was a view, a restored copy other readers do not read.
+    for node in (*plan.converted, *plan.values, *plan.restored):
+        if storage_id(example_value(node)) in written:
+            return f"the graph writes into {node.name} (or a view of it), whose layout would change"
     return plan
 
 
@@ -237,11 +248,13 @@ def use_channels_last(
         result.left_alone.append(plan)
         return result
     index = {node: i for i, node in enumerate(placeholders(graph))}
+    written = written_storages(graph.nodes)
     copies: dict[torch.fx.Node, torch.fx.Node] = {}
     for conv in convs:
         weight = conv.args[1]
         if weight not in copies:
-            copies[weight] = _weight_copy(graph, owner, conv, index, inputs, is_state, result)
+            copies[weight] = _weight_copy(graph, owner, conv, index, inputs, is_state, written,
+                                          result)  # fmt: skip
         conv.args = (conv.args[0], copies[weight], *conv.args[2:])
     for x, value in plan.converted.items():
         readers = [c for c in convs if c.args[0] is x]
@@ -267,16 +280,31 @@ def use_channels_last(
 def _weight_copy(
     graph: torch.fx.Graph, owner: torch.nn.Module, conv: torch.fx.Node,
     index: dict[torch.fx.Node, int], inputs: Sequence[Any], is_state: Callable[[Any], bool],
-    result: LayoutResult,
+    written: set[int], result: LayoutResult,
 ) -> torch.fx.Node:  # fmt: skip
     """The node ``conv`` reads its weight through: a channels-last copy (a derived constant)
-    of a parameter, a folded weight already channels-last, or the weight itself (cuDNN then
-    converts it each call: reported)."""
+    of a parameter, a folded weight made channels-last in place, or the weight itself
+    (already channels-last; otherwise cuDNN converts it each call: reported)."""
     weight = conv.args[1]
     value = example_value(weight)
     if known_channels_last(value):
-        return weight  # a folded weight (allocated channels-last) or a channels-last model
+        return weight  # 1x1 and depthwise weights are both layouts; a channels-last model
+    if weight.op == "get_attr" and weight.target.startswith(FOLDED_PREFIX):  # a folded
+        # BatchNorm's weight, which the fused graph owns: its buffer takes the layout in
+        # place, so the fold's later derivations write into it
+        buffer = getattr(owner, weight.target)
+        with torch.no_grad():
+            buffer.set_(buffer.contiguous(memory_format=CHANNELS_LAST))
+        with value.fake_mode:
+            weight.meta["example_value"] = torch.empty_strided(
+                tuple(buffer.shape), tuple(buffer.stride()), dtype=buffer.dtype,
+                device=buffer.device)  # fmt: skip
+        return weight
     source = inputs[index[weight]] if weight in index else None
+    if storage_id(value) in written:
+        result.left_alone.append(f"{weight.name}: written by the graph itself (converted each "
+                                 "call by cuDNN)")  # fmt: skip
+        return weight
     if source is None or not is_state(source) or source.is_inference():
         result.left_alone.append(f"{weight.name}: not a parameter or buffer (converted each "
                                  "call by cuDNN)")  # fmt: skip
