@@ -411,3 +411,33 @@ def test_a_weight_the_graph_writes_is_read_as_it_is():
     assert len(graph.rewrites["channels_last"]) == 1, graph.rewrites
     assert any("written by the graph itself" in r
                for r in graph.rewrites["channels_last_left_alone"])  # fmt: skip
+
+
+class UNetBlock(nn.Module):
+    """A diffusion UNet's pieces: GroupNorm + SiLU between convs, nearest upsampling, a
+    chunk and padding, a concatenation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.norm = nn.GroupNorm(2, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.interpolate(F.silu(self.norm(self.a(x))), scale_factor=2.0, mode="nearest")
+        first, second = self.b(y).chunk(2, dim=1)
+        return torch.cat([F.pad(first, (1, 1, 1, 1)), F.pad(second[:, :, 1:], (1, 1, 2, 1))], 1)
+
+
+def test_group_norm_upsampling_and_padding_read_channels_last_as_it_is(fused_graphs):
+    # They read any layout: no copy back to NCHW before them, only at the output
+    torch.manual_seed(5)
+    model = UNetBlock().eval()
+    x = torch.randn(2, 4, 6, 5)
+    with torch.no_grad():
+        _assert_like_eager(_compiled(model, channels_last=True)(x), model(x))
+    graph = _graph()
+    _ran_fused(graph)
+    assert len(graph.rewrites["channels_last"]) == 2, graph.rewrites
+    fused = fused_graphs[0].graph
+    restores = [n for n in fused.nodes if n.target == "contiguous" and not n.kwargs]
+    assert [r.next.op for r in restores] == ["output"], fused

@@ -70,11 +70,13 @@ _ANY_LAYOUT_FUNCTIONS = {
     F.adaptive_max_pool2d, torch.max_pool2d, torch.mean, torch.sum, torch.amax, torch.amin,
     torch.flatten, torch.reshape, torch.permute, torch.transpose, torch.cat, torch.clone,
     torch.matmul, operator.matmul, F.linear, F.layer_norm, F.dropout, torch.squeeze,
-    torch.unsqueeze, operator.getitem,
+    torch.unsqueeze, operator.getitem, F.group_norm, F.interpolate, F.pad, torch._C._nn.pad,
+    torch.chunk, torch.split,
 }  # fmt: skip
 _ANY_LAYOUT_METHODS = {
     "mean", "sum", "amax", "amin", "flatten", "reshape", "permute", "transpose", "clone",
     "contiguous", "squeeze", "unsqueeze", "size", "dim", "float", "half", "to", "type_as",
+    "chunk", "split", "expand", "expand_as", "repeat", "narrow",
 }  # fmt: skip
 
 
