@@ -203,7 +203,9 @@ def _plan(graph: torch.fx.Graph, convs: list[torch.fx.Node]) -> _Plan | str:
                 args = (value, weight.contiguous(memory_format=CHANNELS_LAST),
                         *torch.fx.node.map_arg(node.args[2:], current))  # fmt: skip
                 kwargs = torch.fx.node.map_arg(node.kwargs, current)
-                plan.values[node] = node.target(*args, **kwargs)
+                value = node.target(*args, **kwargs)
+            if not _same_layout(value, example_value(node)):  # (a channels-last model's: same)
+                plan.values[node] = value
             continue
         changed = [n for n in node.all_input_nodes if n in plan.values]
         if not changed:
