@@ -441,3 +441,25 @@ def test_group_norm_upsampling_and_padding_read_channels_last_as_it_is(fused_gra
     fused = fused_graphs[0].graph
     restores = [n for n in fused.nodes if n.target == "contiguous" and not n.kwargs]
     assert [r.next.op for r in restores] == ["output"], fused
+
+
+class Unfolded(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.unfold(self.conv(x), 2)  # an op the pass does not know
+
+
+def test_a_channels_last_model_keeps_its_layout_before_unknown_readers():
+    # The user's model and input are channels-last already: nothing changes layout, so the
+    # unknown reader needs no restore and the graph is not refused
+    torch.manual_seed(6)
+    model = Unfolded().eval().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 8, 7).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        _assert_like_eager(_compiled(model, channels_last=True)(x), model(x))
+    graph = _graph()
+    assert graph.rewrites["channels_last"] == ["conv2d"], graph.rewrites
+    assert not graph.rewrites.get("channels_last_left_alone"), graph.rewrites
