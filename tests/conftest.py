@@ -37,3 +37,21 @@ def _fresh_dynamo_and_runtime():
         torch.cuda.synchronize()  # a test's queued replays finish before its graphs are freed
     reset_runtime()
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def fused_graphs(monkeypatch):
+    """The fused graphs (GraphModules; None where nothing fused) the backend builds while the
+    test runs, in order."""
+    from fusebackend import backend
+
+    made = []
+    real = backend._fuse
+
+    def keep(*args, **kwargs):
+        fusion = real(*args, **kwargs)
+        made.append(fusion.graph)
+        return fusion
+
+    monkeypatch.setattr(backend, "_fuse", keep)
+    return made

@@ -137,21 +137,10 @@ def test_the_fused_graph_has_no_batch_norm_left(monkeypatch):
     assert len(folded) == 8  # a weight and a bias per fold
 
 
-def test_half_precision_keeps_the_weights_and_scales_after_the_conv(monkeypatch):
+def test_half_precision_keeps_the_weights_and_scales_after_the_conv(fused_graphs):
     # Folding into bf16/fp16 weights rounds W * scale in every layer (a ResNet-50 in fp16 then
     # left validation's 1%); the conv reads the user's weight and the scale and shift run in
     # float32 after it, fused with the ReLU.
-    from fusebackend import backend
-
-    made = []
-    real = backend._fuse
-
-    def keep(*args, **kwargs):
-        fusion = real(*args, **kwargs)
-        made.append(fusion.graph)
-        return fusion
-
-    monkeypatch.setattr(backend, "_fuse", keep)
     model = _randomize_statistics(Bottleneck()).to(torch.bfloat16)
     x = torch.randn(2, 6, 5, 7, dtype=torch.bfloat16)
     compiled = _compiled(model)
@@ -160,7 +149,7 @@ def test_half_precision_keeps_the_weights_and_scales_after_the_conv(monkeypatch)
         model.bn2.running_mean.add_(0.5)  # a statistic edited in place reaches the scale/shift
         torch.testing.assert_close(compiled(x), model(x), rtol=3e-2, atol=3e-2)
     assert out.dtype == torch.bfloat16
-    fused = made[0]
+    fused = fused_graphs[0]
     attrs = sorted(n.target for n in fused.graph.nodes if n.op == "get_attr")
     assert len(attrs) == 8 and all(a.endswith(("_scale", "_bias")) for a in attrs), attrs
     convs = [n for n in fused.graph.nodes if n.op == "call_function" and "conv" in str(n.target)]

@@ -50,10 +50,9 @@ def _cuda():
     fusebackend.clear_cache()
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_timm_batch_norms_fold_and_replays_equal_eager(name):
-    model = _eval_model(name)
-    x = torch.randn(2, 3, 96, 96, device="cuda", dtype=torch.float16)
+def replayed(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """(the compiled model's third output: a replay, eager's output, the graphs compiled),
+    the first two checked close."""
     before = fusebackend.reports()
     compiled = torch.compile(model, backend="infinifuse")
     with torch.no_grad():
@@ -61,7 +60,14 @@ def test_timm_batch_norms_fold_and_replays_equal_eager(name):
         for _ in range(3):  # the 2nd call captures, the 3rd replays
             out = compiled(x)
     _close(out, expected)
-    graphs = graphs_since(before)
+    return out, expected, graphs_since(before)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_timm_batch_norms_fold_and_replays_equal_eager(name):
+    model = _eval_model(name)
+    x = torch.randn(2, 3, 96, 96, device="cuda", dtype=torch.float16)
+    _, _, graphs = replayed(model, x)
     norms = sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
     folded = sum(len(g.rewrites.get("batch_norms_folded", [])) for g in graphs)
     assert folded == norms, [g.rewrites.get("batch_norms_left_alone") for g in graphs]

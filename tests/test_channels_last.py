@@ -22,7 +22,6 @@ from helpers import graphs_since
 from test_batch_norm_folding import Bottleneck, _randomize_statistics
 
 import fusebackend
-from fusebackend import backend
 from fusebackend.passes.channels_last import choose_channels_last
 from fusebackend.passes.rewrite import in_storage_order
 
@@ -109,21 +108,6 @@ def _ran_fused(graph) -> None:
     wrong fused graph falls back to the unfused graph, whose outputs equal eager's)."""
     modes = [entry["mode"] for entry in graph.runtime_modes()]
     assert modes and set(modes) == {"fusion"}, graph.runtime_modes()
-
-
-@pytest.fixture
-def fused_graphs(monkeypatch):
-    """The fused graphs built while the test runs."""
-    made = []
-    real = backend._fuse
-
-    def keep(*args, **kwargs):
-        fusion = real(*args, **kwargs)
-        made.append(fusion.graph)
-        return fusion
-
-    monkeypatch.setattr(backend, "_fuse", keep)
-    return made
 
 
 def _assert_like_eager(out: torch.Tensor, expected: torch.Tensor) -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_model_fused, graphs_since
-from test_batch_norm_folding_gpu import _close, _eval_model
+from test_batch_norm_folding_gpu import _close, _eval_model, replayed
 
 import fusebackend
 
@@ -31,15 +31,8 @@ def _cuda():
 def test_timm_models_run_channels_last_by_default_and_replays_equal_eager(name):
     model = _eval_model(name)
     x = torch.randn(2, 3, 96, 80, device="cuda", dtype=torch.float16)
-    before = fusebackend.reports()
-    compiled = torch.compile(model, backend="infinifuse")
-    with torch.no_grad():
-        expected = model(x)
-        for _ in range(3):  # the 2nd call captures, the 3rd replays
-            out = compiled(x)
-    _close(out, expected)
+    out, expected, graphs = replayed(model, x)
     assert out.stride() == expected.stride()
-    graphs = graphs_since(before)
     convs = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
     ran = sum(len(g.rewrites.get("channels_last", [])) for g in graphs)
     assert ran == convs, [g.rewrites.get("channels_last_left_alone") for g in graphs]

@@ -47,7 +47,7 @@ import torch.fx
 from torch import Tensor
 
 from fusebackend.passes.conv_bias import CONVOLUTIONS, is_batched, per_channel
-from fusebackend.passes.fx_util import example_value, placeholders
+from fusebackend.passes.fx_util import evaluate, example_value, placeholders, static_fake
 from fusebackend.passes.mutations import storage_id, written_storages
 
 __all__ = ["FOLDED_PREFIX", "Fold", "FoldResult", "Refresh", "fold_batch_norms"]
@@ -315,12 +315,7 @@ def _scale_and_shift(
         nonlocal previous
         with graph.inserting_after(previous):
             node = graph.create_node(op, target, args)
-        values = torch.fx.node.map_arg(args, example_value)
-        with out.fake_mode:
-            if op == "call_method":
-                node.meta["example_value"] = getattr(values[0], target)(*values[1:])
-            else:
-                node.meta["example_value"] = target(*values)
+        node.meta["example_value"] = evaluate(node)
         previous = node
         return node
 
@@ -337,9 +332,4 @@ def _fake_like(weight_node: Any, tensor: Tensor) -> Any:
     if not isinstance(weight_node, torch.fx.Node):
         return None
     example = weight_node.meta.get("example_value")
-    mode = getattr(example, "fake_mode", None)
-    if mode is None:
-        return None
-    with mode:  # static sizes: mode.from_tensor would give symbols no guard can name
-        return torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()),
-                                   dtype=tensor.dtype, device=tensor.device)  # fmt: skip
+    return None if getattr(example, "fake_mode", None) is None else static_fake(example, tensor)

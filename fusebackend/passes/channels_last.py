@@ -33,7 +33,6 @@ never.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import operator
 from collections.abc import Callable, Sequence
@@ -47,11 +46,13 @@ from torch import Tensor
 from fusebackend.passes.batch_norm_folding import FOLDED_PREFIX
 from fusebackend.passes.conv_bias import is_batched
 from fusebackend.passes.fx_util import (
+    evaluate,
     example_value,
     known_channels_last,
     known_contiguous,
     known_equal,
     placeholders,
+    static_fake,
 )
 from fusebackend.passes.groups import match
 from fusebackend.passes.mutations import storage_id, written_storages
@@ -150,17 +151,6 @@ def _any_layout(node: torch.fx.Node) -> bool:
     return False
 
 
-def _evaluate(node: torch.fx.Node, current: Callable[[Any], Any]) -> Any:
-    """``node``'s value computed again from the (fake) values ``current`` gives its inputs."""
-    args = torch.fx.node.map_arg(node.args, current)
-    kwargs = torch.fx.node.map_arg(node.kwargs, current)
-    fake = next((v for v in (*args, *kwargs.values()) if hasattr(v, "fake_mode")), None)
-    with fake.fake_mode if fake is not None else contextlib.nullcontext():
-        if node.op == "call_method":
-            return getattr(args[0], node.target)(*args[1:], **kwargs)
-        return node.target(*args, **kwargs)
-
-
 def _same_layout(a: Any, b: Any) -> bool:
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(map(_same_layout, a, b))
@@ -181,11 +171,11 @@ class _Plan:
     restored: dict[torch.fx.Node, list[torch.fx.Node]]  # value -> readers given the old layout
 
 
-def _plan(graph: torch.fx.Graph, convs: list[torch.fx.Node]) -> _Plan | str:
-    """The new layout of every value, or why the graph cannot have it."""
+def _plan(graph: torch.fx.Graph, convs: list[torch.fx.Node], written: set[int]) -> _Plan | str:
+    """The new layout of every value, or why the graph cannot have it (``written``: the
+    storages the graph writes into)."""
     plan = _Plan({}, {}, {})
     conv_set = set(convs)
-    written = written_storages(graph.nodes)
 
     def current(node: Any) -> Any:
         return plan.values.get(node, example_value(node))
@@ -212,7 +202,7 @@ def _plan(graph: torch.fx.Graph, convs: list[torch.fx.Node]) -> _Plan | str:
             continue
         if node.op != "output" and _any_layout(node):
             try:
-                value = _evaluate(node, current)
+                value = evaluate(node, current)
             except Exception:  # an op that refuses the new layout: it gets the old one
                 pass
             else:
@@ -247,12 +237,12 @@ def use_channels_last(
     nodes read."""
     result = LayoutResult()
     convs = _convolutions(graph)
-    plan = _plan(graph, convs)
+    written = written_storages(graph.nodes)
+    plan = _plan(graph, convs, written)
     if isinstance(plan, str):
         result.left_alone.append(plan)
         return result
     index = {node: i for i, node in enumerate(placeholders(graph))}
-    written = written_storages(graph.nodes)
     copies: dict[torch.fx.Node, torch.fx.Node] = {}
     for conv in convs:
         weight = conv.args[1]
@@ -299,10 +289,7 @@ def _weight_copy(
         buffer = getattr(owner, weight.target)
         with torch.no_grad():
             buffer.set_(buffer.contiguous(memory_format=CHANNELS_LAST))
-        with value.fake_mode:
-            weight.meta["example_value"] = torch.empty_strided(
-                tuple(buffer.shape), tuple(buffer.stride()), dtype=buffer.dtype,
-                device=buffer.device)  # fmt: skip
+        weight.meta["example_value"] = static_fake(value, buffer)
         return weight
     source = inputs[index[weight]] if weight in index else None
     if storage_id(value) in written:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.fx
 
 __all__ = [
+    "evaluate",
     "example_value",
     "known_channels_last",
     "known_contiguous",
@@ -15,6 +18,7 @@ __all__ = [
     "nodes_between",
     "placeholders",
     "single_user",
+    "static_fake",
     "static_tensor",
 ]
 
@@ -77,3 +81,24 @@ def known_channels_last(value: torch.Tensor) -> bool:
         return value.is_contiguous(memory_format=torch.channels_last)
     _, c, h, w = value.shape
     return all(map(known_equal, value.stride(), (c * h * w, 1, w * c, c)))
+
+
+def evaluate(node: torch.fx.Node, value_of: Callable[[Any], Any] = example_value) -> Any:
+    """``node``'s value computed on its arguments' example values (or those ``value_of``
+    gives), under their fake mode: the example value of a node a pass made or changed."""
+    args = torch.fx.node.map_arg(node.args, value_of)
+    kwargs = torch.fx.node.map_arg(node.kwargs, value_of)
+    fake = next((v for v in (*args, *kwargs.values()) if hasattr(v, "fake_mode")), None)
+    with fake.fake_mode if fake is not None else contextlib.nullcontext():
+        if node.op == "call_method":
+            return getattr(args[0], node.target)(*args[1:], **kwargs)
+        return node.target(*args, **kwargs)
+
+
+def static_fake(example: Any, tensor: torch.Tensor) -> Any:
+    """A fake tensor of ``tensor``'s sizes, strides, dtype and device in ``example``'s fake
+    mode, its sizes static (``mode.from_tensor`` would make them symbols that no guard can
+    name: Dynamo then failed to build the guards a pass's shape arithmetic added)."""
+    with example.fake_mode:
+        return torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()),
+                                   dtype=tensor.dtype, device=tensor.device)  # fmt: skip

@@ -17,7 +17,7 @@ import torch.fx
 import torch.nn.functional as F
 
 from fusebackend.passes.embedding_fusion import embedding_args
-from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.fx_util import evaluate, example_value
 from fusebackend.passes.graph import resort_stably
 from fusebackend.passes.groups import Candidate, LoweredGroup
 from fusebackend.passes.lowering import in_order, lower
@@ -52,12 +52,13 @@ def rewrite(
             fused.meta["example_value"] = tuple(_kernel_output(h, lowered.order) for h in holders)
             priority[fused] = start
             items = []
+            if lowered.order is not None:  # the inverse of order: back to the shape's dims
+                back = tuple(sorted(range(len(lowered.order)), key=lowered.order.__getitem__))
             for k in range(len(holders)):
                 item = graph.call_function(operator.getitem, (fused, k))
                 item.meta["example_value"] = fused.meta["example_value"][k]
                 priority[item] = start + (k + 1) / (len(holders) + 2)
                 if lowered.order is not None:  # back to the shape's dim order (a view)
-                    back = tuple(sorted(range(len(lowered.order)), key=lowered.order.__getitem__))
                     item = _call(graph, torch.permute, (item, back))
                     priority[item] = start + (k + 1.5) / (len(holders) + 2)
                 items.append(item)
@@ -85,10 +86,7 @@ def in_storage_order(x: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
 def _call(graph: torch.fx.Graph, target: Any, args: tuple[Any, ...]) -> torch.fx.Node:
     """A new node calling ``target``, with its example value computed from its arguments'."""
     node = graph.call_function(target, args)
-    values = torch.fx.node.map_arg(args, example_value)
-    mode = next((v.fake_mode for v in values if hasattr(v, "fake_mode")), None)
-    with mode or contextlib.nullcontext():
-        node.meta["example_value"] = target(*values)
+    node.meta["example_value"] = evaluate(node)
     return node
 
 
