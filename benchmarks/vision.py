@@ -55,8 +55,9 @@ after every process (a run cut short keeps what finished; a process killed by
 call as a ratio to reduce-overhead's, and per backend the geometric mean of the ratios.
 ``--ledger PATH`` appends each process's rows as it finishes (workload ``vision-<model>-b<batch>``;
 per_call_ms, first_call_s, kernels_per_call, max_abs_err). ``--parallel N`` runs N processes at
-once, each on a GPU of its own (GPUs 0 to N-1; one host: the timings share its CPUs, and
-Inductor's compile workers are split between the processes).
+once, each on a GPU of its own (the first N that ``CUDA_VISIBLE_DEVICES`` lists, else GPUs 0 to
+N-1; one host: the timings share its CPUs, and Inductor's compile workers are split between the
+processes).
 
     python benchmarks/vision.py --out /tmp/vision.json --ledger /tmp/vision_ledger.jsonl
     python benchmarks/vision.py --models resnet50,convnext_tiny --backends eager,infinifuse \\
@@ -454,7 +455,12 @@ def run_one(args: argparse.Namespace, model: str, backend: str, gpu: int | None)
     """One child with its own empty cache directories; its records and how it went."""
     env = dict(os.environ)
     if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        # The gpu-th of the GPUs the parent may use (CUDA_VISIBLE_DEVICES, when set, lists
+        # them: a device call can keep GPU 0 for the tests and time on the others).
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+        env["CUDA_VISIBLE_DEVICES"] = (
+            visible[gpu] if gpu < len(visible) and visible[gpu] else str(gpu)
+        )
         env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.parallel))
     command = [sys.executable, os.path.abspath(__file__), "--child", "--model", model,
                "--backend", backend, "--batches", ",".join(map(str, args.batches)),
@@ -747,7 +753,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--parallel",
         type=int,
         default=1,
-        help="processes at once, each on a GPU of its own (default 1)",
+        help="processes at once, each on a GPU of its own: the first N that CUDA_VISIBLE_DEVICES "
+        "lists, or GPUs 0 to N-1 (default 1)",
     )
     parser.add_argument("--dry-run", action="store_true",
                         help="CPU smoke test: convblock, eager + infinifuse (+ variants), "

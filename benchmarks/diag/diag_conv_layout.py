@@ -4,10 +4,11 @@ Issue 38 asks for channels-last "per graph where measured faster". This times, p
 (fp16, ``pretrained=False``) and batch, one call of: eager on the model and input as given
 (NCHW) and made channels-last by hand; infinifuse with ``channels_last`` False and True (the
 backend's own layout pass); reduce-overhead (NCHW, with ``--reduce-overhead``). Each row gives
-the median per-call time and, over one call without CUDA graphs, the CUDA kernel count and
-the kernels taking the most device time (name, launches, microseconds), where a slow layout
-shows: cuDNN's transposes around an NCHW fp16 convolution (``nchwToNhwc``/``nhwcToNchw``), a
-convolution kernel slower in one layout.
+the median per-call time and, over one call without CUDA graphs (reduce-overhead: Inductor's
+default mode, the same kernels), the CUDA kernel count and the ``--top`` kernels taking the most
+device time (name, launches, microseconds), where a slow layout shows: cuDNN's transposes around
+an NCHW fp16 convolution (``nchwToNhwc``/``nhwcToNchw``), a convolution kernel slower in one
+layout.
 
     python benchmarks/diag/diag_conv_layout.py [--models convnext_tiny] [--batches 1 8]
 """
@@ -39,8 +40,8 @@ def per_call_ms(fn, x, calls: int = 50) -> float:
     return statistics.median(times)
 
 
-def kernels(fn, x) -> tuple[int, list[tuple[str, int, float]]]:
-    """(CUDA kernels in one call, the 8 taking the most device time: name, launches, us)."""
+def kernels(fn, x, top: int) -> tuple[int, list[tuple[str, int, float]]]:
+    """(CUDA kernels in one call, the top taking the most device time: name, launches, us)."""
     fn(x)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -51,11 +52,13 @@ def kernels(fn, x) -> tuple[int, list[tuple[str, int, float]]]:
     for e in events:
         launches[e.name[:70]] += 1
         times[e.name[:70]] += e.device_time
-    top = [(n, launches[n], round(t, 1)) for n, t in times.most_common(8)]
+    top = [(n, launches[n], round(t, 1)) for n, t in times.most_common(top)]
     return len(events), top
 
 
-def run(name: str, batch: int, reduce_overhead: bool) -> list[dict]:
+def run(
+    name: str, batch: int, reduce_overhead: bool, only: list[str] | None, top: int
+) -> list[dict]:
     import timm
 
     torch.manual_seed(0)
@@ -67,6 +70,7 @@ def run(name: str, batch: int, reduce_overhead: bool) -> list[dict]:
         ("infinifuse-nchw", False),
         ("infinifuse-cl", True),
     ] + [("reduce-overhead", None)] * reduce_overhead
+    variants = [v for v in variants if only is None or v[0] in only]
     rows = []
     with torch.no_grad():
         expected = base(x).float()
@@ -88,8 +92,9 @@ def run(name: str, batch: int, reduce_overhead: bool) -> list[dict]:
                     plain = torch.compile(model, backend="infinifuse",
                                           options={"cudagraphs": False,
                                                    "channels_last": channels_last})  # fmt: skip
-                else:  # Inductor's kernels are the vision benchmark's (a second compile)
-                    fn, plain = torch.compile(model, mode="reduce-overhead"), None
+                else:  # its kernels are Inductor default mode's (a second compile)
+                    fn = torch.compile(model, mode="reduce-overhead")
+                    plain = torch.compile(model)
                 start = time.perf_counter()
                 fn(inp)
                 torch.cuda.synchronize()
@@ -98,7 +103,7 @@ def run(name: str, batch: int, reduce_overhead: bool) -> list[dict]:
                 err = (fn(inp).float() - expected).abs().max().item()
                 row["err_rel"] = round(err / expected.abs().max().item(), 5)
                 if plain is not None:
-                    row["kernels"], row["top_kernels"] = kernels(plain, inp)
+                    row["kernels"], row["top_kernels"] = kernels(plain, inp, top)
             except Exception as exc:  # record and go on
                 row["error"] = f"{type(exc).__name__}: {exc}"[:500]
             print(json.dumps(row), flush=True)
@@ -112,12 +117,14 @@ def main() -> None:
                         "efficientnet_b0", "mobilenetv3_large_100"])  # fmt: skip
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--reduce-overhead", action="store_true", help="add its row")
+    parser.add_argument("--only", nargs="+", help="these variants only (names as in the rows)")
+    parser.add_argument("--top", type=int, default=8, help="kernels listed per row (default 8)")
     parser.add_argument("--out", help="JSON file to write")
     args = parser.parse_args()
     rows = []
     for name in args.models:
         for batch in args.batches:
-            rows += run(name, batch, args.reduce_overhead)
+            rows += run(name, batch, args.reduce_overhead, args.only, args.top)
             if args.out:
                 with open(args.out, "w") as f:
                     json.dump(rows, f, indent=1)
