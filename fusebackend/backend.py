@@ -110,13 +110,17 @@ def _report_left_alone(c: Compilation, key: str, label: str, reasons: list[str])
 
 
 def _fold_batch_norms(c: Compilation) -> list[str]:
-    """Eval BatchNorms folded into their convolutions' weight and bias (derived constants the
-    fused graph owns, refreshed before each call); those left alone reported with why."""
+    """Eval BatchNorms folded into their convolutions' weight and bias, or made a per-channel
+    scale and shift of their input (derived constants the fused graph owns, refreshed before
+    each call); those left alone reported with why."""
     assert c.graph is not None
     found = fold_batch_norms(c.graph, c.gm, c.example_inputs, is_parameter_or_buffer)
     _report_left_alone(c, "batch_norms_left_alone", "BatchNorms not folded", found.left_alone)
     c.refresh = found.refresh(c.example_inputs)
-    return [fold.name for fold in found.folds]
+    return [
+        fold.name if fold.alone is None else f"{fold.name} (a scale and shift: {fold.alone})"
+        for fold in found.folds
+    ]
 
 
 def _use_channels_last(c: Compilation) -> list[str]:
@@ -258,7 +262,7 @@ FUSE = [
          "in-place ops on graph temporaries made out-of-place (fused graph)",
          report="made_out_of_place"),
     Pass("fold_batch_norms", _fold_batch_norms,
-         "eval BatchNorms folded into their convolutions (fused graph)",
+         "eval BatchNorms folded into their convolutions or made a scale and shift (fused graph)",
          report="batch_norms_folded"),
     Pass("move_conv_biases", lambda c: move_conv_biases(c.graph),
          "convolution biases added in the elementwise group after them (fused graph)",

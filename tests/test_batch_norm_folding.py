@@ -205,8 +205,8 @@ def test_refresh_derives_only_the_folds_whose_sources_changed():
 
 
 class Shared(nn.Module):
-    """A conv whose output is also read elsewhere, a training-mode BatchNorm, a BN after a
-    non-conv op: none can fold."""
+    """A conv whose output is also read elsewhere, a BN after a non-conv op: neither can fold
+    into a convolution."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -218,19 +218,88 @@ class Shared(nn.Module):
         return self.bn(y) + y, self.bn_after_add(x + 1.0)
 
 
-def test_what_cannot_fold_is_left_with_its_reason():
+def test_what_cannot_fold_into_a_conv_becomes_a_scale_and_shift_with_its_reason(fused_graphs):
     model = _randomize_statistics(Shared())
     compiled = _compiled(model)
-    x = torch.randn(2, 3, 4, 4)
+    x = torch.randn(2, 3, 4, 5)
     with torch.no_grad():
         out = compiled(x)
         expected = model(x)
     for a, b in zip(out, expected):
         torch.testing.assert_close(a, b)
-    reasons = " | ".join(_graph().rewrites.get("batch_norms_left_alone", []))
-    assert "other readers" in reasons, reasons
-    assert "not a convolution" in reasons, reasons
-    assert not _graph().rewrites.get("batch_norms_folded")
+    folded = " | ".join(_graph().rewrites.get("batch_norms_folded", []))
+    assert "a scale and shift: the convolution's output has other readers" in folded, folded
+    assert "a scale and shift: its input is not a convolution" in folded, folded
+    assert not _graph().rewrites.get("batch_norms_left_alone")
+    assert _batch_norms(fused_graphs[-1]) == [], fused_graphs[-1].code
+    assert {e["mode"] for e in _graph().runtime_modes()} == {"fusion"}
+
+
+class RepVGGBlock(nn.Module):
+    """timm's RepVGG block at inference before reparameterization: a 3x3 conv + BN, a 1x1
+    conv + BN and an identity BatchNorm, summed, then ReLU."""
+
+    def __init__(self, channels: int = 6) -> None:
+        super().__init__()
+        self.identity = nn.BatchNorm2d(channels)
+        self.conv_kxk = nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1, bias=False),
+                                      nn.BatchNorm2d(channels))  # fmt: skip
+        self.conv_1x1 = nn.Sequential(nn.Conv2d(channels, channels, 1, bias=False),
+                                      nn.BatchNorm2d(channels))  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv_kxk(x) + self.conv_1x1(x) + self.identity(x))
+
+
+class DenseLayer(nn.Module):
+    """DenseNet's pre-activation layer (BN + ReLU + conv after a concatenation) and a
+    BatchNorm1d after a linear layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.conv = nn.BatchNorm2d(7), nn.Conv2d(7, 3, 1, bias=False)
+        self.fc, self.bn1d = nn.Linear(10, 5), nn.BatchNorm1d(5)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> tuple:
+        y = self.conv(torch.relu(self.norm(torch.cat([a, b], dim=1))))
+        return y, torch.sigmoid(self.bn1d(self.fc(v)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_batch_norms_not_after_a_conv_fuse_with_their_neighbours(dtype, fused_graphs):
+    model = _randomize_statistics(RepVGGBlock()).to(dtype)
+    x = torch.randn(3, 6, 5, 7, dtype=dtype)
+    compiled = _compiled(model)
+    with torch.no_grad():
+        expected = model(x)
+        out = compiled(x)
+    rtol, atol = TOLERANCES.get(dtype, (1e-9, 1e-9))
+    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
+    graph = _graph()
+    folded = graph.rewrites.get("batch_norms_folded", [])
+    assert len(folded) == 3, folded
+    assert sum("a scale and shift: its input is not a convolution" in f for f in folded) == 1
+    assert _batch_norms(fused_graphs[-1]) == [], fused_graphs[-1].code
+    # the identity's scale and shift, the other two's (bf16) and the sum and ReLU: one group
+    assert len(graph.groups) == 1, graph.rewrites
+    assert {e["mode"] for e in graph.runtime_modes()} == {"fusion"}
+
+
+def test_a_batch_norm_after_a_concatenation_or_a_linear_and_its_edits(fused_graphs):
+    model = _randomize_statistics(DenseLayer())
+    inputs = (torch.randn(2, 3, 4, 5), torch.randn(2, 4, 4, 5), torch.randn(3, 10))
+    compiled = _compiled(model)
+    with torch.no_grad():
+        for a, b in zip(compiled(*inputs), model(*inputs)):
+            torch.testing.assert_close(a, b)
+        model.norm.running_var.mul_(3.0)  # an in-place edit after compiling
+        model.bn1d.weight.add_(1.0)
+        for a, b in zip(compiled(*inputs), model(*inputs)):
+            torch.testing.assert_close(a, b)
+    folded = _graph().rewrites.get("batch_norms_folded", [])
+    assert len(folded) == 2 and all("its input is not a convolution" in f for f in folded)
+    assert _batch_norms(fused_graphs[-1]) == [], fused_graphs[-1].code
+    assert {e["mode"] for e in _graph().runtime_modes()} == {"fusion"}
 
 
 def test_a_training_mode_batch_norm_is_not_folded():
@@ -258,14 +327,17 @@ def test_new_data_under_the_same_parameter_object_is_seen():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
 
 
-def test_an_unbatched_conv_and_inference_parameters_are_left_with_reasons():
+def test_an_unbatched_conv_and_inference_parameters_are_not_folded_with_reasons():
     torch.manual_seed(3)
     unbatched = _randomize_statistics(nn.Sequential(nn.Conv1d(3, 4, 1), nn.BatchNorm1d(4)))
     x = torch.randn(3, 4)  # (channels, length): BatchNorm1d reads dim 1 (length 4) as channels
     compiled = _compiled(unbatched)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), unbatched(x), rtol=1e-5, atol=1e-5)
-    assert any("unbatched" in r for r in _graph().rewrites.get("batch_norms_left_alone", []))
+    # not folded into the convolution: a scale and shift of the conv's (4, 4) output, whose
+    # dim 1 BatchNorm1d reads as channels
+    folded = _graph().rewrites.get("batch_norms_folded", [])
+    assert len(folded) == 1 and "a scale and shift: an unbatched convolution" in folded[0], folded
     with torch.inference_mode():  # inference tensors keep no version counter
         model = _randomize_statistics(Bottleneck())
         x = torch.randn(1, 6, 5, 5)

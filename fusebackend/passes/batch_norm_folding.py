@@ -1,4 +1,5 @@
-"""Eval-mode BatchNorm folded into the convolution before it (fused graph only).
+"""Eval-mode BatchNorm folded into the convolution before it, or else made a per-channel
+scale and shift (fused graph only).
 
 ``conv(x, W, b)`` followed by ``batch_norm(y, mean, var, gamma, beta, training=False, _, eps)``
 is one convolution and a per-channel scale and shift:
@@ -29,10 +30,17 @@ derived again into the same buffers, so captured CUDA graphs, which read the buf
 addresses, stay valid and never see stale values. The unfused graph (the runtime's fallback
 and validation reference) keeps the BatchNorm.
 
-Folded only where every source is module state (a parameter or buffer the graph gets as an
-input), the convolution's output has no other reader, the BatchNorm is not training and
-its eps is a number or (``dynamic=True``) an input's ``.item()``; the reason is reported
-otherwise.
+A BatchNorm whose input is not a convolution read only by it (RepVGG's identity branch,
+DenseNet's norm after a concatenation, a BatchNorm1d after a linear) becomes the same
+``(x * scale + shift).to(dtype)`` elementwise ops, in float32 (float64 for float64 inputs):
+they fuse with their neighbours as Inductor fuses ``_native_batch_norm_legit_no_training``,
+where aten launched a BatchNorm kernel and its channels-last input cost a copy (timm RepVGG-A2
+at fp16, H200, 2026-11-28: 17 BatchNorm and 17 copy kernels a call, see docs/PERFORMANCE.md).
+
+Done only where every source is module state (a parameter or buffer the graph gets as an
+input), the BatchNorm is not training, has running statistics and a batched input, and its
+eps is a number or (``dynamic=True``) an input's ``.item()``; folded into the convolution only
+where also the convolution's output has no other reader; the reason is reported otherwise.
 """
 
 from __future__ import annotations
@@ -74,6 +82,8 @@ class Fold:
         bias: The derived shift (the convolution's bias ``b'`` when folded into the weights).
         weight: The derived weight ``W'`` when folded into the weights, else None.
         scale: The per-channel scale (float32) when applied after the convolution, else None.
+        alone: Why the BatchNorm did not fold into a convolution, where it is a scale and
+            shift of its own input; None where it folded.
     """
 
     name: str
@@ -83,6 +93,7 @@ class Fold:
     weight: Tensor | None = None
     scale: Tensor | None = None
     eps_source: int | None = None
+    alone: str | None = None
 
     def derive(self, inputs: Sequence[Any]) -> None:
         """Compute the derived tensors from ``inputs`` into this fold's buffers, in place."""
@@ -171,24 +182,46 @@ class FoldResult:
 
 
 def _refusal(
-    conv: Any, bn: torch.fx.Node, index: dict[torch.fx.Node, int], inputs: Sequence[Any],
+    bn: torch.fx.Node, index: dict[torch.fx.Node, int], inputs: Sequence[Any],
     is_state: Callable[[Any], bool], written: set[int],
 ) -> str | None:  # fmt: skip
-    """Why ``bn`` cannot fold into ``conv`` (None: it can)."""
-    if not isinstance(conv, torch.fx.Node) or conv.target not in CONVOLUTIONS:
-        return "its input is not a convolution"
-    if len(conv.users) != 1:
-        return "the convolution's output has other readers"
+    """Why ``bn`` cannot become a per-channel scale and shift at all (None: it can)."""
     training, eps = _bn_arg(bn, 5, "training"), _bn_arg(bn, 7, "eps", 1e-5)
     if training is not False:
         return "training mode (batch statistics)"
     if not isinstance(eps, (int, float)) and _eps_input(eps, index, inputs) is None:
         return "eps is neither a number nor a graph input's .item()"
+    mean, var, _, _ = _bn_sources(bn)
+    if mean is None or var is None:
+        return "no running statistics"
+    x = example_value(bn.args[0] if bn.args else bn.kwargs.get("input"))
+    if getattr(x, "fake_mode", None) is None or x.dim() < 2:
+        return "its input has no batched example tensor"
+    return _sources_refusal(_bn_sources(bn), index, inputs, is_state, written)
+
+
+def _conv_refusal(
+    conv: Any, index: dict[torch.fx.Node, int], inputs: Sequence[Any],
+    is_state: Callable[[Any], bool], written: set[int],
+) -> str | None:  # fmt: skip
+    """Why a BatchNorm cannot fold into ``conv``, its input (None: it can)."""
+    if not isinstance(conv, torch.fx.Node) or conv.target not in CONVOLUTIONS:
+        return "its input is not a convolution"
+    if len(conv.users) != 1:
+        return "the convolution's output has other readers"
     if getattr(example_value(conv), "fake_mode", None) is None:
         return "the convolution has no example tensor"
     if not is_batched(conv):
         return "an unbatched convolution or a keyword weight (the channels are another dim)"
-    for node in (*_conv_sources(conv), *_bn_sources(bn)):
+    return _sources_refusal(_conv_sources(conv), index, inputs, is_state, written)
+
+
+def _sources_refusal(
+    nodes: Sequence[Any], index: dict[torch.fx.Node, int], inputs: Sequence[Any],
+    is_state: Callable[[Any], bool], written: set[int],
+) -> str | None:  # fmt: skip
+    """Why these weights or statistics cannot be derived from (None: they can)."""
+    for node in nodes:
         if node is None:
             continue
         if not isinstance(node, torch.fx.Node) or node not in index:
@@ -249,67 +282,78 @@ def fold_batch_norms(
     index = {node: i for i, node in enumerate(placeholders(graph))}
     written = written_storages(graph.nodes)
     for bn in [n for n in graph.nodes if n.op == "call_function" and n.target in _BATCH_NORMS]:
-        conv = bn.args[0] if bn.args else bn.kwargs.get("input")
-        why = _refusal(conv, bn, index, inputs, is_state, written)
+        why = _refusal(bn, index, inputs, is_state, written)
         if why is not None:
             result.left_alone.append(f"{bn.name}: {why}")
             continue
-        weight, bias = _conv_sources(conv)
+        x = bn.args[0] if bn.args else bn.kwargs.get("input")
+        not_into_conv = _conv_refusal(x, index, inputs, is_state, written)
+        into_conv = not_into_conv is None
+        weight, bias = _conv_sources(x) if into_conv else (None, None)
         sources = tuple(
             None if node is None else index[node] for node in (weight, bias, *_bn_sources(bn))
         )
-        example = inputs[sources[0]]
         eps = _bn_arg(bn, 7, "eps", 1e-5)
         eps_source = None if isinstance(eps, (int, float)) else _eps_input(eps, index, inputs)
         eps = float(eps) if eps_source is None else float(inputs[eps_source])
-        channels = example.shape[0]
-        if example.dtype in _INTO_WEIGHTS:
-            fold = Fold(bn.name, sources, eps, bias=example.new_empty(channels),
+        mean = inputs[sources[2]]
+        if into_conv and inputs[sources[0]].dtype in _INTO_WEIGHTS:
+            example = inputs[sources[0]]
+            fold = Fold(bn.name, sources, eps, bias=example.new_empty(example.shape[0]),
                         weight=torch.empty_like(example),  # (keeps a channels-last layout)
                         eps_source=eps_source)  # fmt: skip
-        else:
-            fp32 = {"dtype": torch.float32, "device": example.device}
-            fold = Fold(bn.name, sources, eps, bias=torch.empty(channels, **fp32),
-                        scale=torch.empty(channels, **fp32), eps_source=eps_source)  # fmt: skip
+        else:  # float32 (float64 for float64 inputs), as eager's BatchNorm computes it
+            acc = torch.float64 if example_value(x).dtype == torch.float64 else torch.float32
+            wide = {"dtype": acc, "device": mean.device}
+            fold = Fold(bn.name, sources, eps, bias=torch.empty(mean.shape[0], **wide),
+                        scale=torch.empty(mean.shape[0], **wide), eps_source=eps_source,
+                        alone=not_into_conv)  # fmt: skip
         fold.derive(inputs)
         if fold.weight is not None:
-            new_weight, shift = _constants(graph, owner, conv, fold, ("weight", "bias"))
-            conv.args = (conv.args[0], new_weight, shift, *conv.args[3:])
-            conv.kwargs = {k: v for k, v in conv.kwargs.items() if k not in ("weight", "bias")}
-            bn.replace_all_uses_with(conv)
+            new_weight, shift = _constants(graph, owner, x, x, fold, ("weight", "bias"))
+            x.args = (x.args[0], new_weight, shift, *x.args[3:])
+            x.kwargs = {k: v for k, v in x.kwargs.items() if k not in ("weight", "bias")}
+            bn.replace_all_uses_with(x)
         else:
-            scale, shift = _constants(graph, owner, conv, fold, ("scale", "bias"))
-            conv.args = (*conv.args[:2], None, *conv.args[3:])
-            conv.kwargs = {k: v for k, v in conv.kwargs.items() if k != "bias"}
-            bn.replace_all_uses_with(_scale_and_shift(graph, conv, scale, shift))
+            scale, shift = _constants(graph, owner, bn, x, fold, ("scale", "bias"))
+            if into_conv:
+                x.args = (*x.args[:2], None, *x.args[3:])
+                x.kwargs = {k: v for k, v in x.kwargs.items() if k != "bias"}
+            bn.replace_all_uses_with(_scale_and_shift(graph, x, scale, shift, after=shift))
         graph.erase_node(bn)
         result.folds.append(fold)
     return result
 
 
 def _constants(
-    graph: torch.fx.Graph, owner: torch.nn.Module, conv: torch.fx.Node, fold: Fold,
-    parts: tuple[str, ...],
+    graph: torch.fx.Graph, owner: torch.nn.Module, before: torch.fx.Node, x: torch.fx.Node,
+    fold: Fold, parts: tuple[str, ...],
 ) -> list[torch.fx.Node]:  # fmt: skip
-    """``get_attr`` nodes (before ``conv``) of the fold's tensors ``parts``, set on ``owner``."""
+    """``get_attr`` nodes (before ``before``) of the fold's tensors ``parts``, set on ``owner``;
+    their fake tensors are made in the fake mode of ``x``'s example."""
     nodes = []
     for part in parts:
         tensor = getattr(fold, part)
         attr = f"{FOLDED_PREFIX}{fold.name}_{part}"
         setattr(owner, attr, tensor)
-        with graph.inserting_before(conv):
+        with graph.inserting_before(before):
             node = graph.get_attr(attr)
-        node.meta["example_value"] = _fake_like(conv.args[1], tensor)
+        node.meta["example_value"] = _fake_like(x, tensor)
         nodes.append(node)
     return nodes
 
 
 def _scale_and_shift(
-    graph: torch.fx.Graph, conv: torch.fx.Node, scale: torch.fx.Node, shift: torch.fx.Node
+    graph: torch.fx.Graph,
+    x: torch.fx.Node,
+    scale: torch.fx.Node,
+    shift: torch.fx.Node,
+    after: torch.fx.Node,
 ) -> torch.fx.Node:
-    """``(conv * scale + shift).to(dtype)`` per channel, after ``conv``; returns its last node."""
-    out = example_value(conv)
-    previous = conv
+    """``(x * scale + shift).to(dtype)`` per channel (dim 1 of a batched ``x``), placed after
+    ``after``; returns its last node."""
+    out = example_value(x)
+    previous = after
 
     def append(op: str, target: Any, args: tuple[Any, ...]) -> torch.fx.Node:
         nonlocal previous
@@ -321,15 +365,17 @@ def _scale_and_shift(
 
     scale_view = append("call_method", "view", (scale, per_channel(out)))
     shift_view = append("call_method", "view", (shift, per_channel(out)))
-    scaled = append("call_function", operator.mul, (conv, scale_view))
+    scaled = append("call_function", operator.mul, (x, scale_view))
     shifted = append("call_function", operator.add, (scaled, shift_view))
+    if example_value(shifted).dtype == out.dtype:  # (a cast to its own dtype aliases it)
+        return shifted
     return append("call_method", "to", (shifted, out.dtype))
 
 
-def _fake_like(weight_node: Any, tensor: Tensor) -> Any:
-    """A fake tensor like ``tensor`` in the fake mode of ``weight_node``'s example (so later
-    passes read shapes and dtypes from the new node as from any other)."""
-    if not isinstance(weight_node, torch.fx.Node):
+def _fake_like(node: Any, tensor: Tensor) -> Any:
+    """A fake tensor like ``tensor`` in the fake mode of ``node``'s example (so later passes
+    read shapes and dtypes from the new node as from any other)."""
+    if not isinstance(node, torch.fx.Node):
         return None
-    example = weight_node.meta.get("example_value")
+    example = node.meta.get("example_value")
     return None if getattr(example, "fake_mode", None) is None else static_fake(example, tensor)
