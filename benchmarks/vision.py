@@ -373,6 +373,10 @@ def run_child(args: argparse.Namespace) -> None:
                 refs32[b] = model(inputs[b].to(device)).float()
             torch.backends.cudnn.allow_tf32 = tf32
             model.to(dtype)
+            # timm's LeViT caches its attention biases per device in eval mode, and the cache
+            # kept from the fp32 reference fails in fp16 ("expected scalar type Float but
+            # found Half"); train(True) clears it.
+            model.train().eval()
             for b in args.batches:
                 inputs[b] = inputs[b].to(device, dtype)
                 refs[b] = model(inputs[b]).float()
