@@ -4,8 +4,10 @@ the elementwise group after them (passes/conv_bias.py).
 Blocks written the way timm and torchvision write them (``nn.ReLU(inplace=True)``,
 ``x += shortcut``, ``Tensor.mul_``, ``torch.relu_``, in-place hardswish): outputs equal eager's
 at odd shapes, the in-place ops and the moved biases sit inside fused groups; a write into a
-graph input, into a view of a temporary, or one whose out-of-place result has another dtype
-stays in place with its reason, and eager's effect on the input happens exactly once.
+graph input or a view of one, into a view of a temporary whose base is read afterwards, or one
+whose out-of-place result has another dtype stays in place with its reason, and eager's effect
+on the input happens exactly once; a write into a view nobody else reads afterwards (GhostNet's
+residual add into a slice of a concatenation) is made out-of-place.
 """
 
 from __future__ import annotations
@@ -111,7 +113,55 @@ def test_a_write_through_a_view_of_a_temporary_stays_in_place():
     graphs = graphs_since(before)
     torch.testing.assert_close(out, f(x.clone()))
     left = _rewrites(graphs, "in_place_left_alone")
-    assert any("shares its storage" in reason for reason in left), left
+    assert any("shares its storage" in r and "read after the write" in r for r in left), left
+
+
+class GhostBlock(nn.Module):
+    """timm's GhostNet bottleneck: a ghost module's output is a slice of a concatenation
+    (a view), and the residual is added into it in place."""
+
+    def __init__(self, channels: int = 6) -> None:
+        super().__init__()
+        self.primary = nn.Conv2d(channels, 4, 1, bias=False)
+        self.cheap = nn.Conv2d(4, 4, 3, padding=1, groups=4, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x
+        a = torch.relu(self.primary(x))
+        y = torch.cat([a, torch.relu(self.cheap(a))], dim=1)[:, :6]
+        y += shortcut
+        return torch.sigmoid(y) * 2.0
+
+
+def test_a_write_into_a_view_whose_base_is_not_read_again_is_made_out_of_place():
+    model = GhostBlock().eval()
+    x = torch.randn(2, 6, 5, 7)
+    out, graphs = _run(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x))
+    made = _rewrites(graphs, "made_out_of_place")
+    assert len(made) == 1, made
+    assert not _rewrites(graphs, "in_place_left_alone")
+    # the add, the sigmoid and the multiply: one group
+    assert any(made[0] in g.nodes and len(g.nodes) >= 3 for g in graphs[-1].groups), graphs
+    assert {e["mode"] for e in graphs[-1].runtime_modes()} == {"fusion"}
+
+
+def test_a_write_through_a_view_of_a_graph_input_stays_in_place_and_happens_once():
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x[:, 1:].mul_(3.0)
+        return torch.sigmoid(x) + 1.0
+
+    x = torch.randn(3, 8)
+    expected_input = x.clone()
+    expected_input[:, 1:] *= 3.0
+    before = fusebackend.reports()
+    out = torch.compile(f, backend="infinifuse")(x)
+    graphs = graphs_since(before)
+    torch.testing.assert_close(x, expected_input)  # the input changed, once
+    torch.testing.assert_close(out, torch.sigmoid(expected_input) + 1.0)
+    left = _rewrites(graphs, "in_place_left_alone")
+    assert any("view of the graph input" in reason for reason in left), left
 
 
 def test_an_in_place_op_that_casts_its_result_stays_in_place():

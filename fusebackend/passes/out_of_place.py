@@ -13,8 +13,11 @@ readers before it keep the old one, as in eager. The rewritten op must be an ele
 of the table (``passes/ops.py``) with the same result shape and dtype as the tensor it wrote
 (an in-place ``fp16.add_(fp32)`` casts back to fp16; the out-of-place op would not). Left
 alone otherwise, with the reason: a written graph input or constant (the write is part of
-the graph's effect), a tensor that shares its storage with another value (a view, a slice:
-the write shows through it).
+the graph's effect, also through a view of it), a tensor that shares its storage with another
+value read after the write (a view, a slice, its base: the write shows through it). A write
+into a view whose base nobody reads afterwards is made out-of-place: GhostNet's
+``x = torch.cat([a, b], 1)[:, :c]`` then ``x += shortcut`` left 16 in-place adds, which kept
+the graph NCHW (a write into a value whose layout would change) and out of fusion.
 """
 
 from __future__ import annotations
@@ -117,7 +120,7 @@ def make_out_of_place(graph: torch.fx.Graph) -> OutOfPlace:
         if form is None or not _is_elementwise(node, form):
             continue  # not a table op: out of this pass's scope, nothing to report
         old = example_value(target)
-        why = _refusal(target, by_storage)
+        why = _refusal(target, node, by_storage, position)
         value = None if why else _fresh_value(form, old)
         if why is None and not (
             isinstance(value, torch.Tensor)
@@ -156,16 +159,26 @@ def make_out_of_place(graph: torch.fx.Graph) -> OutOfPlace:
     return result
 
 
-def _refusal(target: torch.fx.Node, by_storage: dict[int, set[torch.fx.Node]]) -> str | None:
-    """Why a write into ``target`` is seen outside the graph's data flow (None: it is not)."""
+def _refusal(
+    target: torch.fx.Node, writer: torch.fx.Node, by_storage: dict[int, set[torch.fx.Node]],
+    position: dict[torch.fx.Node, int],
+) -> str | None:  # fmt: skip
+    """Why ``writer``'s write into ``target`` is seen outside the graph's data flow (None: it
+    is not). A value sharing ``target``'s storage (its base, another view) sees the write
+    when it is a graph input or constant or is read after the write."""
     if target.op in ("placeholder", "get_attr"):
         return f"it writes the graph input or constant {target.name}"
     sid = storage_id(example_value(target))
     if sid is None:
         return f"{target.name} has no example tensor"
     for other in by_storage.get(sid, ()):
-        if other is not target and target not in _written_chain(other):
-            return f"{target.name} shares its storage with {other.name} (a view or alias)"
+        if other is target or target in _written_chain(other):
+            continue
+        if other.op in ("placeholder", "get_attr"):
+            return f"{target.name} is a view of the graph input or constant {other.name}"
+        if any(position[r] > position[writer] for r in other.users):
+            return (f"{target.name} shares its storage with {other.name}, read after the "
+                    "write (a view or alias)")  # fmt: skip
     return None
 
 
