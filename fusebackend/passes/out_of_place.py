@@ -164,8 +164,8 @@ def _refusal(
     position: dict[torch.fx.Node, int],
 ) -> str | None:  # fmt: skip
     """Why ``writer``'s write into ``target`` is seen outside the graph's data flow (None: it
-    is not). A value sharing ``target``'s storage (its base, another view) sees the write
-    when it is a graph input or constant or is read after the write."""
+    is not). A value sharing ``target``'s storage made before the write (its base, another
+    view) sees the write when it is a graph input or constant or is read after the write."""
     if target.op in ("placeholder", "get_attr"):
         return f"it writes the graph input or constant {target.name}"
     sid = storage_id(example_value(target))
@@ -174,6 +174,8 @@ def _refusal(
     for other in by_storage.get(sid, ()):
         if other is target or target in _written_chain(other):
             continue
+        if position[other] > position[writer]:
+            continue  # made after the write (a view of its result): its source's readers count
         if other.op in ("placeholder", "get_attr"):
             return f"{target.name} is a view of the graph input or constant {other.name}"
         if any(position[r] > position[writer] for r in other.users):
