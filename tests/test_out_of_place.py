@@ -194,6 +194,34 @@ def test_a_conv_whose_reader_is_not_elementwise_keeps_its_bias():
     assert len(moved) == 1, moved  # the second one only: the first one's reader is a conv
 
 
+class ConvNeXtStem(nn.Module):
+    """timm's ConvNeXt: a conv with bias read by ``permute(0, 2, 3, 1)`` and a LayerNorm over
+    channels; a depthwise conv with bias read by a permute and by a residual-style add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.norm = nn.Conv2d(3, 8, 2, stride=2), nn.LayerNorm(8)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.norm(self.stem(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        z = self.dw(y)
+        return torch.sigmoid(z.permute(0, 2, 3, 1)) * 2.0, z * 0.5 + y
+
+
+def test_a_conv_read_by_a_permute_gets_its_bias_after_the_permute():
+    model = ConvNeXtStem().eval()
+    x = torch.randn(2, 3, 10, 14)
+    out, graphs = _run(model, x)
+    with torch.no_grad():
+        for a, b in zip(out, model(x)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert_model_fused(graphs)
+    assert len(_rewrites(graphs, "conv_biases_moved")) == 2
+    norm = [g for g in graphs[-1].groups if "layer_norm" in " ".join(g.nodes)]
+    assert norm and any("add" in n for n in norm[0].nodes), graphs[-1].groups
+
+
 def test_a_reader_of_an_earlier_in_place_result_reads_the_rewritten_op():
     # u = t.index_fill_(...) returns t itself and stays in place (not a table op); t.relu_()
     # after it is made out-of-place: u's readers after it must read the relu's result.
