@@ -258,10 +258,14 @@ def _fake_cuda_graph(weights: list[tuple[int, ...]], groups: list[int], dtype=to
 
 def test_the_default_chooses_channels_last_on_cuda_half_precision_only():
     dense, depthwise, grouped = (8, 8, 3, 3), (8, 1, 3, 3), (8, 2, 3, 3)
+    wide_grouped = (8, 4, 3, 3)
     assert choose_channels_last(_fake_cuda_graph([dense, depthwise], [1, 8]), None) is None
-    why = choose_channels_last(_fake_cuda_graph([dense, grouped], [1, 4]), None)
-    assert why is not None and "grouped convolution with 2 input channels" in why
-    assert choose_channels_last(_fake_cuda_graph([dense, grouped], [1, 4]), True) is None
+    # a grouped convolution doing 20% of the work (ResNeXt): channels-last (weighted 0.90x)
+    assert choose_channels_last(_fake_cuda_graph([dense, grouped], [1, 4]), None) is None
+    # doing 80% (beside a depthwise one): NCHW, weighted 1.24x
+    why = choose_channels_last(_fake_cuda_graph([depthwise, wide_grouped], [8, 2]), None)
+    assert why is not None and "do 80% of the work" in why and "(1.24x;" in why, why
+    assert choose_channels_last(_fake_cuda_graph([depthwise, wide_grouped], [8, 2]), True) is None
     why = choose_channels_last(_fake_cuda_graph([dense], [1], torch.float32), None)
     assert why == "not half precision (channels_last=True forces it)"
 

@@ -25,10 +25,10 @@ would land in a copy where eager's tensor was a view), the graph is left as trac
 reason.
 
 When (``FusionConfig.channels_last``): ``True`` wherever a graph has a batched 2-d
-convolution; ``None`` (default) where it runs on CUDA in half precision and no convolution
-is grouped with more than one input channel per group (cuDNN's NHWC grouped convolutions
-were 31x slower on some shapes, Inductor's measurement; depthwise ones gain); ``False``
-never.
+convolution; ``None`` (default) where it runs on CUDA in half precision and its
+convolutions' FLOPs, weighted by Inductor's NHWC/NCHW time per kind of convolution (grouped
+with more than one input channel per group 1.358, small channel counts 0.783, ...), are no
+more than unweighted (``_CHANNELS_LAST_TIME``); ``False`` never.
 """
 
 from __future__ import annotations
@@ -136,11 +136,54 @@ def choose_channels_last(graph: torch.fx.Graph, setting: bool | None) -> str | N
         return "not on CUDA (channels_last=True forces it)"
     if any(w.dtype not in _HALF for w in weights):
         return "not half precision (channels_last=True forces it)"
+    flops: dict[str, float] = {}
     for conv, weight in zip(convs, weights):
-        if _groups(conv) != 1 and weight.shape[1] > 1:
-            return (f"{conv.name} is a grouped convolution with {weight.shape[1]} input "
-                    "channels per group (slow in NHWC; channels_last=True forces it)")  # fmt: skip
+        kind = _conv_kind(conv, weight)
+        flops[kind] = flops.get(kind, 0.0) + _flops(conv, weight)
+    total = sum(flops.values())
+    weighted = sum(_CHANNELS_LAST_TIME[kind] * f for kind, f in flops.items())
+    if weighted > total:
+        grouped = 100 * flops.get("grouped", 0.0) / total
+        return (f"grouped convolutions (more than one input channel per group) do {grouped:.0f}% "
+                f"of the work: slower in NHWC by Inductor's weights ({weighted / total:.2f}x; "
+                "channels_last=True forces it)")  # fmt: skip
     return None
+
+
+# Time in NHWC over time in NCHW per kind of convolution, Inductor's inference weights
+# (torch/_inductor/graph.py, decide_layout_opt, averaged over TorchBench's convolutions): a
+# graph runs channels-last where its convolutions' FLOPs so weighted are no more than
+# unweighted. cuDNN's NHWC grouped convolutions were up to 31x slower on some shapes, and
+# depthwise ones (one input channel per group) gain. Measured here (H200, fp16, 2026-11-28,
+# benchmarks/vision.py): timm ResNeXt-50 32x4d kept NCHW by a rule refusing any grouped
+# convolution ran 1.75 ms a batch-8 call against reduce-overhead's 1.03 in NHWC.
+_CHANNELS_LAST_TIME = {"grouped": 1.358, "small": 0.783, "in_out": 0.725, "default": 0.823}
+
+
+def _conv_kind(conv: torch.fx.Node, weight: Tensor) -> str:
+    out_channels, in_per_group, kh, kw = (_hint(size) for size in weight.shape)
+    if _groups(conv) != 1 and in_per_group > 1:
+        return "grouped"
+    if out_channels <= 64 and in_per_group <= 64:
+        return "small"
+    if out_channels * 2 <= in_per_group and kh * kw > 1:
+        return "in_out"
+    return "default"
+
+
+def _flops(conv: torch.fx.Node, weight: Tensor) -> float:
+    """Multiply-adds of one convolution per image (output pixels x weight size), from size
+    hints where sizes are symbolic (no guard)."""
+    out = example_value(conv)
+    pixels = _hint(out.shape[-1]) * _hint(out.shape[-2])
+    return float(pixels * _hint(weight.numel()))
+
+
+def _hint(size: Any) -> int:
+    if isinstance(size, torch.SymInt):
+        hint = size.node.hint
+        return int(hint) if hint is not None else 1
+    return int(size)
 
 
 def _any_layout(node: torch.fx.Node) -> bool:
