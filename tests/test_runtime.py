@@ -57,9 +57,11 @@ STATS_KEYS = {
     "fallback_reasons",
     "eviction_reasons",
     "validations",
+    "validations_within_noise",
     "captured_bytes",
 }
 COUNTER_KEYS = {
+    "validations_within_noise",
     "cache_hits",
     "cache_misses",
     "recordings",
@@ -403,6 +405,40 @@ def test_validation_tolerance_is_per_dtype(fused, keeps_fusion):
     cache = make(unfused=_fp16_chain_rounding_each_op, fused=fused)
     cache(x, y)
     assert (cache.mode_for(x, y) == FUSION) is keeps_fusion
+
+
+def _noisy(x):
+    # one ulp on x (fp16, in [1, 2)) moves the output by about 6% of its norm
+    return (torch.sin(x.float() * 40).half(),)
+
+
+@pytest.mark.parametrize(
+    ("off_by", "keeps_fusion"),
+    [(1.02, True), (1.10, False)],  # within half the model's own noise (6%), or not
+)
+def test_validation_bounds_grow_with_the_models_own_noise(off_by, keeps_fusion):
+    torch.manual_seed(0)
+    x = (torch.rand(64, 127) + 1).half()
+    cache = make(unfused=_noisy, fused=lambda x: ((_noisy(x)[0].float() * off_by).half(),))
+    (out,) = cache(x)
+    assert (cache.mode_for(x) == FUSION) is keeps_fusion
+    assert stats()["validations_within_noise"] == int(keeps_fusion)
+    if not keeps_fusion:
+        (reason,) = stats()["fallback_reasons"].values()
+        assert "one ulp of input noise moves the output 0.06" in reason, reason
+        torch.testing.assert_close(out, _noisy(x)[0])  # the unfused graph's result
+
+
+def test_a_two_percent_error_on_a_quiet_model_is_still_caught():
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 127).half(), torch.randn(64, 127).half()
+    cache = make(
+        unfused=_fp16_chain_rounding_each_op,
+        fused=lambda x, y: ((_fp16_chain_rounding_each_op(x, y)[0].float() * 1.02).half(),),
+    )
+    cache(x, y)
+    assert cache.mode_for(x, y) != FUSION
+    assert stats()["validations_within_noise"] == 0
 
 
 def test_validation_treats_nan_as_equal():

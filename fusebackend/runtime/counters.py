@@ -35,6 +35,7 @@ class Counters:
     fusion_successes: int = 0
     fusion_fallbacks: int = 0
     validations: int = 0
+    validations_within_noise: int = 0
     evictions: int = 0
     rerecords: int = 0
     capture_failures: int = 0

@@ -77,6 +77,9 @@ def stats() -> dict[str, Any]:
             validation class (``keys.plan_class``: the dtypes, ranks and layouts of the
             inputs, not their sizes) until one matches; a failed one falls back and the
             class's next new signature is compared again.
+        validations_within_noise: Validations that matched only within the model's own
+            noise: outside the fixed tolerances, but within half of how far one ulp of noise
+            on the floating inputs moves the unfused graph's outputs (``runtime/validation``).
         fusion_fallbacks: Signatures that left "fusion" for another mode (fused callable
             raised, mismatched, or could not be captured).
         cached_shapes: For each live entry, the shapes of its non-static tensor inputs as a

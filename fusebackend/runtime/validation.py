@@ -12,7 +12,17 @@ from torch import Tensor
 from fusebackend.runtime.counters import COUNTERS
 from fusebackend.runtime.effects import Effects, RngState
 
-__all__ = ["ELEMENT_FRACTION", "ROW_SLACK", "TOLERANCES", "fused_run", "mismatch", "one_line"]
+__all__ = [
+    "ELEMENT_FRACTION",
+    "NOISE_CAP",
+    "NOISE_SHARE",
+    "ROW_SLACK",
+    "TOLERANCES",
+    "fused_run",
+    "input_noise",
+    "mismatch",
+    "one_line",
+]
 
 # Per-dtype (rtol, atol) for the first-run comparison of fused against unfused outputs.
 # Floating tensors are compared by norm, over the whole tensor and over each row (last dim):
@@ -36,13 +46,28 @@ ROW_SLACK = 4
 # largest magnitude (plus atol): a few wrong elements hide in a row's norm. The H100 case
 # above: 0.09 apart at most, in rows whose largest logit is about 4 (2.4%).
 ELEMENT_FRACTION = 0.05
+# Some models amplify rounding far past these bounds: timm RegNetY-016 in fp16 (calibrated
+# BatchNorms, H200, 2026-11-28, benchmarks/diag/diag_fp16_noise.py) moves its logits by 7.4%
+# of their norm when the image moves by one ulp, eager fp16 is 5.5% from eager fp32, and
+# Inductor's logits are 4.1% from eager's; the fused graph was 1.9% from the unfused one, and
+# 5.4% from fp32 (closer than eager). Where a fused graph fails the bounds above, the unfused
+# graph runs once more on inputs moved by one ulp (``input_noise``), and the bounds of each
+# output grow to NOISE_SHARE of how far that moved it, up to NOISE_CAP: a wrong kernel moves
+# an output by its whole norm, far past the noise of any model whose result means something.
+NOISE_SHARE = 0.5
+NOISE_CAP = 0.1  # outputs noisier than this (relative, by norm) get no wider bounds
+_NOISE_INPUT_BYTES = 1 << 28  # the inputs moved: copies, so only where they are this small
 
 
-def mismatch(actual: Sequence[Any], expected: Sequence[Any], what: str) -> str | None:
+def mismatch(
+    actual: Sequence[Any], expected: Sequence[Any], what: str,
+    noise: Sequence[float] | None = None,
+) -> str | None:  # fmt: skip
     """Why ``actual`` is not ``expected`` within the per-dtype tolerances, or None.
 
     NaN must meet NaN and an infinity the infinity of the same sign, at the same positions.
-    Dtypes without a tolerance (integers, bool) must be equal.
+    Dtypes without a tolerance (integers, bool) must be equal. ``noise`` (per output, from
+    ``input_noise``) widens the bounds of noisy outputs (NOISE_SHARE).
     """
     if len(actual) != len(expected):
         return f"{len(actual)} outputs, expected {len(expected)}"
@@ -50,7 +75,7 @@ def mismatch(actual: Sequence[Any], expected: Sequence[Any], what: str) -> str |
         if isinstance(e, Tensor):
             if not isinstance(a, Tensor):
                 return f"{what} {j} is a {type(a).__name__}, expected a tensor"
-            why = _tensor_mismatch(a, e)
+            why = _tensor_mismatch(a, e, 0.0 if noise is None else noise[j])
             if why is not None:
                 return f"{what} {j}: {why}"
         elif isinstance(a, Tensor) or a != e:
@@ -58,7 +83,7 @@ def mismatch(actual: Sequence[Any], expected: Sequence[Any], what: str) -> str |
     return None
 
 
-def _tensor_mismatch(a: Tensor, e: Tensor) -> str | None:
+def _tensor_mismatch(a: Tensor, e: Tensor, noise: float = 0.0) -> str | None:
     if a.shape != e.shape or a.dtype != e.dtype or a.device != e.device:
         return (
             f"{a.dtype}{list(a.shape)} on {a.device}, expected {e.dtype}{list(e.shape)} "
@@ -69,14 +94,18 @@ def _tensor_mismatch(a: Tensor, e: Tensor) -> str | None:
     if e.numel() == 0:
         return None
     try:
-        return _float_mismatch(a.detach(), e.detach(), *TOLERANCES[e.dtype])
+        rtol, atol = TOLERANCES[e.dtype]
+        widen = max(1.0, NOISE_SHARE * min(noise, NOISE_CAP) / rtol)
+        return _float_mismatch(a.detach(), e.detach(), rtol * widen, atol, widen)
     except torch.OutOfMemoryError:
         # The comparison needs a few temporaries of the output's size; without the memory,
         # the fused graph is not trusted (and the caller's call still succeeds).
         return "could not be compared: out of memory"
 
 
-def _float_mismatch(a: Tensor, e: Tensor, rtol: float, atol: float) -> str | None:
+def _float_mismatch(
+    a: Tensor, e: Tensor, rtol: float, atol: float, widen: float = 1.0
+) -> str | None:
     # NaN must meet NaN, an infinity the same infinity: compared as values where either
     # is not finite (NaN != NaN, so through the NaN masks).
     finite = torch.isfinite(e) & torch.isfinite(a)
@@ -102,15 +131,51 @@ def _float_mismatch(a: Tensor, e: Tensor, rtol: float, atol: float) -> str | Non
         r = int(bad.nonzero()[0, 0])
         ratio = _ratio(row_diff[r].item(), row_ref[r].item())
         return f"row {r}: relative difference {ratio:.3g} (norm; up to {row_rtol:g})"
-    bound = ELEMENT_FRACTION * ref.amax(dim=-1, keepdim=True) + atol
+    fraction = ELEMENT_FRACTION * widen
+    bound = fraction * ref.amax(dim=-1, keepdim=True) + atol
     far = diff > bound
     if far.any():
         r, c = (int(i) for i in far.nonzero()[0])
         return (
             f"row {r}: one element {diff[r, c].item():.3g} apart (up to {bound[r, 0].item():.3g}: "
-            f"{ELEMENT_FRACTION:g} of the row's largest magnitude)"
+            f"{fraction:g} of the row's largest magnitude)"
         )
     return None
+
+
+def input_noise(
+    unfused: Callable[..., Sequence[Any]], args: Sequence[Any], expected: Sequence[Any]
+) -> list[float] | None:
+    """Per output of ``unfused``, how far (relative, by norm) moving each floating input that
+    is not a parameter by one ulp (seeded random signs) moves it from ``expected``; None where
+    no input moves or the moved copies would pass ``_NOISE_INPUT_BYTES``. The caller puts the
+    random generators back (a graph with dropout draws again)."""
+    moved, size = list(args), 0
+    for i, x in enumerate(args):
+        if type(x) is not Tensor or not x.is_floating_point() or x.numel() == 0:
+            continue  # (parameters, integer ids, subclasses such as DTensor: as they are)
+        size += x.numel() * x.element_size()
+        if size > _NOISE_INPUT_BYTES:
+            return None
+        generator = torch.Generator(device=x.device).manual_seed(i)
+        sign = torch.randint(0, 2, x.shape, generator=generator, device=x.device)
+        moved[i] = x.detach() * (1 + torch.finfo(x.dtype).eps * (2 * sign - 1).to(x.dtype))
+    if size == 0:
+        return None
+    noise = []
+    for out, e in zip(unfused(*moved), expected, strict=True):
+        if (
+            isinstance(e, Tensor)
+            and e.is_floating_point()
+            and e.numel()
+            and e.is_complex() is False
+        ):
+            ref = e.detach().to(torch.promote_types(e.dtype, torch.float32))
+            diff = (out.detach().to(ref.dtype) - ref).nan_to_num(0.0).norm().item()
+            noise.append(_ratio(diff, ref.nan_to_num(0.0).norm().item()))
+        else:
+            noise.append(0.0)
+    return noise
 
 
 def _ratio(num: float, den: float) -> float:
@@ -169,6 +234,17 @@ def fused_run(
         rng.restore()
         expected = unfused(*ref_args)
         failure = mismatch(outputs, expected, "output")
+        if failure is not None and not effects.indices:
+            # (a graph that writes its inputs is not run a third time)
+            rng.restore()
+            noise = input_noise(unfused, ref_args, expected)
+            if noise is not None:
+                widened = mismatch(outputs, expected, "output", noise)
+                if widened is None:
+                    COUNTERS.validations_within_noise += 1
+                failure = widened and (
+                    f"{widened} (one ulp of input noise moves the output {max(noise):.3g})"
+                )
         for i in effects.indices:
             failure = failure or mismatch(
                 [fused_args[i]], [ref_args[i]], f"mutated input {i} after"
