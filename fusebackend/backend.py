@@ -40,6 +40,7 @@ from fusebackend.kernels.launch import (
     precompile_all,
 )
 from fusebackend.kernels.matmul import matmul_op
+from fusebackend.kernels.spatial_mean import spatial_mean
 from fusebackend.kernels.vocab_lookup import vocab_parallel_lookup
 from fusebackend.passes.attention import avoid_cudnn_plans
 from fusebackend.passes.batch_norm_folding import Refresh, fold_batch_norms
@@ -59,6 +60,7 @@ from fusebackend.passes.pairing import pair_twin_groups
 from fusebackend.passes.partition import Candidate, find_groups
 from fusebackend.passes.rewrite import reference_graph, rewrite
 from fusebackend.passes.rotary_epilogue import use_rotary_epilogues
+from fusebackend.passes.spatial_means import use_spatial_means
 from fusebackend.pipeline import Compilation, Pass, run_passes
 from fusebackend.prepare import (
     PREPARE,
@@ -173,7 +175,8 @@ def _use_rotary_epilogues(c: Compilation) -> list[str]:
 def _find_groups(c: Compilation) -> None:
     assert c.graph is not None
     c.candidates, c.rejections = find_groups(c.graph)
-    rewritten = c.refresh is not None or c.rewrites.get("channels_last")
+    rewritten = (c.refresh is not None or c.rewrites.get("channels_last")
+                 or c.rewrites.get("spatial_means"))  # fmt: skip
     c.stopped = not c.candidates and not c.matmul_groups and not rewritten
 
 
@@ -269,6 +272,10 @@ FUSE = [
          report="conv_biases_moved"),
     Pass("use_channels_last", _use_channels_last, "convolutions run channels-last (fused graph)",
          report="channels_last"),
+    Pass("use_spatial_means", lambda c: use_spatial_means(c.graph, spatial_mean),
+         "means over H x W of channels-last tensors as one kernel (fused graph)",
+         report="spatial_means", needs_rewrites=True,
+         when=lambda c: triton_usable(c.device or torch.device("cpu"))),
     Pass("use_vocab_parallel_lookup",
          lambda c: use_vocab_parallel_lookup(c.graph, vocab_parallel_lookup, c.config.index_checks),
          "vocab-parallel lookups as one kernel + all-reduce (fused graph)",
