@@ -180,6 +180,12 @@ SOURCES = (
     "sentence_embeddings_restart_h200_ffe1664.json",
     # BERT-base and DeBERTa-v3-base encoders at c3dfa5a (--quick, 600 sentences, 40 queries)
     "sentence_embeddings_encoders_h200_c3dfa5a.json",
+    # the whole vision suite against reduce-overhead at 11c362e (levit_128s failed in eager fp16
+    # in the benchmark itself; densenet121 not started in the budget), then nine models at
+    # b7cc5c6: BatchNorms not after a conv as a scale and shift, writes into views made
+    # out-of-place, conv biases after permutes, Inductor's channels-last rule
+    "vision_h200_11c362e.json",
+    "vision_h200_b7cc5c6.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
