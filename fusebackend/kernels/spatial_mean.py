@@ -53,7 +53,13 @@ def spatial_mean(x: torch.Tensor, keepdim: bool, channels_last: bool = False) ->
     per_part = _ceil_div(_ceil_div(positions, parts), block_p) * block_p
     parts = _ceil_div(positions, per_part)
     strides = (x.stride(0), x.stride(1), x.stride(2), x.stride(3))
-    meta = {"BLOCK_C": block_c, "BLOCK_P": block_p, "num_warps": 4}
+    # Triton knows an integer's divisibility by 16 only: where every position's offset is a
+    # multiple of 8 (72 channels, NHWC) saying so lets its loads along the channels be
+    # 16-byte vectors
+    align = 1
+    while align < 16 and all(s % (2 * align) == 0 for s in (strides[0], strides[2], strides[3])):
+        align *= 2
+    meta = {"BLOCK_C": block_c, "BLOCK_P": block_p, "ALIGN": align, "num_warps": 4}
     if parts == 1:
         _sum_kernel()[(batch, channel_blocks, 1)](
             x, out, channels, positions, width, *strides, per_part, 1.0 / positions,
@@ -107,6 +113,7 @@ def _sum_kernel() -> Any:
         PARTIAL: tl.constexpr,
         BLOCK_C: tl.constexpr,
         BLOCK_P: tl.constexpr,
+        ALIGN: tl.constexpr,  # every position's offset is a multiple of this
     ):
         image = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -119,7 +126,8 @@ def _sum_kernel() -> Any:
             p = (part * per_part + offset + tl.arange(0, BLOCK_P)).to(tl.int64)
             h, w = p // width, p % width
             mask = (p < positions)[:, None] & keep[None, :]
-            ptrs = base + h[:, None] * stride_h + w[:, None] * stride_w
+            rows = tl.multiple_of(h * stride_h + w * stride_w, ALIGN)
+            ptrs = base + rows[:, None]
             acc += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
             offset += BLOCK_P
         total = tl.sum(acc, axis=0) * scale
