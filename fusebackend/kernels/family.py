@@ -2,8 +2,8 @@
 
 A fused graph calls a kernel family's launcher as a node's target: a row group's
 ``FusedGroupOp`` or ``FusedPairOp`` (row_ops.py), ``write_cache_pair``, ``decode_attention``,
-``vocab_parallel_lookup``. Each also answers two questions, so the backend never switches on
-which one it holds:
+``vocab_parallel_lookup``, ``spatial_mean``. Each also answers two questions, so the backend
+never switches on which one it holds:
 
 - ``describe()``: the name of the kernel it launches, for ``explain`` (a row group's
   generated kernel, ``write_cache_pair``, ...);
