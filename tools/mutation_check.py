@@ -611,9 +611,9 @@ def table(results: list[Result]) -> str:
 
 def _commit(rev: str | None) -> str:
     def git(*a: str) -> str:
-        return subprocess.run(
+        return subprocess.run(  # (rstrip: a porcelain line starts with its status's space)
             ["git", "-C", str(ROOT), *a], capture_output=True, text=True
-        ).stdout.strip()
+        ).stdout.rstrip()
 
     sha = git("rev-parse", "--short", rev or "HEAD")
     if rev is not None:
