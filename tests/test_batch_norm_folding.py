@@ -151,7 +151,8 @@ def test_half_precision_keeps_the_weights_and_scales_after_the_conv(fused_graphs
     assert out.dtype == torch.bfloat16
     fused = fused_graphs[0]
     attrs = sorted(n.target for n in fused.graph.nodes if n.op == "get_attr")
-    assert len(attrs) == 8 and all(a.endswith(("_scale", "_bias")) for a in attrs), attrs
+    assert len(attrs) == 12, attrs  # center, scale and shift per BatchNorm
+    assert all(a.endswith(("_center", "_scale", "_bias")) for a in attrs), attrs
     convs = [n for n in fused.graph.nodes if n.op == "call_function" and "conv" in str(n.target)]
     assert all(c.args[1].op == "placeholder" for c in convs)  # the user's weights
     assert all(len(c.args) < 3 or c.args[2] is None for c in convs)
@@ -379,3 +380,23 @@ def test_refresh_derives_again_when_an_eps_input_changes_value():
     assert refresh.derivations == 1 and fold.eps == 0.5
     scale = torch.rsqrt(inputs[2] + 0.5)
     torch.testing.assert_close(fold.weight, inputs[0] * scale[:, None, None])
+
+
+def test_a_scale_and_shift_subtracts_the_mean_first():
+    # Features near 1e4 with a spread of about 1: x * scale + (beta - mean * scale) cancels
+    # two terms of 1e4 (about 50x eager's error against fp64); (x - mean) * scale + beta
+    # subtracts first, as eager does.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.BatchNorm1d(5)).eval()
+    with torch.no_grad():
+        model[0].running_mean.fill_(1e4)
+        model[0].running_var.fill_(2.0)
+    x = torch.randn(7, 5) + 1e4
+    compiled = _compiled(model)
+    with torch.no_grad():
+        out = compiled(x)
+        eager_error = (model(x).double() - model.double()(x.double())).abs().max()
+        fused_error = (out.double() - model(x.double())).abs().max()
+    assert fused_error <= 2 * eager_error + 1e-6, (fused_error, eager_error)
+    assert _graph().rewrites.get("batch_norms_folded"), _graph().rewrites
+    assert {e["mode"] for e in _graph().runtime_modes()} == {"fusion"}

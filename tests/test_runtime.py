@@ -429,6 +429,31 @@ def test_validation_bounds_grow_with_the_models_own_noise(off_by, keeps_fusion):
         torch.testing.assert_close(out, _noisy(x)[0])  # the unfused graph's result
 
 
+def test_an_output_noisier_than_the_cap_keeps_the_fixed_bounds():
+    # sin(x * 3000): one ulp moves the output by its whole norm, past NOISE_CAP
+    x = (torch.rand(64, 127, generator=torch.Generator().manual_seed(0)) + 1).half()
+
+    def chaotic(x):
+        return (torch.sin(x.float() * 3000).half(),)
+
+    cache = make(unfused=chaotic, fused=lambda x: ((chaotic(x)[0].float() * 1.02).half(),))
+    cache(x)
+    assert cache.mode_for(x) != FUSION
+    assert stats()["validations_within_noise"] == 0
+
+
+def test_a_graph_that_cannot_run_on_moved_inputs_gets_no_noise():
+    from fusebackend.runtime.validation import input_noise
+
+    def picky(x):
+        if not torch.equal(x, torch.ones_like(x)):
+            raise RuntimeError("only ones")
+        return (x * 2,)
+
+    x = torch.ones(3, 4)
+    assert input_noise(picky, [x], picky(x)) is None
+
+
 def test_a_two_percent_error_on_a_quiet_model_is_still_caught():
     torch.manual_seed(0)
     x, y = torch.randn(64, 127).half(), torch.randn(64, 127).half()

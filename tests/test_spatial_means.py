@@ -101,3 +101,24 @@ def test_nchw_means_stay_atens():
     out, expected, graph = _run(model, torch.randn(2, 6, 11, 13), channels_last=False)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert not graph.rewrites.get("spatial_means"), graph.rewrites
+
+
+class KeywordPool(nn.Module):
+    """The pool and the mean spelled with keywords only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(self.conv(x))
+        pooled = F.adaptive_avg_pool2d(input=y, output_size=1)
+        return pooled, torch.mean(input=y * 2.0, dim=(-1, -2), keepdim=False)
+
+
+def test_keyword_spellings_are_rewritten_too():
+    model = KeywordPool().eval()
+    out, expected, graph = _run(model, torch.randn(2, 3, 9, 10), channels_last=True)
+    for a, b in zip(out, expected):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert len(graph.rewrites.get("spatial_means", [])) == 2, graph.rewrites

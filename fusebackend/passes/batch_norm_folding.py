@@ -14,13 +14,14 @@ depends on the weight's dtype:
 - float32 and float64: into the weights. The convolution runs on ``W' = W * scale`` with bias
   ``shift``: no work is left after it.
 - half precision: after the convolution. It runs on the user's ``W`` without bias, then
-  ``(y * scale + shift).to(dtype)`` as elementwise ops, computed in float32 as eager's
-  BatchNorm computes them, which fuse with the activation after them. Folding into fp16
+  ``((y - center) * scale + beta).to(dtype)`` (``center`` the mean less the conv's bias) as
+  elementwise ops, in float32 and in eager's order (the mean subtracted first), which fuse
+  with the activation after them. Folding into fp16
   weights rounds ``W * scale`` in every layer: a timm ResNet-50 (fp16, random BatchNorm
   statistics, H200, 2026-11-28) then differed from the unfused graph by 3.1% of the output's
   norm, and validation (1%) rejected the fused graph.
 
-``W'``, ``scale`` and ``shift`` are derived constants: tensors the fused graph owns
+``W'``, ``center``, ``scale`` and the shift are derived constants: tensors the fused graph owns
 (``get_attr``), computed here from the first call's parameters in float32 (float64 for
 float64 weights; ``W'`` and the into-the-weights shift cast to the weight's dtype); the
 user's parameters are never changed.
@@ -32,8 +33,8 @@ and validation reference) keeps the BatchNorm.
 
 A BatchNorm whose input is not a convolution read only by it (RepVGG's identity branch,
 DenseNet's norm after a concatenation, a BatchNorm1d after a linear) becomes the same
-``(x * scale + shift).to(dtype)`` elementwise ops, in float32 (float64 for float64 inputs):
-they fuse with their neighbours as Inductor fuses ``_native_batch_norm_legit_no_training``,
+``((x - mean) * scale + beta).to(dtype)`` elementwise ops, in float32 (float64 for float64
+inputs): they fuse with their neighbours as Inductor fuses ``_native_batch_norm_legit_no_training``,
 where aten launched a BatchNorm kernel and its channels-last input cost a copy (timm RepVGG-A2
 at fp16, H200, 2026-11-28: 17 BatchNorm and 17 copy kernels a call, see docs/PERFORMANCE.md).
 
@@ -82,6 +83,10 @@ class Fold:
         bias: The derived shift (the convolution's bias ``b'`` when folded into the weights).
         weight: The derived weight ``W'`` when folded into the weights, else None.
         scale: The per-channel scale (float32) when applied after the convolution, else None.
+        center: Where a scale is: what is subtracted before scaling, the running mean (less
+            the convolution's bias), so ``(y - center) * scale + bias`` keeps eager's order
+            (``x * scale + (beta - mean * scale)`` cancels two large terms where the mean is
+            far from 0: 50x eager's error on a BatchNorm1d of features near 1e4).
         alone: Why the BatchNorm did not fold into a convolution, where it is a scale and
             shift of its own input; None where it folded.
     """
@@ -94,6 +99,7 @@ class Fold:
     scale: Tensor | None = None
     eps_source: int | None = None
     alone: str | None = None
+    center: Tensor | None = None
 
     def derive(self, inputs: Sequence[Any]) -> None:
         """Compute the derived tensors from ``inputs`` into this fold's buffers, in place."""
@@ -107,14 +113,16 @@ class Fold:
         scale = torch.rsqrt(var + self.eps)
         if gamma is not None:
             scale = scale * gamma
-        shift = -mean * scale if bias is None else (bias - mean) * scale
-        if beta is not None:
-            shift = shift + beta
         with torch.no_grad():
-            if self.weight is not None:
-                self.weight.copy_(weight * scale.reshape(-1, *[1] * (weight.dim() - 1)))
-            if self.scale is not None:
+            if self.center is not None:  # (y - center) * scale + beta
+                self.center.copy_(mean if bias is None else mean - bias)
                 self.scale.copy_(scale)
+                self.bias.copy_(beta if beta is not None else torch.zeros_like(mean))
+                return
+            shift = -mean * scale if bias is None else (bias - mean) * scale
+            if beta is not None:
+                shift = shift + beta
+            self.weight.copy_(weight * scale.reshape(-1, *[1] * (weight.dim() - 1)))
             self.bias.copy_(shift)
 
 
@@ -307,7 +315,7 @@ def fold_batch_norms(
             wide = {"dtype": acc, "device": mean.device}
             fold = Fold(bn.name, sources, eps, bias=torch.empty(mean.shape[0], **wide),
                         scale=torch.empty(mean.shape[0], **wide), eps_source=eps_source,
-                        alone=not_into_conv)  # fmt: skip
+                        alone=not_into_conv, center=torch.empty(mean.shape[0], **wide))  # fmt: skip
         fold.derive(inputs)
         if fold.weight is not None:
             new_weight, shift = _constants(graph, owner, x, x, fold, ("weight", "bias"))
@@ -315,11 +323,13 @@ def fold_batch_norms(
             x.kwargs = {k: v for k, v in x.kwargs.items() if k not in ("weight", "bias")}
             bn.replace_all_uses_with(x)
         else:
-            scale, shift = _constants(graph, owner, bn, x, fold, ("scale", "bias"))
+            center, scale, shift = _constants(
+                graph, owner, bn, x, fold, ("center", "scale", "bias")
+            )
             if into_conv:
                 x.args = (*x.args[:2], None, *x.args[3:])
                 x.kwargs = {k: v for k, v in x.kwargs.items() if k != "bias"}
-            bn.replace_all_uses_with(_scale_and_shift(graph, x, scale, shift, after=shift))
+            bn.replace_all_uses_with(_scale_and_shift(graph, x, center, scale, shift, after=shift))
         graph.erase_node(bn)
         result.folds.append(fold)
     return result
@@ -346,12 +356,13 @@ def _constants(
 def _scale_and_shift(
     graph: torch.fx.Graph,
     x: torch.fx.Node,
+    center: torch.fx.Node,
     scale: torch.fx.Node,
     shift: torch.fx.Node,
     after: torch.fx.Node,
 ) -> torch.fx.Node:
-    """``(x * scale + shift).to(dtype)`` per channel (dim 1 of a batched ``x``), placed after
-    ``after``; returns its last node."""
+    """``((x - center) * scale + shift).to(dtype)`` per channel (dim 1 of a batched ``x``),
+    placed after ``after``; returns its last node."""
     out = example_value(x)
     previous = after
 
@@ -363,9 +374,11 @@ def _scale_and_shift(
         previous = node
         return node
 
+    center_view = append("call_method", "view", (center, per_channel(out)))
     scale_view = append("call_method", "view", (scale, per_channel(out)))
     shift_view = append("call_method", "view", (shift, per_channel(out)))
-    scaled = append("call_function", operator.mul, (x, scale_view))
+    centered = append("call_function", operator.sub, (x, center_view))
+    scaled = append("call_function", operator.mul, (centered, scale_view))
     shifted = append("call_function", operator.add, (scaled, shift_view))
     if example_value(shifted).dtype == out.dtype:  # (a cast to its own dtype aliases it)
         return shifted

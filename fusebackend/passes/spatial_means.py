@@ -43,13 +43,15 @@ def _mean_of(node: torch.fx.Node) -> tuple[Any, bool] | None:
         args, kwargs = node.args, dict(node.kwargs)
         dims = args[1] if len(args) > 1 else kwargs.pop("dim", None)
         keepdim = args[2] if len(args) > 2 else kwargs.pop("keepdim", False)
+        x = args[0] if args else kwargs.pop("input", None)
         if len(args) > 3 or kwargs or not _spatial_dims(dims) or not isinstance(keepdim, bool):
             return None  # (a dtype= argument: eager's dtype rules, left to aten)
-        return args[0], keepdim
+        return x, keepdim
     if node.op == "call_function" and node.target is F.adaptive_avg_pool2d:
+        x = node.args[0] if node.args else node.kwargs.get("input")
         size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
         if size in (1, (1, 1), [1, 1]) and len(node.args) + len(node.kwargs) == 2:
-            return node.args[0], True
+            return x, True
     return None
 
 
@@ -62,6 +64,8 @@ def use_spatial_means(graph: torch.fx.Graph, spatial_mean: Callable[..., Any]) -
         if found is None:
             continue
         x, keepdim = found
+        if not isinstance(x, torch.fx.Node):
+            continue
         value, out = example_value(x), example_value(node)
         if not isinstance(value, torch.Tensor) or not isinstance(out, torch.Tensor):
             continue
