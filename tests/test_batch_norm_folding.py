@@ -269,7 +269,11 @@ class DenseLayer(nn.Module):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_batch_norms_not_after_a_conv_fuse_with_their_neighbours(dtype, fused_graphs):
     model = _randomize_statistics(RepVGGBlock()).to(dtype)
-    x = torch.randn(3, 6, 5, 7, dtype=dtype)
+    # Seeded: in bf16 three O(1) terms cancel before the ReLU, and Triton's interpreter
+    # truncates to bf16 where eager rounds, so on about 1 input in 12 one element of a row
+    # near zero is 2 ulps off and validation's element bound (5% of that row's largest) sends
+    # the graph to eager (seeds 0-11 of the global generator: only 5); the GPU rounds as eager.
+    x = torch.randn(3, 6, 5, 7, dtype=dtype, generator=torch.Generator().manual_seed(0))
     compiled = _compiled(model)
     with torch.no_grad():
         expected = model(x)
