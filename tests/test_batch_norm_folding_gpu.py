@@ -17,7 +17,10 @@ from helpers import assert_model_fused, graphs_since
 
 import fusebackend
 
-pytestmark = pytest.mark.gpu
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 
 timm = pytest.importorskip("timm")
 
@@ -40,14 +43,6 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> None:
     # fp16 through a deep net: compare against the output's own scale
     scale = b.float().abs().max().item() + 1e-3
     assert (a.float() - b.float()).abs().max().item() <= 2e-2 * scale
-
-
-@pytest.fixture(autouse=True)
-def _cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    torch._dynamo.reset()
-    fusebackend.clear_cache()
 
 
 def replayed(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list]:

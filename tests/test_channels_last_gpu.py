@@ -15,17 +15,12 @@ from test_batch_norm_folding_gpu import _close, _eval_model, replayed
 
 import fusebackend
 
-pytestmark = pytest.mark.gpu
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 
 timm = pytest.importorskip("timm")
-
-
-@pytest.fixture(autouse=True)
-def _cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    torch._dynamo.reset()
-    fusebackend.clear_cache()
 
 
 @pytest.mark.parametrize("name", ["resnet18", "efficientnet_b0", "convnext_atto"])

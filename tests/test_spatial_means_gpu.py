@@ -11,18 +11,12 @@ import torch
 from helpers import assert_model_fused
 from test_batch_norm_folding_gpu import _eval_model, replayed
 
-import fusebackend
 from fusebackend.kernels.spatial_mean import spatial_mean
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    torch._dynamo.reset()
-    fusebackend.clear_cache()
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])

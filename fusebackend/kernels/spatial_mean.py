@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from fusebackend.kernels.configs import triton_next_power_of_2
 from fusebackend.kernels.family import family
 from fusebackend.kernels.launch import triton_usable
 
@@ -46,7 +47,7 @@ def spatial_mean(x: torch.Tensor, keepdim: bool, channels_last: bool = False) ->
     out = torch.empty((batch, channels, 1, 1), dtype=x.dtype, device=x.device,
                       memory_format=layout)  # fmt: skip
     positions = height * width
-    block_c = min(64, _next_power_of_2(channels))
+    block_c = min(64, triton_next_power_of_2(channels))
     block_p = max(16, min(256, _TILE // block_c))
     channel_blocks = _ceil_div(channels, block_c)
     parts = max(1, min(_ceil_div(_PROGRAMS, batch * channel_blocks), positions // _MIN_POSITIONS))
@@ -84,10 +85,6 @@ family("spatial_mean", lambda args: None)(spatial_mean)  # compiled at its first
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 @functools.cache

@@ -21,7 +21,7 @@ import operator
 import torch
 import torch.fx
 
-from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.fx_util import evaluate, example_value
 from fusebackend.passes.groups import match
 from fusebackend.passes.ops import OpCall, OpKind
 
@@ -48,9 +48,10 @@ def is_batched(conv: torch.fx.Node) -> bool:
     )
 
 
-def per_channel(out: torch.Tensor) -> tuple[int, ...]:
-    """The view that broadcasts a per-channel vector over a batched conv's output."""
-    return (-1,) + (1,) * (out.dim() - 2)
+def per_channel(out: torch.Tensor, channel: int = 1) -> tuple[int, ...]:
+    """The view that broadcasts a per-channel vector over ``out``, its channels at dim
+    ``channel`` (a batched conv's output: 1)."""
+    return (-1,) + (1,) * (out.dim() - 1 - channel)
 
 
 def _is_table_op(node: torch.fx.Node, kinds: tuple[OpKind, ...] | None = None) -> bool:
@@ -85,17 +86,13 @@ def _add_bias_after(
 ) -> torch.fx.Node:
     """``value + bias`` with the bias viewed to broadcast along dim ``channel``, right after
     ``value``; every reader of ``value`` then reads the sum."""
-    out = example_value(value)
     readers = list(value.users)
-    shape = (-1,) + (1,) * (out.dim() - 1 - channel)
     with graph.inserting_after(value):
-        channel_view = graph.call_method("view", (bias, shape))
+        channel_view = graph.call_method("view", (bias, per_channel(example_value(value), channel)))
     with graph.inserting_after(channel_view):
         added = graph.call_function(operator.add, (value, channel_view))
-    with out.fake_mode:
-        view = example_value(bias).view(shape)
-        channel_view.meta["example_value"] = view
-        added.meta["example_value"] = out + view
+    channel_view.meta["example_value"] = evaluate(channel_view)
+    added.meta["example_value"] = evaluate(added)
     for reader in readers:
         reader.replace_input_with(value, added)
     return added
@@ -111,17 +108,17 @@ def move_conv_biases(graph: torch.fx.Graph) -> list[str]:
             continue
         if not is_batched(conv) or not conv.users:
             continue  # an unbatched output has its channels first: the views below are wrong
-        permutes = [r for r in conv.users if _permuted_channel(r, conv) is not None]
+        channels = {r: _permuted_channel(r, conv) for r in conv.users}  # (before the rewrite)
+        permutes = [r for r, channel in channels.items() if channel is not None]
         elementwise = [r for r in conv.users if _is_table_op(r, (OpKind.ELEMENTWISE,))]
         if len(permutes) + len(elementwise) != len(conv.users):
             continue
-        channels = [_permuted_channel(r, conv) for r in permutes]  # (before the rewrite)
         if len(conv.args) > 2:
             conv.args = (*conv.args[:2], None, *conv.args[3:])
         else:
             conv.kwargs = {**conv.kwargs, "bias": None}
-        for reader, channel in zip(permutes, channels):
-            _add_bias_after(graph, reader, bias, channel)
+        for reader in permutes:
+            _add_bias_after(graph, reader, bias, channels[reader])
         if elementwise:
             added = _add_bias_after(graph, conv, bias, 1)
             for reader in permutes:  # the permutes keep reading the convolution itself

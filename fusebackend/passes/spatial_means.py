@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.fx
 import torch.nn.functional as F
+from torch._prims_common import make_contiguous_strides_for
 
 from fusebackend.passes.fx_util import (
     example_value,
@@ -73,16 +74,9 @@ def use_spatial_means(graph: torch.fx.Graph, spatial_mean: Callable[..., Any]) -
             continue
         if not known_channels_last(value) or known_contiguous(value):
             continue  # NCHW, or a layout both ways (one pixel, one channel): aten's
-        channels_last = keepdim and not _contiguous_strides(out)
+        contiguous = all(map(known_equal, out.stride(), make_contiguous_strides_for(out.shape)))
+        channels_last = keepdim and not contiguous
         node.op, node.target = "call_function", spatial_mean
         node.args, node.kwargs = (x, keepdim, channels_last), {}
         made.append(node.name)
     return made
-
-
-def _contiguous_strides(value: torch.Tensor) -> bool:
-    expected, stride = [], 1
-    for size in reversed(value.shape):
-        expected.append(stride)
-        stride = stride * size
-    return all(map(known_equal, value.stride(), reversed(expected)))

@@ -51,12 +51,11 @@ ELEMENT_FRACTION = 0.05
 # of their norm when the image moves by one ulp, eager fp16 is 5.5% from eager fp32, and
 # Inductor's logits are 4.1% from eager's; the fused graph was 1.9% from the unfused one, and
 # 5.4% from fp32 (closer than eager). Where a fused graph fails the bounds above, the unfused
-# graph runs once more on inputs moved by one ulp (``input_noise``), and the bounds of each
-# output grow to NOISE_SHARE of how far that moved it, up to NOISE_CAP: a wrong kernel moves
-# an output by its whole norm, far past the noise of any model whose result means something.
-# Each bound (the norm's rtol and an element's fraction of its row's largest magnitude) is
-# at least NOISE_SHARE of the output's noise; an output noisier than NOISE_CAP (or with a
-# zero norm: infinite noise) gets the fixed bounds only.
+# graph runs once more on inputs moved by one ulp (``input_noise``), and each bound of an
+# output (the norm's rtol and an element's fraction of its row's largest magnitude) becomes
+# at least NOISE_SHARE of how far that moved it. An output noisier than NOISE_CAP (or with a
+# zero norm: infinite noise) keeps the fixed bounds: a wrong kernel moves an output by its
+# whole norm, far past the noise of any model whose result means something.
 NOISE_SHARE = 0.5
 NOISE_CAP = 0.1
 _NOISE_INPUT_BYTES = 1 << 28  # the inputs moved: copies, so only where they are this small
@@ -178,12 +177,7 @@ def _input_noise(
         return None
     noise = []
     for out, e in zip(unfused(*moved), expected, strict=True):
-        if (
-            isinstance(e, Tensor)
-            and e.is_floating_point()
-            and e.numel()
-            and e.is_complex() is False
-        ):
+        if isinstance(e, Tensor) and e.is_floating_point() and e.numel():
             ref = e.detach().to(torch.promote_types(e.dtype, torch.float32))
             diff = (out.detach().to(ref.dtype) - ref).nan_to_num(0.0).norm().item()
             noise.append(_ratio(diff, ref.nan_to_num(0.0).norm().item()))
