@@ -205,6 +205,58 @@ def test_refresh_derives_only_the_folds_whose_sources_changed():
     assert refresh.derivations == 2
 
 
+def test_refresh_of_several_folds_sharing_a_source():
+    """Two folds sharing one statistic and a channels-last-like copy of the first weight: an
+    edit derives exactly the folds that read the edited tensor, a shared one both."""
+    from fusebackend.passes.batch_norm_folding import Fold, Refresh
+
+    g = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(3, 2, 1, generator=g), torch.randn(3, generator=g),
+              torch.rand(3, generator=g) + 0.5, torch.randn(3, 4, 1, generator=g),
+              torch.randn(3, generator=g)]  # fmt: skip
+    first = Fold("bn1", (0, None, 1, 2, None, None), 1e-5, bias=torch.empty(3),
+                 weight=torch.empty(3, 2, 1))  # fmt: skip
+    second = Fold("bn2", (3, None, 4, 2, None, None), 1e-3, bias=torch.empty(3),
+                  weight=torch.empty(3, 4, 1))  # fmt: skip
+    copies = []
+
+    class Copy:  # the protocol channels_last.WeightCopy follows
+        sources, eps_source = (0,), None
+
+        def derive(self, given):
+            copies.append(given[0].clone())
+
+    folds = [first, second, Copy()]
+    for fold in folds:
+        fold.derive(inputs)
+    refresh = Refresh(folds, inputs)
+    derived = {id(f): 0 for f in folds}
+    for fold in folds:
+        fold.derive = (lambda f, d: lambda given: (derived.__setitem__(id(f), derived[id(f)] + 1),
+                                                   d(given)))(fold, fold.derive)  # fmt: skip
+
+    def counts():
+        return [derived[id(f)] for f in folds]
+
+    refresh(inputs)
+    assert counts() == [0, 0, 0]
+    inputs[4].add_(1.0)  # the second fold's mean only
+    refresh(inputs)
+    assert counts() == [0, 1, 0]
+    inputs[2].mul_(2.0)  # the shared variance
+    refresh(inputs)
+    assert counts() == [1, 2, 0]
+    inputs[0].data = inputs[0].data * -1.0  # new data under the same object: the pointer
+    refresh(inputs)
+    assert counts() == [2, 2, 1]
+    torch.testing.assert_close(copies[-1], inputs[0])
+    scale = torch.rsqrt(inputs[2] + 1e-3)
+    torch.testing.assert_close(second.weight, inputs[3] * scale[:, None, None])
+    torch.testing.assert_close(second.bias, -inputs[4] * scale)
+    refresh(inputs)
+    assert counts() == [2, 2, 1] and refresh.derivations == 5
+
+
 class Shared(nn.Module):
     """A conv whose output is also read elsewhere, a BN after a non-conv op: neither can fold
     into a convolution."""

@@ -1,0 +1,134 @@
+"""Where does a vision model's call spend host time under infinifuse, against reduce-overhead?
+
+The vision suite (a865516, H200) timed ResNet-18 at batch 1 at 0.458 ms a call under
+infinifuse against 0.331 under reduce-overhead, with fewer kernels (41 against 57) and less
+kernel time than Inductor's. A call timed alone (``per_call_ms``: synchronize, call,
+synchronize) pays its host time and its device time one after the other, so a gap with less
+device work is host work. For each model (timm, ``pretrained=False``, fp16, batch 1 unless
+``--batch``) and backend, once every graph is captured, this times per call:
+
+- ``host_us``: from the call until it returns, after a synchronize (the launch path);
+- ``alone_us``: the call and a synchronize (what ``vision.py`` reports as ``per_call_ms``);
+- ``loop_us``: calls back to back between two synchronizations, per call;
+
+and for infinifuse a cProfile of 200 calls (the functions with the most own time) and the
+time spent in each ``before_call`` hook (``fusion.refresh``: folded BatchNorms and
+channels-last weight copies compared with their sources).
+
+    python benchmarks/diag/diag_vision_host.py [--models resnet18,resnet50] [--batch 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def per_call(fn, x, calls: int) -> dict[str, float]:
+    host, alone = [], []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn(x)
+        host.append(time.perf_counter() - start)
+        torch.cuda.synchronize()
+        alone.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(x)
+    torch.cuda.synchronize()
+    loop = (time.perf_counter() - start) / calls
+    return {
+        "host_us": round(statistics.median(host) * 1e6, 1),
+        "alone_us": round(statistics.median(alone) * 1e6, 1),
+        "loop_us": round(loop * 1e6, 1),
+    }
+
+
+def profile(fn, x, calls: int, top: int) -> str:
+    prof = cProfile.Profile()
+    torch.cuda.synchronize()
+    prof.enable()
+    for _ in range(calls):
+        fn(x)
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def hook_time(fn, x, calls: int) -> float | None:
+    """Microseconds per call inside infinifuse's before-call hooks (None: no hook ran)."""
+    from fusebackend.passes import batch_norm_folding
+
+    spent = [0.0, 0]
+    original = batch_norm_folding.Refresh.__call__
+
+    def timed(self, inputs):
+        start = time.perf_counter()
+        try:
+            return original(self, inputs)
+        finally:
+            spent[0] += time.perf_counter() - start
+            spent[1] += 1
+
+    batch_norm_folding.Refresh.__call__ = timed
+    try:
+        for _ in range(calls):
+            fn(x)
+        torch.cuda.synchronize()
+    finally:
+        batch_norm_folding.Refresh.__call__ = original
+    return round(spent[0] / calls * 1e6, 1) if spent[1] else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet18,resnet50,mobilenetv3_large_100,"
+                        "efficientnet_b0,vit_small_patch16_224,convnext_tiny")  # fmt: skip
+    parser.add_argument("--backends", default="infinifuse,reduce-overhead")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--top", type=int, default=18)
+    parser.add_argument("--out", default=None, help="JSON results")
+    args = parser.parse_args()
+    from vision import build_model, make_fn
+
+    results = []
+    for name in args.models.split(","):
+        model = build_model(name, 0).to("cuda", torch.float16)
+        x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=torch.float16)
+        for backend in args.backends.split(","):
+            torch._dynamo.reset()
+            fn = make_fn(model, backend, None)
+            with torch.inference_mode(False), torch.no_grad():
+                for _ in range(5):
+                    fn(x)
+                torch.cuda.synchronize()
+                row = {"model": name, "batch": args.batch, "backend": backend,
+                       **per_call(fn, x, args.calls)}  # fmt: skip
+                if backend == "infinifuse":
+                    row["refresh_us"] = hook_time(fn, x, args.calls)
+                    print(profile(fn, x, args.calls, args.top))
+            print(json.dumps(row), flush=True)
+            results.append(row)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
