@@ -58,6 +58,7 @@ from fusebackend.passes.matmul_groups import use_matmul_groups
 from fusebackend.passes.out_of_place import make_out_of_place
 from fusebackend.passes.pairing import pair_twin_groups
 from fusebackend.passes.partition import Candidate, find_groups
+from fusebackend.passes.reshapes import move_reshapes_up
 from fusebackend.passes.rewrite import reference_graph, rewrite
 from fusebackend.passes.rotary_epilogue import use_rotary_epilogues
 from fusebackend.passes.spatial_means import use_spatial_means
@@ -285,6 +286,9 @@ FUSE = [
     Pass("use_rotary_epilogues", _use_rotary_epilogues,
          "rotary embeddings and KV-cache writes in the q/k/v launch (fused graph)",
          report="rotary_epilogues", when=lambda c: c.config.matmul_groups and c.matmul_groups),
+    Pass("move_reshapes_up", lambda c: move_reshapes_up(c.graph),
+         "reshapes moved ahead of the elementwise ops before them (fused graph)",
+         report="reshapes_moved"),
     Pass("find_groups", _find_groups),
     Pass("rewrite_groups", _rewrite_groups),
     Pass("pair_twin_groups", _pair_twin_groups),

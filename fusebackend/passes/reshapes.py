@@ -1,0 +1,156 @@
+"""Reshapes moved ahead of the elementwise ops they follow (fused graph only).
+
+A group's kernel computes its values in one shape and writes them contiguous, so a reshape of a
+value computed in a group ends the group there, and the ops after it start another kernel.
+timm's LeViT runs each linear layer's BatchNorm1d over its tokens flattened,
+``bn(x.flatten(0, 1)).reshape_as(x)``: once the BatchNorm is a scale and shift
+(``batch_norm_folding``), its ops run on ``[B*N, C]`` and the hardswish or residual add after
+the reshape on ``[B, N, C]``, two kernels where one does (LeViT-128S: 40 such reshapes a call).
+
+A reshape of a contiguous value into another contiguous shape keeps the elements' order, so an
+elementwise op before it can run in the reshaped shape instead: ``view(f(a, b))`` becomes
+``f(view(a), view(b))``, where each operand of the op's full shape is reshaped the same way
+(the reshape node copied onto it) and each broadcast operand must broadcast the same way in
+both shapes (a number, a 0-d tensor, or a vector along a last dim both shapes share: the
+BatchNorm's per-channel scale). Repeated, the reshape climbs the chain until it meets what
+produced the chain's input, where a reshape back to that value's own shape is dropped. The
+ops then sit between the producer and the consumers in one shape, and one group takes them.
+
+Left alone: an op read elsewhere too (it would run twice), non-contiguous operands (the copied
+reshape would copy), and broadcasts that change meaning with the shape.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from fusebackend.passes.fx_util import evaluate, example_value, known_contiguous, known_equal
+from fusebackend.passes.graph import is_mutation
+from fusebackend.passes.ops import OpKind, lookup_op
+
+__all__ = ["move_reshapes_up"]
+
+_METHODS = {"view", "reshape", "reshape_as", "view_as", "flatten", "unflatten"}
+_FUNCTIONS = {torch.reshape, torch.flatten, torch.unflatten}
+
+
+def _source(node: torch.fx.Node) -> torch.fx.Node | None:
+    """What ``node`` reshapes, where it is a reshape of a node (else None)."""
+    method = node.op == "call_method" and node.target in _METHODS
+    if not method and not (node.op == "call_function" and node.target in _FUNCTIONS):
+        return None
+    source = node.args[0] if node.args else node.kwargs.get("input", node.kwargs.get("self"))
+    return source if isinstance(source, torch.fx.Node) else None
+
+
+def _tensor(node: object) -> torch.Tensor | None:
+    value = example_value(node) if isinstance(node, torch.fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dim() == b.dim() and all(map(known_equal, a.shape, b.shape))
+
+
+def _order_kept(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """A reshape between two contiguous values of one count and dtype keeps the order."""
+    return (
+        before.dtype == after.dtype
+        and known_equal(before.numel(), after.numel())
+        and known_contiguous(before)
+        and known_contiguous(after)
+    )
+
+
+def _broadcasts_alike(operand: torch.Tensor, before: torch.Tensor, after: torch.Tensor) -> bool:
+    """Does ``operand`` broadcast the same way against both shapes? A 0-d or all-ones shape
+    does; so does a vector along the last dim where both shapes end in that dim."""
+    sizes = list(operand.shape)
+    while sizes and sizes[0] == 1:
+        sizes.pop(0)
+    if not sizes:
+        return operand.dim() <= after.dim()
+    return (
+        len(sizes) == 1
+        and operand.dim() <= after.dim()
+        and before.dim() > 0
+        and after.dim() > 0
+        and known_equal(sizes[0], before.shape[-1])
+        and known_equal(sizes[0], after.shape[-1])
+    )
+
+
+def _reshaped(
+    graph: torch.fx.Graph, reshape: torch.fx.Node, operand: torch.fx.Node
+) -> torch.fx.Node:
+    """``reshape`` applied to ``operand`` instead (placed before ``reshape``); where
+    ``operand`` is itself a reshape of a value of the result's shape, that value."""
+    target = example_value(reshape)
+    below = _source(operand)
+    if below is not None:
+        value = _tensor(below)
+        if value is not None and _same_shape(value, target) and _order_kept(value, target):
+            return below
+    args = (operand, *reshape.args[1:]) if reshape.args else reshape.args
+    kwargs = dict(reshape.kwargs)
+    if not reshape.args:
+        kwargs["input" if "input" in kwargs else "self"] = operand
+    with graph.inserting_before(reshape):
+        node = graph.create_node(reshape.op, reshape.target, args, kwargs)
+    node.meta["example_value"] = evaluate(node)
+    return node
+
+
+def _move_up(graph: torch.fx.Graph, reshape: torch.fx.Node, erased: set[torch.fx.Node]) -> bool:
+    """Run the elementwise op that ``reshape`` reads in the reshaped shape (the module
+    docstring), adding the nodes it erases to ``erased``; False where it cannot."""
+    op = _source(reshape)
+    before, after = _tensor(op), _tensor(reshape)
+    if op is None or before is None or after is None or len(op.users) != 1:
+        return False
+    row = lookup_op(op.op, op.target)
+    if row is None or row[0].kind != OpKind.ELEMENTWISE or is_mutation(op):
+        return False
+    if not _order_kept(before, after) or _same_shape(before, after):
+        return False
+    operands = [n for n in op.all_input_nodes if _tensor(n) is not None]
+    for operand in operands:
+        value = _tensor(operand)
+        if _same_shape(value, before):
+            if not known_contiguous(value):
+                return False
+        elif not _broadcasts_alike(value, before, after):
+            return False
+    full = {n: _reshaped(graph, reshape, n) for n in operands if _same_shape(_tensor(n), before)}
+    args = torch.fx.node.map_arg(op.args, lambda n: full.get(n, n))
+    kwargs = torch.fx.node.map_arg(op.kwargs, lambda n: full.get(n, n))
+    with graph.inserting_before(reshape):
+        moved = graph.create_node(op.op, op.target, args, kwargs)
+    moved.meta["example_value"] = evaluate(moved)
+    assert _same_shape(example_value(moved), after), (moved, after.shape)
+    reshape.replace_all_uses_with(moved)
+    graph.erase_node(reshape)
+    graph.erase_node(op)
+    erased.update((reshape, op))
+    for operand in operands:  # a reshape of an operand that now nothing reads
+        if _source(operand) is not None and not operand.users:
+            graph.erase_node(operand)
+            erased.add(operand)
+    return True
+
+
+def move_reshapes_up(graph: torch.fx.Graph) -> list[str]:
+    """Move each reshape of an elementwise chain's result ahead of the chain (the module
+    docstring); returns the ops moved, by name."""
+    moved: list[str] = []
+    erased: set[torch.fx.Node] = set()
+    changed = True
+    while changed:
+        changed = False
+        for node in list(graph.nodes):
+            source = None if node in erased else _source(node)
+            if source is not None and _move_up(graph, node, erased):
+                moved.append(source.name)
+                changed = True
+    return moved

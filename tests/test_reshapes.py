@@ -1,0 +1,132 @@
+"""Reshapes moved ahead of the elementwise ops they follow (passes/reshapes.py).
+
+LeViT's ``bn(linear(x).flatten(0, 1)).reshape_as(x)`` followed by a hardswish and a residual
+add, written as timm writes it: the BatchNorm's scale and shift, the activation and the add
+run in one group (they were two, split at the reshape); outputs equal eager's. Reshapes that
+cannot move (the op is read elsewhere, a per-row operand) stay, with eager's outputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from helpers import assert_close, check, run_fused
+
+import fusebackend
+from fusebackend.passes.reshapes import move_reshapes_up
+
+
+class LinearNorm(nn.Module):
+    """timm LeViT's ``LinearNorm``: a linear layer and a BatchNorm1d over its tokens."""
+
+    def __init__(self, width: int, out: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, out, bias=False)
+        self.bn = nn.BatchNorm1d(out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.linear(x)
+        return self.bn(x.flatten(0, 1)).reshape_as(x)
+
+
+class LevitMlp(nn.Module):
+    """LeViT's residual MLP: LinearNorm, hardswish, LinearNorm, + x."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = LinearNorm(width, 2 * width), LinearNorm(2 * width, width)
+        self.act = nn.Hardswish()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.ln2(self.act(self.ln1(x)))
+
+
+def _randomized(model: nn.Module, seed: int) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm1d):
+                m.running_mean.copy_(torch.randn(m.num_features, generator=g))
+                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+    return model.eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_levit_mlp_runs_norm_activation_and_residual_in_one_group(dtype):
+    torch.manual_seed(0)
+    model = _randomized(LevitMlp(12), seed=1).to(dtype)
+    x = torch.randn(2, 7, 12, dtype=dtype)
+    report = check(model, x)
+    moved = report.graphs[-1].rewrites.get("reshapes_moved", [])
+    assert moved, str(report)
+    assert not any("reshape_as" in r.reason for r in report.rejections), str(report)
+    # ln1's scale and shift with the hardswish; ln2's with the residual add
+    assert any(len(g.nodes) >= 4 and any("hardswish" in n for n in g.nodes)
+               for g in report.groups), str(report)  # fmt: skip
+
+
+def _graph_of(fn, *args):
+    """Dynamo's graph of ``fn`` (with example values) and the inputs in its order."""
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=keep, fullgraph=True)(*args)
+    return graphs[0]
+
+
+def test_a_chain_is_moved_and_the_reshape_back_dropped():
+    def fn(x, scale, shift):
+        y = x.flatten(0, 1)
+        return F.relu((y - shift) * scale + 1.0).reshape(x.shape) * 2.0
+
+    x, scale, shift = torch.randn(3, 5, 8), torch.rand(8) + 0.5, torch.randn(1, 8)
+    gm, inputs = _graph_of(fn, x, scale, shift)
+    moved = move_reshapes_up(gm.graph)
+    gm.recompile()
+    assert len(moved) == 4, moved  # sub, mul, add, relu
+    reshapes = [n for n in gm.graph.nodes if n.op == "call_method"
+                and n.target in ("flatten", "reshape")]  # fmt: skip
+    assert not reshapes, gm.code
+    assert_close(gm(*inputs)[0], fn(x, scale, shift))
+
+
+def test_what_cannot_move_stays():
+    def fn(x, per_row, other):
+        y = x.flatten(0, 1)
+        a = (y * per_row).reshape_as(x)  # (B*N, 1) broadcasts per row: not per channel
+        b = torch.sigmoid(y)
+        return a, b.reshape_as(x) + b.sum(), (y.t() + 1).reshape(x.shape[::-1]) + other
+
+    x, per_row = torch.randn(2, 3, 4), torch.randn(6, 1)
+    other = torch.randn(4, 3, 2)
+    gm, inputs = _graph_of(fn, x, per_row, other)
+    assert move_reshapes_up(gm.graph) == []  # sigmoid is read twice; y.t() is not contiguous
+    gm.recompile()
+    for got, want in zip(gm(*inputs), fn(x, per_row, other), strict=True):
+        assert_close(got, want)
+    out, _ = run_fused(fn, x, per_row, other, expect_fused=False)
+    for got, want in zip(out, fn(x, per_row, other), strict=True):
+        assert_close(got, want)
+
+
+def test_symbolic_sizes_move_and_match_eager():
+    torch.manual_seed(2)
+    model = _randomized(LevitMlp(12), seed=3)
+    compiled = torch.compile(model, backend="infinifuse", dynamic=True,
+                             options={"validate": False})  # fmt: skip
+    with torch.no_grad():
+        for batch, tokens in ((2, 7), (3, 5)):
+            x = torch.randn(batch, tokens, 12)
+            assert_close(compiled(x), model(x))
+    graph = fusebackend.last_report().graphs[-1]
+    assert graph.rewrites.get("reshapes_moved"), str(fusebackend.last_report())
+    assert any(any("hardswish" in n for n in g.nodes) and len(g.nodes) >= 4
+               for g in graph.groups), str(fusebackend.last_report())  # fmt: skip
