@@ -372,6 +372,7 @@ def infinifuse(
         per_signature=constants.graph if constants is not None else None,
         per_signature_count=constants.count if constants is not None else 0,
         before_call=fusion.refresh,
+        stale_after_replay=fusion.refresh.stale if isinstance(fusion.refresh, Refresh) else None,
     )
     groups = fusion.groups
     if not config.fusion:

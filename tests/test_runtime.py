@@ -53,6 +53,7 @@ STATS_KEYS = {
     "rerecords",
     "capture_failures",
     "older_graph_calls",
+    "replays_on_stale_constants",
     "graph_pool_bytes",
     "fallback_reasons",
     "eviction_reasons",
@@ -73,6 +74,7 @@ COUNTER_KEYS = {
     "rerecords",
     "capture_failures",
     "older_graph_calls",
+    "replays_on_stale_constants",
 }
 
 
@@ -662,6 +664,73 @@ def test_parameter_address_change_rerecords(fake_capture):
     torch.testing.assert_close(cache(x, w)[0], x * w)  # replays the new graph
     assert stats()["rerecords"] == 1
     assert len(fake_capture) == 2 and fake_capture[1]().replays == 1
+
+
+class _Doubled:
+    """A derived constant (the protocol of batch_norm_folding.Fold): ``value = 2 * w``."""
+
+    sources, eps_source = (1,), None
+
+    def __init__(self, w):
+        self.value = w.detach() * 2
+
+    def derive(self, inputs):
+        self.value.copy_(inputs[1].detach() * 2)
+
+
+@pytest.mark.parametrize("writes_an_input", [False, True])
+def test_derived_constants_are_checked_after_the_replay_and_a_stale_one_replays_again(
+    fake_capture, writes_an_input
+):
+    from fusebackend.passes.batch_norm_folding import Refresh
+
+    w = torch.nn.Parameter(torch.randn(8), requires_grad=False)
+    doubled = _Doubled(w)
+
+    def fn(x, w, state):
+        if writes_an_input:
+            state.add_(1)
+        return (x + doubled.value,)
+
+    refresh = Refresh([doubled], [None, w])
+    order = []
+    real_call, real_stale = refresh.__call__, refresh.stale
+
+    class Spy:
+        def __call__(self, inputs):
+            order.append("before")
+            real_call(inputs)
+
+        def stale(self, inputs):
+            order.append("stale")
+            return real_stale(inputs)
+
+    spy = Spy()
+    mutated = {2} if writes_an_input else set()
+    cache = GraphCache(
+        unfused=fn, fused=None, config=FusionConfig(cudagraphs=True, **FIRST_CALL),
+        device=FAKE_CUDA, static_input_indices=frozenset({1, 2}),
+        mutated_input_indices=frozenset(mutated), before_call=spy, stale_after_replay=spy.stale,
+    )  # fmt: skip
+    x, state = torch.randn(8), torch.zeros(1)
+    cache(x, w, state)  # capture
+    order.clear()
+    torch.testing.assert_close(cache(x, w, state)[0], x + 2 * w)
+    (graph,) = (ref() for ref in fake_capture)
+    replays = graph.replays
+    if writes_an_input:  # a replay that writes must not run twice: checked before it
+        assert order == ["before"]
+    else:  # launched first, checked while it runs
+        assert order == ["stale"]
+    with torch.no_grad():
+        w.mul_(-3)  # in place: the replay read the old doubled value
+    torch.testing.assert_close(cache(x, w, state)[0], x + 2 * w)
+    stale_replays = stats()["replays_on_stale_constants"]
+    assert (graph.replays - replays, stale_replays) == ((1, 0) if writes_an_input else (2, 1))
+    torch.testing.assert_close(cache(x, w, state)[0], x + 2 * w)
+    assert stats()["replays_on_stale_constants"] == stale_replays
+    if writes_an_input:
+        assert state.item() == 4  # once per call, four calls
 
 
 def test_static_input_at_a_new_address_every_call_is_copied_after_three_moves(fake_capture):

@@ -25,11 +25,13 @@ depends on the weight's dtype:
 (``get_attr``), computed here from the first call's parameters in float32 (float64 for
 float64 weights; ``W'`` and the into-the-weights shift cast to the weight's dtype); the
 user's parameters are never changed.
-Each call first runs ``Refresh`` over the graph's inputs: where a source tensor is another
+Each call runs ``Refresh`` over the graph's inputs: where a source tensor is another
 object or its version counter moved (an in-place edit, ``load_state_dict``), the fold is
 derived again into the same buffers, so captured CUDA graphs, which read the buffers'
-addresses, stay valid and never see stale values. The unfused graph (the runtime's fallback
-and validation reference) keeps the BatchNorm.
+addresses, stay valid and never return stale values. The check runs before the call, or, for
+a replay of a graph that writes no input, after its launch: a replay that read old values is
+replayed again and its first outputs dropped (``GraphCache``'s ``stale_after_replay``). The
+unfused graph (the runtime's fallback and validation reference) keeps the BatchNorm.
 
 A BatchNorm whose input is not a convolution read only by it (RepVGG's identity branch,
 DenseNet's norm after a concatenation, a BatchNorm1d after a linear) becomes the same
@@ -133,10 +135,11 @@ class Refresh:
     always follow the parameters.
 
     A call with nothing changed compares each distinct source's identity, version and data
-    pointer once, each kind in one pass over the sources. Host time per call on an H200
-    (``diag_vision_host.py``, 2026-11-28): 116 us for ResNet-50's 282 sources and 125 us for
-    MobileNetV3-large's, with a Python function per source, a third to a half of the
-    backend's whole host time per replay; see docs/PERFORMANCE.md for the time after.
+    pointer once, each kind in one pass over the sources (``stale``: the check alone). With a
+    Python function per source, the check took 116 us a call for ResNet-50's 282 sources and
+    125 us for MobileNetV3-large's on an H200 (``diag_vision_host.py``, 2026-11-28), a third
+    to a half of the backend's host time per replay, all of it before the replay's launch;
+    the graph cache now runs it after the launch (module docstring).
     Edits through ``param.data`` (``p.data.mul_(2)``) move no version counter and are not
     seen: ``.data`` is a separate tensor to autograd's bookkeeping.
 
@@ -159,17 +162,28 @@ class Refresh:
         self._versions = list(map(_VERSION, self._tensors))
         self._pointers = list(map(Tensor.data_ptr, self._tensors))
 
+    def stale(self, inputs: Sequence[Any]) -> bool:
+        """Would a call with ``inputs`` derive anything again? (Changes nothing: the graph
+        cache asks after a replay's launch, ``GraphCache``'s ``stale_after_replay``.)"""
+        if any(float(inputs[fold.eps_source]) != fold.eps for fold in self._eps_folds):
+            return True
+        return not self._unchanged(self._gather(inputs))
+
+    def _unchanged(self, current: list[Any]) -> bool:
+        """Are the sources the same objects, at the same versions and addresses?"""
+        return (
+            all(map(operator.is_, current, self._tensors))
+            and list(map(_VERSION, current)) == self._versions
+            and _pointers_equal(current, self._pointers, self._every)
+        )
+
     def __call__(self, inputs: Sequence[Any]) -> None:
         for fold in self._eps_folds:  # a new 0-d tensor every call: compared by value
             if float(inputs[fold.eps_source]) != fold.eps:
                 fold.derive(inputs)
                 self.derivations += 1
         current = self._gather(inputs)
-        if (
-            all(map(operator.is_, current, self._tensors))
-            and list(map(_VERSION, current)) == self._versions
-            and _pointers_equal(current, self._pointers, self._every)
-        ):
+        if self._unchanged(current):
             return
         changed = {
             k

@@ -40,6 +40,7 @@ class Counters:
     rerecords: int = 0
     capture_failures: int = 0
     older_graph_calls: int = 0
+    replays_on_stale_constants: int = 0
 
     def reset(self) -> None:
         for field in dataclasses.fields(self):

@@ -105,6 +105,9 @@ def stats() -> dict[str, Any]:
             recompiles) handed to an older one that holds an entry for their signature and
             computes the same function for it, instead of a new entry of their own; the
             older graph counts them as hits (or misses, if its entry went since).
+        replays_on_stale_constants: Replays run again because the check after a replay
+            found a derived constant's source changed (an edited weight or BatchNorm
+            statistic): the replay had read the old folded values, its outputs were dropped.
         graph_pool_bytes: Device memory reserved by the shared graph memory pools (0 without
             CUDA).
         captured_bytes: Device memory the live captured entries hold alone (their static
