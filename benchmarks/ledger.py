@@ -189,6 +189,18 @@ SOURCES = (
     # twelve models at a865516 (densenet121 not started in the budget): validation within the
     # model's own noise (RegNetY-016 fused), means over H x W as one kernel
     "vision_h200_a865516.json",
+    # the host time of a call (benchmarks/diag/diag_vision_host.py) at 77f2a90, b133d2a and
+    # 1b6e300 (the derived constants' check: one pass per kind, then after the launch), and
+    # the vision suite at b133d2a (20 rows in the budget: reshapes moved ahead of elementwise
+    # ops) and 1b6e300 (24 rows; densenet121 not started in the budget)
+    "diag_vision_host_h200_77f2a90.json",
+    "diag_vision_host_h200_b133d2a.json",
+    "diag_vision_host_h200_1b6e300.json",
+    "vision_h200_b133d2a.json",
+    "vision_h200_1b6e300.json",
+    # RegNetY-016 at batch 8 channels-last and NCHW against reduce-overhead, with cuDNN's
+    # tensor transforms counted (benchmarks/diag/diag_conv_layout.py at 1b6e300)
+    "diag_conv_layout_h200_1b6e300.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.

@@ -561,38 +561,42 @@ def row_kernels(rows: Rows) -> list[str]:
                   "1 x 2048", "1 x 4096", "1 x 8192"], body)  # fmt: skip
 
 
-VISION_SOURCE = "vision_h200_a865516.json"
 VISION_MODELS = ["resnet50", "convnext_tiny", "efficientnet_b0", "mobilenetv3_large_100",
                  "regnety_016", "vit_small_patch16_224", "swin_tiny_patch4_window7_224",
                  "resnet18", "resnext50_32x4d", "repvgg_a2", "ghostnet_100",
                  "levit_128s"]  # fmt: skip
 
 
-def vision_suite(rows: Rows) -> list[str]:
-    """benchmarks/vision.py's latest whole run: per call and kernels per call of each model at
-    batch 1 and 8 against reduce-overhead (Inductor's kernels), and the geometric means."""
-    body, ratios, firsts = [], [], []
-    for model in VISION_MODELS:
-        line = [model]
-        for batch in (1, 8):
-            w = f"vision-{model}-b{batch}"
-            inf, ro = (rows.get(VISION_SOURCE, w, b, "per_call_ms", DEVICES["H200"])
-                       for b in ("infinifuse", "reduce-overhead"))  # fmt: skip
-            k_inf, k_ind = (rows.get(VISION_SOURCE, w, b, "kernels_per_call", DEVICES["H200"])
-                            for b in ("infinifuse", "reduce-overhead"))  # fmt: skip
-            f_inf, f_ro = (rows.get(VISION_SOURCE, w, b, "first_call_s", DEVICES["H200"])
+def vision_suite(source: str) -> Callable[[Rows], list[str]]:
+    """The table of one whole run of benchmarks/vision.py (``source``): per call and kernels
+    per call of each model at batch 1 and 8 against reduce-overhead (Inductor's kernels), and
+    the geometric means."""
+
+    def render(rows: Rows) -> list[str]:
+        body, ratios, firsts = [], [], []
+        for model in VISION_MODELS:
+            line = [model]
+            for batch in (1, 8):
+                w = f"vision-{model}-b{batch}"
+                inf, ro = (rows.get(source, w, b, "per_call_ms", DEVICES["H200"])
                            for b in ("infinifuse", "reduce-overhead"))  # fmt: skip
-            ratios.append(inf / ro)
-            firsts.append(f_inf / f_ro)
-            r = ratio(inf, ro)
-            line += [f"{num(inf, 3)} / {num(ro, 3)} ms", bold(r) if inf > ro else r,
-                     f"{k_inf:.0f} / {k_ind:.0f}"]  # fmt: skip
-        body.append(line)
-    geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
-    body.append(["geometric mean (both batches)", "per call", f"{geo(ratios):.2f}x", "",
-                 "first call", f"{geo(firsts):.2f}x", ""])  # fmt: skip
-    return table(["model", "b1 per call: infinifuse / RO", "ratio", "kernels: infinifuse / "
-                  "Inductor", "b8 per call", "ratio", "kernels"], body)  # fmt: skip
+                k_inf, k_ind = (rows.get(source, w, b, "kernels_per_call", DEVICES["H200"])
+                                for b in ("infinifuse", "reduce-overhead"))  # fmt: skip
+                f_inf, f_ro = (rows.get(source, w, b, "first_call_s", DEVICES["H200"])
+                               for b in ("infinifuse", "reduce-overhead"))  # fmt: skip
+                ratios.append(inf / ro)
+                firsts.append(f_inf / f_ro)
+                r = ratio(inf, ro)
+                line += [f"{num(inf, 3)} / {num(ro, 3)} ms", bold(r) if inf > ro else r,
+                         f"{k_inf:.0f} / {k_ind:.0f}"]  # fmt: skip
+            body.append(line)
+        geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
+        body.append(["geometric mean (both batches)", "per call", f"{geo(ratios):.2f}x", "",
+                     "first call", f"{geo(firsts):.2f}x", ""])  # fmt: skip
+        return table(["model", "b1 per call: infinifuse / RO", "ratio", "kernels: infinifuse / "
+                      "Inductor", "b8 per call", "ratio", "kernels"], body)  # fmt: skip
+
+    return render
 
 
 def _run(rows: Rows, source: str, workload: str, backend: str, metric: str) -> str:
@@ -669,7 +673,8 @@ TABLES: dict[str, Callable[[Rows], list[str]]] = {
     "sentence-cudnn-plans": sentence_cudnn_plans,
     "sentence-call1-dynamic": sentence_call1_dynamic,
     "row-kernels": row_kernels,
-    "vision-suite": vision_suite,
+    "vision-suite": vision_suite("vision_h200_1b6e300.json"),
+    "vision-suite-a865516": vision_suite("vision_h200_a865516.json"),
 }
 
 
