@@ -55,6 +55,7 @@ from torch import Tensor
 from fusebackend.config import FusionConfig
 from fusebackend.runtime import capture as _capture
 from fusebackend.runtime import frames
+from fusebackend.runtime.before_call import BeforeCall
 from fusebackend.runtime.buckets import pad, pad_length, symbols_of
 from fusebackend.runtime.counters import COUNTERS, register_cache
 from fusebackend.runtime.effects import Effects, shared_storages, write_back
@@ -136,16 +137,10 @@ class GraphCache:
             before its runs and capture; the entry owns the tensors and a captured graph
             reads them in place, so a replay copies nothing. The caller passes the other
             inputs only.
-        before_call: Run with each call's inputs before anything else (routed calls too):
-            keeps constants the fused graph derives from its inputs (folded BatchNorms) in
-            step with them; it writes them in place, so captured graphs stay valid.
-        stale_after_replay: Whether ``before_call`` has work for these inputs (a check that
-            changes nothing). Given, and where the graph writes no input, a call that replays
-            a captured graph launches first and checks after, while the device runs the
-            replay: where the check says stale, ``before_call`` runs and the graph is replayed
-            again (the first replay's outputs are dropped). ``before_call``'s check then adds
-            nothing to the latency before the launch (ResNet-50's 282 derived-constant
-            sources: 116 us a call on an H200, ahead of a graph of ~370 us of kernels).
+        before_call: Run with each call's inputs (routed calls too): keeps constants the
+            fused graph derives from its inputs (folded BatchNorms) in step with them.
+        stale_after_replay: Its check (whether it has work): given, a replay of a graph that
+            writes no input launches first and checks after (``before_call.py``).
     """
 
     def __init__(
@@ -177,11 +172,7 @@ class GraphCache:
         self._mutated = tuple(sorted(mutated_input_indices))
         self._host = dict(host_inputs or {}) if device is not None else {}
         self._per_signature = per_signature if per_signature_count else None
-        self._before_call = before_call
-        # (a replay that ran on stale constants is run again: only where it writes no input)
-        self._stale_after_replay = (
-            stale_after_replay if before_call is not None and not mutated_input_indices else None
-        )
+        self._before = BeforeCall(before_call, stale_after_replay, bool(mutated_input_indices))
         self._per_signature_count = per_signature_count if per_signature is not None else 0
         self.name = name
         self.label_prefix = f"{name}#{next(_serials)}"
@@ -314,11 +305,7 @@ class GraphCache:
         self, args: tuple[Any, ...], original: tuple[Any, ...] | None = None
     ) -> Sequence[Any]:
         """A call with ``args`` (``original``: the caller's, before length padding)."""
-        # before_call runs first, or (deferred) after a replay's launch or before any other
-        # path runs a graph
-        deferred = self._stale_after_replay is not None
-        if self._before_call is not None and not deferred:
-            self._before_call(args)
+        deferred = self._before.start(args)  # (deferred: checked after a replay's launch)
         user_args = args
         batch = bucket = None
         padding = self._padding
@@ -333,7 +320,7 @@ class GraphCache:
         key = self._signatures.key(args)
         found = self._routes.get(key) if self._routes else None
         if found is not None:
-            deferred = self._settle(deferred, args)
+            deferred = self._before.settle(deferred, args)
             routed = self._routed(found, key, args)
             if routed is not None:
                 return routed
@@ -343,7 +330,7 @@ class GraphCache:
             entry = self._table.get(key)
             if deferred and (entry is None or entry.graph is None or entry.pending
                              or entry.trial is not None):  # fmt: skip
-                deferred = self._settle(deferred, args)  # (not a plain replay)
+                deferred = self._before.settle(deferred, args)  # (not a plain replay)
             if given is not args and self._identity.frame is not None:
                 # A padded call: an older compilation may hold the caller's own shapes even
                 # when this padded key is a hit here (its bucket served other sizes first).
@@ -379,7 +366,7 @@ class GraphCache:
                 if entry.static_idx and not static_ptrs_equal(
                     call.args, entry.static_ptrs, entry.static_idx
                 ):
-                    self._settle(deferred, args)
+                    self._before.settle(deferred, args)
                     return self._recapture.rerecord(key, entry, call, self._new_entry)
                 moves = self._recapture.moves
                 if moves:
@@ -387,8 +374,7 @@ class GraphCache:
                 if entry.trial is not None:
                     return self._recapture.trial_call(key, entry, call, self._replay, self._direct)
                 outputs = self._replay(entry, call)
-                if deferred and self._stale_after_replay(args):
-                    self._before_call(args)  # (queued after the replay that read the old values)
+                if self._before.stale_after(deferred, args):
                     COUNTERS.replays_on_stale_constants += 1
                     outputs = self._replay(entry, call)
                 return outputs
@@ -423,13 +409,6 @@ class GraphCache:
                 entry.pending = capture
                 self._table.remember(key, Verdict(mode, reason, capture, entry.hits + 1))
             return outputs
-
-    def _settle(self, deferred: bool, args: tuple[Any, ...]) -> bool:
-        """Run the deferred ``before_call`` now (a path other than a plain replay); returns
-        that nothing is deferred any more."""
-        if deferred:
-            self._before_call(args)
-        return False
 
     def _routed(self, found: frames.Route, key: Key, args: tuple[Any, ...]) -> Sequence[Any] | None:
         """The outputs of the older compilation ``key`` is routed to (``frames.route``), or
