@@ -233,7 +233,7 @@ MUTATIONS: list[Mutation] = [
         "batch_norm_fold_never_refreshed",
         "pass: folded BatchNorms follow their parameters",
         "fusebackend/passes/batch_norm_folding.py",
-        "[_stamp(t) for t in current] == self._stamps",
+        "list(map(_VERSION, current)) == self._versions",
         "True",
         ("tests/test_batch_norm_folding.py",),
         note="a weight edited in place after compiling leaves the folded conv's W' stale",
