@@ -12,8 +12,8 @@ device work is host work. For each model (timm, ``pretrained=False``, fp16, batc
 - ``loop_us``: calls back to back between two synchronizations, per call;
 
 and for infinifuse a cProfile of 200 calls (the functions with the most own time) and the
-time spent in each ``before_call`` hook (``fusion.refresh``: folded BatchNorms and
-channels-last weight copies compared with their sources).
+time spent in the derived-constant hook (``Refresh``: folded BatchNorms and channels-last
+weight copies compared with their sources, before the call or, checked, after the launch).
 
     python benchmarks/diag/diag_vision_host.py [--models resnet18,resnet50] [--batch 1]
 """
@@ -71,27 +71,35 @@ def profile(fn, x, calls: int, top: int) -> str:
 
 
 def hook_time(fn, x, calls: int) -> float | None:
-    """Microseconds per call inside infinifuse's before-call hooks (None: no hook ran)."""
+    """Microseconds per call inside infinifuse's derived-constant hook: ``Refresh.__call__``
+    (before a call) and ``Refresh.stale`` (its check after a replay's launch, where the graph
+    writes no input); None where neither ran."""
     from fusebackend.passes import batch_norm_folding
 
+    refresh = batch_norm_folding.Refresh
     spent = [0.0, 0]
-    original = batch_norm_folding.Refresh.__call__
+    originals = {name: getattr(refresh, name) for name in ("__call__", "stale")}
 
-    def timed(self, inputs):
-        start = time.perf_counter()
-        try:
-            return original(self, inputs)
-        finally:
-            spent[0] += time.perf_counter() - start
-            spent[1] += 1
+    def timed(original):
+        def run(self, inputs):
+            start = time.perf_counter()
+            try:
+                return original(self, inputs)
+            finally:
+                spent[0] += time.perf_counter() - start
+                spent[1] += 1
 
-    batch_norm_folding.Refresh.__call__ = timed
+        return run
+
+    for name, original in originals.items():
+        setattr(refresh, name, timed(original))
     try:
         for _ in range(calls):
             fn(x)
         torch.cuda.synchronize()
     finally:
-        batch_norm_folding.Refresh.__call__ = original
+        for name, original in originals.items():
+            setattr(refresh, name, original)
     return round(spent[0] / calls * 1e6, 1) if spent[1] else None
 
 
