@@ -115,14 +115,15 @@ def _move_up(graph: torch.fx.Graph, reshape: torch.fx.Node, erased: set[torch.fx
     if not _order_kept(before, after) or _same_shape(before, after):
         return False
     operands = [n for n in op.all_input_nodes if _tensor(n) is not None]
+    full_shape = [n for n in operands if _same_shape(_tensor(n), before)]
     for operand in operands:
         value = _tensor(operand)
-        if _same_shape(value, before):
+        if operand in full_shape:
             if not known_contiguous(value):
                 return False
         elif not _broadcasts_alike(value, before, after):
             return False
-    full = {n: _reshaped(graph, reshape, n) for n in operands if _same_shape(_tensor(n), before)}
+    full = {n: _reshaped(graph, reshape, n) for n in full_shape}
     args = torch.fx.node.map_arg(op.args, lambda n: full.get(n, n))
     kwargs = torch.fx.node.map_arg(op.kwargs, lambda n: full.get(n, n))
     with graph.inserting_before(reshape):
