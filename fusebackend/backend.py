@@ -57,6 +57,7 @@ from fusebackend.passes.lowering import lower
 from fusebackend.passes.matmul_groups import use_matmul_groups
 from fusebackend.passes.out_of_place import make_out_of_place
 from fusebackend.passes.pairing import pair_twin_groups
+from fusebackend.passes.parameter_work import fold_parameter_work
 from fusebackend.passes.partition import Candidate, find_groups
 from fusebackend.passes.reshapes import move_reshapes_up
 from fusebackend.passes.rewrite import reference_graph, rewrite
@@ -142,6 +143,17 @@ def _use_channels_last(c: Compilation) -> list[str]:
         folds = c.refresh.folds if isinstance(c.refresh, Refresh) else []
         c.refresh = Refresh([*folds, *found.copies], c.example_inputs)
     return found.convolutions
+
+
+def _fold_parameter_work(c: Compilation) -> list[str]:
+    """Work on parameters and buffers alone (a relative position bias gathered from its
+    table) as derived constants, refreshed with the folds; the folded nodes are reported."""
+    assert c.graph is not None
+    found = fold_parameter_work(c.graph, c.gm, c.example_inputs, is_parameter_or_buffer)
+    if found:
+        folds = c.refresh.folds if isinstance(c.refresh, Refresh) else []
+        c.refresh = Refresh([*folds, *found], c.example_inputs)
+    return [work.name for work in found]
 
 
 def _make_out_of_place(c: Compilation) -> list[str]:
@@ -286,6 +298,9 @@ FUSE = [
     Pass("use_rotary_epilogues", _use_rotary_epilogues,
          "rotary embeddings and KV-cache writes in the q/k/v launch (fused graph)",
          report="rotary_epilogues", when=lambda c: c.config.matmul_groups and c.matmul_groups),
+    Pass("fold_parameter_work", _fold_parameter_work,
+         "work on parameters and buffers alone done once, refreshed when they change "
+         "(fused graph)", report="parameter_work"),
     Pass("move_reshapes_up", lambda c: move_reshapes_up(c.graph),
          "reshapes moved ahead of the elementwise ops before them (fused graph)",
          report="reshapes_moved"),

@@ -329,6 +329,15 @@ MUTATIONS: list[Mutation] = [
         note="an operand broadcast per row is read per channel after the reshape moves",
     ),
     Mutation(
+        "parameter_work_not_refreshed",
+        "pass: parameter work",
+        "fusebackend/backend.py",
+        "        c.refresh = Refresh([*folds, *found], c.example_inputs)\n    return [work.name",
+        "        pass\n    return [work.name",
+        ("tests/test_parameter_work.py",),
+        note="a relative position bias keeps the values of the compile after a weight edit",
+    ),
+    Mutation(
         "batch_norm_scale_and_shift_ignores_the_mean",
         "pass: BatchNorm folding",
         "fusebackend/passes/batch_norm_folding.py",

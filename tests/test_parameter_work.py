@@ -1,0 +1,139 @@
+"""Work on parameters and buffers alone, done once (passes/parameter_work.py).
+
+Swin's relative position bias (a table gathered by a buffer of indices, permuted and made
+contiguous in every block) and a weight-normed linear are folded into derived tensors: the
+report lists them, outputs equal eager's, and an in-place edit or ``load_state_dict`` after
+compiling gives eager's new result. Views of weights, elementwise work a row group takes in,
+graph outputs, written buffers and tensors past the size cap stay as traced.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from helpers import assert_close, compile_fused
+
+import fusebackend
+from fusebackend.passes import parameter_work
+
+
+class WindowAttention(nn.Module):
+    """timm Swin's attention bias: a table of (2w-1)^2 x heads gathered by a buffer."""
+
+    def __init__(self, width: int = 16, heads: int = 2, window: int = 3) -> None:
+        super().__init__()
+        self.heads, self.area = heads, window * window
+        self.qkv = nn.Linear(width, 3 * width)
+        self.table = nn.Parameter(torch.randn((2 * window - 1) ** 2, heads))
+        coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window),
+                                            indexing="ij")).flatten(1)  # fmt: skip
+        relative = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0) + (window - 1)
+        self.register_buffer("index", relative[..., 0] * (2 * window - 1) + relative[..., 1])
+
+    def bias(self) -> torch.Tensor:
+        bias = self.table[self.index.view(-1)].view(self.area, self.area, -1)
+        return bias.permute(2, 0, 1).contiguous().unsqueeze(0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        attn = (q * 0.5) @ k.transpose(-2, -1) + self.bias()
+        return (attn.softmax(-1) @ v).transpose(1, 2).reshape(b, n, c)
+
+
+class WeightNormed(nn.Module):
+    """A linear layer whose weight is g * v / ||v|| on every call (weight normalization)."""
+
+    def __init__(self, width: int = 12, out: int = 10) -> None:
+        super().__init__()
+        self.v = nn.Parameter(torch.randn(out, width))
+        self.g = nn.Parameter(torch.rand(out, 1) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.g * self.v / torch.linalg.vector_norm(self.v, dim=1, keepdim=True))
+
+
+def _folded() -> list[str]:
+    return fusebackend.last_report().graphs[-1].rewrites.get("parameter_work", [])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_relative_position_bias_is_derived_once_and_follows_edits(dtype):
+    torch.manual_seed(0)
+    model = WindowAttention().eval().to(dtype)
+    x = torch.randn(3, 9, 16, dtype=dtype)
+    compiled = compile_fused(model)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+        assert len(_folded()) == 1, str(fusebackend.last_report())
+        model.table.mul_(-2.0).add_(1.0)  # an in-place edit after compiling
+        assert_close(compiled(x), model(x))
+        state = {k: torch.randn_like(v) if k == "table" else v
+                 for k, v in model.state_dict().items()}  # fmt: skip
+        model.load_state_dict(state)
+        assert_close(compiled(x), model(x))
+
+
+def test_weight_normed_linear_is_derived_once_and_follows_edits():
+    torch.manual_seed(1)
+    model = WeightNormed().eval()
+    x = torch.randn(4, 5, 12)
+    compiled = compile_fused(model)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+        assert len(_folded()) == 1, str(fusebackend.last_report())
+        model.g.mul_(3.0)
+        assert_close(compiled(x), model(x))
+
+
+def test_what_is_left_as_traced():
+    w = nn.Parameter(torch.randn(6, 8))
+    scale = nn.Parameter(torch.rand(8) + 0.5)
+
+    def views_and_groups(x):
+        # a view of a weight, and elementwise work the row group of its reader takes in
+        return x @ w.t(), torch.sigmoid(x * (1.0 + scale))
+
+    def an_output(x):
+        return x + 1.0, w.t().contiguous()  # returned: never a tensor the backend owns
+
+    x = torch.randn(3, 8)
+    for fn in (views_and_groups, an_output):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            assert_close(compile_fused(fn)(x), fn(x))
+        assert _folded() == [], (fn.__name__, str(fusebackend.last_report()))
+
+
+def test_a_buffer_the_graph_writes_and_the_size_cap(monkeypatch):
+    class Counter(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("count", torch.zeros(4, 4))
+            self.table = nn.Parameter(torch.randn(5, 4))
+            self.register_buffer("index", torch.tensor([4, 0, 2]))
+
+        def forward(self, x):
+            self.count.add_(1.0)
+            return x @ self.count.t().contiguous() + self.table[self.index].sum(0)
+
+    torch.manual_seed(2)
+    model = Counter()
+    twin = Counter()
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(2, 4)
+    compiled = compile_fused(model)
+    with torch.no_grad():
+        for _ in range(2):
+            assert_close(compiled(x), twin(x))
+    assert _folded() == ["sum_1"], str(fusebackend.last_report())  # the gather, not count
+    torch._dynamo.reset()
+    monkeypatch.setattr(parameter_work, "MAX_BYTES", 8)
+    model.load_state_dict(twin.state_dict())
+    compiled = compile_fused(model)
+    with torch.no_grad():
+        assert_close(compiled(x), twin(x))
+    assert _folded() == [], str(fusebackend.last_report())
