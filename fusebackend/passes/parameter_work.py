@@ -106,7 +106,9 @@ def fold_parameter_work(
 ) -> list[ParameterWork]:
     """Fold each chain of work on parameters and buffers alone (module docstring) into a
     derived tensor set on ``owner``; returns the chains folded."""
-    index = {node: i for i, node in enumerate(placeholders(graph))}
+    # (zip: the signature constants pass appends placeholders after the example inputs, for
+    # per-signature values that are never parameters)
+    index = dict(zip(placeholders(graph), range(len(inputs))))
     written = written_storages(graph.nodes)
     fixed: set[torch.fx.Node] = {
         p for p, i in index.items()
