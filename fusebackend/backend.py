@@ -50,6 +50,7 @@ from fusebackend.passes.collectives import (
     collective_nodes,
     use_vocab_parallel_lookup,
 )
+from fusebackend.passes.concat_writes import write_concatenations
 from fusebackend.passes.conv_bias import move_conv_biases
 from fusebackend.passes.decode_attention import use_decode_attention
 from fusebackend.passes.fx_util import example_value, placeholders
@@ -307,6 +308,9 @@ FUSE = [
     Pass("find_groups", _find_groups),
     Pass("rewrite_groups", _rewrite_groups),
     Pass("pair_twin_groups", _pair_twin_groups),
+    Pass("write_concatenations", lambda c: write_concatenations(c.graph),
+         "concatenations written in place by the groups computing their parts (fused graph)",
+         report="concatenations_written", needs_rewrites=True),
     Pass("pair_cache_writes",
          lambda c: pair_cache_writes(c.graph, write_cache_pair, c.config.index_checks),
          "KV-cache writes in one launch (fused graph)", report="cache_writes",

@@ -20,11 +20,13 @@ for ``explain``; ``launch_path`` below asks it of any family and gets None where
 
 A function launcher takes the two as attributes (``family(...)``), as it takes
 ``writes_arguments``: a class with ``__call__`` would add a bound call to every launch.
-Importing this module imports neither Triton nor FX.
+``hinted_examples`` gives a node's example values as a precompile takes them (symbolic sizes
+at their hints). Importing this module imports neither Triton nor FX.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -32,9 +34,11 @@ import torch
 
 __all__ = [
     "KernelFamily",
+    "TensorExample",
     "concrete_cuda_tensor",
     "family",
     "family_of",
+    "hinted_examples",
     "launch_key",
     "launch_path",
 ]
@@ -96,3 +100,63 @@ def concrete_cuda_tensor(value: Any) -> bool:
         and value.device.type == "cuda"
         and all(isinstance(n, int) for n in value.stride())
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorExample:
+    """What a precompile reads of a tensor (``precompile``, ``launch_rank``): sizes,
+    strides, byte offset, dtype and device, with plain ints where a graph's example value
+    had symbolic ones (``hinted_examples``). Hashable: it keys a precompile job as is."""
+
+    shape: torch.Size
+    strides: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    device: torch.device
+
+    def stride(self) -> tuple[int, ...]:
+        return self.strides
+
+    def storage_offset(self) -> int:
+        return self.offset
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+
+def _hint(n: Any) -> int | None:
+    """A size as an int: a SymInt's hint (the size Dynamo traced with), or None."""
+    if isinstance(n, int):
+        return n
+    hint = getattr(getattr(n, "node", None), "hint", None)
+    return int(hint) if hint is not None else None
+
+
+def hinted_examples(values: Sequence[Any], device_type: str | None = "cuda") -> list[Any] | None:
+    """A fused node's example values (fake tensors, numbers) as ``precompile`` takes them,
+    symbolic sizes, strides and offsets replaced by their hints: the sizes of the call that
+    Dynamo traced, so the kernel compiled is the one that call launches; later lengths of
+    the same launch config share its binary (row counts and sizes are runtime arguments,
+    ``codegen._Writer._unspecialized``). Numbers (a norm's eps) become a float: a float
+    argument compiles the same whatever its value. None where a size has no hint or a
+    tensor is not on a device of ``device_type`` (None: any)."""
+    examples: list[Any] = []
+    for value in values:
+        if isinstance(value, (int, float, torch.SymInt, torch.SymFloat)):  # a number
+            examples.append(1.0)
+            continue
+        if not isinstance(value, torch.Tensor):
+            return None
+        if device_type is not None and value.device.type != device_type:
+            return None
+        sizes = [_hint(n) for n in (*value.shape, *value.stride(), value.storage_offset())]
+        if any(n is None for n in sizes):
+            return None
+        rank = value.dim()
+        shape, strides, offset = sizes[:rank], sizes[rank:-1], sizes[-1]
+        examples.append(TensorExample(torch.Size(shape), tuple(strides), offset, value.dtype,
+                                      value.device))  # fmt: skip
+    return examples

@@ -25,6 +25,7 @@ from fusebackend.kernels.configs import (
     launch_config,
     layout_for,
 )
+from fusebackend.kernels.family import TensorExample, hinted_examples
 from fusebackend.kernels.ir import (
     KernelOptions,
     RowProgram,
@@ -159,10 +160,12 @@ def _prepare(
     program: RowProgram,
     inputs: Sequence[torch.Tensor],
     recipes: dict[Any, ShapeRecipe | None] | None = None,
+    out: Sequence[torch.Tensor | None] | None = None,
 ) -> _Launch:
     """The kernel's arguments for tensors shaped like ``inputs`` (shapes, strides and dtypes
     are read; the tensors themselves are filled in by ``_Plans.run``). ``recipes``: a
-    caller's ``ShapeRecipe`` per input pattern, used and filled in."""
+    caller's ``ShapeRecipe`` per input pattern, used and filled in. ``out``: per output, a
+    tensor to write it into (its strides addressed) or None (a new contiguous tensor)."""
     found = None
     if recipes is not None:
         pattern = shape_pattern(program, inputs)
@@ -196,10 +199,14 @@ def _prepare(
             shape = narrow_shape if slot in program.narrow_inputs else group_shape
             *lead_strides, col_stride = _expand_strides(t.shape, t.stride(), shape)
             entries.append((slot, tuple(lead_strides), (col_stride,)))
-    for j, (value, (out_shape, _)) in enumerate(zip(program.outputs, outputs)):
+    for j, (value, (out_shape, dtype)) in enumerate(zip(program.outputs, outputs)):
         shape = narrow_shape if value in program.narrow_values else group_shape
-        # as the output is allocated: contiguous
-        strides = _expand_strides(out_shape, _contiguous_strides(out_shape), shape)
+        given = out[j] if out is not None else None
+        if given is None:  # as the output is allocated: contiguous
+            strides = _expand_strides(out_shape, _contiguous_strides(out_shape), shape)
+        else:
+            _check_destination(j, given, out_shape, dtype)
+            strides = _expand_strides(out_shape, given.stride(), shape)
         *lead_strides, col_stride = strides
         entries.append((len(inputs) + j, tuple(lead_strides), (col_stride,)))
     unstrided = program.table_slots | program.scalar_inputs
@@ -215,6 +222,15 @@ def _prepare(
         args.extend((None, *strides, *rest))
     args += [*sizes, rows, width]
     return _Launch(args, tensors, outputs, len(sizes), rows, width)
+
+
+def _check_destination(k: int, given: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> None:
+    """A tensor given to write output ``k`` into must be that output's shape and dtype."""
+    if tuple(given.shape) != tuple(shape) or given.dtype != dtype:
+        raise ValueError(
+            f"output {k} is {tuple(shape)} {dtype}; the tensor given to write it into is "
+            f"{tuple(given.shape)} {given.dtype}"
+        )
 
 
 def _collapse_lead(
@@ -321,11 +337,19 @@ class _Plans:
     outputs: list[tuple[list[tuple[torch.Size, torch.dtype]], torch.device]]
     launches: list[_LaunchPlan]
 
-    def run(self, sets: Sequence[Sequence[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+    def run(
+        self,
+        sets: Sequence[Sequence[torch.Tensor]],
+        out: Sequence[torch.Tensor | None] | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        """Launch on ``sets``; ``out``: the first set's outputs to write into (``_prepare``)."""
         pool: list[torch.Tensor] = []
         results: list[torch.Tensor] = []
         for inputs, (specs, device) in zip(sets, self.outputs):
-            outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs]
+            given = out or [None] * len(specs)
+            out = None  # (the first set's)
+            outs = [torch.empty(shape, dtype=dtype, device=device) if t is None else t
+                    for (shape, dtype), t in zip(specs, given)]  # fmt: skip
             pool += inputs
             pool += outs
             results += outs
@@ -342,8 +366,11 @@ def _make_plans(
     options: KernelOptions,
     sets: Sequence[Sequence[torch.Tensor]],
     recipes: dict[Any, ShapeRecipe | None] | None = None,
+    out: Sequence[Any] | None = None,
 ) -> _Plans:
-    launches = [_prepare(program, inputs, recipes) for inputs in sets]
+    """``out``: as ``_prepare``'s, for the first set (a pair's sets allocate theirs)."""
+    launches = [_prepare(program, inputs, recipes, out if i == 0 else None)
+                for i, inputs in enumerate(sets)]  # fmt: skip
     devices = [_device(inputs) for inputs in sets]
     offsets, start = [], 0
     for inputs, launch in zip(sets, launches):
@@ -381,6 +408,7 @@ def _launch_sets(
     options: KernelOptions,
     sets: Sequence[Sequence[torch.Tensor]],
     plans: dict[Any, _Plans] | None,
+    out: Sequence[torch.Tensor | None] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     for inputs in sets:
         check_indices(program, inputs)
@@ -389,7 +417,7 @@ def _launch_sets(
         sets = [[float(x) if slot in scalars else x for slot, x in enumerate(inputs)]
                 for inputs in sets]  # fmt: skip
     if plans is None:
-        return _make_plans(program, options, sets).run(sets)
+        return _make_plans(program, options, sets, None, out).run(sets, out)
     # launch_config is read here so that a benchmark's sweep, which swaps it, misses
     if scalars:  # a number's value is no part of the plan: it is filled in like a tensor
         signature = tuple((t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor)
@@ -397,17 +425,19 @@ def _launch_sets(
     else:
         signature = tuple((t.shape, t.stride(), t.dtype, t.device) for inputs in sets
                           for t in inputs)  # fmt: skip
+    if out is not None:  # where the outputs go is part of the launch
+        signature += tuple(None if t is None else (t.shape, t.stride()) for t in out)
     key = (launch_config, signature, tuple(len(inputs) for inputs in sets))
     found = plans.get(key)
     if found is None:
         recipes = plans.setdefault(_RECIPES, {})
-        found = _make_plans(program, options, sets, recipes)
+        found = _make_plans(program, options, sets, recipes, out)
         if len(plans) >= _MAX_PLANS:
             del plans[next(k for k in plans if k != _RECIPES)]
         if len(recipes) > _MAX_PLANS:
             recipes.clear()
         plans[key] = found
-    return found.run(sets)
+    return found.run(sets, out)
 
 
 def row_kernel(
@@ -417,18 +447,24 @@ def row_kernel(
     index_checks: bool = True,
     options: KernelOptions | None = None,
     plans: dict[Any, Any] | None = None,
+    out: Sequence[torch.Tensor | None] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Run a fused group: gather the lookups, run the program, return the outputs.
 
     ``inputs`` are the group's external tensors in slot order (indices, tables and
-    operands). Outputs are new contiguous tensors, one per ``program.outputs``.
+    operands). Outputs are new contiguous tensors, one per ``program.outputs``, except
+    where ``out`` (one entry per output) gives a tensor to write an output into, through
+    its strides (a view of a concatenation's buffer: passes/concat_writes.py); that tensor
+    is then the output returned.
     ``options`` (default: ``KernelOptions(index_checks=index_checks)``) says how the kernel
     is built. ``plans``: a dict owned by the caller, for this program and options only, in
     which launches are kept per input signature (shapes, strides, dtypes, devices).
     """
     if options is None:
         options = KernelOptions(index_checks=index_checks)
-    return _launch_sets(program, options, (inputs,), plans)
+    if out is not None and len(out) != len(program.outputs):
+        raise ValueError(f"out has {len(out)} entries for {len(program.outputs)} outputs")
+    return _launch_sets(program, options, (inputs,), plans, out)
 
 
 def row_kernel_pair(
@@ -453,6 +489,7 @@ def precompile(
     inputs: Sequence[torch.Tensor],
     options: KernelOptions,
     split: int | None = None,
+    out: Sequence[Any] | None = None,
 ) -> None:
     """Compile the kernel a launch on tensors like ``inputs`` would run, without running it
     (``JITFunction.warmup``), so that a caller can compile several kernels at once (under
@@ -463,13 +500,15 @@ def precompile(
     were 16-byte aligned (fresh allocations are).
     ``split``: the inputs are a pair's, the first ``split`` of them the first set's. A
     group without rows, or a pair that launches twice, is compiled at its launch.
+    ``out``: as ``row_kernel``'s (not for a pair).
     """
     meta = [_meta(t) for t in inputs]
     sets = [meta] if split is None else [meta[:split], meta[split:]]
-    launches = [_prepare(program, part) for part in sets]
+    out_meta = None if out is None else [None if t is None else _meta(t) for t in out]
+    launches = [_prepare(program, part, None, out_meta) for part in sets]
     if not launches[0].args or (split is not None and not _pairable(*launches)):
         return  # no rows, or a pair launched twice: compiled at its launches
-    plans = _make_plans(program, options, sets)
+    plans = _make_plans(program, options, sets, None, out_meta)
     (plan,) = plans.launches
     # Triton specialises pointers on 16-byte alignment: an input that is a view at an offset
     # (x[..., 1:]) is warmed up as the launch will see it (assuming 16-byte aligned bases).
@@ -477,73 +516,15 @@ def precompile(
     pool: list[Any] = []
     for part, (specs, _) in zip(given, plans.outputs):
         pool += [warmup_pointer_of(t) if _is_tensor_like(t) else 1.0 for t in part]
-        pool += [warmup_pointer(dtype, 0) for _, dtype in specs]
+        dests = out or [None] * len(specs)
+        pool += [warmup_pointer(dtype, 0) if t is None else warmup_pointer_of(t)
+                 for (_, dtype), t in zip(specs, dests)]  # fmt: skip
     args = list(plan.args)
     for place, index in plan.tensors:
         args[place] = pool[index]
     device = _device(inputs)
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         _warmup(plan.kernel, plan.grid, args, plan.meta)
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorExample:
-    """What a precompile reads of a tensor (``precompile``, ``launch_rank``): sizes,
-    strides, byte offset, dtype and device, with plain ints where a graph's example value
-    had symbolic ones (``hinted_examples``). Hashable: it keys a precompile job as is."""
-
-    shape: torch.Size
-    strides: tuple[int, ...]
-    offset: int
-    dtype: torch.dtype
-    device: torch.device
-
-    def stride(self) -> tuple[int, ...]:
-        return self.strides
-
-    def storage_offset(self) -> int:
-        return self.offset
-
-    def element_size(self) -> int:
-        return self.dtype.itemsize
-
-    def dim(self) -> int:
-        return len(self.shape)
-
-
-def _hint(n: Any) -> int | None:
-    """A size as an int: a SymInt's hint (the size Dynamo traced with), or None."""
-    if isinstance(n, int):
-        return n
-    hint = getattr(getattr(n, "node", None), "hint", None)
-    return int(hint) if hint is not None else None
-
-
-def hinted_examples(values: Sequence[Any], device_type: str | None = "cuda") -> list[Any] | None:
-    """A fused node's example values (fake tensors, numbers) as ``precompile`` takes them,
-    symbolic sizes, strides and offsets replaced by their hints: the sizes of the call that
-    Dynamo traced, so the kernel compiled is the one that call launches; later lengths of
-    the same launch config share its binary (row counts and sizes are runtime arguments,
-    ``codegen._Writer._unspecialized``). Numbers (a norm's eps) become a float: a float
-    argument compiles the same whatever its value. None where a size has no hint or a
-    tensor is not on a device of ``device_type`` (None: any)."""
-    examples: list[Any] = []
-    for value in values:
-        if not _is_tensor_like(value):
-            examples.append(1.0)
-            continue
-        if not isinstance(value, torch.Tensor):
-            return None
-        if device_type is not None and value.device.type != device_type:
-            return None
-        sizes = [_hint(n) for n in (*value.shape, *value.stride(), value.storage_offset())]
-        if any(n is None for n in sizes):
-            return None
-        rank = value.dim()
-        shape, strides, offset = sizes[:rank], sizes[rank:-1], sizes[-1]
-        examples.append(TensorExample(torch.Size(shape), tuple(strides), offset, value.dtype,
-                                      value.device))  # fmt: skip
-    return examples
 
 
 def launch_rank(program: RowProgram, inputs: Sequence[torch.Tensor]) -> int | None:

@@ -95,6 +95,14 @@ def evaluate(node: torch.fx.Node, value_of: Callable[[Any], Any] = example_value
         return node.target(*args, **kwargs)
 
 
+def call_evaluated(graph: torch.fx.Graph, target: Any, args: tuple[Any, ...]) -> torch.fx.Node:
+    """A new node calling ``target`` on ``args`` (where the graph inserts now), its example
+    value computed from its arguments' (``evaluate``)."""
+    node = graph.call_function(target, args)
+    node.meta["example_value"] = evaluate(node)
+    return node
+
+
 def static_fake(example: Any, tensor: torch.Tensor) -> Any:
     """A fake tensor of ``tensor``'s sizes, strides, dtype and device in ``example``'s fake
     mode, its sizes static (``mode.from_tensor`` would make them symbols that no guard can

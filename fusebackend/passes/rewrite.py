@@ -17,7 +17,7 @@ import torch.fx
 import torch.nn.functional as F
 
 from fusebackend.passes.embedding_fusion import embedding_args
-from fusebackend.passes.fx_util import evaluate, example_value
+from fusebackend.passes.fx_util import call_evaluated, example_value
 from fusebackend.passes.graph import resort_stably
 from fusebackend.passes.groups import Candidate, LoweredGroup
 from fusebackend.passes.lowering import in_order, lower
@@ -46,7 +46,7 @@ def rewrite(
             if lowered.order is not None:  # the kernel walks the tensors in storage order
                 for slot, node in enumerate(args):
                     if slot not in lowered.program.scalar_inputs:
-                        args[slot] = _call(graph, in_storage_order, (node, lowered.order))
+                        args[slot] = call_evaluated(graph, in_storage_order, (node, lowered.order))
                         priority[args[slot]] = start - 0.5
             fused = graph.call_function(make_op(candidate), tuple(args))
             fused.meta["example_value"] = tuple(_kernel_output(h, lowered.order) for h in holders)
@@ -59,7 +59,7 @@ def rewrite(
                 item.meta["example_value"] = fused.meta["example_value"][k]
                 priority[item] = start + (k + 1) / (len(holders) + 2)
                 if lowered.order is not None:  # back to the shape's dim order (a view)
-                    item = _call(graph, torch.permute, (item, back))
+                    item = call_evaluated(graph, torch.permute, (item, back))
                     priority[item] = start + (k + 1.5) / (len(holders) + 2)
                 items.append(item)
             members = set(candidate.members)
@@ -81,13 +81,6 @@ def in_storage_order(x: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
     """``x`` broadcast to ``len(order)`` dims (leading 1s) with its dims in ``order``: a
     view (an elementwise group's operand as its kernel walks it, ``LoweredGroup.order``)."""
     return x[(None,) * (len(order) - x.dim())].permute(order)
-
-
-def _call(graph: torch.fx.Graph, target: Any, args: tuple[Any, ...]) -> torch.fx.Node:
-    """A new node calling ``target``, with its example value computed from its arguments'."""
-    node = graph.call_function(target, args)
-    node.meta["example_value"] = evaluate(node)
-    return node
 
 
 def _kernel_output(holder: torch.fx.Node, order: tuple[int, ...] | None) -> Any:

@@ -1,0 +1,183 @@
+"""Concatenations written in place by the groups that compute their parts (fused graph).
+
+``torch.cat`` copies its parts into a new tensor: one more kernel, which reads and writes the
+whole result once more. Where every part is an output of a fused row group, each group
+writes its part straight into a view of the concatenation's buffer (a row kernel addresses
+its outputs through strides: ``kernels/launch.row_kernel``'s ``out``), and the ``cat`` is
+gone. A part that other nodes read too is stored twice by its kernel: as before, and into
+the buffer. GhostNet's ghost modules (the activation of a 1x1 convolution beside that of the
+depthwise convolution reading it), Inception's branches and CSP blocks end this way.
+
+Left as traced: a part that is not a group's output (a convolution's, a graph input), parts
+of another dtype or device than the result, symbolic sizes, a part written in place anywhere
+in the graph (its value at the ``cat`` would not be the one its kernel wrote), a tensor that
+is two parts of one ``cat``, a group already paired with another (passes/pairing.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+from fusebackend.passes.fx_util import call_evaluated, example_value
+from fusebackend.passes.mutations import storage_id, written_storages
+
+__all__ = ["write_concatenations", "written_parts"]
+
+_CATS = (torch.cat, torch.concat, torch.concatenate)
+
+
+@dataclasses.dataclass
+class _Part:
+    """One part of a concatenation, as the output ``k`` of the fused node ``fused``."""
+
+    node: torch.fx.Node  # the cat's argument
+    fused: torch.fx.Node
+    k: int
+    back: tuple[int, ...] | None  # the permute from the kernel's output to ``node``, if any
+    item: torch.fx.Node  # the getitem of the kernel's output
+    alone: bool  # the cat is the only reader of the kernel's output
+    offset: int = 0  # where it starts along the cat's dim
+    k_written: int = 0  # the output the kernel writes into the buffer
+
+
+def write_concatenations(graph: torch.fx.Graph) -> list[str]:
+    """Have the fused groups write the parts of each concatenation they compute into its
+    buffer (module docstring); returns the names of the ``cat`` nodes replaced."""
+    written = written_storages(graph.nodes)
+    replaced = []
+    for cat in [n for n in graph.nodes if n.op == "call_function" and n.target in _CATS]:
+        found = _parts(cat, written)
+        if found is not None:
+            _rewrite(graph, cat, *found)
+            replaced.append(cat.name)
+    if replaced:
+        graph.lint()
+    return replaced
+
+
+def _static(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and all(
+        isinstance(n, int) for n in (*value.shape, *value.stride(), value.storage_offset())
+    )
+
+
+def _parts(cat: torch.fx.Node, written: set[int]) -> tuple[list[_Part], int] | None:
+    """The parts of ``cat`` and its dim, where every part is a group's output."""
+    if set(cat.kwargs) - {"dim"} or len(cat.args) > 2 or not isinstance(cat.args[0], list | tuple):
+        return None
+    nodes = cat.args[0]
+    dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+    result = example_value(cat)
+    if not (_static(result) and isinstance(dim, int) and nodes and len(set(nodes)) == len(nodes)):
+        return None
+    dim %= result.dim()
+    parts: list[_Part] = []
+    offset = 0
+    for node in nodes:
+        part = _part(node, cat)
+        value = example_value(node)
+        if part is None or not _static(value) or value.dim() != result.dim():
+            return None
+        if (value.dtype, value.device) != (result.dtype, result.device):
+            return None
+        if storage_id(value) in written:
+            return None
+        part.offset = offset
+        offset += value.shape[dim]
+        parts.append(part)
+    return parts, dim
+
+
+def _part(node: Any, cat: torch.fx.Node) -> _Part | None:
+    """``node`` as a fused group's output (a ``getitem``, perhaps permuted back from the
+    kernel's storage order: passes/rewrite.py), or None."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    item, back = node, None
+    if node.op == "call_function" and node.target is torch.permute:
+        item, back = node.args[0], tuple(node.args[1])
+    if not (isinstance(item, torch.fx.Node) and item.target is operator.getitem):
+        return None
+    fused, k = item.args
+    op = fused.target
+    if not (hasattr(op, "writing_into") and not op.into and isinstance(k, int)):
+        return None
+    alone = set(node.users) == {cat} and (item is node or set(item.users) == {node})
+    return _Part(node, fused, k, back, item, alone)
+
+
+def _rewrite(graph: torch.fx.Graph, cat: torch.fx.Node, parts: list[_Part], dim: int) -> None:
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    with graph.inserting_before(min((p.fused for p in parts), key=position.__getitem__)):
+        result = _buffer(graph, cat, parts, dim)
+    by_group: dict[torch.fx.Node, list[_Part]] = {}
+    for part in parts:
+        by_group.setdefault(part.fused, []).append(part)
+    for fused, own in by_group.items():
+        op = fused.target
+        outputs = list(example_value(fused))
+        into, repeats, targets = [], [], []
+        with graph.inserting_before(fused):
+            for part in own:
+                length = example_value(part.node).shape[dim]
+                target = call_evaluated(graph, torch.narrow, (result, dim, part.offset, length))
+                if part.back is not None:  # the kernel's output, before it was permuted back
+                    inverse = tuple(sorted(range(len(part.back)), key=part.back.__getitem__))
+                    target = call_evaluated(graph, torch.permute, (target, inverse))
+                if part.alone:
+                    part.k_written = part.k
+                    outputs[part.k] = example_value(target)
+                else:  # read elsewhere too: stored once more, into the buffer
+                    part.k_written = len(outputs)
+                    repeats.append(part.k)
+                    outputs.append(example_value(target))
+                into.append(part.k_written)
+                targets.append(target)
+        fused.target = op.writing_into(into, repeats)
+        fused.args = (*fused.args, *targets)
+        fused.meta["example_value"] = tuple(outputs)
+    written = []
+    for part in parts:
+        if part.alone and part.node is not part.item:
+            part.node.replace_all_uses_with(part.item)  # (the cat, erased below)
+            graph.erase_node(part.node)  # the permute back, which only the cat read
+        if part.alone:
+            written.append(part.item)
+        else:
+            with graph.inserting_after(part.fused):
+                item = graph.call_function(operator.getitem, (part.fused, part.k_written))
+            item.meta["example_value"] = example_value(part.fused)[part.k_written]
+            written.append(item)
+    with graph.inserting_before(cat):
+        joined = graph.call_function(written_parts, (result, *written))
+    joined.meta["example_value"] = example_value(result)
+    cat.replace_all_uses_with(joined)
+    graph.erase_node(cat)
+
+
+def written_parts(buffer: torch.Tensor, *parts: torch.Tensor) -> torch.Tensor:
+    """The concatenation ``buffer`` once ``parts``, views of it that fused groups write, are
+    written: taking them as arguments keeps their groups ahead of its readers (and alive:
+    dead-code elimination would drop a group whose outputs nothing reads)."""
+    return buffer
+
+
+def _buffer(graph: torch.fx.Graph, cat: torch.fx.Node, parts: list[_Part], dim: int) -> Any:
+    """A node allocating the concatenation's result, with the strides ``torch.cat`` gives
+    the parts as they are now (channels-last parts give a channels-last result)."""
+    values = [example_value(p.node) for p in parts]
+    meta = torch.cat([torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+                      for v in values], dim)  # fmt: skip
+    size, stride, device = tuple(meta.shape), meta.stride(), values[0].device
+    node = graph.call_function(torch.empty_strided, (size, stride),
+                               {"dtype": meta.dtype, "device": device})  # fmt: skip
+    with getattr(values[0], "fake_mode", None) or contextlib.nullcontext():
+        node.meta["example_value"] = torch.empty_strided(size, stride, dtype=meta.dtype,
+                                                         device=device)  # fmt: skip
+    return node
