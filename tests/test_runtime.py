@@ -431,6 +431,25 @@ def test_validation_bounds_grow_with_the_models_own_noise(off_by, keeps_fusion):
         torch.testing.assert_close(out, _noisy(x)[0])  # the unfused graph's result
 
 
+@pytest.mark.parametrize(("off_by", "keeps_fusion"), [(1.024, True), (1.10, False)])
+def test_a_model_as_noisy_as_inception_v3_in_fp16_is_validated_within_its_noise(
+    off_by, keeps_fusion
+):
+    # one ulp on x moves sin(x * 100) by about 15% of its norm, as one ulp of the image moved
+    # timm Inception-v3's logits in fp16; its fused graph was 2.4% from the unfused one
+    x = (torch.rand(64, 127, generator=torch.Generator().manual_seed(1)) + 1).half()
+
+    def noisy(x):
+        return (torch.sin(x.float() * 100).half(),)
+
+    cache = make(unfused=noisy, fused=lambda x: ((noisy(x)[0].float() * off_by).half(),))
+    cache(x)
+    assert (cache.mode_for(x) == FUSION) is keeps_fusion
+    if not keeps_fusion:
+        (reason,) = stats()["fallback_reasons"].values()
+        assert "one ulp of input noise moves the output 0.1" in reason, reason
+
+
 def test_an_output_noisier_than_the_cap_keeps_the_fixed_bounds():
     # sin(x * 3000): one ulp moves the output by its whole norm, past NOISE_CAP
     x = (torch.rand(64, 127, generator=torch.Generator().manual_seed(0)) + 1).half()

@@ -55,9 +55,13 @@ ELEMENT_FRACTION = 0.05
 # output (the norm's rtol and an element's fraction of its row's largest magnitude) becomes
 # at least NOISE_SHARE of how far that moved it. An output noisier than NOISE_CAP (or with a
 # zero norm: infinite noise) keeps the fixed bounds: a wrong kernel moves an output by its
-# whole norm, far past the noise of any model whose result means something.
+# whole norm, far past the noise of any model whose result means something. The cap was 0.1
+# until timm Inception-v3 in fp16 (calibrated BatchNorms, H200, 2026-11-28, 015bb9f) moved
+# 15% for one ulp of its image, and its fused graph, 2.4% from the unfused one, ran unfused
+# (2.19 ms a call at batch 1 against reduce-overhead's 1.47): with 0.25 the widest bound is
+# 12.5% of an output's norm.
 NOISE_SHARE = 0.5
-NOISE_CAP = 0.1
+NOISE_CAP = 0.25
 _NOISE_INPUT_BYTES = 1 << 28  # the inputs moved: copies, so only where they are this small
 
 
