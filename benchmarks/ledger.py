@@ -198,6 +198,14 @@ SOURCES = (
     "diag_vision_host_h200_1b6e300.json",
     "vision_h200_b133d2a.json",
     "vision_h200_1b6e300.json",
+    # parameter work folded and concatenations written in place (967a7e5: GhostNet-100,
+    # Swin-T, Inception-v3 under reduce-overhead; its infinifuse row fell back on validation
+    # at 015bb9f), the host time of Swin-T's call at 015bb9f, and Inception-v3 at bae8e61
+    # (validation's noise cap 0.25: fused)
+    "vision_h200_967a7e5.json",
+    "vision_h200_015bb9f.json",
+    "diag_vision_host_h200_015bb9f.json",
+    "vision_h200_bae8e61.json",
     # RegNetY-016 at batch 8 channels-last and NCHW against reduce-overhead, with cuDNN's
     # tensor transforms counted (benchmarks/diag/diag_conv_layout.py at 1b6e300)
     "diag_conv_layout_h200_1b6e300.json",
