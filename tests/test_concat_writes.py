@@ -85,6 +85,27 @@ def test_elementwise_parts_along_any_dim(dtype, dim):
     assert _cats_left() == 0
 
 
+def _interleaved_rotary(x, cos, sin):
+    # GPT-J's layout: even and odd columns rotated, stacked back and interleaved
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_interleaved_rotary_embedding_is_stacked_in_place(dtype):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 5, 14, generator=g).to(dtype)  # [B, heads, T, head_dim]
+    angles = torch.randn(5, 7, generator=g)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    out, _ = run_fused(_interleaved_rotary, x, cos, sin)
+    assert_close(out, _interleaved_rotary(x, cos, sin))
+    assert _written() == ["stack"], str(fusebackend.last_report())
+    graph = fusebackend.last_report().graphs[-1].runtime._fused.graph
+    assert not any(n.target is torch.stack for n in graph.nodes)
+    # the two halves' groups write every other column of the result (a select each)
+    assert sum(len(getattr(n.target, "into", ())) for n in graph.nodes) == 2
+
+
 def test_what_is_left_as_traced():
     def a_matmul_part(a, w):
         return torch.cat([torch.relu(a) * 3.0, a @ w], dim=-1).sum(-1)  # a matmul's output

@@ -7,6 +7,9 @@ its outputs through strides: ``kernels/launch.row_kernel``'s ``out``), and the `
 gone. A part that other nodes read too is stored twice by its kernel: as before, and into
 the buffer. GhostNet's ghost modules (the activation of a 1x1 convolution beside that of the
 depthwise convolution reading it), Inception's branches and CSP blocks end this way.
+``torch.stack`` is the same, each part a ``select`` of the result: an interleaved rotary
+embedding's ``stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)`` (GPT-J's layout) is one
+group writing both halves into the result.
 
 Left as traced: a part that is not a group's output (a convolution's, a graph input), parts
 of another dtype or device than the result, symbolic sizes, a part written in place anywhere
@@ -30,6 +33,7 @@ from fusebackend.passes.mutations import storage_id, written_storages
 __all__ = ["write_concatenations", "written_parts"]
 
 _CATS = (torch.cat, torch.concat, torch.concatenate)
+_STACK = torch.stack  # the same, each part one index along a new dim (a select of the result)
 
 
 @dataclasses.dataclass
@@ -51,7 +55,8 @@ def write_concatenations(graph: torch.fx.Graph) -> list[str]:
     buffer (module docstring); returns the names of the ``cat`` nodes replaced."""
     written = written_storages(graph.nodes)
     replaced = []
-    for cat in [n for n in graph.nodes if n.op == "call_function" and n.target in _CATS]:
+    targets = (*_CATS, _STACK)
+    for cat in [n for n in graph.nodes if n.op == "call_function" and n.target in targets]:
         found = _parts(cat, written)
         if found is not None:
             _rewrite(graph, cat, *found)
@@ -77,19 +82,20 @@ def _parts(cat: torch.fx.Node, written: set[int]) -> tuple[list[_Part], int] | N
     if not (_static(result) and isinstance(dim, int) and nodes and len(set(nodes)) == len(nodes)):
         return None
     dim %= result.dim()
+    stacked = cat.target is _STACK
     parts: list[_Part] = []
     offset = 0
     for node in nodes:
         part = _part(node, cat)
         value = example_value(node)
-        if part is None or not _static(value) or value.dim() != result.dim():
+        if part is None or not _static(value) or value.dim() != result.dim() - stacked:
             return None
         if (value.dtype, value.device) != (result.dtype, result.device):
             return None
         if storage_id(value) in written:
             return None
         part.offset = offset
-        offset += value.shape[dim]
+        offset += 1 if stacked else value.shape[dim]
         parts.append(part)
     return parts, dim
 
@@ -125,8 +131,11 @@ def _rewrite(graph: torch.fx.Graph, cat: torch.fx.Node, parts: list[_Part], dim:
         into, repeats, targets = [], [], []
         with graph.inserting_before(fused):
             for part in own:
-                length = example_value(part.node).shape[dim]
-                target = call_evaluated(graph, torch.narrow, (result, dim, part.offset, length))
+                if cat.target is _STACK:
+                    target = call_evaluated(graph, torch.select, (result, dim, part.offset))
+                else:
+                    length = example_value(part.node).shape[dim]
+                    target = call_evaluated(graph, torch.narrow, (result, dim, part.offset, length))
                 if part.back is not None:  # the kernel's output, before it was permuted back
                     inverse = tuple(sorted(range(len(part.back)), key=part.back.__getitem__))
                     target = call_evaluated(graph, torch.permute, (target, inverse))
@@ -172,8 +181,8 @@ def _buffer(graph: torch.fx.Graph, cat: torch.fx.Node, parts: list[_Part], dim: 
     """A node allocating the concatenation's result, with the strides ``torch.cat`` gives
     the parts as they are now (channels-last parts give a channels-last result)."""
     values = [example_value(p.node) for p in parts]
-    meta = torch.cat([torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
-                      for v in values], dim)  # fmt: skip
+    meta = cat.target([torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+                       for v in values], dim)  # fmt: skip
     size, stride, device = tuple(meta.shape), meta.stride(), values[0].device
     node = graph.call_function(torch.empty_strided, (size, stride),
                                {"dtype": meta.dtype, "device": device})  # fmt: skip
