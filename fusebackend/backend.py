@@ -53,6 +53,7 @@ from fusebackend.passes.collectives import (
 from fusebackend.passes.concat_writes import write_concatenations
 from fusebackend.passes.conv_bias import move_conv_biases
 from fusebackend.passes.decode_attention import use_decode_attention
+from fusebackend.passes.empty_pads import drop_empty_pads
 from fusebackend.passes.fx_util import example_value, placeholders
 from fusebackend.passes.lowering import lower
 from fusebackend.passes.matmul_groups import use_matmul_groups
@@ -278,6 +279,8 @@ FUSE = [
     Pass("make_out_of_place", _make_out_of_place,
          "in-place ops on graph temporaries made out-of-place (fused graph)",
          report="made_out_of_place"),
+    Pass("drop_empty_pads", lambda c: drop_empty_pads(c.graph),
+         "pads by zero amounts replaced by their input (fused graph)", report="empty_pads"),
     Pass("fold_batch_norms", _fold_batch_norms,
          "eval BatchNorms folded into their convolutions or made a scale and shift (fused graph)",
          report="batch_norms_folded"),

@@ -338,6 +338,15 @@ MUTATIONS: list[Mutation] = [
         note="a relative position bias keeps the values of the compile after a weight edit",
     ),
     Mutation(
+        "empty_pad_dropped_though_its_input_is_written",
+        "pass: empty pads",
+        "fusebackend/passes/empty_pads.py",
+        "example_value(pad))} & written:\n",
+        "example_value(pad))} & set():\n",
+        ("tests/test_empty_pads.py",),
+        note="a pad's copy, dropped, sees a later in-place write to its input",
+    ),
+    Mutation(
         "concatenation_parts_written_at_offset_zero",
         "pass: concatenation writes",
         "fusebackend/passes/concat_writes.py",
