@@ -106,6 +106,22 @@ def test_an_interleaved_rotary_embedding_is_stacked_in_place(dtype):
     assert sum(len(getattr(n.target, "into", ())) for n in graph.nodes) == 2
 
 
+def test_symbolic_sizes_keep_the_cat():
+    # dynamic=True: the buffer's sizes would be symbols; the cat stays, outputs equal eager's
+    def fn(a, b):
+        return torch.cat([torch.sigmoid(a) * 2.0, torch.tanh(b) - a], dim=-1).sum(-1)
+
+    compiled = torch.compile(fn, backend="infinifuse", dynamic=True,
+                             options={"validate": False})  # fmt: skip
+    g = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for rows in (5, 9):
+            a, b = torch.randn(rows, 7, generator=g), torch.randn(rows, 7, generator=g)
+            assert_close(compiled(a, b), fn(a, b))
+    assert fusebackend.last_report().graphs[-1].path == "fused"
+    assert _written() == []
+
+
 def test_what_is_left_as_traced():
     def a_matmul_part(a, w):
         return torch.cat([torch.relu(a) * 3.0, a @ w], dim=-1).sum(-1)  # a matmul's output
