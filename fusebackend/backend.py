@@ -50,7 +50,7 @@ from fusebackend.passes.collectives import (
     collective_nodes,
     use_vocab_parallel_lookup,
 )
-from fusebackend.passes.concat_writes import write_concatenations
+from fusebackend.passes.concat_writes import push_into_concatenations, write_concatenations
 from fusebackend.passes.conv_bias import move_conv_biases
 from fusebackend.passes.decode_attention import use_decode_attention
 from fusebackend.passes.empty_pads import drop_empty_pads
@@ -308,6 +308,9 @@ FUSE = [
     Pass("move_reshapes_up", lambda c: move_reshapes_up(c.graph),
          "reshapes moved ahead of the elementwise ops before them (fused graph)",
          report="reshapes_moved"),
+    Pass("push_into_concatenations", lambda c: push_into_concatenations(c.graph),
+         "elementwise ops on a concatenation run on its parts (fused graph)",
+         report="ops_pushed_into_concatenations"),
     Pass("find_groups", _find_groups),
     Pass("rewrite_groups", _rewrite_groups),
     Pass("pair_twin_groups", _pair_twin_groups),

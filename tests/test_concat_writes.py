@@ -10,6 +10,8 @@ group's output, a part written in place and a tensor that is two parts stay as t
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 import torch.nn as nn
@@ -104,6 +106,64 @@ def test_an_interleaved_rotary_embedding_is_stacked_in_place(dtype):
     assert not any(n.target is torch.stack for n in graph.nodes)
     # the two halves' groups write every other column of the result (a select each)
     assert sum(len(getattr(n.target, "into", ())) for n in graph.nodes) == 2
+
+
+def _pushed() -> list[str]:
+    return fusebackend.last_report().graphs[-1].rewrites.get("ops_pushed_into_concatenations", [])
+
+
+class GhostResidual(GhostModule):
+    """A ghost module whose concatenation, cut to ``out`` channels, takes a residual add."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + x[:, : self.out] * 0.5
+
+
+def test_a_residual_add_after_the_concatenation_runs_in_the_parts_groups():
+    torch.manual_seed(7)
+    model = GhostResidual(inp=12, init=6, out=12).eval()
+    x = torch.randn(2, 12, 5, 7)
+    out, _ = run_fused(model, x)
+    assert_close(out, model(x))
+    assert _pushed() == ["add"], str(fusebackend.last_report())  # (x * 0.5 joins its group)
+    assert len(_written()) == 1 and _cats_left() == 0
+    graph = fusebackend.last_report().graphs[-1].runtime._fused.graph
+    assert not any(n.target is operator.add for n in graph.nodes)  # no kernel of its own
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_ops_after_a_sliced_concatenation_run_on_the_parts_it_keeps(dtype):
+    def fn(a, b, c, r, scale):
+        parts = [torch.sigmoid(a) * 2.0, torch.tanh(b) - 1.0, torch.relu(c) + 0.5]
+        both = torch.cat(parts, dim=1)[:, 3:12]  # the first part sliced away
+        return (both + r) * scale  # r: the slice's shape; scale: one per row
+
+    g = torch.Generator().manual_seed(8)
+    a, b, c = (torch.randn(4, n, generator=g).to(dtype) for n in (3, 4, 5))
+    r, scale = torch.randn(4, 9, generator=g).to(dtype), torch.randn(4, 1, generator=g).to(dtype)
+    out, _ = run_fused(fn, a, b, c, r, scale)
+    assert_close(out, fn(a, b, c, r, scale))
+    assert len(_pushed()) == 2, str(fusebackend.last_report())
+    assert len(_written()) == 1 and _cats_left() == 0
+
+
+def test_ops_stay_after_a_slice_that_cuts_a_part_or_with_an_operand_along_the_dim():
+    # a part cut by the slice would be narrowed after its group: nothing gained
+    model = GhostResidual(inp=11, init=6, out=11).eval()  # 12 channels cut to 11
+    x = torch.randn(2, 11, 5, 7)
+    with torch.no_grad():
+        assert_close(compile_fused(model)(x), model(x))
+    assert _pushed() == [] and len(_written()) == 1, str(fusebackend.last_report())
+
+    def bias_along_the_dim(a, b, bias):  # (a vector over the cat's dim: not split here)
+        return torch.cat([torch.sigmoid(a) * 2.0, torch.tanh(b) - 1.0], dim=1) + bias
+
+    g = torch.Generator().manual_seed(9)
+    a, b, bias = (torch.randn(*shape, generator=g) for shape in ((4, 3), (4, 5), (8,)))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        assert_close(compile_fused(bias_along_the_dim)(a, b, bias), bias_along_the_dim(a, b, bias))
+    assert _pushed() == [], str(fusebackend.last_report())
 
 
 def test_symbolic_sizes_keep_the_cat():

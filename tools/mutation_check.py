@@ -356,6 +356,15 @@ MUTATIONS: list[Mutation] = [
         note="every group writes its part at the start of the buffer; the rest is garbage",
     ),
     Mutation(
+        "pushed_operand_narrowed_at_the_wrong_offset",
+        "pass: concatenation writes",
+        "fusebackend/passes/concat_writes.py",
+        "(n, dim, start - lo, stop - start)",
+        "(n, dim, 0, stop - start)",
+        ("tests/test_concat_writes.py",),
+        note="every part of a concatenation gets the first part's slice of a residual",
+    ),
+    Mutation(
         "concatenation_destination_strides_ignored",
         "kernels: row launch",
         "fusebackend/kernels/launch.py",

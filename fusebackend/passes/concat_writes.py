@@ -11,6 +11,13 @@ depthwise convolution reading it), Inception's branches and CSP blocks end this 
 embedding's ``stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)`` (GPT-J's layout) is one
 group writing both halves into the result.
 
+Before the groups are formed, ``push_into_concatenations`` runs an elementwise op that reads
+a concatenation (perhaps sliced along its dim) on each part instead, where every part is
+itself an elementwise op's result: ``cat([a, b], 1)[:, :k] + r`` becomes ``cat([a + r_a,
+b + r_b], 1)``, each operand of the full shape narrowed to its part. Each part's group then
+takes the op in, and the op's own kernel is gone (GhostNet's second ghost module of every
+bottleneck: BatchNorm, concatenation, residual add, as Inductor fuses them).
+
 Left as traced: a part that is not a group's output (a convolution's, a graph input), parts
 of another dtype or device than the result, symbolic sizes, a part written in place anywhere
 in the graph (its value at the ``cat`` would not be the one its kernel wrote), a tensor that
@@ -27,10 +34,12 @@ from typing import Any
 import torch
 import torch.fx
 
-from fusebackend.passes.fx_util import call_evaluated, example_value
+from fusebackend.passes.fx_util import call_evaluated, evaluate, example_value
+from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.mutations import storage_id, written_storages
+from fusebackend.passes.ops import OpKind, lookup_op
 
-__all__ = ["write_concatenations", "written_parts"]
+__all__ = ["push_into_concatenations", "write_concatenations", "written_parts"]
 
 _CATS = (torch.cat, torch.concat, torch.concatenate)
 _STACK = torch.stack  # the same, each part one index along a new dim (a select of the result)
@@ -190,3 +199,112 @@ def _buffer(graph: torch.fx.Graph, cat: torch.fx.Node, parts: list[_Part], dim: 
         node.meta["example_value"] = torch.empty_strided(size, stride, dtype=meta.dtype,
                                                          device=device)  # fmt: skip
     return node
+
+
+def push_into_concatenations(graph: torch.fx.Graph) -> list[str]:
+    """Run each elementwise op that reads a concatenation of elementwise results on its
+    parts instead (module docstring); returns the names of the ops pushed."""
+    pushed: list[str] = []
+    while True:
+        cats = [n for n in graph.nodes if n.op == "call_function" and n.target in _CATS]
+        name = next((name for cat in cats if (name := _push(graph, cat)) is not None), None)
+        if name is None:
+            break
+        pushed.append(name)
+    if pushed:
+        graph.lint()
+    return pushed
+
+
+def _elementwise(node: Any) -> bool:
+    if not isinstance(node, torch.fx.Node) or node.op not in ("call_function", "call_method"):
+        return False
+    row = lookup_op(node.op, node.target)
+    return row is not None and row[0].kind == OpKind.ELEMENTWISE and not is_mutation(node)
+
+
+def _slice_along(node: torch.fx.Node, dim: int, size: int) -> tuple[int, int] | None:
+    """[start, stop) of ``node``, a getitem slicing only ``dim`` with step 1, or None."""
+    index = node.args[1] if node.target is operator.getitem and len(node.args) == 2 else None
+    index = index if isinstance(index, tuple) else (index,)
+    if len(index) <= dim or not all(isinstance(i, slice) for i in index):
+        return None
+    if any(i != slice(None) for k, i in enumerate(index) if k != dim):
+        return None
+    start, stop, step = index[dim].start, index[dim].stop, index[dim].step
+    if step not in (None, 1) or not all(x is None or type(x) is int for x in (start, stop)):
+        return None
+    return slice(start, stop).indices(size)[:2]
+
+
+def _push(graph: torch.fx.Graph, cat: torch.fx.Node) -> str | None:
+    """Push the one elementwise op reading ``cat`` onto its parts; its name, or None."""
+    if set(cat.kwargs) - {"dim"} or len(cat.args) > 2 or not isinstance(cat.args[0], list | tuple):
+        return None
+    parts, result = list(cat.args[0]), example_value(cat)
+    dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+    if not (_static(result) and isinstance(dim, int) and parts and len(cat.users) == 1):
+        return None
+    if len(set(parts)) != len(parts) or not all(map(_elementwise, parts)):
+        return None
+    dim %= result.dim()
+    read, (op,) = cat, cat.users
+    lo, hi = 0, result.shape[dim]
+    if op.target is operator.getitem:  # a slice along the dim first
+        span = _slice_along(op, dim, hi)
+        if span is None or len(op.users) != 1:
+            return None
+        (lo, hi), read, (op,) = span, op, op.users
+    value = example_value(read)
+    if not _elementwise(op) or op.all_input_nodes.count(read) != 1:
+        return None
+    if not (_static(value) and tuple(example_value(op).shape) == tuple(value.shape)):
+        return None
+    bounds = [0]
+    for part in parts:
+        bounds.append(bounds[-1] + example_value(part).shape[dim])
+    if lo not in bounds or hi not in bounds:
+        return None  # a part cut by the slice: its narrowed view would end its group there
+    operands = [n for n in op.all_input_nodes if n is not read]
+    full = [n for n in operands if _shape_of(n) == tuple(value.shape)]
+    if not all(n in full or _broadcast_along(_shape_of(n), value.dim(), dim) for n in operands):
+        return None
+    pieces = []
+    offset = 0
+    with graph.inserting_before(op):
+        for part in parts:
+            size = example_value(part).shape[dim]
+            start, stop = max(lo, offset), min(hi, offset + size)
+            offset += size
+            if start >= stop:
+                continue  # sliced away
+            piece = part
+            narrowed = {n: call_evaluated(graph, torch.narrow, (n, dim, start - lo, stop - start))
+                        for n in full}  # fmt: skip
+            mapping = {read: piece, **narrowed}
+            args = torch.fx.node.map_arg(op.args, lambda n, m=mapping: m.get(n, n))
+            kwargs = torch.fx.node.map_arg(op.kwargs, lambda n, m=mapping: m.get(n, n))
+            new = graph.create_node(op.op, op.target, args, kwargs)
+            new.meta["example_value"] = evaluate(new)
+            pieces.append(new)
+        joined = call_evaluated(graph, cat.target, (pieces, dim))
+    name = op.name
+    op.replace_all_uses_with(joined)
+    for node in (op, read, cat):
+        if not node.users and node in graph.nodes:
+            graph.erase_node(node)
+    return name
+
+
+def _shape_of(node: torch.fx.Node) -> tuple[int, ...] | None:
+    value = example_value(node)
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def _broadcast_along(shape: tuple[int, ...] | None, rank: int, dim: int) -> bool:
+    """Does a tensor of ``shape`` broadcast along ``dim`` of a ``rank``-d value (a number,
+    a 0-d tensor, or size 1 or absent at that dim)?"""
+    if shape is None:
+        return True  # a number
+    at = dim - (rank - len(shape))
+    return len(shape) <= rank and (at < 0 or shape[at] == 1)
