@@ -268,6 +268,13 @@ def _pair_twin_groups(c: Compilation) -> None:
             c.groups[k] = dataclasses.replace(c.groups[k], launched_with=twin.group)
 
 
+def _write_concatenations(c: Compilation) -> list[str]:
+    """Concatenations built by their parts' groups (and so no longer listed as not fused)."""
+    written = write_concatenations(c.graph)
+    c.rejections = [r for r in c.rejections if r.node not in written]
+    return written
+
+
 def _precompile_pass(c: Compilation) -> None:
     assert c.graph is not None
     c.launches, c.launch_paths = _precompile(c.graph)
@@ -306,21 +313,18 @@ FUSE = [
          "work on parameters and buffers alone done once, refreshed when they change "
          "(fused graph)", report="parameter_work"),
     Pass("move_reshapes_up", lambda c: move_reshapes_up(c.graph),
-         "reshapes moved ahead of the elementwise ops before them (fused graph)",
-         report="reshapes_moved"),
+         "reshapes moved ahead of elementwise ops (fused graph)", report="reshapes_moved"),
     Pass("push_into_concatenations", lambda c: push_into_concatenations(c.graph),
-         "elementwise ops on a concatenation run on its parts (fused graph)",
-         report="ops_pushed_into_concatenations"),
+         "elementwise ops on a cat run on its parts (fused graph)", report="pushed_into_cats"),
     Pass("find_groups", _find_groups),
     Pass("rewrite_groups", _rewrite_groups),
     Pass("pair_twin_groups", _pair_twin_groups),
-    Pass("write_concatenations", lambda c: write_concatenations(c.graph),
+    Pass("write_concatenations", _write_concatenations,
          "concatenations written in place by the groups computing their parts (fused graph)",
          report="concatenations_written", needs_rewrites=True),
     Pass("pair_cache_writes",
          lambda c: pair_cache_writes(c.graph, write_cache_pair, c.config.index_checks),
-         "KV-cache writes in one launch (fused graph)", report="cache_writes",
-         needs_rewrites=True),
+         "KV-cache writes in one launch (fused graph)", report="cache_writes", needs_rewrites=True),
     Pass("use_decode_attention", lambda c: use_decode_attention(c.graph, decode_attention),
          "decode attention reading K/V unrepeated (fused graph)", report="decode_attention",
          needs_rewrites=True),
