@@ -345,9 +345,8 @@ class _Plans:
         """Launch on ``sets``; ``out``: the first set's outputs to write into (``_prepare``)."""
         pool: list[torch.Tensor] = []
         results: list[torch.Tensor] = []
-        for inputs, (specs, device) in zip(sets, self.outputs):
-            given = out or [None] * len(specs)
-            out = None  # (the first set's)
+        for i, (inputs, (specs, device)) in enumerate(zip(sets, self.outputs)):
+            given = out if i == 0 and out is not None else [None] * len(specs)
             outs = [torch.empty(shape, dtype=dtype, device=device) if t is None else t
                     for (shape, dtype), t in zip(specs, given)]  # fmt: skip
             pool += inputs

@@ -81,16 +81,25 @@ def _static(value: Any) -> bool:
     )
 
 
-def _parts(cat: torch.fx.Node, written: set[int]) -> tuple[list[_Part], int] | None:
-    """The parts of ``cat`` and its dim, where every part is a group's output."""
+def _cat_args(cat: torch.fx.Node) -> tuple[list[Any], int, torch.Tensor] | None:
+    """(parts, dim made non-negative, result) of a ``cat``/``stack`` call of static sizes on
+    distinct parts, or None."""
     if set(cat.kwargs) - {"dim"} or len(cat.args) > 2 or not isinstance(cat.args[0], list | tuple):
         return None
-    nodes = cat.args[0]
+    nodes = list(cat.args[0])
     dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
     result = example_value(cat)
     if not (_static(result) and isinstance(dim, int) and nodes and len(set(nodes)) == len(nodes)):
         return None
-    dim %= result.dim()
+    return nodes, dim % result.dim(), result
+
+
+def _parts(cat: torch.fx.Node, written: set[int]) -> tuple[list[_Part], int] | None:
+    """The parts of ``cat`` and its dim, where every part is a group's output."""
+    found = _cat_args(cat)
+    if found is None:
+        return None
+    nodes, dim, result = found
     stacked = cat.target is _STACK
     parts: list[_Part] = []
     offset = 0
@@ -239,15 +248,10 @@ def _slice_along(node: torch.fx.Node, dim: int, size: int) -> tuple[int, int] | 
 
 def _push(graph: torch.fx.Graph, cat: torch.fx.Node) -> str | None:
     """Push the one elementwise op reading ``cat`` onto its parts; its name, or None."""
-    if set(cat.kwargs) - {"dim"} or len(cat.args) > 2 or not isinstance(cat.args[0], list | tuple):
+    found = _cat_args(cat)
+    if found is None or len(cat.users) != 1 or not all(map(_elementwise, found[0])):
         return None
-    parts, result = list(cat.args[0]), example_value(cat)
-    dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
-    if not (_static(result) and isinstance(dim, int) and parts and len(cat.users) == 1):
-        return None
-    if len(set(parts)) != len(parts) or not all(map(_elementwise, parts)):
-        return None
-    dim %= result.dim()
+    parts, dim, result = found
     read, (op,) = cat, cat.users
     lo, hi = 0, result.shape[dim]
     if op.target is operator.getitem:  # a slice along the dim first
@@ -270,18 +274,13 @@ def _push(graph: torch.fx.Graph, cat: torch.fx.Node) -> str | None:
     if not all(n in full or _broadcast_along(_shape_of(n), value.dim(), dim) for n in operands):
         return None
     pieces = []
-    offset = 0
     with graph.inserting_before(op):
-        for part in parts:
-            size = example_value(part).shape[dim]
-            start, stop = max(lo, offset), min(hi, offset + size)
-            offset += size
-            if start >= stop:
-                continue  # sliced away
-            piece = part
+        for part, start, stop in zip(parts, bounds, bounds[1:]):
+            if stop <= lo or start >= hi:
+                continue  # sliced away (the slice cuts at part bounds only)
             narrowed = {n: call_evaluated(graph, torch.narrow, (n, dim, start - lo, stop - start))
                         for n in full}  # fmt: skip
-            mapping = {read: piece, **narrowed}
+            mapping = {read: part, **narrowed}
             args = torch.fx.node.map_arg(op.args, lambda n, m=mapping: m.get(n, n))
             kwargs = torch.fx.node.map_arg(op.kwargs, lambda n, m=mapping: m.get(n, n))
             new = graph.create_node(op.op, op.target, args, kwargs)

@@ -21,13 +21,13 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.fx_util import example_value, reaches_output
 from fusebackend.passes.mutations import storage_id, written_storages
 
 __all__ = ["drop_empty_pads"]
 
 _PADS = (torch._C._nn.pad, F.pad, torch.constant_pad_nd)
-# Methods and functions whose result is a view of their first argument (output reach).
+# Methods and functions whose result can be a view of their first argument (output reach).
 _VIEW_METHODS = {"view", "reshape", "permute", "transpose", "unsqueeze", "squeeze", "flatten",
                  "expand", "contiguous", "view_as", "reshape_as", "narrow", "t"}  # fmt: skip
 _VIEW_FUNCTIONS = {torch.reshape, torch.permute, torch.transpose, torch.flatten, torch.narrow,
@@ -45,7 +45,7 @@ def drop_empty_pads(graph: torch.fx.Graph) -> list[str]:
             continue
         if {storage_id(example_value(source)), storage_id(example_value(pad))} & written:
             continue
-        if _returned(source) and _returned(pad):
+        if reaches_output(source, _may_alias) and reaches_output(pad, _may_alias):
             continue
         pad.replace_all_uses_with(source)
         graph.erase_node(pad)
@@ -68,20 +68,8 @@ def _empty_pad_source(pad: torch.fx.Node) -> torch.fx.Node | None:
     return source
 
 
-def _returned(node: torch.fx.Node) -> bool:
-    """Is ``node``'s value, or a view of it, a graph output?"""
-    stack, seen = [node], set()
-    while stack:
-        current = stack.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        for user in current.users:
-            if user.op == "output":
-                return True
-            view = (user.op == "call_method" and user.target in _VIEW_METHODS) or (
-                user.op == "call_function" and user.target in _VIEW_FUNCTIONS
-            )
-            if view and user.args and user.args[0] is current:
-                stack.append(user)
-    return False
+def _may_alias(node: torch.fx.Node) -> bool:
+    """Can ``node``'s value be a view of its first argument (the ops above)?"""
+    if node.op == "call_method":
+        return node.target in _VIEW_METHODS
+    return node.op == "call_function" and node.target in _VIEW_FUNCTIONS

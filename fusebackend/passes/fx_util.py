@@ -95,6 +95,23 @@ def evaluate(node: torch.fx.Node, value_of: Callable[[Any], Any] = example_value
         return node.target(*args, **kwargs)
 
 
+def readers_through(
+    node: torch.fx.Node, through: Callable[[torch.fx.Node], bool]
+) -> list[torch.fx.Node]:
+    """What reads ``node``'s value: its users, and for each user that ``through`` accepts
+    (a view of it, as the caller counts views), that user's readers in turn."""
+    found, stack = [], [node]
+    while stack:
+        for user in stack.pop().users:
+            (stack if through(user) else found).append(user)
+    return found
+
+
+def reaches_output(node: torch.fx.Node, through: Callable[[torch.fx.Node], bool]) -> bool:
+    """Is ``node``'s value, or a view of it (``readers_through``), a graph output?"""
+    return any(user.op == "output" for user in readers_through(node, through))
+
+
 def call_evaluated(graph: torch.fx.Graph, target: Any, args: tuple[Any, ...]) -> torch.fx.Node:
     """A new node calling ``target`` on ``args`` (where the graph inserts now), its example
     value computed from its arguments' (``evaluate``)."""

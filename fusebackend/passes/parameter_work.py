@@ -31,7 +31,14 @@ from torch import Tensor
 
 from fusebackend.passes.constants import is_random
 from fusebackend.passes.embedding_fusion import is_embedding
-from fusebackend.passes.fx_util import example_value, placeholders, static_fake, static_tensor
+from fusebackend.passes.fx_util import (
+    example_value,
+    placeholders,
+    reaches_output,
+    readers_through,
+    static_fake,
+    static_tensor,
+)
 from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.mutations import storage_id, written_storages
 from fusebackend.passes.ops import lookup_op
@@ -130,10 +137,11 @@ def fold_parameter_work(
     budget = MAX_BYTES
     erased: set[torch.fx.Node] = set()
     for node in reversed(candidates):  # the outermost first: it takes the chains inside it
-        if node in erased or _reaches_output(node):
+        if node in erased or reaches_output(node, _is_view):
             continue  # (a graph output must not be a tensor the backend owns)
         chain = _ancestors(node, fixed)
-        if not any(_launches(n) for n in chain) and not all(map(_launches, _readers(node))):
+        readers = readers_through(node, _is_view)
+        if not any(_launches(n) for n in chain) and not all(map(_launches, readers)):
             continue  # elementwise work that the row group of its reader takes in
         value = example_value(node)
         size = value.numel() * value.element_size()
@@ -149,20 +157,6 @@ def fold_parameter_work(
                 graph.erase_node(dead)
                 erased.add(dead)
     return folded[::-1]
-
-
-def _readers(node: torch.fx.Node) -> list[torch.fx.Node]:
-    """What reads ``node``'s value, through views of it."""
-    found, stack = [], [node]
-    while stack:
-        for user in stack.pop().users:
-            (stack if _is_view(user) else found).append(user)
-    return found
-
-
-def _reaches_output(node: torch.fx.Node) -> bool:
-    """Is ``node``'s value, or a view of it, a graph output?"""
-    return any(user.op == "output" for user in _readers(node))
 
 
 def _ancestors(node: torch.fx.Node, fixed: set[torch.fx.Node]) -> list[torch.fx.Node]:
