@@ -26,19 +26,11 @@ import torch
 import torch.fx
 
 from fusebackend.config import FusionConfig
-from fusebackend.kernels import (
-    KernelOptions,
-    kernel_source,
-    triton_usable,
-)
+from fusebackend.kernels import KernelOptions, kernel_source, triton_usable
 from fusebackend.kernels.cache_write import write_cache_pair
 from fusebackend.kernels.decode_attention import decode_attention
 from fusebackend.kernels.family import family_of, launch_path
-from fusebackend.kernels.launch import (
-    launch_rank,
-    layout_for,
-    precompile_all,
-)
+from fusebackend.kernels.launch import launch_rank, layout_for, precompile_all
 from fusebackend.kernels.matmul import matmul_op
 from fusebackend.kernels.spatial_mean import spatial_mean
 from fusebackend.kernels.vocab_lookup import vocab_parallel_lookup
@@ -54,6 +46,7 @@ from fusebackend.passes.concat_writes import push_into_concatenations, write_con
 from fusebackend.passes.conv_bias import move_conv_biases
 from fusebackend.passes.decode_attention import use_decode_attention
 from fusebackend.passes.empty_pads import drop_empty_pads
+from fusebackend.passes.folded_copies import fold_copies_into_groups
 from fusebackend.passes.fx_util import example_value, placeholders
 from fusebackend.passes.lowering import lower
 from fusebackend.passes.matmul_groups import use_matmul_groups
@@ -268,16 +261,16 @@ def _pair_twin_groups(c: Compilation) -> None:
             c.groups[k] = dataclasses.replace(c.groups[k], launched_with=twin.group)
 
 
-def _write_concatenations(c: Compilation) -> list[str]:
-    """Concatenations built by their parts' groups (and so no longer listed as not fused)."""
-    written = write_concatenations(c.graph)
-    c.rejections = [r for r in c.rejections if r.node not in written]
-    return written
+def _drop_rejections(c: Compilation, gone: Callable[[torch.fx.Graph], list[str]]) -> list[str]:
+    """Run a pass whose nodes gone into groups (a cat built by its parts' groups, a copy
+    folded) are then no longer listed as not fused; their names."""
+    names = gone(c.graph)
+    c.rejections = [r for r in c.rejections if r.node not in names]
+    return names
 
 
 def _precompile_pass(c: Compilation) -> None:
-    assert c.graph is not None
-    c.launches, c.launch_paths = _precompile(c.graph)
+    c.launches, c.launch_paths = _precompile(c.graph)  # type: ignore[arg-type]
 
 
 # (Triton runs on one of the graph's devices here; a cache-write pair on another device runs
@@ -319,9 +312,12 @@ FUSE = [
     Pass("find_groups", _find_groups),
     Pass("rewrite_groups", _rewrite_groups),
     Pass("pair_twin_groups", _pair_twin_groups),
-    Pass("write_concatenations", _write_concatenations,
+    Pass("write_concatenations", lambda c: _drop_rejections(c, write_concatenations),
          "concatenations written in place by the groups computing their parts (fused graph)",
          report="concatenations_written", needs_rewrites=True),
+    Pass("fold_copies_into_groups", lambda c: _drop_rejections(c, fold_copies_into_groups),
+         "copies that reorder elements written or read in place by groups (fused graph)",
+         report="copies_folded", needs_rewrites=True),
     Pass("pair_cache_writes",
          lambda c: pair_cache_writes(c.graph, write_cache_pair, c.config.index_checks),
          "KV-cache writes in one launch (fused graph)", report="cache_writes", needs_rewrites=True),

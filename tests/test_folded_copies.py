@@ -1,0 +1,177 @@
+"""Copies that only reorder elements, folded into the groups that write or read them
+(passes/folded_copies.py).
+
+Swin's window partition after its LayerNorm (written straight into the windows' order by the
+LayerNorm's group) and window reverse before the residual add and the next LayerNorm (read
+from the projection's output through strides), written the way timm writes them, and an
+operand read through its transpose, at odd sizes: outputs equal eager's, the copies are
+gone from the fused graph. A roll, a chain read elsewhere too and a layout other than the
+traced one stay or fail as the module docstring says.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from helpers import assert_close, compile_fused, run_fused
+
+import fusebackend
+from fusebackend.passes.folded_copies import _atoms, strided_view
+
+
+def window_partition(x: torch.Tensor, w: int) -> torch.Tensor:
+    B, H, W, C = x.shape
+    x = x.view(B, H // w, w, W // w, w, C)
+    return x.permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, w, w, C)
+
+
+def window_reverse(windows: torch.Tensor, w: int, H: int, W: int) -> torch.Tensor:
+    C = windows.shape[-1]
+    x = windows.view(-1, H // w, W // w, w, w, C)
+    return x.permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, H, W, C)
+
+
+class WindowBlock(nn.Module):
+    """The token mixing half of a Swin block (timm's SwinTransformerBlock._attn and the
+    residual and norm after it), with a linear in place of the window attention and an
+    optional cyclic shift."""
+
+    def __init__(self, dim: int = 12, window: int = 3, shift: int = 0) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.mix, self.fc = nn.Linear(dim, dim), nn.Linear(dim, 2 * dim)
+        self.window, self.shift = window, shift
+        for p in self.parameters():  # not the initialisation's ones and zeros
+            nn.init.normal_(p, 0.3, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, H, W, C = x.shape
+        shifted = self.norm1(x)
+        if self.shift:
+            shifted = torch.roll(shifted, shifts=(-self.shift, -self.shift), dims=(1, 2))
+        windows = window_partition(shifted, self.window).view(-1, self.window**2, C)
+        mixed = self.mix(windows).view(-1, self.window, self.window, C)
+        shifted = window_reverse(mixed, self.window, H, W)
+        if self.shift:
+            shifted = torch.roll(shifted, shifts=(self.shift, self.shift), dims=(1, 2))
+        x = x + shifted
+        return self.fc(self.norm2(x.reshape(B, H * W, C)))
+
+
+def _folded() -> list[str]:
+    return fusebackend.last_report().graphs[-1].rewrites.get("copies_folded", [])
+
+
+def _fused_graph() -> torch.fx.Graph:
+    return fusebackend.last_report().graphs[-1].runtime._fused.graph
+
+
+def _copies_left() -> list[str]:
+    """Nodes of the fused graph that copy a tensor to reorder it."""
+    names = []
+    for n in _fused_graph().nodes:
+        if n.op == "call_method" and n.target in ("contiguous", "clone", "roll"):
+            names.append(n.name)
+    return names
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_window_partition_and_reverse_are_folded_into_the_layer_norms(dtype):
+    torch.manual_seed(0)
+    model = WindowBlock().eval().to(dtype)
+    x = torch.randn(2, 9, 6, 12, dtype=dtype)
+    out, _ = run_fused(model, x)
+    assert_close(out, model(x))
+    # the partition's copy written by norm1's group, the reverse's read by norm2's
+    assert len(_folded()) == 2, _folded()
+    assert not any(n.target == "contiguous" for n in _fused_graph().nodes
+                   if n.op == "call_method")  # fmt: skip
+    # the copies no longer show as not fused
+    assert not set(_folded()) & {r.node for r in fusebackend.last_report().rejections}
+    with torch.no_grad():  # replayed on new data: the buffer is written again
+        x = torch.randn(2, 9, 6, 12, dtype=dtype)
+        assert_close(compile_fused(model)(x), model(x))
+
+
+def test_a_rolled_window_stays_as_traced_and_equals_eager():
+    torch.manual_seed(1)
+    model = WindowBlock(shift=1).eval()
+    x = torch.randn(2, 6, 9, 12)
+    out, _ = run_fused(model, x)
+    assert_close(out, model(x))
+    # the roll's order wraps around: neither of its windows' copies is folded
+    assert _folded() == []
+
+
+def test_an_operand_read_through_its_transpose():
+    w = torch.randn(7)
+
+    def fn(a, b):
+        t = (a @ b).transpose(1, 2).contiguous()  # (2, 5, 7): a copy of the product
+        return torch.layer_norm(t + w, (7,))
+
+    a, b = torch.randn(2, 7, 3), torch.randn(3, 5)
+    out, _ = run_fused(fn, a, b)
+    assert_close(out, fn(a, b))
+    assert len(_folded()) == 1, _folded()
+
+
+def test_an_operand_read_from_inside_its_source():
+    """The operand starts one row into the product: its view starts there too."""
+    w = torch.randn(7)
+
+    def fn(a, b):
+        t = (a @ b)[:, 1:].transpose(1, 2).contiguous()  # (2, 7, 4)
+        return torch.relu(t * w.view(7, 1) + 1.0)
+
+    a, b = torch.randn(2, 5, 3), torch.randn(3, 7)
+    out, _ = run_fused(fn, a, b)
+    assert_close(out, fn(a, b))
+    assert len(_folded()) == 1, _folded()
+
+
+def test_windows_of_two_sizes_read_and_written_by_one_group():
+    """Read as windows of 2, written as windows of 4: the group runs over 12 split as
+    3 x 2 x 2, each split of the two a run of those dims."""
+
+    def fn(a, b):
+        x = window_reverse((a @ b).view(-1, 2, 2, 5), 2, 12, 12)  # a read through strides
+        y = torch.sigmoid(x) * 2.0 + 0.5
+        return window_partition(y, 4)  # a write into the windows' order
+
+    a, b = torch.randn(72, 4, 3), torch.randn(3, 5)
+    out, _ = run_fused(fn, a, b)
+    assert_close(out, fn(a, b))
+    assert len(_folded()) == 2, _folded()
+
+
+def test_a_copy_read_elsewhere_too_stays():
+    def fn(x):
+        t = (torch.sigmoid(x) * 3.0 + 1.0).permute(0, 2, 1)
+        return t.contiguous() * 2.0, t  # the permuted view is returned as well
+
+    x = torch.randn(2, 5, 6)
+    out, _ = run_fused(fn, x)
+    assert_close(out, fn(x))
+    assert _folded() == []
+
+
+def test_strided_view_refuses_a_layout_it_was_not_worked_out_for():
+    base = torch.arange(24.0).view(2, 3, 4)
+    view = strided_view(base, (2, 4, 3), (12, 1, 4), 0, ((12, 4, 1), 0))
+    assert torch.equal(view, base.transpose(1, 2))
+    with pytest.raises(RuntimeError, match=r"expects its source with strides \(12, 4, 1\)"):
+        strided_view(base.transpose(1, 2).contiguous().transpose(1, 2), (2, 4, 3), (12, 1, 4),
+                     0, ((12, 4, 1), 0))  # fmt: skip
+
+
+def test_positions_split_into_finer_dims_or_refused():
+    base = torch.arange(2 * 6 * 4).view(2, 6, 4)
+    # dim 1 of 6 as 2 x 3 with their strides swapped: one stride per finer dim
+    moved = base.view(2, 2, 3, 4).permute(0, 2, 1, 3).contiguous().view(2, 6, 4)
+    atoms, start = _atoms(moved)
+    assert start == 0
+    assert atoms == [[(2, 24)], [(3, 4), (2, 12)], [(4, 1)]]
+    # a roll wraps around: no stride per dim gives it
+    assert _atoms(torch.roll(base, 1, 1)) is None
