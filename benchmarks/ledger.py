@@ -206,6 +206,10 @@ SOURCES = (
     "vision_h200_015bb9f.json",
     "diag_vision_host_h200_015bb9f.json",
     "vision_h200_bae8e61.json",
+    # stack writes, empty pads dropped and ops pushed into concatenations (4366de0:
+    # GhostNet-100, Swin-T, Inception-v3), copies folded into groups (2bb405a: Swin-T)
+    "vision_h200_4366de0.json",
+    "vision_h200_2bb405a.json",
     # RegNetY-016 at batch 8 channels-last and NCHW against reduce-overhead, with cuDNN's
     # tensor transforms counted (benchmarks/diag/diag_conv_layout.py at 1b6e300)
     "diag_conv_layout_h200_1b6e300.json",
