@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from helpers import assert_close, check, run_fused
 
 import fusebackend
-from fusebackend.passes.reshapes import move_reshapes_up
+from fusebackend.passes.reshapes import _broadcast_after, move_reshapes_up
 
 
 class LinearNorm(nn.Module):
@@ -101,14 +101,15 @@ def test_a_chain_is_moved_and_the_reshape_back_dropped():
 def test_what_cannot_move_stays():
     def fn(x, per_row, other):
         y = x.flatten(0, 1)
-        a = (y * per_row).reshape_as(x)  # (B*N, 1) broadcasts per row: not per channel
+        a = (y * per_row).reshape_as(x)  # (B*N, 1) per row: (B, N, 1) after, so it moves
         b = torch.sigmoid(y)
         return a, b.reshape_as(x) + b.sum(), (y.t() + 1).reshape(x.shape[::-1]) + other
 
     x, per_row = torch.randn(2, 3, 4), torch.randn(6, 1)
     other = torch.randn(4, 3, 2)
     gm, inputs = _graph_of(fn, x, per_row, other)
-    assert move_reshapes_up(gm.graph) == []  # sigmoid is read twice; y.t() is not contiguous
+    # sigmoid is read twice; y.t() is not contiguous
+    assert move_reshapes_up(gm.graph) == ["mul"]
     gm.recompile()
     for got, want in zip(gm(*inputs), fn(x, per_row, other), strict=True):
         assert_close(got, want)
@@ -130,3 +131,64 @@ def test_symbolic_sizes_move_and_match_eager():
     assert graph.rewrites.get("reshapes_moved"), str(fusebackend.last_report())
     assert any(any("hardswish" in n for n in g.nodes) and len(g.nodes) >= 4
                for g in graph.groups), str(fusebackend.last_report())  # fmt: skip
+
+
+class ShiftedWindowScores(nn.Module):
+    """timm's WindowAttention scores with a shift mask (its non-fused path): the relative
+    position bias added per head, the mask per window through a 5-d view, a softmax over
+    the 4-d view back."""
+
+    def __init__(self, heads: int = 2, tokens: int = 5, windows: int = 3, module=True) -> None:
+        super().__init__()
+        # timm's nn.Softmax(dim=-1) passes its dim positionally; torch.softmax(x, dim=-1) not
+        self.softmax = nn.Softmax(dim=-1) if module else lambda x: torch.softmax(x, dim=-1)
+        self.bias = nn.Parameter(torch.randn(heads, tokens, tokens))
+        mask = torch.zeros(windows, tokens, tokens)
+        mask[1:, : tokens // 2, tokens // 2 :] = -100.0  # as Swin's shifted windows mask
+        self.register_buffer("mask", mask)
+        self.heads, self.windows = heads, windows
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        n = scores.shape[-1]
+        attn = scores + self.bias.unsqueeze(0)
+        attn = attn.view(-1, self.windows, self.heads, n, n) + self.mask.unsqueeze(1).unsqueeze(0)
+        return self.softmax(attn.view(-1, self.heads, n, n))
+
+
+@pytest.mark.parametrize("module", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_shifted_window_bias_mask_and_softmax_in_one_group(dtype, module):
+    torch.manual_seed(4)
+    model = ShiftedWindowScores(module=module).eval().to(dtype)
+    scores = torch.randn(2 * 3, 2, 5, 5, dtype=dtype)
+    out, report = run_fused(model, scores)
+    assert_close(out, model(scores))
+    # the 5-d view moved above the bias add (the bias viewed (1, 1, heads, N, N)), the 4-d
+    # view below the softmax: one group of add, add, softmax
+    assert len(report.groups) == 1, str(report)
+    assert len(report.groups[0].nodes) == 3, str(report)
+
+
+def test_broadcast_shapes_across_a_regrouping():
+    def shape(operand, before, after):
+        return _broadcast_after(torch.empty(operand), torch.empty(before), torch.empty(after))
+
+    assert shape((1, 2, 7, 7), (8, 2, 7, 7), (2, 4, 2, 7, 7)) == (1, 1, 2, 7, 7)
+    assert shape((5, 1), (3, 5, 7), (15, 7)) is None  # the merged dim mixes both kinds
+    assert shape((3, 1, 1), (3, 5, 7), (3, 35)) == (3, 1)
+    assert shape((6, 1), (6, 4), (2, 3, 4)) == (2, 3, 1)
+    assert shape((4, 1), (4, 6), (8, 3)) is None  # 6 split 2 x 3 crosses 4 x 6 -> 8 x 3
+
+
+def test_a_softmax_along_another_dim_keeps_its_reshape():
+    def fn(x):
+        y = (x * 2.0 + 1.0).view(6, 4)
+        return torch.softmax(y.view(2, 3, 4), dim=1)
+
+    x = torch.randn(2, 3, 4)
+    gm, inputs = _graph_of(fn, x)
+    move_reshapes_up(gm.graph)
+    gm.recompile()
+    softmax = next(n for n in gm.graph.nodes if "softmax" in str(n.target))
+    assert softmax.kwargs.get("dim", softmax.args[1:2] and softmax.args[1]) == 1
+    assert_close(gm(*inputs)[0], fn(x))

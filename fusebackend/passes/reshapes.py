@@ -12,15 +12,22 @@ elementwise op before it can run in the reshaped shape instead: ``view(f(a, b))`
 ``f(view(a), view(b))``, where each operand of the op's full shape is reshaped the same way
 (the reshape node copied onto it) and each broadcast operand must broadcast the same way in
 both shapes (a number, a 0-d tensor, or a vector along a last dim both shapes share: the
-BatchNorm's per-channel scale). Repeated, the reshape climbs the chain until it meets what
+BatchNorm's per-channel scale), or, for static sizes, be viewed so that it does (each dim of
+the new shape that it covers whole or broadcasts over entirely: ``_broadcast_after``). Repeated, the reshape climbs the chain until it meets what
 produced the chain's input, where a reshape back to that value's own shape is dropped. The
 ops then sit between the producer and the consumers in one shape, and one group takes them.
+
+A softmax along the last dim of a reshape that keeps that dim runs before the reshape instead
+(``_move_down``): Swin's shifted windows add their mask in a 5-d view of the scores and take
+the softmax in the 4-d one, and the adds and the softmax become one group.
 
 Left alone: an op read elsewhere too (it would run twice), non-contiguous operands (the copied
 reshape would copy), and broadcasts that change meaning with the shape.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.fx
@@ -81,6 +88,79 @@ def _broadcasts_alike(operand: torch.Tensor, before: torch.Tensor, after: torch.
     )
 
 
+def _broadcast_after(
+    operand: torch.Tensor, before: torch.Tensor, after: torch.Tensor
+) -> tuple[int, ...] | None:
+    """The shape ``operand`` (broadcast against ``before``) takes to broadcast the same way
+    against ``after``, for static sizes, or None. Both shapes split into their common finer
+    dims; a dim of ``after`` whose finer dims the operand covers whole keeps its size, one
+    it broadcasts over entirely becomes 1, one mixing both has no such shape. Swin's
+    shifted windows: a ``(nW*B, heads, N, N)`` score plus a ``(1, heads, N, N)`` bias, viewed
+    ``(B, nW, heads, N, N)``, gives a ``(1, 1, heads, N, N)`` bias."""
+    shapes = (operand.shape, before.shape, after.shape)
+    if not all(isinstance(n, int) for shape in shapes for n in shape):
+        return None
+    if operand.dim() > before.dim():
+        return None
+    sizes = [1] * (before.dim() - operand.dim()) + list(operand.shape)
+    if any(n not in (1, m) for n, m in zip(sizes, before.shape)):
+        return None
+    full = [n == m for n, m in zip(sizes, before.shape)]
+    atoms = _finer_dims(before.shape, after.shape)
+    if atoms is None:
+        return None
+    in_before, in_after = _owners(before.shape, atoms), _owners(after.shape, atoms)
+    out = []
+    for j, size in enumerate(after.shape):
+        kinds = {full[in_before[a]] for a in atoms if in_after[a] == j}
+        if size == 1 or kinds == {True}:
+            out.append(size)
+        elif kinds == {False}:
+            out.append(1)
+        else:
+            return None
+    return tuple(out)
+
+
+def _views_as(value: torch.Tensor, shape: tuple[int, ...]) -> bool:
+    """Is ``value.reshape(shape)`` a view (no copy)?"""
+    try:
+        torch.empty_strided(value.shape, value.stride(), device="meta").view(shape)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _inner_products(shape: Sequence[int]) -> list[int]:
+    """Per dim, the product of its size and the sizes after it."""
+    products, inner = [], 1
+    for n in reversed(shape):
+        inner *= n
+        products.append(inner)
+    return list(reversed(products))
+
+
+def _finer_dims(a: Sequence[int], b: Sequence[int]) -> list[int] | None:
+    """The finer dims that both shapes split into, each named by the element count from
+    its start to the end (its inner product), or None where the shapes' dims cross."""
+    cuts = sorted({1, *_inner_products(a), *_inner_products(b)})
+    if any(hi % lo for lo, hi in zip(cuts, cuts[1:])):
+        return None
+    return cuts[1:]
+
+
+def _owners(shape: Sequence[int], atoms: list[int]) -> dict[int, int]:
+    """Which dim of ``shape`` each finer dim lies in."""
+    products = _inner_products(shape)
+    owners = {}
+    for atom in atoms:
+        for d, outer in enumerate(products):
+            inner = products[d + 1] if d + 1 < len(products) else 1
+            if inner < atom <= outer:
+                owners[atom] = d
+    return owners
+
+
 def _reshaped(
     graph: torch.fx.Graph, reshape: torch.fx.Node, operand: torch.fx.Node
 ) -> torch.fx.Node:
@@ -116,14 +196,22 @@ def _move_up(graph: torch.fx.Graph, reshape: torch.fx.Node, erased: set[torch.fx
         return False
     operands = [n for n in op.all_input_nodes if _tensor(n) is not None]
     full_shape = [n for n in operands if _same_shape(_tensor(n), before)]
+    regrouped: dict[torch.fx.Node, tuple[int, ...]] = {}  # broadcast operands given a shape
     for operand in operands:
         value = _tensor(operand)
         if operand in full_shape:
             if not known_contiguous(value):
                 return False
         elif not _broadcasts_alike(value, before, after):
-            return False
+            shape = _broadcast_after(value, before, after)
+            if shape is None or not _views_as(value, shape):
+                return False
+            regrouped[operand] = shape
     full = {n: _reshaped(graph, reshape, n) for n in full_shape}
+    with graph.inserting_before(reshape):
+        for operand, shape in regrouped.items():
+            full[operand] = graph.call_function(torch.reshape, (operand, shape))
+            full[operand].meta["example_value"] = evaluate(full[operand])
     args = torch.fx.node.map_arg(op.args, lambda n: full.get(n, n))
     kwargs = torch.fx.node.map_arg(op.kwargs, lambda n: full.get(n, n))
     with graph.inserting_before(reshape):
@@ -141,6 +229,50 @@ def _move_up(graph: torch.fx.Graph, reshape: torch.fx.Node, erased: set[torch.fx
     return True
 
 
+_SOFTMAXES = {torch.softmax, torch.log_softmax, torch.nn.functional.softmax,
+              torch.nn.functional.log_softmax}  # fmt: skip
+
+
+def _last_dim_softmax(node: torch.fx.Node) -> bool:
+    """Is ``node`` a softmax (or log_softmax) along its input's last dim?"""
+    is_call = node.op == "call_function" and node.target in _SOFTMAXES
+    if not (is_call or node.op == "call_method" and node.target in ("softmax", "log_softmax")):
+        return False
+    value = _tensor(node.args[0]) if node.args else None
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    return value is not None and isinstance(dim, int) and dim in (-1, value.dim() - 1)
+
+
+def _move_down(graph: torch.fx.Graph, softmax: torch.fx.Node) -> bool:
+    """``softmax(reshape(y))`` as ``reshape(softmax(y))`` where the reshape keeps the last
+    dim (a softmax along it works row by row, whatever the rows' shape): the softmax then
+    joins the group computing ``y``. Swin's shifted windows add their mask to the scores
+    viewed ``(B, nW, heads, N, N)`` and take the softmax ``(B * nW, heads, N, N)``."""
+    reshape = softmax.args[0]
+    source = _source(reshape) if isinstance(reshape, torch.fx.Node) else None
+    before, after = _tensor(source), _tensor(reshape)
+    if source is None or before is None or after is None or len(reshape.users) != 1:
+        return False
+    if not (_order_kept(before, after) and before.dim() and after.dim()):
+        return False
+    if not known_equal(before.shape[-1], after.shape[-1]) or _same_shape(before, after):
+        return False
+    if "dim" in softmax.kwargs:
+        args, kwargs = (source, *softmax.args[1:]), {**softmax.kwargs, "dim": -1}
+    else:
+        args, kwargs = (source, -1, *softmax.args[2:]), dict(softmax.kwargs)
+    with graph.inserting_before(softmax):
+        moved = graph.create_node(softmax.op, softmax.target, args, kwargs)
+        moved.meta["example_value"] = evaluate(moved)
+        back = graph.create_node(reshape.op, reshape.target, (moved, *reshape.args[1:]),
+                                 dict(reshape.kwargs))  # fmt: skip
+        back.meta["example_value"] = evaluate(back)
+    softmax.replace_all_uses_with(back)
+    graph.erase_node(softmax)
+    graph.erase_node(reshape)
+    return True
+
+
 def move_reshapes_up(graph: torch.fx.Graph) -> list[str]:
     """Move each reshape of an elementwise chain's result ahead of the chain (the module
     docstring); returns the ops moved, by name."""
@@ -150,7 +282,14 @@ def move_reshapes_up(graph: torch.fx.Graph) -> list[str]:
     while changed:
         changed = False
         for node in list(graph.nodes):
-            source = None if node in erased else _source(node)
+            if node in erased:
+                continue
+            if _last_dim_softmax(node) and _move_down(graph, node):
+                erased.add(node)
+                moved.append(node.name)
+                changed = True
+                continue
+            source = _source(node)
             if source is not None and _move_up(graph, node, erased):
                 moved.append(source.name)
                 changed = True
