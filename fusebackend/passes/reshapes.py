@@ -13,9 +13,10 @@ elementwise op before it can run in the reshaped shape instead: ``view(f(a, b))`
 (the reshape node copied onto it) and each broadcast operand must broadcast the same way in
 both shapes (a number, a 0-d tensor, or a vector along a last dim both shapes share: the
 BatchNorm's per-channel scale), or, for static sizes, be viewed so that it does (each dim of
-the new shape that it covers whole or broadcasts over entirely: ``_broadcast_after``). Repeated, the reshape climbs the chain until it meets what
-produced the chain's input, where a reshape back to that value's own shape is dropped. The
-ops then sit between the producer and the consumers in one shape, and one group takes them.
+the new shape that it covers whole or broadcasts over entirely: ``_broadcast_after``).
+Repeated, the reshape climbs the chain until it meets what produced the chain's input, where
+a reshape back to that value's own shape is dropped. The ops then sit between the producer
+and the consumers in one shape, and one group takes them.
 
 A softmax along the last dim of a reshape that keeps that dim runs before the reshape instead
 (``_move_down``): Swin's shifted windows add their mask in a 5-d view of the scores and take
