@@ -94,14 +94,25 @@ def test_window_partition_and_reverse_are_folded_into_the_layer_norms(dtype):
         assert_close(compile_fused(model)(x), model(x))
 
 
-def test_a_rolled_window_stays_as_traced_and_equals_eager():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_rolled_window_is_gathered_by_rows(dtype):
     torch.manual_seed(1)
-    model = WindowBlock(shift=1).eval()
-    x = torch.randn(2, 6, 9, 12)
+    model = WindowBlock(shift=1).eval().to(dtype)
+    x = torch.randn(2, 6, 9, 12, dtype=dtype)
     out, _ = run_fused(model, x)
     assert_close(out, model(x))
-    # the roll's order wraps around: neither of its windows' copies is folded
-    assert _folded() == []
+    # a roll's order wraps around, so no strides give it: norm1's group computes its rows in
+    # the windows' order (gathering x's rows), norm2's gathers the projection's rows
+    assert len(_folded()) == 4, _folded()  # two rolls, two copies
+    assert sum(name.startswith("contiguous") for name in _folded()) == 2, _folded()
+    assert _copies_left() == []
+    assert not any(n.target is torch.roll for n in _fused_graph().nodes)
+    gathers = [n.target.program.lookups for n in _fused_graph().nodes
+               if hasattr(n.target, "program") and n.target.program.lookups]  # fmt: skip
+    assert len(gathers) == 2 and all(not lk.checked for lks in gathers for lk in lks)
+    with torch.no_grad():
+        x = torch.randn(2, 6, 9, 12, dtype=dtype)
+        assert_close(compile_fused(model)(x), model(x))
 
 
 def test_an_operand_read_through_its_transpose():
@@ -209,3 +220,21 @@ def test_timm_swin_folds_its_window_copies_and_equals_eager():
     # the partition and reverse of the 5 blocks without a shift and whose windows are not
     # the whole image (a CPU trace in fp32 folds the same 10); the rolled blocks' stay
     assert len(_folded()) == 10, str(fusebackend.last_report())
+
+
+def test_a_row_order_built_here_is_gathered_without_the_index_assert():
+    """Token ids trip the kernel's assert, which needs Triton's debug build (5% slower);
+    a row order the backend built and checked needs neither."""
+    from fusebackend.kernels import KernelOptions
+    from fusebackend.kernels.ir import Instr, Lookup, RowProgram, ValueRef
+    from fusebackend.kernels.launch import kernel_source
+
+    def program(checked: bool) -> RowProgram:
+        relu = Instr("relu", (ValueRef(0),), torch.float32)
+        return RowProgram((torch.float32, torch.int32), (Lookup(1, 0, checked),), (relu,), (1,))
+
+    options = KernelOptions(index_checks=True)
+    _, checked = kernel_source(program(True), 1, options)
+    _, built = kernel_source(program(False), 1, options)
+    assert "device_assert" in checked and "debug=True" in checked
+    assert "device_assert" not in built and "debug=False" in built

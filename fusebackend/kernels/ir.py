@@ -91,10 +91,16 @@ Operand = InputRef | ValueRef | Const | None  # None: an optional operand left o
 
 @dataclasses.dataclass(frozen=True)
 class Lookup:
-    """``table[indices]``: rows of a 2-D table gathered by an integer index tensor."""
+    """``table[indices]``: rows of a 2-D table gathered by an integer index tensor.
+
+    ``checked``: the indices come from the model (token ids), so an out-of-range one trips
+    the kernel's assert (``KernelOptions.index_checks``); False for indices the backend
+    built and checked itself (the row order of a copy folded into a group:
+    passes/folded_copies.py), which need neither the assert nor the debug build."""
 
     index_slot: int
     table_slot: int
+    checked: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

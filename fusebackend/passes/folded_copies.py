@@ -25,10 +25,12 @@ the strides that value had when traced; ``strided_view`` checks them at each cal
 layout other than the traced one raises (and falls back, its reason given) instead of
 reading the wrong elements.
 
-Left as traced: sizes that are not plain ints, chains that other nodes also read, a
-``torch.roll`` (its order wraps around: not one stride per dim), operands that broadcast,
-groups paired with another or already writing into a concatenation, several choices of
-finer dims that do not agree (the first kept).
+Where no strides give the order (a ``torch.roll`` wraps it around), rows are gathered by a
+table of row numbers instead (passes/gathered_rows.py).
+
+Left as traced: sizes that are not plain ints, chains that other nodes also read, operands
+that broadcast, groups paired with another or already writing into a concatenation, several
+choices of finer dims that do not agree (the first kept).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import torch.fx
 
 from fusebackend.passes.concat_writes import written_parts
 from fusebackend.passes.fx_util import call_evaluated, evaluate, example_value
+from fusebackend.passes.gathered_rows import gather_rows
 
 __all__ = ["fold_copies_into_groups", "strided_view"]
 
@@ -74,15 +77,16 @@ def strided_view(
     return base.as_strided(size, stride, offset)
 
 
-def fold_copies_into_groups(graph: torch.fx.Graph) -> list[str]:
+def fold_copies_into_groups(graph: torch.fx.Graph, owner: torch.nn.Module) -> list[str]:
     """Fold element-moving copies into the groups that write or read them (module
-    docstring); returns the names of the copies gone."""
+    docstring); returns the names of the copies gone. ``owner``: the module whose
+    attributes the graph's ``get_attr`` nodes read (row orders are kept there)."""
     folded: list[str] = []
     for node in list(graph.nodes):
         op = node.target
         if node.op == "call_function" and hasattr(op, "writing_into") and op.use_triton:
             if not op.into:
-                folded += _fold(graph, node)
+                folded += _fold(graph, owner, node)
     if folded:
         graph.eliminate_dead_code()
         graph.lint()
@@ -264,21 +268,26 @@ def _split_shape(
 
 class _Write:
     """Output ``k`` of the group (read only by ``chain``, which ends in a copy) written
-    straight into a buffer of ``stride`` (the copy's) that takes the copy's place."""
+    straight into a buffer of ``stride`` (the copy's) that takes the copy's place;
+    ``offsets``: where each of the output's elements goes in it."""
 
     def __init__(self, k: int, item: torch.fx.Node, chain: list[torch.fx.Node],
-                 stride: tuple[int, ...], atoms: Atoms, base: int) -> None:  # fmt: skip
-        self.k, self.item, self.chain, self.stride = k, item, chain, stride
-        self.atoms, self.base = atoms, base
+                 stride: tuple[int, ...], offsets: torch.Tensor) -> None:  # fmt: skip
+        self.k, self.item, self.chain, self.stride, self.offsets = k, item, chain, stride, offsets
+        found = _atoms(offsets)
+        self.atoms, self.base = found if found is not None else (None, 0)
 
 
 class _Read:
     """Input ``slot`` of the group (``chain`` from ``source``, with a copy in it) read
-    through a strided view of ``source``."""
+    through a strided view of ``source``; ``offsets``: where each of its elements is in
+    ``source``'s storage."""
 
     def __init__(self, slot: int, source: torch.fx.Node, chain: list[torch.fx.Node],
-                 atoms: Atoms, base: int) -> None:  # fmt: skip
-        self.slot, self.source, self.chain, self.atoms, self.base = slot, source, chain, atoms, base
+                 offsets: torch.Tensor) -> None:  # fmt: skip
+        self.slot, self.source, self.chain, self.offsets = slot, source, chain, offsets
+        found = _atoms(offsets)
+        self.atoms, self.base = found if found is not None else (None, 0)
 
 
 def _group_shape(node: torch.fx.Node) -> torch.Size | None:
@@ -320,8 +329,7 @@ def _write_of(k: int, item: torch.fx.Node, shape: torch.Size) -> _Write | None:
         return None  # an element dropped or repeated: not a reordering
     offsets = torch.empty(numel, dtype=torch.int64)
     offsets[flat] = _storage_offsets(layout).flatten()
-    found = _atoms(offsets.view(shape))
-    return None if found is None else _Write(k, item, chain, stride, *found)
+    return _Write(k, item, chain, stride, offsets.view(shape))
 
 
 def _read_of(slot: int, arg: Any, group: torch.fx.Node, shape: torch.Size) -> _Read | None:
@@ -338,8 +346,7 @@ def _read_of(slot: int, arg: Any, group: torch.fx.Node, shape: torch.Size) -> _R
         return None
     if value.numel() > _MAX_ELEMENTS:
         return None
-    found = _atoms(_run_chain(chain, _storage_offsets(value)))
-    return None if found is None else _Read(slot, node, chain, *found)
+    return _Read(slot, node, chain, _run_chain(chain, _storage_offsets(value)))
 
 
 def _dense_size(value: torch.Tensor) -> int:
@@ -354,7 +361,7 @@ def _storage_offsets(value: torch.Tensor) -> torch.Tensor:
     return flat.as_strided(tuple(value.shape), tuple(value.stride()), start)
 
 
-def _fold(graph: torch.fx.Graph, group: torch.fx.Node) -> list[str]:
+def _fold(graph: torch.fx.Graph, owner: torch.nn.Module, group: torch.fx.Node) -> list[str]:
     shape = _group_shape(group)
     if shape is None:
         return []
@@ -373,13 +380,19 @@ def _fold(graph: torch.fx.Graph, group: torch.fx.Node) -> list[str]:
     for slot, arg in enumerate(group.args):
         if slot not in skipped:
             choices.append(_read_of(slot, arg, group, shape))
+    choices = [c for c in choices if c is not None]
     kept: list[_Write | _Read] = []
     for choice in choices:
-        if choice is None or len(choice.atoms[-1]) != 1:
-            continue  # none, or the row dim split: the kernel steps along a row by one stride
+        if choice.atoms is None or len(choice.atoms[-1]) != 1:
+            continue  # no stride per dim, or the row dim split (one stride along a row)
         if _finer([c.atoms for c in (*kept, choice)], len(shape)) is not None:
             kept.append(choice)
-    if not kept:
+    if not kept:  # an order that wraps around (a roll): rows gathered by index instead
+        for choice in choices:
+            names = [n.name for n in choice.chain if _copies(n)]
+            if gather_rows(graph, owner, group, shape, choice):
+                _erase_backwards(graph, choice.chain[-1])
+                return names
         return []
     finer = _finer([c.atoms for c in kept], len(shape))
     assert finer is not None
