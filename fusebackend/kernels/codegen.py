@@ -227,10 +227,15 @@ class _Writer:
                 params += [f"in{slot}_ptr"] + [f"in{slot}_{s}" for s in leads] + [f"in{slot}_sc"]
                 docs += [f"operand ({dtype}, {width}), broadcast to the group's shape"]
                 docs += [f"  stride of row dim {d}" for d in range(self.rank)] + ["  column stride"]
+        placed = dict(p.placed_outputs)
         for k, value in enumerate(p.outputs):
             width = "narrow" if value in p.narrow_values else "row"
-            params += [f"out{k}_ptr"] + [f"out{k}_{s}" for s in leads] + [f"out{k}_sc"]
             docs += [f"output {k}: value v{value} ({p.value_dtype(value)}, {width})"]
+            if k in placed:
+                params += [f"out{k}_ptr", f"out{k}_s0", f"out{k}_sc"]
+                docs += [f"  row stride (rows placed by in{placed[k]})", "  column stride"]
+                continue
+            params += [f"out{k}_ptr"] + [f"out{k}_{s}" for s in leads] + [f"out{k}_sc"]
             docs += [f"  stride of row dim {d}" for d in range(self.rank)] + ["  column stride"]
         params += [f"size{d}" for d in range(self.rank)] + ["R", "D"]
         docs += [f"row dim {d} of the group's shape" for d in range(self.rank)]
@@ -305,9 +310,15 @@ class _Writer:
         """Name of the [BLOCK_R] vector of row offsets of tensor ``prefix`` (outer scope)."""
         key = ("row_offset", prefix)
         if key not in self.outer.names:
-            terms = [f"c{d} * {prefix}_s{d}" for d in range(self.rank)]
             name = f"ro_{prefix}"
-            self.emit(self.outer, f"{name} = {' + '.join(terms) if terms else 'rows * 0'}")
+            placing = {f"out{k}": slot for k, slot in self.p.placed_outputs}.get(prefix)
+            if placing is not None:  # the row's place: a row number read per row
+                row = f"in{placing}_ptr + {self._row_offset(f'in{placing}')}"
+                self.emit(self.outer, f"{name} = tl.load({row}, mask=row_mask, other=0)"
+                                      f".to(tl.int64) * {prefix}_s0")  # fmt: skip
+            else:
+                terms = [f"c{d} * {prefix}_s{d}" for d in range(self.rank)]
+                self.emit(self.outer, f"{name} = {' + '.join(terms) if terms else 'rows * 0'}")
             self.outer.names[key] = name
         return self.outer.names[key]
 

@@ -213,6 +213,11 @@ class RowProgram:
     ``eps`` that Dynamo passes into the graph as an input under dynamic shapes). The kernel
     takes each as a scalar argument (fp32; fp64 in fp64 programs), read at every call, so
     the program holds no value of it. Their ``input_dtypes`` entry is that type.
+
+    ``placed_outputs``: (output, slot) pairs: that output's rows are stored at the row
+    numbers the integer tensor in ``slot`` gives (one per row, like a lookup's indices),
+    into the 2-d tensor given to write it into (a copy in another row order folded into
+    the group: passes/gathered_rows.py).
     """
 
     input_dtypes: tuple[torch.dtype, ...]
@@ -221,6 +226,7 @@ class RowProgram:
     outputs: tuple[int, ...]  # value indices written out, in the order returned
     narrow_inputs: frozenset[int] = frozenset()
     scalar_inputs: frozenset[int] = frozenset()
+    placed_outputs: tuple[tuple[int, int], ...] = ()
 
     def __hash__(self) -> int:
         # Computed once: a program keys the compiled-kernel cache at every new launch plan,
@@ -247,7 +253,9 @@ class RowProgram:
     # instance __dict__ directly, so it works on a frozen dataclass; eq and hash use fields.)
     @functools.cached_property
     def index_slots(self) -> frozenset[int]:
-        return frozenset(lookup.index_slot for lookup in self.lookups)
+        """Integer tensors read once per row: lookups' indices and placed outputs' rows."""
+        placing = (slot for _, slot in self.placed_outputs)
+        return frozenset((*(lookup.index_slot for lookup in self.lookups), *placing))
 
     @functools.cached_property
     def table_slots(self) -> frozenset[int]:

@@ -199,9 +199,14 @@ def _prepare(
             shape = narrow_shape if slot in program.narrow_inputs else group_shape
             *lead_strides, col_stride = _expand_strides(t.shape, t.stride(), shape)
             entries.append((slot, tuple(lead_strides), (col_stride,)))
+    placed = dict(program.placed_outputs)
     for j, (value, (out_shape, dtype)) in enumerate(zip(program.outputs, outputs)):
         shape = narrow_shape if value in program.narrow_values else group_shape
         given = out[j] if out is not None else None
+        if j in placed:  # rows placed by a row number each: a 2-d destination
+            _check_rows_destination(j, given, out_shape, dtype)
+            entries.append((len(inputs) + j, (given.stride(0),), (given.stride(1),)))
+            continue
         if given is None:  # as the output is allocated: contiguous
             strides = _expand_strides(out_shape, _contiguous_strides(out_shape), shape)
         else:
@@ -209,7 +214,7 @@ def _prepare(
             strides = _expand_strides(out_shape, given.stride(), shape)
         *lead_strides, col_stride = strides
         entries.append((len(inputs) + j, tuple(lead_strides), (col_stride,)))
-    unstrided = program.table_slots | program.scalar_inputs
+    unstrided = program.table_slots | program.scalar_inputs | {len(inputs) + j for j in placed}
     strided = [i for i, (slot, _, _) in enumerate(entries) if slot not in unstrided]
     sizes, lead_strides = _collapse_lead(lead, [entries[i][1] for i in strided])
     for i, merged in zip(strided, lead_strides):
@@ -231,6 +236,14 @@ def _check_destination(k: int, given: torch.Tensor, shape: torch.Size, dtype: to
             f"output {k} is {tuple(shape)} {dtype}; the tensor given to write it into is "
             f"{tuple(given.shape)} {given.dtype}"
         )
+
+
+def _check_rows_destination(k: int, given: Any, shape: torch.Size, dtype: torch.dtype) -> None:
+    """A placed output's destination: rows of its width, as many as it has, its dtype."""
+    if given is None or given.dim() != 2 or (given.shape[0], given.shape[1]) != (
+        shape[:-1].numel(), shape[-1]) or given.dtype != dtype:  # fmt: skip
+        raise ValueError(f"output {k} ({tuple(shape)} {dtype}) is placed by row numbers: it "
+                         "needs a 2-d tensor of its rows to write into")  # fmt: skip
 
 
 def _collapse_lead(

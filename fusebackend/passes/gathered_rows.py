@@ -1,23 +1,19 @@
-"""Copies whose order wraps around, folded into a group as rows gathered by index.
+"""Copies whose order wraps around, folded into a group by a table of row numbers.
 
 ``passes/folded_copies.py`` folds a copy into the group that writes or reads it where every
 element's place is one stride per dim. A ``torch.roll`` before the copy wraps its rows around
 (Swin's shifted windows: ``roll(norm1(x), -3, (1, 2))`` then the window partition's copy;
 the window reverse's copy then ``roll(..., 3, (1, 2))`` before the residual add and norm2),
-which no strides give, so there the rows move by a table of row numbers instead, built at
+which no strides give, so there rows move by a table of row numbers instead, built at
 compile time (an ``int32`` per row; the row dim itself still one stride):
 
 - a group operand that is such a copy of a value: each row is gathered from the value,
   viewed as a 2-d table of rows, by the table (an unchecked ``Lookup`` of the program);
-- a group output that only such a chain reads, where the group works row by row and every
-  other operand is the same for every row: the group computes the rows in the copy's order
-  instead, gathering each full-shape operand's rows by the table, and writes the copy's
-  buffer as it is (a row-wise program commutes with any order of its rows).
+- a group output that only such a chain reads: each row is stored at its row of the copy's
+  buffer (``RowProgram.placed_outputs``); the group's other outputs are as they were.
 
-Left as traced: an operand that is not rows of one stride (its row dim split, its rows not
-a table), a rotated operand (the kernel rotates only what it loads itself), and, for an
-output, a group with other outputs, lookups of its own, or operands that differ per row
-without being of its full shape.
+Left as traced: an operand or a buffer that is not rows of one stride (its row dim split, its
+rows not a table), and a rotated operand (the kernel rotates only what it loads itself).
 """
 
 from __future__ import annotations
@@ -51,7 +47,7 @@ def gather_rows(
     it replaces is left for the caller to erase."""
     if hasattr(choice, "slot"):
         return _gathered_read(graph, owner, group, shape, choice)
-    return _gathered_write(graph, owner, group, shape, choice)
+    return _placed_write(graph, owner, group, shape, choice)
 
 
 def _row_numbers(offsets: torch.Tensor, start: int, rows: int, row_stride: int,
@@ -165,48 +161,33 @@ def _gathered_read(graph: torch.fx.Graph, owner: torch.nn.Module, group: torch.f
     return True
 
 
-def _gathered_write(graph: torch.fx.Graph, owner: torch.nn.Module, group: torch.fx.Node,
-                    shape: torch.Size, write: Any) -> bool:  # fmt: skip
+def _placed_write(graph: torch.fx.Graph, owner: torch.nn.Module, group: torch.fx.Node,
+                  shape: torch.Size, write: Any) -> bool:  # fmt: skip
     program = group.target.program
-    if len(program.outputs) != 1 or program.lookups or len(group.users) != 1:
-        return False
-    width = shape[-1]
-    gathered = set()
-    for slot, arg in enumerate(group.args):
-        value = example_value(arg) if isinstance(arg, torch.fx.Node) else None
-        if not isinstance(value, torch.Tensor):
-            continue
-        if tuple(value.shape) == tuple(shape) and slot not in program.narrow_inputs:
-            if _table_of(value, width) is None:
-                return False
-            gathered.add(slot)
-        elif any(n != 1 for n in value.shape[:-1]):
-            return False  # differs per row without being of the full shape
-    last = example_value(write.chain[-1])
+    width, last = shape[-1], example_value(write.chain[-1])
     contiguous = torch.empty(last.shape, device="meta").stride()
     if last.shape[-1] != width or tuple(write.stride) != tuple(contiguous):
         return False
-    numel = shape.numel()
-    source_of = torch.empty(numel, dtype=torch.int64)  # per place in the buffer, the element
-    source_of[write.offsets.flatten()] = torch.arange(numel, dtype=torch.int64)
-    numbers = _row_numbers(source_of.view(*last.shape[:-1], width), 0, numel // width, width, 1)
-    new = _with_lookups(program, gathered)
-    if numbers is None or new is None:
+    numbers = _row_numbers(write.offsets, 0, shape.numel() // width, width, 1)
+    if numbers is None:
         return False
+    slot = len(program.input_dtypes)
+    new = dataclasses.replace(program, input_dtypes=(*program.input_dtypes, torch.int32),
+                              placed_outputs=((write.k, slot),))  # fmt: skip
     with graph.inserting_before(group):
-        args = list(group.args)
-        for slot in gathered:
-            args[slot] = call_evaluated(graph, torch.reshape, (args[slot], (-1, width)))
         order = _order_attr(graph, owner, numbers, last.device, last)
         buffer = graph.call_function(torch.empty, (tuple(last.shape),),
                                      {"dtype": last.dtype, "device": last.device})  # fmt: skip
         with last.fake_mode:
             buffer.meta["example_value"] = torch.empty(last.shape, dtype=last.dtype,
                                                        device=last.device)  # fmt: skip
-    group.target = _new_op(group, new).writing_into([0], [])
-    group.args = (*args, order, buffer)
-    group.meta["example_value"] = (example_value(buffer),)
-    write.item.meta["example_value"] = example_value(buffer)
+        rows = call_evaluated(graph, torch.reshape, (buffer, (-1, width)))
+    group.target = _new_op(group, new).writing_into([write.k], [])
+    group.args = (*group.args, order, rows)
+    outs = list(example_value(group))
+    outs[write.k] = example_value(rows)
+    group.meta["example_value"] = tuple(outs)
+    write.item.meta["example_value"] = example_value(rows)
     end = write.chain[-1]
     with graph.inserting_before(end):
         joined = graph.call_function(written_parts, (buffer, write.item))
