@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from helpers import assert_close, compile_fused, run_fused
 
 import fusebackend
@@ -158,7 +159,7 @@ def test_windows_of_two_sizes_read_and_written_by_one_group():
     assert len(_folded()) == 2, _folded()
 
 
-def test_a_copy_read_elsewhere_too_stays():
+def test_a_copy_read_elsewhere_too_is_not_written_by_its_producer():
     def fn(x):
         t = (torch.sigmoid(x) * 3.0 + 1.0).permute(0, 2, 1)
         return t.contiguous() * 2.0, t  # the permuted view is returned as well
@@ -166,7 +167,11 @@ def test_a_copy_read_elsewhere_too_stays():
     x = torch.randn(2, 5, 6)
     out, _ = run_fused(fn, x)
     assert_close(out, fn(x))
-    assert _folded() == []
+    # the first group keeps its layout (its permuted view is returned); the multiply, a
+    # group of its own for the copy it takes in, reads that view through its strides
+    assert _folded() == ["contiguous"]
+    writers = [n for n in _fused_graph().nodes if getattr(n.target, "into", ())]
+    assert writers == []
 
 
 def test_strided_view_refuses_a_layout_it_was_not_worked_out_for():
@@ -241,3 +246,47 @@ def test_a_row_order_built_here_is_gathered_without_the_index_assert():
     _, built = kernel_source(program(False), 1, options)
     assert "device_assert" in checked and "debug=True" in checked
     assert "device_assert" not in built and "debug=False" in built
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_lone_activation_takes_in_the_copy_of_its_operand(dtype):
+    """LeViT's attention output: ``(attn @ v).transpose(1, 2).reshape(B, N, heads * d)``
+    then a hardswish. Alone the hardswish would be one kernel as in eager, but it also
+    takes in the reshape's copy (its row split into heads x d: an elementwise program's
+    rows can be cut anywhere), so two kernels become one."""
+
+    def fn(attn, v):
+        x = (attn @ v).transpose(1, 2).reshape(2, 11, 3 * 7)
+        return F.hardswish(x)
+
+    attn, v = torch.randn(2, 3, 11, 11, dtype=dtype), torch.randn(2, 3, 11, 7, dtype=dtype)
+    out, report = run_fused(fn, attn, v)
+    assert_close(out, fn(attn, v))
+    assert [g.nodes for g in report.groups] == [("hardswish",)], str(report)
+    assert len(_folded()) == 1, _folded()
+
+
+def test_a_lone_activation_without_a_copy_stays_aten():
+    def fn(a, b):
+        return F.hardswish(a @ b)
+
+    a, b = torch.randn(4, 6), torch.randn(6, 5)
+    out, report = run_fused(fn, a, b, expect_fused=False)
+    assert_close(out, fn(a, b))
+    assert report.groups == [], str(report)
+
+
+def test_a_row_wise_group_keeps_its_rows_whole():
+    """A softmax over ``heads * d`` reading the attention output's transposed copy: the
+    copy would split its row into heads x d, which a row-wise program cannot take (its
+    reduction spans the whole row): the copy stays, the result is eager's."""
+    b = torch.randn(3 * 7)
+
+    def fn(attn, v):
+        x = (attn @ v).transpose(1, 2).reshape(2, 11, 3 * 7)
+        return torch.softmax(x + b, dim=-1)
+
+    attn, v = torch.randn(2, 3, 11, 11), torch.randn(2, 3, 11, 7)
+    out, _ = run_fused(fn, attn, v)
+    assert_close(out, fn(attn, v))
+    assert _folded() == []

@@ -383,6 +383,15 @@ MUTATIONS: list[Mutation] = [
         note="an operand read from inside its source is read from the source's first element",
     ),
     Mutation(
+        "row_wise_program_rows_split",
+        "pass: folded copies",
+        "fusebackend/passes/folded_copies.py",
+        "    return not (program.has_reduction or program.lookups or program.narrow_inputs\n",
+        "    return True or not (program.has_reduction or program.lookups or program.narrow_inputs\n",
+        ("tests/test_folded_copies.py",),
+        note="a softmax's or norm's rows are split by a folded copy: it reduces part rows",
+    ),
+    Mutation(
         "gathered_row_numbers_reversed",
         "pass: gathered rows",
         "fusebackend/passes/gathered_rows.py",

@@ -17,10 +17,14 @@ row dims split finer (H into H/7 x 7), every element's place is one stride per d
   of that value itself;
 
 and the group runs over the finer row dims: its other operands are split into them by views
-(splitting a dim is always a view), its other outputs viewed back. Where each element goes
+(splitting a dim is always a view), its other outputs viewed back. An elementwise program
+(no reduction) may have its row dim split too (LeViT's attention output, ``(attn @ v)
+.transpose(1, 2).reshape(B, N, heads * d)``, read by a hardswish: rows of d); and a group of
+one elementwise op forms only where it takes a copy in (passes/partition.py: two kernels
+become one). Where each element goes
 is worked out by running the chain on a tensor of positions (no rule per view op), and kept
-only where it is one stride per finer dim, checked element by element. The row dim itself
-stays whole (the kernel steps along a row by one stride). A view of a value is taken with
+only where it is one stride per finer dim, checked element by element. The row dim of a
+row-wise program stays whole (the kernel steps along a row by one stride). A view of a value is taken with
 the strides that value had when traced; ``strided_view`` checks them at each call, so a
 layout other than the traced one raises (and falls back, its reason given) instead of
 reading the wrong elements.
@@ -42,11 +46,12 @@ from typing import Any
 import torch
 import torch.fx
 
+from fusebackend.kernels.ir import Rotate
 from fusebackend.passes.concat_writes import written_parts
 from fusebackend.passes.fx_util import call_evaluated, evaluate, example_value
 from fusebackend.passes.gathered_rows import gather_rows
 
-__all__ = ["fold_copies_into_groups", "strided_view"]
+__all__ = ["copy_folds_into", "fold_copies_into_groups", "strided_view"]
 
 # Ops that pick, reorder or copy elements and compute nothing (as methods and functions).
 _METHODS = {"view", "reshape", "permute", "transpose", "t", "unsqueeze", "squeeze", "flatten",
@@ -91,6 +96,29 @@ def fold_copies_into_groups(graph: torch.fx.Graph, owner: torch.nn.Module) -> li
         graph.eliminate_dead_code()
         graph.lint()
     return folded
+
+
+def copy_folds_into(node: torch.fx.Node, operand: torch.fx.Node) -> bool:
+    """Would a group of ``node`` alone take a copy in: is its ``operand`` a chain of views
+    with a reordering copy in it that only ``node`` reads, or is its only reader such a
+    chain? (The partition's test for a one-op group that pays: two kernels become one.)"""
+    chain, value = operand, example_value(operand)
+    if not (isinstance(value, torch.Tensor) and value.shape == example_value(node).shape):
+        return False
+    readers = [node]
+    while _moves_elements(chain) and [*chain.users] == readers:
+        if _copies(chain):
+            return True
+        readers, chain = [chain], chain.args[0]
+    chain = node
+    while len(chain.users) == 1:
+        (user,) = chain.users
+        if not (_moves_elements(user) and user.args[0] is chain):
+            return False
+        if _copies(user):
+            return True
+        chain = user
+    return False
 
 
 # -- which nodes move elements ------------------------------------------------------------
@@ -349,6 +377,14 @@ def _read_of(slot: int, arg: Any, group: torch.fx.Node, shape: torch.Size) -> _R
     return _Read(slot, node, chain, _run_chain(chain, _storage_offsets(value)))
 
 
+def _elementwise(program: Any) -> bool:
+    """Does ``program`` compute each element from the same element of its operands alone
+    (no reduction, rotation, lookup or one-value-per-row operand), so that its rows can be
+    cut anywhere?"""
+    return not (program.has_reduction or program.lookups or program.narrow_inputs
+                or any(isinstance(i, Rotate) for i in program.instrs))  # fmt: skip
+
+
 def _dense_size(value: torch.Tensor) -> int:
     """How many elements of its storage ``value`` spans from its offset."""
     return 1 + sum((n - 1) * abs(s) for n, s in zip(value.shape, value.stride()) if n > 0)
@@ -383,8 +419,8 @@ def _fold(graph: torch.fx.Graph, owner: torch.nn.Module, group: torch.fx.Node) -
     choices = [c for c in choices if c is not None]
     kept: list[_Write | _Read] = []
     for choice in choices:
-        if choice.atoms is None or len(choice.atoms[-1]) != 1:
-            continue  # no stride per dim, or the row dim split (one stride along a row)
+        if choice.atoms is None or (len(choice.atoms[-1]) != 1 and not _elementwise(program)):
+            continue  # no stride per dim, or a row split that a row-wise program cannot take
         if _finer([c.atoms for c in (*kept, choice)], len(shape)) is not None:
             kept.append(choice)
     if not kept:  # an order that wraps around (a roll): rows gathered by index instead
@@ -446,8 +482,10 @@ def _rewrite(
     outs = list(example_value(group))
     lead = [n for dim in finer[:-1] for n in dim]
     for k, out in enumerate(outs):
+        # an elementwise program's row may be split too: its finer dims lead but the last
+        sizes = (*lead, *finer[-1]) if out.shape[-1] == shape[-1] else (*lead, 1)
         with out.fake_mode:
-            outs[k] = torch.empty((*lead, out.shape[-1]), dtype=out.dtype, device=out.device)
+            outs[k] = torch.empty(sizes, dtype=out.dtype, device=out.device)
     for k, _, dest in dests:
         outs[k] = example_value(dest)
     if dests:

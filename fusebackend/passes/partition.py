@@ -37,6 +37,7 @@ import torch.fx
 
 from fusebackend.passes.dtensor import is_dtensor
 from fusebackend.passes.embedding_fusion import check_lookup, is_embedding
+from fusebackend.passes.folded_copies import copy_folds_into
 from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.groups import (
@@ -534,9 +535,16 @@ class _FusionPass:
 
 
 def _pays_alone(candidate: Candidate) -> bool:
-    """Is the group one op whose kernel beats aten's alone (``_LONE_OPS_THAT_PAY``)?"""
+    """Is the group one op whose kernel beats aten's alone (``_LONE_OPS_THAT_PAY``), or one
+    that takes in a copy reordering its operand or its output (passes/folded_copies.py:
+    LeViT's hardswish on the attention's ``transpose(1, 2).reshape``: two kernels, one)?"""
     calls = list(candidate.calls.values())
-    return not candidate.lookups and len(calls) == 1 and calls[0].op.name in _LONE_OPS_THAT_PAY
+    if candidate.lookups or len(calls) != 1:
+        return False
+    (node,) = candidate.calls
+    if calls[0].op.name in _LONE_OPS_THAT_PAY:
+        return True
+    return any(copy_folds_into(node, operand) for operand in node.all_input_nodes)
 
 
 def _kind(node: torch.fx.Node) -> OpKind | None:
