@@ -24,10 +24,10 @@ one elementwise op forms only where it takes a copy in (passes/partition.py: two
 become one). Where each element goes
 is worked out by running the chain on a tensor of positions (no rule per view op), and kept
 only where it is one stride per finer dim, checked element by element. The row dim of a
-row-wise program stays whole (the kernel steps along a row by one stride). A view of a value is taken with
-the strides that value had when traced; ``strided_view`` checks them at each call, so a
-layout other than the traced one raises (and falls back, its reason given) instead of
-reading the wrong elements.
+row-wise program stays whole (the kernel steps along a row by one stride). A view of a value
+is taken with the strides that value had when traced; ``strided_view`` checks them at each
+call, so a layout other than the traced one raises (and falls back, its reason given)
+instead of reading the wrong elements.
 
 Where no strides give the order (a ``torch.roll`` wraps it around), rows are gathered by a
 table of row numbers instead (passes/gathered_rows.py).
