@@ -12,14 +12,12 @@ families (kernels/family.py), compiled ahead by one loop (``_precompile``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import itertools
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -30,6 +28,7 @@ from fusebackend.kernels import KernelOptions, kernel_source, triton_usable
 from fusebackend.kernels.cache_write import write_cache_pair
 from fusebackend.kernels.decode_attention import decode_attention
 from fusebackend.kernels.family import family_of, launch_path
+from fusebackend.kernels.ir import value_shapes
 from fusebackend.kernels.launch import launch_rank, layout_for, precompile_all
 from fusebackend.kernels.matmul import matmul_op
 from fusebackend.kernels.spatial_mean import spatial_mean
@@ -58,7 +57,7 @@ from fusebackend.passes.reshapes import move_reshapes_up
 from fusebackend.passes.rewrite import reference_graph, rewrite
 from fusebackend.passes.rotary_epilogue import use_rotary_epilogues
 from fusebackend.passes.spatial_means import use_spatial_means
-from fusebackend.pipeline import Compilation, Pass, run_passes
+from fusebackend.pipeline import Compilation, Pass, collector_paused, run_passes
 from fusebackend.prepare import (
     PREPARE,
     batch_size_inputs,
@@ -76,26 +75,6 @@ __all__ = ["FUSE", "FusedGroupOp", "FusedPairOp", "infinifuse"]  # the ops: row_
 
 log = logging.getLogger(__name__)
 _graph_ids = itertools.count()
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the duration (as it was, after).
-
-    The passes allocate many small objects (FX nodes, example values), which trigger full
-    collections over everything the process holds: Dynamo's graphs, fake tensors, earlier
-    compiled graphs. On a CPU (TRITON_INTERPRET=1, a 22-layer Llama decode graph, the 2nd to
-    4th compile in one process) the backend took 0.43-0.47 s, 0.30-0.33 s of it in the
-    collector's pauses, against 0.12-0.14 s with the collector paused (2026-11-25). What
-    the passes leave behind is collected at the next collection after this.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 # ---- Fusion: on a copy of the graph the runtime runs; stops where nothing will be fused.
@@ -269,6 +248,29 @@ def _drop_rejections(c: Compilation, gone: Callable[[torch.fx.Graph], list[str]]
     return names
 
 
+def _fold_copies(c: Compilation) -> list[str]:
+    """Copies folded into groups; a group whose launch changed with them (finer row dims,
+    rows gathered or placed) gets its report's kernel name and source again, and its op
+    that name: what ``explain``, the launch counts and a profile show then agree."""
+    assert c.graph is not None
+    before = {n: (n.target, n.args) for n in c.graph.nodes if hasattr(n.target, "writing_into")}
+    names = _drop_rejections(c, lambda g: fold_copies_into_groups(g, c.gm))
+    reports = {r.name: k for k, r in enumerate(c.groups)}
+    for node, traced in before.items():
+        op = node.target
+        if node.graph is not c.graph or (op, node.args) == traced or op.group not in reports:
+            continue
+        inputs = [example_value(a) if isinstance(a, torch.fx.Node) else a
+                  for a in node.args[: len(op.program.input_dtypes)]]  # fmt: skip
+        width = value_shapes(op.program, inputs)[1][-1]
+        name, source = kernel_source(op.program, launch_rank(op.program, inputs) or 1,
+                                     op.options, layout_for(op.program, width))  # fmt: skip
+        k = reports[op.group]
+        c.groups[k] = dataclasses.replace(c.groups[k], kernel_name=name, source=source)
+        op.__name__ = op.__qualname__ = name
+    return names
+
+
 def _precompile_pass(c: Compilation) -> None:
     c.launches, c.launch_paths = _precompile(c.graph)  # type: ignore[arg-type]
 
@@ -315,8 +317,7 @@ FUSE = [
     Pass("write_concatenations", lambda c: _drop_rejections(c, write_concatenations),
          "concatenations written in place by the groups computing their parts (fused graph)",
          report="concatenations_written", needs_rewrites=True),
-    Pass("fold_copies_into_groups",
-         lambda c: _drop_rejections(c, lambda g: fold_copies_into_groups(g, c.gm)),
+    Pass("fold_copies_into_groups", _fold_copies,
          "copies that reorder elements written or read in place by groups (fused graph)",
          report="copies_folded", needs_rewrites=True),
     Pass("pair_cache_writes",
@@ -338,7 +339,7 @@ FINISH = [
 ]  # fmt: skip
 
 
-@_collector_paused()
+@collector_paused()
 def infinifuse(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],

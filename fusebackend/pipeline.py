@@ -13,10 +13,12 @@ Imports no pass, kernel or runtime module.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -24,7 +26,7 @@ import torch.fx
 
 from fusebackend.config import FusionConfig
 
-__all__ = ["Compilation", "Pass", "run_passes"]
+__all__ = ["Compilation", "Pass", "collector_paused", "run_passes"]
 
 log = logging.getLogger(__name__)
 
@@ -99,3 +101,23 @@ def run_passes(passes: Sequence[Pass], compilation: Compilation) -> None:
             if step.label:
                 compilation.labels[key] = step.label
         log.debug("%s: pass %s in %.4f s", compilation.name, step.name, seconds)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the duration (as it was, after).
+
+    The passes allocate many small objects (FX nodes, example values), which trigger full
+    collections over everything the process holds: Dynamo's graphs, fake tensors, earlier
+    compiled graphs. On a CPU (TRITON_INTERPRET=1, a 22-layer Llama decode graph, the 2nd to
+    4th compile in one process) the backend took 0.43-0.47 s, 0.30-0.33 s of it in the
+    collector's pauses, against 0.12-0.14 s with the collector paused (2026-11-25). What
+    the passes leave behind is collected at the next collection after this.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -112,6 +112,12 @@ def test_a_rolled_window_is_gathered_by_rows(dtype):
     gathers = [lk for p in programs for lk in p.lookups]
     assert len(gathers) == 1 and not gathers[0].checked, programs
     assert sum(bool(p.placed_outputs) for p in programs) == 1, programs
+    # the report shows the kernels that run: the gather and the placed rows, by their names
+    report = fusebackend.last_report()
+    assert any("rows of table" in g.source for g in report.groups), str(report)
+    assert any("rows placed by" in g.source for g in report.groups), str(report)
+    launched = {n.target.__name__ for n in _fused_graph().nodes if hasattr(n.target, "program")}
+    assert launched == {g.kernel_name for g in report.groups}
     with torch.no_grad():
         x = torch.randn(2, 6, 9, 12, dtype=dtype)
         assert_close(compile_fused(model)(x), model(x))

@@ -203,9 +203,10 @@ def _prepare(
     for j, (value, (out_shape, dtype)) in enumerate(zip(program.outputs, outputs)):
         shape = narrow_shape if value in program.narrow_values else group_shape
         given = out[j] if out is not None else None
-        if j in placed:  # rows placed by a row number each: a 2-d destination
+        if j in placed:  # rows placed by a row number each: given 2-d, or a new contiguous
             _check_rows_destination(j, given, out_shape, dtype)
-            entries.append((len(inputs) + j, (given.stride(0),), (given.stride(1),)))
+            row, col = (out_shape[-1], 1) if given is None else given.stride()
+            entries.append((len(inputs) + j, (row,), (col,)))
             continue
         if given is None:  # as the output is allocated: contiguous
             strides = _expand_strides(out_shape, _contiguous_strides(out_shape), shape)
@@ -240,7 +241,9 @@ def _check_destination(k: int, given: torch.Tensor, shape: torch.Size, dtype: to
 
 def _check_rows_destination(k: int, given: Any, shape: torch.Size, dtype: torch.dtype) -> None:
     """A placed output's destination: rows of its width, as many as it has, its dtype."""
-    if given is None or given.dim() != 2 or (given.shape[0], given.shape[1]) != (
+    if given is None:
+        return
+    if given.dim() != 2 or (given.shape[0], given.shape[1]) != (
         shape[:-1].numel(), shape[-1]) or given.dtype != dtype:  # fmt: skip
         raise ValueError(f"output {k} ({tuple(shape)} {dtype}) is placed by row numbers: it "
                          "needs a 2-d tensor of its rows to write into")  # fmt: skip
