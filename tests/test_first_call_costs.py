@@ -1,6 +1,6 @@
 """A first compiled call's costs: precompiled kernels are loaded in the compile workers
 (triton_api._LoadingExecutor) instead of one by one at their first launches, and the backend's
-passes run with Python's garbage collector paused (backend._collector_paused)."""
+passes run with Python's garbage collector paused (pipeline.collector_paused)."""
 
 from __future__ import annotations
 

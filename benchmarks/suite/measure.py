@@ -28,7 +28,7 @@ import fusebackend.report as fusebackend_report  # _reports_since: every graph o
 
 # No garbage collection while timing, as timeit does: one collection inside a short loop
 # would be that round's outlier, not a cost of the backend. The backend pauses it the same way.
-from fusebackend.backend import _collector_paused as _gc_off
+from fusebackend.pipeline import collector_paused as _gc_off
 
 from .workloads import Case, Workload
 
