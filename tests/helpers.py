@@ -83,6 +83,29 @@ def assert_close(
     torch.testing.assert_close(actual, expected, equal_nan=equal_nan, **kwargs)
 
 
+def assert_close_to_scale(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """fp16 through a deep net: the largest difference within 2% of the output's own scale
+    (per-element tolerances do not hold after dozens of layers)."""
+    scale = expected.float().abs().max().item() + 1e-3
+    assert (actual.float() - expected.float()).abs().max().item() <= 2e-2 * scale
+
+
+def timm_fp16_replayed(name: str, size: int, seed: int) -> None:
+    """A timm model (``pretrained=False``, fp16, CUDA) compiled with infinifuse and run three
+    times on one batch of 2 (the 2nd call captures, the 3rd replays): the replay equals
+    eager's output (``assert_close_to_scale``); the compile's report is then the last."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(seed)
+    model = timm.create_model(name, pretrained=False).eval().to("cuda", torch.float16)
+    compiled = torch.compile(model, backend="infinifuse")
+    x = torch.randn(2, 3, size, size, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        expected = model(x)
+        for _ in range(3):
+            out = compiled(x)
+    assert_close_to_scale(out, expected)
+
+
 def rand_table(rows: int, dim: int, dtype: torch.dtype = torch.float32, *, g=None) -> torch.Tensor:
     """A random table whose entries are never zero: |x| in [0.05, 2.05), random sign."""
     mag = torch.rand(rows, dim, generator=g) * 2.0 + 0.05

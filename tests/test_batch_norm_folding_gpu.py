@@ -13,7 +13,7 @@ import copy
 
 import pytest
 import torch
-from helpers import assert_model_fused, graphs_since
+from helpers import assert_close_to_scale, assert_model_fused, graphs_since
 
 import fusebackend
 
@@ -39,12 +39,6 @@ def _eval_model(name: str, seed: int = 0) -> torch.nn.Module:
     return model.to("cuda", torch.float16)
 
 
-def _close(a: torch.Tensor, b: torch.Tensor) -> None:
-    # fp16 through a deep net: compare against the output's own scale
-    scale = b.float().abs().max().item() + 1e-3
-    assert (a.float() - b.float()).abs().max().item() <= 2e-2 * scale
-
-
 def replayed(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list]:
     """(the compiled model's third output: a replay, eager's output, the graphs compiled),
     the first two checked close."""
@@ -54,7 +48,7 @@ def replayed(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, tor
         expected = model(x)
         for _ in range(3):  # the 2nd call captures, the 3rd replays
             out = compiled(x)
-    _close(out, expected)
+    assert_close_to_scale(out, expected)
     return out, expected, graphs_since(before)
 
 
@@ -83,8 +77,8 @@ def test_an_edit_after_capture_reaches_the_replayed_graph():
             compiled(x)
         recordings = fusebackend.stats()["recordings"]
         model.layer1[0].conv1.weight.mul_(-1.0)  # in place, after capture
-        _close(compiled(x), model(x))
+        assert_close_to_scale(compiled(x), model(x))
         model.load_state_dict(copy.deepcopy(other.state_dict()))
-        _close(compiled(x), other(x))
+        assert_close_to_scale(compiled(x), other(x))
     # the same captured graph replayed: the derived constants changed in place
     assert fusebackend.stats()["recordings"] == recordings

@@ -15,7 +15,7 @@ import operator
 import pytest
 import torch
 import torch.nn as nn
-from helpers import assert_close, compile_fused, run_fused
+from helpers import assert_close, compile_fused, run_fused, timm_fp16_replayed
 
 import fusebackend
 from fusebackend.kernels import RowProgram
@@ -249,17 +249,7 @@ def test_ghost_module_on_the_gpu_replays_equal_eager(dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_timm_ghostnet_writes_its_concatenations_and_equals_eager():
-    timm = pytest.importorskip("timm")
-    torch.manual_seed(4)
-    model = timm.create_model("ghostnet_100", pretrained=False).eval().to("cuda", torch.float16)
-    compiled = torch.compile(model, backend="infinifuse")
-    x = torch.randn(2, 3, 96, 96, device="cuda", dtype=torch.float16)
-    with torch.no_grad():
-        expected = model(x)
-        for _ in range(3):
-            out = compiled(x)
-    scale = expected.float().abs().max().item() + 1e-3  # fp16 through a deep net
-    assert (out.float() - expected.float()).abs().max().item() <= 2e-2 * scale
+    timm_fp16_replayed("ghostnet_100", 96, seed=4)
     # all 32: in fp16 each BatchNorm is a scale and shift after its convolution (a group);
     # and the 16 residual adds after a second ghost module run in its parts' groups (as a
     # bf16 trace on the CPU gives)

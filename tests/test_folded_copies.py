@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import assert_close, compile_fused, run_fused
+from helpers import assert_close, compile_fused, run_fused, timm_fp16_replayed
 
 import fusebackend
 from fusebackend.passes.folded_copies import _atoms, strided_view
@@ -217,18 +217,7 @@ def test_window_block_on_the_gpu_folds_its_copies_and_equals_eager(dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_timm_swin_folds_its_window_copies_and_equals_eager():
-    timm = pytest.importorskip("timm")
-    torch.manual_seed(6)
-    name = "swin_tiny_patch4_window7_224"
-    model = timm.create_model(name, pretrained=False).eval().to("cuda", torch.float16)
-    compiled = torch.compile(model, backend="infinifuse")
-    x = torch.randn(2, 3, 224, 224, device="cuda", dtype=torch.float16)
-    with torch.no_grad():
-        expected = model(x)
-        for _ in range(3):
-            out = compiled(x)
-    scale = expected.float().abs().max().item() + 1e-3  # fp16 through a deep net
-    assert (out.float() - expected.float()).abs().max().item() <= 2e-2 * scale
+    timm_fp16_replayed("swin_tiny_patch4_window7_224", 224, seed=6)
     # the partition and reverse of the 5 blocks without a shift and whose windows are not
     # the whole image (10 copies), and of the 5 shifted blocks (10 copies and their 10 rolls,
     # by row numbers): 30, as a CPU trace in fp32 folds
