@@ -26,7 +26,6 @@ is two parts of one ``cat``, a group already paired with another (passes/pairing
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import operator
 from typing import Any
@@ -34,12 +33,18 @@ from typing import Any
 import torch
 import torch.fx
 
-from fusebackend.passes.fx_util import call_evaluated, evaluate, example_value
+from fusebackend.passes.fx_util import (
+    call_evaluated,
+    empty_node,
+    evaluate,
+    example_value,
+    static_layout,
+)
 from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.mutations import storage_id, written_storages
 from fusebackend.passes.ops import OpKind, lookup_op
 
-__all__ = ["push_into_concatenations", "write_concatenations", "written_parts"]
+__all__ = ["join_written", "push_into_concatenations", "write_concatenations", "written_parts"]
 
 _CATS = (torch.cat, torch.concat, torch.concatenate)
 _STACK = torch.stack  # the same, each part one index along a new dim (a select of the result)
@@ -75,12 +80,6 @@ def write_concatenations(graph: torch.fx.Graph) -> list[str]:
     return replaced
 
 
-def _static(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and all(
-        isinstance(n, int) for n in (*value.shape, *value.stride(), value.storage_offset())
-    )
-
-
 def _cat_args(cat: torch.fx.Node) -> tuple[list[Any], int, torch.Tensor] | None:
     """(parts, dim made non-negative, result) of a ``cat``/``stack`` call of static sizes on
     distinct parts, or None."""
@@ -89,7 +88,9 @@ def _cat_args(cat: torch.fx.Node) -> tuple[list[Any], int, torch.Tensor] | None:
     nodes = list(cat.args[0])
     dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
     result = example_value(cat)
-    if not (_static(result) and isinstance(dim, int) and nodes and len(set(nodes)) == len(nodes)):
+    if not (
+        static_layout(result) and isinstance(dim, int) and nodes and len(set(nodes)) == len(nodes)
+    ):
         return None
     return nodes, dim % result.dim(), result
 
@@ -106,7 +107,7 @@ def _parts(cat: torch.fx.Node, written: set[int]) -> tuple[list[_Part], int] | N
     for node in nodes:
         part = _part(node, cat)
         value = example_value(node)
-        if part is None or not _static(value) or value.dim() != result.dim() - stacked:
+        if part is None or not static_layout(value) or value.dim() != result.dim() - stacked:
             return None
         if (value.dtype, value.device) != (result.dtype, result.device):
             return None
@@ -182,10 +183,17 @@ def _rewrite(graph: torch.fx.Graph, cat: torch.fx.Node, parts: list[_Part], dim:
             item.meta["example_value"] = example_value(part.fused)[part.k_written]
             written.append(item)
     with graph.inserting_before(cat):
-        joined = graph.call_function(written_parts, (result, *written))
-    joined.meta["example_value"] = example_value(result)
+        joined = join_written(graph, result, *written)
     cat.replace_all_uses_with(joined)
     graph.erase_node(cat)
+
+
+def join_written(graph: torch.fx.Graph, buffer: torch.fx.Node, *parts: torch.fx.Node) -> Any:
+    """A ``written_parts`` node (where the graph inserts now): ``buffer`` once ``parts``, the
+    fused nodes' outputs written into it, are."""
+    joined = graph.call_function(written_parts, (buffer, *parts))
+    joined.meta["example_value"] = example_value(buffer)
+    return joined
 
 
 def written_parts(buffer: torch.Tensor, *parts: torch.Tensor) -> torch.Tensor:
@@ -201,13 +209,7 @@ def _buffer(graph: torch.fx.Graph, cat: torch.fx.Node, parts: list[_Part], dim: 
     values = [example_value(p.node) for p in parts]
     meta = cat.target([torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
                        for v in values], dim)  # fmt: skip
-    size, stride, device = tuple(meta.shape), meta.stride(), values[0].device
-    node = graph.call_function(torch.empty_strided, (size, stride),
-                               {"dtype": meta.dtype, "device": device})  # fmt: skip
-    with getattr(values[0], "fake_mode", None) or contextlib.nullcontext():
-        node.meta["example_value"] = torch.empty_strided(size, stride, dtype=meta.dtype,
-                                                         device=device)  # fmt: skip
-    return node
+    return empty_node(graph, meta.shape, meta.stride(), values[0])
 
 
 def push_into_concatenations(graph: torch.fx.Graph) -> list[str]:
@@ -262,7 +264,7 @@ def _push(graph: torch.fx.Graph, cat: torch.fx.Node) -> str | None:
     value = example_value(read)
     if not _elementwise(op) or op.all_input_nodes.count(read) != 1:
         return None
-    if not (_static(value) and tuple(example_value(op).shape) == tuple(value.shape)):
+    if not (static_layout(value) and tuple(example_value(op).shape) == tuple(value.shape)):
         return None
     bounds = [0]
     for part in parts:

@@ -47,9 +47,17 @@ import torch
 import torch.fx
 
 from fusebackend.kernels.ir import Rotate
-from fusebackend.passes.concat_writes import written_parts
-from fusebackend.passes.fx_util import call_evaluated, evaluate, example_value
+from fusebackend.passes.concat_writes import join_written
+from fusebackend.passes.fx_util import (
+    call_evaluated,
+    empty_node,
+    evaluate,
+    example_value,
+    layout_view,
+    static_layout,
+)
 from fusebackend.passes.gathered_rows import gather_rows
+from fusebackend.passes.reshapes import nested_cuts
 
 __all__ = ["copy_folds_into", "fold_copies_into_groups", "strided_view"]
 
@@ -142,7 +150,7 @@ def _moves_elements(node: Any) -> bool:
     found: list[Any] = []  # nodes and symbols among the other arguments (slices' included)
     torch.fx.node.map_aggregate((*node.args[1:], *node.kwargs.values()),
                                 lambda v: found.append(v) if _is_variable(v) else None)  # fmt: skip
-    return not found and _static(node)
+    return not found and static_layout(example_value(node))
 
 
 def _is_variable(value: Any) -> bool:
@@ -152,13 +160,6 @@ def _is_variable(value: Any) -> bool:
 def _eval_dropout(node: torch.fx.Node) -> bool:
     training = node.args[2] if len(node.args) > 2 else node.kwargs.get("training", True)
     return training is False
-
-
-def _static(node: torch.fx.Node) -> bool:
-    value = example_value(node)
-    return isinstance(value, torch.Tensor) and all(
-        isinstance(n, int) for n in (*value.shape, *value.stride(), value.storage_offset())
-    )
 
 
 def _copies(node: torch.fx.Node) -> bool:
@@ -171,11 +172,7 @@ def _copies(node: torch.fx.Node) -> bool:
     if name == "contiguous":
         return not source.is_contiguous()
     if name in ("reshape", "flatten", "unflatten"):
-        layout = torch.empty_strided(source.shape, source.stride(), device="meta")
-        try:
-            layout.view(value.shape)
-        except RuntimeError:
-            return True
+        return layout_view(source, value.shape) is None
     return False
 
 
@@ -241,8 +238,8 @@ def _finer(choices: list[Atoms], dims: int) -> list[list[int]] | None:
                 inner *= size
                 bounds.add(inner)
             total = inner
-        ordered = sorted(bounds)
-        if any(b % a for a, b in zip(ordered, ordered[1:])):
+        ordered = nested_cuts(bounds)
+        if ordered is None:
             return None
         sizes = [b // a for a, b in zip(ordered, ordered[1:])] or [total]
         finest.append(list(reversed(sizes)))
@@ -370,7 +367,9 @@ def _read_of(slot: int, arg: Any, group: torch.fx.Node, shape: torch.Size) -> _R
         chain.insert(0, node)
         node = node.args[0]
     value = example_value(node)
-    if not any(map(_copies, chain)) or not (isinstance(node, torch.fx.Node) and _static(node)):
+    if not any(map(_copies, chain)) or not (
+        isinstance(node, torch.fx.Node) and static_layout(value)
+    ):
         return None
     if value.numel() > _MAX_ELEMENTS:
         return None
@@ -469,12 +468,7 @@ def _rewrite(
                     args[slot] = call_evaluated(graph, torch.reshape, (arg, tuple(split)))
         for k, write in sorted(writes.items()):
             last = example_value(write.chain[-1])
-            buffer = graph.call_function(torch.empty_strided, (tuple(last.shape), write.stride),
-                                         {"dtype": last.dtype, "device": last.device})  # fmt: skip
-            with last.fake_mode:
-                buffer.meta["example_value"] = torch.empty_strided(
-                    last.shape, write.stride, dtype=last.dtype, device=last.device
-                )
+            buffer = empty_node(graph, last.shape, write.stride, last)
             sizes, strides = _on_finer(write.atoms, finer)
             view = (buffer, sizes, strides, write.base, (write.stride, 0))
             dest = call_evaluated(graph, strided_view, view)
@@ -500,9 +494,7 @@ def _rewrite(
             last = writes[k].chain[-1]
             buffer = next(b for j, b, _ in dests if j == k)
             with graph.inserting_before(last):
-                joined = graph.call_function(written_parts, (buffer, item))
-            joined.meta["example_value"] = example_value(buffer)
-            last.replace_all_uses_with(joined)
+                last.replace_all_uses_with(join_written(graph, buffer, item))
             _erase_backwards(graph, last)
         else:
             with graph.inserting_after(item):

@@ -120,6 +120,34 @@ def call_evaluated(graph: torch.fx.Graph, target: Any, args: tuple[Any, ...]) ->
     return node
 
 
+def static_layout(value: object) -> bool:
+    """Is ``value`` a tensor whose sizes, strides and storage offset are all plain ints?"""
+    return isinstance(value, torch.Tensor) and all(
+        isinstance(n, int) for n in (*value.shape, *value.stride(), value.storage_offset())
+    )
+
+
+def layout_view(value: torch.Tensor, shape: Any) -> torch.Tensor | None:
+    """``value``'s layout viewed as ``shape`` (a meta tensor: its strides), or None where
+    that reshape would copy."""
+    try:
+        return torch.empty_strided(value.shape, value.stride(), device="meta").view(shape)
+    except RuntimeError:
+        return None
+
+
+def empty_node(graph: torch.fx.Graph, shape: Any, stride: Any, like: Any) -> torch.fx.Node:
+    """A node allocating a tensor of ``shape`` and ``stride`` of ``like``'s dtype and device
+    (where the graph inserts now), its example value in ``like``'s fake mode."""
+    shape, stride = tuple(shape), tuple(stride)
+    node = graph.call_function(torch.empty_strided, (shape, stride),
+                               {"dtype": like.dtype, "device": like.device})  # fmt: skip
+    with getattr(like, "fake_mode", None) or contextlib.nullcontext():
+        node.meta["example_value"] = torch.empty_strided(shape, stride, dtype=like.dtype,
+                                                         device=like.device)  # fmt: skip
+    return node
+
+
 def static_fake(example: Any, tensor: torch.Tensor) -> Any:
     """A fake tensor of ``tensor``'s sizes, strides, dtype and device in ``example``'s fake
     mode, its sizes static (``mode.from_tensor`` would make them symbols that no guard can

@@ -26,8 +26,14 @@ import torch
 import torch.fx
 
 from fusebackend.kernels.ir import InputRef, Lookup, Reduce, Rotate, RowProgram, ValueRef
-from fusebackend.passes.concat_writes import written_parts
-from fusebackend.passes.fx_util import call_evaluated, example_value, static_fake
+from fusebackend.passes.concat_writes import join_written
+from fusebackend.passes.fx_util import (
+    call_evaluated,
+    empty_node,
+    example_value,
+    layout_view,
+    static_fake,
+)
 
 __all__ = ["gather_rows"]
 
@@ -73,9 +79,8 @@ def _table_of(value: torch.Tensor, width: int) -> tuple[int, int, int] | None:
     where that view is no view."""
     if value.dim() == 0 or value.shape[-1] != width:
         return None
-    try:
-        table = torch.empty_strided(value.shape, value.stride(), device="meta").view(-1, width)
-    except RuntimeError:
+    table = layout_view(value, (-1, width))
+    if table is None:
         return None
     row_stride = table.stride(0) if table.shape[0] > 1 else width * table.stride(1)
     return table.shape[0], row_stride, table.stride(1)
@@ -176,11 +181,7 @@ def _placed_write(graph: torch.fx.Graph, owner: torch.nn.Module, group: torch.fx
                               placed_outputs=((write.k, slot),))  # fmt: skip
     with graph.inserting_before(group):
         order = _order_attr(graph, owner, numbers, last.device, last)
-        buffer = graph.call_function(torch.empty, (tuple(last.shape),),
-                                     {"dtype": last.dtype, "device": last.device})  # fmt: skip
-        with last.fake_mode:
-            buffer.meta["example_value"] = torch.empty(last.shape, dtype=last.dtype,
-                                                       device=last.device)  # fmt: skip
+        buffer = empty_node(graph, last.shape, contiguous, last)
         rows = call_evaluated(graph, torch.reshape, (buffer, (-1, width)))
     group.target = _new_op(group, new).writing_into([write.k], [])
     group.args = (*group.args, order, rows)
@@ -190,7 +191,5 @@ def _placed_write(graph: torch.fx.Graph, owner: torch.nn.Module, group: torch.fx
     write.item.meta["example_value"] = example_value(rows)
     end = write.chain[-1]
     with graph.inserting_before(end):
-        joined = graph.call_function(written_parts, (buffer, write.item))
-    joined.meta["example_value"] = example_value(buffer)
-    end.replace_all_uses_with(joined)
+        end.replace_all_uses_with(join_written(graph, buffer, write.item))
     return True

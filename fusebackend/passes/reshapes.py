@@ -28,16 +28,22 @@ reshape would copy), and broadcasts that change meaning with the shape.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.fx
 
-from fusebackend.passes.fx_util import evaluate, example_value, known_contiguous, known_equal
+from fusebackend.passes.fx_util import (
+    evaluate,
+    example_value,
+    known_contiguous,
+    known_equal,
+    layout_view,
+)
 from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.ops import OpKind, lookup_op
 
-__all__ = ["move_reshapes_up"]
+__all__ = ["move_reshapes_up", "nested_cuts"]
 
 _METHODS = {"view", "reshape", "reshape_as", "view_as", "flatten", "unflatten"}
 _FUNCTIONS = {torch.reshape, torch.flatten, torch.unflatten}
@@ -123,15 +129,6 @@ def _broadcast_after(
     return tuple(out)
 
 
-def _views_as(value: torch.Tensor, shape: tuple[int, ...]) -> bool:
-    """Is ``value.reshape(shape)`` a view (no copy)?"""
-    try:
-        torch.empty_strided(value.shape, value.stride(), device="meta").view(shape)
-    except RuntimeError:
-        return False
-    return True
-
-
 def _inner_products(shape: Sequence[int]) -> list[int]:
     """Per dim, the product of its size and the sizes after it."""
     products, inner = [], 1
@@ -141,13 +138,21 @@ def _inner_products(shape: Sequence[int]) -> list[int]:
     return list(reversed(products))
 
 
+def nested_cuts(cuts: Iterable[int]) -> list[int] | None:
+    """Element counts at which dims start (inner products, 1 included), sorted, where each
+    divides the next: the finer dims that several splits of one extent share; None where
+    two splits cross (6 as 2 x 3 and as 3 x 2)."""
+    ordered = sorted(set(cuts))
+    if any(hi % lo for lo, hi in zip(ordered, ordered[1:])):
+        return None
+    return ordered
+
+
 def _finer_dims(a: Sequence[int], b: Sequence[int]) -> list[int] | None:
     """The finer dims that both shapes split into, each named by the element count from
     its start to the end (its inner product), or None where the shapes' dims cross."""
-    cuts = sorted({1, *_inner_products(a), *_inner_products(b)})
-    if any(hi % lo for lo, hi in zip(cuts, cuts[1:])):
-        return None
-    return cuts[1:]
+    cuts = nested_cuts({1, *_inner_products(a), *_inner_products(b)})
+    return None if cuts is None else cuts[1:]
 
 
 def _owners(shape: Sequence[int], atoms: list[int]) -> dict[int, int]:
@@ -205,7 +210,7 @@ def _move_up(graph: torch.fx.Graph, reshape: torch.fx.Node, erased: set[torch.fx
                 return False
         elif not _broadcasts_alike(value, before, after):
             shape = _broadcast_after(value, before, after)
-            if shape is None or not _views_as(value, shape):
+            if shape is None or layout_view(value, shape) is None:
                 return False
             regrouped[operand] = shape
     full = {n: _reshaped(graph, reshape, n) for n in full_shape}
