@@ -212,6 +212,8 @@ SOURCES = (
     "vision_h200_2bb405a.json",
     # ... and by row numbers where a roll wraps the order (e9b71e0: Swin-T)
     "vision_h200_e9b71e0.json",
+    # one-op groups that take a folded copy in (efca184: LeViT-128S's hardswish)
+    "vision_h200_efca184.json",
     # RegNetY-016 at batch 8 channels-last and NCHW against reduce-overhead, with cuDNN's
     # tensor transforms counted (benchmarks/diag/diag_conv_layout.py at 1b6e300)
     "diag_conv_layout_h200_1b6e300.json",

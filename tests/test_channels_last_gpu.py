@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import assert_model_fused, graphs_since
-from test_batch_norm_folding_gpu import _close, _eval_model, replayed
+from helpers import assert_close_to_scale, assert_model_fused, graphs_since
+from test_batch_norm_folding_gpu import _eval_model, replayed
 
 import fusebackend
 
@@ -45,7 +45,7 @@ def test_a_model_of_grouped_convolutions_stays_nchw_with_the_reason():
     x = torch.randn(1, 3, 64, 64, device="cuda", dtype=torch.float16)
     before = fusebackend.reports()
     with torch.no_grad():
-        _close(torch.compile(model, backend="infinifuse")(x), model(x))
+        assert_close_to_scale(torch.compile(model, backend="infinifuse")(x), model(x))
     graphs = graphs_since(before)
     reasons = [r for g in graphs for r in g.rewrites.get("channels_last_left_alone", [])]
     assert reasons and "grouped convolutions" in reasons[0], reasons
@@ -59,7 +59,7 @@ def test_a_weight_edit_after_capture_reaches_the_channels_last_copy():
         for _ in range(3):
             compiled(x)
         model.layer1[0].conv1.weight.mul_(-1.0)  # a 3x3 weight: read through its copy
-        _close(compiled(x), model(x))
+        assert_close_to_scale(compiled(x), model(x))
         assert fusebackend.stats()["recordings"] >= 1
 
 
@@ -78,5 +78,5 @@ def test_an_elementwise_kernel_walks_channels_last_tensors(dtype):
         out = torch.compile(block, backend="infinifuse")(x, skip, scale, gate)
     expected = block(x, skip, scale, gate)
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
-    torch.testing.assert_close(out, expected, rtol=tol, atol=tol)
+    torch.testing.assertassert_close_to_scale(out, expected, rtol=tol, atol=tol)
     assert out.stride() == expected.stride()
