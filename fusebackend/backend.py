@@ -37,10 +37,7 @@ from fusebackend.passes.attention import avoid_cudnn_plans
 from fusebackend.passes.batch_norm_folding import Refresh, fold_batch_norms
 from fusebackend.passes.cache_writes import pair_cache_writes
 from fusebackend.passes.channels_last import choose_channels_last, use_channels_last
-from fusebackend.passes.collectives import (
-    collective_nodes,
-    use_vocab_parallel_lookup,
-)
+from fusebackend.passes.collectives import collective_nodes, use_vocab_parallel_lookup
 from fusebackend.passes.concat_writes import push_into_concatenations, write_concatenations
 from fusebackend.passes.conv_bias import move_conv_biases
 from fusebackend.passes.decode_attention import use_decode_attention
@@ -49,6 +46,7 @@ from fusebackend.passes.folded_copies import fold_copies_into_groups
 from fusebackend.passes.fx_util import example_value, placeholders
 from fusebackend.passes.lowering import lower
 from fusebackend.passes.matmul_groups import use_matmul_groups
+from fusebackend.passes.matmul_operands import copy_matmul_operands_once
 from fusebackend.passes.out_of_place import make_out_of_place
 from fusebackend.passes.pairing import pair_twin_groups
 from fusebackend.passes.parameter_work import fold_parameter_work
@@ -309,6 +307,9 @@ FUSE = [
          "(fused graph)", report="parameter_work"),
     Pass("move_reshapes_up", lambda c: move_reshapes_up(c.graph),
          "reshapes moved ahead of elementwise ops (fused graph)", report="reshapes_moved"),
+    Pass("copy_matmul_operands_once", lambda c: copy_matmul_operands_once(c.graph),
+         "batched-matmul operands copied once where they come from (fused graph)",
+         report="matmul_operands_copied", needs_rewrites=True),
     Pass("push_into_concatenations", lambda c: push_into_concatenations(c.graph),
          "elementwise ops on a cat run on its parts (fused graph)", report="pushed_into_cats"),
     Pass("find_groups", _find_groups),

@@ -553,6 +553,33 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_runtime.py", "-k", "valid or compared_again"),
         note="after a mismatch the class's next shape runs fused unchecked",
     ),
+    Mutation(
+        "matmul_operand_copy_given_its_order_as_inverse",
+        "pass: matmul operands",
+        "fusebackend/passes/matmul_operands.py",
+        "    inverse = tuple(order.index(d) for d in range(len(order)))\n",
+        "    inverse = order\n",
+        ("tests/test_matmul_operands.py",),
+        note="the one copy of a packed q/k/v is viewed back in the wrong dim order",
+    ),
+    Mutation(
+        "matmul_operand_ready_without_a_unit_stride",
+        "pass: matmul operands",
+        "fusebackend/passes/matmul_operands.py",
+        "    if col_stride == 1 and row_stride >= max(1, cols):",
+        "    if row_stride >= max(1, cols):",
+        ("tests/test_matmul_operands.py",),
+        note="an operand ATen copies (no unit-stride matrix dim) is taken as ready for bmm",
+    ),
+    Mutation(
+        "matmul_operand_copy_leaves_stale_layouts_below",
+        "pass: matmul operands",
+        "fusebackend/passes/matmul_operands.py",
+        "        if not _same_layout(value, example_value(node)):",
+        "        if False:",
+        ("tests/test_matmul_operands.py",),
+        note="nodes below the copy keep their traced strides (Swin's q * scale)",
+    ),
 ]
 
 
