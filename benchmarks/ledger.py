@@ -214,6 +214,8 @@ SOURCES = (
     "vision_h200_e9b71e0.json",
     # one-op groups that take a folded copy in (efca184: LeViT-128S's hardswish)
     "vision_h200_efca184.json",
+    # batched-matmul operands copied once (6e4ef06: LeViT-128S, Swin-T)
+    "vision_h200_6e4ef06.json",
     # RegNetY-016 at batch 8 channels-last and NCHW against reduce-overhead, with cuDNN's
     # tensor transforms counted (benchmarks/diag/diag_conv_layout.py at 1b6e300)
     "diag_conv_layout_h200_1b6e300.json",
