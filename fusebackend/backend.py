@@ -24,11 +24,11 @@ import torch
 import torch.fx
 
 from fusebackend.config import FusionConfig
+from fusebackend.copies import fold_copies, run_lone_copies
 from fusebackend.kernels import KernelOptions, kernel_source, triton_usable
 from fusebackend.kernels.cache_write import write_cache_pair
 from fusebackend.kernels.decode_attention import decode_attention
 from fusebackend.kernels.family import family_of, launch_path
-from fusebackend.kernels.ir import value_shapes
 from fusebackend.kernels.launch import launch_rank, layout_for, precompile_all
 from fusebackend.kernels.matmul import matmul_op
 from fusebackend.kernels.spatial_mean import spatial_mean
@@ -42,7 +42,6 @@ from fusebackend.passes.concat_writes import push_into_concatenations, write_con
 from fusebackend.passes.conv_bias import move_conv_biases
 from fusebackend.passes.decode_attention import use_decode_attention
 from fusebackend.passes.empty_pads import drop_empty_pads
-from fusebackend.passes.folded_copies import fold_copies_into_groups
 from fusebackend.passes.fx_util import example_value, placeholders
 from fusebackend.passes.lowering import lower
 from fusebackend.passes.matmul_groups import use_matmul_groups
@@ -55,7 +54,7 @@ from fusebackend.passes.reshapes import move_reshapes_up
 from fusebackend.passes.rewrite import reference_graph, rewrite
 from fusebackend.passes.rotary_epilogue import use_rotary_epilogues
 from fusebackend.passes.spatial_means import use_spatial_means
-from fusebackend.pipeline import Compilation, Pass, collector_paused, run_passes
+from fusebackend.pipeline import Compilation, Pass, collector_paused, drop_rejections, run_passes
 from fusebackend.prepare import (
     PREPARE,
     batch_size_inputs,
@@ -238,37 +237,6 @@ def _pair_twin_groups(c: Compilation) -> None:
             c.groups[k] = dataclasses.replace(c.groups[k], launched_with=twin.group)
 
 
-def _drop_rejections(c: Compilation, gone: Callable[[torch.fx.Graph], list[str]]) -> list[str]:
-    """Run a pass whose nodes gone into groups (a cat built by its parts' groups, a copy
-    folded) are then no longer listed as not fused; their names."""
-    names = gone(c.graph)
-    c.rejections = [r for r in c.rejections if r.node not in names]
-    return names
-
-
-def _fold_copies(c: Compilation) -> list[str]:
-    """Copies folded into groups; a group whose launch changed with them (finer row dims,
-    rows gathered or placed) gets its report's kernel name and source again, and its op
-    that name: what ``explain``, the launch counts and a profile show then agree."""
-    assert c.graph is not None
-    before = {n: (n.target, n.args) for n in c.graph.nodes if hasattr(n.target, "writing_into")}
-    names = _drop_rejections(c, lambda g: fold_copies_into_groups(g, c.gm))
-    reports = {r.name: k for k, r in enumerate(c.groups)}
-    for node, traced in before.items():
-        op = node.target
-        if node.graph is not c.graph or (op, node.args) == traced or op.group not in reports:
-            continue
-        inputs = [example_value(a) if isinstance(a, torch.fx.Node) else a
-                  for a in node.args[: len(op.program.input_dtypes)]]  # fmt: skip
-        width = value_shapes(op.program, inputs)[1][-1]
-        name, source = kernel_source(op.program, launch_rank(op.program, inputs) or 1,
-                                     op.options, layout_for(op.program, width))  # fmt: skip
-        k = reports[op.group]
-        c.groups[k] = dataclasses.replace(c.groups[k], kernel_name=name, source=source)
-        op.__name__ = op.__qualname__ = name
-    return names
-
-
 def _precompile_pass(c: Compilation) -> None:
     c.launches, c.launch_paths = _precompile(c.graph)  # type: ignore[arg-type]
 
@@ -315,10 +283,10 @@ FUSE = [
     Pass("find_groups", _find_groups),
     Pass("rewrite_groups", _rewrite_groups),
     Pass("pair_twin_groups", _pair_twin_groups),
-    Pass("write_concatenations", lambda c: _drop_rejections(c, write_concatenations),
+    Pass("write_concatenations", lambda c: drop_rejections(c, write_concatenations),
          "concatenations written in place by the groups computing their parts (fused graph)",
          report="concatenations_written", needs_rewrites=True),
-    Pass("fold_copies_into_groups", _fold_copies,
+    Pass("fold_copies_into_groups", fold_copies,
          "copies that reorder elements written or read in place by groups (fused graph)",
          report="copies_folded", needs_rewrites=True),
     Pass("pair_cache_writes",
@@ -330,6 +298,9 @@ FUSE = [
     Pass("avoid_cudnn_plans", lambda c: avoid_cudnn_plans(c.graph),
          "attention without cuDNN's per-shape plans (fused graph)", report="cudnn_free_attention",
          needs_rewrites=True),
+    Pass("run_lone_copies", run_lone_copies, "copies left alone run as row kernels (fused graph)",
+         report="copies_as_row_kernels", needs_rewrites=True,
+         when=lambda c: triton_usable(c.device or torch.device("cpu"))),
     Pass("precompile", _precompile_pass),
 ]  # fmt: skip
 

@@ -103,6 +103,14 @@ def run_passes(passes: Sequence[Pass], compilation: Compilation) -> None:
         log.debug("%s: pass %s in %.4f s", compilation.name, step.name, seconds)
 
 
+def drop_rejections(c: Compilation, gone: Callable[[torch.fx.Graph], list[str]]) -> list[str]:
+    """Run a pass whose nodes gone into groups (a cat built by its parts' groups, a copy
+    folded) are then no longer listed as not fused; their names."""
+    names = gone(c.graph)
+    c.rejections = [r for r in c.rejections if r.node not in names]
+    return names
+
+
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for the duration (as it was, after).

@@ -580,6 +580,33 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_matmul_operands.py",),
         note="nodes below the copy keep their traced strides (Swin's q * scale)",
     ),
+    Mutation(
+        "lone_copy_negates",
+        "pass: lone copies",
+        "fusebackend/passes/lone_copies.py",
+        'instrs=(Instr("cast", (InputRef(0),), value.dtype),),',
+        'instrs=(Instr("neg", (InputRef(0),), value.dtype),),',
+        ("tests/test_lone_copies.py",),
+        note="a copy run as a row kernel computes instead of moving values",
+    ),
+    Mutation(
+        "lone_copy_reshape_viewed_as_its_source",
+        "pass: lone copies",
+        "fusebackend/passes/lone_copies.py",
+        "    if tuple(value.shape) != tuple(example_value(node).shape):",
+        "    if False:",
+        ("tests/test_lone_copies.py",),
+        note="a copying reshape run as a row kernel keeps its source's shape",
+    ),
+    Mutation(
+        "lone_copy_of_rows_read_across",
+        "pass: lone copies",
+        "fusebackend/passes/lone_copies.py",
+        "        and value.stride(-1) == 1\n",
+        "\n",
+        ("tests/test_lone_copies.py",),
+        note="a transpose of the last two dims is run as a row kernel reading across rows",
+    ),
 ]
 
 

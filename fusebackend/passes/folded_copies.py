@@ -59,7 +59,7 @@ from fusebackend.passes.fx_util import (
 from fusebackend.passes.gathered_rows import gather_rows
 from fusebackend.passes.reshapes import nested_cuts
 
-__all__ = ["copy_folds_into", "fold_copies_into_groups", "strided_view"]
+__all__ = ["copy_folds_into", "fold_copies_into_groups", "moves_elements_by_copy", "strided_view"]
 
 # Ops that pick, reorder or copy elements and compute nothing (as methods and functions).
 _METHODS = {"view", "reshape", "permute", "transpose", "t", "unsqueeze", "squeeze", "flatten",
@@ -130,6 +130,11 @@ def copy_folds_into(node: torch.fx.Node, operand: torch.fx.Node) -> bool:
 
 
 # -- which nodes move elements ------------------------------------------------------------
+
+
+def moves_elements_by_copy(node: Any) -> bool:
+    """Is ``node`` a copy (a kernel of its own) that only moves its input's elements?"""
+    return _moves_elements(node) and _copies(node)
 
 
 def _moves_elements(node: Any) -> bool:
