@@ -216,6 +216,8 @@ SOURCES = (
     "vision_h200_efca184.json",
     # batched-matmul operands copied once (6e4ef06: LeViT-128S, Swin-T)
     "vision_h200_6e4ef06.json",
+    # one Swin block per stage and shift: kernel time and copies (diag_swin_rows.py at a85573a)
+    "diag_swin_rows_h200_a85573a.json",
     # RegNetY-016 at batch 8 channels-last and NCHW against reduce-overhead, with cuDNN's
     # tensor transforms counted (benchmarks/diag/diag_conv_layout.py at 1b6e300)
     "diag_conv_layout_h200_1b6e300.json",
@@ -286,6 +288,9 @@ GEMV_FRACTIONS = {"infinifuse-tensor-cores": "production_fraction_of_copy",
 # it replaces ("before"), the plain q/k/v launch alone and eager, each row's time
 ROTARY_TIMES = {"infinifuse": "fused_us", "before": "before_us", "qkv-only": "qkv_only_us",
                 "eager": "eager_us"}  # fmt: skip
+# diag_swin_rows.py: one Swin block's kernel time, kernels and the time of its copies
+SWIN_BLOCK_METRICS = {"total_us": "us", "kernel_count": "count", "aten_copy_us": "us",
+                      "row_copy_us": "us", "inductor_copy_us": "us"}  # fmt: skip
 # the config diag_rotary_epilogue.py times second at one row: the tensor-core split-K pick
 TENSOR_CORE_SPLITK = {"block_n": 32, "block_k": 128, "warps": 2, "stages": 3, "split_k": 4,
                       "gemv": False}  # fmt: skip
@@ -399,6 +404,10 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
             for backend, key in GEMV_FRACTIONS.items():
                 add(workload, backend, {"fraction_of_copy": "fraction"},
                     {"fraction_of_copy": _field(record, key)})  # fmt: skip
+    elif data.get("benchmark") == "diag_swin_rows":  # one Swin block per stage and shift
+        for record in data.get("rows", []):
+            workload = f"swin-block-d{record['dim']}-shift{record['shift']}-b{record['batch']}"
+            add(workload, record["backend"], SWIN_BLOCK_METRICS, record)
     elif data.get("benchmark") == "diag_rotary_epilogue":
         for record in data.get("rows", []):
             workload = f"rotary-{record['shape']}-b{record['batch']}"

@@ -14,9 +14,14 @@ graphs (``torch.profiler``, the call after warm-up) under:
 - ``inductor``: ``torch.compile`` default mode.
 
 Per block and backend it prints each kernel's device time, and for infinifuse which group
-(its FX nodes) each generated kernel runs.
+(its FX nodes) each generated kernel runs. The JSON (``--out``, a ledger source) keeps per
+block and backend ``total_us`` and ``kernel_count``, and the time of the copies that move q,
+k, v and the attention output: ``aten_copy_us`` (ATen's generic N-d copy,
+``elementwise_kernel<128, 4>``), ``row_copy_us`` (infinifuse's copies run as row kernels,
+passes/lone_copies.py) and ``inductor_copy_us`` (Inductor's kernels named for a clone and for
+no add, norm, softmax or GELU).
 
-    python benchmarks/diag/diag_swin_rows.py [--batch 8] [--out diag_swin_rows.json]
+    python benchmarks/diag/diag_swin_rows.py [--batch 8] [--commit C] [--out F.json]
 """
 
 from __future__ import annotations
@@ -24,9 +29,13 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
+import sys
 import unittest.mock
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 STAGES = [(96, 56, 3), (192, 28, 6), (384, 14, 12)]
 
@@ -47,19 +56,37 @@ def kernel_times(fn, x) -> dict[str, list[float]]:
     return dict(times)
 
 
-def groups_by_kernel() -> dict[str, str]:
+def groups_by_kernel() -> tuple[dict[str, str], set[str]]:
+    """(kernel name -> its group's nodes, the kernels of copies run as row kernels)."""
     import fusebackend
 
-    found = {}
+    found, copies = {}, set()
     for graph in fusebackend.last_report().graphs:
+        alone = set(graph.rewrites.get("copies_as_row_kernels", []))
         for group in graph.groups:
             found[group.kernel_name] = ",".join(group.nodes)
-    return found
+            if set(group.nodes) <= alone:
+                copies.add(group.kernel_name)
+    return found, copies
+
+
+def copy_times(times: dict[str, list[float]], row_copies: set[str]) -> dict[str, float]:
+    def total(keep) -> float:
+        return round(sum(sum(t) for name, t in times.items() if keep(name)), 2)
+
+    others = ("add", "layer_norm", "softmax", "gelu")
+    return {
+        "aten_copy_us": total(lambda n: n.startswith("void at::native::elementwise_kernel<128, 4")),
+        "row_copy_us": total(lambda n: n.split("(")[0] in row_copies),
+        "inductor_copy_us": total(lambda n: n.startswith("triton_") and "clone" in n
+                                  and not any(o in n for o in others)),
+    }  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--commit", default=None, help="the commit measured (for the ledger)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     from timm.models.swin_transformer import SwinTransformerBlock
@@ -98,7 +125,7 @@ def main() -> None:
                 finally:
                     for p in patches:
                         p.stop()
-                names = groups_by_kernel() if backend.startswith("infinifuse") else {}
+                names, row_copies = groups_by_kernel() if backend != "inductor" else ({}, set())
                 total = sum(sum(t) for t in times.values())
                 print(f"== dim {dim} size {size} shift {shift} {backend}: {total:.1f} us, "
                       f"{sum(len(t) for t in times.values())} kernels")  # fmt: skip
@@ -107,10 +134,16 @@ def main() -> None:
                     print(f"   {sum(t):8.2f} us x{len(t):<3d} {name[:60]} {group[:80]}")
                 rows.append({"dim": dim, "size": size, "shift": shift, "backend": backend,
                              "batch": args.batch, "total_us": round(total, 2),
-                             "kernels": times, "groups": names})  # fmt: skip
+                             "kernel_count": sum(len(t) for t in times.values()),
+                             **copy_times(times, row_copies),
+                             "kernel_times": times, "groups": names})  # fmt: skip
     if args.out:
+        import ledger
+
+        environment = {**ledger.environment(), "commit": args.commit}
         with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"benchmark": "diag_swin_rows", "environment": environment,
+                       "rows": rows}, f, indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":

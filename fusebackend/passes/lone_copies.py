@@ -5,12 +5,12 @@ A ``.contiguous()``, ``clone`` or copying ``reshape`` of a view that no group wr
 copy, and where the view is a permute ATen takes its generic N-d kernel
 (``elementwise_kernel<128, 4>``, an element a thread, no vector loads). Swin's packed q/k/v
 permuted to (3, windows, heads, N, d) and every attention's output
-``transpose(1, 2).reshape(B, N, C)`` are two such copies a block: on an H200 at batch 8 the two
-of Swin-T's first stage took 30.7 us, where Inductor's Triton copies of the same bytes took
-15.8 (``benchmarks/diag/diag_swin_rows.py`` at a85573a). A row kernel of one ``cast`` to the
-same dtype does the copy instead: it reads each row of the last dim through the source's
-strides over the row dims (vector loads where they are aligned) and writes the copy
-contiguous, as ``.contiguous()`` does; a ``reshape`` then views that copy.
+``transpose(1, 2).reshape(B, N, C)`` are two such copies a block: on an H200 at batch 8 the
+two of Swin-T's first stage took 30.7 us, where Inductor's copies of q, k, v and the output,
+four Triton kernels, took 14.2 (``benchmarks/diag/diag_swin_rows.py`` at a85573a). A row
+kernel of one ``cast`` to the same dtype does the copy instead: it reads each row of the last
+dim through the source's strides over the row dims (vector loads where they are aligned) and
+writes the copy contiguous, as ``.contiguous()`` does; a ``reshape`` then views that copy.
 
 Left to ATen: a source whose last dim is not unit-stride (a transpose of the last two dims: a
 row kernel would read across rows), rows of fewer than 16 elements (not measured), dtypes
