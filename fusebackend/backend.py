@@ -45,7 +45,7 @@ from fusebackend.passes.empty_pads import drop_empty_pads
 from fusebackend.passes.fx_util import example_value, placeholders
 from fusebackend.passes.lowering import lower
 from fusebackend.passes.matmul_groups import use_matmul_groups
-from fusebackend.passes.matmul_operands import copy_matmul_operands_once
+from fusebackend.passes.matmul_operands import copy_matmul_operands_once, scale_in_matmuls
 from fusebackend.passes.out_of_place import make_out_of_place
 from fusebackend.passes.pairing import pair_twin_groups
 from fusebackend.passes.parameter_work import fold_parameter_work
@@ -278,6 +278,9 @@ FUSE = [
     Pass("copy_matmul_operands_once", lambda c: copy_matmul_operands_once(c.graph),
          "batched-matmul operands copied once where they come from (fused graph)",
          report="matmul_operands_copied", needs_rewrites=True),
+    Pass("scale_in_matmuls", lambda c: scale_in_matmuls(c.graph),
+         "operands scaled by a number, scaled in their batched matmul (fused graph)",
+         report="matmul_scales", needs_rewrites=True),
     Pass("push_into_concatenations", lambda c: push_into_concatenations(c.graph),
          "elementwise ops on a cat run on its parts (fused graph)", report="pushed_into_cats"),
     Pass("find_groups", _find_groups),

@@ -4,7 +4,8 @@ Attention written by hand over a packed q/k/v projection, as LeViT (split, then 
 per piece) and Swin (one permute, then unbind) write it, at odd sizes and batch 3: outputs
 equal eager's, one copy is made per attention, and every matmul operand left in the fused
 graph goes to bmm uncopied. Batch 1 (the batch dims merge already) and separate q/k/v
-projections (one operand per value) are left as traced.
+projections (one operand per value) are left as traced. Swin's q scaled by a number is
+scaled in the product (a baddbmm's alpha); a scale read elsewhere or a tensor scale is not.
 """
 
 from __future__ import annotations
@@ -160,3 +161,33 @@ def test_timm_attention_copies_its_packed_qkv_once_and_equals_eager(name, copies
     report = fusebackend.last_report()
     assert len(report.graphs[-1].rewrites.get("matmul_operands_copied", [])) == copies, report
     assert sum(not _bmm_ready(_meta(v), b) for v, b in _matmul_operands(report)) == left
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_q_scaled_by_a_number_is_scaled_in_the_matmul(dtype):
+    torch.manual_seed(8)
+    model = PackedAttention(style="swin").eval().to(dtype)
+    x = torch.randn(3, 11, 20, dtype=dtype)
+    out, report = run_fused(model, x)
+    with torch.no_grad():
+        assert_close(out, model(x))
+    graph = report.graphs[-1]
+    assert graph.rewrites.get("matmul_scales") == ["mul"], report
+    fused = graph.runtime._fused.graph
+    assert [n.kwargs["alpha"] for n in fused.nodes if n.target is torch.baddbmm] == [
+        pytest.approx(model.scale)
+    ]
+    assert not any(n.target is operator.mul for n in fused.nodes)
+
+
+def test_a_scale_read_elsewhere_or_a_tensor_stays_a_multiply():
+    class Scaled(nn.Module):
+        def forward(self, q, k, s):
+            by_number = q * 0.25
+            return (by_number @ k).softmax(-1), by_number + 1.0, ((q * s) @ k).softmax(-1)
+
+    q, k, s = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 8, 5), torch.randn(())
+    out, report = run_fused(Scaled(), q, k, s)
+    with torch.no_grad():
+        assert_close(out, Scaled()(q, k, s))
+    assert not report.graphs[-1].rewrites.get("matmul_scales")

@@ -581,6 +581,15 @@ MUTATIONS: list[Mutation] = [
         note="nodes below the copy keep their traced strides (Swin's q * scale)",
     ),
     Mutation(
+        "matmul_scale_dropped",
+        "pass: matmul operands",
+        "fusebackend/passes/matmul_operands.py",
+        "    return first, float(second) if is_mul else 1.0 / float(second)\n",
+        "    return first, 1.0 if is_mul else 1.0 / float(second)\n",
+        ("tests/test_matmul_operands.py",),
+        note="a q scaled by a number loses its scale when the product takes it",
+    ),
+    Mutation(
         "lone_copy_negates",
         "pass: lone copies",
         "fusebackend/passes/lone_copies.py",

@@ -1,10 +1,12 @@
-"""Batched-matmul operands that ATen would copy one by one, copied once where they come from.
+"""Batched-matmul operands as cuBLAS takes them: copied once where they come from, and
+scaled in the product.
 
-``q @ k`` on operands of 3 or more dims runs as one ``bmm`` over their batch dims merged
-into one. Where an operand's batch dims cannot merge, or neither of its matrix dims has a
-unit stride, ``torch.matmul`` first copies it to a contiguous tensor: a copy kernel inside
-the matmul that no pass sees. Attention written by hand over a packed q/k/v projection
-does this for each of q, k and v:
+**Copied once** (``copy_matmul_operands_once``, before ``find_groups``). ``q @ k`` on
+operands of 3 or more dims runs as one ``bmm`` over their batch dims merged into one. Where
+an operand's batch dims cannot merge, or neither of its matrix dims has a unit stride,
+``torch.matmul`` first copies it to a contiguous tensor: a copy kernel inside the matmul
+that no pass sees. Attention written by hand over a packed q/k/v projection does this for
+each of q, k and v:
 
 - LeViT: ``qkv.view(B, N, heads, -1).split([kd, kd, vd], dim=3)``, then each piece permuted
   to (B, heads, ...): batch strides (N * heads * c, c) do not merge;
@@ -27,6 +29,18 @@ Left as traced: operands of 2 dims or fewer on either side (``x @ W`` folds its 
 rows), sizes that are not plain ints, views other than splits, picks and permutes between
 the value and the operand, values of more than 6 dims, and a value only one operand reads
 (one copy either way).
+
+**Scaled in the product** (``scale_in_matmuls``, after the copies). Attention written by
+hand scales q before its product with k: Swin's ``(q * self.scale) @ k.transpose(-2, -1)``.
+The scaled q is a tensor of its own: one more elementwise kernel a block that reads and
+writes q (Swin-T: 12 a call), where nothing else joins it. cuBLAS scales a product in fp32
+before its one rounding (``alpha``), so the product runs as
+``torch.baddbmm(ignored, q, k, beta=0, alpha=scale)`` over q and k viewed as (batch, rows,
+cols); ``beta=0`` reads nothing of its first argument (a 1 x 1 x 1 view of q). Eager rounds
+q * scale to q's dtype before the product; here the product is scaled and rounded once.
+Left as traced: a scale that is a tensor or a symbol, a scaled operand read elsewhere too,
+operands whose batch dims differ (broadcast) or that are not ready for bmm, and dtypes other
+than floating point.
 """
 
 from __future__ import annotations
@@ -38,9 +52,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from fusebackend.passes.fx_util import evaluate, example_value, static_layout
+from fusebackend.passes.fx_util import call_evaluated, evaluate, example_value, static_layout
 
-__all__ = ["copy_matmul_operands_once"]
+__all__ = ["copy_matmul_operands_once", "scale_in_matmuls"]
 
 _MATMULS = {operator.matmul, torch.matmul}
 # Views that keep every dim of their input or drop or reorder some: the chains replayed here.
@@ -236,3 +250,81 @@ def _same_layout(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same_layout(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b)
+
+
+# -- a scale by a number, applied in the product ---------------------------------------
+
+_MULS = {operator.mul, torch.mul}
+_DIVS = {operator.truediv, torch.div}
+
+
+def scale_in_matmuls(graph: torch.fx.Graph) -> list[str]:
+    """Each batched matmul whose operand is scaled by a Python number run as a baddbmm that
+    scales the product (module docstring); returns the names of the scalings gone."""
+    gone = []
+    for node in list(graph.nodes):
+        if not (node.op == "call_function" and node.target in _MATMULS and len(node.args) == 2):
+            continue
+        for side in (0, 1):
+            scaled = _scaled(node.args[side])
+            if scaled is None or len(node.args[side].users) != 1:
+                continue
+            operands = list(node.args)
+            operands[side] = scaled[0]
+            if _ready(operands):
+                multiply = node.args[side]
+                _as_baddbmm(graph, node, operands, scaled[1])
+                graph.erase_node(multiply)
+                gone.append(multiply.name)
+                break
+    if gone:
+        graph.lint()
+    return gone
+
+
+def _scaled(node: Any) -> tuple[torch.fx.Node, float] | None:
+    """(x, s) where ``node`` is x * s, s * x or x / s with s a Python number; else None."""
+    if not isinstance(node, torch.fx.Node) or node.kwargs or len(node.args) != 2:
+        return None
+    name = node.target if node.op == "call_method" else None
+    is_mul = node.op == "call_function" and node.target in _MULS or name == "mul"
+    is_div = node.op == "call_function" and node.target in _DIVS or name == "div"
+    first, second = node.args
+    if is_mul and isinstance(first, (int, float)) and isinstance(second, torch.fx.Node):
+        first, second = second, first
+    if not (is_mul or is_div) or not isinstance(first, torch.fx.Node):
+        return None
+    if isinstance(second, bool) or not isinstance(second, (int, float)) or second == 0:
+        return None
+    return first, float(second) if is_mul else 1.0 / float(second)
+
+
+def _ready(operands: list[Any]) -> bool:
+    values = [example_value(a) if isinstance(a, torch.fx.Node) else None for a in operands]
+    if not all(static_layout(v) and v.dim() >= 3 and v.dtype.is_floating_point for v in values):
+        return False
+    a, b = values
+    if a.dtype != b.dtype or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]:
+        return False
+    batch = a.shape[:-2]
+    return all(
+        _bmm_ready(torch.empty_strided(v.shape, v.stride(), device="meta"), batch) for v in values
+    )
+
+
+def _as_baddbmm(graph: torch.fx.Graph, matmul: torch.fx.Node, operands: list[Any],
+                scale: float) -> None:  # fmt: skip
+    """``matmul`` replaced by ``baddbmm(ignored, a, b, beta=0, alpha=scale)`` on its operands
+    viewed as (batch, rows, cols), viewed back to its shape."""
+    a, b = operands
+    shape = tuple(example_value(matmul).shape)
+    with graph.inserting_before(matmul):
+        a3 = call_evaluated(graph, torch.Tensor.view, (a, (-1, *example_value(a).shape[-2:])))
+        b3 = call_evaluated(graph, torch.Tensor.view, (b, (-1, *example_value(b).shape[-2:])))
+        ignored = call_evaluated(graph, operator.getitem, (a3, (slice(0, 1),) * 3))
+        product = graph.call_function(torch.baddbmm, (ignored, a3, b3),
+                                      {"beta": 0, "alpha": scale})  # fmt: skip
+        product.meta["example_value"] = evaluate(product)
+        result = call_evaluated(graph, torch.Tensor.view, (product, shape))
+    matmul.replace_all_uses_with(result)
+    graph.erase_node(matmul)
