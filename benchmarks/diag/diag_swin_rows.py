@@ -91,7 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     from timm.models.swin_transformer import SwinTransformerBlock
 
-    import fusebackend.backend
+    import fusebackend.copies
 
     rows = []
     for dim, size, heads in STAGES:
@@ -116,7 +116,7 @@ def main() -> None:
                                        options={"cudagraphs": False})  # fmt: skip
                     if backend.endswith("unfolded"):
                         patches.append(unittest.mock.patch.object(
-                            fusebackend.backend, "fold_copies_into_groups",
+                            fusebackend.copies, "fold_copies_into_groups",
                             lambda graph, owner: []))  # fmt: skip
                 for p in patches:
                     p.start()
