@@ -218,6 +218,11 @@ SOURCES = (
     "vision_h200_6e4ef06.json",
     # one Swin block per stage and shift: kernel time and copies (diag_swin_rows.py at a85573a)
     "diag_swin_rows_h200_a85573a.json",
+    # copies left alone run as row kernels, q's scale in its matmul (980bcf5: Swin-T, LeViT-128S,
+    # ViT-S; the Swin block diag again)
+    "vision_h200_980bcf5.json",
+    "vision_h200_980bcf5_vit.json",
+    "diag_swin_rows_h200_980bcf5.json",
     # RegNetY-016 at batch 8 channels-last and NCHW against reduce-overhead, with cuDNN's
     # tensor transforms counted (benchmarks/diag/diag_conv_layout.py at 1b6e300)
     "diag_conv_layout_h200_1b6e300.json",
