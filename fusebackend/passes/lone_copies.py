@@ -14,7 +14,8 @@ writes the copy contiguous, as ``.contiguous()`` does; a ``reshape`` then views 
 
 Left to ATen: a source whose last dim is not unit-stride (a transpose of the last two dims: a
 row kernel would read across rows), rows of fewer than 16 elements (not measured), dtypes
-other than floating point, copies with a memory format, sizes that are not plain ints.
+other than floating point, copies with a memory format, a ``clone`` that keeps its dense
+source's strides (its result is not contiguous), sizes that are not plain ints.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def _runs_as_row_kernel(node: torch.fx.Node) -> bool:
         return False  # a roll moves elements along the row
     value = example_value(node.args[0])
     return (
-        static_layout(value)
+        example_value(node).is_contiguous()  # a clone keeps a dense source's strides
+        and static_layout(value)
         and value.dim() >= 2
         and value.dtype.is_floating_point
         and value.shape[-1] >= _MIN_ROW

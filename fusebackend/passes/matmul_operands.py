@@ -224,7 +224,7 @@ def _refresh_below(start: torch.fx.Node) -> None:
     for node in _after(start):
         if not any(a in changed for a in node.all_input_nodes):
             continue
-        if node.op not in ("call_function", "call_method"):
+        if node.op not in ("call_function", "call_method") or _is_kernel(node.target):
             continue
         try:
             value = evaluate(node)
@@ -233,6 +233,12 @@ def _refresh_below(start: torch.fx.Node) -> None:
         if not _same_layout(value, example_value(node)):
             node.meta["example_value"] = value
             changed.add(node)
+
+
+def _is_kernel(target: Any) -> bool:
+    """A kernel family's launcher (a matmul group's, ...): it allocates its own outputs, and
+    is not run on fake tensors here."""
+    return hasattr(target, "precompile_job")
 
 
 def _after(start: torch.fx.Node) -> list[torch.fx.Node]:
