@@ -4,7 +4,8 @@ A packed q/k/v permuted and copied after its linear, and an attention output's
 ``transpose(1, 2).reshape`` read by a linear (Swin's two such copies a block), at odd sizes:
 outputs equal eager's, each copy is a group of its own node in the report, no copy is left
 in the fused graph, and a copy returned from the graph is contiguous as ``.contiguous()``
-makes it. A transpose of the last two dims, short rows and integer tensors stay ATen's.
+makes it. A transpose of the last two dims, short rows, integer tensors and a clone that keeps
+its source's strides stay ATen's.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def test_transposed_rows_short_rows_and_integers_stay_atens():
                 y.transpose(-1, -2).contiguous(),  # its last dim is not unit-stride
                 y[..., :8].permute(1, 0, 2).contiguous(),  # rows of 8
                 ids.permute(1, 0, 2).contiguous(),  # integers
+                y.permute(1, 0, 2).clone(),  # keeps its dense source's strides
             )
 
     x, w, ids = torch.randn(5, 20, 24), torch.randn(24, 24), torch.randint(0, 9, (5, 6, 24))
@@ -77,5 +79,6 @@ def test_transposed_rows_short_rows_and_integers_stay_atens():
     with torch.no_grad():
         for got, want in zip(out, Left()(x, w, ids), strict=True):
             assert_close(got, want)
+            assert got.stride() == want.stride()
     assert not report.graphs[-1].rewrites.get("copies_as_row_kernels")
-    assert len(_fused_copies(report)) == 3
+    assert len(_fused_copies(report)) == 4
