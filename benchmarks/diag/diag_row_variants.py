@@ -13,6 +13,10 @@ time inside a CUDA graph), beside Inductor's kernel in the same process:
     libdevice_tanh  tanh from libdevice (as Inductor) instead of the exp-based expression the
                     interpreter can run (GELU cases only)
     fast_div        fp32 divisions approximate (div.full, 2 ulp) instead of IEEE-rounded
+    no_nan_check    (a max over a row) without the second reduction that counts NaNs so the
+                    max returns NaN as torch.amax does (wrong only for rows with a NaN)
+    max_reduce_nan  (a max over a row) the max and its NaN rule as one tl.reduce whose
+                    combine keeps NaN, as Inductor's max2 (the same results)
     rows_first      the same kernel on the grid order used until 2026-11-25: axis 0 (the
                     fastest) over row blocks, axis 1 over column blocks (ROWS_AXIS=0), where
                     the launcher now puts a row's column blocks first as Inductor's flat grid
@@ -23,6 +27,7 @@ time inside a CUDA graph), beside Inductor's kernel in the same process:
                     divides its blocks; Inductor drops its masks then)
 
     python benchmarks/diag/diag_row_variants.py --out /tmp/diag_row_variants.json
+    python benchmarks/diag/diag_row_variants.py --cases softmax:75264x49 --out F.json  # Swin
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ from fusebackend.kernels import codegen, expressions, launch  # noqa: E402
 
 CASES = ("gelu_tanh:4096x4096,gelu_tanh:4096x8192,gelu_tanh:1x3072,swiglu:4096x4096,"
          "swiglu:4096x8192,swiglu:1x4096,rope:4096x4096,rope:1x4096")  # fmt: skip
+# Swin-T's first-stage attention scores at batch 8 (512 windows x 3 heads x 49 rows of 49):
+# its bias + softmax group took 26.6 us against Inductor's 16.9 (diag_swin_rows.py, 980bcf5);
+# run it with --cases softmax:75264x49 (not yet run)
 LIBDEVICE = "from triton.language.extra import libdevice\n"
 
 
@@ -70,10 +78,37 @@ def variant_sources(key: tuple) -> dict[str, str]:
     out["no_mask"] = re.sub(r", mask=mask(, other=0(\.0)?)?\)", ")", base)
     if layout == "tile":
         out["rows_first"] = base  # the same source, launched by RowsFirst
+    if re.search(r"^\s*nan\d+ = tl\.sum", base, re.M):  # a max or min over a row
+        out["no_nan_check"] = _without_nan_check(base)
+        out["max_reduce_nan"] = _max_reduce_nan(base)
     for label, text in out.items():
         if label not in ("base", "rows_first") and text == base:
             raise SystemExit(f"variant {label} came out as the base kernel: its rewrite is stale")
     return out
+
+
+_NAN_COMBINE = """
+@triton.jit
+def _max_keeping_nan(a, b):
+    return tl.where((a > b) | (a != a), a, b)
+
+"""
+
+
+def _without_nan_check(source: str) -> str:
+    """The kernel with its max's NaN count and NaN select removed (wrong only for rows with
+    a NaN; the timing's inputs have none): what the second reduction costs."""
+    source = re.sub(r"^\s*nan(\d+) = tl\.sum\(.*\n", "", source, flags=re.M)
+    return re.sub(r"^\s*acc(\d+) = tl\.where\(nan\1 > 0, .*\n", "", source, flags=re.M)
+
+
+def _max_reduce_nan(source: str) -> str:
+    """The kernel with its max and NaN count as one ``tl.reduce`` whose combine keeps NaN
+    (as Inductor's ``max2``): one reduction instead of two, the same results."""
+    source = _without_nan_check(source)
+    source = re.sub(r"tl\.max\((.*), axis=1, keep_dims=True\)",
+                    r"tl.reduce(\1, 1, _max_keeping_nan, keep_dims=True)", source)  # fmt: skip
+    return source.replace("\n\n@triton.jit", _NAN_COMBINE + "\n@triton.jit", 1)
 
 
 class RowsFirst:
