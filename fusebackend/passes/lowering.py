@@ -19,6 +19,7 @@ layout than eager's (the next convolution then transposes them back).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -170,88 +171,115 @@ class _Builder:
         dtype = example_value(node).dtype
         name, kind = call.op.name, call.op.kind
         operands = [self.ref(call, op, dtype) for op in call.operands]
-        if kind == OpKind.ELEMENTWISE:
-            result = self.add(Instr(name, tuple(operands), dtype, _params(call)))
-        elif name in _REDUCE_KIND:
-            result = self.add(Reduce(_REDUCE_KIND[name], operands[0], dtype))
-        elif name in ("var", "std"):
-            acc = accumulate_dtype(example_value(call.operands[0]).dtype)
-            correction = float(call.params["correction"])
-            result = self._var(operands[0], acc, dtype if name == "var" else acc, correction)
-            if name == "std":
-                result = self.add(Instr("sqrt", (result,), dtype))
-        elif name == "layer_norm":
-            result = self._layer_norm(call, operands, dtype)
-        elif name == "rms_norm":
-            result = self._rms_norm(call, operands, dtype)
-        elif name in ("softmax", "log_softmax"):
-            result = self._softmax(name, operands[0], example_value(call.operands[0]).dtype, dtype)
-        elif name == "rotate":
-            (source,) = operands
-            assert isinstance(source, InputRef), source  # the partition rotates inputs only
-            signs = tuple(call.params["signs"])
-            result = self.add(Rotate(source, call.params["shift"], signs, dtype))
-        else:  # the op table and this lowering disagree: a bug, never a user's fault
+        lowering = _elementwise if kind == OpKind.ELEMENTWISE else _LOWERINGS.get(name)
+        if lowering is None:  # the op table and this lowering disagree: a bug, never a user's
             raise AssertionError(f"no lowering for op {name!r} ({kind})")
-        self.values[node] = result.index
+        self.values[node] = lowering(self, call, operands, dtype).index
 
-    def _var(self, x: Operand, acc: torch.dtype, dtype: torch.dtype, correction: float) -> ValueRef:
-        """var(x) = mean((x - mean(x))**2) over N - correction: two passes, as stable as
-        eager's Welford for the row widths of interest (no catastrophic cancellation)."""
-        mean = self.add(Reduce("mean", x, acc))
-        centred = self.add(Instr("sub", (x, mean), acc))
-        square = self.add(Instr("mul", (centred, centred), acc))
-        return self.add(Reduce("mean", square, dtype, correction))
 
-    def _layer_norm(self, call: OpCall, operands: list[Operand], dtype: torch.dtype) -> ValueRef:
-        x, weight, bias = operands
-        acc = accumulate_dtype(example_value(call.operands[0]).dtype)
-        eps = self.eps(call, 1e-5, acc)
-        xf = self.add(Instr("cast", (x,), acc))
-        mean = self.add(Reduce("mean", xf, acc))
-        centred = self.add(Instr("sub", (xf, mean), acc))
-        square = self.add(Instr("mul", (centred, centred), acc))
-        var = self.add(Reduce("mean", square, acc))
-        inv = self.add(Instr("rsqrt", (self.add(Instr("add", (var, eps), acc)),), acc))
-        y = self.add(Instr("mul", (centred, inv), acc))
-        if weight is not None:
-            y = self.add(Instr("mul", (y, weight), acc))
-        if bias is not None:
-            y = self.add(Instr("add", (y, bias), acc))
-        return self.add(Instr("cast", (y,), dtype))
+# -- each op kind's instructions, by op name (``_LOWERINGS``) --------------------------------
 
-    def _softmax(self, name: str, x: Operand, source: torch.dtype, dtype: torch.dtype) -> ValueRef:
-        """softmax = exp(x - max) / sum(exp(x - max)); log_softmax = x - max - log(sum):
-        eager's max-subtracted form, in fp32 (fp64 when input or result is fp64) for any
-        input dtype, rounded once (``dtype=torch.float32`` only changes the result dtype)."""
-        acc = accumulate_dtype(torch.float64 if torch.float64 in (source, dtype) else source)
-        xf = self.add(Instr("cast", (x,), acc))
-        peak = self.add(Reduce("max", xf, acc))
-        shifted = self.add(Instr("sub", (xf, peak), acc))
-        exp = self.add(Instr("exp", (shifted,), acc))
-        total = self.add(Reduce("sum", exp, acc))
-        if name == "softmax":
-            y = self.add(Instr("div", (exp, total), acc))
-        else:
-            y = self.add(Instr("sub", (shifted, self.add(Instr("log", (total,), acc))), acc))
-        return self.add(Instr("cast", (y,), dtype))
+Lowering = Callable[[_Builder, OpCall, list[Operand], torch.dtype], ValueRef]
+_LOWERINGS: dict[str, Lowering] = {}
 
-    def _rms_norm(self, call: OpCall, operands: list[Operand], dtype: torch.dtype) -> ValueRef:
-        # torch 2.13's CPU rms_norm multiplies by the weight in fp32 and rounds once
-        # (measured: bit-equal on fp16 rows of 4097; rounding before the weight, as the
-        # composite does, was 0.0078 off).
-        x, weight = operands
-        source = example_value(call.operands[0]).dtype
-        acc = accumulate_dtype(source)
-        eps = self.eps(call, torch.finfo(source).eps, acc)
-        xf = self.add(Instr("cast", (x,), acc))
-        square = self.add(Instr("mul", (xf, xf), acc))
-        mean = self.add(Reduce("mean", square, acc))
-        inv = self.add(Instr("rsqrt", (self.add(Instr("add", (mean, eps), acc)),), acc))
-        y = self.add(Instr("mul", (xf, inv), acc))
-        if weight is not None:
-            y = self.add(Instr("mul", (y, weight), acc))
-        return self.add(Instr("cast", (y,), dtype))
+
+def _lowers(*names: str) -> Callable[[Lowering], Lowering]:
+    """Register a lowering for the table ops ``names`` (``_Builder.member`` looks it up)."""
+
+    def register(lowering: Lowering) -> Lowering:
+        for name in names:
+            _LOWERINGS[name] = lowering
+        return lowering
+
+    return register
+
+
+def _elementwise(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtype) -> ValueRef:
+    """Any elementwise op: one ``Instr`` (kernels/expressions.py spells it)."""
+    return b.add(Instr(call.op.name, tuple(args), dtype, _params(call)))
+
+
+@_lowers(*_REDUCE_KIND)
+def _reduction(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtype) -> ValueRef:
+    return b.add(Reduce(_REDUCE_KIND[call.op.name], args[0], dtype))
+
+
+@_lowers("var", "std")
+def _var_or_std(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtype) -> ValueRef:
+    """var(x) = mean((x - mean(x))**2) over N - correction: two passes, as stable as eager's
+    Welford for the row widths of interest (no catastrophic cancellation); std its root."""
+    acc = accumulate_dtype(example_value(call.operands[0]).dtype)
+    correction = float(call.params["correction"])
+    is_var = call.op.name == "var"
+    mean = b.add(Reduce("mean", args[0], acc))
+    centred = b.add(Instr("sub", (args[0], mean), acc))
+    square = b.add(Instr("mul", (centred, centred), acc))
+    result = b.add(Reduce("mean", square, dtype if is_var else acc, correction))
+    return result if is_var else b.add(Instr("sqrt", (result,), dtype))
+
+
+@_lowers("layer_norm")
+def _layer_norm(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtype) -> ValueRef:
+    x, weight, bias = args
+    acc = accumulate_dtype(example_value(call.operands[0]).dtype)
+    eps = b.eps(call, 1e-5, acc)
+    xf = b.add(Instr("cast", (x,), acc))
+    mean = b.add(Reduce("mean", xf, acc))
+    centred = b.add(Instr("sub", (xf, mean), acc))
+    square = b.add(Instr("mul", (centred, centred), acc))
+    var = b.add(Reduce("mean", square, acc))
+    inv = b.add(Instr("rsqrt", (b.add(Instr("add", (var, eps), acc)),), acc))
+    y = b.add(Instr("mul", (centred, inv), acc))
+    if weight is not None:
+        y = b.add(Instr("mul", (y, weight), acc))
+    if bias is not None:
+        y = b.add(Instr("add", (y, bias), acc))
+    return b.add(Instr("cast", (y,), dtype))
+
+
+@_lowers("softmax", "log_softmax")
+def _softmax(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtype) -> ValueRef:
+    """softmax = exp(x - max) / sum(exp(x - max)); log_softmax = x - max - log(sum):
+    eager's max-subtracted form, in fp32 (fp64 when input or result is fp64) for any
+    input dtype, rounded once (``dtype=torch.float32`` only changes the result dtype)."""
+    source = example_value(call.operands[0]).dtype
+    acc = accumulate_dtype(torch.float64 if torch.float64 in (source, dtype) else source)
+    xf = b.add(Instr("cast", (args[0],), acc))
+    peak = b.add(Reduce("max", xf, acc))
+    shifted = b.add(Instr("sub", (xf, peak), acc))
+    exp = b.add(Instr("exp", (shifted,), acc))
+    total = b.add(Reduce("sum", exp, acc))
+    if call.op.name == "softmax":
+        y = b.add(Instr("div", (exp, total), acc))
+    else:
+        y = b.add(Instr("sub", (shifted, b.add(Instr("log", (total,), acc))), acc))
+    return b.add(Instr("cast", (y,), dtype))
+
+
+@_lowers("rms_norm")
+def _rms_norm(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtype) -> ValueRef:
+    # torch 2.13's CPU rms_norm multiplies by the weight in fp32 and rounds once
+    # (measured: bit-equal on fp16 rows of 4097; rounding before the weight, as the
+    # composite does, was 0.0078 off).
+    x, weight = args
+    source = example_value(call.operands[0]).dtype
+    acc = accumulate_dtype(source)
+    eps = b.eps(call, torch.finfo(source).eps, acc)
+    xf = b.add(Instr("cast", (x,), acc))
+    square = b.add(Instr("mul", (xf, xf), acc))
+    mean = b.add(Reduce("mean", square, acc))
+    inv = b.add(Instr("rsqrt", (b.add(Instr("add", (mean, eps), acc)),), acc))
+    y = b.add(Instr("mul", (xf, inv), acc))
+    if weight is not None:
+        y = b.add(Instr("mul", (y, weight), acc))
+    return b.add(Instr("cast", (y,), dtype))
+
+
+@_lowers("rotate")
+def _rotate(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtype) -> ValueRef:
+    (source,) = args
+    assert isinstance(source, InputRef), source  # the partition rotates inputs only
+    return b.add(Rotate(source, call.params["shift"], tuple(call.params["signs"]), dtype))
 
 
 def lower(candidate: Candidate) -> LoweredGroup:
