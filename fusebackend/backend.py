@@ -43,6 +43,7 @@ from fusebackend.passes.conv_bias import move_conv_biases
 from fusebackend.passes.decode_attention import use_decode_attention
 from fusebackend.passes.empty_pads import drop_empty_pads
 from fusebackend.passes.fx_util import example_value, placeholders
+from fusebackend.passes.groups import LoweredGroup
 from fusebackend.passes.lowering import lower
 from fusebackend.passes.matmul_groups import use_matmul_groups
 from fusebackend.passes.matmul_operands import copy_matmul_operands_once, scale_in_matmuls
@@ -178,21 +179,20 @@ def _rewrite_groups(c: Compilation) -> None:
         # lists what would fuse, and why it does not run fused.
         names = ", ".join(sorted(str(d) for d in devices))
         for candidate in c.candidates:
-            lower(candidate)
-            _report_group(c, candidate, options, f"not rewritten: Triton cannot run on {names} "
-                                                 "(the CPU needs TRITON_INTERPRET=1)")  # fmt: skip
+            _report_group(c, candidate, lower(candidate), options,
+                          f"not rewritten: Triton cannot run on {names} "
+                          "(the CPU needs TRITON_INTERPRET=1)")  # fmt: skip
         # No fused graph: the runtime runs the traced graph once per call (a fused one would
         # be validated against itself on each signature's first call, running it twice).
         c.stopped = True
         return
 
-    def make_op(candidate: Candidate) -> FusedGroupOp:
-        assert candidate.program is not None
+    def make_op(candidate: Candidate, lowered: LoweredGroup) -> FusedGroupOp:
         group_device = example_value(candidate.members[0]).device
         use_triton = triton_usable(group_device)
-        kernel_name = _report_group(c, candidate, options,
+        kernel_name = _report_group(c, candidate, lowered, options,
                                     "triton" if use_triton else "torch reference")  # fmt: skip
-        op = FusedGroupOp(candidate.program, kernel_name, reference_graph(candidate),
+        op = FusedGroupOp(lowered.program, kernel_name, reference_graph(candidate, lowered),
                           group_device, options)  # fmt: skip
         op.group = c.groups[-1].name
         return op
@@ -201,12 +201,12 @@ def _rewrite_groups(c: Compilation) -> None:
 
 
 def _report_group(
-    c: Compilation, candidate: Candidate, options: KernelOptions, backend: str
-) -> str:
+    c: Compilation, candidate: Candidate, lowered: LoweredGroup, options: KernelOptions,
+    backend: str,
+) -> str:  # fmt: skip
     """Record the group's report; return its kernel name."""
-    assert candidate.program is not None
-    layout = layout_for(candidate.program, _static_width(candidate))
-    kernel_name, source = kernel_source(candidate.program, _kernel_rank(candidate), options,
+    layout = layout_for(lowered.program, _static_width(candidate))
+    kernel_name, source = kernel_source(lowered.program, _kernel_rank(lowered), options,
                                         layout)  # fmt: skip
     calls = candidate.calls.items()
     c.groups.append(
@@ -219,8 +219,8 @@ def _report_group(
                 m.name for m, k in calls if k.op.kind in ("reduction", "norm", "softmax")
             ),
             moves=tuple(m.name for m, k in calls if k.op.kind == "move"),
-            inputs=tuple(n.name for n in candidate.inputs),
-            outputs=tuple(m.name for m in candidate.outputs),
+            inputs=tuple(n.name for n in lowered.inputs),
+            outputs=tuple(m.name for m in lowered.outputs),
             source=source,
             backend=backend,
         )
@@ -540,14 +540,13 @@ def _precompile(graph: torch.fx.Graph) -> tuple[dict[str, int], dict[str, dict[s
     return kernels, paths
 
 
-def _kernel_rank(candidate: Candidate) -> int:
+def _kernel_rank(lowered: LoweredGroup) -> int:
     """The rank of the kernel the group's launches run, for the report's name and source:
     the launcher collapses lead dims (a decode row ``[1, 1, D]`` runs rank 1), so the
     name in a profile matches ``explain``'s. Symbolic sizes: at their hints (the traced
     call's), else the traced rank."""
-    assert candidate.program is not None
-    rank = launch_rank(candidate.program, [example_value(n) for n in candidate.inputs])
-    return candidate.rank if rank is None else rank
+    rank = launch_rank(lowered.program, [example_value(n) for n in lowered.inputs])
+    return lowered.rank if rank is None else rank
 
 
 def _static_width(candidate: Candidate) -> int:

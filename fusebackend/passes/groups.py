@@ -53,7 +53,7 @@ class LoweredGroup:
 
 @dataclasses.dataclass
 class Candidate:
-    """A group found by the pass; ``lowered`` once lowered (``lowering.lower``)."""
+    """A group found by the pass (``lowering.lower`` makes its ``LoweredGroup``)."""
 
     lookups: list[torch.fx.Node]
     members: list[torch.fx.Node]  # lookups and table ops, in graph order
@@ -62,28 +62,6 @@ class Candidate:
     # members lowered with another member, no instruction of their own: the slices, splits
     # and negations of a rotate_half (lowered with its concatenation)
     parts: set[torch.fx.Node] = dataclasses.field(default_factory=set)
-    lowered: LoweredGroup | None = None
-
-    # The lowered group's facts, read through the candidate (backend.py reads them here).
-    @property
-    def program(self) -> RowProgram | None:
-        return None if self.lowered is None else self.lowered.program
-
-    @property
-    def rank(self) -> int:
-        return 0 if self.lowered is None else self.lowered.rank
-
-    @property
-    def inputs(self) -> tuple[torch.fx.Node, ...]:
-        return () if self.lowered is None else self.lowered.inputs
-
-    @property
-    def outputs(self) -> tuple[torch.fx.Node, ...]:
-        return () if self.lowered is None else self.lowered.outputs
-
-    @property
-    def output_slot(self) -> Mapping[torch.fx.Node, int]:
-        return {} if self.lowered is None else self.lowered.output_slot
 
     @property
     def ops(self) -> list[torch.fx.Node]:

@@ -284,11 +284,10 @@ def _rotate(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtype) 
 
 def lower(candidate: Candidate) -> LoweredGroup:
     """The group lowered to a ``RowProgram``, with the graph values it reads (``inputs``)
-    and replaces (``outputs``). Kept as ``candidate.lowered`` (the one field lowering sets:
-    the backend and the rewrite read the program through the candidate)."""
-    lowered = _lowered(candidate)
-    candidate.lowered = lowered
-    return lowered
+    and replaces (``outputs``): a new ``LoweredGroup``; the candidate is left as it was.
+    Lowered from the nodes' current arguments (an earlier group's rewrite may have replaced
+    an operand by that group's output), so the rewrite lowers each group as it comes."""
+    return _lowered(candidate)
 
 
 def _lowered(candidate: Candidate) -> LoweredGroup:

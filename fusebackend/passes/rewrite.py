@@ -29,7 +29,8 @@ __all__ = ["reference_graph", "rewrite"]
 def rewrite(
     graph: torch.fx.Graph, candidates: Sequence[Candidate], make_op: Any
 ) -> list[torch.fx.Node]:
-    """Describe each group and replace it by ``make_op(candidate)`` called on its inputs.
+    """Lower each group and replace it by ``make_op(candidate, lowered)`` (its
+    ``LoweredGroup``) called on its inputs.
 
     Returns the new fused nodes. The graph is re-sorted so that every node keeps its place
     relative to the mutations around it (see ``resort_stably``).
@@ -48,7 +49,7 @@ def rewrite(
                     if slot not in lowered.program.scalar_inputs:
                         args[slot] = call_evaluated(graph, in_storage_order, (node, lowered.order))
                         priority[args[slot]] = start - 0.5
-            fused = graph.call_function(make_op(candidate), tuple(args))
+            fused = graph.call_function(make_op(candidate, lowered), tuple(args))
             fused.meta["example_value"] = tuple(_kernel_output(h, lowered.order) for h in holders)
             priority[fused] = start
             items = []
@@ -101,14 +102,12 @@ def _output_holders(lowered: LoweredGroup) -> list[torch.fx.Node]:
     return [holders[k] for k in range(len(holders))]
 
 
-def reference_graph(candidate: Candidate) -> torch.fx.Graph:
+def reference_graph(candidate: Candidate, lowered: LoweredGroup) -> torch.fx.Graph:
     """The group's original torch ops as a small graph (inputs -> outputs): what runs the
     group when Triton cannot run on its device. A graph, not a GraphModule: generating and
     compiling the module's code took 0.43 s for a 22-layer Llama's 113 groups (CPU,
     2026-11-25), where a GPU never runs it; ``FusedGroupOp.reference`` makes it on first use.
     """
-    lowered = candidate.lowered
-    assert lowered is not None, "reference_graph of a group not lowered"
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     for i, node in enumerate(lowered.inputs):
