@@ -191,3 +191,18 @@ def test_a_scale_read_elsewhere_or_a_tensor_stays_a_multiply():
     with torch.no_grad():
         assert_close(out, Scaled()(q, k, s))
     assert not report.graphs[-1].rewrites.get("matmul_scales")
+
+
+def test_symbolic_sizes_are_left_as_traced_and_equal_eager():
+    # dynamic=True: layouts are decided from plain-int strides, so nothing is copied or scaled
+    torch.manual_seed(9)
+    model = PackedAttention(style="swin").eval()
+    compiled = torch.compile(model, backend="infinifuse", dynamic=True,
+                             options={"validate": False})  # fmt: skip
+    for length in (5, 9, 13):
+        x = torch.randn(3, length, 20)
+        with torch.no_grad():
+            assert_close(compiled(x), model(x))
+    rewrites = fusebackend.last_report().graphs[-1].rewrites
+    assert fusebackend.last_report().graphs[-1].path == "fused"
+    assert not rewrites.get("matmul_operands_copied") and not rewrites.get("matmul_scales")
