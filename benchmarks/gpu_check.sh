@@ -2,7 +2,7 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|suite|tp|sentence|vision|diag]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|suite|tp|sentence|vision|swin|diag]...
 #
 # Knobs (environment): GPU_TESTS (test paths for "tests", default tests), FASTGEN_ARGS (the
 # arguments of fast_generate.py for "fastgen", see there), DECODE_ONLY and
@@ -31,7 +31,8 @@
 # GPU of the machine: its GPU tests, diag_tp_chain.py and benchmarks/tensor_parallel.py, the
 # device loop's generate among its rows), vision (timm models, benchmarks/vision.py:
 # VISION_ARGS passed on, VISION_NAME the result's name, default vision; stops starting models
-# after 300 s), diag (why BERT's SDPA runs its
+# after 300 s), swin (one Swin block per stage against Inductor's, profiled, and the kernel
+# variants of its short-row softmax, ~2 min), diag (why BERT's SDPA runs its
 # math path under Dynamo; which SDPA kernel a decode step's attention should get; the decode
 # attention kernel against repeat_kv + SDPA and its launch sweep; the host time of a replay
 # and of a generate() step, ~5 min). One device call runs at most 10
@@ -207,6 +208,15 @@ for step in $steps; do
         run_step "bench_$name" python3 benchmarks/vision.py --time-budget 300 --child-timeout 240 \
             ${VISION_ARGS:-} --out "$OUT/$name.json" --ledger "$OUT/${name}_ledger.jsonl"
         ;;
+    swin)
+        # Swin's blocks against Inductor's (one block per stage, profiled) and its short-row
+        # softmax's kernel variants (the NaN-counting reduction of its max), ~2 min
+        commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+        run_step diag_swin_rows python3 benchmarks/diag/diag_swin_rows.py --commit "$commit" \
+            --out "$OUT/diag_swin_rows_h200_$commit.json"
+        run_step diag_swin_softmax python3 benchmarks/diag/diag_row_variants.py \
+            --cases softmax:75264x49 --out "$OUT/diag_row_variants_swin_$commit.json"
+        ;;
     diag)
         run_step diag_bert_sdpa python3 benchmarks/diag/diag_bert_sdpa.py
         run_step diag_decode_sdpa python3 benchmarks/diag/diag_decode_sdpa.py
@@ -216,7 +226,7 @@ for step in $steps; do
         run_step diag_generate_host python3 benchmarks/diag/diag_generate_host.py
         ;;
     *)
-        echo "unknown step: $step (tests, examples, bench, generate, fastgen, rows, decode, matmul, splitk, rotary, zoo, suite, tp, sentence, vision, diag)"
+        echo "unknown step: $step (tests, examples, bench, generate, fastgen, rows, decode, matmul, splitk, rotary, zoo, suite, tp, sentence, vision, swin, diag)"
         status=1
         ;;
     esac
