@@ -211,11 +211,27 @@ def _var_or_std(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dty
     acc = accumulate_dtype(example_value(call.operands[0]).dtype)
     correction = float(call.params["correction"])
     is_var = call.op.name == "var"
-    mean = b.add(Reduce("mean", args[0], acc))
-    centred = b.add(Instr("sub", (args[0], mean), acc))
-    square = b.add(Instr("mul", (centred, centred), acc))
-    result = b.add(Reduce("mean", square, dtype if is_var else acc, correction))
+    _, result = _centred_and_variance(b, args[0], acc, dtype if is_var else acc, correction)
     return result if is_var else b.add(Instr("sqrt", (result,), dtype))
+
+
+def _centred_and_variance(
+    b: _Builder, x: Operand, acc: torch.dtype, dtype: torch.dtype, correction: float = 0.0
+) -> tuple[ValueRef, ValueRef]:
+    """(x - mean(x), mean((x - mean(x))**2) over N - correction): var's two passes, and a
+    LayerNorm's centring and variance."""
+    mean = b.add(Reduce("mean", x, acc))
+    centred = b.add(Instr("sub", (x, mean), acc))
+    square = b.add(Instr("mul", (centred, centred), acc))
+    return centred, b.add(Reduce("mean", square, dtype, correction))
+
+
+def _normalized(b: _Builder, x: Operand, variance: Operand, eps: Operand, weight: Operand,
+                acc: torch.dtype) -> ValueRef:  # fmt: skip
+    """x * rsqrt(variance + eps), times ``weight`` where there is one: a norm's tail."""
+    inv = b.add(Instr("rsqrt", (b.add(Instr("add", (variance, eps), acc)),), acc))
+    y = b.add(Instr("mul", (x, inv), acc))
+    return y if weight is None else b.add(Instr("mul", (y, weight), acc))
 
 
 @_lowers("layer_norm")
@@ -224,14 +240,8 @@ def _layer_norm(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dty
     acc = accumulate_dtype(example_value(call.operands[0]).dtype)
     eps = b.eps(call, 1e-5, acc)
     xf = b.add(Instr("cast", (x,), acc))
-    mean = b.add(Reduce("mean", xf, acc))
-    centred = b.add(Instr("sub", (xf, mean), acc))
-    square = b.add(Instr("mul", (centred, centred), acc))
-    var = b.add(Reduce("mean", square, acc))
-    inv = b.add(Instr("rsqrt", (b.add(Instr("add", (var, eps), acc)),), acc))
-    y = b.add(Instr("mul", (centred, inv), acc))
-    if weight is not None:
-        y = b.add(Instr("mul", (y, weight), acc))
+    centred, var = _centred_and_variance(b, xf, acc, acc)
+    y = _normalized(b, centred, var, eps, weight, acc)
     if bias is not None:
         y = b.add(Instr("add", (y, bias), acc))
     return b.add(Instr("cast", (y,), dtype))
@@ -268,11 +278,7 @@ def _rms_norm(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtype
     xf = b.add(Instr("cast", (x,), acc))
     square = b.add(Instr("mul", (xf, xf), acc))
     mean = b.add(Reduce("mean", square, acc))
-    inv = b.add(Instr("rsqrt", (b.add(Instr("add", (mean, eps), acc)),), acc))
-    y = b.add(Instr("mul", (xf, inv), acc))
-    if weight is not None:
-        y = b.add(Instr("mul", (y, weight), acc))
-    return b.add(Instr("cast", (y,), dtype))
+    return b.add(Instr("cast", (_normalized(b, xf, mean, eps, weight, acc),), dtype))
 
 
 @_lowers("rotate")

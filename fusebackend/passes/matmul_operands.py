@@ -173,7 +173,7 @@ def _serves(value: torch.fx.Node, order: tuple[int, ...], chains: list[list[torc
     go to bmm uncopied?"""
     replayed = {value: _layout(example_value(value), order)}
     try:
-        for node in graph_order(tail):
+        for node in _graph_order(tail):
             replayed[node] = evaluate(node, lambda a: replayed.get(a, example_value(a)))
     except (RuntimeError, TypeError):
         return False
@@ -189,7 +189,7 @@ def _serves(value: torch.fx.Node, order: tuple[int, ...], chains: list[list[torc
     return True
 
 
-def graph_order(nodes: set[torch.fx.Node]) -> list[torch.fx.Node]:
+def _graph_order(nodes: set[torch.fx.Node]) -> list[torch.fx.Node]:
     """``nodes`` in their graph's order."""
     if not nodes:
         return []
@@ -313,9 +313,7 @@ def _ready(operands: list[Any]) -> bool:
     if a.dtype != b.dtype or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]:
         return False
     batch = a.shape[:-2]
-    return all(
-        _bmm_ready(torch.empty_strided(v.shape, v.stride(), device="meta"), batch) for v in values
-    )
+    return all(_bmm_ready(_meta(v), batch) for v in values)
 
 
 def _as_baddbmm(graph: torch.fx.Graph, matmul: torch.fx.Node, operands: list[Any],
