@@ -46,13 +46,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from embedding_chain import device_ms  # noqa: E402
 from row_kernels import PATTERNS, compiled, make_inputs, max_error, versions  # noqa: E402
 
+import fusebackend  # noqa: E402
 from fusebackend.kernels import codegen, expressions, launch  # noqa: E402
 
 CASES = ("gelu_tanh:4096x4096,gelu_tanh:4096x8192,gelu_tanh:1x3072,swiglu:4096x4096,"
          "swiglu:4096x8192,swiglu:1x4096,rope:4096x4096,rope:1x4096")  # fmt: skip
 # Swin-T's first-stage attention scores at batch 8 (512 windows x 3 heads x 49 rows of 49):
 # its bias + softmax group took 26.6 us against Inductor's 16.9 (diag_swin_rows.py, 980bcf5);
-# run it with --cases softmax:75264x49 (not yet run)
+# run it with --cases softmax:75264x49 (its first run, 2026-11-29 at 7864e69, timed ATen's
+# softmax for every variant: see run_case's fallback check)
 LIBDEVICE = "from triton.language.extra import libdevice\n"
 
 
@@ -108,7 +110,9 @@ def _max_reduce_nan(source: str) -> str:
     source = _without_nan_check(source)
     source = re.sub(r"tl\.max\((.*), axis=1, keep_dims=True\)",
                     r"tl.reduce(\1, 1, _max_keeping_nan, keep_dims=True)", source)  # fmt: skip
-    return source.replace("\n\n@triton.jit", _NAN_COMBINE + "\n@triton.jit", 1)
+    # after the kernel, so that the kernel stays the source's first def (Triton resolves the
+    # combine's name when it compiles)
+    return source + _NAN_COMBINE
 
 
 class RowsFirst:
@@ -183,8 +187,11 @@ def run_case(name: str, rows: int, width: int) -> list[dict]:
         (key,) = keys
         original = launch._KERNELS[key]
         kernels = {}
-        for label, source in variant_sources(key).items():
-            kname = re.search(r"^def (\w+)\(", source, re.M).group(1)
+        sources = variant_sources(key)
+        if width & (width - 1):  # a row narrower than its block: unmasked stores write past it
+            del sources["no_mask"]
+        for label, source in sources.items():
+            kname = re.search(r"^def (\w+)\(", source, re.M).group(1)  # the kernel: first
             kernels[label] = getattr(launch._import_source(kname, source), kname)
             if label == "rows_first":
                 kernels[label] = RowsFirst(kernels[label])
@@ -198,6 +205,13 @@ def run_case(name: str, rows: int, width: int) -> list[dict]:
                 launch.launch_config = configs[label]
                 out = call(*args)
                 torch.cuda.synchronize()
+                # a variant that raises sends the graph to its unfused replay for good, and
+                # every later timing would be ATen's (as on 2026-11-29, 7864e69: the
+                # max_reduce_nan kernel was launched under its combine's name)
+                fallbacks = fusebackend.stats()["fusion_fallbacks"]
+                if fallbacks:
+                    raise SystemExit(f"{name}: variant {label} fell back: "
+                                     f"{fusebackend.stats()['fallback_reasons']}")  # fmt: skip
                 results.append({"label": label, "error": max_error(out, ref)})
             # alternate the variants over rounds so drift hits all alike
             times: dict[str, list[float]] = {label: [] for label in ["inductor", *kernels]}
