@@ -66,6 +66,7 @@ from helpers import assert_close, tol
 from torch import nn
 
 import fusebackend.kernels.matmul as matmul
+from fusebackend.kernels.ir import GATES, NORMS
 from fusebackend.kernels.matmul import LaunchConfig, MatmulGroup, matmul_group
 
 transformers = pytest.importorskip("transformers")
@@ -648,7 +649,7 @@ def test_group_validation(kwargs):
 
 def test_group_validation_accepts_the_valid_ones():
     for norm, gate, siblings, residual in itertools.product(
-        matmul.NORMS, matmul.GATES, (1, 2, 3), (False, True)
+        NORMS, GATES, (1, 2, 3), (False, True)
     ):
         ok = (not gate or siblings == 2) and (not residual or siblings == 1 or gate)
         if ok:

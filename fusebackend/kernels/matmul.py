@@ -70,8 +70,9 @@ import torch
 from fusebackend.kernels.arrivals import arrival_counters
 from fusebackend.kernels.cache_write import check_cache_index
 from fusebackend.kernels.dependent_launch import nvidia_gpu, pdl_launch
+from fusebackend.kernels.epilogue import activation_program, epilogue_function
 from fusebackend.kernels.family import concrete_cuda_tensor, launch_key
-from fusebackend.kernels.ir import ACTIVATIONS, GATES, MAX_SIBLINGS, NORMS, MatmulGroup
+from fusebackend.kernels.ir import MAX_SIBLINGS, NORMS, MatmulGroup
 from fusebackend.kernels.matmul_reference import Heads, reference
 from fusebackend.kernels.triton_api import interpreter_enabled, triton_usable, warmup_launch
 
@@ -419,14 +420,17 @@ def _launch(
     meta = {
         "NORM": NORMS.index(group.norm),
         "NORM_BIAS": group.norm_bias,
-        "GATE": GATES.index(group.gate),
+        "GATED": bool(group.gate),
         "HAS_BIAS": group.bias,
         "HAS_RESIDUAL": group.residual,
         "SIBLINGS": group.siblings,
         "HEAD_DIM": group.rotary,
         "CACHE": group.cache_write,
         "HEAD_NORM": NORMS.index(group.head_norm),
-        "ACT": ACTIVATIONS.index(group.activation),
+        "HAS_ACT": bool(group.activation),
+        # the row codegen's function of the gate's or the output's activation (""
+        # when neither: the identity, never called); outputs are of x's dtype
+        "ACT": epilogue_function(activation_program(group.gate or group.activation, x.dtype)),
         "SPLIT_K": splits,
         "K_SPAN": span if splits > 1 else width,
         "BLOCK_M": block_m,

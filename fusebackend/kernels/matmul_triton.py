@@ -11,12 +11,6 @@ __all__ = ["matmul_group_kernel", "matmul_group_kernel_checked"]
 
 
 @triton.jit
-def _tanh(z):
-    # libdevice's tanh does not run in Triton's interpreter (3.6)
-    return 2.0 * tl.sigmoid(2.0 * z) - 1.0
-
-
-@triton.jit
 def _row_stats(
     x, x_row, x_col, rows, M, K: tl.constexpr, eps, NORM: tl.constexpr, BLOCK_K: tl.constexpr
 ):
@@ -261,29 +255,6 @@ def _sum_slices(acc, acc2, TWO: tl.constexpr, work, counters, SPLIT_K: tl.conste
 
 
 @triton.jit
-def _activate(g, ACT: tl.constexpr, dtype: tl.constexpr):
-    """``kernels.ir.ACTIVATIONS[ACT]`` of fp32 ``g`` (a value rounded to ``dtype``), rounded
-    to ``dtype``: silu, gelu, gelu_tanh (one rounding, as F.silu / F.gelu), relu, gelu_new
-    (NewGELU's eight ops, each rounded as eager rounds it)."""
-    if ACT == 1:
-        y = g * tl.sigmoid(g)
-    elif ACT == 2:
-        y = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))
-    elif ACT == 3:
-        y = 0.5 * g * (1.0 + _tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
-    elif ACT == 4:
-        y = tl.where(g < 0.0, 0.0, g)  # NaN stays NaN, as torch.relu (max.f32 gives 0)
-    else:  # 0.5 * x * (1.0 + tanh(sqrt(2 / pi) * (x + 0.044715 * pow(x, 3.0))))
-        half = (0.5 * g).to(dtype).to(tl.float32)
-        cube = (g * g * g).to(dtype).to(tl.float32)
-        inner = (g + (0.044715 * cube).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-        inner = (0.7978845608028654 * inner).to(dtype).to(tl.float32)
-        one_plus = (1.0 + _tanh(inner).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-        y = half * one_plus
-    return y.to(dtype)
-
-
-@triton.jit
 def _add_bias(acc, bias, cols, N):
     """The fp32 products plus the bias of their columns (added before the output's one
     rounding, as cuBLAS adds it in its epilogue)."""
@@ -306,7 +277,8 @@ def _store(y, out, res, res_row, res_col, rows, cols, M, N, HAS_RESIDUAL: tl.con
 def _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, bias, out, res,
                  res_row, res_col,
                  tile, M, K: tl.constexpr, N, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_ACT: tl.constexpr,
+                 ACT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PRECISION: tl.constexpr, work, counters, SPLIT_K: tl.constexpr,
                  K_SPAN: tl.constexpr, PDL: tl.constexpr,
@@ -322,8 +294,8 @@ def _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, bias, out, r
         if HAS_BIAS:
             acc = _add_bias(acc, bias, cols, N)
         y = acc.to(out.dtype.element_ty)
-        if ACT != 0:
-            y = _activate(y.to(tl.float32), ACT, out.dtype.element_ty)
+        if HAS_ACT:
+            y = ACT(y.to(tl.float32)).to(out.dtype.element_ty)
         _store(y, out, res, res_row, res_col, rows, cols, M, N, HAS_RESIDUAL)
 
 
@@ -449,10 +421,12 @@ def _matmul_group(
     # split-K: grid axis 1 is SPLIT_K slices of K_SPAN columns of K; ``work`` holds their
     # fp32 sums, ``counters`` (int32, zero) one per tile of axis 0 (see _sum_slices)
     work, counters,
-    NORM: tl.constexpr, NORM_BIAS: tl.constexpr, GATE: tl.constexpr,
+    NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
+    GATED: tl.constexpr,        # the output is ACT(y_0) * y_1 (gate and up)
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SIBLINGS: tl.constexpr,
     HEAD_DIM: tl.constexpr, CACHE: tl.constexpr, HEAD_NORM: tl.constexpr,
-    ACT: tl.constexpr,          # a single linear's activation (kernels.ir.ACTIVATIONS)
+    HAS_ACT: tl.constexpr,      # a single linear's output goes through ACT
+    ACT: tl.constexpr,          # the gate's or that activation: a kernels/epilogue.py function
     SPLIT_K: tl.constexpr, K_SPAN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -495,7 +469,7 @@ def _matmul_group(
                         pid - TILES0 - TILES1, M, K, N2, SEQ, NORM, NORM_BIAS, HAS_BIAS,
                         CACHE, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, work,
                         counters, SPLIT_K, K_SPAN, PDL, PREFETCH)  # fmt: skip
-    elif GATE != 0:
+    elif GATED:
         cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         gate, up, last = _tile(x, x_row, x_col, norm_w, norm_b, eps, w0, w0_n, w0_k,
                                w1, w1_n, w1_k, rows, cols, M, K, N0, NORM, NORM_BIAS, True,
@@ -506,14 +480,14 @@ def _matmul_group(
                 gate = _add_bias(gate, b0, cols, N0)
                 up = _add_bias(up, b1, cols, N0)
             dtype = out0.dtype.element_ty
-            act = _activate(gate.to(dtype).to(tl.float32), GATE, dtype)
+            act = ACT(gate.to(dtype).to(tl.float32)).to(dtype)
             y = (act.to(tl.float32) * up.to(dtype).to(tl.float32)).to(dtype)
             _store(y, out0, res, res_row, res_col, rows, cols, M, N0, HAS_RESIDUAL)
     else:
         if pid < TILES0:
             _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w0, w0_n, w0_k, b0,
                          out0, res, res_row, res_col, pid, M, K, N0, NORM, NORM_BIAS,
-                         HAS_BIAS, HAS_RESIDUAL, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
+                         HAS_BIAS, HAS_RESIDUAL, HAS_ACT, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
                          PRECISION, work, counters, SPLIT_K, K_SPAN, PDL, PREFETCH,
                          W_KN)  # fmt: skip
         else:
@@ -521,7 +495,7 @@ def _matmul_group(
                 if pid < TILES0 + TILES1:
                     _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w1, w1_n,
                                  w1_k, b1, out1, res, res_row, res_col, pid - TILES0, M,
-                                 K, N1, NORM, NORM_BIAS, HAS_BIAS, False, 0, BLOCK_M,
+                                 K, N1, NORM, NORM_BIAS, HAS_BIAS, False, False, ACT, BLOCK_M,
                                  BLOCK_N, BLOCK_K, PRECISION, work, counters, SPLIT_K,
                                  K_SPAN, PDL, PREFETCH, W_KN)  # fmt: skip
                 else:
@@ -529,7 +503,7 @@ def _matmul_group(
                         _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w2, w2_n,
                                      w2_k, b2, out2, res, res_row, res_col,
                                      pid - TILES0 - TILES1, M, K, N2, NORM, NORM_BIAS,
-                                     HAS_BIAS, False, 0, BLOCK_M, BLOCK_N, BLOCK_K,
+                                     HAS_BIAS, False, False, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
                                      PRECISION, work, counters, SPLIT_K, K_SPAN, PDL,
                                      PREFETCH, W_KN)  # fmt: skip
 

@@ -1,0 +1,81 @@
+"""A matmul group's activation as a RowProgram, run by a function the row codegen writes.
+
+The activation math of every kernel family is the row kernels' own: each op's Triton
+spelling is in ``kernels/expressions.py`` and ``kernels/codegen.py`` rounds each value as
+eager does. A matmul group names its activation (``MatmulGroup.gate`` or ``.activation``,
+``kernels.ir.ACTIVATIONS``); ``activation_program`` writes that name as the op-table ops eager
+runs, and ``epilogue_function`` compiles the program into a ``@triton.jit`` function that the
+matmul kernel takes as a constant argument and calls on its output tile
+(``codegen.generate_epilogue_source``).
+
+NewGELU ("gelu_new") is eight ops, each rounded to the dtype in eager, so its program is
+eight instructions and the kernel rounds at the same places.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+
+from fusebackend.kernels.codegen import generate_epilogue_source
+from fusebackend.kernels.ir import (
+    ACTIVATIONS,
+    Const,
+    InputRef,
+    Instr,
+    KernelOptions,
+    RowProgram,
+    ValueRef,
+)
+from fusebackend.kernels.triton_api import import_source
+
+__all__ = ["activation_program", "epilogue_function"]
+
+# Eager rounds after every op; index checks have nothing to check in an epilogue.
+_OPTIONS = KernelOptions(index_checks=False, round_intermediates=True)
+
+
+@functools.cache
+def activation_program(name: str, dtype: torch.dtype) -> RowProgram:
+    """``kernels.ir.ACTIVATIONS``' ``name`` applied to one ``dtype`` input (slot 0), as the
+    op-table ops eager runs for it; "" is the identity (a cast to ``dtype``). Cached: a
+    launch asks for it every time it builds its arguments."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
+    x = InputRef(0)
+    if name == "gelu_new":
+        instrs = _new_gelu(x, dtype)
+    elif name in ("gelu", "gelu_tanh"):
+        approximate = "tanh" if name == "gelu_tanh" else "none"
+        instrs = [Instr("gelu", (x,), dtype, (("approximate", approximate),))]
+    else:
+        instrs = [Instr(name or "cast", (x,), dtype)]
+    return RowProgram((dtype,), (), tuple(instrs), (len(instrs) - 1,))
+
+
+def _new_gelu(x: InputRef, dtype: torch.dtype) -> list[Instr]:
+    """transformers' NewGELUActivation, ``0.5 * x * (1.0 + tanh(sqrt(2 / pi) * (x + 0.044715
+    * pow(x, 3.0))))``, in eager's order of ops (passes/activations.py matches it)."""
+
+    return [
+        Instr("mul", (x, Const.of(0.5)), dtype),  # v0: 0.5 * x
+        Instr("pow", (x,), dtype, (("exponent", 3.0),)),  # v1
+        Instr("mul", (ValueRef(1), Const.of(0.044715)), dtype),  # v2
+        Instr("add", (x, ValueRef(2)), dtype),  # v3
+        Instr("mul", (ValueRef(3), Const.of(math.sqrt(2.0 / math.pi))), dtype),  # v4
+        Instr("tanh", (ValueRef(4),), dtype),  # v5
+        Instr("add", (ValueRef(5), Const.of(1.0)), dtype),  # v6
+        Instr("mul", (ValueRef(0), ValueRef(6)), dtype),  # v7
+    ]
+
+
+@functools.cache
+def epilogue_function(program: RowProgram) -> Any:
+    """The ``@triton.jit`` function that applies ``program`` (one fp32 block per input, each
+    a value rounded to its dtype; returns fp32 rounded to the output's dtype). Cached: a
+    kernel's constant argument must be the same object at every launch."""
+    name, source = generate_epilogue_source(program, _OPTIONS)
+    return getattr(import_source(name, source), name)
