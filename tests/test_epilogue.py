@@ -20,8 +20,16 @@ from helpers import assert_close
 
 from fusebackend.kernels import matmul_triton
 from fusebackend.kernels.codegen import generate_epilogue_source
-from fusebackend.kernels.epilogue import activation_program, epilogue_function
-from fusebackend.kernels.ir import ACTIVATIONS, InputRef, Instr, KernelOptions, Reduce, RowProgram
+from fusebackend.kernels.epilogue import activation_program, epilogue_function, evaluate
+from fusebackend.kernels.ir import (
+    ACTIVATIONS,
+    Const,
+    InputRef,
+    Instr,
+    KernelOptions,
+    Reduce,
+    RowProgram,
+)
 
 pytest.importorskip("transformers")
 from transformers.activations import ACT2FN  # noqa: E402
@@ -95,3 +103,22 @@ def test_the_matmul_kernel_writes_no_activation_math_of_its_own():
     source = inspect.getsource(matmul_triton)
     for spelling in ("tl.sigmoid", "tl.erf", "tanh", "0.7978845608028654", "0.044715"):
         assert spelling not in source, spelling
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("name", ACTIVATIONS)
+def test_the_torch_reference_of_a_program_is_eagers_to_the_bit(name, dtype):
+    # kernels/matmul_reference.py runs a group's elementwise tail through evaluate()
+    torch.manual_seed(1)
+    x = (torch.randn(257) * 3).to(dtype)
+    got = evaluate(activation_program(name, dtype), x)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, EAGER[name](x), rtol=0, atol=0)
+
+
+def test_the_torch_reference_reads_infinite_constants():
+    x = InputRef(0)
+    clamp = Instr("clamp", (x, Const.of(float("-inf")), Const.of(2.0)), torch.float32)
+    program = RowProgram((torch.float32,), (), (clamp,), (0,))
+    values = torch.tensor([-2.0**100, 1.0, 5.0])
+    assert evaluate(program, values).tolist() == [-2.0**100, 1.0, 2.0]

@@ -417,12 +417,46 @@ def test_opt_decoder_fc1_relu_is_one_launch():
     assert groups.count("layer_norm + linear + bias + relu") == 2, groups
 
 
-def test_new_gelu_spelled_otherwise_stays_a_row_kernel():
+# Activations written out as ops, as models write them: each runs after its linear in the
+# matmul kernel (passes/activations.elementwise_tail), rounded op by op as eager rounds.
+_TAILS = {
+    # NewGELU with 0.045 for 0.044715: not the named one, taken as its ops all the same
+    "new_gelu_other_constant": (
+        lambda y: 0.5 * y * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (y + 0.045 * y**3.0))),
+        "mul, pow, mul, add, mul, tanh, add, mul",
+    ),
+    "quick_gelu": (lambda y: y * torch.sigmoid(1.702 * y), "mul, sigmoid, mul"),  # CLIP's
+    "bloom_gelu": (  # BLOOM's bloom_gelu_forward
+        lambda y: y * 0.5 * (1.0 + torch.tanh(0.79788456 * y * (1 + 0.044715 * y * y))),
+        "mul, mul, mul, mul, add, mul, tanh, add, mul",
+    ),
+    "hardswish_spelled": (lambda y: y * F.relu6(y + 3.0) / 6.0, "add, relu6, mul, div"),
+    "leaky_where": (lambda y: torch.where(y > 0, y, 0.01 * y), "gt, mul, where"),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(_TAILS))
+def test_an_activation_written_out_runs_in_the_matmul_launch(name, dtype):
+    torch.manual_seed(21)
+    w = (torch.randn(48, 33) / 6).to(dtype)
+    activation, ops = _TAILS[name]
+
+    def fn(x):
+        return activation(F.linear(x, w)) + 1.0  # the + 1.0 joins the tail too
+
+    _fused_graph(fn, torch.randn(3, 33).to(dtype), **_TOLERANCE[dtype])
+    assert _matmul_groups(fusebackend.last_report()) == [f"linear + ({ops}, add)"]
+    assert not fusebackend.last_report().graphs[-1].groups  # nothing left for a row kernel
+
+
+def test_a_tail_read_halfway_stops_before_that_value():
     w = torch.randn(48, 32) / 6
 
     def fn(x):
-        y = F.linear(x, w)  # NewGELU with 0.045 for 0.044715: not the activation the kernel has
-        return 0.5 * y * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (y + 0.045 * y**3.0)))
+        y = F.linear(x, w)
+        s = torch.sigmoid(y)
+        return y * s, s.sum(-1)  # s is read by a reduction: the tail cannot end past it
 
     x = torch.randn(3, 32)
     expected = eager(fn, x)
@@ -430,7 +464,6 @@ def test_new_gelu_spelled_otherwise_stays_a_row_kernel():
         actual = compile_fused(fn)(x)
     assert_close(actual, expected, rtol=1e-5, atol=1e-5)
     assert _matmul_groups(fusebackend.last_report()) == ["linear"]
-    assert fusebackend.last_report().graphs[-1].groups  # the spelled GELU: a row kernel
 
 
 def test_generate_with_compile_config_matches_eager_tokens():

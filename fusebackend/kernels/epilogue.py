@@ -14,6 +14,7 @@ eight instructions and the kernel rounds at the same places.
 
 from __future__ import annotations
 
+import ast
 import functools
 import math
 from typing import Any
@@ -32,7 +33,7 @@ from fusebackend.kernels.ir import (
 )
 from fusebackend.kernels.triton_api import import_source
 
-__all__ = ["activation_program", "epilogue_function"]
+__all__ = ["activation_program", "epilogue_function", "evaluate"]
 
 # Eager rounds after every op; index checks have nothing to check in an epilogue.
 _OPTIONS = KernelOptions(index_checks=False, round_intermediates=True)
@@ -79,3 +80,44 @@ def epilogue_function(program: RowProgram) -> Any:
     kernel's constant argument must be the same object at every launch."""
     name, source = generate_epilogue_source(program, _OPTIONS)
     return getattr(import_source(name, source), name)
+
+
+# Torch's own function of each elementwise op an epilogue may hold (the torch reference of a
+# matmul group, kernels/matmul_reference.py), called as eager calls it; ops absent here are
+# torch.<name>.
+_TORCH = {
+    "relu6": torch.nn.functional.relu6,
+    "gelu": torch.nn.functional.gelu,
+    "silu": torch.nn.functional.silu,
+    "hardswish": torch.nn.functional.hardswish,
+    "hardsigmoid": torch.nn.functional.hardsigmoid,
+    "leaky_relu": torch.nn.functional.leaky_relu,
+    "hardtanh": torch.nn.functional.hardtanh,
+}
+
+
+def evaluate(program: RowProgram, *inputs: torch.Tensor) -> torch.Tensor:
+    """``program`` (elementwise, one output) run by torch's own ops, each value of its
+    instruction's dtype as eager computes it: the reference the kernel is compared with."""
+    values: list[Any] = []
+
+    def operand(op: Any) -> Any:
+        if isinstance(op, InputRef):
+            return inputs[op.slot]
+        if isinstance(op, ValueRef):
+            return values[op.index]
+        if isinstance(op, Const):
+            # format_scalar's literals: a float's repr, or float("nan") / float("-inf")
+            text = op.literal
+            return float(text[7:-2]) if text.startswith("float(") else ast.literal_eval(text)
+        return None
+
+    for instr in program.instrs:
+        args = [operand(op) for op in instr.operands]
+        if instr.name in ("cast", "dropout"):
+            value = args[0]
+        else:
+            function = _TORCH.get(instr.name) or getattr(torch, instr.name)
+            value = function(*args, **instr.param_dict)
+        values.append(torch.as_tensor(value).to(instr.dtype))
+    return values[program.outputs[0]]

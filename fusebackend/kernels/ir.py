@@ -505,6 +505,9 @@ class MatmulGroup:
     head_norm: str = ""
     head_eps: float = 0.0
     activation: str = ""  # one of ACTIVATIONS, applied to a single linear's output
+    # or any elementwise ops of that output alone, as a program of one input and one output
+    # of the output's dtype (passes/activations.elementwise_tail; kernels/epilogue.py)
+    epilogue: RowProgram | None = None
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS or self.gate not in GATES:
@@ -525,7 +528,12 @@ class MatmulGroup:
                              "weights, no gate or residual, and an even head width")  # fmt: skip
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"MatmulGroup: unknown activation {self.activation!r}")
-        if self.activation and (self.siblings != 1 or self.gate or self.residual):
+        if self.epilogue is not None and (self.activation or len(self.epilogue.outputs) != 1
+                                          or len(self.epilogue.input_dtypes) != 1):  # fmt: skip
+            raise ValueError("MatmulGroup: an epilogue program (one input, one output) "
+                             "replaces a named activation")  # fmt: skip
+        if (self.activation or self.epilogue) and (self.siblings != 1 or self.gate
+                                                   or self.residual):  # fmt: skip
             raise ValueError("MatmulGroup: an activation follows one linear, without a gate "
                              "or residual")  # fmt: skip
         if self.head_norm not in ("", "rms", "rms_offset"):
@@ -557,6 +565,8 @@ class MatmulGroup:
         parts += ["bias"] if self.bias else []
         parts += [f"{self.gate}(gate) * up"] if self.gate else []
         parts += [self.activation] if self.activation else []
+        if self.epilogue is not None:
+            parts.append("(" + ", ".join(i.name for i in self.epilogue.instrs) + ")")
         parts += ["residual"] if self.residual else []
         parts += [f"{self.head_norm}_norm(q, k heads)"] if self.head_norm else []
         parts += ["rotary(q, k)"] if self.rotary else []

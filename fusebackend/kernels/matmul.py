@@ -72,7 +72,7 @@ from fusebackend.kernels.cache_write import check_cache_index
 from fusebackend.kernels.dependent_launch import nvidia_gpu, pdl_launch
 from fusebackend.kernels.epilogue import activation_program, epilogue_function
 from fusebackend.kernels.family import concrete_cuda_tensor, launch_key
-from fusebackend.kernels.ir import MAX_SIBLINGS, NORMS, MatmulGroup
+from fusebackend.kernels.ir import MAX_SIBLINGS, NORMS, MatmulGroup, RowProgram
 from fusebackend.kernels.matmul_reference import Heads, reference
 from fusebackend.kernels.triton_api import interpreter_enabled, triton_usable, warmup_launch
 
@@ -179,7 +179,7 @@ class MatmulGroupOp:
         # passes read a trailing underscore as an in-place op)
         parts = ["matmul", group.norm, str(group.siblings), group.gate, "residual" * group.residual]
         parts += ["rotary"] * bool(group.rotary) + ["cache"] * group.cache_write
-        parts.append(group.activation)
+        parts.append(group.activation or "tail" * (group.epilogue is not None))
         self.__name__ = self.__qualname__ = "_".join(p for p in parts if p)
         # the caches a cache-writing group writes (passes/mutations.py reads this)
         self.writes_arguments = tuple(argument_slots(group).values())
@@ -427,10 +427,8 @@ def _launch(
         "HEAD_DIM": group.rotary,
         "CACHE": group.cache_write,
         "HEAD_NORM": NORMS.index(group.head_norm),
-        "HAS_ACT": bool(group.activation),
-        # the row codegen's function of the gate's or the output's activation (""
-        # when neither: the identity, never called); outputs are of x's dtype
-        "ACT": epilogue_function(activation_program(group.gate or group.activation, x.dtype)),
+        "HAS_ACT": bool(group.activation) or group.epilogue is not None,
+        "ACT": epilogue_function(_epilogue(group, x.dtype)),
         "SPLIT_K": splits,
         "K_SPAN": span if splits > 1 else width,
         "BLOCK_M": block_m,
@@ -451,6 +449,15 @@ def _launch(
         # of the K loop included (the compiled q/k/v kernel's code doubled)
         meta["sanitize_overflow"] = False
     return args, (sum(tiles), splits), meta, outputs
+
+
+def _epilogue(group: MatmulGroup, dtype: torch.dtype) -> RowProgram:
+    """The program the kernel's ``ACT`` function runs: the group's elementwise tail, or its
+    gate's or output's named activation (neither: the identity, never called); outputs are
+    of the rows' dtype."""
+    if group.epilogue is not None:
+        return group.epilogue
+    return activation_program(group.gate or group.activation, dtype)
 
 
 def _launch_columns(group: MatmulGroup, widths: list[int]) -> list[int]:

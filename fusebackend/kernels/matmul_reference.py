@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from fusebackend.kernels.epilogue import evaluate
 from fusebackend.kernels.ir import MatmulGroup
 
 __all__ = ["Heads", "reference"]
@@ -53,6 +54,8 @@ def reference(
         ys = [_activation_reference(group.gate, ys[0]) * ys[1]]
     if group.activation:
         ys = [_activation_reference(group.activation, ys[0])]
+    if group.epilogue is not None:
+        ys = [evaluate(group.epilogue, ys[0])]
     if group.residual:
         ys = [ys[0] + residual]
     if heads is not None:

@@ -9,8 +9,10 @@ Two spellings are recognised where a product's only use is its activation:
   each rounded to the dtype in eager: the kernel rounds at the same places
   (``MatmulGroup.activation == "gelu_new"``).
 
-Anything else (another constant, another order of the factors) is not taken: the product
-stays a group of its own and the ops run as row kernels.
+Any other chain of elementwise ops over the product alone (CLIP's quick GELU, BLOOM's and
+fast GELU written out, a hardswish, a leaky ReLU as a ``where``) is taken as a program
+(``elementwise_tail``, lowered by ``passes/lowering.lower_tail``): the kernel runs its ops with
+the row kernels' expressions and roundings.
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ from typing import Any
 
 import torch.fx
 
-from fusebackend.passes.fx_util import single_user
-from fusebackend.passes.groups import op_call
+from fusebackend.passes.fx_util import example_value, single_user
+from fusebackend.passes.groups import match, op_call
+from fusebackend.passes.ops import OpCall, OpKind
 
-__all__ = ["activation_of"]
+__all__ = ["activation_of", "elementwise_tail"]
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+# Graph nodes looked at past the product for its tail (the longest activation written out
+# in transformers, BLOOM's GELU, is 8 ops; a node that does not read the tail is skipped)
+TAIL_WINDOW = 32
 
 
 def activation_of(y: torch.fx.Node) -> tuple[str, torch.fx.Node, list[torch.fx.Node]] | None:
@@ -106,3 +112,39 @@ def _cube(node: Any, x: torch.fx.Node) -> bool:
 def _product_of(node: Any, a: torch.fx.Node, b: torch.fx.Node) -> bool:
     call = op_call(node, "mul")
     return call is not None and len(call.operands) == 2 and set(call.operands) == {a, b}
+
+
+def elementwise_tail(y: torch.fx.Node) -> tuple[torch.fx.Node, list[torch.fx.Node]] | None:
+    """(the node of the tail's value, the tail's nodes in graph order): elementwise op-table
+    ops, floating or boolean, that read only ``y``, each other and numbers, take every use
+    of ``y``, and of which only the last is read outside. The longest such run of the
+    graph's ops after ``y`` (nodes that read none of it are passed over), else None."""
+    grown: list[torch.fx.Node] = []
+    inside = {y}
+    node, looked = y.next, 0
+    while node.op != "output" and looked < TAIL_WINDOW:
+        looked += 1
+        if any(a in inside for a in node.all_input_nodes):
+            if not _joins(node, inside):
+                break  # what it reads stays read outside: a shorter tail may still do
+            grown.append(node)
+            inside.add(node)
+        node = node.next
+    for end in range(len(grown), 0, -1):
+        tail = grown[:end]
+        members = {y, *tail}
+        read_outside = [n for n in tail if any(u not in members for u in n.users)]
+        if set(y.users) <= members and read_outside == [tail[-1]]:
+            same_dtype = example_value(tail[-1]).dtype == example_value(y).dtype
+            return (tail[-1], tail) if same_dtype else None
+    return None
+
+
+def _joins(node: torch.fx.Node, inside: set[torch.fx.Node]) -> bool:
+    call = match(node)
+    if not isinstance(call, OpCall) or call.op.kind != OpKind.ELEMENTWISE:
+        return False
+    value = example_value(node)
+    kind_ok = isinstance(value, torch.Tensor) and (value.is_floating_point()
+                                                   or value.dtype == torch.bool)  # fmt: skip
+    return kind_ok and all(a in inside for a in node.all_input_nodes)

@@ -49,7 +49,7 @@ from fusebackend.passes.groups import (
 )
 from fusebackend.passes.ops import OpCall, OpKind
 
-__all__ = ["in_order", "lower"]
+__all__ = ["in_order", "lower", "lower_tail"]
 
 _REDUCE_KIND = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min"}
 
@@ -335,3 +335,27 @@ def _lowered(candidate: Candidate) -> LoweredGroup:
     rank = max(v.dim() for v in values if isinstance(v, torch.Tensor)) - 1
     return LoweredGroup(program, rank, tuple(b.inputs), tuple(outputs), output_slot, calls,
                         order)  # fmt: skip
+
+
+def lower_tail(source: torch.fx.Node, nodes: list[torch.fx.Node]) -> RowProgram | None:
+    """Elementwise ``nodes`` (graph order) that read only ``source`` (slot 0), each other and
+    numbers, lowered as a group's members are, their last node's value the one output: a
+    matmul group's epilogue (passes/activations.py, kernels/epilogue.py). None where they
+    read anything else or compute nothing (only aliases of ``source``)."""
+    b = _Builder()
+    b.slot(source, "tensor")
+    for node in nodes:
+        call = match(node)
+        if not isinstance(call, OpCall) or call.op.kind != OpKind.ELEMENTWISE:
+            return None
+        if is_alias(call, node):
+            operand = call.operands[0]
+            if operand in b.values:
+                b.values[node] = b.values[operand]
+            else:  # an alias of an input (a cast to its own dtype): read as that input
+                b.slots[(node, "tensor")] = b.slot(operand, "tensor")
+            continue
+        b.member(node, call)
+    if len(b.inputs) != 1 or b.scalars or b.narrow or nodes[-1] not in b.values:
+        return None
+    return RowProgram(tuple(b.dtypes), (), tuple(b.instrs), (b.values[nodes[-1]],))

@@ -50,11 +50,12 @@ from typing import Any
 import torch
 import torch.fx
 
-from fusebackend.kernels.ir import MAX_ROWS, MAX_SIBLINGS, MatmulGroup
-from fusebackend.passes.activations import activation_of
+from fusebackend.kernels.ir import MAX_ROWS, MAX_SIBLINGS, MatmulGroup, RowProgram
+from fusebackend.passes.activations import activation_of, elementwise_tail
 from fusebackend.passes.fx_util import example_value, nodes_between, single_user, static_tensor
 from fusebackend.passes.graph import is_mutation, resort_stably
 from fusebackend.passes.groups import op_call
+from fusebackend.passes.lowering import lower_tail
 from fusebackend.passes.norms import Norm, layer_norm_of, offset_rms_norm_of, rms_norm_of
 from fusebackend.passes.ops import OpCall
 
@@ -97,6 +98,7 @@ class _Plan:
     gate_half: int | None = None  # a gated pair in one weight's halves: the gate's half
     residual: torch.fx.Node | None = None
     activation: str = ""  # a single linear's (passes/activations.py)
+    epilogue: RowProgram | None = None  # or its elementwise tail (activations.elementwise_tail)
     replaced: list[torch.fx.Node] = dataclasses.field(default_factory=list)  # per output
     members: list[torch.fx.Node] = dataclasses.field(default_factory=list)
 
@@ -296,6 +298,13 @@ def _plan(siblings: list[_Anchor], whole: bool) -> _Plan:
             plan.replaced = [product]
             plan.members += extra
     if len(siblings) == 1 and not plan.replaced:
+        tail = elementwise_tail(siblings[0].output)
+        program = lower_tail(siblings[0].output, tail[1]) if tail else None
+        if program is not None:
+            plan.epilogue = program
+            plan.replaced = [tail[0]]
+            plan.members += tail[1]
+    if len(siblings) == 1 and not plan.replaced:
         added = _residual(siblings[0].output)
         if added is not None:
             plan.residual, add, aliases = added
@@ -484,6 +493,7 @@ def _rewrite(graph: torch.fx.Graph, plan: _Plan, launch: Callable[..., Any]) -> 
         chunked=plan.gate_half is not None,
         gate_half=plan.gate_half or 0,
         activation=plan.activation,
+        epilogue=plan.epilogue,
     )
 
     rows = norm.rows if norm else anchors[0].rows
