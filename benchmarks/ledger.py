@@ -226,6 +226,13 @@ SOURCES = (
     # RegNetY-016 at batch 8 channels-last and NCHW against reduce-overhead, with cuDNN's
     # tensor transforms counted (benchmarks/diag/diag_conv_layout.py at 1b6e300)
     "diag_conv_layout_h200_1b6e300.json",
+    # BERT-base's corpus passes by capture policy (why its second pass read 1.2x eager's), the
+    # Swin block diag again, and Swin's short-row softmax's kernel variants (7864e69, 6ce301d)
+    "diag_sentence_passes_bert_h200_7864e69.json",
+    "diag_swin_rows_h200_7864e69.json",
+    "diag_row_variants_swin_h200_6ce301d.json",
+    # GPT-2's decode step after the activations moved to the row codegen (6ce301d)
+    "suite_gpt2_decode_h200_6ce301d.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
@@ -296,6 +303,10 @@ ROTARY_TIMES = {"infinifuse": "fused_us", "before": "before_us", "qkv-only": "qk
 # diag_swin_rows.py: one Swin block's kernel time, kernels and the time of its copies
 SWIN_BLOCK_METRICS = {"total_us": "us", "kernel_count": "count", "aten_copy_us": "us",
                       "row_copy_us": "us", "inductor_copy_us": "us"}  # fmt: skip
+# diag_sentence_passes.py: each variant's passes over one corpus (eager's in its process)
+SENTENCE_PASSES_METRICS = {"eager_s": "s", "first_s": "s", "second_s": "s", "third_s": "s",
+                           "eager_again_s": "s", "second_captures": "count",
+                           "second_capture_s": "s"}  # fmt: skip
 # the config diag_rotary_epilogue.py times second at one row: the tensor-core split-K pick
 TENSOR_CORE_SPLITK = {"block_n": 32, "block_k": 128, "warps": 2, "stages": 3, "split_k": 4,
                       "gemv": False}  # fmt: skip
@@ -413,6 +424,18 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
         for record in data.get("rows", []):
             workload = f"swin-block-d{record['dim']}-shift{record['shift']}-b{record['batch']}"
             add(workload, record["backend"], SWIN_BLOCK_METRICS, record)
+    elif data.get("benchmark") == "diag_row_variants":  # one row kernel's source variants
+        for record in data.get("results", []):
+            workload = f"row-variant-{record['pattern']}-{record['rows']}x{record['width']}"
+            variant = record["variant"]
+            backend = variant if variant == "inductor" else (
+                "infinifuse" if variant == "base" else f"infinifuse-{variant}")  # fmt: skip
+            add(workload, backend, {"device_us": "us"}, {"device_us": record.get("us")})
+    elif data.get("benchmark") == "diag_sentence_passes":  # a corpus's passes, per variant
+        for run in data.get("runs", []):
+            variant = run.get("variant")
+            backend = "infinifuse" if variant == "default" else f"infinifuse-{variant}"
+            add(f"sentence-passes-{data.get('shape')}", backend, SENTENCE_PASSES_METRICS, run)
     elif data.get("benchmark") == "diag_rotary_epilogue":
         for record in data.get("rows", []):
             workload = f"rotary-{record['shape']}-b{record['batch']}"

@@ -248,7 +248,11 @@ def main() -> int:
         print(f"{row['variant']:8} " + " ".join(
             f"{c:16.3f}" if isinstance(c, float) else f"{c!s:>16}" for c in cells))  # fmt: skip
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+        from ledger import environment  # benchmarks/ledger.py reads this format
+
+        record = {"benchmark": "diag_sentence_passes", "environment": environment(),
+                  "shape": args.shape, "sentences": args.sentences, "runs": rows}  # fmt: skip
+        Path(args.out).write_text(json.dumps(record, indent=1))
     return 0
 
 
