@@ -78,11 +78,13 @@ def test_nan_stays_nan_through_relu_and_the_gelus():
         assert torch.isnan(_run(name, x)[0]), name
 
 
-def test_gelu_new_rounds_after_each_of_its_eight_ops():
-    program = activation_program("gelu_new", torch.float16)
-    assert len(program.instrs) == 8
-    _, source = generate_epilogue_source(program, KernelOptions(False, True))
-    assert source.count(".to(tl.float16).to(tl.float32)") == 8
+def test_gelu_new_in_fp16_is_eagers_to_the_bit():
+    # NewGELU's 8 ops, each rounded to fp16 where eager rounds it: on 20000 values every
+    # output equals eager's (one rounding left out changed 4% of them)
+    torch.manual_seed(0)
+    x = (torch.randn(20000) * 3).to(torch.float16)
+    assert len(activation_program("gelu_new", torch.float16).instrs) == 8
+    assert torch.equal(_run("gelu_new", x), ACT2FN["gelu_new"](x))
 
 
 def test_an_epilogue_is_elementwise_with_one_output():
@@ -120,5 +122,5 @@ def test_the_torch_reference_reads_infinite_constants():
     x = InputRef(0)
     clamp = Instr("clamp", (x, Const.of(float("-inf")), Const.of(2.0)), torch.float32)
     program = RowProgram((torch.float32,), (), (clamp,), (0,))
-    values = torch.tensor([-2.0**100, 1.0, 5.0])
-    assert evaluate(program, values).tolist() == [-2.0**100, 1.0, 2.0]
+    values = torch.tensor([-(2.0**100), 1.0, 5.0])
+    assert evaluate(program, values).tolist() == [-(2.0**100), 1.0, 2.0]

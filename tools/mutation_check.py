@@ -616,6 +616,45 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_lone_copies.py",),
         note="a transpose of the last two dims is run as a row kernel reading across rows",
     ),
+    Mutation(
+        "epilogue_skips_a_rounding",
+        "kernels: epilogue",
+        "fusebackend/kernels/epilogue.py",
+        '        Instr("mul", (ValueRef(3), Const.of(math.sqrt(2.0 / math.pi))), dtype),  # v4\n',
+        '        Instr("mul", (ValueRef(3), Const.of(math.sqrt(2.0 / math.pi))), torch.float32),\n',
+        (
+            "tests/test_epilogue.py",
+            "tests/test_matmul_kernel.py::test_gelu_new_rounds_where_eager_rounds_op_by_op",
+        ),  # noqa: E501
+        note="NewGELU's fourth product kept in fp32 where eager rounds it to the dtype",
+    ),
+    Mutation(
+        "epilogue_input_read_as_its_negation",
+        "kernels: row codegen",
+        "fusebackend/kernels/codegen.py",
+        '            self.emit(self.outer, f"x{slot} = in{slot}.to({self.compute})")',
+        '            self.emit(self.outer, f"x{slot} = -in{slot}.to({self.compute})")',
+        ("tests/test_epilogue.py",),
+        note="the matmul kernel's activation function reads its input wrongly",
+    ),
+    Mutation(
+        "matmul_tail_ends_early",
+        "pass: matmul groups",
+        "fusebackend/passes/lowering.py",
+        "    return RowProgram(tuple(b.dtypes), (), tuple(b.instrs), (b.values[nodes[-1]],))",
+        "    return RowProgram(tuple(b.dtypes), (), tuple(b.instrs), (b.values[nodes[0]],))",
+        ("tests/test_matmul_groups.py",),
+        note="an elementwise tail in the matmul launch returns its first value, not its last",
+    ),
+    Mutation(
+        "matmul_tail_taken_past_an_outside_read",
+        "pass: matmul groups",
+        "fusebackend/passes/activations.py",
+        "        if set(y.users) <= members and read_outside == [tail[-1]]:",
+        "        if read_outside[-1:] == [tail[-1]]:",
+        ("tests/test_matmul_groups.py",),
+        note="a tail whose middle value is read outside is taken whole (that read is lost)",
+    ),
 ]
 
 
