@@ -30,7 +30,7 @@ from fusebackend.kernels.cache_write import write_cache_pair
 from fusebackend.kernels.decode_attention import decode_attention
 from fusebackend.kernels.family import family_of, launch_path
 from fusebackend.kernels.launch import launch_rank, layout_for, precompile_all
-from fusebackend.kernels.matmul import matmul_op
+from fusebackend.kernels.matmul import epilogue_source, matmul_op
 from fusebackend.kernels.spatial_mean import spatial_mean
 from fusebackend.kernels.vocab_lookup import vocab_parallel_lookup
 from fusebackend.passes.attention import avoid_cudnn_plans
@@ -64,7 +64,7 @@ from fusebackend.prepare import (
     is_parameter_or_buffer,
     static_inputs,
 )
-from fusebackend.report import GraphReport, GroupReport, record
+from fusebackend.report import GraphReport, GroupReport, record, row_groups
 from fusebackend.row_ops import FusedGroupOp, FusedPairOp
 from fusebackend.runtime.graph_cache import GraphCache
 from fusebackend.runtime.specialization import form_of, operations
@@ -144,6 +144,12 @@ def _use_matmul_groups(c: Compilation) -> list[str]:
     found = use_matmul_groups(c.graph, matmul_op, triton_usable)
     _report_left_alone(c, "matmuls_left_alone", "matmuls left as traced", found.left_alone)
     c.matmul_groups = len(found.made)
+    for k, made in enumerate(found.groups):
+        source = epilogue_source(made.group, made.dtype)
+        c.groups.append(GroupReport(
+            name=f"matmul{k}", kernel_name=made.kernel, nodes=made.nodes, lookups=(),
+            inputs=made.inputs, outputs=made.outputs, source=source, backend="triton",
+            family="matmul"))  # fmt: skip
     return found.made
 
 
@@ -211,7 +217,7 @@ def _report_group(
     calls = candidate.calls.items()
     c.groups.append(
         GroupReport(
-            name=f"group{len(c.groups)}",
+            name=f"group{row_groups(c.groups)}",
             kernel_name=kernel_name,
             nodes=tuple(m.name for m in candidate.members),
             lookups=tuple(m.name for m in candidate.lookups),

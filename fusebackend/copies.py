@@ -18,7 +18,7 @@ from fusebackend.passes.folded_copies import fold_copies_into_groups
 from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.lone_copies import run_lone_copies as replace_lone_copies
 from fusebackend.pipeline import Compilation, drop_rejections
-from fusebackend.report import GroupReport
+from fusebackend.report import GroupReport, row_groups
 from fusebackend.row_ops import FusedGroupOp
 
 __all__ = ["fold_copies", "run_lone_copies"]
@@ -56,7 +56,8 @@ def run_lone_copies(c: Compilation) -> list[str]:
         assert isinstance(source, torch.fx.Node)
         value = example_value(source)
         name, text = _kernel(program, [value], options)
-        report = GroupReport(name=f"group{len(c.groups)}", kernel_name=name, nodes=(copy.name,),
+        report = GroupReport(name=f"group{row_groups(c.groups)}", kernel_name=name,
+                             nodes=(copy.name,),
                              lookups=(), inputs=(source.name,), outputs=(copy.name,),
                              source=text, backend="triton")  # fmt: skip
         c.groups.append(report)

@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 __all__ = ["FusionReport", "GraphReport", "GroupReport", "RejectionReport", "last_report",
-           "reports"]  # fmt: skip
+           "reports", "row_groups"]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +27,15 @@ class GroupReport:
     reductions: tuple[str, ...] = ()  # members that reduce along the row (norms, softmax)
     moves: tuple[str, ...] = ()  # members that move columns (rotate_half)
     launched_with: str = ""  # the group of the same kernel run by the same launch, if any
+    # the kernel family: "row" (generated row kernels: kernels/codegen.py) or "matmul" (a
+    # matmul group: kernels/matmul.py, its source the generated activation, if any)
+    family: str = "row"
+
+
+def row_groups(groups: list[GroupReport]) -> int:
+    """How many of ``groups`` are row kernels' (row groups are named group0, group1, ...;
+    matmul groups matmul0, ...)."""
+    return sum(g.family == "row" for g in groups)
 
 
 @dataclasses.dataclass(frozen=True)

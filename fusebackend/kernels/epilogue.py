@@ -33,10 +33,10 @@ from fusebackend.kernels.ir import (
 )
 from fusebackend.kernels.triton_api import import_source
 
-__all__ = ["activation_program", "epilogue_function", "evaluate"]
+__all__ = ["EPILOGUE_OPTIONS", "activation_program", "epilogue_function", "evaluate"]
 
 # Eager rounds after every op; index checks have nothing to check in an epilogue.
-_OPTIONS = KernelOptions(index_checks=False, round_intermediates=True)
+EPILOGUE_OPTIONS = KernelOptions(index_checks=False, round_intermediates=True)
 
 
 @functools.cache
@@ -78,7 +78,7 @@ def epilogue_function(program: RowProgram) -> Any:
     """The ``@triton.jit`` function that applies ``program`` (one fp32 block per input, each
     a value rounded to its dtype; returns fp32 rounded to the output's dtype). Cached: a
     kernel's constant argument must be the same object at every launch."""
-    name, source = generate_epilogue_source(program, _OPTIONS)
+    name, source = generate_epilogue_source(program, EPILOGUE_OPTIONS)
     return getattr(import_source(name, source), name)
 
 

@@ -69,8 +69,9 @@ import torch
 
 from fusebackend.kernels.arrivals import arrival_counters
 from fusebackend.kernels.cache_write import check_cache_index
+from fusebackend.kernels.codegen import generate_epilogue_source
 from fusebackend.kernels.dependent_launch import nvidia_gpu, pdl_launch
-from fusebackend.kernels.epilogue import activation_program, epilogue_function
+from fusebackend.kernels.epilogue import EPILOGUE_OPTIONS, activation_program, epilogue_function
 from fusebackend.kernels.family import concrete_cuda_tensor, launch_key
 from fusebackend.kernels.ir import MAX_SIBLINGS, NORMS, MatmulGroup, RowProgram
 from fusebackend.kernels.matmul_reference import Heads, reference
@@ -458,6 +459,14 @@ def _epilogue(group: MatmulGroup, dtype: torch.dtype) -> RowProgram:
     if group.epilogue is not None:
         return group.epilogue
     return activation_program(group.gate or group.activation, dtype)
+
+
+def epilogue_source(group: MatmulGroup, dtype: torch.dtype) -> str:
+    """The generated source of the function the group's kernel applies to its outputs (its
+    gate's or activation or elementwise tail: kernels/epilogue.py), "" when none."""
+    if not (group.gate or group.activation or group.epilogue is not None):
+        return ""
+    return generate_epilogue_source(_epilogue(group, dtype), EPILOGUE_OPTIONS)[1]
 
 
 def _launch_columns(group: MatmulGroup, widths: list[int]) -> list[int]:

@@ -59,7 +59,7 @@ from fusebackend.passes.lowering import lower_tail
 from fusebackend.passes.norms import Norm, layer_norm_of, offset_rms_norm_of, rms_norm_of
 from fusebackend.passes.ops import OpCall
 
-__all__ = ["MatmulGroups", "offset_rms_norm_of", "rms_norm_of", "use_matmul_groups"]
+__all__ = ["MadeGroup", "MatmulGroups", "offset_rms_norm_of", "rms_norm_of", "use_matmul_groups"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -72,6 +72,20 @@ class MatmulGroups:
 
     made: list[str] = dataclasses.field(default_factory=list)
     left_alone: list[str] = dataclasses.field(default_factory=list)
+    groups: list[MadeGroup] = dataclasses.field(default_factory=list)  # as made, in order
+
+
+@dataclasses.dataclass(frozen=True)
+class MadeGroup:
+    """One group as made: its launch, the node names it absorbed (graph order), the graph
+    values it reads and the nodes whose values it computes."""
+
+    group: MatmulGroup
+    kernel: str  # the launch's name in the graph (MatmulGroupOp.__name__)
+    nodes: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    dtype: torch.dtype  # of its outputs
 
 
 @dataclasses.dataclass
@@ -138,7 +152,12 @@ def use_matmul_groups(
                 continue
             products = ", ".join(a.product.name for a in plan.anchors)
             outputs = ", ".join(n.name for n in plan.replaced)
-            group = _rewrite(graph, plan, launch)
+            absorbed = tuple(n.name for n in sorted(set(plan.members), key=order.__getitem__))
+            reads = tuple(n.name for n in _inputs(plan))
+            group, kernel = _rewrite(graph, plan, launch)
+            made = tuple(n.name for n in plan.replaced)
+            dtype = example_value(plan.anchors[0].output).dtype
+            result.groups.append(MadeGroup(group, kernel, absorbed, reads, made, dtype))
             members += plan.members
             named = products if products == outputs else f"{products} -> {outputs}"
             result.made.append(f"{named}: {group.describe()}")
@@ -477,7 +496,10 @@ def _hazard(plan: _Plan, order: dict[torch.fx.Node, int]) -> str | None:
     return None
 
 
-def _rewrite(graph: torch.fx.Graph, plan: _Plan, launch: Callable[..., Any]) -> MatmulGroup:
+def _rewrite(
+    graph: torch.fx.Graph, plan: _Plan, launch: Callable[..., Any]
+) -> tuple[MatmulGroup, str]:
+    """The group's call in place of its members' outputs: (its group, the launch's name)."""
     norm, anchors = plan.norm, plan.anchors
     biases = [a.bias for a in anchors]
     group = MatmulGroup(
@@ -501,11 +523,12 @@ def _rewrite(graph: torch.fx.Graph, plan: _Plan, launch: Callable[..., Any]) -> 
         rows, norm.weight if norm else None, norm.bias if norm else None, plan.residual,
         *(a.weight for a in anchors), *(biases if group.bias else []),
     )  # fmt: skip
+    op = launch(group)
     with graph.inserting_before(anchors[0].nodes[0]):
-        fused = graph.call_function(launch(group), args)
+        fused = graph.call_function(op, args)
         fused.meta["example_value"] = tuple(example_value(n) for n in plan.replaced)
         for k, replaced in enumerate(plan.replaced):
             output = graph.call_function(operator.getitem, (fused, k))
             output.meta["example_value"] = example_value(replaced)
             replaced.replace_all_uses_with(output)
-    return group
+    return group, getattr(op, "__name__", "matmul_group")
