@@ -503,7 +503,9 @@ def _fuse(
         why = {k: v for k, v in c.rewrites.items() if k in _WHY_NOT_FUSED}
         return Fusion(None, c.groups, c.rejections, why, c.labels, seconds=c.seconds)
     fused = torch.fx.GraphModule(gm, c.graph)
-    return Fusion(fused, c.groups, c.rejections, c.rewrites, c.labels, c.seconds, c.launches,
+    # row groups first (group0, ...), then the matmul groups that the passes made before them
+    groups = sorted(c.groups, key=lambda g: g.family != "row")
+    return Fusion(fused, groups, c.rejections, c.rewrites, c.labels, c.seconds, c.launches,
                   c.launch_paths, c.refresh)  # fmt: skip
 
 

@@ -19,8 +19,12 @@ import triton.language as tl
 from helpers import assert_close
 
 from fusebackend.kernels import matmul_triton
-from fusebackend.kernels.codegen import generate_epilogue_source
-from fusebackend.kernels.epilogue import activation_program, epilogue_function, evaluate
+from fusebackend.kernels.epilogue import (
+    activation_program,
+    epilogue_function,
+    evaluate,
+    generate_epilogue_source,
+)
 from fusebackend.kernels.ir import (
     ACTIVATIONS,
     Const,

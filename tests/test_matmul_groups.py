@@ -15,6 +15,7 @@ from helpers import (
     eager,
     gpu_llama_decode,
     perturb_uniform_parameters,
+    row_groups,
     runtime_modes,
     tiny_llama_config,
 )
@@ -82,7 +83,7 @@ def test_llama_decode_step_is_five_matmul_groups_per_layer_equal_eager(dtype):
     assert groups == per_layer * 2 + ["rms_norm + linear"], groups  # final norm + LM head
     # what the matmul groups took is gone from the graph: no norm or SwiGLU left to the row
     # kernels (a group reading a replaced node kept both running), only RoPE and cos/sin
-    rows = fusebackend.last_report().graphs[-1].groups
+    rows = row_groups(fusebackend.last_report().graphs[-1])
     assert not any(g.reductions for g in rows), rows
     assert not any(n.startswith("silu") for g in rows for n in g.nodes), [g.nodes for g in rows]
     assert runtime_modes() == ["fusion"]
@@ -125,7 +126,7 @@ def test_gpt2_conv1d_layers_with_layer_norms_bias_and_residuals(dtype):
     ]
     groups = _matmul_groups(fusebackend.last_report())
     assert groups == per_layer * 2 + ["layer_norm + linear"], groups  # ln_f + tied LM head
-    rows = fusebackend.last_report().graphs[-1].groups
+    rows = row_groups(fusebackend.last_report().graphs[-1])
     assert not any(g.reductions for g in rows), rows  # every LayerNorm is a prologue
     assert not any(n.startswith("tanh") for g in rows for n in g.nodes), rows  # and the GELU
 
@@ -447,7 +448,12 @@ def test_an_activation_written_out_runs_in_the_matmul_launch(name, dtype):
 
     _fused_graph(fn, torch.randn(3, 33).to(dtype), **_TOLERANCE[dtype])
     assert _matmul_groups(fusebackend.last_report()) == [f"linear + ({ops}, add)"]
-    assert not fusebackend.last_report().graphs[-1].groups  # nothing left for a row kernel
+    graph = fusebackend.last_report().graphs[-1]
+    assert not row_groups(graph)  # nothing left for a row kernel
+    (group,) = graph.groups  # the matmul group: every node it absorbed, its generated tail
+    assert group.family == "matmul" and group.nodes[0] == "linear"
+    assert len(group.nodes) == len(ops.split(", ")) + 2  # the product, the ops, the + 1.0
+    assert group.source.count("@triton.jit") == 1
 
 
 def test_a_tail_read_halfway_stops_before_that_value():

@@ -648,9 +648,7 @@ def test_group_validation(kwargs):
 
 
 def test_group_validation_accepts_the_valid_ones():
-    for norm, gate, siblings, residual in itertools.product(
-        NORMS, GATES, (1, 2, 3), (False, True)
-    ):
+    for norm, gate, siblings, residual in itertools.product(NORMS, GATES, (1, 2, 3), (False, True)):
         ok = (not gate or siblings == 2) and (not residual or siblings == 1 or gate)
         if ok:
             assert MatmulGroup(siblings=siblings, norm=norm, gate=gate, residual=residual)

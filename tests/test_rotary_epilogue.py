@@ -13,6 +13,7 @@ from helpers import (
     compile_fused,
     gpu_llama_decode,
     perturb_uniform_parameters,
+    row_groups,
     runtime_modes,
     tiny_llama_config,
 )
@@ -87,7 +88,8 @@ def test_llama_decode_rotates_and_writes_its_caches_in_the_qkv_launch(dtype):
     graph = report.graphs[-1]
     # what the launch took over is gone: no rotary row kernel, no cache-write pair
     assert graph.cache_writes == [], graph.cache_writes
-    assert not any(n.startswith("neg") for g in graph.groups for n in g.nodes), graph.groups
+    rows = row_groups(graph)
+    assert not any(n.startswith("neg") for g in rows for n in g.nodes), rows
     assert "write_cache_pair" not in str(graph.launches), graph.launches
     # the group it replaced is gone too (a k kept as heads would keep it computing q, k, v)
     assert graph.launches.get("matmul_group(rms_norm + 3 linears)") is None, graph.launches
@@ -157,9 +159,8 @@ def test_qwen3_head_norms_rotation_and_cache_write_in_one_launch(dtype):
     # the step's cos and sin (2-3 by dtype), none per layer
     layered = [n for name, n in graph.launches.items() if not name.startswith("_")]
     assert sum(layered) == 5 * 2 + 1, graph.launches
-    assert len(graph.groups) <= 3 and not any(
-        "variance" in n for g in graph.groups for n in g.nodes
-    ), graph.groups
+    rows = row_groups(graph)
+    assert len(rows) <= 3 and not any("variance" in n for g in rows for n in g.nodes), rows
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

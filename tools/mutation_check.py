@@ -630,8 +630,8 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "epilogue_input_read_as_its_negation",
-        "kernels: row codegen",
-        "fusebackend/kernels/codegen.py",
+        "kernels: epilogue",
+        "fusebackend/kernels/epilogue.py",
         '            self.emit(self.outer, f"x{slot} = in{slot}.to({self.compute})")',
         '            self.emit(self.outer, f"x{slot} = -in{slot}.to({self.compute})")',
         ("tests/test_epilogue.py",),

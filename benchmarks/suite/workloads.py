@@ -546,6 +546,16 @@ def workloads(quick: bool, device: torch.device) -> list[Workload]:
             5,
             10,
         ),
+        # issue 38's one-token forward without a cache: Conv1D's [K, N] weights on one row
+        Workload(
+            "gpt2-token",
+            "GPT-2 124M, one token, no cache",
+            dtype,
+            _prefill(_gpt2_config(False), 1, dtype),
+            5,
+            20,
+            count_kernels=True,
+        ),
         Workload(
             "gpt2-sweep",
             f"GPT-2 124M, {len(sweep_lengths)} lengths x 3 calls",

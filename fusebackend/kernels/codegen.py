@@ -43,8 +43,8 @@ from fusebackend.kernels.ir import (
     ValueRef,
 )
 
-__all__ = ["LAYOUTS", "TL_DTYPES", "generate_epilogue_source", "generate_pair_source",
-           "generate_source", "kernel_name"]  # fmt: skip
+__all__ = ["LAYOUTS", "TL_DTYPES", "Scope", "Writer", "generate_pair_source", "generate_source",
+           "kernel_name"]  # fmt: skip
 
 TL_DTYPES = {
     torch.float16: "tl.float16",
@@ -76,33 +76,19 @@ def generate_source(
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if layout == "tile" and program.has_reduction:
         raise ValueError("a program with a reduction needs the persistent or chunked layout")
-    return _Writer(program, rank, options, layout).write()
+    return Writer(program, rank, options, layout).write()
 
 
 def generate_pair_source(
     program: RowProgram, rank: int, options: KernelOptions, layout: str = "tile"
 ) -> tuple[str, str]:
     """Like ``generate_source``, for the kernel that runs ``program`` over two sets of
-    tensors in one launch (``_Writer.write_pair``)."""
+    tensors in one launch (``Writer.write_pair``)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if layout == "tile" and program.has_reduction:
         raise ValueError("a program with a reduction needs the persistent or chunked layout")
-    return _Writer(program, rank, options, layout).write_pair()
-
-
-def generate_epilogue_source(program: RowProgram, options: KernelOptions) -> tuple[str, str]:
-    """Return (function name, Python source of a module defining it): a ``@triton.jit``
-    function that applies the elementwise ``program`` to values another kernel holds in
-    registers (a matmul group's activation: kernels/epilogue.py). It takes one fp32 (fp64)
-    block per input slot, each a value rounded to its dtype, and returns the program's one
-    output in the compute dtype, rounded to its dtype; the instructions and their roundings
-    are the row kernels' own (``_Writer._instr``)."""
-    if len(program.outputs) != 1 or program.lookups or program.scalar_inputs:
-        raise ValueError("an epilogue is elementwise over its inputs with one output")
-    if any(not isinstance(i, Instr) for i in program.instrs):
-        raise ValueError("an epilogue holds elementwise instructions only")
-    return _EpilogueWriter(program, 0, options, "tile").write_function()
+    return Writer(program, rank, options, layout).write_pair()
 
 
 def _prefixed(line: str, prefix: str, params: list[str]) -> str:
@@ -113,7 +99,7 @@ def _prefixed(line: str, prefix: str, params: list[str]) -> str:
     return re.sub(rf"(?<![A-Za-z0-9_.])({names})(?![A-Za-z0-9_])", rf"{prefix}\1", line)
 
 
-class _Scope:
+class Scope:
     """Where lines go (indent) and which expressions are already computed there."""
 
     def __init__(self, indent: int) -> None:
@@ -121,15 +107,18 @@ class _Scope:
         self.names: dict[object, str] = {}
 
 
-class _Writer:
+class Writer:
+    """Writes one row program's kernel (``write``, ``write_pair``); kernels/epilogue.py
+    subclasses it to write a program as a device function."""
+
     def __init__(self, program: RowProgram, rank: int, options: KernelOptions, layout: str):
         self.p, self.rank, self.options, self.layout = program, rank, options, layout
         self.compute = TL_DTYPES[program.compute_dtype]
         self.lines: list[str] = []
-        self.outer = _Scope(1)
+        self.outer = Scope(1)
         self.loops = 0
 
-    def emit(self, scope: _Scope, line: str) -> None:
+    def emit(self, scope: Scope, line: str) -> None:
         self.lines.append("    " * scope.indent + line)
 
     def write(self) -> tuple[str, str]:
@@ -351,7 +340,7 @@ class _Writer:
         )
         self.emit(out, f"ok{j} = (idx{j} >= 0) & (idx{j} < {tab}_rows)")
 
-    def _gather(self, scope: _Scope, j: int) -> str:
+    def _gather(self, scope: Scope, j: int) -> str:
         lookup = self.p.lookups[j]
         tab = f"in{lookup.table_slot}"
         self.emit(scope, "# a bad index is never read (reads 0); the assert is at the end")
@@ -386,10 +375,10 @@ class _Writer:
         return any(lookup.checked for lookup in self.p.lookups)
 
     # -- values ----------------------------------------------------------------------------
-    def _scope_for(self, scope: _Scope, narrow: bool) -> _Scope:
+    def _scope_for(self, scope: Scope, narrow: bool) -> Scope:
         return self.outer if narrow else scope
 
-    def _operand(self, scope: _Scope, operand: Operand) -> str | None:
+    def _operand(self, scope: Scope, operand: Operand) -> str | None:
         if operand is None:
             return None
         if isinstance(operand, Const):
@@ -398,7 +387,7 @@ class _Writer:
             return self._value(scope, operand.index)
         return self._load(scope, operand.slot)
 
-    def _load(self, scope: _Scope, slot: int) -> str:
+    def _load(self, scope: Scope, slot: int) -> str:
         if slot in self.p.scalar_inputs:
             return f"in{slot}"  # a scalar argument, already of its type
         narrow = slot in self.p.narrow_inputs
@@ -418,7 +407,7 @@ class _Writer:
         scope.names[key] = f"x{slot}"
         return f"x{slot}"
 
-    def _value(self, scope: _Scope, index: int) -> str:
+    def _value(self, scope: Scope, index: int) -> str:
         narrow = index in self.p.narrow_values
         scope = self._scope_for(scope, narrow)
         key = ("value", index)
@@ -437,12 +426,12 @@ class _Writer:
         scope.names[key] = name
         return name
 
-    def _round(self, scope: _Scope, index: int, dtype: torch.dtype) -> None:
+    def _round(self, scope: Scope, index: int, dtype: torch.dtype) -> None:
         rounds = self.options.round_intermediates or index in self.p.outputs
         if rounds and TL_DTYPES[dtype] != self.compute:  # as eager does after each op
             self.emit(scope, f"v{index} = v{index}.to({TL_DTYPES[dtype]}).to({self.compute})")
 
-    def _instr(self, scope: _Scope, index: int, instr: Instr) -> str:
+    def _instr(self, scope: Scope, index: int, instr: Instr) -> str:
         exprs = [self._operand(scope, op) for op in instr.operands]
         expr = expression(instr.name, exprs, instr.param_dict)
         if instr.dtype == torch.bool:
@@ -454,7 +443,7 @@ class _Writer:
         self._round(scope, index, instr.dtype)
         return f"v{index}"
 
-    def _rotate(self, scope: _Scope, index: int, rot: Rotate) -> str:
+    def _rotate(self, scope: Scope, index: int, rot: Rotate) -> str:
         """Load the operand at rotated columns: column j reads j + shift, wrapping past D.
 
         Two masked loads, each at its columns plus a constant (shift, or shift - D): their
@@ -534,7 +523,7 @@ class _Writer:
         self._round(out, index, red.dtype)
         return f"v{index}"
 
-    def _open_pass(self, needs: list[Operand] | list[int]) -> _Scope:
+    def _open_pass(self, needs: list[Operand] | list[int]) -> Scope:
         """The scope that computes row values: the outer one, or a new loop over chunks.
 
         In the chunked layout every narrow value the loop needs is emitted first (outside
@@ -549,7 +538,7 @@ class _Writer:
         # (int() of its 1-element scalar array raises under numpy 2), and D is fixed per
         # graph anyway.
         self.emit(self.outer, "for chunk in range(0, CHUNKS):")
-        scope = _Scope(2)
+        scope = Scope(2)
         self.emit(scope, "cols = chunk * BLOCK_D + tl.arange(0, BLOCK_D)")
         self.emit(scope, "mask = row_mask[:, None] & (cols < D)[None, :]")
         return scope
@@ -574,7 +563,7 @@ class _Writer:
             self._narrow_deps(op, seen)
 
     # -- outputs ---------------------------------------------------------------------------
-    def _store(self, scope: _Scope, k: int, value: int) -> None:
+    def _store(self, scope: Scope, k: int, value: int) -> None:
         v = self._value(scope, value)
         dtype = TL_DTYPES[self.p.value_dtype(value)]
         prefix = f"out{k}"
@@ -586,41 +575,3 @@ class _Writer:
         else:
             self.emit(scope, f"tl.store({prefix}_ptr + {self._offset(prefix)}, {v}.to({dtype}), "
                              "mask=mask)")  # fmt: skip
-
-
-class _EpilogueWriter(_Writer):
-    """A device function over values the caller holds (``generate_epilogue_source``): the
-    inputs are its arguments, so nothing is loaded or stored, and every value is a block of
-    the caller's shape (no narrow values, one scope)."""
-
-    def write_function(self) -> tuple[str, str]:
-        digest = hashlib.sha1(repr((self.p, self.options)).encode()).hexdigest()[:10]
-        name = f"_epilogue_{digest}"
-        args = ", ".join(f"in{slot}" for slot in range(len(self.p.input_dtypes)))
-        self.emit(self.outer, f'"""{self._math_doc()}"""')
-        result = self._value(self.outer, self.p.outputs[0])
-        self.emit(self.outer, f"return {result}")
-        lines = [
-            '"""Generated by fusebackend.kernels.codegen; do not edit."""',
-            "import triton",
-            "import triton.language as tl",
-            "",
-            "",
-            "@triton.jit",
-            f"def {name}({args}):",
-            *self.lines,
-        ]
-        return name, "\n".join(lines) + "\n"
-
-    def _math_doc(self) -> str:
-        return super()._math_doc().replace(f"layout: {self.layout}", "in the caller's registers")
-
-    def _scope_for(self, scope: _Scope, narrow: bool) -> _Scope:
-        return self.outer
-
-    def _load(self, scope: _Scope, slot: int) -> str:
-        key = ("load", slot)
-        if key not in self.outer.names:
-            self.emit(self.outer, f"x{slot} = in{slot}.to({self.compute})")
-            self.outer.names[key] = f"x{slot}"
-        return self.outer.names[key]

@@ -140,7 +140,7 @@ def hinted_examples(values: Sequence[Any], device_type: str | None = "cuda") -> 
     symbolic sizes, strides and offsets replaced by their hints: the sizes of the call that
     Dynamo traced, so the kernel compiled is the one that call launches; later lengths of
     the same launch config share its binary (row counts and sizes are runtime arguments,
-    ``codegen._Writer._unspecialized``). Numbers (a norm's eps) become a float: a float
+    ``codegen.Writer._unspecialized``). Numbers (a norm's eps) become a float: a float
     argument compiles the same whatever its value. None where a size has no hint or a
     tensor is not on a device of ``device_type`` (None: any)."""
     examples: list[Any] = []

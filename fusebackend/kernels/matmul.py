@@ -69,9 +69,13 @@ import torch
 
 from fusebackend.kernels.arrivals import arrival_counters
 from fusebackend.kernels.cache_write import check_cache_index
-from fusebackend.kernels.codegen import generate_epilogue_source
 from fusebackend.kernels.dependent_launch import nvidia_gpu, pdl_launch
-from fusebackend.kernels.epilogue import EPILOGUE_OPTIONS, activation_program, epilogue_function
+from fusebackend.kernels.epilogue import (
+    EPILOGUE_OPTIONS,
+    activation_program,
+    epilogue_function,
+    generate_epilogue_source,
+)
 from fusebackend.kernels.family import concrete_cuda_tensor, launch_key
 from fusebackend.kernels.ir import MAX_SIBLINGS, NORMS, MatmulGroup, RowProgram
 from fusebackend.kernels.matmul_reference import Heads, reference
