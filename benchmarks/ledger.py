@@ -233,6 +233,8 @@ SOURCES = (
     "diag_row_variants_swin_h200_6ce301d.json",
     # GPT-2's decode step after the activations moved to the row codegen (6ce301d)
     "suite_gpt2_decode_h200_6ce301d.json",
+    # GPT-2's one-token forward without a cache (issue 38's GEMV target; 3e5121f)
+    "suite_gpt2_token_h200_3e5121f.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.

@@ -113,6 +113,8 @@ def _gpt2(prefix: str, layout: str) -> list[Shape]:
               layout=layout),
         Shape(f"{prefix}-attn-c-proj", "gpt2", 768, (768,), bias=True, residual=True,
               layout=layout),
+        # the LM head: ln_f, then the token embedding [50257, 768] (tied: stored [N, K])
+        Shape(f"{prefix}-lm-head", "gpt2", 768, (50257,), "layer"),
     ]  # fmt: skip
 
 
@@ -382,6 +384,56 @@ def sweep(case: Case, deadline: float, checked: dict) -> dict[str, Any]:
     return result
 
 
+def sweep_gemv(case: Case, deadline: float, checked: dict) -> dict[str, Any]:
+    """One row's GEMV launch configs (``LaunchConfig.gemv``; stages unused): the tile
+    (columns x K step) at 4 warps and the default's K slices, then warps x K slices at the
+    best tile; the default config beside the best."""
+    shape, default = case.shape, _default_config(case)
+    along_n = shape.layout == "kn"
+    block_ns = (8, 16, 32, 64, 128) if along_n else (1, 2, 4, 8, 16)
+    block_ks = (32, 64, 128, 256) if along_n else (128, 256, 512, 1024)
+    tried: list[dict[str, Any]] = []
+    best: tuple[float, LaunchConfig] | None = None
+    cut = False
+
+    def run(config: LaunchConfig) -> None:
+        nonlocal best
+        if any(t["config"] == dataclasses.asdict(config) for t in tried):
+            return
+        us = try_config(case, config, checked)
+        tried.append({"config": dataclasses.asdict(config), "us": us})
+        if us is not None and (best is None or us < best[0]):
+            best = (us, config)
+
+    for block_n, block_k in itertools.product(block_ns, block_ks):
+        if time.perf_counter() > deadline:
+            cut = True
+            break
+        run(LaunchConfig(block_n, min(block_k, max(16, 1 << (shape.k - 1).bit_length())), 4,
+                         1, split_k=default.split_k, gemv=True))  # fmt: skip
+    tile = best[1] if best else default
+    for warps, split in itertools.product((1, 2, 4, 8), (1, 2, 4, 8)):
+        if time.perf_counter() > deadline:
+            cut = True
+            break
+        if shape.k // split >= tile.block_k:
+            run(dataclasses.replace(tile, warps=warps, split_k=split))
+    run(default)
+    default_us = next(t["us"] for t in tried if t["config"] == dataclasses.asdict(default))
+    result = {
+        "shape": shape.name, "rows": case.rows, "gemv": True,
+        "best_config": dataclasses.asdict(best[1]) if best else None,
+        "best_us": best[0] if best else None,
+        "default_config": dataclasses.asdict(default), "default_us": default_us,
+        "default_over_best": default_us / best[0] if best and default_us else None,
+        "cut_by_time": cut, "tried": tried,
+    }  # fmt: skip
+    print(f"gemv sweep {shape.name}: best {result['best_config']} "
+          f"{result['best_us'] or float('nan'):.1f} us, default {default_us or float('nan'):.1f}"
+          f" us ({len(tried)} configs)")  # fmt: skip
+    return result
+
+
 # ---- output
 
 
@@ -444,6 +496,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))
     parser.add_argument("--shapes", default="", help="comma-separated shape names (default all)")
     parser.add_argument("--sweep", action="store_true", help="also sweep launch configs")
+    parser.add_argument(
+        "--sweep-gemv",
+        action="store_true",
+        help="sweep one row's GEMV configs for the shapes given (M = 1)",
+    )
     parser.add_argument("--sweep-seconds", type=float, default=210.0)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, no timing (CPU ok)")
     args = parser.parse_args(argv)
@@ -485,6 +542,16 @@ def main(argv: list[str] | None = None) -> None:
                 now = time.perf_counter()
                 case = Case(shape, m, device, dtype)
                 report["sweep"].append(sweep(case, now + (end - now) / (len(cases) - i), checked))
+                del case
+        if args.sweep_gemv:
+            end = time.perf_counter() + args.sweep_seconds
+            checked = {}
+            report.setdefault("sweep", [])
+            for i, shape in enumerate(shapes):
+                now = time.perf_counter()
+                case = Case(shape, 1, device, dtype)
+                share = now + (end - now) / (len(shapes) - i)
+                report["sweep"].append(sweep_gemv(case, share, checked))
                 del case
         report["all_ok"] = all(r["ok"] for r in report["shapes"])
     report["seconds"] = time.perf_counter() - started

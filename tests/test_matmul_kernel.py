@@ -389,8 +389,12 @@ def test_default_config_of_one_row_is_a_gemv_where_measured():
     # diag_matmul_gemv.py (matmul_gemv_h100.json): 2-column tiles of 1024-wide K steps
     # for one row of the decode projections (896 to 7168 output columns)
     for width, outputs, gated in ((5632, 2048, False), (2048, 5632, True), (4864, 896, False),
-                                  (2048, 1408, True), (2048, 32000, False)):  # fmt: skip
+                                  (2048, 1408, True)):  # fmt: skip
         assert matmul.launch_config(1, width, outputs, gated, gemv=True) == GEMV
+    # LM heads (16384 columns or more): 16-column tiles (GPT-2's, matmul_kernels.py
+    # --sweep-gemv on an H200)
+    lm_head = matmul.launch_config(1, 2048, 32000, False, gemv=True)
+    assert lm_head == dataclasses.replace(GEMV, block_n=16), lm_head
     assert matmul.launch_config(1, 896, 896, False, gemv=True).block_k == 1024
     assert matmul.launch_config(1, 384, 1152, False, gemv=True).block_k == 512  # K's power
     # not: more rows, a launch that cannot take it, under 512 columns (not measured)
@@ -405,10 +409,11 @@ def test_one_row_launches_as_gemv_along_the_weights_storage():
     group = MatmulGroup()
     _, grid, meta, _ = matmul._launch(group, x, None, None, None, (weight,), ())
     assert (meta["BLOCK_M"], meta["BLOCK_N"], meta["W_KN"], grid) == (1, 2, False, (300, 1))
-    # GPT-2's Conv1D weight [K, N] seen as [N, K]: tiles along N, 32 columns wide
+    # GPT-2's Conv1D weight [K, N] seen as [N, K]: tiles along N, 16 columns wide (600 is a
+    # narrow output)
     stored_kn = rand(127, 600, dtype=torch.float16).t()
     _, grid, meta, _ = matmul._launch(group, x, None, None, None, (stored_kn,), ())
-    assert (meta["BLOCK_M"], meta["BLOCK_N"], meta["W_KN"], grid) == (1, 32, True, (19, 1))
+    assert (meta["BLOCK_M"], meta["BLOCK_N"], meta["W_KN"], grid) == (1, 16, True, (38, 1))
     # contiguous along neither (every other column of a [K, 2N] weight): tensor cores
     strided = rand(127, 1200, dtype=torch.float16)[:, ::2].t()
     _, _, meta, _ = matmul._launch(group, x, None, None, None, (strided,), ())
@@ -420,14 +425,15 @@ def test_one_row_launches_as_gemv_along_the_weights_storage():
 
 
 def test_default_gemv_config_of_weights_stored_kn():
-    # unmeasured defaults (_gemv_along_n): 32-column tiles, K slices of >= 256 to 128 programs
-    def config(width, outputs, splits):
-        return LaunchConfig(32, min(128, width), 4, 1, split_k=splits, gemv=True)
-
-    for width, outputs, splits in ((768, 2304, 2), (768, 3072, 2), (3072, 768, 8),
-                                   (768, 768, 2), (768, 50257, 1), (64, 600, 1)):  # fmt: skip
+    # the H200 sweep's rule (_gemv_along_n): wide outputs in 32 x 256 tiles, narrow ones in
+    # 16 x 128; K sliced only from 2048 on, up to 256 programs
+    for width, outputs, want in ((768, 2304, (32, 256, 1)), (768, 3072, (32, 256, 1)),
+                                 (3072, 768, (16, 128, 8)), (768, 768, (16, 128, 1)),
+                                 (768, 50257, (32, 256, 1)), (64, 600, (16, 64, 1)),
+                                 (4096, 4096, (32, 256, 2))):  # fmt: skip
         got = matmul.launch_config(1, width, outputs, False, gemv=True, along_n=True)
-        assert got == config(width, outputs, splits), (width, outputs, got)
+        block_n, block_k, splits = want
+        assert got == LaunchConfig(block_n, block_k, 4, 1, split_k=splits, gemv=True), got
     assert not matmul.launch_config(2, 768, 2304, False, gemv=True, along_n=True).gemv
 
 

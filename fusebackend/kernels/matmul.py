@@ -305,7 +305,11 @@ def launch_config(
     if gemv and rows == 1 and outputs >= GEMV_MIN_OUTPUTS and ONE_ROW_GEMV:
         if along_n:
             return _gemv_along_n(width, outputs, widest_k)
-        return LaunchConfig(2, min(1024, widest_k), warps=4, stages=1, gemv=True)
+        # LM heads (tens of thousands of columns, a short K): 16-column tiles. GPT-2's (768 ->
+        # 50257, behind ln_f) took 23.8 us against 36.1 with 2 columns (cuBLAS' GEMV alone:
+        # 29.2; matmul_kernels.py --sweep-gemv on an H200, 2026-11-29)
+        block_n = 16 if outputs >= 16384 else 2
+        return LaunchConfig(block_n, min(1024, widest_k), warps=4, stages=1, gemv=True)
     deep = rows > 4
     if gated:
         # a rotary q, k, v group is gated's kind too (two accumulators per program: columns
@@ -333,16 +337,23 @@ def launch_config(
 
 
 def _gemv_along_n(width: int, outputs: int, widest_k: int) -> LaunchConfig:
-    """One row's GEMV on weights stored [K, N] (``along_n``: GPT-2's Conv1D, ``x @ W``), not
-    yet measured: 32-column tiles (64 bytes of fp16 per K row, two whole sectors; a warp
-    reads 8 K rows of a tile at once) of 128-wide K steps, 4 warps (32 weights a thread per
-    step), and K cut into 2, 4 or 8 slices (of 256 or more) until there are 128 programs or
-    more: GPT-2's c_attn (768 -> 2304) 72 tiles x 2 slices, c_fc (768 -> 3072) 96 x 2, the
-    MLP's c_proj (3072 -> 768) 24 x 8, the attention's (768 -> 768) 24 x 2."""
-    tiles, splits = -(-outputs // 32), 1
-    while tiles * splits < 128 and splits < 8 and width // (2 * splits) >= 256:
+    """One row's GEMV on weights stored [K, N] (``along_n``: GPT-2's Conv1D, ``x @ W``), 4
+    warps: wide outputs (2048 columns or more) in 32-column tiles of 256-wide K steps,
+    narrower ones in 16-column tiles of 128-wide steps; K in one slice unless it is long (2048
+    or more: slices until 256 programs, at most 8). From ``matmul_kernels.py --sweep-gemv`` on
+    an H200 (2026-11-29, fp16, 26-35 configs a shape) against the first picks (32 columns,
+    128-wide K steps, 2-8 slices up to 128 programs): GPT-2's c_attn (768 -> 2304) 6.3
+    against 8.4 us, c_fc (768 -> 3072, NewGELU) 7.3 against 9.0, the attention's c_proj (768
+    -> 768) 2.8 against 3.7, the MLP's c_proj (3072 -> 768) 5.3 against 5.4 in 8 slices.
+    Other warps came within 0.5 us (c_attn's and the attention c_proj's best at 8 warps, 5.9
+    and 2.4 us; c_fc's at 2, 6.5 us)."""
+    wide = outputs >= 2048
+    block_n, block_k = (32, 256) if wide else (16, 128)
+    tiles, splits = -(-outputs // block_n), 1
+    while width >= 2048 and tiles * splits < 256 and splits < 8 and width // (2 * splits) >= 256:
         splits *= 2
-    return LaunchConfig(32, min(128, widest_k), warps=4, stages=1, split_k=splits, gemv=True)
+    return LaunchConfig(block_n, min(block_k, widest_k), warps=4, stages=1, split_k=splits,
+                        gemv=True)  # fmt: skip
 
 
 # Weight elements per row of a program's tile asked of L2 first, before anything else is
