@@ -389,12 +389,13 @@ def test_default_config_of_one_row_is_a_gemv_where_measured():
     # diag_matmul_gemv.py (matmul_gemv_h100.json): 2-column tiles of 1024-wide K steps
     # for one row of the decode projections (896 to 7168 output columns)
     for width, outputs, gated in ((5632, 2048, False), (2048, 5632, True), (4864, 896, False),
-                                  (2048, 1408, True)):  # fmt: skip
+                                  (2048, 1408, True), (2048, 32000, False)):  # fmt: skip
         assert matmul.launch_config(1, width, outputs, gated, gemv=True) == GEMV
-    # LM heads (16384 columns or more): 16-column tiles (GPT-2's, matmul_kernels.py
-    # --sweep-gemv on an H200)
-    lm_head = matmul.launch_config(1, 2048, 32000, False, gemv=True)
-    assert lm_head == dataclasses.replace(GEMV, block_n=16), lm_head
+    # LM heads over a short K: 16-column tiles (GPT-2's and Qwen2's, matmul_kernels.py
+    # --sweep-gemv on an H200; TinyLlama's K of 2048 keeps 2 columns, above)
+    for width, outputs in ((768, 50257), (896, 151936)):
+        lm_head = matmul.launch_config(1, width, outputs, False, gemv=True)
+        assert lm_head == dataclasses.replace(GEMV, block_n=16), lm_head
     assert matmul.launch_config(1, 896, 896, False, gemv=True).block_k == 1024
     assert matmul.launch_config(1, 384, 1152, False, gemv=True).block_k == 512  # K's power
     # not: more rows, a launch that cannot take it, under 512 columns (not measured)
@@ -507,18 +508,33 @@ def test_gemv_along_n_for_every_prologue_and_epilogue(dtype, launch_config):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_weights_stored_kn_under_the_default_config(dtype):
-    # K 600 and N 530, multiples of no tile: one row is the GEMV along N in 17 tiles x 2 K
-    # slices (384 + 216), the last to arrive adding them
+def test_gemv_along_n_in_k_slices(dtype, launch_config):
+    # slices of K along N (a long K's default): 3 of four 32-wide steps, 64 + 63, the last
+    # program to arrive adding them; its counters left at zero
     from fusebackend.kernels import arrivals
 
+    launch_config(LaunchConfig(16, 32, 4, 1, split_k=3, gemv=True))
+    for seed, case in enumerate([Case((530,), "layer", bias=True, activation="gelu_new"),
+                                 Case((530, 530), "rms", gate="silu"),
+                                 Case((530,), bias=True, residual=True)]):  # fmt: skip
+        check_case(dataclasses.replace(case, layout="kn"), 1, 127, dtype, seed=seed)
+    assert arrivals._counters[DEVICE].abs().amax() == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_weights_stored_kn_under_the_default_config(dtype):
+    # K 600 and N 530, multiples of no tile: one row is the GEMV along N in 34 tiles of 16
+    # columns and 5 K steps, in one slice (K is sliced from 2048 on:
+    # test_default_gemv_config_of_weights_stored_kn; slices along N are run by
+    # test_gemv_along_n_for_every_prologue_and_epilogue)
     # (a gate and a residual after an RMSNorm make 6 roundings, which bf16 on the interpreter
     # truncates: 3 of 530 values beyond BF16_TOL, for [N, K] weights as for [K, N])
+    config = matmul.launch_config(1, 600, 530, False, gemv=True, along_n=True)
+    assert (config.block_n, config.split_k) == (16, 1), config
     for seed, case in enumerate([Case((530,), "layer", bias=True, activation="gelu_new"),
                                  Case((530, 530), "rms", gate="silu"),
                                  Case((530,), bias=True, residual=True)]):  # fmt: skip
         check_case(dataclasses.replace(case, layout="kn"), 1, 600, dtype, seed=seed)
-    assert arrivals._counters[DEVICE].abs().amax() == 0
 
 
 @pytest.mark.parametrize("rows,dtype", [(2, torch.float32), (3, torch.float16),

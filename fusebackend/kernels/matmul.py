@@ -305,10 +305,12 @@ def launch_config(
     if gemv and rows == 1 and outputs >= GEMV_MIN_OUTPUTS and ONE_ROW_GEMV:
         if along_n:
             return _gemv_along_n(width, outputs, widest_k)
-        # LM heads (tens of thousands of columns, a short K): 16-column tiles. GPT-2's (768 ->
-        # 50257, behind ln_f) took 23.8 us against 36.1 with 2 columns (cuBLAS' GEMV alone:
-        # 29.2; matmul_kernels.py --sweep-gemv on an H200, 2026-11-29)
-        block_n = 16 if outputs >= 16384 else 2
+        # LM heads over a short K (one 1024-wide step): 16-column tiles. On an H200
+        # (matmul_kernels.py --sweep-gemv, 2026-11-29) GPT-2's (768 -> 50257, behind ln_f)
+        # took 23.9 us against 35.6 with 2 columns (cuBLAS' GEMV alone: 29.5), Qwen2-0.5B's
+        # (896 -> 151936) 66.5 against 94.6 (cuBLAS: 66.0); TinyLlama's (K 2048) is faster
+        # with 2: 36.7 against 44.4 us.
+        block_n = 16 if outputs >= 16384 and width <= 1024 else 2
         return LaunchConfig(block_n, min(1024, widest_k), warps=4, stages=1, gemv=True)
     deep = rows > 4
     if gated:
