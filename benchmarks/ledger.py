@@ -235,6 +235,13 @@ SOURCES = (
     "suite_gpt2_decode_h200_6ce301d.json",
     # GPT-2's one-token forward without a cache (issue 38's GEMV target; 3e5121f)
     "suite_gpt2_token_h200_3e5121f.json",
+    # one row's GEMV configs swept (3e5121f), the measured rule against the sweep again with
+    # GPT-2's, TinyLlama's and Qwen2's decode steps (81ea8bc), Qwen2's after the LM-head
+    # exception (cfb366a)
+    "matmul_gpt2_gemv_h200_3e5121f.json",
+    "matmul_gemv_rule_h200_81ea8bc.json",
+    "suite_gemv_h200_81ea8bc.json",
+    "suite_qwen2_decode_h200_cfb366a.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
@@ -272,6 +279,7 @@ RETIRED = (
 )
 # metric name in a result row -> unit
 SUITE_METRICS = {"per_call_ms": "ms", "first_call_s": "s", "kernels_per_call": "count",
+                 "kernel_us_per_call": "us",
                  "floor_fraction": "fraction"}  # fmt: skip
 TP_METRICS = {
     "decode": {"step_ms": "ms", "first_call_s": "s"},
@@ -305,6 +313,9 @@ ROTARY_TIMES = {"infinifuse": "fused_us", "before": "before_us", "qkv-only": "qk
 # diag_swin_rows.py: one Swin block's kernel time, kernels and the time of its copies
 SWIN_BLOCK_METRICS = {"total_us": "us", "kernel_count": "count", "aten_copy_us": "us",
                       "row_copy_us": "us", "inductor_copy_us": "us"}  # fmt: skip
+# matmul_kernels.py --sweep-gemv: one row's GEMV under the default config and the sweep's best
+GEMV_SWEEP_TIMES = {"infinifuse-default-config": "default_us",
+                    "infinifuse-swept-best": "best_us"}  # fmt: skip
 # diag_sentence_passes.py: each variant's passes over one corpus (eager's in its process)
 SENTENCE_PASSES_METRICS = {"eager_s": "s", "first_s": "s", "second_s": "s", "third_s": "s",
                            "eager_again_s": "s", "second_captures": "count",
@@ -414,6 +425,11 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
             for backend, key in MATMUL_TIMES.items():
                 add(workload, backend, {"device_us": "us"}, {"device_us": record.get(key)})
             add(workload, "infinifuse", {"fraction_of_copy": "fraction"}, record)
+        for record in data.get("sweep", []):  # --sweep-gemv: the default config and the best
+            if record.get("gemv"):
+                workload = f"matmul-{record['shape']}-m{record['rows']}"
+                for backend, key in GEMV_SWEEP_TIMES.items():
+                    add(workload, backend, {"device_us": "us"}, {"device_us": record.get(key)})
     elif data.get("benchmark") == "diag_matmul_gemv":
         for record in data.get("shapes", []):
             workload = f"matmul-{record['shape']}-m1"
