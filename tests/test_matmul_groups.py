@@ -456,6 +456,24 @@ def test_an_activation_written_out_runs_in_the_matmul_launch(name, dtype):
     assert group.source.count("@triton.jit") == 1
 
 
+def test_a_tail_stops_at_a_write_and_the_group_still_forms():
+    w = torch.randn(48, 32) / 6
+
+    def fn(x, counter):
+        s = torch.sigmoid(F.linear(x, w))
+        counter.add_(1.0)  # a write between the tail's ops: the group's span may hold none
+        return s * 2.0
+
+    x = torch.randn(3, 32)
+    counters = [torch.zeros(2), torch.zeros(2)]
+    expected = eager(fn, x, counters[0])
+    with torch.no_grad():
+        actual = compile_fused(fn)(x, counters[1])
+    assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    assert counters[1].tolist() == [1.0, 1.0]  # written once
+    assert _matmul_groups(fusebackend.last_report()) == ["linear + (sigmoid)"]
+
+
 def test_a_tail_read_halfway_stops_before_that_value():
     w = torch.randn(48, 32) / 6
 

@@ -655,6 +655,15 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_matmul_groups.py",),
         note="a tail whose middle value is read outside is taken whole (that read is lost)",
     ),
+    Mutation(
+        "matmul_tail_crosses_a_write",
+        "pass: matmul groups",
+        "fusebackend/passes/activations.py",
+        "        if is_mutation(node):\n",
+        "        if False:\n",
+        ("tests/test_matmul_groups.py::test_a_tail_stops_at_a_write_and_the_group_still_forms",),
+        note="a tail grown past an in-place write makes the whole group unsafe and left alone",
+    ),
 ]
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch.fx
 
 from fusebackend.passes.fx_util import example_value, single_user
+from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.groups import match, op_call
 from fusebackend.passes.ops import OpCall, OpKind
 
@@ -124,6 +125,8 @@ def elementwise_tail(y: torch.fx.Node) -> tuple[torch.fx.Node, list[torch.fx.Nod
     node, looked = y.next, 0
     while node.op != "output" and looked < TAIL_WINDOW:
         looked += 1
+        if is_mutation(node):
+            break  # the group's span may hold no write (matmul_groups._hazard)
         if any(a in inside for a in node.all_input_nodes):
             if not _joins(node, inside):
                 break  # what it reads stays read outside: a shorter tail may still do
