@@ -215,7 +215,8 @@ for step in $steps; do
         run_step diag_swin_rows python3 benchmarks/diag/diag_swin_rows.py --commit "$commit" \
             --out "$OUT/diag_swin_rows_h200_$commit.json"
         run_step diag_swin_softmax python3 benchmarks/diag/diag_row_variants.py \
-            --cases softmax:75264x49 --out "$OUT/diag_row_variants_swin_$commit.json"
+            --cases softmax:75264x49,window_softmax:75264x49 \
+            --out "$OUT/diag_row_variants_swin_$commit.json"
         ;;
     diag)
         run_step diag_bert_sdpa python3 benchmarks/diag/diag_bert_sdpa.py

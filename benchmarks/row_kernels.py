@@ -75,6 +75,13 @@ def scaled_masked_softmax(x, mask):
     return (x * 0.088 + mask).softmax(-1)
 
 
+def window_softmax(attn, bias):
+    """Swin's window attention scores plus the relative-position bias ([1, heads, N, N],
+    broadcast over the windows), softmaxed: the group diag_swin_rows.py found 1.6x
+    Inductor's kernel where the 2-D softmax above is faster than Inductor's."""
+    return (attn + bias).softmax(-1)
+
+
 def add_layer_norm(x, r, w, b):
     """GPT-2 and BERT's residual add and the LayerNorm after it."""
     h = x + r
@@ -112,6 +119,10 @@ def make_inputs(name: str, rows: int, width: int, device: str) -> tuple[tuple, i
     if name == "softmax":
         mask = torch.where(torch.rand(1, width, device=device) < 0.9, 0.0, -65504.0).to(dt)
         return (rand(rows, width), mask), 2 * (2 * n + width)
+    if name == "window_softmax":  # rows = windows x 3 heads x width query rows
+        windows = rows // (3 * width)
+        attn = rand(windows, 3, width, width)
+        return (attn, rand(1, 3, width, width)), 2 * (2 * attn.numel() + 3 * width * width)
     if name == "add_layernorm":
         return (rand(rows, width), rand(rows, width), rand(width), rand(width)), 2 * (
             4 * n + 2 * width
@@ -125,7 +136,8 @@ def make_inputs(name: str, rows: int, width: int, device: str) -> tuple[tuple, i
 
 PATTERNS = {"rmsnorm": rms_norm, "add_rmsnorm": add_rms_norm, "swiglu": swiglu, "rope": rope,
             "softmax": scaled_masked_softmax, "add_layernorm": add_layer_norm,
-            "layernorm": layer_norm, "gelu_tanh": gelu_tanh}  # fmt: skip
+            "layernorm": layer_norm, "gelu_tanh": gelu_tanh,
+            "window_softmax": window_softmax}  # fmt: skip
 
 # The sweep's default cases: a decode step's rows of the suite's four models (TinyLlama and
 # Qwen2: residual + RMSNorm and SwiGLU; GPT-2 and BERT: residual + LayerNorm and GELU) and a
@@ -275,7 +287,9 @@ def versions() -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the results as JSON here")
-    parser.add_argument("--patterns", default=",".join(PATTERNS))
+    # (window_softmax is Swin's shape alone: diag_row_variants.py --cases window_softmax:...)
+    table = [p for p in PATTERNS if p != "window_softmax"]
+    parser.add_argument("--patterns", default=",".join(table))
     parser.add_argument("--widths", default="2048,4096,8192")
     parser.add_argument("--rows", default="1,4096", help="decode and prefill row counts")
     parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
