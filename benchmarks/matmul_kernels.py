@@ -370,17 +370,24 @@ def sweep(case: Case, deadline: float, checked: dict) -> dict[str, Any]:
     default_us = run(default)
     if default_us is not None and (best is None or default_us < best[0]):
         best = (default_us, default)
+    return _sweep_result(case, best, default, default_us, cut, tried)
+
+
+def _sweep_result(case: Case, best: tuple[float, LaunchConfig] | None, default: LaunchConfig,
+                  default_us: float | None, cut: bool, tried: list[dict[str, Any]],
+                  gemv: bool = False) -> dict[str, Any]:  # fmt: skip
+    """One swept case's JSON record (``gemv``: a --sweep-gemv case), printed in a line."""
     result = {
-        "shape": shape.name, "rows": case.rows,
+        "shape": case.shape.name, "rows": case.rows, **({"gemv": True} if gemv else {}),
         "best_config": dataclasses.asdict(best[1]) if best else None,
         "best_us": best[0] if best else None,
         "default_config": dataclasses.asdict(default), "default_us": default_us,
         "default_over_best": default_us / best[0] if best and default_us else None,
         "cut_by_time": cut, "tried": tried,
     }  # fmt: skip
-    print(f"sweep {shape.name} M={case.rows}: best {result['best_config']} "
-          f"{result['best_us'] or float('nan'):.1f} us, default {default} "
-          f"{default_us or float('nan'):.1f} us ({len(tried)} configs)")  # fmt: skip
+    print(f"{'gemv sweep' if gemv else 'sweep'} {case.shape.name} M={case.rows}: best "
+          f"{result['best_config']} {result['best_us'] or float('nan'):.1f} us, default "
+          f"{default} {default_us or float('nan'):.1f} us ({len(tried)} configs)")  # fmt: skip
     return result
 
 
@@ -420,18 +427,7 @@ def sweep_gemv(case: Case, deadline: float, checked: dict) -> dict[str, Any]:
             run(dataclasses.replace(tile, warps=warps, split_k=split))
     run(default)
     default_us = next(t["us"] for t in tried if t["config"] == dataclasses.asdict(default))
-    result = {
-        "shape": shape.name, "rows": case.rows, "gemv": True,
-        "best_config": dataclasses.asdict(best[1]) if best else None,
-        "best_us": best[0] if best else None,
-        "default_config": dataclasses.asdict(default), "default_us": default_us,
-        "default_over_best": default_us / best[0] if best and default_us else None,
-        "cut_by_time": cut, "tried": tried,
-    }  # fmt: skip
-    print(f"gemv sweep {shape.name}: best {result['best_config']} "
-          f"{result['best_us'] or float('nan'):.1f} us, default {default_us or float('nan'):.1f}"
-          f" us ({len(tried)} configs)")  # fmt: skip
-    return result
+    return _sweep_result(case, best, default, default_us, cut, tried, gemv=True)
 
 
 # ---- output

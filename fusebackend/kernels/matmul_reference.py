@@ -5,11 +5,10 @@ rotary group reads beside its weights."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
-from fusebackend.kernels.epilogue import evaluate
+from fusebackend.kernels.epilogue import activation_program, evaluate
 from fusebackend.kernels.ir import MatmulGroup
 
 __all__ = ["Heads", "reference"]
@@ -50,10 +49,11 @@ def reference(
         torch.nn.functional.linear(a, w, biases[k] if group.bias else None)
         for k, w in enumerate(weights)
     ]
+    # the activations as the kernel's program spells them, run by torch's own ops
     if group.gate:
-        ys = [_activation_reference(group.gate, ys[0]) * ys[1]]
+        ys = [evaluate(activation_program(group.gate, ys[0].dtype), ys[0]) * ys[1]]
     if group.activation:
-        ys = [_activation_reference(group.activation, ys[0])]
+        ys = [evaluate(activation_program(group.activation, ys[0].dtype), ys[0])]
     if group.epilogue is not None:
         ys = [evaluate(group.epilogue, ys[0])]
     if group.residual:
@@ -71,16 +71,6 @@ def _rms_reference(kind: str, x: torch.Tensor, weight: torch.Tensor, eps: float)
     if kind == "rms":
         return weight * h.to(x.dtype)
     return (h * (1.0 + weight.float())).to(x.dtype)
-
-
-def _activation_reference(name: str, y: torch.Tensor) -> torch.Tensor:
-    if name == "gelu_new":  # transformers' NewGELUActivation, op by op
-        return 0.5 * y * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y**3.0)))
-    if name == "relu":
-        return torch.relu(y)
-    if name == "silu":
-        return torch.nn.functional.silu(y)
-    return torch.nn.functional.gelu(y, approximate="tanh" if name == "gelu_tanh" else "none")
 
 
 def _rotary_reference(group: MatmulGroup, ys: list[torch.Tensor], heads: Heads):
