@@ -214,16 +214,16 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
     # The layout and config the default launch picks, from the kernel's own rows and width
     # (RoPE's rows are rows x heads of HEAD columns once lead dims collapse).
     seen: list[tuple] = []
-    launch.launch_config = lambda *a: seen.append(a) or default(*a)
+    launch.launch_config = lambda *a, **k: seen.append((a, k)) or default(*a, **k)
     try:
         with torch.no_grad():
             call(*args)
     finally:
         launch.launch_config = default
-    launched = seen[-1]  # (rows, width, layout, gathers) of the kernel's launch
+    launched, launched_kw = seen[-1]  # (rows, width, layout, gathers), aligned of the launch
     layout = launched[2]
     wide = configs.triton_next_power_of_2(launched[1])
-    chosen = default(*launched)
+    chosen = default(*launched, **launched_kw)
     results = []
     if layout == "tile":  # (warps, columns per program, elements per program)
         grid = itertools.product(
@@ -231,7 +231,7 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
         )
     else:
         chunks = (1024, 2048, 4096, 8192) if layout == "chunked" else (None,)
-        grid = itertools.product((1, 2, 4, 8, 16), (1, 2, 4), chunks)
+        grid = itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8, 16), chunks)
     try:
         for warps, block, chunk in grid:
             if layout == "persistent" and block * wide > 32768:
@@ -239,7 +239,8 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
             if layout == "tile" and (block > 2 * wide or block > chunk):
                 continue  # wider than the row (or the program): as the next narrower one
 
-            def config(r, w, lay="tile", gathers=False, warps=warps, block=block, chunk=chunk):
+            def config(r, w, lay="tile", gathers=False, aligned=True, warps=warps, block=block,
+                       chunk=chunk):  # fmt: skip
                 if lay == "tile":  # block: columns per program; rows fill `chunk` elements
                     rows_per_program = min(configs.triton_next_power_of_2(r), chunk // block)
                     return max(1, rows_per_program), block, warps
@@ -252,7 +253,7 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
                 call(*args)  # compile this variant outside the capture
                 torch.cuda.synchronize()
                 ms = device_ms(lambda: call(*args), reps=5)
-            picked = config(*launched)
+            picked = config(*launched, **launched_kw)
             entry = {"pattern": name, "rows": rows, "width": width, "layout": layout,
                      "num_warps": warps, "block_r": picked[0], "block_d": picked[1],
                      "chunk": chunk, "ms": ms, "default": picked == chosen,

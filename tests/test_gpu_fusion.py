@@ -99,6 +99,37 @@ def test_every_launch_config_regime_matches_eager(batch, seq, dim):
     torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("windows", "heads", "width"), [(37, 3, 49), (5, 2, 197), (3, 1, 1000)])
+def test_unaligned_rows_in_one_warp_match_eager(dtype, windows, heads, width):
+    # Rows of 49, 197 or 1000 start off the 16-element grid: one warp per program
+    # (configs.UNALIGNED_ROW_ELEMENTS), its reductions within the warp, on the device.
+    from fusebackend.kernels import launch
+
+    asked = []
+    real = launch.launch_config
+
+    def spy(*args, **kwargs):
+        config = real(*args, **kwargs)
+        asked.append((kwargs.get("aligned", True), config))
+        return config
+
+    scores = torch.randn(windows, heads, width, width, device="cuda").to(dtype)
+    bias = torch.randn(1, heads, width, width, device="cuda").to(dtype)
+    compiled = torch.compile(lambda a, b: (a + b).softmax(-1), backend="infinifuse",
+                             options={"cudagraphs": False})  # fmt: skip
+    launch.launch_config = spy
+    try:
+        with torch.no_grad():
+            out = compiled(scores, bias)
+    finally:
+        launch.launch_config = real
+    (aligned, (_, _, warps)), *_ = asked
+    assert not aligned and warps == 1, asked
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(out, (scores + bias).softmax(-1), rtol=rtol, atol=atol)
+
+
 def test_kernel_is_capturable_in_cuda_graph_without_host_sync():
     dtype = torch.float16
     spec = _chain_spec(dtype)

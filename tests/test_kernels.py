@@ -404,14 +404,54 @@ def test_large_tile_groups_take_four_warps_unless_they_gather():
     assert launch.launch_config(rows, 64, "tile", gathers=True) == (16, 64, 2)
 
 
+def test_unaligned_narrow_rows_take_one_warp_per_program():
+    # Rows Triton cannot prove 16-element aligned get one element per thread along the row,
+    # so a 64-wide block of 8 warps split each row over two warps (Swin's 49-wide window
+    # softmax: 26.1 us against 15.8 with one warp of 8 rows, H200; configs.py).
+    assert launch.launch_config(75264, 49, "persistent") == (32, 64, 8)
+    assert launch.launch_config(75264, 49, "persistent", aligned=False) == (8, 64, 1)
+    assert launch.launch_config(9456, 197, "persistent", aligned=False) == (2, 256, 1)
+    assert launch.launch_config(3, 49, "persistent", aligned=False) == (4, 64, 1)
+    # past 32 elements of a row per thread the rule of aligned rows stands
+    assert launch.launch_config(64, 1500, "persistent", aligned=False) == (1, 2048, 8)
+    assert launch.launch_config(4096, 49, "tile", aligned=False) == launch.launch_config(
+        4096, 49, "tile"
+    )
+
+
+@pytest.mark.parametrize(
+    ("shape", "bias_shape", "aligned"),
+    [
+        ((5, 3, 7, 49), (1, 3, 7, 49), False),  # Swin: rows of 49 start anywhere
+        ((5, 3, 7, 64), (1, 3, 7, 64), True),
+        ((21, 49), (1, 49), False),  # the broadcast mask is aligned, the scores are not
+    ],
+)
+def test_a_launch_says_whether_its_rows_are_aligned(monkeypatch, shape, bias_shape, aligned):
+    asked = []
+    real = launch.launch_config
+
+    def spy(rows, width, layout="tile", gathers=False, aligned=True):
+        asked.append((layout, aligned))
+        return real(rows, width, layout, gathers, aligned=aligned)
+
+    monkeypatch.setattr(launch, "launch_config", spy)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(*shape, generator=g).half()
+    bias = torch.randn(*bias_shape, generator=g).half()
+    out, _ = run_fused(lambda x, b: (x + b).softmax(-1), x, bias, options={"cudagraphs": False})
+    assert asked == [("persistent", aligned)]
+    assert_close(out, (x + bias).softmax(-1), atol=2e-3, rtol=2e-3)
+
+
 @pytest.mark.parametrize("with_lookup", [False, True], ids=["pointwise", "lookup"])
 def test_a_launch_asks_for_the_config_of_a_program_that_gathers(monkeypatch, with_lookup):
     asked = []
     real = launch.launch_config
 
-    def spy(rows, width, layout="tile", gathers=False):
+    def spy(rows, width, layout="tile", gathers=False, aligned=True):
         asked.append(gathers)
-        return real(rows, width, layout, gathers)
+        return real(rows, width, layout, gathers, aligned=aligned)
 
     monkeypatch.setattr(launch, "launch_config", spy)
     table, x = torch.randn(11, 6), torch.randn(4, 6)

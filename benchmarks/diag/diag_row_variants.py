@@ -83,6 +83,8 @@ def variant_sources(key: tuple) -> dict[str, str]:
     if re.search(r"^\s*nan\d+ = tl\.sum", base, re.M):  # a max or min over a row
         out["no_nan_check"] = _without_nan_check(base)
         out["max_reduce_nan"] = _max_reduce_nan(base)
+    if re.search(r"^\s*size\d+,  #", base, re.M):  # rows indexed through several dims
+        out["const_sizes"] = _constant_sizes(base)
     for label, text in out.items():
         if label not in ("base", "rows_first") and text == base:
             raise SystemExit(f"variant {label} came out as the base kernel: its rewrite is stale")
@@ -113,6 +115,14 @@ def _max_reduce_nan(source: str) -> str:
     # after the kernel, so that the kernel stays the source's first def (Triton resolves the
     # combine's name when it compiles)
     return source + _NAN_COMBINE
+
+
+def _constant_sizes(source: str) -> str:
+    """The kernel with its row dims' sizes as constants (compiled per size, as Inductor's
+    static shapes are): a row's dim indices then cost a multiply and a shift instead of an
+    integer division by a runtime value."""
+    source = re.sub(r"^(\s*)(size\d+),  #", r"\1\2: tl.constexpr,  #", source, flags=re.M)
+    return re.sub(r"'size\d+', ", "", source)
 
 
 class RowsFirst:

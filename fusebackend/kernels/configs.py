@@ -33,6 +33,14 @@ CHUNK_D = 4096
 # the grid small for D = 128-512 heads). The H100 sweep (row_kernels_sweep_h100.json) put
 # this rule within 0.1 us of the best config at the decode shapes, 0.6 us off at 4096 x 2048.
 PERSISTENT_ELEMENTS = 2048
+# Rows whose starts Triton cannot prove 16-element aligned (a width like Swin's 49 or
+# ViT's 197 in fp16) get one element per thread along the row: a 64-wide block then spans
+# two warps and every reduction crosses them through shared memory. One warp per program,
+# 512 elements: Swin-T's window softmax (75264 rows of 49 plus a [1, 3, 49, 49] bias, fp16,
+# H200, 2026-11-29) took 15.8 us against 26.1 with 8 warps x 32 rows (Inductor: 16.3);
+# 9408 rows 4.7 against 5.9 (Inductor 5.3); 16 or 32 rows per warp were slower (20.3, 33.0).
+UNALIGNED_ROW_ELEMENTS = 512
+MAX_UNALIGNED_ONE_WARP_D = 1024  # up to 32 elements of a row per thread
 
 
 def layout_for(program: RowProgram, width: int) -> str:
@@ -43,12 +51,16 @@ def layout_for(program: RowProgram, width: int) -> str:
 
 
 def launch_config(
-    rows: int, width: int, layout: str = "tile", gathers: bool = False
+    rows: int, width: int, layout: str = "tile", gathers: bool = False, aligned: bool = True
 ) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_D, num_warps) for a group of ``rows`` x ``width`` elements;
-    ``gathers``: the program looks rows up in tables (embedding lookups)."""
+    ``gathers``: the program looks rows up in tables (embedding lookups); ``aligned``: every
+    row of every operand starts at a multiple of 16 elements (see UNALIGNED_ROW_ELEMENTS)."""
     if layout == "persistent":
         block_d = triton_next_power_of_2(width)
+        if not aligned and block_d <= MAX_UNALIGNED_ONE_WARP_D:
+            block_r = min(triton_next_power_of_2(rows), max(1, UNALIGNED_ROW_ELEMENTS // block_d))
+            return block_r, block_d, 1
         block_r = min(triton_next_power_of_2(rows), max(1, PERSISTENT_ELEMENTS // block_d))
         # Liger-Kernel's calculate_settings: warps from the row block (4 up to 2048
         # elements, 8 up to 8192, 16 above), so a thread holds <= 16-32 fp32 per value.

@@ -154,6 +154,9 @@ class _Launch:
     rank: int
     rows: int
     width: int
+    # Every row of every strided tensor starts at a multiple of 16 elements (Triton then
+    # proves its loads and stores aligned and lays whole row pieces out per thread).
+    aligned: bool = True
 
 
 def _prepare(
@@ -227,7 +230,16 @@ def _prepare(
         tensors.append((len(args), index))
         args.extend((None, *strides, *rest))
     args += [*sizes, rows, width]
-    return _Launch(args, tensors, outputs, len(sizes), rows, width)
+    # (index tensors and narrow [..., 1] values are read one element per row: not rows)
+    narrow = program.index_slots | program.narrow_inputs
+    narrow |= {len(inputs) + j for j, v in enumerate(program.outputs) if v in program.narrow_values}
+    aligned = all(
+        s % 16 == 0
+        for i, strides in zip(strided, lead_strides)
+        if entries[i][0] not in narrow
+        for s in strides
+    )
+    return _Launch(args, tensors, outputs, len(sizes), rows, width, aligned)
 
 
 def _check_destination(k: int, given: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> None:
@@ -318,7 +330,10 @@ def _plan(
     """``pool_offsets``: where the tensors of ``a`` and of ``b`` start in the pool."""
     layout = layout_for(program, a.width)
     rows = a.rows if b is None else max(a.rows, b.rows)
-    block_r, block_d, num_warps = launch_config(rows, a.width, layout, bool(program.lookups))
+    aligned = a.aligned and (b is None or b.aligned)
+    block_r, block_d, num_warps = launch_config(
+        rows, a.width, layout, bool(program.lookups), aligned=aligned
+    )
     col_blocks, chunks = _blocks(layout, a.width, block_d)
     grid_a = (a.rows + block_r - 1) // block_r
     tensors = [(place, index + pool_offsets[0]) for place, index in a.tensors]
