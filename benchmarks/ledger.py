@@ -242,6 +242,12 @@ SOURCES = (
     "matmul_gemv_rule_h200_81ea8bc.json",
     "suite_gemv_h200_81ea8bc.json",
     "suite_qwen2_decode_h200_cfb366a.json",
+    # Swin's window softmax: its kernel's variants at 17263c0 (the row index's divisions as
+    # constants), launch configs swept over rows Triton cannot prove aligned and Swin-T and
+    # LeViT-128S against reduce-overhead after the one-warp rule (f351192)
+    "diag_row_variants_swin_h200_17263c0.json",
+    "row_kernels_sweep_unaligned_h200_f351192.json",
+    "vision_h200_f351192.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
@@ -489,6 +495,12 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
                 add(workload, backend, {"ms": "ms", "fraction_of_copy": "fraction"},
                     {"ms": record.get(f"{backend}_ms"),
                      "fraction_of_copy": record.get(f"{backend}_fraction_of_copy")})  # fmt: skip
+        for record in data.get("sweep", []):  # --sweep: one row per launch config
+            workload = f"row-{record['pattern']}-{record['rows']}x{record['width']}"
+            config = f"w{record['num_warps']}-r{record['block_r']}"
+            if record.get("chunk"):
+                config += f"-c{record['chunk']}"
+            add(workload, f"infinifuse-{config}", {"ms": "ms"}, record)
     elif isinstance(data.get("rows"), list):  # run.py's suite.json
         for record in data["rows"]:
             if record.get("status", "ok") == "ok":

@@ -37,8 +37,10 @@ PERSISTENT_ELEMENTS = 2048
 # ViT's 197 in fp16) get one element per thread along the row: a 64-wide block then spans
 # two warps and every reduction crosses them through shared memory. One warp per program,
 # 512 elements: Swin-T's window softmax (75264 rows of 49 plus a [1, 3, 49, 49] bias, fp16,
-# H200, 2026-11-29) took 15.8 us against 26.1 with 8 warps x 32 rows (Inductor: 16.3);
-# 9408 rows 4.7 against 5.9 (Inductor 5.3); 16 or 32 rows per warp were slower (20.3, 33.0).
+# H200) took 15.4 us against 26.2 with the 8 warps x 32 rows of aligned rows (Inductor 16.4;
+# diag_row_variants at 17263c0); 28368 rows of 197 13.6 us against 35.4 with 8 warps x 8
+# rows. In that sweep (results: row_kernels_sweep_unaligned_h200_f351192.json) the rule was
+# the best config or within 0.7 us of it at 9408 x 49, 75264 x 49 and 28368 x 197.
 UNALIGNED_ROW_ELEMENTS = 512
 MAX_UNALIGNED_ONE_WARP_D = 1024  # up to 32 elements of a row per thread
 
