@@ -453,3 +453,54 @@ def test_a_scale_and_shift_subtracts_the_mean_first():
     assert fused_error <= 2 * eager_error + 1e-6, (fused_error, eager_error)
     assert _graph().rewrites.get("batch_norms_folded"), _graph().rewrites
     assert {e["mode"] for e in _graph().runtime_modes()} == {"fusion"}
+
+
+class _FakeGraph:
+    """CPU stand-in for a captured graph (as test_churn.py's): a replay recomputes into the
+    outputs of its capture, reading the inputs it was captured on."""
+
+    def __init__(self, fn, inputs):
+        self.fn, self.inputs = fn, list(inputs)
+        self.outputs = fn(*self.inputs)
+
+    def replay(self):
+        for buf, new in zip(self.outputs, self.fn(*self.inputs), strict=True):
+            if isinstance(buf, torch.Tensor) and buf is not new:
+                buf.copy_(new)
+
+
+def test_a_captured_graph_leaves_the_parameters_it_does_not_read_to_the_refresh(monkeypatch):
+    # The fused graph reads the folded weights it owns, not the conv weights and BatchNorm
+    # parameters they come from: new data under one of those is the refresh's to see (after
+    # the replay's launch: the graph replays again), not a reason to capture anew.
+    from fusebackend.runtime import capture as cap
+    from fusebackend.runtime.recording import unread_inputs
+
+    def fake_capture(fn, inputs, *, device, warmup_iterations):
+        graph = _FakeGraph(fn, inputs)
+        unread.update(unread_inputs(fn))
+        return graph, graph.outputs
+
+    unread: set[int] = set()
+    monkeypatch.setattr(cap, "capture_graph", fake_capture)
+    fake_cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(fusebackend.backend, "_graph_device", lambda inputs: fake_cuda)
+    model = _randomize_statistics(Bottleneck())
+    torch._dynamo.reset()
+    fusebackend.clear_cache()
+    compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": True})
+    x = torch.randn(1, 6, 5, 5)
+    with torch.no_grad():
+        for _ in range(3):  # captured at the second call, replayed at the third
+            compiled(x)
+        stats = fusebackend.stats()
+        assert stats["recordings"] == 1 and stats["cache_hits"] == 2, stats
+        # every conv weight and the 4 tensors of each of the 4 BatchNorms
+        assert len(unread) >= 4 + 4 * 4, unread
+        model.conv2.weight.data = model.conv2.weight.data * -1.0
+        model.bn1.running_mean.data = model.bn1.running_mean.data + 1.0
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        stats = fusebackend.stats()
+        assert stats["recordings"] == 1 and stats["rerecords"] == 0, stats
+        assert stats["replays_on_stale_constants"] == 1, stats
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)

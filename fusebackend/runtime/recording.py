@@ -18,7 +18,7 @@ from fusebackend.runtime.entries import Entry
 from fusebackend.runtime.modes import Mode
 from fusebackend.runtime.staging import PinnedRing
 
-__all__ = ["capture_blocker", "record"]
+__all__ = ["capture_blocker", "record", "unread_inputs"]
 
 
 def _nbytes(t: Tensor) -> int:
@@ -42,15 +42,17 @@ def record(
 
     ``static``: inputs used in place, except ``copied_static`` (they moved too often);
     ``host``: CPU inputs staged to that device; ``mutated``: inputs the graph writes (a copied
-    one is written back after each replay). Raises whatever the capture raised.
+    one is written back after each replay). Inputs ``fn`` never reads (``unread_inputs``)
+    are neither copied in nor checked for a new address. Raises whatever the capture raised.
     """
     _capture.reap()
+    unread = unread_inputs(fn)
     inputs = list(args)
     copies: list[tuple[int, Tensor]] = []
     host_copies: list[tuple[int, Tensor, PinnedRing]] = []
     static_idx: list[int] = []
     static_ptrs: list[int | None] = [None] * len(args)
-    tensors = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
+    tensors = [i for i, a in enumerate(args) if isinstance(a, Tensor) and i not in unread]
     staged = {i for i in tensors if i in host and args[i].device.type == "cpu"}
     in_place = {i for i in tensors if i in static} - copied_static - staged
     # An input sharing a storage with one used in place (b = a[1:] while the graph writes
@@ -110,6 +112,22 @@ def record(
         # Kept outputs are copied after each replay; static_outputs copies nothing.
         trial=payoff.CaptureTrial() if large and not static_outputs else None,
     )
+
+
+def unread_inputs(fn: Callable[..., Any]) -> frozenset[int]:
+    """Inputs of an FX graph module ``fn`` that no node reads (placeholders without users).
+
+    With its BatchNorms folded and its weights copied channels-last, a fused graph reads the
+    derived constants it owns instead of the parameters they come from (``Refresh`` checks
+    those after each replay's launch). Checking the parameters' addresses before every replay
+    as well cost ~100 ns a tensor in torch's C++ check: for RegNetY-016's and MobileNetV3's
+    several hundred parameters a large part of the host time before the launch
+    (``diag_vision_host.py``, H200, 2026-11-29). Any other callable reads every input."""
+    graph = getattr(fn, "graph", None)
+    if not isinstance(graph, torch.fx.Graph):
+        return frozenset()
+    inputs = [node for node in graph.nodes if node.op == "placeholder"]
+    return frozenset(i for i, node in enumerate(inputs) if not node.users)
 
 
 def capture_blocker(
