@@ -248,6 +248,9 @@ SOURCES = (
     "diag_row_variants_swin_h200_17263c0.json",
     "row_kernels_sweep_unaligned_h200_f351192.json",
     "vision_h200_f351192.json",
+    # the host time of a call with captured graphs checking the addresses of the inputs they
+    # read against every input's (diag_vision_host.py --check-every-address, edd9415)
+    "diag_vision_host_h200_edd9415.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.

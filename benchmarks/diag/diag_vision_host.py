@@ -15,6 +15,9 @@ and for infinifuse a cProfile of 200 calls (the functions with the most own time
 time spent in the derived-constant hook (``Refresh``: folded BatchNorms and channels-last
 weight copies compared with their sources, before the call or, checked, after the launch).
 
+With ``--check-every-address`` captured graphs check the address of every input before each
+replay, as before edd9415, instead of only those the graph reads: what that check costs.
+
     python benchmarks/diag/diag_vision_host.py [--models resnet18,resnet50] [--batch 1]
 """
 
@@ -112,7 +115,17 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--top", type=int, default=18)
     parser.add_argument("--out", default=None, help="JSON results")
+    parser.add_argument(
+        "--check-every-address",
+        action="store_true",
+        help="captured graphs check the address of every input, read or not (the rule before "
+        "edd9415), labelled infinifuse-every-address-checked",
+    )
     args = parser.parse_args()
+    if args.check_every_address:
+        from fusebackend.runtime import recording
+
+        recording.unread_inputs = lambda fn: frozenset()
     from vision import build_model, make_fn
 
     results = []
@@ -126,7 +139,10 @@ def main() -> None:
                 for _ in range(5):
                     fn(x)
                 torch.cuda.synchronize()
-                row = {"model": name, "batch": args.batch, "backend": backend,
+                label = backend
+                if backend == "infinifuse" and args.check_every_address:
+                    label = "infinifuse-every-address-checked"
+                row = {"model": name, "batch": args.batch, "backend": label,
                        **per_call(fn, x, args.calls)}  # fmt: skip
                 if backend == "infinifuse":
                     row["refresh_us"] = hook_time(fn, x, args.calls)
