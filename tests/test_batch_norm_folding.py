@@ -469,10 +469,21 @@ class _FakeGraph:
                 buf.copy_(new)
 
 
-def test_a_captured_graph_leaves_the_parameters_it_does_not_read_to_the_refresh(monkeypatch):
-    # The fused graph reads the folded weights it owns, not the conv weights and BatchNorm
-    # parameters they come from: new data under one of those is the refresh's to see (after
-    # the replay's launch: the graph replays again), not a reason to capture anew.
+class _ScaledBottleneck(nn.Module):
+    """A Bottleneck whose output the graph scales by a parameter it reads itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Bottleneck()
+        self.scale = nn.Parameter(torch.randn(10, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x) * self.scale
+
+
+def _fake_captured(monkeypatch, model: nn.Module, unread: set[int]):
+    """``model`` compiled with its graphs captured through ``_FakeGraph`` on the CPU;
+    ``unread`` collects the inputs each captured graph does not read."""
     from fusebackend.runtime import capture as cap
     from fusebackend.runtime.recording import unread_inputs
 
@@ -481,14 +492,34 @@ def test_a_captured_graph_leaves_the_parameters_it_does_not_read_to_the_refresh(
         unread.update(unread_inputs(fn))
         return graph, graph.outputs
 
-    unread: set[int] = set()
     monkeypatch.setattr(cap, "capture_graph", fake_capture)
     fake_cuda = torch.device("cuda", 0)
     monkeypatch.setattr(fusebackend.backend, "_graph_device", lambda inputs: fake_cuda)
-    model = _randomize_statistics(Bottleneck())
     torch._dynamo.reset()
     fusebackend.clear_cache()
-    compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": True})
+    return torch.compile(model, backend="infinifuse", options={"cudagraphs": True})
+
+
+def test_a_captured_graph_recaptures_when_a_parameter_it_reads_moves(monkeypatch):
+    model = _ScaledBottleneck()
+    _randomize_statistics(model)
+    compiled = _fake_captured(monkeypatch, model, set())
+    x = torch.randn(1, 6, 5, 5)
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(x)
+        model.scale.data = model.scale.data * -2.0  # read by the graph: a new address
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        assert fusebackend.stats()["rerecords"] == 1
+
+
+def test_a_captured_graph_leaves_the_parameters_it_does_not_read_to_the_refresh(monkeypatch):
+    # The fused graph reads the folded weights it owns, not the conv weights and BatchNorm
+    # parameters they come from: new data under one of those is the refresh's to see (after
+    # the replay's launch: the graph replays again), not a reason to capture anew.
+    unread: set[int] = set()
+    model = _randomize_statistics(Bottleneck())
+    compiled = _fake_captured(monkeypatch, model, unread)
     x = torch.randn(1, 6, 5, 5)
     with torch.no_grad():
         for _ in range(3):  # captured at the second call, replayed at the third

@@ -664,6 +664,15 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_matmul_groups.py::test_a_tail_stops_at_a_write_and_the_group_still_forms",),
         note="a tail grown past an in-place write makes the whole group unsafe and left alone",
     ),
+    Mutation(
+        "capture_leaves_a_read_input_unchecked",
+        "runtime: capture",
+        "fusebackend/runtime/recording.py",
+        "    return frozenset(i for i, node in enumerate(inputs) if not node.users)",
+        "    return frozenset(i for i, node in enumerate(inputs) if len(node.users) <= 1)",
+        ("tests/test_runtime.py", "tests/test_batch_norm_folding.py"),
+        note="an input the captured graph reads once is neither copied in nor address-checked",
+    ),
 ]
 
 
