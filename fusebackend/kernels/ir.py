@@ -85,6 +85,14 @@ class Const:
     def of(cls, value: Any) -> Const:
         return cls(format_scalar(value))
 
+    @property
+    def value(self) -> float:
+        """The number the literal spells (``format_scalar`` read back)."""
+        text = self.literal  # a float's repr, or float("nan"), float("inf"), float("-inf")
+        if text.startswith('float("'):
+            return float(text[len('float("') : -len('")')])
+        return float(text)
+
 
 Operand = InputRef | ValueRef | Const | None  # None: an optional operand left out (clamp)
 
