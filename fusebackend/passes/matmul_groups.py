@@ -70,9 +70,12 @@ class MatmulGroups:
     those differ, and what it computes: ``"linear_4, linear_5 -> mul_11: rms_norm + 2
     linears + silu(gate) * up"``) and each product left alone with its reason."""
 
-    made: list[str] = dataclasses.field(default_factory=list)
     left_alone: list[str] = dataclasses.field(default_factory=list)
     groups: list[MadeGroup] = dataclasses.field(default_factory=list)  # as made, in order
+
+    @property
+    def made(self) -> list[str]:
+        return [made.line for made in self.groups]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +89,7 @@ class MadeGroup:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     dtype: torch.dtype  # of its outputs
+    line: str  # the report's line (``MatmulGroups``)
 
 
 @dataclasses.dataclass
@@ -157,10 +161,10 @@ def use_matmul_groups(
             group, kernel = _rewrite(graph, plan, launch)
             made = tuple(n.name for n in plan.replaced)
             dtype = example_value(plan.anchors[0].output).dtype
-            result.groups.append(MadeGroup(group, kernel, absorbed, reads, made, dtype))
-            members += plan.members
             named = products if products == outputs else f"{products} -> {outputs}"
-            result.made.append(f"{named}: {group.describe()}")
+            line = f"{named}: {group.describe()}"
+            result.groups.append(MadeGroup(group, kernel, absorbed, reads, made, dtype, line))
+            members += plan.members
     if members:
         # Each call sits where its first member was; the re-sort moves it after an input
         # computed later (a residual), keeping every other node in its order.
