@@ -41,8 +41,10 @@ PERSISTENT_ELEMENTS = 2048
 # diag_row_variants at 17263c0); 28368 rows of 197 13.6 us against 35.4 with 8 warps x 8
 # rows. In that sweep (results: row_kernels_sweep_unaligned_h200_f351192.json) the rule was
 # the best config or within 0.7 us of it at 9408 x 49, 75264 x 49 and 28368 x 197.
+# Wider blocks (rows of 257-8192) keep the aligned rule: one warp a row would leave a
+# few-row launch a few warps in all, and that was not measured.
 UNALIGNED_ROW_ELEMENTS = 512
-MAX_UNALIGNED_ONE_WARP_D = 1024  # up to 32 elements of a row per thread
+MAX_UNALIGNED_ONE_WARP_D = 256
 
 
 def layout_for(program: RowProgram, width: int) -> str:
