@@ -458,8 +458,12 @@ def test_time_call_leaves_host_gaps_and_the_prime_out_of_the_device_time(dev):
         time.sleep(0.005)  # 5 ms of host work before the one launch
         return x + 1
 
-    _, host, device = payoff.time_call(host_then_kernel, index)
-    assert host >= 0.005 and device >= 0.004, (host, device)  # unprimed: the idle wait counts
+    # Unprimed, the idle wait counts. Other processes on the GPU (the suite under xdist)
+    # can delay the start event and shorten the figure (3.1 ms once, H200, 2026-11-29),
+    # never lengthen it: the longest of three tries.
+    tries = [payoff.time_call(host_then_kernel, index)[1:] for _ in range(3)]
+    host, device = max(tries, key=lambda pair: pair[1])
+    assert host >= 0.005 and device >= 0.004, tries
     _, host, device = payoff.time_call(host_then_kernel, index, prime_s=0.010)
     assert host >= 0.005 and device < 0.002, (host, device)  # primed: the kernel alone
     cycles = int(0.003 * payoff._sleep_cycles_per_second(index))
