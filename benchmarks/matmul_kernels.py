@@ -416,8 +416,8 @@ def sweep_gemv(case: Case, deadline: float, checked: dict) -> dict[str, Any]:
         if time.perf_counter() > deadline:
             cut = True
             break
-        run(LaunchConfig(block_n, min(block_k, max(16, 1 << (shape.k - 1).bit_length())), 4,
-                         1, split_k=default.split_k, gemv=True))  # fmt: skip
+        run(LaunchConfig(block_n, min(block_k, matmul.widest_k_step(shape.k)), 4, 1,
+                         split_k=default.split_k, gemv=True))  # fmt: skip
     tile = best[1] if best else default
     for warps, split in itertools.product((1, 2, 4, 8), (1, 2, 4, 8)):
         if time.perf_counter() > deadline:

@@ -91,6 +91,7 @@ __all__ = [
     "matmul_op",
     "precompile_matmul",
     "reference",
+    "widest_k_step",
 ]
 
 
@@ -239,6 +240,12 @@ class LaunchConfig:
     gemv: bool = False
 
 
+def widest_k_step(width: int) -> int:
+    """The widest K step a launch over ``width``-wide rows takes: the width rounded up to a
+    power of 2, at least 16 (tl.dot's smallest K)."""
+    return max(16, 1 << (width - 1).bit_length())
+
+
 def launch_config(
     rows: int,
     width: int,
@@ -301,7 +308,7 @@ def launch_config(
     took 0.820 ms, rounds 0.773-0.909, against the run before's 0.757:
     ``suite_decode_h100_gemv_no_lm_head.json``; no decision either way). Weights along N
     (``along_n``): ``_gemv_along_n``."""
-    widest_k = max(16, 1 << (width - 1).bit_length())
+    widest_k = widest_k_step(width)
     if gemv and rows == 1 and outputs >= GEMV_MIN_OUTPUTS and ONE_ROW_GEMV:
         if along_n:
             return _gemv_along_n(width, outputs, widest_k)
