@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,27 @@ def compile_fused(fn: Callable[..., Any], options: dict[str, Any] | None = None)
     return torch.compile(
         fn, backend="infinifuse", fullgraph=True, options={"validate": False, **(options or {})}
     )
+
+
+class FakeGraph:
+    """CPU stand-in for a captured CUDA graph (the runtime's tests patch
+    ``runtime.capture.capture_graph`` to make one): fixed input and output buffers, the
+    outputs recomputed in place on each replay."""
+
+    def __init__(self, fn: Callable[..., Any], inputs: Sequence[Any]) -> None:
+        self.fn = fn
+        self.inputs = list(inputs)
+        self.outputs = fn(*self.inputs)
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        # Give other threads the GIL here, as a GPU would run the graph asynchronously: a
+        # cache that let another call refill the static inputs now would be caught.
+        time.sleep(0)
+        for buf, new in zip(self.outputs, self.fn(*self.inputs), strict=True):
+            if isinstance(buf, torch.Tensor) and buf is not new:
+                buf.copy_(new)
 
 
 def run_fused(

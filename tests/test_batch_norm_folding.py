@@ -15,7 +15,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
-from helpers import graphs_since
+from helpers import FakeGraph, graphs_since
 
 import fusebackend
 
@@ -455,20 +455,6 @@ def test_a_scale_and_shift_subtracts_the_mean_first():
     assert {e["mode"] for e in _graph().runtime_modes()} == {"fusion"}
 
 
-class _FakeGraph:
-    """CPU stand-in for a captured graph (as test_churn.py's): a replay recomputes into the
-    outputs of its capture, reading the inputs it was captured on."""
-
-    def __init__(self, fn, inputs):
-        self.fn, self.inputs = fn, list(inputs)
-        self.outputs = fn(*self.inputs)
-
-    def replay(self):
-        for buf, new in zip(self.outputs, self.fn(*self.inputs), strict=True):
-            if isinstance(buf, torch.Tensor) and buf is not new:
-                buf.copy_(new)
-
-
 class _ScaledBottleneck(nn.Module):
     """A Bottleneck whose output the graph scales by a parameter it reads itself."""
 
@@ -482,13 +468,13 @@ class _ScaledBottleneck(nn.Module):
 
 
 def _fake_captured(monkeypatch, model: nn.Module, unread: set[int]):
-    """``model`` compiled with its graphs captured through ``_FakeGraph`` on the CPU;
+    """``model`` compiled with its graphs captured through ``FakeGraph`` on the CPU;
     ``unread`` collects the inputs each captured graph does not read."""
     from fusebackend.runtime import capture as cap
     from fusebackend.runtime.recording import unread_inputs
 
     def fake_capture(fn, inputs, *, device, warmup_iterations):
-        graph = _FakeGraph(fn, inputs)
+        graph = FakeGraph(fn, inputs)
         unread.update(unread_inputs(fn))
         return graph, graph.outputs
 

@@ -22,7 +22,7 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_close, rand_ids, rand_table
+from helpers import FakeGraph, assert_close, rand_ids, rand_table
 
 import fusebackend
 from fusebackend.config import FusionConfig
@@ -32,20 +32,6 @@ from fusebackend.runtime.graph_cache import EAGER, FUSION, GRAPH_REPLAY, GraphCa
 
 FAKE_CUDA = torch.device("cuda", 0)
 V, D = 50, 16
-
-
-class FakeGraph:
-    """CPU stand-in for a captured graph: replay recomputes into the same output buffers."""
-
-    def __init__(self, fn, inputs):
-        self.fn = fn
-        self.inputs = list(inputs)
-        self.outputs = fn(*self.inputs)
-
-    def replay(self):
-        for buf, new in zip(self.outputs, self.fn(*self.inputs), strict=True):
-            if isinstance(buf, torch.Tensor) and buf is not new:
-                buf.copy_(new)
 
 
 class Captures:

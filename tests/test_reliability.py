@@ -20,7 +20,6 @@ import copy
 import gc
 import logging
 import threading
-import time
 import warnings
 import weakref
 
@@ -29,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from helpers import (
+    FakeGraph,
     assert_close,
     assert_fused,
     backend_warnings,
@@ -53,23 +53,6 @@ LOGGER = "fusebackend"
 
 
 # --- the CUDA-graph path on CPU --------------------------------------------------------
-
-
-class FakeGraph:
-    """CPU stand-in for a captured graph: replay recomputes into the same output buffers."""
-
-    def __init__(self, fn, inputs):
-        self.fn = fn
-        self.inputs = list(inputs)
-        self.outputs = fn(*self.inputs)
-        self.replays = 0
-
-    def replay(self):
-        self.replays += 1
-        time.sleep(0)  # let another thread run here, as a GPU replays asynchronously
-        for buf, new in zip(self.outputs, self.fn(*self.inputs), strict=True):
-            if isinstance(buf, torch.Tensor) and buf is not new:
-                buf.copy_(new)
 
 
 class Capture:

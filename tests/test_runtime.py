@@ -11,12 +11,11 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-import time
 import weakref
 
 import pytest
 import torch
-from helpers import backend_warnings, one_fallback_reason
+from helpers import FakeGraph, backend_warnings, one_fallback_reason
 
 from fusebackend.config import FusionConfig
 from fusebackend.runtime import capture as cap
@@ -76,25 +75,6 @@ COUNTER_KEYS = {
     "older_graph_calls",
     "replays_on_stale_constants",
 }
-
-
-class FakeGraph:
-    """CPU stand-in for a captured graph: replay recomputes into the same output buffers."""
-
-    def __init__(self, fn, inputs):
-        self.fn = fn
-        self.inputs = list(inputs)
-        self.outputs = fn(*self.inputs)
-        self.replays = 0
-
-    def replay(self):
-        self.replays += 1
-        # Give other threads the GIL here, as a GPU would run the graph asynchronously: a
-        # cache that let another call refill the static inputs now would be caught.
-        time.sleep(0)
-        for buf, new in zip(self.outputs, self.fn(*self.inputs), strict=True):
-            if isinstance(buf, torch.Tensor) and buf is not new:
-                buf.copy_(new)
 
 
 @pytest.fixture
