@@ -39,6 +39,7 @@ from fusebackend.passes.cache_writes import pair_cache_writes
 from fusebackend.passes.channels_last import choose_channels_last, use_channels_last
 from fusebackend.passes.collectives import collective_nodes, use_vocab_parallel_lookup
 from fusebackend.passes.concat_writes import push_into_concatenations, write_concatenations
+from fusebackend.passes.concatenation import drop_identity_slices
 from fusebackend.passes.conv_bias import move_conv_biases
 from fusebackend.passes.decode_attention import use_decode_attention
 from fusebackend.passes.empty_pads import drop_empty_pads
@@ -52,7 +53,7 @@ from fusebackend.passes.pairing import pair_twin_groups
 from fusebackend.passes.parameter_work import fold_parameter_work
 from fusebackend.passes.partition import Candidate, find_groups
 from fusebackend.passes.reshapes import move_reshapes_up
-from fusebackend.passes.rewrite import reference_graph, rewrite
+from fusebackend.passes.rewrite import in_storage_order, reference_graph, rewrite
 from fusebackend.passes.rotary_epilogue import use_rotary_epilogues
 from fusebackend.passes.spatial_means import use_spatial_means
 from fusebackend.pipeline import Compilation, Pass, collector_paused, drop_rejections, run_passes
@@ -224,7 +225,7 @@ def _report_group(
             reductions=tuple(
                 m.name for m, k in calls if k.op.kind in ("reduction", "norm", "softmax")
             ),
-            moves=tuple(m.name for m, k in calls if k.op.kind == "move"),
+            moves=tuple(m.name for m, k in calls if k.op.kind in ("move", "concat")),
             inputs=tuple(n.name for n in lowered.inputs),
             outputs=tuple(m.name for m in lowered.outputs),
             source=source,
@@ -287,6 +288,9 @@ FUSE = [
     Pass("scale_in_matmuls", lambda c: scale_in_matmuls(c.graph),
          "operands scaled by a number, scaled in their batched matmul (fused graph)",
          report="matmul_scales", needs_rewrites=True),
+    Pass("drop_identity_slices", lambda c: drop_identity_slices(c.graph),
+         "slices that keep every element read as their source (fused graph)",
+         report="identity_slices"),
     Pass("push_into_concatenations", lambda c: push_into_concatenations(c.graph),
          "elementwise ops on a cat run on its parts (fused graph)", report="pushed_into_cats"),
     Pass("find_groups", _find_groups),
@@ -553,7 +557,11 @@ def _kernel_rank(lowered: LoweredGroup) -> int:
     the launcher collapses lead dims (a decode row ``[1, 1, D]`` runs rank 1), so the
     name in a profile matches ``explain``'s. Symbolic sizes: at their hints (the traced
     call's), else the traced rank."""
-    rank = launch_rank(lowered.program, [example_value(n) for n in lowered.inputs])
+    inputs = [example_value(n) for n in lowered.inputs]
+    if lowered.order is not None:  # the kernel reads its tensors in storage order
+        inputs = [x if k in lowered.program.scalar_inputs else in_storage_order(x, lowered.order)
+                  for k, x in enumerate(inputs)]  # fmt: skip
+    rank = launch_rank(lowered.program, inputs)
     return lowered.rank if rank is None else rank
 
 

@@ -12,8 +12,9 @@ import torch
 import torch.fx
 
 from fusebackend.kernels import KernelOptions, kernel_source
-from fusebackend.kernels.ir import RowProgram, value_shapes
+from fusebackend.kernels.ir import RowProgram
 from fusebackend.kernels.launch import launch_rank, layout_for
+from fusebackend.kernels.shapes import value_shapes
 from fusebackend.passes.folded_copies import fold_copies_into_groups
 from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.lone_copies import run_lone_copies as replace_lone_copies

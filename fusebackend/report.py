@@ -25,7 +25,7 @@ class GroupReport:
     source: str  # generated Triton source
     backend: str  # "triton" or "torch reference" (no usable Triton for this device)
     reductions: tuple[str, ...] = ()  # members that reduce along the row (norms, softmax)
-    moves: tuple[str, ...] = ()  # members that move columns (rotate_half)
+    moves: tuple[str, ...] = ()  # members that move elements (rotate_half, cat)
     launched_with: str = ""  # the group of the same kernel run by the same launch, if any
     # the kernel family: "row" (generated row kernels: kernels/codegen.py) or "matmul" (a
     # matmul group: kernels/matmul.py, its source the generated activation, if any)

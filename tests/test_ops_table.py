@@ -254,6 +254,16 @@ ROWS = [
         lambda x, y: x * torch.cat((-y.chunk(2, -1)[1], y.chunk(2, -1)[0]), -1),
         nodes=6,
     ),
+    # any other torch.cat of tensors computed outside the group, read where they lie: along
+    # a row dim (T = 5 split 3 + 2) and along the columns (D = 19 split 7 + 12); the slices
+    # are views of y outside the group
+    Row("concat-row-dim", "concat", lambda x, y: x + torch.cat((y[:, :3], y[:, 3:]), 1), nodes=3),
+    Row(
+        "concat-columns",
+        "concat",
+        lambda x, y: x * torch.cat((y[..., :7], y[..., 7:]), -1),
+        nodes=3,
+    ),  # fmt: skip
 ]
 
 
@@ -308,7 +318,7 @@ def test_op_row(row, dtype):
     assert len(group.nodes) == row.nodes, str(report)
     assert all("belongs to another group" in r.reason for r in report.rejections), str(report)
     emitted = any(f"= {row.op}(" in line for line in group.source.splitlines())
-    if OP_TABLE[row.op].kind == "move":
+    if OP_TABLE[row.op].kind in ("move", "concat"):
         assert len(group.moves) == 1 and not group.reductions and emitted, str(report)
     elif OP_TABLE[row.op].kind != "elementwise":
         # reductions and norms lower to several instructions; the report names the node

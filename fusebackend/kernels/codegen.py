@@ -32,6 +32,7 @@ import torch
 
 from fusebackend.kernels.expressions import expression, format_scalar
 from fusebackend.kernels.ir import (
+    Concat,
     Const,
     InputRef,
     Instr,
@@ -42,17 +43,11 @@ from fusebackend.kernels.ir import (
     RowProgram,
     ValueRef,
 )
+from fusebackend.kernels.signature import TL_DTYPES, parameters, unspecialized
 
 __all__ = ["LAYOUTS", "TL_DTYPES", "Scope", "Writer", "generate_pair_source", "generate_source",
            "kernel_name"]  # fmt: skip
 
-TL_DTYPES = {
-    torch.float16: "tl.float16",
-    torch.bfloat16: "tl.bfloat16",
-    torch.float32: "tl.float32",
-    torch.float64: "tl.float64",
-    torch.bool: "tl.int1",
-}
 LAYOUTS = ("tile", "persistent", "chunked")
 
 
@@ -123,9 +118,9 @@ class Writer:
 
     def write(self) -> tuple[str, str]:
         name = kernel_name(self.p, self.rank, self.options, self.layout)
-        params, docs = self._parameters()
+        params, docs = parameters(self.p, self.rank, self.layout)
         body = self.body()
-        lines = self._header(name, self._unspecialized(), [f"{q},  # {d}" for q, d in
+        lines = self._header(name, unspecialized(self.p, self.rank), [f"{q},  # {d}" for q, d in
                                                            zip(params, docs)])  # fmt: skip
         lines += ["    pid_r = tl.program_id(ROWS_AXIS)", *body]
         return name, "\n".join(lines) + "\n"
@@ -135,16 +130,18 @@ class Writer:
         grid below ``GRID_A`` handle the first set, the rest the second (two groups of one
         kernel, such as the rotary embeddings of q and k, in one launch)."""
         name = kernel_name(self.p, self.rank, self.options, self.layout) + "_pair"
-        params, _ = self._parameters()
+        params, _ = parameters(self.p, self.rank, self.layout)
         body = self.body()
         per_set = [q for q in params if not q.endswith("tl.constexpr")]
         constexprs = [q for q in params if q.endswith("tl.constexpr")]
-        unspecialized = [f"{prefix}{q}" for prefix in ("a_", "b_") for q in self._unspecialized()]
+        either = [
+            f"{prefix}{q}" for prefix in ("a_", "b_") for q in unspecialized(self.p, self.rank)
+        ]
         params_text = [f"{prefix}{q}," for prefix in ("a_", "b_") for q in per_set]
         params_text += ["GRID_A,  # programs of the first set", *(f"{q}," for q in constexprs)]
         names = [q.split(":")[0] for q in per_set]  # a scalar's annotation is no part of it
         doc, *statements = body  # the docstring stays first, once
-        lines = [*self._header(name, [*unspecialized, "GRID_A"], params_text), doc]
+        lines = [*self._header(name, [*either, "GRID_A"], params_text), doc]
         lines += [
             "    if tl.program_id(ROWS_AXIS) < GRID_A:",
             "        pid_r = tl.program_id(ROWS_AXIS)",
@@ -163,7 +160,7 @@ class Writer:
             "",
             # Row counts change with every batch size and sequence length; specialising on
             # them (==1, %16) would compile a new binary per size for no gain
-            # (_unspecialized).
+            # (signature.unspecialized).
             # Debug mode only where there is an index to assert on: a kernel in debug mode ran
             # 5% slower on the H100 (16x2048x2048 chain: 0.125 vs 0.119 ms).
             f"@triton.jit(debug={self.options.index_checks and self._checks_indices}, "
@@ -191,6 +188,7 @@ class Writer:
                 self._row_offset(f"in{slot}")
         for k in range(len(p.outputs)):
             self._row_offset(f"out{k}")
+        self._concat_coordinates()
         for j, lookup in enumerate(p.lookups):
             self._index(j, lookup.index_slot, lookup.table_slot)
         row_outputs = [k for k, v in enumerate(p.outputs) if v not in p.narrow_values]
@@ -204,72 +202,7 @@ class Writer:
         self._index_asserts()
         return self.lines
 
-    # -- parameters and documentation ------------------------------------------------------
-    def _parameters(self) -> tuple[list[str], list[str]]:
-        p, params, docs = self.p, [], []
-        leads = [f"s{d}" for d in range(self.rank)]
-        for slot, dtype in enumerate(p.input_dtypes):
-            if slot in p.index_slots:
-                params += [f"in{slot}_ptr"] + [f"in{slot}_{s}" for s in leads]
-                docs += [f"indices ({dtype}), broadcast to the row shape"]
-                docs += [f"  stride of row dim {d}" for d in range(self.rank)]
-            elif slot in p.scalar_inputs:
-                # Typed, so that Triton takes it as this float type whatever the number
-                params += [f"in{slot}: {TL_DTYPES[dtype]}"]
-                docs += [f"a number read at each call ({dtype}; a norm's eps given as a graph "
-                         "input)"]  # fmt: skip
-            elif slot in p.table_slots:
-                params += [f"in{slot}_ptr", f"in{slot}_rows", f"in{slot}_s0", f"in{slot}_s1"]
-                docs += [
-                    f"table ({dtype})",
-                    "  number of table rows (valid indices: 0..rows-1)",
-                    "  row stride",
-                    "  column stride (0 when a 1-wide table broadcasts)",
-                ]
-            else:
-                width = "narrow: one value per row" if slot in p.narrow_inputs else "row"
-                params += [f"in{slot}_ptr"] + [f"in{slot}_{s}" for s in leads] + [f"in{slot}_sc"]
-                docs += [f"operand ({dtype}, {width}), broadcast to the group's shape"]
-                docs += [f"  stride of row dim {d}" for d in range(self.rank)] + ["  column stride"]
-        placed = dict(p.placed_outputs)
-        for k, value in enumerate(p.outputs):
-            width = "narrow" if value in p.narrow_values else "row"
-            docs += [f"output {k}: value v{value} ({p.value_dtype(value)}, {width})"]
-            if k in placed:
-                params += [f"out{k}_ptr", f"out{k}_s0", f"out{k}_sc"]
-                docs += [f"  row stride (rows placed by in{placed[k]})", "  column stride"]
-                continue
-            params += [f"out{k}_ptr"] + [f"out{k}_{s}" for s in leads] + [f"out{k}_sc"]
-            docs += [f"  stride of row dim {d}" for d in range(self.rank)] + ["  column stride"]
-        params += [f"size{d}" for d in range(self.rank)] + ["R", "D"]
-        docs += [f"row dim {d} of the group's shape" for d in range(self.rank)]
-        docs += ["number of rows (product of the row dims)", "row width (last dim)"]
-        params += ["BLOCK_R: tl.constexpr", "BLOCK_D: tl.constexpr", "CHUNKS: tl.constexpr",
-                   "ROWS_AXIS: tl.constexpr"]  # fmt: skip
-        block_d = {"tile": "columns per program", "persistent": "next_power_of_2(D): whole rows",
-                   "chunked": "columns per chunk of the row loop"}[self.layout]  # fmt: skip
-        docs += [
-            "rows per program",
-            block_d,
-            "chunks per row (chunked layout), else 1",
-            "grid axis of the row blocks (0 or 1; column blocks on the other)",
-        ]
-        return params, docs
-
-    def _unspecialized(self) -> list[str]:
-        """Arguments Triton must not specialise (on == 1 or divisibility by 16): each would
-        compile a binary per class of lengths for no gain. The row sizes and count; and the
-        strides of an index tensor's outer row dims, which scale with the inner sizes (BERT's
-        [B, T] ids against [1, T] positions do not collapse: the ids' stride is T). An index
-        is loaded once per row, so knowing its alignment vectorises nothing; the innermost
-        stride stays specialised (1 for contiguous ids: consecutive rows' indices load as
-        one vector in a rank-1 kernel). Strides of row tensors stay specialised: their
-        divisibility by 16 is what lets a row's columns load as vectors, and for widths
-        divisible by 16 every multiple of the width is too."""
-        index_strides = [f"in{slot}_s{d}" for slot in sorted(self.p.index_slots)
-                         for d in range(self.rank - 1)]  # fmt: skip
-        return [f"size{d}" for d in range(self.rank)] + ["R", *index_strides]
-
+    # -- documentation ---------------------------------------------------------------------
     def _math_doc(self) -> str:
         p = self.p
         parts = [
@@ -328,6 +261,13 @@ class Writer:
 
     def _offset(self, prefix: str) -> str:
         return f"{self._row_offset(prefix)}[:, None] + cols[None, :] * {prefix}_sc"
+
+    def _concat_coordinates(self) -> None:
+        """Each row's index along each row concatenation's dim, from the row number and the
+        group's own sizes (the launcher's merged row dims need not keep that dim apart)."""
+        for i in self.p.row_concats:
+            self.emit(self.outer, f"cc{i} = ((rows.to(R.dtype) // cat{i}_inner) % cat{i}_n)"
+                                  ".to(tl.int64)")  # fmt: skip
 
     # -- lookups ---------------------------------------------------------------------------
     def _index(self, j: int, index_slot: int, table_slot: int) -> None:
@@ -421,6 +361,8 @@ class Writer:
                 name = self._reduce(index, instr)
             elif isinstance(instr, Rotate):
                 name = self._rotate(scope, index, instr)
+            elif isinstance(instr, Concat):
+                name = self._concat(scope, index, instr)
             else:
                 name = self._instr(scope, index, instr)
         scope.names[key] = name
@@ -467,6 +409,37 @@ class Writer:
         hi, lo = parts
         self.emit(scope, f"v{index} = tl.where({first}, {a} * {hi}, {b} * {lo})  # rotate")
         self._round(scope, index, rot.dtype)
+        return f"v{index}"
+
+    def _concat(self, scope: Scope, index: int, cat: Concat) -> str:
+        """Each part loaded under the mask of its range of the dim, at the index less its
+        offset (a row dim: the row offset less offset x the part's stride along it; the
+        columns: like a rotation's loads, contiguous columns plus a constant)."""
+        i = index - len(self.p.lookups)
+        column = cat.dim == -1
+        coord, spread = ("cols", "[None, :]") if column else (f"cc{i}", "[:, None]")
+        loads, masks = [], []
+        for k, (part, lo, size) in enumerate(zip(cat.operands, cat.offsets, cat.sizes)):
+            prefix, last = f"in{part.slot}", k == len(cat.sizes) - 1
+            conds = ([f"({coord} >= {lo})"] if k else []) + (
+                [] if last else [f"({coord} < {lo + size})"]
+            )
+            masks.append(f"m{index}_{k}")
+            self.emit(scope, f"m{index}_{k} = ({' & '.join(conds)}){spread}  # part {k}")
+            row = self._row_offset(prefix)
+            if column:
+                address = f"{prefix}_ptr + {row}[:, None] + (cols - {lo})[None, :] * {prefix}_sc"
+            else:
+                address = (f"{prefix}_ptr + ({row} - {lo} * {prefix}_cs)[:, None] + "
+                           f"cols[None, :] * {prefix}_sc")  # fmt: skip
+            loads.append(f"p{index}_{k}")
+            self.emit(scope, f"p{index}_{k} = tl.load({address}, mask=mask & m{index}_{k}, "
+                             f"other=0).to({self.compute})")  # fmt: skip
+        value = loads[-1]
+        for load, mask in zip(reversed(loads[:-1]), reversed(masks[:-1])):
+            value = f"tl.where({mask}, {load}, {value})"
+        self.emit(scope, f"v{index} = {value}  # cat")
+        self._round(scope, index, cat.dtype)
         return f"v{index}"
 
     def _operand_dtype(self, operand: Operand) -> torch.dtype | None:
@@ -557,8 +530,8 @@ class Writer:
         if operand.index < len(self.p.lookups):
             return
         instr = self.p.instrs[operand.index - len(self.p.lookups)]
-        if isinstance(instr, Rotate):
-            return  # reads a row input, no narrow value
+        if isinstance(instr, Rotate | Concat):
+            return  # reads row inputs, no narrow value
         for op in instr.operands:
             self._narrow_deps(op, seen)
 

@@ -10,8 +10,9 @@ cache key, with the rank and the build options).
 Values: the first ``len(lookups)`` values are the gathered table rows, one per lookup;
 instruction ``i`` defines value ``len(lookups) + i``. Instructions are elementwise
 (``Instr``: an op of the table in ``passes/ops.py``, written by ``kernels/expressions.py``)
-reductions along the last dim (``Reduce``) or column rotations of an external operand
-(``Rotate``: rotary embeddings' ``rotate_half``). Each value is rounded to its ``dtype`` as
+reductions along the last dim (``Reduce``), column rotations of an external operand
+(``Rotate``: rotary embeddings' ``rotate_half``) or concatenations of external operands
+(``Concat``: ``torch.cat``). Each value is rounded to its ``dtype`` as
 eager rounds it (all math runs in fp32, fp64 when any value is fp64).
 """
 
@@ -20,12 +21,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 __all__ = [
+    "Concat",
     "Const",
     "InputRef",
     "Instr",
@@ -40,14 +42,10 @@ __all__ = [
     "Reduce",
     "Rotate",
     "RowProgram",
-    "ShapeRecipe",
     "ValueRef",
     "accumulate_dtype",
     "broadcast_shapes",
     "format_scalar",
-    "shape_pattern",
-    "shape_recipe",
-    "value_shapes",
 ]
 
 
@@ -210,6 +208,57 @@ class Rotate:
 
 
 @dataclasses.dataclass(frozen=True)
+class Concat:
+    """``torch.cat(operands, dim)`` of external operands, read where they lie (a value).
+
+    ``dim`` counts from the end of the value's shape (-1: the row's columns, else a row
+    dim). Part ``k`` holds the ``sizes[k]`` indices from ``sum(sizes[:k])`` along it: the
+    kernel loads each part under the mask of its range, at the index less its offset. The
+    sizes are constants of the program (static shapes only). Only inputs can be parts: a
+    value computed in the kernel is not at an address the kernel can offset.
+    """
+
+    operands: tuple[InputRef, ...]
+    dim: int
+    sizes: tuple[int, ...]
+    dtype: torch.dtype
+
+    spans_row = False  # each part is read over the group's shape (its own range of ``dim``)
+
+    def __post_init__(self) -> None:
+        if self.dim >= 0 or len(self.operands) != len(self.sizes) or len(self.sizes) < 2:
+            raise ValueError(f"Concat: a negative dim and one size per part, not {self}")
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """Where each part starts along ``dim``."""
+        return tuple(sum(self.sizes[:k]) for k in range(len(self.sizes)))
+
+    def shape(self, operand_shapes: Sequence[torch.Size]) -> torch.Size:
+        first = list(operand_shapes[0])
+        dim = len(first) + self.dim
+        for k, shape in enumerate(operand_shapes):
+            if (
+                len(shape) != len(first)
+                or shape[dim] != self.sizes[k]
+                or any(a != b for d, (a, b) in enumerate(zip(shape, first)) if d != dim)
+            ):
+                raise ValueError(
+                    f"a concatenation along dim {self.dim} of sizes {self.sizes} given parts "
+                    f"of shapes {[tuple(s) for s in operand_shapes]}"
+                )
+        first[dim] = sum(self.sizes)
+        return torch.Size(first)
+
+    def is_narrow(self, narrow: Callable[[Operand], bool]) -> bool:
+        return False  # the partition refuses concatenations into rows of width 1
+
+    def describe(self, name: Callable[[Operand], str]) -> str:
+        parts = ", ".join(name(op) for op in self.operands)
+        return f"concat([{parts}], dim={self.dim}, sizes={self.sizes})"
+
+
+@dataclasses.dataclass(frozen=True)
 class RowProgram:
     """Everything the generator needs; input tensors arrive in ``input_dtypes`` order.
 
@@ -230,7 +279,7 @@ class RowProgram:
 
     input_dtypes: tuple[torch.dtype, ...]
     lookups: tuple[Lookup, ...]
-    instrs: tuple[Instr | Reduce | Rotate, ...]
+    instrs: tuple[Instr | Reduce | Rotate | Concat, ...]
     outputs: tuple[int, ...]  # value indices written out, in the order returned
     narrow_inputs: frozenset[int] = frozenset()
     scalar_inputs: frozenset[int] = frozenset()
@@ -268,6 +317,21 @@ class RowProgram:
     @functools.cached_property
     def table_slots(self) -> frozenset[int]:
         return frozenset(lookup.table_slot for lookup in self.lookups)
+
+    @functools.cached_property
+    def concat_parts(self) -> dict[int, tuple[int, int]]:
+        """Slots read as parts of a concatenation -> (its instruction's index among
+        ``instrs``, its dim from the end). A slot is a part of one concatenation only (the
+        lowering gives each part its own slot)."""
+        return {op.slot: (i, instr.dim) for i, instr in enumerate(self.instrs)
+                if isinstance(instr, Concat) for op in instr.operands}  # fmt: skip
+
+    @functools.cached_property
+    def row_concats(self) -> tuple[int, ...]:
+        """Indices among ``instrs`` of the concatenations along a row dim (the kernel takes
+        each one's rows per index of that dim and its size)."""
+        return tuple(i for i, instr in enumerate(self.instrs)
+                     if isinstance(instr, Concat) and instr.dim != -1)  # fmt: skip
 
     @functools.cached_property
     def has_reduction(self) -> bool:
@@ -326,50 +390,6 @@ class KernelOptions:
     round_intermediates: bool = True
 
 
-# --- shape inference: the shapes of a program's values from its inputs' ----------------
-
-
-def value_shapes(
-    program: RowProgram, inputs: Sequence[torch.Tensor]
-) -> tuple[list[torch.Size], torch.Size]:
-    """(shape of every value, the group's shape), from the input shapes (eager broadcasting).
-
-    The group's shape also covers the operands of reductions, whose rows the kernel reads
-    although no value of the program has their width.
-    """
-    shapes: list[torch.Size] = []
-    reduced: list[torch.Size] = []
-    for lookup in program.lookups:
-        index, table = inputs[lookup.index_slot], inputs[lookup.table_slot]
-        shapes.append(torch.Size((*index.shape, table.shape[1])))
-    for instr in program.instrs:
-        operand_shapes = []
-        for operand in instr.operands:
-            if isinstance(operand, ValueRef):
-                operand_shapes.append(shapes[operand.index])
-            elif isinstance(operand, InputRef):
-                operand_shapes.append(_shape(inputs[operand.slot]))
-        shapes.append(instr.shape(operand_shapes))
-        if instr.spans_row and not program.operand_is_narrow(instr.operands[0]):
-            reduced.append(operand_shapes[0])
-    group_shape = broadcast_shapes(*shapes, *reduced)
-    for shape in reduced:
-        if shape[-1] != group_shape[-1]:
-            raise ValueError(
-                f"a reduction or rotation reads rows of width {shape[-1]} in a group of width "
-                f"{group_shape[-1]} (shape {tuple(group_shape)})"
-            )
-    return shapes, group_shape
-
-
-_NO_DIMS = torch.Size(())
-
-
-def _shape(value: Any) -> torch.Size:
-    """A tensor's shape; a number (a scalar input) has none."""
-    return value.shape if isinstance(value, torch.Tensor) else _NO_DIMS
-
-
 def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
     """Eager's broadcasting of concrete shapes, for the per-call path.
 
@@ -389,86 +409,6 @@ def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
                     )
                 out[dim] = size
     return torch.Size(out)
-
-
-@dataclasses.dataclass(frozen=True)
-class ShapeRecipe:
-    """How a launch's group shape and output shapes follow from its inputs' sizes, for
-    inputs of one pattern (``shape_pattern``: dtypes, ranks, which dims are 1, row widths).
-
-    ``value_shapes`` broadcasts every value of the program (~35 us for BERT's embeddings
-    group of 3 lookups and 2 norms on a CPU); under dynamic shapes a new sequence length
-    keeps the pattern, so the broadcast is derived once per pattern and a new length only
-    reads the sizes: each group dim's from one input dim, with every other non-1 input dim
-    checked equal to it (a mismatch takes the full path, which raises eager's error)."""
-
-    group: tuple[tuple[int, int], ...]  # per group dim: (slot, dim) giving its size; (-1, 0): 1
-    checks: tuple[tuple[int, int, int], ...]  # (slot, dim, group dim): non-1 sizes to compare
-    outputs: tuple[tuple[int, ...], ...]  # per output: the group dim of each dim, -1 for 1
-
-    def shapes(self, inputs: Sequence[Any]) -> tuple[list[torch.Size], torch.Size] | None:
-        group = [1 if slot < 0 else inputs[slot].shape[dim] for slot, dim in self.group]
-        for slot, dim, j in self.checks:
-            if inputs[slot].shape[dim] != group[j]:
-                return None
-        outputs = [torch.Size([1 if j < 0 else group[j] for j in dims]) for dims in self.outputs]
-        return outputs, torch.Size(group)
-
-
-def _aligned_dims(
-    program: RowProgram, inputs: Sequence[Any], rank: int
-) -> Iterator[tuple[int, int, int]]:
-    """(slot, dim, group dim) of every input dim that lines up with a dim of a group of
-    ``rank`` dims (an index's dims with the row dims, a table's width with the last)."""
-    for slot, t in enumerate(inputs):
-        if slot in program.scalar_inputs:
-            continue
-        if slot in program.table_slots:
-            yield slot, 1, rank - 1
-        elif slot in program.index_slots:
-            yield from ((slot, d, rank - 1 - t.dim() + d) for d in range(t.dim()))
-        else:
-            yield from ((slot, d, rank - t.dim() + d) for d in range(t.dim()))
-
-
-def shape_recipe(
-    program: RowProgram,
-    inputs: Sequence[Any],
-    outputs: Sequence[torch.Size],
-    group_shape: torch.Size,
-) -> ShapeRecipe | None:
-    rank = len(group_shape)
-    group: list[tuple[int, int] | None] = [None if n != 1 else (-1, 0) for n in group_shape]
-    checks = []
-    for slot, dim, j in _aligned_dims(program, inputs, rank):
-        if j < 0 or inputs[slot].shape[dim] == 1:
-            continue
-        if group[j] is None:
-            group[j] = (slot, dim)
-        else:
-            checks.append((slot, dim, j))
-    if any(g is None for g in group):
-        return None  # a size no input gives (cannot happen): the full path every time
-    maps = []
-    for shape in outputs:
-        offset = rank - len(shape)
-        maps.append(tuple(-1 if n == 1 and group_shape[offset + i] != 1 else offset + i
-                          for i, n in enumerate(shape)))  # fmt: skip
-    return ShapeRecipe(tuple(group), tuple(checks), tuple(maps))  # type: ignore[arg-type]
-
-
-def shape_pattern(program: RowProgram, inputs: Sequence[Any]) -> tuple[Any, ...]:
-    """What a ``ShapeRecipe`` holds for: per input its dtype, device, which dims are 1 and
-    its row width (not an index's last dim: that is a row dim)."""
-    key: list[Any] = []
-    for slot, t in enumerate(inputs):
-        if slot in program.scalar_inputs:
-            key.append(None)
-            continue
-        ones = tuple(n == 1 for n in t.shape)
-        width = None if slot in program.index_slots or not ones else t.shape[-1]
-        key.append((t.dtype, t.device, ones, width))
-    return tuple(key)
 
 
 # ---- Matmul groups (kernels/matmul.py runs them; passes/matmul_groups.py finds them)

@@ -26,15 +26,8 @@ from fusebackend.kernels.configs import (
     layout_for,
 )
 from fusebackend.kernels.family import TensorExample, hinted_examples
-from fusebackend.kernels.ir import (
-    KernelOptions,
-    RowProgram,
-    ShapeRecipe,
-    broadcast_shapes,
-    shape_pattern,
-    shape_recipe,
-    value_shapes,
-)
+from fusebackend.kernels.ir import KernelOptions, RowProgram, broadcast_shapes
+from fusebackend.kernels.shapes import ShapeRecipe, shape_pattern, shape_recipe, value_shapes
 
 # The Triton-facing names this module has always offered (backend.py, the hand-written
 # kernels, benchmarks and tests import them from here); they live in triton_api.py.
@@ -198,6 +191,12 @@ def _prepare(
         elif slot in program.table_slots:
             col_stride = 0 if t.shape[1] == 1 else t.stride(1)
             entries.append((slot, (), (t.shape[0], t.stride(0), col_stride)))
+        elif slot in program.concat_parts:  # its own range of the dim, the group's elsewhere
+            dim = len(group_shape) + program.concat_parts[slot][1]
+            shape = torch.Size((*group_shape[:dim], t.shape[dim - len(group_shape)],
+                                *group_shape[dim + 1:]))  # fmt: skip
+            strides = _expand_strides(t.shape, t.stride(), shape)
+            entries.append((slot, strides[:-1], (strides[-1], strides[dim])))
         else:
             shape = narrow_shape if slot in program.narrow_inputs else group_shape
             *lead_strides, col_stride = _expand_strides(t.shape, t.stride(), shape)
@@ -230,6 +229,9 @@ def _prepare(
         tensors.append((len(args), index))
         args.extend((None, *strides, *rest))
     args += [*sizes, rows, width]
+    for i in program.row_concats:  # rows per index of each one's dim, and that dim's size
+        dim = len(lead) + 1 + program.instrs[i].dim
+        args += [lead[dim + 1 :].numel(), lead[dim]]
     # (index tensors and narrow [..., 1] values are read one element per row: not rows)
     narrow = program.index_slots | program.narrow_inputs
     narrow |= {len(inputs) + j for j, v in enumerate(program.outputs) if v in program.narrow_values}

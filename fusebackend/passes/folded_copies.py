@@ -46,7 +46,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from fusebackend.kernels.ir import Rotate
+from fusebackend.kernels.ir import Concat, Rotate
 from fusebackend.passes.concat_writes import join_written
 from fusebackend.passes.fx_util import (
     call_evaluated,
@@ -383,10 +383,10 @@ def _read_of(slot: int, arg: Any, group: torch.fx.Node, shape: torch.Size) -> _R
 
 def _elementwise(program: Any) -> bool:
     """Does ``program`` compute each element from the same element of its operands alone
-    (no reduction, rotation, lookup or one-value-per-row operand), so that its rows can be
-    cut anywhere?"""
+    (no reduction, rotation, concatenation, lookup or one-value-per-row operand), so that
+    its rows can be cut anywhere?"""
     return not (program.has_reduction or program.lookups or program.narrow_inputs
-                or any(isinstance(i, Rotate) for i in program.instrs))  # fmt: skip
+                or any(isinstance(i, Rotate | Concat) for i in program.instrs))  # fmt: skip
 
 
 def _dense_size(value: torch.Tensor) -> int:

@@ -25,7 +25,15 @@ from typing import Any
 import torch
 import torch.fx
 
-from fusebackend.kernels.ir import InputRef, Lookup, Reduce, Rotate, RowProgram, ValueRef
+from fusebackend.kernels.ir import (
+    Concat,
+    InputRef,
+    Lookup,
+    Reduce,
+    Rotate,
+    RowProgram,
+    ValueRef,
+)
 from fusebackend.passes.concat_writes import join_written
 from fusebackend.passes.fx_util import (
     call_evaluated,
@@ -99,7 +107,8 @@ def _order_attr(graph: torch.fx.Graph, owner: torch.nn.Module, numbers: torch.Te
 
 def _with_lookups(program: RowProgram, tables: set[int]) -> RowProgram | None:
     """``program`` reading each operand slot in ``tables`` as rows of a table gathered by
-    one new index slot (appended after the inputs), or None where an operand is rotated."""
+    one new index slot (appended after the inputs), or None where an operand is rotated or
+    a part of a concatenation (read over its own range: not a table's rows)."""
     first = len(program.lookups)
     index_slot = len(program.input_dtypes)
     lookups = list(program.lookups)
@@ -118,8 +127,8 @@ def _with_lookups(program: RowProgram, tables: set[int]) -> RowProgram | None:
 
     instrs = []
     for instr in program.instrs:
-        if isinstance(instr, Rotate):
-            if instr.operand.slot in value_of:
+        if isinstance(instr, Rotate | Concat):
+            if any(op.slot in value_of for op in instr.operands):
                 return None
             instrs.append(instr)
         elif isinstance(instr, Reduce):

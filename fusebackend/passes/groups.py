@@ -1,6 +1,7 @@
 """A fusion group as the passes hand it on: ``Candidate`` (found by the partition) and
 ``LoweredGroup`` (its kernel program, from the lowering), and ``match``: a node against the
-op table (a ``rotate_half`` matched as one ``rotate`` op).
+op table (a ``rotate_half`` matched as one ``rotate`` op, any other ``torch.cat`` as one
+``concat`` op).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 import torch.fx
 
 from fusebackend.kernels.ir import RowProgram
+from fusebackend.passes.concatenation import match_concat
 from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.ops import OP_TABLE, OpCall, OpKind, bind_op, lookup_op
 from fusebackend.passes.rotation import Rotation, match_rotation
@@ -82,14 +84,14 @@ def match(node: torch.fx.Node) -> OpCall | str | None:
     """The node's op-table match, a reason it does not bind, or None (not a table op).
 
     A concatenation that spells ``rotate_half`` matches the ``rotate`` op of its source
-    (``rotation_of`` names its parts)."""
+    (``rotation_of`` names its parts); any other the ``concat`` op of its parts."""
     row = lookup_op(node.op, node.target)
     if row is None:
         rotation = match_rotation(node)
         if isinstance(rotation, Rotation):
             params = {"shift": rotation.shift, "signs": rotation.signs}
             return OpCall(OP_TABLE["rotate"], (rotation.source,), params)
-        return rotation
+        return rotation if rotation is None else match_concat(node)
     call = bind_op(row[0], row[1], node.args, dict(node.kwargs))
     if isinstance(call, str) and row[0].kind == OpKind.NORM:
         return _bind_graph_eps(row[0], row[1], node, call)

@@ -2,7 +2,8 @@
 
 Each member becomes instructions: a lookup a gather; an elementwise op one ``Instr``; a
 reduction a ``Reduce``; a ``rotate_half`` one ``Rotate`` (its slices and negation, the
-candidate's ``parts``, none); ``var``/``std``, the norms and softmax several instructions,
+candidate's ``parts``, none); a ``torch.cat`` one ``Concat`` (each part an input slot of its
+own); ``var``/``std``, the norms and softmax several instructions,
 written the way eager computes them for half-precision inputs: in fp32 (fp64 for fp64
 inputs), rounded once at the end. Intermediate values of those sequences carry the
 accumulation dtype, so ``round_intermediates`` never rounds them. The program names no FX
@@ -27,6 +28,7 @@ import torch.fx
 from torch._prims_common import compute_elementwise_output_logical_to_physical_perm
 
 from fusebackend.kernels.ir import (
+    Concat,
     Const,
     InputRef,
     Instr,
@@ -85,7 +87,8 @@ def _walk_order(candidate: Candidate) -> tuple[int, ...] | None:
     which is eager's (its elementwise ops' outputs follow their inputs' layout)."""
     if candidate.lookups or candidate.parts:
         return None
-    if any(call.op.kind != OpKind.ELEMENTWISE for call in candidate.calls.values()):
+    if any(call.op.kind not in (OpKind.ELEMENTWISE, OpKind.CONCAT)
+           for call in candidate.calls.values()):  # fmt: skip
         return None
     values = [example_value(m) for m in candidate.members]
     if not all(isinstance(v, torch.Tensor) for v in values):
@@ -118,7 +121,7 @@ class _Builder:
         self.narrow: set[int] = set()
         self.scalars: set[int] = set()
         self.lookups: list[Lookup] = []
-        self.instrs: list[Instr | Reduce | Rotate] = []
+        self.instrs: list[Instr | Reduce | Rotate | Concat] = []
         self.values: dict[torch.fx.Node, int] = {}
 
     def slot(self, node: torch.fx.Node, role: str) -> int:
@@ -130,7 +133,8 @@ class _Builder:
             self.dtypes.append(value.dtype)
             shape = in_order(value.shape, self.order) if self.order else value.shape
             width = shape[-1] if len(shape) else 1
-            if role != "index" and isinstance(width, int) and width == 1:
+            part = role.startswith("part")  # read over its range, never once per row
+            if role != "index" and not part and isinstance(width, int) and width == 1:
                 self.narrow.add(self.slots[key])
         return self.slots[key]
 
@@ -163,13 +167,25 @@ class _Builder:
             return InputRef(self.slot(operand, "tensor"))
         return Const.of(_scalar_for(call, operand))
 
-    def add(self, instr: Instr | Reduce | Rotate) -> ValueRef:
+    def add(self, instr: Instr | Reduce | Rotate | Concat) -> ValueRef:
         self.instrs.append(instr)
         return ValueRef(len(self.lookups) + len(self.instrs) - 1)
+
+    def concat(self, node: torch.fx.Node, call: OpCall, dtype: torch.dtype) -> ValueRef:
+        """Each part a slot of its own (its strides are a part's, not the group's), the dim
+        counted from the end of the shape the kernel walks."""
+        parts = tuple(InputRef(self.slot(p, f"part of {node.name}")) for p in call.operands)
+        dim = call.params["dim"]
+        if self.order is not None:
+            dim = self.order.index(len(self.order) + dim) - len(self.order)
+        return self.add(Concat(parts, dim, tuple(call.params["sizes"]), dtype))
 
     def member(self, node: torch.fx.Node, call: OpCall) -> None:
         dtype = example_value(node).dtype
         name, kind = call.op.name, call.op.kind
+        if kind == OpKind.CONCAT:
+            self.values[node] = self.concat(node, call, dtype).index
+            return
         operands = [self.ref(call, op, dtype) for op in call.operands]
         lowering = _elementwise if kind == OpKind.ELEMENTWISE else _LOWERINGS.get(name)
         if lowering is None:  # the op table and this lowering disagree: a bug, never a user's

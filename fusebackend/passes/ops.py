@@ -4,8 +4,9 @@ Each row says which argument names are operands (values read by the kernel: tens
 Python numbers), which are optional, what the op's result holds ("float" or "bool") and
 what kind of op it is: ``elementwise``, ``reduction`` (along the last dim), ``norm``
 (layer_norm / rms_norm over the last dim), ``softmax`` (softmax / log_softmax along the last
-dim) or ``move`` (a column rearrangement: ``rotate``, matched by structure in
-``passes/rotation.py``, not by a spelling). How an op is written in Triton lives in
+dim), ``move`` (a column rearrangement: ``rotate``, matched by structure in
+``passes/rotation.py``, not by a spelling) or ``concat`` (``torch.cat`` of tensors read where
+they lie: passes/concatenation.py). How an op is written in Triton lives in
 ``kernels/expressions.py`` (passes never import Triton). Result dtypes are never computed
 here: Dynamo's fake tensors already carry eager's type promotion in each node's
 ``example_value``, and the kernel rounds every value to that dtype, as eager does.
@@ -52,6 +53,7 @@ class OpKind(str, enum.Enum):
     NORM = "norm"  # layer_norm / rms_norm over the last dim
     SOFTMAX = "softmax"  # softmax / log_softmax along the last dim
     MOVE = "move"  # a column rearrangement (rotate)
+    CONCAT = "concat"  # parts read where they lie, each over its range of one dim
 
     def __str__(self) -> str:
         return self.value
@@ -343,6 +345,9 @@ for _name in ("softmax", "log_softmax"):
 # A column rotation (rotate_half): no spelling; passes/rotation.py matches the slices,
 # negation and concatenation that spell it. Params: shift, signs.
 OP_TABLE["rotate"] = OpDef("rotate", _U, "float", kind=OpKind.MOVE)
+# torch.cat read by a group: no spelling of its own (passes/concatenation.py binds it: its
+# operands are the parts, as many as there are; params: dim, counted from the end, sizes).
+OP_TABLE["concat"] = OpDef("concat", ("tensors",), "float", kind=OpKind.CONCAT)
 
 
 def lookup_op(op_kind: str, target: Any) -> tuple[OpDef, inspect.Signature] | None:

@@ -1,17 +1,18 @@
 """Partition a graph into row groups: seeds anywhere, growth downstream, reasons as values.
 
 The pass works on Dynamo's own FX graph (torch-level ops, each node carrying its fake
-``example_value``). Every node the op table knows (an elementwise op on floating tensors,
-a reduction along the last dim, a norm, a softmax, a ``rotate_half``: passes/rotation.py) and
-every embedding lookup can seed a group, in graph order. A group grows downstream, in graph
-order, through consumers the table knows, as long as each consumer's other operands can be
-read by strides (numbers, tensors that broadcast to its result, views of tensors computed
-outside the group) or are embedding lookups, which then join the group (token + position +
-token-type tables become one kernel). It also grows upstream, into an operand's producer
-when only the group reads it (``q * cos + rotate_half(q) * sin`` seeded at ``q * cos``
-takes ``rotate_half(q) * sin`` in; ``(x - mean) / sqrt(x.var() + eps)`` seeded at the mean
-takes the variance in). A value used outside the group becomes one more output of the
-kernel. Where growth stops, the reason is kept for the report.
+``example_value``). Every node the op table knows (an elementwise op on floating tensors, a
+reduction along the last dim, a norm, a softmax, a ``rotate_half``: passes/rotation.py, a
+``torch.cat``: passes/concatenation.py) and every embedding lookup can seed a group, in
+graph order. A group grows downstream, in graph order, through consumers the table knows, as
+long as each consumer's other operands can be read by strides (numbers, tensors that
+broadcast to its result, views of tensors computed outside the group) or are embedding
+lookups, which then join the group (token + position + token-type tables become one kernel).
+It also grows upstream, into an operand's producer when only the group reads it (``q * cos +
+rotate_half(q) * sin`` seeded at ``q * cos`` takes ``rotate_half(q) * sin`` in; ``(x - mean)
+/ sqrt(x.var() + eps)`` seeded at the mean takes the variance in). A value used outside the
+group becomes one more output of the kernel. Where growth stops, the reason is kept for the
+report.
 
 Rules that keep the rewrite correct:
 - no cycle: an operand computed from the group's own values stops the growth;
@@ -93,6 +94,11 @@ def _takes_graph_scalar(call: OpCall, name: str) -> bool:
     if call.op.kind != OpKind.ELEMENTWISE or call.op.result != "float":
         return False
     return name not in call.op.bool_operands and call.op.name not in ("cast", "dropout")
+
+
+def _concat_reason(part: torch.fx.Node) -> str:
+    return (f"a concatenation of {part.name}, a value computed in the group: the kernel reads "
+            "each part at its own address")  # fmt: skip
 
 
 def _rotation_reason(source: torch.fx.Node) -> str:
@@ -218,6 +224,8 @@ class _Grower:
             parts = rotation_of(node).parts
             if any(p in self.p.assigned for p in parts):
                 return "a part of the rotation belongs to another group"
+        if call.op.kind == OpKind.CONCAT:
+            return self._check_concat_parts(call) or self._check_rows(node, call)
         for name, operand in zip(call.op.operands, call.operands):
             reason = self._check_operand(call, name, operand, new_lookups)
             if reason:
@@ -232,6 +240,19 @@ class _Grower:
                 return "a tensor argument in a non-operand position"
         return self._check_rows(node, call)
 
+    def _check_concat_parts(self, call: OpCall) -> str | None:
+        """A concatenation's parts are read where they lie: tensors computed outside the
+        group (a value of the kernel sits in registers, not at an address to offset)."""
+        for part in call.operands:
+            if part in self.members:
+                return _concat_reason(part)
+            value = example_value(part)
+            if value.device != self.device:
+                return f"part {part.name} on {value.device}, group on {self.device}"
+            if value.layout != torch.strided or value.dtype not in FLOATING:
+                return f"part {part.name} is not a strided floating tensor"
+        return None
+
     def _take_producers(
         self,
         consumer: torch.fx.Node,
@@ -241,7 +262,10 @@ class _Grower:
     ) -> None:
         """Upstream growth: take in each operand of ``consumer`` computed outside the group
         by a table op whose every user is in the group (so it needs no output of its own),
-        and recursively its producers. One that cannot join stays an operand."""
+        and recursively its producers. One that cannot join stays an operand; a
+        concatenation's parts always do."""
+        if call.op.kind == OpKind.CONCAT:
+            return
         for operand in call.operands:
             if not isinstance(operand, torch.fx.Node) or operand in taken:
                 continue
@@ -281,6 +305,11 @@ class _Grower:
         mutation = self.p.mutation_between([*taken, *new_lookups, *self.members])
         if mutation is not None:
             return f"the in-place op {mutation} lies inside the group"
+        for node, call in {**self.calls, **taken}.items():
+            if call.op.kind == OpKind.CONCAT:
+                inside = [p for p in call.operands if p in nodes or p in new_lookups]
+                if inside:
+                    return f"{node.name}: {_concat_reason(inside[0])}"
         return None
 
     def _check_result(self, user: torch.fx.Node, call: OpCall) -> str | None:
@@ -308,7 +337,7 @@ class _Grower:
         """Reductions reduce the last dim; every value keeps the group's row width."""
         value = example_value(user)
         reduced: tuple[torch.Size, ...] = ()
-        if call.op.kind != OpKind.ELEMENTWISE:
+        if call.op.kind not in (OpKind.ELEMENTWISE, OpKind.CONCAT):
             source = example_value(call.operands[0])
             if source.dim() == 0:
                 return f"{call.op.name} of a 0-d tensor"
@@ -552,7 +581,8 @@ def _kind(node: torch.fx.Node) -> OpKind | None:
     row = lookup_op(node.op, node.target)
     if row is not None:
         return row[0].kind
-    return OpKind.MOVE if isinstance(match_rotation(node), Rotation) else None
+    call = match(node)
+    return call.op.kind if isinstance(call, OpCall) else None
 
 
 def find_groups(graph: torch.fx.Graph) -> tuple[list[Candidate], list[RejectionReport]]:

@@ -1,0 +1,113 @@
+"""Concatenations read by a row group: ``torch.cat`` as one ``concat`` op of its parts.
+
+``torch.cat`` is a kernel of its own in eager (it copies every part into a new tensor), and
+the consumers that read its result are another. Where a group reads the concatenation, the
+kernel can read each part where it lies instead: an element at index ``i`` along the cat's
+dim comes from the part whose range holds ``i``, at ``i`` less that part's offset
+(``kernels/ir.Concat``). The concatenation then costs no kernel and no write of its result:
+ViT's ``cat([cls_token.expand(B, -1, -1), x], 1) + pos_embed`` and the LayerNorm after it,
+GhostNet's ``cat([conv_a, conv_b], 1)[:, :k] + shortcut``, DenseNet's concatenated features
+feeding BatchNorm + ReLU are one kernel each, as Inductor makes them.
+
+``match_concat`` gives the op, or why a concatenation is left as traced: its parts must be
+tensors of its dtype, device and rank with static sizes along its dim (the offsets are
+constants of the kernel), at most ``MAX_PARTS`` of them (each part is one masked load per
+element; Inductor's limit for a concatenation read as pointwise is 8 too). Its parts are
+read from memory, so none may be computed in the same group (passes/partition.py); a
+concatenation whose parts are all group outputs is written in place instead
+(passes/concat_writes.py).
+
+``drop_identity_slices`` removes ``x[:, :k]`` slices that keep every element (GhostNet's
+``out[:, :self.out_chs]`` of a concatenation of exactly ``out_chs`` channels): the slice is
+a view of ``x`` with ``x``'s own shape, strides and offset, so its readers read ``x``.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+from fusebackend.passes.fx_util import example_value, static_layout
+from fusebackend.passes.ops import OP_TABLE, OpCall
+
+__all__ = ["MAX_PARTS", "drop_identity_slices", "match_concat"]
+
+MAX_PARTS = 8
+_CAT = (torch.cat, torch.concat, torch.concatenate)
+
+
+def match_concat(node: torch.fx.Node) -> OpCall | str | None:
+    """The ``concat`` op of a ``torch.cat`` node (params: ``dim``, counted from the end,
+    and ``sizes``, each part's size along it), why it is left as traced, or None (not a
+    ``torch.cat``)."""
+    if node.op != "call_function" or node.target not in _CAT:
+        return None
+    tensors = node.args[0] if node.args else node.kwargs.get("tensors")
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    value = example_value(node)
+    if not isinstance(value, torch.Tensor) or not isinstance(tensors, list | tuple):
+        return "a cat of values that are not tensors"
+    if not isinstance(dim, int) or not 2 <= len(tensors) <= MAX_PARTS:
+        return f"a cat of {len(tensors)} parts (fused: 2 to {MAX_PARTS}, along a constant dim)"
+    rank = value.dim()
+    dim = dim % rank if rank else 0
+    sizes = []
+    for part in tensors:
+        part_value = example_value(part) if isinstance(part, torch.fx.Node) else None
+        if not isinstance(part_value, torch.Tensor) or not static_layout(part_value):
+            return "a cat of parts without static sizes and strides"
+        if (part_value.dim(), part_value.dtype, part_value.device) != (
+            rank, value.dtype, value.device):  # fmt: skip
+            return "a cat of parts of another rank, dtype or device than its result"
+        if part_value.shape[dim] == 0:
+            return "a cat with an empty part"
+        sizes.append(part_value.shape[dim])
+    if rank == 0 or (dim == rank - 1 and value.shape[-1] == 1):
+        return "a cat into rows of width 1"
+    return OpCall(OP_TABLE["concat"], tuple(tensors), {"dim": dim - rank, "sizes": tuple(sizes)})
+
+
+def drop_identity_slices(graph: torch.fx.Graph) -> list[str]:
+    """Readers of a ``getitem`` that keeps every element of a tensor read the tensor;
+    returns the slices removed."""
+    dropped = []
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not operator.getitem or node.users == {}:
+            continue
+        source, index = node.args
+        if isinstance(source, torch.fx.Node) and _keeps_everything(source, index):
+            node.replace_all_uses_with(source)
+            graph.erase_node(node)
+            dropped.append(node.name)
+    return dropped
+
+
+def _keeps_everything(source: torch.fx.Node, index: Any) -> bool:
+    """Is ``source[index]`` all of ``source``: slices of step 1 from 0 that reach the end
+    of their dims (an ``Ellipsis`` anywhere), nothing else?"""
+    value = example_value(source)
+    if not static_layout(value):
+        return False
+    items = index if isinstance(index, tuple) else (index,)
+    if sum(item is Ellipsis for item in items) > 1:
+        return False
+    slices = [item for item in items if item is not Ellipsis]
+    if len(slices) > value.dim() or not all(isinstance(item, slice) for item in slices):
+        return False
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        dims = [*range(at), *range(value.dim() - (len(items) - at - 1), value.dim())]
+    else:
+        dims = list(range(len(slices)))
+    for dim, item in zip(dims, slices):
+        start, stop, step = item.start, item.stop, item.step
+        if not all(x is None or isinstance(x, int) for x in (start, stop, step)):
+            return False
+        if start not in (None, 0) or step not in (None, 1):
+            return False
+        if stop is not None and stop < value.shape[dim]:
+            return False
+    return True
