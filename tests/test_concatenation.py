@@ -180,6 +180,25 @@ def test_symbolic_length_stays_a_cat():
             assert_close(compiled(a, b), torch.cat([a, b], 1) * 2.0 + 1.0)
 
 
+def test_symbolic_rows_with_a_static_cat_dim_are_fused():
+    """A cat along the columns of parts whose row count is symbolic (Llama's
+    ``cat((freqs, freqs), -1)`` under dynamic shapes): the offsets are constants, the rows
+    are read by strides; every length equals eager and the cat is in the group."""
+    import fusebackend
+
+    def f(a, b):
+        return torch.cat([a, b], -1).cos() * 2.0
+
+    compiled = torch.compile(f, backend="infinifuse", options={"validate": False})
+    for length in (3, 5, 9):
+        a, b = torch.randn(length, 3), torch.randn(length, 5)
+        torch._dynamo.mark_dynamic(a, 0)
+        torch._dynamo.mark_dynamic(b, 0)
+        with torch.no_grad():
+            assert_close(compiled(a, b), f(a, b))
+    assert any(g.moves for g in fusebackend.last_report().groups), str(fusebackend.last_report())
+
+
 def test_launch_reads_each_part_at_its_own_strides():
     """The kernel alone: a row-dim cat of a broadcast part (stride 0 over the batch), a
     transposed part and a contiguous one, times an operand of the whole shape; each part's

@@ -11,11 +11,11 @@ feeding BatchNorm + ReLU are one kernel each, as Inductor makes them.
 
 ``match_concat`` gives the op, or why a concatenation is left as traced: its parts must be
 tensors of its dtype, device and rank with static sizes along its dim (the offsets are
-constants of the kernel), at most ``MAX_PARTS`` of them (each part is one masked load per
-element; Inductor's limit for a concatenation read as pointwise is 8 too). Its parts are
-read from memory, so none may be computed in the same group (passes/partition.py); a
-concatenation whose parts are all group outputs is written in place instead
-(passes/concat_writes.py).
+constants of the kernel; other dims may be symbolic), at most ``MAX_PARTS`` of them (each
+part is one masked load per element; Inductor's limit for a concatenation read as pointwise
+is 8 too). Its parts are read from memory, so none may be computed in the same group
+(passes/partition.py); a concatenation whose parts are all group outputs is written in place
+instead (passes/concat_writes.py).
 
 ``drop_identity_slices`` removes ``x[:, :k]`` slices that keep every element (GhostNet's
 ``out[:, :self.out_chs]`` of a concatenation of exactly ``out_chs`` channels): the slice is
@@ -57,15 +57,19 @@ def match_concat(node: torch.fx.Node) -> OpCall | str | None:
     sizes = []
     for part in tensors:
         part_value = example_value(part) if isinstance(part, torch.fx.Node) else None
-        if not isinstance(part_value, torch.Tensor) or not static_layout(part_value):
-            return "a cat of parts without static sizes and strides"
+        if not isinstance(part_value, torch.Tensor):
+            return "a cat of parts that are not tensors"
         if (part_value.dim(), part_value.dtype, part_value.device) != (
             rank, value.dtype, value.device):  # fmt: skip
             return "a cat of parts of another rank, dtype or device than its result"
-        if part_value.shape[dim] == 0:
+        size = part_value.shape[dim]  # other dims may be symbolic: read by strides
+        if not isinstance(size, int):
+            return "a cat of parts of symbolic size along its dim (the offsets are constants)"
+        if size == 0:
             return "a cat with an empty part"
-        sizes.append(part_value.shape[dim])
-    if rank == 0 or (dim == rank - 1 and value.shape[-1] == 1):
+        sizes.append(size)
+    width = value.shape[-1]
+    if dim == rank - 1 and isinstance(width, int) and width == 1:
         return "a cat into rows of width 1"
     return OpCall(OP_TABLE["concat"], tuple(tensors), {"dim": dim - rank, "sizes": tuple(sizes)})
 
