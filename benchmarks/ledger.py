@@ -251,6 +251,13 @@ SOURCES = (
     # the host time of a call with captured graphs checking the addresses of the inputs they
     # read against every input's (diag_vision_host.py --check-every-address, edd9415)
     "diag_vision_host_h200_edd9415.json",
+    # concatenations read by row groups (a83371e, f77a0d1): ViT-S, GhostNet, LeViT-128S and
+    # DenseNet-121 (its infinifuse rows in _dn), then ConvNeXt-T, ResNeXt-50, RegNetY-016 and
+    # EfficientNet-B0 (_b, _c: ViT-S and ConvNeXt-T again), one H200, cold processes
+    "vision_h200_a83371e_a.json",
+    "vision_h200_f77a0d1_dn.json",
+    "vision_h200_f77a0d1_b.json",
+    "vision_h200_f77a0d1_c.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
