@@ -178,6 +178,11 @@ def test_staged_cpu_scalars_are_not_keyed_by_value_baked_ones_are():
     assert staged.key((x, torch.tensor(3))) == staged.key((x, torch.tensor(4)))
     baked = Signatures(frozenset(), False, bakes_cpu_scalars=True)
     assert baked.key((x, torch.tensor(3))) != baked.key((x, torch.tensor(4)))
+    # a baked one by its dtype and value alone: a new tensor of the same number (Dynamo
+    # builds one per call) is the same signature, another dtype is not
+    assert baked.key((x, torch.tensor(0.5))) == baked.key((x, torch.tensor(0.5)))
+    wider = torch.tensor(0.5, dtype=torch.float64)
+    assert baked.key((x, torch.tensor(0.5))) != baked.key((x, wider))
 
 
 def test_static_inputs_are_not_in_the_key_and_fusion_switch_is():

@@ -2,9 +2,10 @@
 
 A key is a tuple built without string work, with a named head: ``fused`` (whether the fused
 graph is selected), then ``inputs``: (shape, stride, dtype, device) of every non-static
-tensor input and (type, value) of every other input, then the values of CPU 0-d tensors a
-captured graph bakes in. Static inputs (parameters, buffers) are not in the key: their
-addresses are checked instead (``static_ptrs_equal``).
+tensor input and (type, value) of every other input; a CPU 0-d tensor a captured graph
+bakes in is (dtype, value): its shape, strides and device are those of every such tensor.
+Static inputs (parameters, buffers) are not in the key: their addresses are checked instead
+(``static_ptrs_equal``).
 """
 
 from __future__ import annotations
@@ -88,23 +89,28 @@ class Signatures:
                 and args[i].device.type == "cpu"
             )
             self._layout = (len(args), dynamic, scalars)
-        items = args if len(dynamic) == len(args) else [args[i] for i in dynamic]
+        if scalars:
+            # Keyed by dtype and value alone: under dynamic shapes Dynamo passes every module
+            # float (a norm's eps, a dropout's p) as a new 0-d tensor per call, 35 of them in
+            # MiniLM-L6, whose key took 49 us on a CPU with their shapes, strides and devices
+            # read as well and 25 us without (2026-11-29).
+            baked = frozenset(scalars)
+            inputs = tuple(
+                (args[i].dtype, args[i].item()) if i in baked else _item(args[i]) for i in dynamic
+            )
+        else:
+            items = args if len(dynamic) == len(args) else [args[i] for i in dynamic]
+            inputs = tuple(
+                (a.shape, a.stride(), a.dtype, a.device) if isinstance(a, Tensor) else (type(a), a)
+                for a in items
+            )
         # tuple.__new__: Key(...) without the NamedTuple's Python-level __new__ (every call).
-        return tuple.__new__(
-            Key,
-            (
-                self._has_fused and fusion_enabled(),
-                (
-                    *[
-                        (a.shape, a.stride(), a.dtype, a.device)
-                        if isinstance(a, Tensor)
-                        else (type(a), a)
-                        for a in items
-                    ],
-                    *[(float, args[i].item()) for i in scalars],
-                ),
-            ),
-        )
+        return tuple.__new__(Key, (self._has_fused and fusion_enabled(), inputs))
+
+
+def _item(a: Any) -> tuple[Any, ...]:
+    """One input's part of a key: (shape, stride, dtype, device) or (type, value)."""
+    return (a.shape, a.stride(), a.dtype, a.device) if isinstance(a, Tensor) else (type(a), a)
 
 
 def static_ptrs_equal(args: tuple[Any, ...], ptrs: list[int | None], idx: list[int]) -> bool:
