@@ -248,11 +248,22 @@ def test_identity_slices(index, dropped):
     x = graph.placeholder("x")
     x.meta["example_value"] = torch.empty(3, 5, 7)
     item = graph.call_function(operator.getitem, (x, index))
-    graph.output(item)
+    doubled = graph.call_function(operator.mul, (item, 2.0))
+    graph.output(doubled)
     removed = drop_identity_slices(graph)
     assert bool(removed) == dropped
-    (output,) = [n for n in graph.nodes if n.op == "output"]
-    assert (output.args[0] is x) == dropped
+    assert (doubled.args[0] is x) == dropped
+
+
+def test_an_identity_slice_returned_by_the_graph_stays():
+    """A graph output stays the view eager returns (the runtime keeps outputs apart from
+    its inputs' buffers by what it returns)."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["example_value"] = torch.empty(3, 5)
+    item = graph.call_function(operator.getitem, (x, (slice(None), slice(None, 5))))
+    graph.output(item)
+    assert drop_identity_slices(graph) == []
 
 
 # -- on a GPU ------------------------------------------------------------------------------

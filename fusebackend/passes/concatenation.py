@@ -79,8 +79,10 @@ def drop_identity_slices(graph: torch.fx.Graph) -> list[str]:
     returns the slices removed."""
     dropped = []
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not operator.getitem or node.users == {}:
+        if node.op != "call_function" or node.target is not operator.getitem:
             continue
+        if not node.users or any(user.op == "output" for user in node.users):
+            continue  # a graph output stays the view eager returns
         source, index = node.args
         if isinstance(source, torch.fx.Node) and _keeps_everything(source, index):
             node.replace_all_uses_with(source)
