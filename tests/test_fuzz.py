@@ -625,7 +625,8 @@ def test_random_graphs_match_eager():
 # (two outputs), a keepdim reduction along the last dim (sum / D, mean, amax, amin, var, std)
 # folded back into the row, a norm (F.layer_norm, F.rms_norm, transformers' decomposed
 # RMSNorm), a softmax or log_softmax with a scale and an additive mask, rotary embeddings
-# (``x * cos + rotate_half(q) * sin`` of an input q, by slices or chunk) or a cast. Bounds as
+# (``x * cos + rotate_half(q) * sin`` of an input q, by slices or chunk), a cast, or the
+# addition of a concatenation of 2-3 external parts along a row dim or the columns. Bounds as
 # above: a value past its dtype's LIMIT goes through tanh before the next op reads it.
 #
 # Tolerances (row_tolerance): no reduction: the tolerance of the narrowest dtype, as above.
@@ -726,8 +727,9 @@ class _RowDrawer(_Drawer):
             "softmax",
             "rope",
             "cast",
+            "concat",
         ]
-        weights = [0.18, 0.12, 0.12, 0.08, 0.16, 0.12, 0.1, 0.08, 0.04]
+        weights = [0.17, 0.11, 0.11, 0.08, 0.15, 0.11, 0.1, 0.07, 0.04, 0.06]
         # The first step reduces, normalizes, softmaxes or rotates: every case has a row op.
         getattr(self, f"_row_{_pick(rng, ['reduce', 'norm', 'softmax', 'rope'])}")()
         for _ in range(n_ops - 1):
@@ -892,6 +894,40 @@ class _RowDrawer(_Drawer):
         rot = _rotate_half_slices if form == "slices" else _rotate_half_chunk
         self._chain(f"v{v} * in{cos.index} + rotate_half_{form}(in{q.index}) * in{sin.index}",
                     lambda x, q, c, s: x * c + rot(q) * s, (Ref("value", v), q, cos, sin),
+                    val.dtype, val.bound + 2.05)  # fmt: skip
+
+    def _row_concat(self) -> None:
+        """``v + cat(parts, dim)``: the group's shape cut along a random dim (a row dim or
+        the columns) into 2-3 external parts of random sizes, each contiguous, transposed or
+        a slice of a larger tensor (a dim too short to cut adds an input instead)."""
+        v = self._readable()
+        val = self.values[v]
+        rng = self.rng
+        shape = (*self.lead, self.width_)
+        dims = [d for d, n in enumerate(shape) if n >= 2]
+        if not dims:
+            self._op_residual(v)
+            return
+        dim = _pick(rng, dims)
+        cuts = sorted(rng.sample(range(1, shape[dim]), min(rng.randint(1, 2), shape[dim] - 1)))
+        sizes = [b - a for a, b in zip([0, *cuts], [*cuts, shape[dim]])]
+        parts = []
+        for size in sizes:
+            part_shape = (*shape[:dim], size, *shape[dim + 1 :])
+            layout = _pick(rng, ["contiguous", "transposed", "sliced"], [0.6, 0.2, 0.2])
+            if layout == "transposed":
+                tensor = self._rand(part_shape[::-1], val.dtype).permute(
+                    *reversed(range(len(part_shape))))  # fmt: skip
+            elif layout == "sliced":
+                wider = (*part_shape[:-1], part_shape[-1] + 2)
+                tensor = self._rand(wider, val.dtype)[..., 1 : part_shape[-1] + 1]
+            else:
+                tensor = self._rand(part_shape, val.dtype)
+            parts.append(self._add_input(tensor, f"part {len(parts)}"))
+        names = ", ".join(f"in{p.index}" for p in parts)
+        d = dim - len(shape)
+        self._chain(f"v{v} + cat([{names}], {d})",
+                    lambda x, *ps, d=d: x + torch.cat(ps, d), (Ref("value", v), *parts),
                     val.dtype, val.bound + 2.05)  # fmt: skip
 
     def _row_cast(self) -> None:
