@@ -45,8 +45,7 @@ from fusebackend.kernels.ir import (
 )
 from fusebackend.kernels.signature import TL_DTYPES, parameters, unspecialized
 
-__all__ = ["LAYOUTS", "TL_DTYPES", "Scope", "Writer", "generate_pair_source", "generate_source",
-           "kernel_name"]  # fmt: skip
+__all__ = ["LAYOUTS", "Scope", "Writer", "generate_pair_source", "generate_source", "kernel_name"]
 
 LAYOUTS = ("tile", "persistent", "chunked")
 
@@ -134,14 +133,14 @@ class Writer:
         body = self.body()
         per_set = [q for q in params if not q.endswith("tl.constexpr")]
         constexprs = [q for q in params if q.endswith("tl.constexpr")]
-        either = [
+        unspecialized_pair = [
             f"{prefix}{q}" for prefix in ("a_", "b_") for q in unspecialized(self.p, self.rank)
         ]
         params_text = [f"{prefix}{q}," for prefix in ("a_", "b_") for q in per_set]
         params_text += ["GRID_A,  # programs of the first set", *(f"{q}," for q in constexprs)]
         names = [q.split(":")[0] for q in per_set]  # a scalar's annotation is no part of it
         doc, *statements = body  # the docstring stays first, once
-        lines = [*self._header(name, [*either, "GRID_A"], params_text), doc]
+        lines = [*self._header(name, [*unspecialized_pair, "GRID_A"], params_text), doc]
         lines += [
             "    if tl.program_id(ROWS_AXIS) < GRID_A:",
             "        pid_r = tl.program_id(ROWS_AXIS)",
