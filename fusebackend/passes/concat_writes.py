@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from fusebackend.passes.concatenation import CAT_FUNCTIONS
 from fusebackend.passes.fx_util import (
     call_evaluated,
     empty_node,
@@ -46,7 +47,6 @@ from fusebackend.passes.ops import OpKind, lookup_op
 
 __all__ = ["join_written", "push_into_concatenations", "write_concatenations", "written_parts"]
 
-_CATS = (torch.cat, torch.concat, torch.concatenate)
 _STACK = torch.stack  # the same, each part one index along a new dim (a select of the result)
 
 
@@ -69,7 +69,7 @@ def write_concatenations(graph: torch.fx.Graph) -> list[str]:
     buffer (module docstring); returns the names of the ``cat`` nodes replaced."""
     written = written_storages(graph.nodes)
     replaced = []
-    targets = (*_CATS, _STACK)
+    targets = (*CAT_FUNCTIONS, _STACK)
     for cat in [n for n in graph.nodes if n.op == "call_function" and n.target in targets]:
         found = _parts(cat, written)
         if found is not None:
@@ -217,7 +217,7 @@ def push_into_concatenations(graph: torch.fx.Graph) -> list[str]:
     parts instead (module docstring); returns the names of the ops pushed."""
     pushed: list[str] = []
     while True:
-        cats = [n for n in graph.nodes if n.op == "call_function" and n.target in _CATS]
+        cats = [n for n in graph.nodes if n.op == "call_function" and n.target in CAT_FUNCTIONS]
         name = next((name for cat in cats if (name := _push(graph, cat)) is not None), None)
         if name is None:
             break

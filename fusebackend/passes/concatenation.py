@@ -33,20 +33,26 @@ import torch.fx
 from fusebackend.passes.fx_util import example_value, static_layout
 from fusebackend.passes.ops import OP_TABLE, OpCall
 
-__all__ = ["MAX_PARTS", "drop_identity_slices", "match_concat"]
+__all__ = ["CAT_FUNCTIONS", "MAX_PARTS", "cat_arguments", "drop_identity_slices", "match_concat"]
 
 MAX_PARTS = 8
-_CAT = (torch.cat, torch.concat, torch.concatenate)
+CAT_FUNCTIONS = (torch.cat, torch.concat, torch.concatenate)  # the spellings of a cat
+
+
+def cat_arguments(node: torch.fx.Node) -> tuple[Any, Any]:
+    """(tensors, dim) of a ``torch.cat`` call, as given (positional or keyword)."""
+    tensors = node.args[0] if node.args else node.kwargs.get("tensors")
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    return tensors, dim
 
 
 def match_concat(node: torch.fx.Node) -> OpCall | str | None:
     """The ``concat`` op of a ``torch.cat`` node (params: ``dim``, counted from the end,
     and ``sizes``, each part's size along it), why it is left as traced, or None (not a
     ``torch.cat``)."""
-    if node.op != "call_function" or node.target not in _CAT:
+    if node.op != "call_function" or node.target not in CAT_FUNCTIONS:
         return None
-    tensors = node.args[0] if node.args else node.kwargs.get("tensors")
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    tensors, dim = cat_arguments(node)
     value = example_value(node)
     if not isinstance(value, torch.Tensor) or not isinstance(tensors, list | tuple):
         return "a cat of values that are not tensors"

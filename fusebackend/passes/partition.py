@@ -246,11 +246,10 @@ class _Grower:
         for part in call.operands:
             if part in self.members:
                 return _concat_reason(part)
-            value = example_value(part)
-            if value.device != self.device:
-                return f"part {part.name} on {value.device}, group on {self.device}"
-            if value.layout != torch.strided or value.dtype not in FLOATING:
-                return f"part {part.name} is not a strided floating tensor"
+            # an operand's checks (device, strides, floating dtype); a lookup stays an input
+            reason = self._check_operand(call, "tensors", part, [])
+            if reason:
+                return reason
         return None
 
     def _take_producers(

@@ -17,11 +17,11 @@ from typing import Any
 import torch
 import torch.fx
 
+from fusebackend.passes.concatenation import CAT_FUNCTIONS, cat_arguments
 from fusebackend.passes.fx_util import example_value
 
 __all__ = ["Rotation", "is_split", "match_rotation", "rotate"]
 
-_CAT = (torch.cat, torch.concat, torch.concatenate)
 _NEG = (operator.neg, torch.neg, torch.negative, torch.Tensor.neg, "neg", "negative")
 _SPLITS = (torch.chunk, torch.split, torch.Tensor.chunk, torch.Tensor.split, "chunk", "split")
 
@@ -50,12 +50,6 @@ def _is_call(node: Any, targets: tuple[Any, ...]) -> bool:
 def is_split(node: torch.fx.Node) -> bool:
     """A ``chunk``/``split`` call (its value is a tuple of views)."""
     return _is_call(node, _SPLITS)
-
-
-def _cat_args(node: torch.fx.Node) -> tuple[Any, Any]:
-    tensors = node.args[0] if node.args else node.kwargs.get("tensors")
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-    return tensors, dim
 
 
 def _last_dim_slice(node: torch.fx.Node, ndim: int) -> tuple[torch.fx.Node, int, int] | None:
@@ -92,9 +86,9 @@ def _last_dim_slice(node: torch.fx.Node, ndim: int) -> tuple[torch.fx.Node, int,
 
 def match_rotation(node: torch.fx.Node) -> Rotation | str | None:
     """The rotation a concatenation computes, why it is not one, or None (not a cat)."""
-    if not _is_call(node, _CAT):
+    if not _is_call(node, CAT_FUNCTIONS):
         return None
-    tensors, dim = _cat_args(node)
+    tensors, dim = cat_arguments(node)
     value = example_value(node)
     if not isinstance(value, torch.Tensor) or not isinstance(tensors, list | tuple):
         return "cat of values that are not tensors"
