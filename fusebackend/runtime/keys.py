@@ -73,13 +73,13 @@ class Signatures:
         # (number of args, indices of the non-static ones, of the baked CPU scalars), swapped
         # as one object so that a concurrent call never pairs one arity with the other's
         # indices. Dynamo guards device and rank, so the sets are fixed per arity.
-        self._layout: tuple[int, tuple[int, ...], tuple[int, ...]] = (-1, (), ())
+        self._layout: tuple[int, tuple[int, ...], frozenset[int]] = (-1, (), frozenset())
 
     def key(self, args: tuple[Any, ...]) -> Key:
         nargs, dynamic, scalars = self._layout
         if nargs != len(args):
             dynamic = tuple(i for i in range(len(args)) if i not in self._static)
-            scalars = tuple(
+            scalars = frozenset(
                 i
                 for i in dynamic
                 if self._bakes
@@ -95,16 +95,12 @@ class Signatures:
             # MiniLM-L6. With their shapes, strides and devices read as well, a key of 35 such
             # tensors and 3 others took 62-75 us on a loaded 2-core CPU against 33-53 us
             # without (three alternating rounds in one process, 2026-11-29).
-            baked = frozenset(scalars)
             inputs = tuple(
-                (args[i].dtype, args[i].item()) if i in baked else _item(args[i]) for i in dynamic
+                (args[i].dtype, args[i].item()) if i in scalars else _item(args[i]) for i in dynamic
             )
         else:
             items = args if len(dynamic) == len(args) else [args[i] for i in dynamic]
-            inputs = tuple(
-                (a.shape, a.stride(), a.dtype, a.device) if isinstance(a, Tensor) else (type(a), a)
-                for a in items
-            )
+            inputs = tuple(map(_item, items))
         # tuple.__new__: Key(...) without the NamedTuple's Python-level __new__ (every call).
         return tuple.__new__(Key, (self._has_fused and fusion_enabled(), inputs))
 
