@@ -258,6 +258,11 @@ SOURCES = (
     "vision_h200_f77a0d1_dn.json",
     "vision_h200_f77a0d1_b.json",
     "vision_h200_f77a0d1_c.json",
+    # The model zoo (21 families) on an H200 at ebee42d, then ten of them at a226f89 (integer
+    # values and prefix sums in row groups) beside the GPU tests: its per-call times are not
+    # comparable, its kernel counts are
+    "suite_zoo_h200_ebee42d.json",
+    "suite_zoo_h200_a226f89.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
