@@ -260,7 +260,7 @@ SOURCES = (
     "vision_h200_f77a0d1_c.json",
     # The model zoo (21 families) on an H200 at ebee42d, then ten of them at a226f89 (integer
     # values and prefix sums in row groups) beside the GPU tests: its per-call times are not
-    # comparable, its kernel counts are
+    # comparable, its kernel counts are (both folded: `git show 5349bb9:benchmarks/results/NAME`)
     "suite_zoo_h200_ebee42d.json",
     "suite_zoo_h200_a226f89.json",
 )
