@@ -263,6 +263,8 @@ SOURCES = (
     # comparable, its kernel counts are (both folded: `git show 5349bb9:benchmarks/results/NAME`)
     "suite_zoo_h200_ebee42d.json",
     "suite_zoo_h200_a226f89.json",
+    # eight of them again at 0560a01 (a226f89's library code), alone on a one-GPU host
+    "suite_zoo_h200_0560a01.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
