@@ -264,6 +264,7 @@ SOURCES = (
     "suite_zoo_h200_ebee42d.json",
     "suite_zoo_h200_a226f89.json",
     # eight of them again at 0560a01 (a226f89's library code), alone on a one-GPU host
+    # (folded: `git show c4da9f8:benchmarks/results/suite_zoo_h200_0560a01.json`)
     "suite_zoo_h200_0560a01.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
