@@ -258,6 +258,14 @@ SOURCES = (
     "vision_h200_f77a0d1_dn.json",
     "vision_h200_f77a0d1_b.json",
     "vision_h200_f77a0d1_c.json",
+    # The model zoo (21 families) on an H200 at ebee42d, then ten of them at a226f89 (integer
+    # values and prefix sums in row groups) beside the GPU tests: its per-call times are not
+    # comparable, its kernel counts are (both folded: `git show 5349bb9:benchmarks/results/NAME`)
+    "suite_zoo_h200_ebee42d.json",
+    "suite_zoo_h200_a226f89.json",
+    # eight of them again at 0560a01 (a226f89's library code), alone on a one-GPU host
+    # (folded: `git show c4da9f8:benchmarks/results/suite_zoo_h200_0560a01.json`)
+    "suite_zoo_h200_0560a01.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.

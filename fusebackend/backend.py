@@ -223,7 +223,7 @@ def _report_group(
             nodes=tuple(m.name for m in candidate.members),
             lookups=tuple(m.name for m in candidate.lookups),
             reductions=tuple(
-                m.name for m, k in calls if k.op.kind in ("reduction", "norm", "softmax")
+                m.name for m, k in calls if k.op.kind in ("reduction", "norm", "softmax", "scan")
             ),
             moves=tuple(m.name for m, k in calls if k.op.kind in ("move", "concat")),
             inputs=tuple(n.name for n in lowered.inputs),

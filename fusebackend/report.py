@@ -24,7 +24,7 @@ class GroupReport:
     outputs: tuple[str, ...]  # node names whose values the kernel writes
     source: str  # generated Triton source
     backend: str  # "triton" or "torch reference" (no usable Triton for this device)
-    reductions: tuple[str, ...] = ()  # members that reduce along the row (norms, softmax)
+    reductions: tuple[str, ...] = ()  # members that read whole rows (norms, softmax, cumsum)
     moves: tuple[str, ...] = ()  # members that move elements (rotate_half, cat)
     launched_with: str = ""  # the group of the same kernel run by the same launch, if any
     # the kernel family: "row" (generated row kernels: kernels/codegen.py) or "matmul" (a

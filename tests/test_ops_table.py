@@ -245,6 +245,24 @@ ROWS = [
         "log_softmax-torch-dim-2", "log_softmax", lambda x, y: torch.log_softmax(x, 2) - y, nodes=3
     ),  # fmt: skip
     Row("log_softmax-functional", "log_softmax", lambda x, y: F.log_softmax(x, -1) * 0.5, nodes=3),
+    # prefix sums along the row: of floats, and of a bool mask (an int64 result, then float)
+    Row("cumsum-torch", "cumsum", lambda x, y: torch.cumsum(x, -1) * y, nodes=3),
+    Row("cumsum-method-of-bools", "cumsum", lambda x, y: (x > 0).cumsum(-1) * y, nodes=4),
+    # mask logic on bools; integer casts and back
+    Row(
+        "logical_and-operator",
+        "logical_and",
+        lambda x, y: torch.where((x > 0) & (y < 0.5), x, y),
+        nodes=5,
+    ),
+    Row(
+        "logical_or-torch",
+        "logical_or",
+        lambda x, y: torch.where(torch.logical_or(x > 0, y < 0.5), x, y),
+        nodes=5,
+    ),
+    Row("logical_not-operator", "logical_not", lambda x, y: torch.where(~(x > 0), x, y), nodes=4),
+    Row("cast-long-round-trip", "cast", lambda x, y: (x * 4).long().to(x.dtype) + y, nodes=5),
     # rotate_half of an operand (the rotation of a lookup's value is not fused): the slices
     # and the negation join with the concatenation; D = 19 is odd, the rotation by D // 2
     Row("rotate-rotate-half", "rotate", lambda x, y: x + _rotate_half(y), nodes=6),
@@ -380,6 +398,13 @@ def _casts_alias(fn, *args):
         ("call_function", torch.sum, "sum"),
         ("call_function", F.layer_norm, "layer_norm"),
         ("call_function", torch.rms_norm, "rms_norm"),
+        ("call_function", torch.cumsum, "cumsum"),
+        ("call_method", "cumsum", "cumsum"),
+        ("call_method", "long", "cast"),
+        ("call_method", "int", "cast"),
+        ("call_function", operator.and_, "logical_and"),
+        ("call_function", operator.or_, "logical_or"),
+        ("call_function", operator.invert, "logical_not"),
     ],
 )
 def test_spellings(kind, target, name):
@@ -393,8 +418,8 @@ def test_spellings(kind, target, name):
         ("call_method", "mul_"),  # in-place spellings are not elementwise ops of the table
         ("call_function", torch.Tensor.mul_),
         ("call_method", "add_"),
-        ("call_function", torch.cumsum),
-        ("call_method", "cumsum"),
+        ("call_function", torch.cumprod),
+        ("call_method", "cumprod"),
         ("call_module", "mul"),
         ("call_function", [1, 2]),  # unhashable target
         ("placeholder", "x"),

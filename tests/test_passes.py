@@ -120,11 +120,6 @@ def test_non_elementwise_consumer_is_reported():
     "name, fn, reason",
     [
         (
-            "integer-operand",
-            lambda x, ids: x * ids.unsqueeze(-1),
-            "integer tensor operand",
-        ),
-        (
             "div-rounding-mode",
             lambda x, ids: torch.div(x, 0.3, rounding_mode="floor"),
             "div with rounding_mode='floor' is not fused",
@@ -135,7 +130,6 @@ def test_non_elementwise_consumer_is_reported():
             "pow with a tensor exponent",
         ),
         ("reflected-pow", lambda x, ids: 2.0**x, "pow with a tensor exponent"),
-        ("integer-result", lambda x, ids: x.to(torch.int32), "result dtype torch.int32"),
     ],
 )
 def test_unsupported_consumers_are_rejected_with_reasons(name, fn, reason):
@@ -179,13 +173,13 @@ def test_value_used_outside_the_group_becomes_an_extra_output():
     def fn(ids, table):
         x = F.embedding(ids, table) * 1.5
         y = torch.sigmoid(x) - 0.5
-        return y, torch.cumsum(x, dim=-1)  # x is read by cumsum, outside the group
+        return y, torch.logsumexp(x, dim=-1)  # x is read by logsumexp, outside the group
 
     report = check(fn, ids, table)
     group = single_group(report)
     assert len(group.outputs) == 2, str(report)
     assert len(group.nodes) == 4
-    assert _has_reason(report, "is a reduction not fused yet (cumsum)"), str(report)
+    assert _has_reason(report, "is a reduction not fused yet (logsumexp)"), str(report)
 
 
 def test_a_row_reduction_joins_the_group_of_its_lookups():
@@ -511,7 +505,8 @@ def test_bitwise_and_or_are_not_mistaken_for_in_place_ops():
         return x + 1.0, keep
 
     out, report = run_fused(fn, ids, table, mask_a, mask_b)
-    assert len(single_group(report).nodes) == 3, str(report)
+    (group,) = [g for g in report.groups if g.lookups]
+    assert len(group.nodes) == 3, str(report)  # (the mask's & and | are a group of their own)
     assert not _has_reason(report, "in-place"), str(report)
     assert_close(out, eager(fn, ids, table, mask_a, mask_b))
 

@@ -262,8 +262,8 @@ def test_a_pair_reads_each_set_s_own_graph_number():
     # A norm's eps given as a graph input (dynamic shapes) is a scalar argument; a paired
     # launch takes one per set (a_in2, b_in2), each set normalised with its own.
     from fusebackend.kernels import InputRef, Instr, Reduce, RowProgram, ValueRef
-    from fusebackend.kernels.codegen import generate_pair_source
     from fusebackend.kernels.launch import kernel_source
+    from fusebackend.kernels.pair_source import generate_pair_source
 
     f32 = torch.float32
     program = RowProgram(

@@ -47,7 +47,7 @@ from embedding_chain import device_ms  # noqa: E402
 from row_kernels import PATTERNS, compiled, make_inputs, max_error, versions  # noqa: E402
 
 import fusebackend  # noqa: E402
-from fusebackend.kernels import codegen, expressions, launch  # noqa: E402
+from fusebackend.kernels import codegen, expressions, launch, pair_source  # noqa: E402
 
 CASES = ("gelu_tanh:4096x4096,gelu_tanh:4096x8192,gelu_tanh:1x3072,swiglu:4096x4096,"
          "swiglu:4096x8192,swiglu:1x4096,rope:4096x4096,rope:1x4096")  # fmt: skip
@@ -60,7 +60,7 @@ LIBDEVICE = "from triton.language.extra import libdevice\n"
 
 def variant_sources(key: tuple) -> dict[str, str]:
     program, rank, options, layout, pair = key
-    generate = codegen.generate_pair_source if pair else codegen.generate_source
+    generate = pair_source.generate_pair_source if pair else codegen.generate_source
     _, base = generate(program, rank, options, layout)
     out = {"base": base}
     out["int32_rows"] = base.replace(

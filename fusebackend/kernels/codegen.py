@@ -26,12 +26,12 @@ compute dtype with masked columns excluded.
 from __future__ import annotations
 
 import hashlib
-import re
 
 import torch
 
 from fusebackend.kernels.expressions import expression, format_scalar
 from fusebackend.kernels.ir import (
+    INTEGER_DTYPES,
     Concat,
     Const,
     InputRef,
@@ -41,11 +41,12 @@ from fusebackend.kernels.ir import (
     Reduce,
     Rotate,
     RowProgram,
+    Scan,
     ValueRef,
 )
 from fusebackend.kernels.signature import TL_DTYPES, parameters, unspecialized
 
-__all__ = ["LAYOUTS", "Scope", "Writer", "generate_pair_source", "generate_source", "kernel_name"]
+__all__ = ["LAYOUTS", "Scope", "Writer", "check_layout", "generate_source", "kernel_name"]
 
 LAYOUTS = ("tile", "persistent", "chunked")
 
@@ -66,31 +67,20 @@ def generate_source(
     device-side index assert in (Triton drops ``tl.device_assert`` unless the kernel is
     built in debug mode). ``layout`` is one of ``LAYOUTS`` (see the module docstring).
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if layout == "tile" and program.has_reduction:
-        raise ValueError("a program with a reduction needs the persistent or chunked layout")
+    check_layout(program, layout)
     return Writer(program, rank, options, layout).write()
 
 
-def generate_pair_source(
-    program: RowProgram, rank: int, options: KernelOptions, layout: str = "tile"
-) -> tuple[str, str]:
-    """Like ``generate_source``, for the kernel that runs ``program`` over two sets of
-    tensors in one launch (``Writer.write_pair``)."""
+def check_layout(program: RowProgram, layout: str) -> None:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if layout == "tile" and program.has_reduction:
         raise ValueError("a program with a reduction needs the persistent or chunked layout")
-    return Writer(program, rank, options, layout).write_pair()
 
 
-def _prefixed(line: str, prefix: str, params: list[str]) -> str:
-    """``line`` with each per-set parameter name (``in0_ptr``, ``size1``, ``R``...) given
-    ``prefix``. Parameters are whole identifiers; locals such as ``ro_in0`` or ``BLOCK_R``
-    contain them only after another identifier character, which the match excludes."""
-    names = "|".join(sorted(params, key=len, reverse=True))
-    return re.sub(rf"(?<![A-Za-z0-9_.])({names})(?![A-Za-z0-9_])", rf"{prefix}\1", line)
+def _whole(operand: object) -> bool:
+    """A constant that is a whole number (compared with integers as one)."""
+    return isinstance(operand, Const) and float(operand.value).is_integer()
 
 
 class Scope:
@@ -102,8 +92,9 @@ class Scope:
 
 
 class Writer:
-    """Writes one row program's kernel (``write``, ``write_pair``); kernels/epilogue.py
-    subclasses it to write a program as a device function."""
+    """Writes one row program's kernel (``write``; kernels/pair_source.py writes the pair
+    kernel from its body); kernels/epilogue.py subclasses it to write a program as a device
+    function."""
 
     def __init__(self, program: RowProgram, rank: int, options: KernelOptions, layout: str):
         self.p, self.rank, self.options, self.layout = program, rank, options, layout
@@ -119,38 +110,12 @@ class Writer:
         name = kernel_name(self.p, self.rank, self.options, self.layout)
         params, docs = parameters(self.p, self.rank, self.layout)
         body = self.body()
-        lines = self._header(name, unspecialized(self.p, self.rank), [f"{q},  # {d}" for q, d in
+        lines = self.header(name, unspecialized(self.p, self.rank), [f"{q},  # {d}" for q, d in
                                                            zip(params, docs)])  # fmt: skip
         lines += ["    pid_r = tl.program_id(ROWS_AXIS)", *body]
         return name, "\n".join(lines) + "\n"
 
-    def write_pair(self) -> tuple[str, str]:
-        """One kernel that runs this program over two sets of tensors: the programs of the
-        grid below ``GRID_A`` handle the first set, the rest the second (two groups of one
-        kernel, such as the rotary embeddings of q and k, in one launch)."""
-        name = kernel_name(self.p, self.rank, self.options, self.layout) + "_pair"
-        params, _ = parameters(self.p, self.rank, self.layout)
-        body = self.body()
-        per_set = [q for q in params if not q.endswith("tl.constexpr")]
-        constexprs = [q for q in params if q.endswith("tl.constexpr")]
-        unspecialized_pair = [
-            f"{prefix}{q}" for prefix in ("a_", "b_") for q in unspecialized(self.p, self.rank)
-        ]
-        params_text = [f"{prefix}{q}," for prefix in ("a_", "b_") for q in per_set]
-        params_text += ["GRID_A,  # programs of the first set", *(f"{q}," for q in constexprs)]
-        names = [q.split(":")[0] for q in per_set]  # a scalar's annotation is no part of it
-        doc, *statements = body  # the docstring stays first, once
-        lines = [*self._header(name, [*unspecialized_pair, "GRID_A"], params_text), doc]
-        lines += [
-            "    if tl.program_id(ROWS_AXIS) < GRID_A:",
-            "        pid_r = tl.program_id(ROWS_AXIS)",
-        ]
-        lines += ["    " + _prefixed(line, "a_", names) for line in statements]
-        lines += ["    else:", "        pid_r = tl.program_id(ROWS_AXIS) - GRID_A"]
-        lines += ["    " + _prefixed(line, "b_", names) for line in statements]
-        return name, "\n".join(lines) + "\n"
-
-    def _header(self, name: str, unspecialized: list[str], params: list[str]) -> list[str]:
+    def header(self, name: str, unspecialized: list[str], params: list[str]) -> list[str]:
         return [
             '"""Generated by fusebackend.kernels.codegen; do not edit."""',
             "import triton",
@@ -341,7 +306,7 @@ class Writer:
                     "mask=row_mask[:, None], other=0)")  # fmt: skip
         else:
             load = f"tl.load({prefix}_ptr + {self._offset(prefix)}, mask=mask, other=0)"
-        cast = "" if dtype == torch.bool else f".to({self.compute})"
+        cast = "" if dtype == torch.bool else f".to({self._math_type(dtype)})"
         self.emit(scope, f"x{slot} = {load}{cast}")
         scope.names[key] = f"x{slot}"
         return f"x{slot}"
@@ -362,26 +327,79 @@ class Writer:
                 name = self._rotate(scope, index, instr)
             elif isinstance(instr, Concat):
                 name = self._concat(scope, index, instr)
+            elif isinstance(instr, Scan):
+                name = self._scan(scope, index, instr)
             else:
                 name = self._instr(scope, index, instr)
         scope.names[key] = name
         return name
 
+    def _math_type(self, dtype: torch.dtype) -> str:
+        """The type a value of ``dtype`` is computed in: int64 for integers (exact, and
+        wrapped to their own width by ``_round``), else the compute dtype."""
+        return "tl.int64" if dtype in INTEGER_DTYPES else self.compute
+
     def _round(self, scope: Scope, index: int, dtype: torch.dtype) -> None:
         rounds = self.options.round_intermediates or index in self.p.outputs
-        if rounds and TL_DTYPES[dtype] != self.compute:  # as eager does after each op
-            self.emit(scope, f"v{index} = v{index}.to({TL_DTYPES[dtype]}).to({self.compute})")
+        math = self._math_type(dtype)
+        if dtype in INTEGER_DTYPES:  # integers always wrap to their width, as eager's do
+            rounds = dtype != torch.int64
+        if rounds and TL_DTYPES[dtype] != math:  # as eager does after each op
+            self.emit(scope, f"v{index} = v{index}.to({TL_DTYPES[dtype]}).to({math})")
 
     def _instr(self, scope: Scope, index: int, instr: Instr) -> str:
-        exprs = [self._operand(scope, op) for op in instr.operands]
+        dtypes = [self._operand_dtype(op) for op in instr.operands]
+        # Integer math (exact, int64) for integer results and for comparisons of integer
+        # tensors with whole numbers; other ops see integer operands converted, as eager
+        # promotes them. A where's condition stays a bool.
+        integral = instr.dtype in INTEGER_DTYPES or (
+            instr.dtype == torch.bool
+            and any(d in INTEGER_DTYPES for d in dtypes)
+            and all(d is not None or op is None or _whole(op) for d, op in
+                    zip(dtypes, instr.operands))
+        )  # fmt: skip
+        exprs = []
+        for k, (op, dtype) in enumerate(zip(instr.operands, dtypes)):
+            text = self._operand(scope, op)
+            if integral and isinstance(op, Const):
+                text = str(int(op.value))
+            elif integral and dtype == torch.bool and not (instr.name == "where" and k == 0):
+                text = f"{text}.to(tl.int64)"
+            elif not integral and (
+                dtype in INTEGER_DTYPES
+                or dtype == torch.bool
+                and instr.dtype.is_floating_point
+                and instr.name != "where"
+            ):
+                text = f"{text}.to({self.compute})"  # fmt: skip
+            exprs.append(text)
         expr = expression(instr.name, exprs, instr.param_dict)
         if instr.dtype == torch.bool:
             if instr.name == "cast" and self._operand_dtype(instr.operands[0]) != torch.bool:
                 expr = f"({expr} != 0)"
             self.emit(scope, f"v{index} = {expr}  # {instr.name}")
             return f"v{index}"
-        self.emit(scope, f"v{index} = ({expr}).to({self.compute})  # {instr.name}")
+        math = self._math_type(instr.dtype)
+        self.emit(scope, f"v{index} = ({expr}).to({math})  # {instr.name}")
         self._round(scope, index, instr.dtype)
+        return f"v{index}"
+
+    def _scan(self, scope: Scope, index: int, scan: Scan) -> str:
+        """``tl.cumsum`` along the row (columns past its end come last: no sum of the row
+        reads them); chunked, plus the running sum of the chunks before (``carry``, set to
+        0 before the loop: ``_open_pass``)."""
+        math = self._math_type(scan.dtype)
+        x = self._operand(scope, scan.operand)
+        if self.p.operand_is_narrow(scan.operand):
+            self.emit(scope, f"v{index} = {x}.to({math})  # cumsum over a width-1 operand")
+        else:
+            carry = f" + carry{index}_{self.loops}" if self.layout == "chunked" else ""
+            self.emit(scope, f"s{index} = {x}.to({math})")
+            self.emit(scope, f"v{index} = tl.cumsum(s{index}, axis=1){carry}  # cumsum")
+            if carry:
+                self.emit(scope, f"carry{index}_{self.loops} += tl.sum(s{index}, axis=1, "
+                                 "keep_dims=True)")  # fmt: skip
+        self._round(scope, index, scan.dtype)
         return f"v{index}"
 
     def _rotate(self, scope: Scope, index: int, rot: Rotate) -> str:
@@ -506,6 +524,9 @@ class Writer:
         for need in needs:
             self._narrow_deps(need if not isinstance(need, int) else ValueRef(need), set())
         self.loops += 1
+        for scan in sorted(self._row_scans(needs)):
+            math = self._math_type(self.p.value_dtype(scan))
+            self.emit(self.outer, f"carry{scan}_{self.loops} = tl.zeros([BLOCK_R, 1], {math})")
         # A constexpr trip count: Triton 3.6's interpreter cannot loop to a runtime bound
         # (int() of its 1-element scalar array raises under numpy 2), and D is fixed per
         # graph anyway.
@@ -514,6 +535,22 @@ class Writer:
         self.emit(scope, "cols = chunk * BLOCK_D + tl.arange(0, BLOCK_D)")
         self.emit(scope, "mask = row_mask[:, None] & (cols < D)[None, :]")
         return scope
+
+    def _row_scans(self, needs: list[Operand] | list[int]) -> set[int]:
+        """The scans a pass computes for ``needs`` (row values, not narrow ones)."""
+        found: set[int] = set()
+        stack = [n if not isinstance(n, int) else ValueRef(n) for n in needs]
+        while stack:
+            op = stack.pop()
+            if not isinstance(op, ValueRef) or op.index in self.p.narrow_values:
+                continue
+            if op.index < len(self.p.lookups) or op.index in found:
+                continue
+            instr = self.p.instrs[op.index - len(self.p.lookups)]
+            if isinstance(instr, Scan):
+                found.add(op.index)
+            stack.extend(instr.operands)
+        return found
 
     def _narrow_deps(self, operand: Operand, seen: set[int]) -> None:
         """Emit (outside any loop) every narrow value that row value ``operand`` reads."""

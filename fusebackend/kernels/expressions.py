@@ -134,6 +134,10 @@ EXPRESSIONS: dict[str, Emitter] = {
     "ge": _binary("({} >= {})"),
     "greater": _binary("({} > {})"),
     "less": _binary("({} < {})"),
+    # bool operands only (passes/ops.py): Triton's int1 logic
+    "logical_and": _binary("({} & {})"),
+    "logical_or": _binary("({} | {})"),
+    "logical_not": _unary("({} == 0)"),
     # the target dtype is the instruction's dtype; the kernel rounds to it like every value
     "cast": _unary("{}"),
     "dropout": _unary("{}"),  # outside training only (passes/ops.py): the identity

@@ -10,10 +10,11 @@ cache key, with the rank and the build options).
 Values: the first ``len(lookups)`` values are the gathered table rows, one per lookup;
 instruction ``i`` defines value ``len(lookups) + i``. Instructions are elementwise
 (``Instr``: an op of the table in ``passes/ops.py``, written by ``kernels/expressions.py``)
-reductions along the last dim (``Reduce``), column rotations of an external operand
-(``Rotate``: rotary embeddings' ``rotate_half``) or concatenations of external operands
-(``Concat``: ``torch.cat``). Each value is rounded to its ``dtype`` as
-eager rounds it (all math runs in fp32, fp64 when any value is fp64).
+reductions along the last dim (``Reduce``), prefix sums along it (``Scan``), column
+rotations of an external operand (``Rotate``: rotary embeddings' ``rotate_half``) or
+concatenations of external operands (``Concat``: ``torch.cat``). Each value is rounded to
+its ``dtype`` as eager rounds it (all math runs in fp32, fp64 when any value is fp64;
+integer values in int64: passes/integers.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 __all__ = [
     "Concat",
     "Const",
+    "INTEGER_DTYPES",
     "InputRef",
     "Instr",
     "GATES",
@@ -42,11 +44,16 @@ __all__ = [
     "Reduce",
     "Rotate",
     "RowProgram",
+    "Scan",
     "ValueRef",
     "accumulate_dtype",
     "broadcast_shapes",
     "format_scalar",
 ]
+
+
+# Integer dtypes a row program computes exactly, in int64 (passes/integers.py says which ops)
+INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def format_scalar(value: Any) -> str:
@@ -172,6 +179,34 @@ class Reduce:
 
 
 @dataclasses.dataclass(frozen=True)
+class Scan:
+    """An inclusive prefix sum of ``operand`` along the last dim (``cumsum``): a row value.
+
+    Integer scans add in int64 (exact); floating ones accumulate in fp32 (fp64 for fp64
+    programs) and round each sum to ``dtype``, as eager's cumsum does. A chunked kernel
+    carries each row's running sum from chunk to chunk."""
+
+    operand: InputRef | ValueRef
+    dtype: torch.dtype
+
+    spans_row = True  # reads whole rows of its operand (unless that is narrow)
+
+    @property
+    def operands(self) -> tuple[InputRef | ValueRef]:
+        return (self.operand,)
+
+    def shape(self, operand_shapes: Sequence[torch.Size]) -> torch.Size:
+        (shape,) = operand_shapes
+        return shape
+
+    def is_narrow(self, narrow: Callable[[Operand], bool]) -> bool:
+        return narrow(self.operand)  # a prefix sum over one element is that element
+
+    def describe(self, name: Callable[[Operand], str]) -> str:
+        return f"cumsum({name(self.operand)}, dim=-1)"
+
+
+@dataclasses.dataclass(frozen=True)
 class Rotate:
     """A column rotation of an external operand, with a sign per part (a row value).
 
@@ -279,7 +314,7 @@ class RowProgram:
 
     input_dtypes: tuple[torch.dtype, ...]
     lookups: tuple[Lookup, ...]
-    instrs: tuple[Instr | Reduce | Rotate | Concat, ...]
+    instrs: tuple[Instr | Reduce | Scan | Rotate | Concat, ...]
     outputs: tuple[int, ...]  # value indices written out, in the order returned
     narrow_inputs: frozenset[int] = frozenset()
     scalar_inputs: frozenset[int] = frozenset()
@@ -335,7 +370,9 @@ class RowProgram:
 
     @functools.cached_property
     def has_reduction(self) -> bool:
-        return any(isinstance(i, Reduce) for i in self.instrs)
+        """Does a value depend on whole rows (a reduction or a scan)? The kernel then walks
+        whole rows (the persistent or chunked layout)."""
+        return any(isinstance(i, Reduce | Scan) for i in self.instrs)
 
     @functools.cached_property
     def narrow_values(self) -> frozenset[int]:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch._prims_common import make_contiguous_strides_for
 
-from fusebackend.kernels.codegen import generate_pair_source, generate_source
+from fusebackend.kernels.codegen import generate_source
 from fusebackend.kernels.configs import (
     MAX_GRID_Y,
     launch_config,
@@ -27,6 +27,7 @@ from fusebackend.kernels.configs import (
 )
 from fusebackend.kernels.family import TensorExample, hinted_examples
 from fusebackend.kernels.ir import KernelOptions, RowProgram, broadcast_shapes
+from fusebackend.kernels.pair_source import generate_pair_source
 from fusebackend.kernels.shapes import ShapeRecipe, shape_pattern, shape_recipe, value_shapes
 
 # The Triton-facing names this module has always offered (backend.py, the hand-written

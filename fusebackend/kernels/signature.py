@@ -17,6 +17,11 @@ TL_DTYPES = {
     torch.float32: "tl.float32",
     torch.float64: "tl.float64",
     torch.bool: "tl.int1",
+    torch.uint8: "tl.uint8",
+    torch.int8: "tl.int8",
+    torch.int16: "tl.int16",
+    torch.int32: "tl.int32",
+    torch.int64: "tl.int64",
 }
 
 

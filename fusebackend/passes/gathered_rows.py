@@ -32,6 +32,7 @@ from fusebackend.kernels.ir import (
     Reduce,
     Rotate,
     RowProgram,
+    Scan,
     ValueRef,
 )
 from fusebackend.passes.concat_writes import join_written
@@ -131,7 +132,7 @@ def _with_lookups(program: RowProgram, tables: set[int]) -> RowProgram | None:
             if any(op.slot in value_of for op in instr.operands):
                 return None
             instrs.append(instr)
-        elif isinstance(instr, Reduce):
+        elif isinstance(instr, Reduce | Scan):
             instrs.append(dataclasses.replace(instr, operand=moved(instr.operand)))
         else:
             instrs.append(dataclasses.replace(instr, operands=tuple(map(moved, instr.operands))))

@@ -1,10 +1,10 @@
 """A group of FX nodes -> a RowProgram (the kernel IR), its input nodes and its outputs.
 
 Each member becomes instructions: a lookup a gather; an elementwise op one ``Instr``; a
-reduction a ``Reduce``; a ``rotate_half`` one ``Rotate`` (its slices and negation, the
-candidate's ``parts``, none); a ``torch.cat`` one ``Concat`` (each part an input slot of its
-own); ``var``/``std``, the norms and softmax several instructions,
-written the way eager computes them for half-precision inputs: in fp32 (fp64 for fp64
+reduction a ``Reduce``; a ``cumsum`` a ``Scan``; a ``rotate_half`` one ``Rotate`` (its
+slices and negation, the candidate's ``parts``, none); a ``torch.cat`` one ``Concat``
+(each part an input slot of its own); ``var``/``std``, the norms and softmax several
+instructions, written the way eager computes them for half-precision inputs: in fp32 (fp64 for fp64
 inputs), rounded once at the end. Intermediate values of those sequences carry the
 accumulation dtype, so ``round_intermediates`` never rounds them. The program names no FX
 node: the same group in two layers lowers to an equal program.
@@ -37,6 +37,7 @@ from fusebackend.kernels.ir import (
     Reduce,
     Rotate,
     RowProgram,
+    Scan,
     ValueRef,
     accumulate_dtype,
 )
@@ -121,7 +122,7 @@ class _Builder:
         self.narrow: set[int] = set()
         self.scalars: set[int] = set()
         self.lookups: list[Lookup] = []
-        self.instrs: list[Instr | Reduce | Rotate | Concat] = []
+        self.instrs: list[Instr | Reduce | Scan | Rotate | Concat] = []
         self.values: dict[torch.fx.Node, int] = {}
 
     def slot(self, node: torch.fx.Node, role: str) -> int:
@@ -167,7 +168,7 @@ class _Builder:
             return InputRef(self.slot(operand, "tensor"))
         return Const.of(_scalar_for(call, operand))
 
-    def add(self, instr: Instr | Reduce | Rotate | Concat) -> ValueRef:
+    def add(self, instr: Instr | Reduce | Scan | Rotate | Concat) -> ValueRef:
         self.instrs.append(instr)
         return ValueRef(len(self.lookups) + len(self.instrs) - 1)
 
@@ -218,6 +219,11 @@ def _elementwise(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dt
 @_lowers(*_REDUCE_KIND)
 def _reduction(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtype) -> ValueRef:
     return b.add(Reduce(_REDUCE_KIND[call.op.name], args[0], dtype))
+
+
+@_lowers("cumsum")
+def _scan(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtype) -> ValueRef:
+    return b.add(Scan(args[0], dtype))
 
 
 @_lowers("var", "std")

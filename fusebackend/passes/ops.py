@@ -4,7 +4,7 @@ Each row says which argument names are operands (values read by the kernel: tens
 Python numbers), which are optional, what the op's result holds ("float" or "bool") and
 what kind of op it is: ``elementwise``, ``reduction`` (along the last dim), ``norm``
 (layer_norm / rms_norm over the last dim), ``softmax`` (softmax / log_softmax along the last
-dim), ``move`` (a column rearrangement: ``rotate``, matched by structure in
+dim), ``scan`` (cumsum along the last dim), ``move`` (a column rearrangement: ``rotate``, matched by structure in
 ``passes/rotation.py``, not by a spelling) or ``concat`` (``torch.cat`` of tensors read where
 they lie: passes/concatenation.py). How an op is written in Triton lives in
 ``kernels/expressions.py`` (passes never import Triton). Result dtypes are never computed
@@ -54,6 +54,7 @@ class OpKind(str, enum.Enum):
     SOFTMAX = "softmax"  # softmax / log_softmax along the last dim
     MOVE = "move"  # a column rearrangement (rotate)
     CONCAT = "concat"  # parts read where they lie, each over its range of one dim
+    SCAN = "scan"  # an inclusive prefix sum along the last dim (cumsum)
 
     def __str__(self) -> str:
         return self.value
@@ -135,6 +136,11 @@ def _check_norm(params: dict[str, Any]) -> str | None:
     return None
 
 
+def _check_scan(params: dict[str, Any]) -> str | None:
+    dtype = params.get("dtype")
+    return None if dtype is None else f"cumsum with dtype={dtype!r} is not fused"
+
+
 def _check_softmax(params: dict[str, Any]) -> str | None:
     dtype = params.get("dtype")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -184,6 +190,7 @@ def _sig_layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5,
 def _sig_rms_norm(input, normalized_shape, weight=None, eps=None): ...
 def _sig_softmax_functional(input, dim=None, _stacklevel=3, dtype=None): ...
 def _sig_softmax(input, dim, dtype=None): ...
+def _sig_cumsum(input, dim, *, dtype=None, out=None): ...
 
 
 # --- The table --------------------------------------------------------------------------
@@ -281,6 +288,18 @@ _SPELLINGS[torch.Tensor.where] = _SPELLINGS["where"]
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     _op(OpDef(_name, _B, "bool"), _sig_binary, [*_both(_name), getattr(operator, _name)])
 _op(OpDef("greater", _B, "bool"), _sig_binary, _both("greater"))
+# Boolean logic on masks (transformers' mask functions combine causal and padding masks
+# with ``&``); bitwise spellings only for bool operands (bool_operands checks the dtype).
+for _name, _spellings in (
+    ("logical_and", [*_both("logical_and"), *_both("bitwise_and"), operator.and_, "__and__"]),
+    ("logical_or", [*_both("logical_or"), *_both("bitwise_or"), operator.or_, "__or__"]),
+):
+    _op(OpDef(_name, _B, "bool", bool_operands=_B), _sig_binary, _spellings)
+_op(
+    OpDef("logical_not", _U, "bool", bool_operands=_U),
+    _sig_unary,
+    [*_both("logical_not"), *_both("bitwise_not"), operator.invert, "__invert__"],
+)
 _op(OpDef("less", _B, "bool"), _sig_binary, _both("less"))
 # Casts: the target dtype comes from the node's example_value; the kernel rounds to it like
 # every other value, so the op itself only converts bool <-> float.
@@ -292,12 +311,18 @@ _CAST_SPELLINGS = [
     "double",
     "type_as",
     "type",
+    "int",
+    "long",
+    "bool",
     torch.Tensor.to,
     torch.Tensor.float,
     torch.Tensor.half,
     torch.Tensor.bfloat16,
     torch.Tensor.double,
     torch.Tensor.type_as,
+    torch.Tensor.int,
+    torch.Tensor.long,
+    torch.Tensor.bool,
 ]
 _op(OpDef("cast", _U, "float"), _sig_cast, _CAST_SPELLINGS)
 # Dropout outside training returns its input: an alias, like a same-dtype cast (GPT-2 and
@@ -341,6 +366,11 @@ for _name in ("softmax", "log_softmax"):
     _SPELLINGS[getattr(torch.Tensor, _name)] = _SPELLINGS[getattr(torch, _name)]
     _SPELLINGS[_name] = _SPELLINGS[getattr(torch, _name)]
     _SPELLINGS[getattr(torch.special, _name)] = _SPELLINGS[getattr(torch, _name)]
+
+# An inclusive prefix sum along the last dim (RoBERTa's and MPNet's position ids from the
+# padding mask, BLOOM's ALiBi positions): whole rows per program, in the dtype eager gives
+# (integers exactly, in int64; floats accumulated in fp32).
+_op(OpDef("cumsum", _U, "float", _check_scan, kind=OpKind.SCAN), _sig_cumsum, _both("cumsum"))
 
 # A column rotation (rotate_half): no spelling; passes/rotation.py matches the slices,
 # negation and concatenation that spell it. Params: shift, signs.

@@ -18,7 +18,8 @@ Rules that keep the rewrite correct:
 - no cycle: an operand computed from the group's own values stops the growth;
 - no mutation inside the span of graph positions a group covers (FX data flow does not
   show what an in-place op changes, so order is preserved by position);
-- results must be floating point (or bool for comparisons feeding ``where``);
+- results must be floating point, bool (comparisons, masks) or integers from the ops
+  passes/integers.py lists (index arithmetic: position ids);
 - one row width: every value is ``lead + [D]`` or ``lead + [1]`` for one D, and every
   reduction reduces rows of width D (or 1);
 - a group replaces at least two ops (two kernels in eager); a lone op stays as it is,
@@ -37,7 +38,7 @@ import torch
 import torch.fx
 
 from fusebackend.passes.dtensor import is_dtensor
-from fusebackend.passes.embedding_fusion import check_lookup, is_embedding
+from fusebackend.passes.embedding_fusion import check_lookup, embedding_args, is_embedding
 from fusebackend.passes.folded_copies import copy_folds_into
 from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.graph import is_mutation
@@ -49,7 +50,12 @@ from fusebackend.passes.groups import (
     match,
     rotation_of,
 )
-from fusebackend.passes.ops import FLOATING, OpCall, OpKind, lookup_op, reduction_dim_reason
+from fusebackend.passes.integers import (
+    integer_scalar_reason,
+    operand_dtype_reason,
+    result_dtype_reason,
+)
+from fusebackend.passes.ops import OpCall, OpKind, lookup_op, reduction_dim_reason
 from fusebackend.passes.rotation import Rotation, match_rotation
 from fusebackend.report import RejectionReport
 
@@ -67,7 +73,7 @@ _MIN_OPS = 2  # a group must replace at least this many ops (eager kernels) to p
 _LONE_OPS_THAT_PAY = {"layer_norm"}
 _OTHER_REDUCTIONS = {
     "max", "min", "prod", "norm", "group_norm", "batch_norm",
-    "logsumexp", "cumsum", "argmax", "argmin", "any", "all", "var_mean", "std_mean",
+    "logsumexp", "cumprod", "argmax", "argmin", "any", "all", "var_mean", "std_mean",
 }  # fmt: skip
 _VIEW_NAMES = {
     "view", "reshape", "transpose", "permute", "expand", "unsqueeze", "squeeze", "flatten",
@@ -238,7 +244,11 @@ class _Grower:
         for name, value in call.params.items():
             if _contains_node(value) and not _scalar_param(call, name, value):
                 return "a tensor argument in a non-operand position"
-        return self._check_rows(node, call)
+        reason = integer_scalar_reason(node, call, example_value(node).dtype)
+        return reason or self._check_rows(node, call)
+
+    def _reads_member(self, lookup: torch.fx.Node) -> bool:
+        return embedding_args(lookup).get("input") in self.members
 
     def _check_concat_parts(self, call: OpCall) -> str | None:
         """A concatenation's parts are read where they lie: tensors computed outside the
@@ -323,11 +333,9 @@ class _Grower:
             return f"result on {value.device}, group on {self.device}"
         if value.device.type not in ("cuda", "cpu"):
             return f"device {value.device} is not supported"
-        expected = (torch.bool,) if call.op.result == "bool" else FLOATING
-        if call.op.name == "cast":
-            expected = (*FLOATING, torch.bool)
-        if value.dtype not in expected:
-            return f"result dtype {value.dtype} is not fused"
+        reason = result_dtype_reason(call, value.dtype)
+        if reason:
+            return reason
         if value.dim() == 0:
             return "result is 0-d"
         return None
@@ -340,7 +348,7 @@ class _Grower:
             source = example_value(call.operands[0])
             if source.dim() == 0:
                 return f"{call.op.name} of a 0-d tensor"
-            if call.op.kind in (OpKind.REDUCTION, OpKind.SOFTMAX):
+            if call.op.kind in (OpKind.REDUCTION, OpKind.SOFTMAX, OpKind.SCAN):
                 reason = reduction_dim_reason(call.params, source.dim())
                 if reason:
                     return reason
@@ -397,18 +405,11 @@ class _Grower:
             if value.layout != torch.strided:
                 return f"operand {operand.name} has layout {value.layout}: no strides to read it by"
             if is_embedding(operand) and operand not in self.p.assigned:
-                if check_lookup(operand) is None:
+                # (indices computed in the group stay a lookup's input: the lookup stays out)
+                if check_lookup(operand) is None and not self._reads_member(operand):
                     new_lookups.append(operand)
             dtype = value.dtype
-        if call.op.name == "cast":
-            return None if dtype in (*FLOATING, torch.bool) else f"cast from {dtype}"
-        if wants_bool != (dtype == torch.bool):
-            return f"operand {name} has dtype {dtype}"
-        if dtype not in (*FLOATING, torch.bool):
-            return f"integer tensor operand {name} ({dtype}) is not fused"
-        if call.op.kind != OpKind.ELEMENTWISE and dtype == torch.bool:
-            return f"{call.op.name} of a bool tensor"
-        return None
+        return operand_dtype_reason(call, name, dtype)
 
 
 # Sizes may be SymInts (dynamic=True). Comparing those with == would add guards after
