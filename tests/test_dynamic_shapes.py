@@ -369,6 +369,11 @@ def test_bert_under_dynamic_true_on_the_gpu_compiles_per_launch_config_not_per_l
     assert _binaries() - before <= len(configs), (_binaries() - before, sorted(configs))
 
 
+def _reads_ints_or_bools(group) -> bool:
+    """Does the group's kernel read an integer or bool tensor as an operand (its docs)?"""
+    return "operand (torch.int" in group.source or "operand (torch.bool" in group.source
+
+
 def test_tiny_llama_under_dynamic_true_fuses_as_the_static_graph_does():
     # transformers' LlamaRMSNorm adds self.variance_epsilon, a graph input under dynamic
     # shapes, in an elementwise add: it split each norm into two groups ("operand item_2 is
@@ -394,15 +399,12 @@ def test_tiny_llama_under_dynamic_true_fuses_as_the_static_graph_does():
         # copies run as row kernels need static layouts (passes/lone_copies.py): the static
         # graph's repeat_kv copies are groups of their own, the dynamic graph's stay ATen's
         alone = {n for g in report.graphs for n in g.rewrites.get("copies_as_row_kernels", [])}
-        # (the padding mask and the rotary positions start from integer work: constants of
-        # each static signature, groups of their own under dynamic shapes)
-        groups[dynamic] = [
-            grp.nodes
-            for grp in report.groups
-            if not set(grp.nodes) <= alone
-            and "-> float" in grp.source
-            and "-> int" not in grp.source
-        ]
+        # The padding mask and the rotary positions start from integer and bool tensors:
+        # constants of each static signature, two groups of their own under dynamic shapes.
+        from_ints = [grp.nodes for grp in report.groups if _reads_ints_or_bools(grp)]
+        assert len(from_ints) == (2 if dynamic else 0), from_ints
+        kept = [grp for grp in report.groups if not set(grp.nodes) <= alone]
+        groups[dynamic] = [grp.nodes for grp in kept if not _reads_ints_or_bools(grp)]
     assert [len(n) for n in groups[True]] == [len(n) for n in groups[False]], groups
     assert not any("symbolic scalar" in r.reason for r in fusebackend.last_report().rejections)
 
