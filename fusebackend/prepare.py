@@ -85,7 +85,13 @@ def _mutated_placeholders(c: Compilation) -> None:
 
 
 def _split_host(c: Compilation) -> list[str] | None:
-    c.split = split_host(c.gm, _on_host)
+    # A host chain of sizes and constants (MPNet-5.17's position buckets at static shapes:
+    # folded up to an in-place ``+=``, the rest host work) gives the same tensor at every call
+    # of a signature: left to the device part, the runtime computes it once per signature
+    # (``device_part``) where the host part would run it and stage its copy every call.
+    per_signature = split_signature_constants(c.gm, _on_host, quiet=True)
+    sized = frozenset(per_signature.nodes) if per_signature.module is not None else frozenset()
+    c.split = split_host(c.gm, _on_host, sized)
     return c.split.nodes if c.split is not None else None
 
 

@@ -91,9 +91,15 @@ _NUMBERS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def host_nodes(
-    graph: torch.fx.Graph, is_host: Callable[[torch.Tensor], bool]
+    graph: torch.fx.Graph,
+    is_host: Callable[[torch.Tensor], bool],
+    per_signature: frozenset[str] = frozenset(),
 ) -> list[torch.fx.Node]:
     """Nodes that can run on the host before the device part: in graph order.
+
+    ``per_signature``: names of nodes left to the device part, where the runtime computes
+    them once per signature (``signature_constants``: host chains of sizes and constants)
+    instead of at every call; nodes reading them stay there too.
 
     A node is host work when every input is a host value (a host placeholder or constant,
     or another host node) and it yields a tensor that ``is_host`` (on the CPU, for a CUDA
@@ -123,7 +129,8 @@ def host_nodes(
         # prefill). Other nodes on numbers stay where they are: with batch_buckets the
         # device part sees padded sizes, so a host tensor sized by one would not fit.
         host = (
-            node.op in ("call_function", "call_method")
+            node.name not in per_signature
+            and node.op in ("call_function", "call_method")
             and (bool(written) or (isinstance(value, torch.Tensor) and is_host(value)))
             and all(n in host_values or (written and n in numbers) for n in inputs)
             and not any(_storage(n) in device_written for n in inputs)
@@ -192,9 +199,12 @@ class HostSplit:
 
 
 def split_host(
-    gm: torch.fx.GraphModule, is_host: Callable[[torch.Tensor], bool]
+    gm: torch.fx.GraphModule,
+    is_host: Callable[[torch.Tensor], bool],
+    per_signature: frozenset[str] = frozenset(),
 ) -> HostSplit | None:
-    """Split ``gm`` into host and device parts, or None when there is no host work.
+    """Split ``gm`` into host and device parts, or None when there is no host work
+    (``per_signature``: as ``host_nodes`` takes it).
 
     No split either when a device node writes a host value (a CPU tensor written from device
     data is a sync; the graph then runs whole, uncaptured): the host part runs first, so
@@ -207,7 +217,7 @@ def split_host(
     either way (benchmarks/diag/diag_split_time.py).
     """
     graph = gm.graph
-    hosts = host_nodes(graph, is_host)
+    hosts = host_nodes(graph, is_host, per_signature)
     host_set = set(hosts)
     inner = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
     device_nodes = [n for n in inner if n not in host_set]  # constants (get_attr) included

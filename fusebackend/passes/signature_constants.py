@@ -71,11 +71,12 @@ class SignatureConstants:
 
 
 def split_signature_constants(
-    gm: torch.fx.GraphModule, is_host: Callable[[torch.Tensor], bool]
+    gm: torch.fx.GraphModule, is_host: Callable[[torch.Tensor], bool], quiet: bool = False
 ) -> SignatureConstants:
     """Take the host chains of sizes out of a copy of ``gm`` (``module``; ``gm`` itself never
     changes; see the module docstring). ``is_host``: whether a tensor value lives on the
-    host (on the CPU, for a CUDA graph)."""
+    host (on the CPU, for a CUDA graph). ``quiet``: log nothing (a look ahead, before the
+    host split: prepare.py)."""
     graph = gm.graph
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
@@ -153,7 +154,7 @@ def split_signature_constants(
     if why is not None:
         refused.append(why)
         keep, tensors, frontier = set(), [], []
-    for reason in refused:
+    for reason in refused if not quiet else ():
         log.warning("host chain stays in the captured graph: %s", reason)
     if not frontier:
         return SignatureConstants(None, 0, [], refused)
@@ -194,7 +195,8 @@ def split_signature_constants(
             graph.erase_node(n)
     module.recompile()
     names = [n.name for n in tensors]
-    log.info("per-signature constants %s from %s", [n.name for n in frontier], names)
+    if not quiet:
+        log.info("per-signature constants %s from %s", [n.name for n in frontier], names)
     return SignatureConstants(constants_gm, len(frontier), names, refused, module)
 
 
