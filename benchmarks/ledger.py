@@ -266,6 +266,9 @@ SOURCES = (
     # eight of them again at 0560a01 (a226f89's library code), alone on a one-GPU host
     # (folded: `git show c4da9f8:benchmarks/results/suite_zoo_h200_0560a01.json`)
     "suite_zoo_h200_0560a01.json",
+    # MPNet, RoBERTa, XLM-R and BLOOM at e6b1a55 (a static host chain of sizes and constants
+    # computed once per signature), alone on a one-GPU host
+    "suite_zoo_h200_e6b1a55.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
