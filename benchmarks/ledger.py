@@ -267,7 +267,7 @@ SOURCES = (
     # (folded: `git show c4da9f8:benchmarks/results/suite_zoo_h200_0560a01.json`)
     "suite_zoo_h200_0560a01.json",
     # MPNet, RoBERTa, XLM-R and BLOOM at e6b1a55 (a static host chain of sizes and constants
-    # computed once per signature), alone on a one-GPU host
+    # computed once per signature), alone on a one-GPU host (folded: in git at 50395c1)
     "suite_zoo_h200_e6b1a55.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
