@@ -368,6 +368,33 @@ def test_type_as_of_a_folded_constant_folds():
     torch.testing.assert_close(gm(x)[0], fn(x))
 
 
+def test_a_buffer_the_graph_updates_is_no_constant():
+    """A host buffer the graph writes at each call (a step counter) is state: a chain reading
+    it is no per-signature constant (it would keep the first call's count), and so the host
+    split, which asks this function first, keeps running it at each call."""
+    from fusebackend.passes.signature_constants import split_signature_constants
+
+    gm = torch.fx.GraphModule(nn.Module(), torch.fx.Graph())
+    gm.register_buffer("steps", torch.zeros(3))
+    graph, meta = gm.graph, torch.device("meta")  # "meta": the device side of the graph
+
+    def node(kind, target, args, value):
+        made = (
+            getattr(graph, kind)(target, args) if args is not None else getattr(graph, kind)(target)
+        )
+        made.meta["example_value"] = value
+        return made
+
+    x = node("placeholder", "x", None, torch.empty(3, device=meta))
+    steps = node("get_attr", "steps", None, gm.steps)
+    node("call_method", "add_", (steps, 1), gm.steps)
+    double = node("call_function", torch.mul, (steps, 2), torch.empty(3))
+    moved = node("call_method", "to", (double, meta), torch.empty(3, device=meta))
+    graph.output((node("call_function", torch.add, (x, moved), torch.empty(3, device=meta)),))
+    found = split_signature_constants(gm, lambda value: value.device.type == "cpu")
+    assert found.module is None and found.nodes == [], found.nodes
+
+
 def test_a_host_chain_reading_a_tensor_input_is_refused_with_its_node_and_fix(gpu_like):
     """A host tensor computed from an input's data each call is no per-signature constant:
     the report names the copy, what it reads and the fix."""

@@ -81,7 +81,8 @@ def split_signature_constants(
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
     numbers: set[torch.fx.Node] = set()  # number inputs and arithmetic on them
-    constants: set[torch.fx.Node] = set()  # get_attr tensors
+    constants: set[torch.fx.Node] = set()  # get_attr tensors the graph never writes
+    written = written_storages(nodes)  # (a buffer the graph updates is state, not a constant)
     sized: set[torch.fx.Node] = set()  # tensors computed from numbers and constants alone
     blocked: dict[torch.fx.Node, str] = {}  # a tensor node not in ``sized``: why
     for node in nodes:
@@ -91,7 +92,7 @@ def split_signature_constants(
                 numbers.add(node)
             continue
         if node.op == "get_attr":
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor) and storage_id(value) not in written:
                 constants.add(node)
             continue
         if node.op not in ("call_function", "call_method"):
