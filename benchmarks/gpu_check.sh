@@ -4,7 +4,8 @@
 #
 #     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|suite|tp|sentence|vision|swin|diag]...
 #
-# Knobs (environment): GPU_TESTS (test paths for "tests", default tests), FASTGEN_ARGS (the
+# Knobs (environment): COMMIT (the commit measured, for run.py's --commit: the device's
+# copy of the checkout has no git), GPU_TESTS (test paths for "tests", default tests), FASTGEN_ARGS (the
 # arguments of fast_generate.py for "fastgen", see there), DECODE_ONLY and
 # DECODE_BACKENDS (run.py's --only and --backends for "decode"), ROWS_ARGS (more arguments
 # of row_kernels.py for "rows", e.g. --sweep), MATMUL_ARGS (more arguments of
@@ -110,7 +111,7 @@ for step in $steps; do
         # the suite's four models (~2 min each on an H100, all six backends, cold compiles)
         run_step bench_decode python3 benchmarks/run.py --out-dir "$OUT/suite" \
             --only "${DECODE_ONLY:-llama-decode,qwen2-decode,gpt2-decode,bert}" \
-            ${DECODE_BACKENDS:+--backends "$DECODE_BACKENDS"}
+            ${DECODE_BACKENDS:+--backends "$DECODE_BACKENDS"} ${COMMIT:+--commit "$COMMIT"}
         ;;
     matmul)
         # matmul groups: their GPU tests, each kernel against cuBLAS + the ops it replaces
@@ -135,7 +136,8 @@ for step in $steps; do
             --out "$OUT/rotary_epilogue.json"
         ;;
     zoo)
-        run_step bench_zoo python3 benchmarks/run.py --out-dir "$OUT/suite" --only zoo
+        run_step bench_zoo python3 benchmarks/run.py --out-dir "$OUT/suite" --only zoo \
+            ${COMMIT:+--commit "$COMMIT"}
         ;;
     suite)
         # The whole suite runs past one device call (10 min): split it with SUITE_ONLY
@@ -150,7 +152,7 @@ for step in $steps; do
             mkdir -p "$OUT/suite" && cp "$SUITE_FROM"/suite.json "$OUT/suite/" && merge=--merge
         fi
         run_step bench_suite python3 benchmarks/run.py --out-dir "$OUT/suite" $merge \
-            ${SUITE_ONLY:+--only "$SUITE_ONLY"}
+            ${SUITE_ONLY:+--only "$SUITE_ONLY"} ${COMMIT:+--commit "$COMMIT"}
         ;;
     tp)
         # Tensor parallelism on every GPU of the machine (2 or more): the GPU tests of

@@ -399,6 +399,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--backends", help=f"comma-separated subset of {','.join(measure.BACKENDS)}"
     )
     parser.add_argument(
+        "--commit",
+        help="the commit measured, recorded in suite.json's environment and its ledger rows "
+        "(the device machine's copy of a checkout has no git: the zoo runs of 2026-11-25 and "
+        "2026-11-29 had to have theirs written in by hand)",
+    )
+    parser.add_argument(
         "--device",
         default="cuda" if torch.cuda.is_available() else "cpu",
         help="default: cuda if available, else cpu",
@@ -502,6 +508,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     json_path = out_dir / "suite.json"
     env = environment(device, args.quick)
     env["suite_seconds"] = time.perf_counter() - start
+    if args.commit:
+        env["commit"] = args.commit
     if args.generate_json and not rows:
         # Nothing ran here: this part is the generate.py run it read, on that run's machine.
         env.update(_environment_of(Path(args.generate_json)))

@@ -129,7 +129,7 @@ def test_run_py_ledger_flag_appends_rows(tmp_path):
     path = tmp_path / "ledger.jsonl"
     command = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--out-dir", str(tmp_path),
                "--quick", "--only", "zoo-llama", "--backends", "eager,infinifuse",
-               "--ledger", str(path)]  # fmt: skip
+               "--ledger", str(path), "--commit", "abc1234"]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [json.loads(line) for line in path.read_text().splitlines()]
@@ -141,6 +141,7 @@ def test_run_py_ledger_flag_appends_rows(tmp_path):
     assert {"per_call_ms", "first_call_s"} <= metrics
     for r in rows:
         assert r["source"] == "suite.json" and r["torch"] and r["device"] and r["date"], r
+        assert r["commit"] == "abc1234", r  # --commit: the device's copy has no git
 
 
 @pytest.fixture(scope="module")
