@@ -29,7 +29,11 @@ from fusebackend.passes.host_inputs import (
     stage_scalars,
 )
 from fusebackend.passes.mutations import mutated_placeholders
-from fusebackend.passes.signature_constants import SignatureConstants, split_signature_constants
+from fusebackend.passes.signature_constants import (
+    SignatureConstants,
+    signature_chain_nodes,
+    split_signature_constants,
+)
 from fusebackend.pipeline import Compilation, Pass
 from fusebackend.runtime.graph_cache import captures
 
@@ -89,9 +93,7 @@ def _split_host(c: Compilation) -> list[str] | None:
     # folded up to an in-place ``+=``, the rest host work) gives the same tensor at every call
     # of a signature: left to the device part, the runtime computes it once per signature
     # (``device_part``) where the host part would run it and stage its copy every call.
-    per_signature = split_signature_constants(c.gm, _on_host, quiet=True)
-    sized = frozenset(per_signature.nodes) if per_signature.module is not None else frozenset()
-    c.split = split_host(c.gm, _on_host, sized)
+    c.split = split_host(c.gm, _on_host, signature_chain_nodes(c.gm, _on_host))
     return c.split.nodes if c.split is not None else None
 
 

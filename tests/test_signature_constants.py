@@ -318,7 +318,7 @@ def test_before_the_fix_the_chain_fails_capture(gpu_like, monkeypatch):
     monkeypatch.setattr(
         prepare,
         "split_signature_constants",
-        lambda gm, is_host, quiet=False: SignatureConstants(None, 0, [], []),
+        lambda gm, is_host: SignatureConstants(None, 0, [], []),
     )
     model = MPNet517().eval()
     compiled, _ = _compile(model)

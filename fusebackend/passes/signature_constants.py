@@ -42,7 +42,7 @@ from fusebackend.passes.constants import is_random
 from fusebackend.passes.fx_util import example_value, placeholders
 from fusebackend.passes.mutations import storage_id, written_args, written_storages
 
-__all__ = ["SignatureConstants", "split_signature_constants"]
+__all__ = ["SignatureConstants", "signature_chain_nodes", "split_signature_constants"]
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +70,85 @@ class SignatureConstants:
     module: torch.fx.GraphModule | None = None  # the rewritten copy of the graph
 
 
+@dataclasses.dataclass
+class _Chain:
+    """The host chains of sizes of a graph (``_find_chain``): every node in graph order,
+    those taken (``keep``: the moves and what they need), the constants, the tensors taken
+    and the ones the rest of the graph reads (``frontier``), and why other moves stay."""
+
+    nodes: list[torch.fx.Node]
+    keep: set[torch.fx.Node]
+    constants: set[torch.fx.Node]
+    tensors: list[torch.fx.Node]
+    frontier: list[torch.fx.Node]
+    refused: list[str]
+
+
+def signature_chain_nodes(
+    gm: torch.fx.GraphModule, is_host: Callable[[torch.Tensor], bool]
+) -> frozenset[str]:
+    """The names of the nodes ``split_signature_constants`` would take out of ``gm``, with
+    nothing built or logged (the host split asks first: prepare.py)."""
+    chain = _find_chain(gm, is_host)
+    return frozenset(n.name for n in chain.tensors) if chain.frontier else frozenset()
+
+
 def split_signature_constants(
-    gm: torch.fx.GraphModule, is_host: Callable[[torch.Tensor], bool], quiet: bool = False
+    gm: torch.fx.GraphModule, is_host: Callable[[torch.Tensor], bool]
 ) -> SignatureConstants:
     """Take the host chains of sizes out of a copy of ``gm`` (``module``; ``gm`` itself never
     changes; see the module docstring). ``is_host``: whether a tensor value lives on the
-    host (on the CPU, for a CUDA graph). ``quiet``: log nothing (a look ahead, before the
-    host split: prepare.py)."""
+    host (on the CPU, for a CUDA graph)."""
+    chain = _find_chain(gm, is_host)
+    for reason in chain.refused:
+        log.warning("host chain stays in the captured graph: %s", reason)
+    if not chain.frontier:
+        return SignatureConstants(None, 0, [], chain.refused)
+    graph, nodes, keep = gm.graph, chain.nodes, chain.keep
+    constants, tensors, frontier = chain.constants, chain.tensors, chain.frontier
+
+    # The graph computing the frontier from the original inputs.
+    derive = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    inputs = placeholders(graph)
+    for p in inputs:
+        env[p] = derive.node_copy(p)
+    for n in nodes:
+        if n in keep and n not in env or n in constants and n not in env and _read_by(n, keep):
+            env[n] = derive.node_copy(n, env.__getitem__)
+    derive.output(tuple(env[n] for n in frontier))
+    constants_gm = torch.fx.GraphModule(gm, derive)
+
+    # A copy of the graph reads the frontier as new inputs after its own (Dynamo reads its
+    # own graph's placeholders after the backend returns: that graph must not change).
+    copied = torch.fx.Graph()
+    old_to_new: dict[torch.fx.Node, torch.fx.Node] = {}
+    copied.output(copied.graph_copy(graph, old_to_new))
+    module = torch.fx.GraphModule(gm, copied)
+    graph, nodes = copied, [old_to_new[n] for n in nodes if n in old_to_new]
+    keep = {old_to_new[n] for n in keep}
+    constants = {old_to_new[n] for n in constants}
+    frontier = [old_to_new[n] for n in frontier]
+    inputs = [old_to_new[p] for p in inputs]
+    last = inputs[-1] if inputs else None
+    for k, n in enumerate(frontier):
+        ctx = graph.inserting_after(last) if last is not None else graph.inserting_before(None)
+        with ctx:
+            ph = graph.placeholder(f"signature_constant_{k}")
+        ph.meta.update(n.meta)
+        n.replace_all_uses_with(ph, delete_user_cb=lambda u: u not in keep)
+        last = ph
+    for n in reversed(nodes):
+        if (n in keep or n in constants) and n.op != "placeholder" and not n.users:
+            graph.erase_node(n)
+    module.recompile()
+    names = [n.name for n in tensors]
+    log.info("per-signature constants %s from %s", [n.name for n in frontier], names)
+    return SignatureConstants(constants_gm, len(frontier), names, chain.refused, module)
+
+
+def _find_chain(gm: torch.fx.GraphModule, is_host: Callable[[torch.Tensor], bool]) -> _Chain:
+    """The graph's host chains of sizes and the moves that stay (``_Chain``)."""
     graph = gm.graph
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
@@ -155,50 +227,7 @@ def split_signature_constants(
     if why is not None:
         refused.append(why)
         keep, tensors, frontier = set(), [], []
-    for reason in refused if not quiet else ():
-        log.warning("host chain stays in the captured graph: %s", reason)
-    if not frontier:
-        return SignatureConstants(None, 0, [], refused)
-
-    # The graph computing the frontier from the original inputs.
-    derive = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
-    inputs = placeholders(graph)
-    for p in inputs:
-        env[p] = derive.node_copy(p)
-    for n in nodes:
-        if n in keep and n not in env or n in constants and n not in env and _read_by(n, keep):
-            env[n] = derive.node_copy(n, env.__getitem__)
-    derive.output(tuple(env[n] for n in frontier))
-    constants_gm = torch.fx.GraphModule(gm, derive)
-
-    # A copy of the graph reads the frontier as new inputs after its own (Dynamo reads its
-    # own graph's placeholders after the backend returns: that graph must not change).
-    copied = torch.fx.Graph()
-    old_to_new: dict[torch.fx.Node, torch.fx.Node] = {}
-    copied.output(copied.graph_copy(graph, old_to_new))
-    module = torch.fx.GraphModule(gm, copied)
-    graph, nodes = copied, [old_to_new[n] for n in nodes if n in old_to_new]
-    keep = {old_to_new[n] for n in keep}
-    constants = {old_to_new[n] for n in constants}
-    frontier = [old_to_new[n] for n in frontier]
-    inputs = [old_to_new[p] for p in inputs]
-    last = inputs[-1] if inputs else None
-    for k, n in enumerate(frontier):
-        ctx = graph.inserting_after(last) if last is not None else graph.inserting_before(None)
-        with ctx:
-            ph = graph.placeholder(f"signature_constant_{k}")
-        ph.meta.update(n.meta)
-        n.replace_all_uses_with(ph, delete_user_cb=lambda u: u not in keep)
-        last = ph
-    for n in reversed(nodes):
-        if (n in keep or n in constants) and n.op != "placeholder" and not n.users:
-            graph.erase_node(n)
-    module.recompile()
-    names = [n.name for n in tensors]
-    if not quiet:
-        log.info("per-signature constants %s from %s", [n.name for n in frontier], names)
-    return SignatureConstants(constants_gm, len(frontier), names, refused, module)
+    return _Chain(nodes, keep, constants, tensors, frontier, refused)
 
 
 def _why_not_sized(
