@@ -371,7 +371,7 @@ class Writer:
                 and instr.dtype.is_floating_point
                 and instr.name != "where"
             ):
-                text = f"{text}.to({self.compute})"  # fmt: skip
+                text = f"{text}.to({self.compute})"
             exprs.append(text)
         expr = expression(instr.name, exprs, instr.param_dict)
         if instr.dtype == torch.bool:
@@ -539,13 +539,15 @@ class Writer:
     def _row_scans(self, needs: list[Operand] | list[int]) -> set[int]:
         """The scans a pass computes for ``needs`` (row values, not narrow ones)."""
         found: set[int] = set()
+        seen: set[int] = set()  # each value walked once (shared operands form a DAG)
         stack = [n if not isinstance(n, int) else ValueRef(n) for n in needs]
         while stack:
             op = stack.pop()
             if not isinstance(op, ValueRef) or op.index in self.p.narrow_values:
                 continue
-            if op.index < len(self.p.lookups) or op.index in found:
+            if op.index < len(self.p.lookups) or op.index in seen:
                 continue
+            seen.add(op.index)
             instr = self.p.instrs[op.index - len(self.p.lookups)]
             if isinstance(instr, Scan):
                 found.add(op.index)

@@ -31,6 +31,8 @@ __all__ = [
     "result_dtype_reason",
 ]
 
+# The dtypes a group reads and computes
+_READABLE = (*FLOATING, torch.bool, *INTEGERS)
 # Ops whose result may be an integer tensor: each is exact in int64 and wraps like eager
 # once rounded to its dtype (comparisons give bools from integers too; they need no entry).
 INTEGER_OPS = frozenset({"add", "sub", "mul", "neg", "abs", "cast", "where", "dropout", "cumsum"})
@@ -41,7 +43,7 @@ def result_dtype_reason(call: OpCall, dtype: torch.dtype) -> str | None:
     if call.op.result == "bool":
         expected: tuple[torch.dtype, ...] = (torch.bool,)
     elif call.op.name == "cast":
-        expected = (*FLOATING, torch.bool, *INTEGERS)
+        expected = _READABLE
     elif call.op.name in INTEGER_OPS:
         expected = (*FLOATING, *INTEGERS)
     else:
@@ -57,10 +59,10 @@ def operand_dtype_reason(call: OpCall, name: str, dtype: torch.dtype) -> str | N
     """None when operand ``name`` of ``call``, a tensor of ``dtype``, can be read."""
     wants_bool = name in call.op.bool_operands
     if call.op.name == "cast":
-        return None if dtype in (*FLOATING, torch.bool, *INTEGERS) else f"cast from {dtype}"
+        return None if dtype in _READABLE else f"cast from {dtype}"
     if wants_bool and dtype != torch.bool:
         return f"operand {name} has dtype {dtype}"
-    if dtype not in (*FLOATING, torch.bool, *INTEGERS):
+    if dtype not in _READABLE:
         return f"operand {name} of dtype {dtype} is not fused"
     whole_values = (OpKind.ELEMENTWISE, OpKind.SCAN)
     if dtype in INTEGERS and call.op.kind not in whole_values:

@@ -4,12 +4,13 @@ Each row says which argument names are operands (values read by the kernel: tens
 Python numbers), which are optional, what the op's result holds ("float" or "bool") and
 what kind of op it is: ``elementwise``, ``reduction`` (along the last dim), ``norm``
 (layer_norm / rms_norm over the last dim), ``softmax`` (softmax / log_softmax along the last
-dim), ``scan`` (cumsum along the last dim), ``move`` (a column rearrangement: ``rotate``, matched by structure in
-``passes/rotation.py``, not by a spelling) or ``concat`` (``torch.cat`` of tensors read where
-they lie: passes/concatenation.py). How an op is written in Triton lives in
-``kernels/expressions.py`` (passes never import Triton). Result dtypes are never computed
-here: Dynamo's fake tensors already carry eager's type promotion in each node's
-``example_value``, and the kernel rounds every value to that dtype, as eager does.
+dim), ``scan`` (cumsum along the last dim), ``move`` (a column rearrangement: ``rotate``,
+matched by structure in ``passes/rotation.py``, not by a spelling) or ``concat``
+(``torch.cat`` of tensors read where they lie: passes/concatenation.py). How an op is
+written in Triton lives in ``kernels/expressions.py`` (passes never import Triton). Result
+dtypes are never computed here: Dynamo's fake tensors already carry eager's type promotion
+in each node's ``example_value``, and the kernel rounds every value to that dtype, as
+eager does.
 
 Adding an op is one ``_op(...)`` row here, its expression in kernels/expressions.py, plus a
 row in tests/test_ops_table.py.
