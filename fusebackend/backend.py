@@ -45,6 +45,7 @@ from fusebackend.passes.decode_attention import use_decode_attention
 from fusebackend.passes.empty_pads import drop_empty_pads
 from fusebackend.passes.fx_util import example_value, placeholders
 from fusebackend.passes.groups import LoweredGroup
+from fusebackend.passes.index_views import arange_indices_as_reshapes
 from fusebackend.passes.lowering import lower
 from fusebackend.passes.matmul_groups import use_matmul_groups
 from fusebackend.passes.matmul_operands import copy_matmul_operands_once, scale_in_matmuls
@@ -280,6 +281,9 @@ FUSE = [
     Pass("fold_parameter_work", _fold_parameter_work,
          "work on parameters and buffers alone done once, refreshed when they change "
          "(fused graph)", report="parameter_work"),
+    Pass("arange_indices_as_reshapes", lambda c: arange_indices_as_reshapes(c.graph, c.gm),
+         "indexing by constant aranges read as a reshape (fused graph)",
+         report="arange_indices"),
     Pass("move_reshapes_up", lambda c: move_reshapes_up(c.graph),
          "reshapes moved ahead of elementwise ops (fused graph)", report="reshapes_moved"),
     Pass("copy_matmul_operands_once", lambda c: copy_matmul_operands_once(c.graph),
@@ -289,7 +293,7 @@ FUSE = [
          "operands scaled by a number, scaled in their batched matmul (fused graph)",
          report="matmul_scales", needs_rewrites=True),
     Pass("drop_identity_slices", lambda c: drop_identity_slices(c.graph),
-         "slices that keep every element read as their source (fused graph)",
+         "slices and expands that keep every element read as their source (fused graph)",
          report="identity_slices"),
     Pass("push_into_concatenations", lambda c: push_into_concatenations(c.graph),
          "elementwise ops on a cat run on its parts (fused graph)", report="pushed_into_cats"),

@@ -1,5 +1,5 @@
-"""Attention rewrites (passes/attention.py). A boolean decode mask that several SDPA calls
-pass is made additive once, and a mask uniform along the keys is dropped, both equal to
+"""Attention rewrites (passes/attention.py). A boolean mask that several SDPA calls pass
+is made additive once, and a mask uniform along the keys is dropped, both equal to
 eager; grouped-query attention (transformers' repeat_kv + SDPA) is left to the decode
 attention kernel (tests/test_decode_attention.py)."""
 
@@ -104,8 +104,8 @@ def test_shared_mask_and_grouped_queries_together_in_a_decode_step():
 
 @pytest.mark.parametrize("layout", ["contiguous", "expanded", "permuted"])
 def test_a_shared_mask_s_example_values_have_the_layout_the_ops_give(layout):
-    # The conversion's example values are made from the mask's layout alone (no fake ops):
-    # they must say what full_like and masked_fill return, for every mask layout.
+    # The conversion's example values must say what where and the cast return, for every
+    # mask layout (the runtime allocates its buffers from them).
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
@@ -125,20 +125,20 @@ def test_a_shared_mask_s_example_values_have_the_layout_the_ops_give(layout):
     for node in gm.graph.nodes:
         node.meta["example_value"] = node.meta.get("val")
     assert share_mask_conversion(gm) == ["mask (3 calls)"]
-    blocked = torch.full_like(mask, float("-inf"), dtype=torch.float16)
-    converted = blocked.masked_fill(mask, 0.0)
+    additive = torch.where(mask, 0.0, float("-inf"))
+    converted = additive.to(torch.float16)
     made = {n.target: n.meta["example_value"] for n in gm.graph.nodes
-            if n.target in (torch.full_like, "masked_fill")}  # fmt: skip
-    for target, real in ((torch.full_like, blocked), ("masked_fill", converted)):
+            if n.target in (torch.where, "to")}  # fmt: skip
+    for target, real in ((torch.where, additive), ("to", converted)):
         fake = made[target]
         assert (fake.shape, fake.stride(), fake.dtype) == (real.shape, real.stride(), real.dtype)
 
 
-def test_prefill_single_call_float_and_rewrites_false_masks_stay_as_traced():
+def test_a_prefill_mask_is_shared_too_and_single_call_float_and_rewrites_false_stay():
     q, k, v, mask = _inputs(torch.float32, 3, "bool", heads=3, kv_heads=3)
     actual, graph = _compiled(_layers, q, k, v, mask)  # three query rows: a prefill
     assert_close(actual, eager(_layers, q, k, v, mask))
-    assert graph.shared_masks == []
+    assert graph.shared_masks == ["l_mask_ (3 calls)"], graph.shared_masks
     q, k, v, mask = _inputs(torch.float32, 1, "bool")
     actual, graph = _compiled(_attention, q, k, v, mask)  # one call
     assert graph.shared_masks == []

@@ -745,6 +745,25 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_concatenation.py",),
         note="a concatenation joins a group that computes one of its parts",
     ),
+    Mutation(
+        "arange_axes_out_of_order",
+        "pass: index_views",
+        "fusebackend/passes/index_views.py",
+        "    if any(a >= b for (a, _), (b, _) in zip(placed, placed[1:])):\n",
+        "    if any(a > b + 99 for (a, _), (b, _) in zip(placed, placed[1:])):\n",
+        ("tests/test_index_views.py",),
+        note="indices laid along swapped axes (a transpose) read as a reshape",
+    ),
+    Mutation(
+        "arange_index_of_a_written_tensor",
+        "pass: index_views",
+        "fusebackend/passes/index_views.py",
+        "        if {storage_id(example_value(source)), storage_id(example_value(node))} & "
+        "written:\n",
+        "        if False:\n",
+        ("tests/test_index_views.py",),
+        note="a gather of a tensor the graph writes later read as a view of it",
+    ),
 ]
 
 

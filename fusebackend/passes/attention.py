@@ -11,15 +11,17 @@ back, against 5.7 us without it), so nothing a client did between steps overlapp
 (``benchmarks/results/diag_replay_host_h100.txt``).
 
 **Shared masks** (``share_mask_conversion``): SDPA turns a boolean mask into an additive
-one in the queries' dtype on every call, ``where(mask, 0, -inf)`` with both scalars made
-tensors first: three launches per layer (two one-element fills and the ``where``), 66 per
-TinyLlama decode step, about 90 us of its 1.8 ms of kernels (H100 profile, 2026-11-23),
-while every layer passes the same mask. When two or more calls pass one boolean mask node,
-it is converted once, before the first call, and the calls get the additive mask: the same
-values SDPA would make for itself (``-inf`` everywhere in the queries' dtype, ``0`` where
-the mask allows), so every backend sees the same mask as before. Decode steps only (one mask row):
-a row that masks every key would be a prefill's padding row, and this keeps such rows
-wherever SDPA puts them.
+one in the queries' dtype on every call, ``where(~mask, -inf, 0)`` with its scalar made a
+tensor first: three to four launches per layer, 66 per TinyLlama decode step, about 90 us of
+its 1.8 ms of kernels (H100 profile, 2026-11-23); a 2-layer DistilBERT's padded prefill
+spent 8 of its 26 kernels a call there (H200, 2026-11-29), while every layer passes the same
+mask. When two or more calls pass one boolean mask node, it is converted once, before the
+first call, as ``where(mask, 0.0, -inf).to(dtype)`` (two elementwise ops that join the
+group building the mask), and the calls get the additive mask: the values SDPA's math,
+memory-efficient and flash paths make for themselves. A row that allows no key (a
+left-padded prefill's padding rows) then gives 0 on every path, SDPA's convention; with the
+boolean mask torch 2.10's cuDNN path filled it with -65504 instead of -inf and attended to
+every key there (pytorch#177842): the rows no real token reads.
 
 **Masks uniform along the keys** (``drop_key_uniform_masks``): a boolean mask whose last
 dim has stride 0 (or size 1) allows each query row every key or none. Every fused GPU
@@ -63,7 +65,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from fusebackend.passes.fx_util import example_value, static_tensor
+from fusebackend.passes.fx_util import call_evaluated, evaluate, example_value, static_tensor
 
 __all__ = [
     "avoid_cudnn_plans",
@@ -84,16 +86,16 @@ _SDPA = inspect.signature(_sdpa)
 
 
 def share_mask_conversion(gm: torch.fx.GraphModule) -> list[str]:
-    """Rewrite ``gm`` in place: each boolean one-row mask that two or more SDPA calls pass
-    (with queries of one dtype) becomes additive once. Return one entry per mask converted,
-    ``"<mask node> (<n> calls)"``."""
+    """Rewrite ``gm`` in place: each boolean mask of static shape that two or more SDPA calls
+    pass (with queries of one dtype) becomes additive once. Return one entry per mask
+    converted, ``"<mask node> (<n> calls)"``."""
     by_mask: dict[tuple[torch.fx.Node, torch.dtype], list[torch.fx.Node]] = {}
     for node in gm.graph.nodes:
         a = sdpa_arguments(node)
         if a is None or not isinstance(a["attn_mask"], torch.fx.Node):
             continue
         m, q = example_value(a["attn_mask"]), example_value(a["query"])
-        if (static_tensor(m) and m.dtype == torch.bool and m.dim() == 4 and m.shape[2] == 1
+        if (static_tensor(m) and m.dtype == torch.bool and m.dim() >= 2
                 and isinstance(q, torch.Tensor) and q.is_floating_point()):  # fmt: skip
             by_mask.setdefault((a["attn_mask"], q.dtype), []).append(node)
     shared = []
@@ -101,19 +103,9 @@ def share_mask_conversion(gm: torch.fx.GraphModule) -> list[str]:
         if len(calls) < 2:
             continue  # one call: SDPA's own conversion costs the same
         with gm.graph.inserting_before(calls[0]):  # after the mask, before every call
-            blocked = gm.graph.call_function(torch.full_like, (mask, -math.inf), {"dtype": dtype})
-            converted = gm.graph.call_method("masked_fill", (blocked, mask, 0.0))
-            # Example values from the layout alone (full_like keeps a dense mask's, and
-            # masked_fill returns a contiguous tensor), without running ops on the fake mask.
-            # A profile of a TinyLlama decode step's whole first call put 0.5-0.7 s in this
-            # pass on an H100; profiling the backend alone (diag_first_call_phases.py
-            # --profile, three first calls, 2026-11-25) put under 0.03 s per call here, as on
-            # a CPU (27 ms): the larger figure was the whole-call profile's.
-            mask_value = example_value(mask)
-            blocked.meta["example_value"] = torch.empty_like(mask_value, dtype=dtype)
-            converted.meta["example_value"] = torch.empty_like(
-                mask_value, dtype=dtype, memory_format=torch.contiguous_format
-            )
+            additive = call_evaluated(gm.graph, torch.where, (mask, 0.0, -math.inf))
+            converted = gm.graph.call_method("to", (additive, dtype))
+            converted.meta["example_value"] = evaluate(converted)
         for call in calls:
             call.replace_input_with(mask, converted)
         shared.append(f"{mask.name} ({len(calls)} calls)")

@@ -81,20 +81,37 @@ def match_concat(node: torch.fx.Node) -> OpCall | str | None:
 
 
 def drop_identity_slices(graph: torch.fx.Graph) -> list[str]:
-    """Readers of a ``getitem`` that keeps every element of a tensor read the tensor;
-    returns the slices removed."""
+    """Readers of a ``getitem`` that keeps every element of a tensor, or of an ``expand``
+    to the tensor's own shape (transformers' masks: ``mask.expand(B, -1, L, L)`` of a mask
+    already that shape), read the tensor; returns the views removed."""
     dropped = []
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not operator.getitem:
-            continue
         if not node.users or any(user.op == "output" for user in node.users):
             continue  # a graph output stays the view eager returns
+        if node.op == "call_method" and node.target in ("expand", "expand_as"):
+            source = node.args[0]
+            if isinstance(source, torch.fx.Node) and _same_layout(source, node):
+                node.replace_all_uses_with(source)
+                graph.erase_node(node)
+                dropped.append(node.name)
+            continue
+        if node.op != "call_function" or node.target is not operator.getitem:
+            continue
         source, index = node.args
         if isinstance(source, torch.fx.Node) and _keeps_everything(source, index):
             node.replace_all_uses_with(source)
             graph.erase_node(node)
             dropped.append(node.name)
     return dropped
+
+
+def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    """Do two nodes' values have one static shape, strides and dtype?"""
+    x, y = example_value(a), example_value(b)
+    if not (static_layout(x) and static_layout(y)):
+        return False
+    assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)
+    return (x.shape, x.stride(), x.dtype) == (y.shape, y.stride(), y.dtype)
 
 
 def _keeps_everything(source: torch.fx.Node, index: Any) -> bool:
