@@ -269,6 +269,10 @@ SOURCES = (
     # MPNet, RoBERTa, XLM-R and BLOOM at e6b1a55 (a static host chain of sizes and constants
     # computed once per signature), alone on a one-GPU host (folded: in git at 50395c1)
     "suite_zoo_h200_e6b1a55.json",
+    # all 21 at abd7e56 (padded masks in one kernel), two-GPU H200 host: _a (14 families)
+    # beside the GPU tests on the other GPU, _b (7) after them
+    "suite_zoo_h200_abd7e56_a.json",
+    "suite_zoo_h200_abd7e56_b.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
