@@ -270,7 +270,7 @@ SOURCES = (
     # computed once per signature), alone on a one-GPU host (folded: in git at 50395c1)
     "suite_zoo_h200_e6b1a55.json",
     # all 21 at abd7e56 (padded masks in one kernel), two-GPU H200 host: _a (14 families)
-    # beside the GPU tests on the other GPU, _b (7) after them
+    # beside the GPU tests on the other GPU, _b (7) after them (folded: in git at 0e5e89e)
     "suite_zoo_h200_abd7e56_a.json",
     "suite_zoo_h200_abd7e56_b.json",
 )
