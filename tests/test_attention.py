@@ -376,3 +376,45 @@ def test_padded_encoder_runs_no_cudnn_kernel_on_the_gpu():
     assert fusebackend.last_report().graphs[-1].cudnn_free_attention
     if not [n for n in eager_kernels if "cudnn" in n.lower()]:
         pytest.skip(f"SDPA does not pick cuDNN on {torch.cuda.get_device_name()}")
+
+
+def _multi_query(q, k, v, mask):
+    """Falcon-7B's multi-query attention: one K/V head that SDPA broadcasts over the
+    query's heads, twice, as two layers would."""
+    x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return F.scaled_dot_product_attention(x * 0.5 + q, k, v, attn_mask=mask)
+
+
+def _multi_query_inputs(device="cpu", dtype=torch.float32, heads=4, kv_heads=1):
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, heads, 9, 16, generator=g).to(device, dtype)
+    k, v = (torch.randn(2, kv_heads, 9, 16, generator=g).to(device, dtype) for _ in range(2))
+    mask = torch.ones(2, 1, 9, 9, dtype=torch.bool, device=device).tril()
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("kv_heads", [1, 4])
+def test_one_kv_head_is_expanded_to_the_query_heads(kv_heads):
+    args = _multi_query_inputs(kv_heads=kv_heads)
+    actual, graph = _compiled(_multi_query, *args)
+    assert_close(actual, eager(_multi_query, *args))
+    expanded = graph.rewrites.get("expanded_kv_heads", [])
+    assert len(expanded) == (2 if kv_heads == 1 else 0), expanded  # one head only
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_multi_query_attention_runs_a_fused_kernel_on_the_gpu():
+    # Eager broadcasts the one K/V head in SDPA's math path (a softmax kernel of its own);
+    # the fused graph's calls read K/V expanded and get a fused attention kernel.
+    torch._dynamo.reset()
+    args = _multi_query_inputs("cuda", torch.float16)
+    compiled = torch.compile(_multi_query, backend="infinifuse", options={"cudagraphs": False})
+    with torch.no_grad():
+        assert_close(compiled(*args), _multi_query(*args))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            compiled(*args)
+            torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert not [n for n in names if "softmax" in n.lower()], names
+    assert len(fusebackend.last_report().graphs[-1].rewrites["expanded_kv_heads"]) == 2

@@ -266,6 +266,35 @@ def test_an_identity_slice_returned_by_the_graph_stays():
     assert drop_identity_slices(graph) == []
 
 
+def _rotary_with_an_empty_pass(q, k, v, then):
+    """Phi-3's ``cat([rotated, q[..., rotary_dim:]], -1)`` with a rotary dim of the whole
+    head: the second part is empty. ``q`` is a transposed view, so the rotated part keeps
+    that layout and the cat's result is contiguous (but where the cat is written: there both
+    are contiguous, and only the write keeps the cat)."""
+    q = q.transpose(1, 2) if then != "written" else q
+    q_embed = torch.cat([q * 0.5 + 1.0, q[..., q.shape[-1] :]], dim=-1)
+    if then == "attention":
+        return F.scaled_dot_product_attention(q_embed, k, v)
+    if then == "view":  # a view needs the cat's own (contiguous) strides
+        return q_embed.view(q_embed.shape[0], -1) * 3.0
+    q_embed[..., 0] = 5.0  # written after the cat: the cat's copy, not q's values
+    return q_embed * 3.0 + q
+
+
+@pytest.mark.parametrize(("then", "dropped"), [("attention", True), ("view", False),
+                                                ("written", False)])  # fmt: skip
+def test_a_cat_with_empty_parts_reads_its_one_part_where_its_readers_allow(then, dropped):
+    torch.manual_seed(0)
+    q = torch.randn(2, 5, 3, 8)  # (batch, length, heads, head dim), read transposed
+    k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
+    expected = eager(_rotary_with_an_empty_pass, q, k, v, then)
+    torch._dynamo.reset()
+    actual, report = run_fused(_rotary_with_an_empty_pass, q, k, v, then, expect_fused=False)
+    assert_close(actual, expected)
+    cats = [n for n in report.graphs[-1].rewrites.get("identity_slices", []) if "embed" in n]
+    assert bool(cats) == dropped, str(report)
+
+
 # -- on a GPU ------------------------------------------------------------------------------
 
 _CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -35,6 +35,15 @@ Applied when the call has no dropout and is not causal, and the ``where`` keeps 
 output layout. On an H100, BERT-base 8 x 128 then took 0.93 ms per call against
 reduce-overhead's 1.19 ms (``benchmarks/results/suite_decode_h100_no_packing.md``).
 
+**One K/V head for every query head** (``expand_shared_kv_heads``, fused graph only):
+multi-query attention (Falcon-7B's ``multi_query``) passes K and V with one head and lets
+SDPA broadcast them over the query's heads. SDPA's fused kernels take q, k and v of one head
+count only, so the call ran SDPA's math path, eager's too: a batched matmul, the scale, the
+mask, a safe softmax and a second matmul, about ten launches a layer against one (a 2-layer
+Falcon: 58 kernels a call against Inductor's 32, H200, 2026-11-29). The rewrite passes K and V
+expanded to the query's heads (a view: stride 0 along the heads, no copy), the values SDPA's
+broadcast reads; SDPA then picks a fused kernel.
+
 **No cuDNN plans per shape** (``avoid_cudnn_plans``, fused graph only): on an H100 (torch
 2.11) SDPA picks cuDNN's fused kernel for fp16/bf16 attention, and cuDNN builds an execution
 plan for each new shape: a padded encoder's attention took 48-71 ms at its first call at
@@ -70,6 +79,7 @@ from fusebackend.passes.fx_util import call_evaluated, evaluate, example_value, 
 __all__ = [
     "avoid_cudnn_plans",
     "drop_key_uniform_masks",
+    "expand_shared_kv_heads",
     "sdpa_arguments",
     "sdpa_without_cudnn",
     "share_mask_conversion",
@@ -150,6 +160,35 @@ def drop_key_uniform_masks(gm: torch.fx.GraphModule) -> list[str]:
             user.replace_input_with(node, zeroed)
         dropped.append(node.name)
     return _finish(gm, dropped, "attention masks uniform along the keys dropped")
+
+
+def expand_shared_kv_heads(graph: torch.fx.Graph) -> list[str]:
+    """Rewrite ``graph`` in place: each SDPA call whose 4-d key and value have one head where
+    its query has several (and no ``enable_gqa``) reads them expanded to the query's heads.
+    Return the names of the calls rewritten."""
+    rewritten = []
+    for node in graph.nodes:
+        a = sdpa_arguments(node)
+        if a is None or a["enable_gqa"] is not False:
+            continue
+        values = [example_value(a[k]) if isinstance(a[k], torch.fx.Node) else None
+                  for k in ("query", "key", "value")]  # fmt: skip
+        if not all(isinstance(v, torch.Tensor) and v.dim() == 4 for v in values):
+            continue
+        query, key, value = values
+        heads = query.shape[1]
+        if not (isinstance(heads, int) and heads > 1 and key.shape[1] == value.shape[1] == 1):
+            continue
+        with graph.inserting_before(node):
+            for name in ("key", "value"):
+                expanded = graph.call_method("expand", (a[name], -1, heads, -1, -1))
+                expanded.meta["example_value"] = evaluate(expanded)
+                node.replace_input_with(a[name], expanded)
+        rewritten.append(node.name)
+    if rewritten:
+        graph.lint()
+        log.info("attention with K/V expanded to the query's heads: %s", ", ".join(rewritten))
+    return rewritten
 
 
 def avoid_cudnn_plans(graph: torch.fx.Graph) -> list[str]:

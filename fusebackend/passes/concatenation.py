@@ -29,8 +29,10 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.nn.functional as F
 
 from fusebackend.passes.fx_util import example_value, static_layout
+from fusebackend.passes.mutations import storage_id, written_args, written_storages
 from fusebackend.passes.ops import OP_TABLE, OpCall
 
 __all__ = ["CAT_FUNCTIONS", "MAX_PARTS", "cat_arguments", "drop_identity_slices", "match_concat"]
@@ -81,16 +83,25 @@ def match_concat(node: torch.fx.Node) -> OpCall | str | None:
 
 
 def drop_identity_slices(graph: torch.fx.Graph) -> list[str]:
-    """Readers of a ``getitem`` that keeps every element of a tensor, or of an ``expand``
-    to the tensor's own shape (transformers' masks: ``mask.expand(B, -1, L, L)`` of a mask
-    already that shape), read the tensor; returns the views removed."""
+    """Readers of a ``getitem`` that keeps every element of a tensor, of an ``expand`` to
+    the tensor's own shape (transformers' masks: ``mask.expand(B, -1, L, L)`` of a mask
+    already that shape), or of a ``torch.cat`` of the tensor and empty parts (Phi-3's and
+    GPT-NeoX's rotary embeddings, ``cat([q_embed, q[..., rotary_dim:]], -1)`` where the
+    rotation takes every column), read the tensor; returns the nodes removed."""
     dropped = []
+    written = written_storages(graph.nodes) if _examples_of_writes(graph) else None
     for node in list(graph.nodes):
         if not node.users or any(user.op == "output" for user in node.users):
             continue  # a graph output stays the view eager returns
+        source = _only_filled_part(node) if node.target in CAT_FUNCTIONS else None
         if node.op == "call_method" and node.target in ("expand", "expand_as"):
-            source = node.args[0]
-            if isinstance(source, torch.fx.Node) and _same_layout(source, node):
+            source = node.args[0] if isinstance(node.args[0], torch.fx.Node) else None
+        if source is not None:
+            # (a copy the graph writes through, or one of a source it writes, is no longer
+            # the source's value)
+            storages = {storage_id(example_value(n)) for n in (node, source)}
+            free = written is not None and not storages & written
+            if free and (_same_layout(source, node) or _reads_any_layout(node)):
                 node.replace_all_uses_with(source)
                 graph.erase_node(node)
                 dropped.append(node.name)
@@ -103,6 +114,49 @@ def drop_identity_slices(graph: torch.fx.Graph) -> list[str]:
             graph.erase_node(node)
             dropped.append(node.name)
     return dropped
+
+
+def _only_filled_part(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The one part of a ``torch.cat`` node whose other parts are all empty along its dim
+    (a cat of that part alone copies it), else None."""
+    if node.op != "call_function":
+        return None
+    tensors, dim = cat_arguments(node)
+    if not isinstance(tensors, list | tuple) or not isinstance(dim, int):
+        return None
+    values = [example_value(part) if isinstance(part, torch.fx.Node) else None
+              for part in tensors]  # fmt: skip
+    if not all(static_layout(v) for v in values):
+        return None
+    filled = [part for part, v in zip(tensors, values) if v.shape[dim % v.dim()] != 0]
+    return filled[0] if len(filled) == 1 else None
+
+
+# Writes into a tensor that read their source by index, whatever its strides (a KV cache's
+# update: ``cache[:, :, positions] = key_states``, ``index_copy_``).
+_COPIES_INTO = {operator.setitem, "index_copy_", "index_put_", "copy_",
+                torch.Tensor.index_copy_, torch.Tensor.index_put_, torch.Tensor.copy_}  # fmt: skip
+
+
+def _examples_of_writes(graph: torch.fx.Graph) -> bool:
+    """Does every value the graph writes have an example value (a storage to compare)?"""
+    return all(
+        storage_id(example_value(arg)) is not None
+        for node in graph.nodes
+        for arg in written_args(node)
+    )
+
+
+def _reads_any_layout(node: torch.fx.Node) -> bool:
+    """Do ``node``'s readers all take its values whatever its strides (attention calls and
+    copies into a cache: the cat's part may keep a layout of its own, a transposed view's)?"""
+    for user in node.users:
+        if user.target is F.scaled_dot_product_attention:
+            continue
+        if user.target in _COPIES_INTO and node not in written_args(user):
+            continue
+        return False
+    return True
 
 
 def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
