@@ -12,7 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_close, check, eager, run_fused, single_group
+from helpers import TritonCompiles, assert_close, check, eager, run_fused, single_group
+
+import fusebackend
 
 
 def _graph(report):
@@ -117,3 +119,22 @@ def test_rows_that_allow_no_key_give_zero_as_with_the_boolean_mask():
     report = check(_left_padded_causal, attention_mask, q, k, v)
     assert expected[1, :, :2].abs().amax() == 0  # SDPA's convention for such rows
     assert _graph(report).shared_masks, str(report)
+
+
+def test_single_queries_of_new_lengths_reuse_the_mask_kernel_s_binary():
+    # A query encoder meets a new length at most calls (static shapes: a signature each).
+    # The mask's group is as wide as the sequence; its launches share one launch config (a
+    # Triton binary) across lengths up to 64, at most two binaries with Triton's
+    # specialisation of sizes by divisibility by 16 (counted by its own rules).
+    torch.manual_seed(0)
+    compiled = torch.compile(_padding_mask, backend="infinifuse", dynamic=False)
+    with torch.no_grad(), TritonCompiles() as compiles:
+        for length in (3, 5, 9, 16, 17, 33, 47, 64):  # (Dynamo recompiles up to 8 times)
+            attention_mask = torch.ones(1, length, dtype=torch.long)
+            q, k, v = (torch.randn(1, 2, length, 8, dtype=torch.float16) for _ in range(3))
+            assert_close(compiled(attention_mask, q, k, v), _padding_mask(attention_mask, q, k, v))
+    masks = {grp.kernel_name for grp in fusebackend.reports().groups}
+    launches = [key for key in compiles.keys if key[0] in masks]
+    configs = {(key[0], key[1][-4:], key[2]) for key in launches}
+    assert len(launches) >= 8 and len(configs) == 1, sorted(configs)
+    assert len(set(launches)) <= 2, sorted(set(launches))

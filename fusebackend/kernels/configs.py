@@ -45,6 +45,16 @@ PERSISTENT_ELEMENTS = 2048
 # few-row launch a few warps in all, and that was not measured.
 UNALIGNED_ROW_ELEMENTS = 512
 MAX_UNALIGNED_ONE_WARP_D = 256
+# Tile groups of up to this many elements take one launch config per band of widths (at
+# least MIN_SMALL_BLOCK_D, then powers of two), whatever their rows: a launch config is a
+# Triton binary, compiled at its first launch. A padded attention mask's group is as wide
+# as the sequence, and with rows and columns each picking their block, the single queries of
+# a sentence-transformers benchmark (MiniLM-L6, 100 queries of 2-60 tokens, H200,
+# 2026-11-29, e7d9a06) compiled a binary at most new lengths: the p90 of a query at a new
+# length went from 9.5-14.8 ms to 140 ms. Such groups are latency-bound: idle lanes of a
+# 1024-element program cost nothing measurable there.
+QUANTIZED_TILE_ELEMENTS = 1 << 16
+MIN_SMALL_BLOCK_D = 64
 
 
 def layout_for(program: RowProgram, width: int) -> str:
@@ -76,6 +86,9 @@ def launch_config(
     # Tile programs cover <= 1024 elements: at most 1024 columns, several rows of a narrow
     # table (TILE_ELEMENTS' comment).
     block_d = min(triton_next_power_of_2(width), TILE_ELEMENTS)
+    if rows * width <= QUANTIZED_TILE_ELEMENTS:
+        block_d = max(block_d, MIN_SMALL_BLOCK_D)
+        return TILE_ELEMENTS // block_d, block_d, 8
     block_r = min(triton_next_power_of_2(rows), max(1, TILE_ELEMENTS // block_d))
     if rows * width <= SMALL_GROUP_ELEMENTS:
         # Latency-bound: ~4 elements per thread (8 warps). Swept on an H100
