@@ -273,6 +273,15 @@ SOURCES = (
     # beside the GPU tests on the other GPU, _b (7) after them (folded: in git at 0e5e89e)
     "suite_zoo_h200_abd7e56_a.json",
     "suite_zoo_h200_abd7e56_b.json",
+    # six of them at e7d9a06 (one K/V head expanded for SDPA, cats with empty parts dropped):
+    # _a beside sentence-transformers on the other GPU, _b after the GPU tests
+    "suite_zoo_h200_e7d9a06_a.json",
+    "suite_zoo_h200_e7d9a06_b.json",
+    # sentence-transformers, MiniLM-L6, --quick: eager and infinifuse at e7d9a06 (padded
+    # masks as a group: a query at a new length compiled a binary), infinifuse at 4598feb
+    # (one launch config per band of widths for small tile groups)
+    "sentence_embeddings_minilm_h200_e7d9a06.json",
+    "sentence_embeddings_minilm_h200_4598feb.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
