@@ -274,7 +274,8 @@ SOURCES = (
     "suite_zoo_h200_abd7e56_a.json",
     "suite_zoo_h200_abd7e56_b.json",
     # six of them at e7d9a06 (one K/V head expanded for SDPA, cats with empty parts dropped):
-    # _a beside sentence-transformers on the other GPU, _b after the GPU tests
+    # _a beside sentence-transformers on the other GPU, _b after the GPU tests (folded, as
+    # the two below: in git at aa487c8)
     "suite_zoo_h200_e7d9a06_a.json",
     "suite_zoo_h200_e7d9a06_b.json",
     # sentence-transformers, MiniLM-L6, --quick: eager and infinifuse at e7d9a06 (padded
