@@ -242,7 +242,9 @@ def sweep(name: str, rows: int, width: int, copy_gbs: float) -> list[dict]:
             def config(r, w, lay="tile", gathers=False, aligned=True, warps=warps, block=block,
                        chunk=chunk):  # fmt: skip
                 if lay == "tile":  # block: columns per program; rows fill `chunk` elements
-                    rows_per_program = min(configs.triton_next_power_of_2(r), chunk // block)
+                    rows_per_program = chunk // block
+                    if r * w > configs.QUANTIZED_TILE_ELEMENTS:  # (small groups fill theirs)
+                        rows_per_program = min(configs.triton_next_power_of_2(r), rows_per_program)
                     return max(1, rows_per_program), block, warps
                 if lay == "persistent":
                     return block, configs.triton_next_power_of_2(w), warps

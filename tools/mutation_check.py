@@ -764,6 +764,33 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_index_views.py",),
         note="a gather of a tensor the graph writes later read as a view of it",
     ),
+    Mutation(
+        "empty_part_cat_of_a_written_copy",
+        "pass: concatenation",
+        "fusebackend/passes/concatenation.py",
+        "            free = written is not None and not storages & written\n",
+        "            free = True\n",
+        ("tests/test_concatenation.py",),
+        note="a cat of one part and empty ones read as that part where the graph writes the cat",
+    ),
+    Mutation(
+        "empty_part_cat_of_another_layout",
+        "pass: concatenation",
+        "fusebackend/passes/concatenation.py",
+        "            if free and (_same_layout(source, node) or _reads_any_layout(node)):\n",
+        "            if free:\n",
+        ("tests/test_concatenation.py",),
+        note="a cat's one part of other strides read in its place by a view that needs the cat's",
+    ),
+    Mutation(
+        "small_tiles_configured_by_their_rows",
+        "kernels: configs",
+        "fusebackend/kernels/configs.py",
+        "    if rows * width <= QUANTIZED_TILE_ELEMENTS:\n",
+        "    if False:\n",
+        ("tests/test_index_views.py",),
+        note="a small group's launch config follows its rows and width: a binary per new length",
+    ),
 ]
 
 
