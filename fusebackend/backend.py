@@ -33,7 +33,11 @@ from fusebackend.kernels.launch import launch_rank, layout_for, precompile_all
 from fusebackend.kernels.matmul import epilogue_source, matmul_op
 from fusebackend.kernels.spatial_mean import spatial_mean
 from fusebackend.kernels.vocab_lookup import vocab_parallel_lookup
-from fusebackend.passes.attention import avoid_cudnn_plans, expand_shared_kv_heads
+from fusebackend.passes.attention import (
+    avoid_cudnn_plans,
+    expand_shared_kv_heads,
+    scale_in_attention,
+)
 from fusebackend.passes.batch_norm_folding import Refresh, fold_batch_norms
 from fusebackend.passes.cache_writes import pair_cache_writes
 from fusebackend.passes.channels_last import choose_channels_last, use_channels_last
@@ -312,6 +316,9 @@ FUSE = [
     Pass("use_decode_attention", lambda c: use_decode_attention(c.graph, decode_attention),
          "decode attention reading K/V unrepeated (fused graph)", report="decode_attention",
          needs_rewrites=True),
+    Pass("scale_in_attention", lambda c: scale_in_attention(c.graph),
+         "query scalings moved into attention's scale (fused graph)",
+         report="attention_scales", needs_rewrites=True),
     Pass("expand_shared_kv_heads", lambda c: expand_shared_kv_heads(c.graph),
          "attention with one K/V head expanded to the query's heads (fused graph)",
          report="expanded_kv_heads", needs_rewrites=True),

@@ -418,3 +418,35 @@ def test_multi_query_attention_runs_a_fused_kernel_on_the_gpu():
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert not [n for n in names if "softmax" in n.lower()], names
     assert len(fusebackend.last_report().graphs[-1].rewrites["expanded_kv_heads"]) == 2
+
+
+def _pre_scaled(x, w, k, v, mask, scale, reuse, sliced):
+    """OPT's and Whisper's attention: the query projection scaled by a number, then viewed
+    into heads, and SDPA called with ``scale`` (1.0 where the model scaled already). With
+    ``sliced`` the projection is half of a wider one (not dense: the multiply's result is)
+    and a view merges its dims, which only the multiply's dense result allows."""
+    b, length, _ = x.shape
+    x = F.layer_norm(x, (x.shape[-1],))  # (a group: a graph with nothing to fuse stays as traced)
+    projected = (x @ w)[..., :16] if sliced else x @ w
+    scaled = projected * 0.25
+    q = (scaled.view(b, -1) if sliced else scaled).view(b, length, 2, 8).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return (out, scaled + 1) if reuse else out
+
+
+@pytest.mark.parametrize(
+    ("scale", "reuse", "sliced", "moved"),
+    [(1.0, False, False, True), (None, False, False, True), (0.5, True, False, False),
+     (1.0, False, True, False)],
+    ids=["scale 1", "default scale", "multiply read twice", "other strides"],
+)  # fmt: skip
+def test_a_query_scaled_by_a_number_is_scaled_in_attention(scale, reuse, sliced, moved):
+    # (18 rows: more than a matmul group takes, which would run the multiply as its tail)
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(2, 9, 16, generator=g), torch.randn(16, 32 if sliced else 16, generator=g)
+    k, v = torch.randn(2, 2, 9, 8, generator=g), torch.randn(2, 2, 9, 8, generator=g)
+    mask = torch.ones(2, 1, 9, 9, dtype=torch.bool).tril()
+    args = (x, w, k, v, mask, scale, reuse, sliced)
+    actual, graph = _compiled(_pre_scaled, *args)
+    assert_close(actual, eager(_pre_scaled, *args))
+    assert len(graph.rewrites.get("attention_scales", [])) == (1 if moved else 0), graph.rewrites

@@ -44,6 +44,13 @@ Falcon: 58 kernels a call against Inductor's 32, H200, 2026-11-29). The rewrite 
 expanded to the query's heads (a view: stride 0 along the heads, no copy), the values SDPA's
 broadcast reads; SDPA then picks a fused kernel.
 
+**A query scaled by a number** (``scale_in_attention``, fused graph only): OPT, Whisper and
+XGLM scale the query projection by ``head_dim ** -0.5`` (``q_proj(x) * self.scaling``) and
+call SDPA with ``scale=1.0``: an elementwise kernel a layer on the query. The multiply goes
+and SDPA takes the number in its ``scale`` (times the scale it was given), where the query
+reaches SDPA through views only, the multiply has no other reader and its result has its
+operand's layout (so every view in between sees the same strides).
+
 **No cuDNN plans per shape** (``avoid_cudnn_plans``, fused graph only): on an H100 (torch
 2.11) SDPA picks cuDNN's fused kernel for fp16/bf16 attention, and cuDNN builds an execution
 plan for each new shape: a padded encoder's attention took 48-71 ms at its first call at
@@ -75,12 +82,14 @@ import torch.fx
 import torch.nn.functional as F
 
 from fusebackend.passes.fx_util import call_evaluated, evaluate, example_value, static_tensor
+from fusebackend.passes.matmul_operands import scaled_by_number
 
 __all__ = [
     "avoid_cudnn_plans",
     "drop_key_uniform_masks",
     "expand_shared_kv_heads",
     "sdpa_arguments",
+    "scale_in_attention",
     "sdpa_without_cudnn",
     "share_mask_conversion",
 ]
@@ -189,6 +198,54 @@ def expand_shared_kv_heads(graph: torch.fx.Graph) -> list[str]:
         graph.lint()
         log.info("attention with K/V expanded to the query's heads: %s", ", ".join(rewritten))
     return rewritten
+
+
+# Views a query may reach SDPA through (a multiply before them moves into SDPA's scale).
+_VIEWS = {"view", "reshape", "transpose", "permute", "unflatten", torch.transpose,
+          torch.permute, torch.reshape, torch.unflatten}  # fmt: skip
+
+
+def scale_in_attention(graph: torch.fx.Graph) -> list[str]:
+    """Rewrite ``graph`` in place: an SDPA call whose query is ``x * c`` (``c`` a Python
+    number) seen through views reads ``x`` through them, with ``c`` in its scale. Return the
+    names of the multiplies removed."""
+    gone = []
+    for node in list(graph.nodes):
+        a = sdpa_arguments(node)
+        if a is None or not isinstance(a["query"], torch.fx.Node):
+            continue
+        scaled, views = a["query"], []
+        while scaled.target in _VIEWS and len(scaled.users) == 1 and scaled.args:
+            views.append(scaled)
+            scaled = scaled.args[0]
+            if not isinstance(scaled, torch.fx.Node):
+                break
+        found = scaled_by_number(scaled) if isinstance(scaled, torch.fx.Node) else None
+        if found is None or len(scaled.users) != 1:
+            continue
+        source, factor = found
+        before, after = example_value(source), example_value(scaled)
+        query = example_value(a["query"])
+        if not (static_tensor(before) and static_tensor(after) and static_tensor(query)):
+            continue
+        if (before.shape, before.stride(), before.dtype) != (after.shape, after.stride(),
+                                                             after.dtype):  # fmt: skip
+            continue  # a view after it could see other strides
+        scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(query.shape[-1])
+        if not isinstance(scale, (int, float)):
+            continue
+        scaled.replace_all_uses_with(source)
+        graph.erase_node(scaled)
+        bound = sdpa_arguments(node)  # (read again: the query may have been the multiply)
+        assert bound is not None
+        bound["scale"] = float(scale) * factor
+        node.args = tuple(bound.pop(name) for name in ("query", "key", "value"))
+        node.kwargs = bound
+        gone.append(scaled.name)
+    if gone:
+        graph.lint()
+        log.info("query scalings moved into attention's scale: %s", ", ".join(gone))
+    return gone
 
 
 def avoid_cudnn_plans(graph: torch.fx.Graph) -> list[str]:

@@ -54,7 +54,7 @@ import torch.fx
 
 from fusebackend.passes.fx_util import call_evaluated, evaluate, example_value, static_layout
 
-__all__ = ["copy_matmul_operands_once", "scale_in_matmuls"]
+__all__ = ["copy_matmul_operands_once", "scale_in_matmuls", "scaled_by_number"]
 
 _MATMULS = {operator.matmul, torch.matmul}
 # Views that keep every dim of their input or drop or reorder some: the chains replayed here.
@@ -272,7 +272,7 @@ def scale_in_matmuls(graph: torch.fx.Graph) -> list[str]:
         if not (node.op == "call_function" and node.target in _MATMULS and len(node.args) == 2):
             continue
         for side in (0, 1):
-            scaled = _scaled(node.args[side])
+            scaled = scaled_by_number(node.args[side])
             if scaled is None or len(node.args[side].users) != 1:
                 continue
             operands = list(node.args)
@@ -288,7 +288,7 @@ def scale_in_matmuls(graph: torch.fx.Graph) -> list[str]:
     return gone
 
 
-def _scaled(node: Any) -> tuple[torch.fx.Node, float] | None:
+def scaled_by_number(node: Any) -> tuple[torch.fx.Node, float] | None:
     """(x, s) where ``node`` is x * s, s * x or x / s with s a Python number; else None."""
     if not isinstance(node, torch.fx.Node) or node.kwargs or len(node.args) != 2:
         return None
