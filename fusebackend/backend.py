@@ -286,8 +286,7 @@ FUSE = [
          "work on parameters and buffers alone done once, refreshed when they change "
          "(fused graph)", report="parameter_work"),
     Pass("arange_indices_as_reshapes", lambda c: arange_indices_as_reshapes(c.graph, c.gm),
-         "indexing by constant aranges read as a reshape (fused graph)",
-         report="arange_indices"),
+         "indexing by constant aranges read as a reshape (fused graph)", report="arange_indices"),
     Pass("move_reshapes_up", lambda c: move_reshapes_up(c.graph),
          "reshapes moved ahead of elementwise ops (fused graph)", report="reshapes_moved"),
     Pass("copy_matmul_operands_once", lambda c: copy_matmul_operands_once(c.graph),
