@@ -777,7 +777,7 @@ MUTATIONS: list[Mutation] = [
         "empty_part_cat_of_another_layout",
         "pass: concatenation",
         "fusebackend/passes/concatenation.py",
-        "            if free and (_same_layout(source, node) or _reads_any_layout(node)):\n",
+        "            if free and (kept or _reads_any_layout(node)):\n",
         "            if free:\n",
         ("tests/test_concatenation.py",),
         note="a cat's one part of other strides read in its place by a view that needs the cat's",

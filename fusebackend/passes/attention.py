@@ -81,7 +81,13 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from fusebackend.passes.fx_util import call_evaluated, evaluate, example_value, static_tensor
+from fusebackend.passes.fx_util import (
+    call_evaluated,
+    evaluate,
+    example_value,
+    same_layout,
+    static_tensor,
+)
 from fusebackend.passes.matmul_operands import scaled_by_number
 
 __all__ = [
@@ -194,10 +200,7 @@ def expand_shared_kv_heads(graph: torch.fx.Graph) -> list[str]:
                 expanded.meta["example_value"] = evaluate(expanded)
                 node.replace_input_with(a[name], expanded)
         rewritten.append(node.name)
-    if rewritten:
-        graph.lint()
-        log.info("attention with K/V expanded to the query's heads: %s", ", ".join(rewritten))
-    return rewritten
+    return _checked(graph, rewritten, "attention with K/V expanded to the query's heads")
 
 
 # Views a query may reach SDPA through (a multiply before them moves into SDPA's scale).
@@ -224,12 +227,10 @@ def scale_in_attention(graph: torch.fx.Graph) -> list[str]:
         if found is None or len(scaled.users) != 1:
             continue
         source, factor = found
-        before, after = example_value(source), example_value(scaled)
         query = example_value(a["query"])
-        if not (static_tensor(before) and static_tensor(after) and static_tensor(query)):
+        if not static_tensor(query):
             continue
-        if (before.shape, before.stride(), before.dtype) != (after.shape, after.stride(),
-                                                             after.dtype):  # fmt: skip
+        if not same_layout(example_value(source), example_value(scaled)):
             continue  # a view after it could see other strides
         scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(query.shape[-1])
         if not isinstance(scale, (int, float)):
@@ -242,10 +243,7 @@ def scale_in_attention(graph: torch.fx.Graph) -> list[str]:
         node.args = tuple(bound.pop(name) for name in ("query", "key", "value"))
         node.kwargs = bound
         gone.append(scaled.name)
-    if gone:
-        graph.lint()
-        log.info("query scalings moved into attention's scale: %s", ", ".join(gone))
-    return gone
+    return _checked(graph, gone, "query scalings moved into attention's scale")
 
 
 def avoid_cudnn_plans(graph: torch.fx.Graph) -> list[str]:
@@ -267,10 +265,7 @@ def avoid_cudnn_plans(graph: torch.fx.Graph) -> list[str]:
             continue  # one length per graph: one plan, and cuDNN's steady calls are faster
         node.target = sdpa_without_cudnn
         rewritten.append(node.name)
-    if rewritten:
-        graph.lint()
-        log.info("attention without cuDNN's per-shape plans: %s", ", ".join(rewritten))
-    return rewritten
+    return _checked(graph, rewritten, "attention without cuDNN's per-shape plans")
 
 
 def sdpa_without_cudnn(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -291,9 +286,16 @@ def sdpa_without_cudnn(*args: Any, **kwargs: Any) -> torch.Tensor:
 
 def _finish(gm: torch.fx.GraphModule, rewritten: list[str], what: str) -> list[str]:
     """After a rewrite of ``gm``: check and recompile it, and log what changed."""
+    _checked(gm.graph, rewritten, what)
     if rewritten:
-        gm.graph.lint()
         gm.recompile()
+    return rewritten
+
+
+def _checked(graph: torch.fx.Graph, rewritten: list[str], what: str) -> list[str]:
+    """After a rewrite of ``graph``: check it, and log what changed."""
+    if rewritten:
+        graph.lint()
         log.info("%s: %s", what, ", ".join(rewritten))
     return rewritten
 

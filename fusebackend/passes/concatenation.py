@@ -31,8 +31,8 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from fusebackend.passes.fx_util import example_value, static_layout
-from fusebackend.passes.mutations import storage_id, written_args, written_storages
+from fusebackend.passes.fx_util import example_value, same_layout, static_layout
+from fusebackend.passes.mutations import known_written_storages, storage_id, written_args
 from fusebackend.passes.ops import OP_TABLE, OpCall
 
 __all__ = ["CAT_FUNCTIONS", "MAX_PARTS", "cat_arguments", "drop_identity_slices", "match_concat"]
@@ -89,7 +89,7 @@ def drop_identity_slices(graph: torch.fx.Graph) -> list[str]:
     GPT-NeoX's rotary embeddings, ``cat([q_embed, q[..., rotary_dim:]], -1)`` where the
     rotation takes every column), read the tensor; returns the nodes removed."""
     dropped = []
-    written = written_storages(graph.nodes) if _examples_of_writes(graph) else None
+    written = known_written_storages(graph.nodes)
     for node in list(graph.nodes):
         if not node.users or any(user.op == "output" for user in node.users):
             continue  # a graph output stays the view eager returns
@@ -101,7 +101,8 @@ def drop_identity_slices(graph: torch.fx.Graph) -> list[str]:
             # the source's value)
             storages = {storage_id(example_value(n)) for n in (node, source)}
             free = written is not None and not storages & written
-            if free and (_same_layout(source, node) or _reads_any_layout(node)):
+            kept = same_layout(example_value(source), example_value(node))
+            if free and (kept or _reads_any_layout(node)):
                 node.replace_all_uses_with(source)
                 graph.erase_node(node)
                 dropped.append(node.name)
@@ -138,15 +139,6 @@ _COPIES_INTO = {operator.setitem, "index_copy_", "index_put_", "copy_",
                 torch.Tensor.index_copy_, torch.Tensor.index_put_, torch.Tensor.copy_}  # fmt: skip
 
 
-def _examples_of_writes(graph: torch.fx.Graph) -> bool:
-    """Does every value the graph writes have an example value (a storage to compare)?"""
-    return all(
-        storage_id(example_value(arg)) is not None
-        for node in graph.nodes
-        for arg in written_args(node)
-    )
-
-
 def _reads_any_layout(node: torch.fx.Node) -> bool:
     """Do ``node``'s readers all take its values whatever its strides (attention calls and
     copies into a cache: the cat's part may keep a layout of its own, a transposed view's)?"""
@@ -157,15 +149,6 @@ def _reads_any_layout(node: torch.fx.Node) -> bool:
             continue
         return False
     return True
-
-
-def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
-    """Do two nodes' values have one static shape, strides and dtype?"""
-    x, y = example_value(a), example_value(b)
-    if not (static_layout(x) and static_layout(y)):
-        return False
-    assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)
-    return (x.shape, x.stride(), x.dtype) == (y.shape, y.stride(), y.dtype)
 
 
 def _keeps_everything(source: torch.fx.Node, index: Any) -> bool:

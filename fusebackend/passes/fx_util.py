@@ -120,6 +120,14 @@ def call_evaluated(graph: torch.fx.Graph, target: Any, args: tuple[Any, ...]) ->
     return node
 
 
+def same_layout(a: object, b: object) -> bool:
+    """Are ``a`` and ``b`` tensors of one static shape, strides and dtype?"""
+    if not (static_layout(a) and static_layout(b)):
+        return False
+    assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+    return (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
+
+
 def static_layout(value: object) -> bool:
     """Is ``value`` a tensor whose sizes, strides and storage offset are all plain ints?"""
     return isinstance(value, torch.Tensor) and all(

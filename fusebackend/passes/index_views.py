@@ -26,7 +26,7 @@ import torch
 import torch.fx
 
 from fusebackend.passes.fx_util import evaluate, example_value, static_layout
-from fusebackend.passes.mutations import storage_id, written_args
+from fusebackend.passes.mutations import known_written_storages, storage_id
 
 __all__ = ["arange_indices_as_reshapes"]
 
@@ -37,7 +37,7 @@ def arange_indices_as_reshapes(graph: torch.fx.Graph, module: torch.nn.Module) -
     """Rewrite ``graph`` in place: each ``x[i0, i1, ...]`` whose indices are constant aranges
     (``get_attr`` tensors of ``module``) as described above becomes ``x.reshape(shape)``.
     Return the names of the getitems rewritten."""
-    written = _written_storages(graph)
+    written = known_written_storages(graph.nodes)
     if written is None:
         return []
     rewritten = []
@@ -58,19 +58,6 @@ def arange_indices_as_reshapes(graph: torch.fx.Graph, module: torch.nn.Module) -
                 graph.erase_node(item)
         rewritten.append(node.name)
     return rewritten
-
-
-def _written_storages(graph: torch.fx.Graph) -> set[int] | None:
-    """Storages the graph writes into; None where a written value has no example value
-    (then nothing is known to be safe)."""
-    storages: set[int] = set()
-    for node in graph.nodes:
-        for arg in written_args(node):
-            storage = storage_id(example_value(arg))
-            if storage is None:
-                return None
-            storages.add(storage)
-    return storages
 
 
 def _reshape_of(node: torch.fx.Node, module: torch.nn.Module) -> tuple[int, ...] | None:

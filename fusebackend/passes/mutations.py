@@ -37,7 +37,13 @@ import torch.fx
 
 from fusebackend.passes.fx_util import example_value, placeholders
 
-__all__ = ["mutated_placeholders", "storage_id", "written_args", "written_storages"]
+__all__ = [
+    "known_written_storages",
+    "mutated_placeholders",
+    "storage_id",
+    "written_args",
+    "written_storages",
+]
 
 _INPLACE_OPERATORS = {
     operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
@@ -98,6 +104,19 @@ def written_storages(nodes: Iterable[torch.fx.Node]) -> set[int]:
     storages = {storage_id(example_value(arg)) for node in nodes for arg in written_args(node)}
     storages.discard(None)
     return storages  # type: ignore[return-value]
+
+
+def known_written_storages(nodes: Iterable[torch.fx.Node]) -> set[int] | None:
+    """Storage ids of everything ``nodes`` write; None where a written value has no example
+    value (a storage to compare): then no rewrite can tell what a write reaches."""
+    storages = set()
+    for node in nodes:
+        for arg in written_args(node):
+            storage = storage_id(example_value(arg))
+            if storage is None:
+                return None
+            storages.add(storage)
+    return storages
 
 
 def mutated_placeholders(graph: torch.fx.Graph) -> list[torch.fx.Node]:
