@@ -43,15 +43,15 @@ def _fresh_dynamo_and_runtime():
 def fused_graphs(monkeypatch):
     """The fused graphs (GraphModules; None where nothing fused) the backend builds while the
     test runs, in order."""
-    from fusebackend import backend
+    from fusebackend import fusion
 
     made = []
-    real = backend._fuse
+    real = fusion.fuse
 
     def keep(*args, **kwargs):
-        fusion = real(*args, **kwargs)
-        made.append(fusion.graph)
-        return fusion
+        fused = real(*args, **kwargs)
+        made.append(fused.graph)
+        return fused
 
-    monkeypatch.setattr(backend, "_fuse", keep)
+    monkeypatch.setattr(fusion, "fuse", keep)
     return made

@@ -115,17 +115,17 @@ def test_every_eval_batch_norm_folds_and_outputs_equal_eager(block, dtype):
 def test_the_fused_graph_has_no_batch_norm_left(monkeypatch):
     # The graph the runtime runs fused: the folded conv reads the derived constants and no
     # batch_norm node is left; the unfused reference graph keeps every BatchNorm.
-    from fusebackend import backend
+    from fusebackend import fusion
 
     made = []
-    real = backend._fuse
+    real = fusion.fuse
 
     def keep(*args, **kwargs):
-        fusion = real(*args, **kwargs)
-        made.append((args[0], fusion.graph))
-        return fusion
+        fused = real(*args, **kwargs)
+        made.append((args[0], fused.graph))
+        return fused
 
-    monkeypatch.setattr(backend, "_fuse", keep)
+    monkeypatch.setattr(fusion, "fuse", keep)
     model = _randomize_statistics(Bottleneck())
     with torch.no_grad():
         _compiled(model)(torch.randn(1, 6, 5, 5))

@@ -279,10 +279,10 @@ def test_launches_alike_are_precompiled_once(monkeypatch):
     # more for a launch Triton would specialise otherwise (an unaligned view).
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    import fusebackend.backend as backend
+    import fusebackend.fusion as fusion
 
     jobs = []
-    monkeypatch.setattr(backend, "precompile_all", lambda js: jobs.extend(js) or 0)
+    monkeypatch.setattr(fusion, "precompile_all", lambda js: jobs.extend(js) or 0)
     graph = torch.fx.Graph()
     with FakeTensorMode():
         q = torch.empty(1, 8, 1, 64, device="cuda", dtype=torch.float16)
@@ -296,5 +296,5 @@ def test_launches_alike_are_precompiled_once(monkeypatch):
                 node.meta["example_value"] = value
                 args.append(node)
             graph.call_function(decode_attention, (*args, None, None, 4, q.stride()))
-    backend._precompile(graph)
+    fusion.precompile(graph)
     assert len(jobs) == 2

@@ -316,7 +316,7 @@ def test_past_the_cap_the_oldest_signature_goes_and_recent_ones_stay(monkeypatch
 
 
 def test_a_dynamic_graph_precompiles_the_binary_its_first_call_launches(monkeypatch):
-    # backend._precompile skipped symbolic shapes: a dynamic graph compiled its kernels one
+    # fusion.precompile skipped symbolic shapes: a dynamic graph compiled its kernels one
     # by one at their first launches. With its example values' hints (the traced call's
     # sizes) the warm-up compiles the binary that call launches, and a later length of the
     # same launch config launches it too. (CUDA tensors only: here the CPU's are let in.)

@@ -165,9 +165,9 @@ def test_precompiled_kernels_are_loaded_before_the_first_launch():
 
 
 def test_a_new_kernel_family_is_precompiled_with_no_change_to_the_backend(monkeypatch):
-    # backend._precompile asks each node's target for its job (kernels/family.py): a launcher
+    # fusion.precompile asks each node's target for its job (kernels/family.py): a launcher
     # carrying the protocol is warmed up once per key, counted by its describe().
-    from fusebackend import backend
+    from fusebackend import fusion
     from fusebackend.kernels.family import family, launch_key
 
     built = []
@@ -181,14 +181,14 @@ def test_a_new_kernel_family_is_precompiled_with_no_change_to_the_backend(monkey
         return x
 
     jobs = []
-    monkeypatch.setattr(backend, "precompile_all", lambda js: jobs.extend(js) or 0)
+    monkeypatch.setattr(fusion, "precompile_all", lambda js: jobs.extend(js) or 0)
     graph = torch.fx.Graph()
     for shape in [(2, 3), (2, 3), (4, 3)]:
         node = graph.placeholder(f"x{len(graph.nodes)}")
         node.meta["example_value"] = torch.empty(shape)
         graph.call_function(my_kernel, (node,))
     # its launches counted; no launch paths: the family has no launch_path
-    assert backend._precompile(graph) == ({"my_kernel": 3}, {})
+    assert fusion.precompile(graph) == ({"my_kernel": 3}, {})
     for job in jobs:
         job()
     assert built == [(2, 3), (4, 3)]
