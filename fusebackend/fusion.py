@@ -419,5 +419,5 @@ def _static_width(candidate: Candidate) -> int:
     """The group's row width as traced (the widest last dim of its members), for the
     report's source: the launcher picks the layout again from each call's real width."""
     values = [example_value(m) for m in candidate.members]  # a split's value is a tuple
-    widths = [v.shape[-1] for v in values if isinstance(v, torch.Tensor)]
+    widths = [v.shape[-1] for v in values if isinstance(v, torch.Tensor) and v.dim()]
     return max((w for w in widths if isinstance(w, int)), default=1)

@@ -251,3 +251,33 @@ def test_seed_whose_lookup_operand_closes_a_cycle():
     assert_close(out, eager(fn, ids, table, square))
     assert "embedding" not in single_group(report).nodes, str(report)
     assert any("(a cycle)" in r.reason for r in report.rejections), str(report)
+
+
+def t5_clamp_then_rms(h, w):
+    """transformers' T5 (fp16): clamp to a bound chosen by whether any element is inf, then
+    T5's RMSNorm."""
+    clamp_value = torch.where(
+        torch.isinf(h).any(),
+        torch.finfo(h.dtype).max - 1000,
+        torch.finfo(h.dtype).max,
+    )
+    h = torch.clamp(h, min=-clamp_value, max=clamp_value)
+    return h, rms_decomposed(h, w)
+
+
+@pytest.mark.parametrize("with_inf", [False, True])
+def test_a_bound_computed_from_a_flag_joins_the_group_that_reads_it(with_inf):
+    # The 0-d bound (where of the 0-d flag, and its negation) is computed in the kernel that
+    # clamps: two launches fewer per clamp; the flag itself (a reduction over the whole
+    # tensor) stays outside. With an inf the bound is max - 1000 and large values clamp.
+    torch.manual_seed(5)
+    h = (torch.randn(2, 5, 33) * 2e4).half()
+    if with_inf:
+        h[1, 2, 7] = float("-inf")
+    w = torch.randn(33).half()
+    expected = eager(t5_clamp_then_rms, h, w)
+    actual, report = run_fused(t5_clamp_then_rms, h, w)
+    assert_close(actual, expected)
+    nodes = single_group(report).nodes
+    assert {"clamp_value", "neg", "h"} <= set(nodes), str(report)  # h: the clamp
+    assert (expected[0].abs() == 64504).any() == with_inf  # the data reached each bound

@@ -216,11 +216,17 @@ class _Grower:
         return f"consumer {user.name}: {reason}"
 
     def _check_node(
-        self, node: torch.fx.Node, call: OpCall, new_lookups: list[torch.fx.Node]
+        self,
+        node: torch.fx.Node,
+        call: OpCall,
+        new_lookups: list[torch.fx.Node],
+        upstream: bool = False,
     ) -> str | None:
         """Can ``node`` join (its result, operands and rows)? Lookups it reads that can be
-        gathered are added to ``new_lookups``."""
-        reason = self._check_result(node, call)
+        gathered are added to ``new_lookups``. ``upstream``: a producer only the group
+        reads, which may be a 0-d number (T5's clamp bound ``where(flag, a, b)``), computed
+        where the kernel reads it."""
+        reason = self._check_result(node, call, upstream)
         if reason:
             return reason
         if call.op.kind == OpKind.MOVE:
@@ -288,7 +294,7 @@ class _Grower:
             if not isinstance(producer, OpCall):
                 continue
             saved, lookups = (self.width, self.shape), list(new_lookups)
-            if self._check_node(operand, producer, lookups):
+            if self._check_node(operand, producer, lookups, upstream=True):
                 self.width, self.shape = saved
                 continue
             taken[operand] = producer
@@ -321,7 +327,7 @@ class _Grower:
                     return f"{node.name}: {_concat_reason(inside[0])}"
         return None
 
-    def _check_result(self, user: torch.fx.Node, call: OpCall) -> str | None:
+    def _check_result(self, user: torch.fx.Node, call: OpCall, upstream: bool) -> str | None:
         value = example_value(user)
         if not isinstance(value, torch.Tensor):
             return "result is not a tensor"
@@ -336,7 +342,9 @@ class _Grower:
         reason = result_dtype_reason(call, value.dtype)
         if reason:
             return reason
-        if value.dim() == 0:
+        if value.dim() == 0 and not (upstream and call.op.kind == OpKind.ELEMENTWISE):
+            # (a 0-d value a group computes for itself is broadcast like a 0-d operand; one
+            # of its own would be an output of another shape than the kernel's rows)
             return "result is 0-d"
         return None
 
