@@ -32,6 +32,7 @@ from fusebackend.kernels.spatial_mean import spatial_mean
 from fusebackend.kernels.vocab_lookup import vocab_parallel_lookup
 from fusebackend.passes.attention import (
     avoid_cudnn_plans,
+    contiguous_attention_masks,
     expand_shared_kv_heads,
     scale_in_attention,
 )
@@ -39,6 +40,7 @@ from fusebackend.passes.batch_norm_folding import Refresh, fold_batch_norms
 from fusebackend.passes.cache_writes import pair_cache_writes
 from fusebackend.passes.channels_last import choose_channels_last, use_channels_last
 from fusebackend.passes.collectives import use_vocab_parallel_lookup
+from fusebackend.passes.common_values import share_equal_values
 from fusebackend.passes.concat_writes import push_into_concatenations, write_concatenations
 from fusebackend.passes.concatenation import drop_identity_slices
 from fusebackend.passes.conv_bias import move_conv_biases
@@ -243,6 +245,9 @@ FUSE = [
     Pass("make_out_of_place", _make_out_of_place,
          "in-place ops on graph temporaries made out-of-place (fused graph)",
          report="made_out_of_place"),
+    Pass("share_equal_values", lambda c: share_equal_values(c.graph),
+         "values computed twice from the same operands, computed once (fused graph)",
+         report="values_shared"),
     Pass("drop_empty_pads", lambda c: drop_empty_pads(c.graph),
          "pads by zero amounts replaced by their input (fused graph)", report="empty_pads"),
     Pass("fold_batch_norms", _fold_batch_norms,
@@ -282,6 +287,9 @@ FUSE = [
     Pass("drop_identity_slices", lambda c: drop_identity_slices(c.graph),
          "slices and expands that keep every element read as their source (fused graph)",
          report="identity_slices"),
+    Pass("contiguous_attention_masks", lambda c: contiguous_attention_masks(c.graph),
+         "attention masks made contiguous for SDPA's fused kernels (fused graph)",
+         report="contiguous_masks"),
     Pass("push_into_concatenations", lambda c: push_into_concatenations(c.graph),
          "elementwise ops on a cat run on its parts (fused graph)", report="pushed_into_cats"),
     Pass("find_groups", _find_groups),

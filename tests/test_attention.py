@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from helpers import FLOAT_DTYPES, assert_close, eager, repeat_kv, tiny_llama_config
 
 import fusebackend
+import fusebackend.fusion as fusion_module
+from fusebackend.passes.fx_util import example_value
 
 transformers = pytest.importorskip("transformers")
 
@@ -450,3 +452,40 @@ def test_a_query_scaled_by_a_number_is_scaled_in_attention(scale, reuse, sliced,
     actual, graph = _compiled(_pre_scaled, *args)
     assert_close(actual, eager(_pre_scaled, *args))
     assert len(graph.rewrites.get("attention_scales", [])) == (1 if moved else 0), graph.rewrites
+
+
+def _position_biased(q, k, v, buckets, keep):
+    """T5's attention: a bucket embedding ``[q, k, heads]`` (a constant derived from the
+    parameters once) permuted to ``[1, heads, q, k]``, its keys at stride ``heads``, plus the
+    padding mask, passed to every layer's SDPA."""
+    padding = torch.where(keep, 0.0, float("-inf"))
+    bias = buckets.permute(2, 0, 1).unsqueeze(0) + padding
+    first = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+    return F.scaled_dot_product_attention(first, k, v, attn_mask=bias, scale=1.0)
+
+
+def test_a_permuted_mask_reaches_attention_contiguous():
+    # Every fused GPU kernel of SDPA refuses a mask whose last dim is not at stride 1 (T5's
+    # attention ran the math path); the mask's group writes it contiguous, once for both.
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 7, 16, generator=g) for _ in range(3))
+    buckets = torch.randn(7, 7, 4, generator=g)
+    keep = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    keep[1, ..., 5:] = False
+    args = (q, k, v, buckets, keep)
+    fused = []
+    real = fusion_module.fuse
+
+    def keep(*a, **kw):
+        made = real(*a, **kw)
+        fused.append(made.graph)
+        return made
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fusion_module, "fuse", keep)
+        actual, graph = _compiled(_position_biased, *args)
+    assert_close(actual, eager(_position_biased, *args))
+    assert graph.rewrites.get("contiguous_masks") == ["bias"], graph.rewrites
+    masks = [example_value(n.kwargs["attn_mask"]) for n in fused[-1].graph.nodes
+             if n.target is F.scaled_dot_product_attention]  # fmt: skip
+    assert len(masks) == 2 and all(m.is_contiguous() for m in masks), [m.stride() for m in masks]

@@ -304,3 +304,45 @@ def test_softmax_of_negative_rows_in_the_chunked_layout():
     actual, report = run_fused(_half_softmax, x)
     assert "layout: chunked" in report.groups[0].source
     assert_close(actual, eager(_half_softmax, x))
+
+
+def rotate_every_two(x):
+    """transformers' GPT-J (and CodeGen) rotate_every_two."""
+    x1 = x[:, :, :, ::2]
+    x2 = x[:, :, :, 1::2]
+    x = torch.stack((-x2, x1), dim=-1)
+    return x.flatten(-2)
+
+
+def rope_interleaved(q, cos, sin):
+    return q * cos + rotate_every_two(q) * sin
+
+
+@pytest.mark.parametrize("width", [2, 6, 64])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_interleaved_rope_is_one_group(dtype, width):
+    # Each pair of columns swapped, the first of the pair negated: the kernel loads q at
+    # the pair's other column; the slices, negation, stack and flatten launch nothing.
+    g = torch.Generator().manual_seed(width + 1)
+    q = _rand(2, 5, 3, width, dtype=dtype, g=g)
+    angles = torch.rand(5, 1, width, generator=g) * 6.3
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    expected = eager(rope_interleaved, q, cos, sin)
+    actual, report = run_fused(rope_interleaved, q, cos, sin)
+    assert_close(actual, expected, **_rope_tolerance(dtype))
+    group = single_group(report)
+    assert {"x", "neg", "flatten"} <= set(group.nodes), str(report)  # x: the stack
+    assert "swap_pairs(" in group.source and len(group.inputs) == 3, str(report)
+
+
+def test_a_stack_of_every_other_column_that_swaps_nothing_is_left_alone():
+    # stack((x[..., ::2], x[..., 1::2]), -1).flatten(-2) is x itself, not a rotation
+    def fn(q, cos):
+        same = torch.stack((q[:, :, :, ::2], q[:, :, :, 1::2]), dim=-1).flatten(-2)
+        return q * cos + same * 2.0
+
+    g = torch.Generator().manual_seed(9)
+    q, cos = torch.randn(2, 3, 4, 8, generator=g), torch.randn(8, generator=g)
+    actual, report = run_fused(fn, q, cos)
+    assert_close(actual, eager(fn, q, cos))
+    assert all("swap_pairs(" not in gr.source for gr in report.groups), str(report)

@@ -411,7 +411,11 @@ class Writer:
         """
         prefix, split = f"in{rot.operand.slot}", f"(D - {rot.shift})"
         first = f"first{index}"
-        self.emit(scope, f"{first} = (cols < {split})[None, :]  # columns of the first part")
+        if rot.interleaved:  # each pair swapped: even columns read the next, odd the previous
+            split = "1"
+            self.emit(scope, f"{first} = (cols % 2 == 0)[None, :]  # even columns")
+        else:
+            self.emit(scope, f"{first} = (cols < {split})[None, :]  # columns of the first part")
         row = f"{prefix}_ptr + {self._row_offset(prefix)}[:, None]"
         parts = []
         for name, cols, keep in (("hi", f"cols + {rot.shift}", first),

@@ -215,12 +215,16 @@ class Rotate:
     ``rotate_half`` of rotary embeddings (shift ``D // 2``, signs ``(-1, 1)``). The kernel
     loads ``x`` at permuted column offsets, so only an input can be rotated: a value
     computed in the kernel sits in other threads' registers at the permuted columns.
+    ``interleaved``: each pair of columns swapped instead (GPT-J's ``rotate_every_two``):
+    ``value[..., 2i] = signs[0] * x[..., 2i + 1]``, ``value[..., 2i + 1] = signs[1] *
+    x[..., 2i]`` (shift 1).
     """
 
     operand: InputRef
     shift: int
     signs: tuple[int, int]
     dtype: torch.dtype
+    interleaved: bool = False
 
     spans_row = True  # its columns move: the operand must span the whole row
 
@@ -230,6 +234,8 @@ class Rotate:
 
     def shape(self, operand_shapes: Sequence[torch.Size]) -> torch.Size:
         (shape,) = operand_shapes
+        if self.interleaved and shape[-1] % 2:
+            raise ValueError(f"pairs of columns swapped in rows {shape[-1]} wide")
         if not 0 < self.shift < shape[-1]:
             raise ValueError(f"a rotation by {self.shift} of rows {shape[-1]} wide")
         return shape
@@ -239,6 +245,8 @@ class Rotate:
 
     def describe(self, name: Callable[[Operand], str]) -> str:
         a, b = self.signs
+        if self.interleaved:
+            return f"swap_pairs({name(self.operand)}, signs=({a}, {b}))"
         return f"rotate({name(self.operand)}, shift={self.shift}, signs=({a}, {b}))"
 
 

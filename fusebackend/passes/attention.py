@@ -51,6 +51,17 @@ and SDPA takes the number in its ``scale`` (times the scale it was given), where
 reaches SDPA through views only, the multiply has no other reader and its result has its
 operand's layout (so every view in between sees the same strides).
 
+**A mask whose last dim is not contiguous** (``contiguous_attention_masks``, fused graph
+only): every fused GPU kernel of SDPA wants the mask's last dim at stride 1. T5 adds its
+relative position bias, a bucket embedding permuted to ``[1, heads, q, k]``, to the padding
+mask; the sum keeps the permuted layout (stride 4 along the keys of a 4-head model), so
+every layer's attention ran SDPA's math path in eager and in the fused graph alike: an fp32
+upcast of q, k and v, two batched matmuls, the mask, a softmax, about ten launches a layer
+(a 2-layer T5 encoder, H200, 2026-11-29: all three fused kernels refused it with that
+reason, ``benchmarks/diag/diag_t5_attention.py``). The mask is made contiguous once for
+every call that passes it, before the groups are formed, so the group that computes it
+writes it contiguous (``folded_copies``: no copy kernel).
+
 **No cuDNN plans per shape** (``avoid_cudnn_plans``, fused graph only): on an H100 (torch
 2.11) SDPA picks cuDNN's fused kernel for fp16/bf16 attention, and cuDNN builds an execution
 plan for each new shape: a padded encoder's attention took 48-71 ms at its first call at
@@ -92,6 +103,7 @@ from fusebackend.passes.matmul_operands import scaled_by_number
 
 __all__ = [
     "avoid_cudnn_plans",
+    "contiguous_attention_masks",
     "drop_key_uniform_masks",
     "expand_shared_kv_heads",
     "sdpa_arguments",
@@ -201,6 +213,30 @@ def expand_shared_kv_heads(graph: torch.fx.Graph) -> list[str]:
                 node.replace_input_with(a[name], expanded)
         rewritten.append(node.name)
     return _checked(graph, rewritten, "attention with K/V expanded to the query's heads")
+
+
+def contiguous_attention_masks(graph: torch.fx.Graph) -> list[str]:
+    """Rewrite ``graph`` in place: a mask of static shape whose last dim has a stride other
+    than 1 (or 0: a key-uniform mask, ``drop_key_uniform_masks``) is made contiguous once,
+    after the node that computes it, for every SDPA call passing it. Return the names of the
+    masks made contiguous."""
+    made: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in graph.nodes:
+        a = sdpa_arguments(node)
+        mask = a["attn_mask"] if a is not None else None
+        if not isinstance(mask, torch.fx.Node):
+            continue
+        value = example_value(mask)
+        if not static_tensor(value) or value.dim() < 2 or value.shape[-1] < 2:
+            continue
+        if value.stride(-1) in (0, 1):
+            continue
+        if mask not in made:
+            with graph.inserting_after(mask):
+                made[mask] = graph.call_method("contiguous", (mask,))
+                made[mask].meta["example_value"] = evaluate(made[mask])
+        node.replace_input_with(mask, made[mask])
+    return _checked(graph, [m.name for m in made], "attention masks made contiguous")
 
 
 # Views a query may reach SDPA through (a multiply before them moves into SDPA's scale).

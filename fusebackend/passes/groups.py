@@ -73,10 +73,10 @@ class Candidate:
     @property
     def cost(self) -> int:
         """Eager kernels the group replaces: lookups and ops, less aliases (same-dtype casts,
-        eval-mode dropout) and the views among a rotation's parts (its negations are
-        kernels)."""
+        eval-mode dropout) and the views among a rotation's parts (its negations and an
+        interleaving's stack are kernels)."""
         aliases = sum(1 for m, call in self.calls.items() if is_alias(call, m))
-        views = sum(1 for m in self.parts if not is_negation(m))
+        views = sum(1 for m in self.parts if not is_negation(m) and m.target is not torch.stack)
         return len(self.members) - aliases - views
 
 
@@ -89,7 +89,8 @@ def match(node: torch.fx.Node) -> OpCall | str | None:
     if row is None:
         rotation = match_rotation(node)
         if isinstance(rotation, Rotation):
-            params = {"shift": rotation.shift, "signs": rotation.signs}
+            params = {"shift": rotation.shift, "signs": rotation.signs,
+                      "interleaved": rotation.interleaved}  # fmt: skip
             return OpCall(OP_TABLE["rotate"], (rotation.source,), params)
         return rotation if rotation is None else match_concat(node)
     call = bind_op(row[0], row[1], node.args, dict(node.kwargs))

@@ -307,7 +307,9 @@ def _rms_norm(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtype
 def _rotate(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtype) -> ValueRef:
     (source,) = args
     assert isinstance(source, InputRef), source  # the partition rotates inputs only
-    return b.add(Rotate(source, call.params["shift"], tuple(call.params["signs"]), dtype))
+    params = call.params
+    return b.add(Rotate(source, params["shift"], tuple(params["signs"]), dtype,
+                        params.get("interleaved", False)))  # fmt: skip
 
 
 def lower(candidate: Candidate) -> LoweredGroup:

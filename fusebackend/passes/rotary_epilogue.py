@@ -296,6 +296,7 @@ def _is_rotate_half(rotation: Any, heads: torch.fx.Node, width: int) -> bool:
         and rotation.shift == width // 2
         and width % 2 == 0
         and rotation.signs == (-1, 1)
+        and not rotation.interleaved
     )
 
 
