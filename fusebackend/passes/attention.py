@@ -58,7 +58,7 @@ mask; the sum keeps the permuted layout (stride 4 along the keys of a 4-head mod
 every layer's attention ran SDPA's math path in eager and in the fused graph alike: an fp32
 upcast of q, k and v, two batched matmuls, the mask, a softmax, about ten launches a layer
 (a 2-layer T5 encoder, H200, 2026-11-29: all three fused kernels refused it with that
-reason, ``benchmarks/diag/diag_t5_attention.py``). The mask is made contiguous once for
+reason, ``benchmarks/diag/diag_attention_paths.py``). The mask is made contiguous once for
 every call that passes it, before the groups are formed, so the group that computes it
 writes it contiguous (``folded_copies``: no copy kernel).
 
