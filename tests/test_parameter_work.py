@@ -89,6 +89,37 @@ def test_weight_normed_linear_is_derived_once_and_follows_edits():
         assert_close(compiled(x), model(x))
 
 
+class SinusoidalRotary(nn.Module):
+    """GPT-J's attention: a buffer of sines and cosines gathered by position ids built from
+    Python values (a constant at static lengths), split, each column repeated twice."""
+
+    def __init__(self, positions: int = 32, half: int = 4) -> None:
+        super().__init__()
+        angles = torch.arange(positions)[:, None] / 10.0 ** (torch.arange(half) / half)
+        self.register_buffer("table", torch.cat([angles.sin(), angles.cos()], -1)[None])
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        ids = torch.arange(q.shape[1], device=q.device)[None, :, None].repeat(1, 1, 8)
+        sin, cos = torch.split(torch.gather(self.table, 1, ids), 4, dim=-1)
+        sin = torch.repeat_interleave(sin[:, :, None, :], 2, 3)
+        cos = torch.repeat_interleave(cos[:, :, None, :], 2, 3)
+        return q * cos + q.flip(-1) * sin
+
+
+def test_work_on_a_buffer_and_constants_is_derived_once_and_follows_edits():
+    # The gather reads a constant (the position ids) beside the buffer: the whole chain, to
+    # the two repeats, is derived; an in-place edit of the buffer derives it again.
+    model = SinusoidalRotary().eval()
+    q = torch.randn(2, 7, 3, 8)
+    compiled = compile_fused(model)
+    with torch.no_grad():
+        assert_close(compiled(q), model(q))
+        folded = _folded()
+        assert folded == ["sin_1", "cos_1"], folded  # the repeats
+        model.table.mul_(-0.5)
+        assert_close(compiled(q), model(q))
+
+
 def test_what_is_left_as_traced():
     w = nn.Parameter(torch.randn(6, 8))
     scale = nn.Parameter(torch.rand(8) + 0.5)

@@ -33,7 +33,10 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.mutations import storage_id, written_args, written_storages
 
-__all__ = ["fold_constants", "fold_list_indices", "is_random"]
+__all__ = ["CONSTANT_PREFIX", "fold_constants", "fold_list_indices", "is_random"]
+
+# The buffer names of folded constants start with this (the graph's get_attrs).
+CONSTANT_PREFIX = "_infinifuse_constant"
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +70,7 @@ def fold_constants(gm: torch.fx.GraphModule) -> list[str]:
     for node, value in values.items():
         if all(user in values for user in node.users):
             continue  # only read by other constants: dropped with them
-        name = f"_infinifuse_constant{count}"
+        name = f"{CONSTANT_PREFIX}{count}"
         count += 1
         gm.register_buffer(name, value, persistent=False)
         with gm.graph.inserting_before(node):

@@ -11,8 +11,11 @@ captured graphs stay valid. The unfused graph (fallback and validation reference
 work.
 
 Folded: the last node of a chain whose inputs are all parameters or buffers the graph does not
-write, where the chain launches a kernel of its own: it holds an op that no row group takes in
-(a gather, a copy, a matmul), or it feeds only such ops. Views after it stay in the graph and
+write (and constants built from Python values, ``passes/constants.py``: GPT-J gathers its
+sine table by constant position ids at static lengths, splits it and repeats each column
+twice, a gather and four repeats a layer), where the chain launches a kernel of its own: it
+holds an op that no row group takes in (a gather, a copy, a matmul), or it feeds only such
+ops. Views after it stay in the graph and
 read the derived tensor; chains of views alone (a transposed weight) and elementwise chains
 that a row group takes in (Gemma's ``1 + weight``) are left as they are. Random ops, in-place
 ops and symbolic shapes are never folded; a derived tensor over ``MAX_BYTES`` is not made.
@@ -29,7 +32,7 @@ import torch
 import torch.fx
 from torch import Tensor
 
-from fusebackend.passes.constants import is_random
+from fusebackend.passes.constants import CONSTANT_PREFIX, is_random
 from fusebackend.passes.embedding_fusion import is_embedding
 from fusebackend.passes.fx_util import (
     example_value,
@@ -93,6 +96,12 @@ def _is_view(node: torch.fx.Node) -> bool:
     return False
 
 
+def _static_values(value: Any) -> bool:
+    """A tensor of static shape, or a tuple of them (a ``split``'s parts)."""
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    return bool(values) and all(static_tensor(v) for v in values)
+
+
 def _flat(value: Any) -> list[Any]:
     if isinstance(value, (list, tuple)):
         return [x for item in value for x in _flat(item)]
@@ -121,16 +130,21 @@ def fold_parameter_work(
         p for p, i in index.items()
         if is_state(inputs[i]) and storage_id(example_value(p)) not in written
     }  # fmt: skip
+    fixed |= {
+        n for n in graph.nodes
+        if n.op == "get_attr" and str(n.target).startswith(CONSTANT_PREFIX)
+        and storage_id(example_value(n)) not in written
+    }  # fmt: skip
     for node in graph.nodes:
         if node.op not in ("call_function", "call_method") or not node.all_input_nodes:
             continue
-        if is_random(node) or is_mutation(node) or not static_tensor(example_value(node)):
+        if is_random(node) or is_mutation(node) or not _static_values(example_value(node)):
             continue
         if all(arg in fixed for arg in node.all_input_nodes):
             fixed.add(node)
     candidates = [
         n for n in graph.nodes
-        if n in fixed and n.op != "placeholder" and not _is_view(n)
+        if n in fixed and n.op not in ("placeholder", "get_attr") and not _is_view(n)
         and any(u not in fixed or _is_view(u) for u in n.users)
     ]  # fmt: skip
     folded: list[ParameterWork] = []
@@ -165,7 +179,7 @@ def _ancestors(node: torch.fx.Node, fixed: set[torch.fx.Node]) -> list[torch.fx.
     stack = [node]
     while stack:
         current = stack.pop()
-        if current in seen or current.op == "placeholder":
+        if current in seen or current.op == "placeholder":  # (a constant's get_attr is copied)
             continue
         seen.add(current)
         stack.extend(a for a in current.all_input_nodes if a in fixed)
