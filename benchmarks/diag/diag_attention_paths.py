@@ -3,9 +3,11 @@ graph, and why not a fused one? (fp16, the zoo's padded 2 x 7, CUDA)
 
 SDPA picks flash, memory-efficient, cuDNN or its math path per call; the math path is about
 ten launches a call (an fp32 upcast of q, k and v, two batched matmuls, the mask, a softmax).
-For each family this records the aten attention ops one call dispatches (eager, then the
-infinifuse graph run without CUDA graphs), and for each math-path call of eager, the reason
-the memory-efficient kernel gives (torch's own warning text). It found T5's permuted
+For each family this records the aten attention ops one eager call dispatches, the
+attention kernels one call of the infinifuse graph launches (run without CUDA graphs and
+profiled: under a dispatch mode Dynamo would run the frame again, not the compiled graph),
+and for each math-path call of eager, the reason the memory-efficient kernel gives (torch's
+own warning text). It found T5's permuted
 position-bias mask (its keys at stride ``heads``: every fused kernel refused it).
 
     python3 benchmarks/diag/diag_attention_paths.py [family ...]
@@ -25,6 +27,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import model_zoo  # noqa: E402
+
+# Substrings of attention kernels' names: flash, memory-efficient (fmha), cuDNN (sdpa), and
+# the math path's softmax.
+_ATTENTION_KERNELS = ("flash", "fmha", "sdpa", "attention", "softmax")
 
 
 class AttentionOps(TorchDispatchMode):
@@ -80,9 +86,14 @@ def family_paths(family: str) -> None:
     compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": False})
     with torch.no_grad():
         compiled(**inputs)
-        with AttentionOps() as fused_ops:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             compiled(**inputs)
-    print(f"{family}: eager {dict(eager_ops.ops)}; infinifuse {dict(fused_ops.ops)}")
+            torch.cuda.synchronize()
+    kernels = Counter(
+        e.name[:60] for e in prof.events()
+        if e.device_type.name == "CUDA" and any(k in e.name.lower() for k in _ATTENTION_KERNELS)
+    )  # fmt: skip
+    print(f"{family}: eager {dict(eager_ops.ops)}; infinifuse kernels {dict(kernels)}")
     if calls:
         args, kwargs = calls[0]
         layouts = [_layout(a) for a in args] + [f"{k}={_layout(v)}" for k, v in kwargs.items()]
