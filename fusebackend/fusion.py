@@ -55,6 +55,7 @@ from fusebackend.passes.matmul_operands import copy_matmul_operands_once, scale_
 from fusebackend.passes.out_of_place import make_out_of_place
 from fusebackend.passes.pairing import pair_twin_groups
 from fusebackend.passes.parameter_work import fold_parameter_work
+from fusebackend.passes.partial_rotary import widen_partial_rotary
 from fusebackend.passes.partition import Candidate, find_groups
 from fusebackend.passes.reshapes import move_reshapes_up
 from fusebackend.passes.rewrite import in_storage_order, reference_graph, rewrite
@@ -271,6 +272,9 @@ FUSE = [
     Pass("use_rotary_epilogues", _use_rotary_epilogues,
          "rotary embeddings and KV-cache writes in the q/k/v launch (fused graph)",
          report="rotary_epilogues", when=lambda c: c.config.matmul_groups and c.matmul_groups),
+    Pass("widen_partial_rotary", lambda c: widen_partial_rotary(c.graph),
+         "partial rotary embeddings over the whole head, no cat (fused graph)",
+         report="partial_rotary"),
     Pass("fold_parameter_work", _fold_parameter_work,
          "work on parameters and buffers alone done once, refreshed when they change "
          "(fused graph)", report="parameter_work"),

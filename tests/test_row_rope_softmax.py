@@ -346,3 +346,49 @@ def test_a_stack_of_every_other_column_that_swaps_nothing_is_left_alone():
     actual, report = run_fused(fn, q, cos)
     assert_close(actual, eager(fn, q, cos))
     assert all("swap_pairs(" not in gr.source for gr in report.groups), str(report)
+
+
+def rope_partial_neox(q, cos, sin, rotary):
+    """transformers' GPT-NeoX / Phi / StableLM: only the first ``rotary`` columns rotate."""
+    q_rot, q_pass = q[..., :rotary], q[..., rotary:]
+    q_embed = (q_rot * cos) + (rotate_half(q_rot) * sin)
+    return torch.cat([q_embed, q_pass], dim=-1)
+
+
+def rope_partial_gptj(q, cos, sin, rotary):
+    """transformers' GPT-J: the first ``rotary`` columns rotate pairwise."""
+    q_rot, q_pass = q[:, :, :, :rotary], q[:, :, :, rotary:]
+    q_rot = q_rot * cos + rotate_every_two(q_rot) * sin
+    return torch.cat([q_rot, q_pass], dim=-1)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("form", [rope_partial_neox, rope_partial_gptj], ids=["neox", "gptj"])
+def test_partial_rotary_is_one_group_over_the_whole_head(form, dtype):
+    # x * cos' + rotate(x, width=r) * sin' over the head (cos' padded with ones, sin' with
+    # zeros): the pass-through columns come out as x, and no cat runs.
+    g = torch.Generator().manual_seed(11)
+    q = _rand(2, 5, 3, 24, dtype=dtype, g=g)
+    q[0, 0, 0, -1] = -0.0  # (a pass-through zero keeps its value)
+    angles = torch.rand(5, 1, 8, generator=g) * 6.3
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    expected = eager(form, q, cos, sin, 8)
+    actual, report = run_fused(form, q, cos, sin, 8)
+    assert_close(actual, expected, **_rope_tolerance(dtype))
+    assert torch.equal(actual[..., 8:], q[..., 8:])  # passed through exactly
+    graph = report.graphs[-1]
+    assert len(graph.rewrites.get("partial_rotary", [])) == 1, graph.rewrites
+    group = single_group(report)
+    assert "width=8" in group.source and not any("cat" in n for n in group.nodes), str(report)
+
+
+def test_partial_rotary_whose_pass_part_is_read_elsewhere_keeps_its_cat():
+    def fn(q, cos, sin):
+        q_pass = q[..., 8:]
+        return rope_partial_neox(q, cos, sin, 8), q_pass * 2.0
+
+    g = torch.Generator().manual_seed(12)
+    q, cos, sin = torch.randn(2, 3, 4, 24, generator=g), torch.randn(4, 8), torch.randn(4, 8)
+    actual, report = run_fused(fn, q, cos, sin)
+    assert_close(actual, eager(fn, q, cos, sin))
+    assert report.graphs[-1].rewrites.get("partial_rotary") in (None, []), report

@@ -409,17 +409,22 @@ class Writer:
         addresses stay contiguous, so Triton can vectorise them, where one load at columns
         picked by ``tl.where`` could not be proven contiguous (element by element loads).
         """
-        prefix, split = f"in{rot.operand.slot}", f"(D - {rot.shift})"
-        first = f"first{index}"
+        width = str(rot.width) if rot.width else "D"  # the columns rotated; 0 after them
+        prefix, split = f"in{rot.operand.slot}", f"({width} - {rot.shift})"
+        first, second = f"first{index}", f"~first{index}"
         if rot.interleaved:  # each pair swapped: even columns read the next, odd the previous
             split = "1"
             self.emit(scope, f"{first} = (cols % 2 == 0)[None, :]  # even columns")
         else:
             self.emit(scope, f"{first} = (cols < {split})[None, :]  # columns of the first part")
+        if rot.width:
+            inside = f"inside{index}"
+            self.emit(scope, f"{inside} = (cols < {width})[None, :]  # the rotated columns")
+            first, second = f"({first} & {inside})", f"(~first{index} & {inside})"
         row = f"{prefix}_ptr + {self._row_offset(prefix)}[:, None]"
         parts = []
         for name, cols, keep in (("hi", f"cols + {rot.shift}", first),
-                                 ("lo", f"cols - {split}", f"~{first}")):  # fmt: skip
+                                 ("lo", f"cols - {split}", second)):  # fmt: skip
             parts.append(f"{name}{index}")
             self.emit(
                 scope,
@@ -427,7 +432,7 @@ class Writer:
                 f"mask=mask & {keep}, other=0).to({self.compute})",
             )
         a, b = (format_scalar(float(s)) for s in rot.signs)
-        hi, lo = parts
+        hi, lo = parts  # (each 0 where its mask is off: past the width, both)
         self.emit(scope, f"v{index} = tl.where({first}, {a} * {hi}, {b} * {lo})  # rotate")
         self._round(scope, index, rot.dtype)
         return f"v{index}"

@@ -217,7 +217,9 @@ class Rotate:
     computed in the kernel sits in other threads' registers at the permuted columns.
     ``interleaved``: each pair of columns swapped instead (GPT-J's ``rotate_every_two``):
     ``value[..., 2i] = signs[0] * x[..., 2i + 1]``, ``value[..., 2i + 1] = signs[1] *
-    x[..., 2i]`` (shift 1).
+    x[..., 2i]`` (shift 1). ``width`` > 0: the first ``width`` columns are rotated as a row
+    of their own (``D`` read as ``width``) and the others are 0 (a partial rotary
+    embedding's pass-through columns, passes/partial_rotary.py).
     """
 
     operand: InputRef
@@ -225,6 +227,7 @@ class Rotate:
     signs: tuple[int, int]
     dtype: torch.dtype
     interleaved: bool = False
+    width: int = 0
 
     spans_row = True  # its columns move: the operand must span the whole row
 
@@ -234,10 +237,13 @@ class Rotate:
 
     def shape(self, operand_shapes: Sequence[torch.Size]) -> torch.Size:
         (shape,) = operand_shapes
-        if self.interleaved and shape[-1] % 2:
-            raise ValueError(f"pairs of columns swapped in rows {shape[-1]} wide")
-        if not 0 < self.shift < shape[-1]:
-            raise ValueError(f"a rotation by {self.shift} of rows {shape[-1]} wide")
+        rotated = self.width or shape[-1]
+        if self.width and not self.width < shape[-1]:
+            raise ValueError(f"the first {self.width} columns of rows {shape[-1]} wide rotated")
+        if self.interleaved and rotated % 2:
+            raise ValueError(f"pairs of columns swapped in rows {rotated} wide")
+        if not 0 < self.shift < rotated:
+            raise ValueError(f"a rotation by {self.shift} of rows {rotated} wide")
         return shape
 
     def is_narrow(self, narrow: Callable[[Operand], bool]) -> bool:
@@ -245,9 +251,10 @@ class Rotate:
 
     def describe(self, name: Callable[[Operand], str]) -> str:
         a, b = self.signs
+        width = f", width={self.width}" if self.width else ""
         if self.interleaved:
-            return f"swap_pairs({name(self.operand)}, signs=({a}, {b}))"
-        return f"rotate({name(self.operand)}, shift={self.shift}, signs=({a}, {b}))"
+            return f"swap_pairs({name(self.operand)}, signs=({a}, {b}){width})"
+        return f"rotate({name(self.operand)}, shift={self.shift}, signs=({a}, {b}){width})"
 
 
 @dataclasses.dataclass(frozen=True)

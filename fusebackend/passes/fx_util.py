@@ -112,10 +112,12 @@ def reaches_output(node: torch.fx.Node, through: Callable[[torch.fx.Node], bool]
     return any(user.op == "output" for user in readers_through(node, through))
 
 
-def call_evaluated(graph: torch.fx.Graph, target: Any, args: tuple[Any, ...]) -> torch.fx.Node:
+def call_evaluated(
+    graph: torch.fx.Graph, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+) -> torch.fx.Node:
     """A new node calling ``target`` on ``args`` (where the graph inserts now), its example
     value computed from its arguments' (``evaluate``)."""
-    node = graph.call_function(target, args)
+    node = graph.call_function(target, args, kwargs)
     node.meta["example_value"] = evaluate(node)
     return node
 

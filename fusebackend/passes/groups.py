@@ -89,9 +89,7 @@ def match(node: torch.fx.Node) -> OpCall | str | None:
     if row is None:
         rotation = match_rotation(node)
         if isinstance(rotation, Rotation):
-            params = {"shift": rotation.shift, "signs": rotation.signs,
-                      "interleaved": rotation.interleaved}  # fmt: skip
-            return OpCall(OP_TABLE["rotate"], (rotation.source,), params)
+            return OpCall(OP_TABLE["rotate"], (rotation.source,), rotation.params)
         return rotation if rotation is None else match_concat(node)
     call = bind_op(row[0], row[1], node.args, dict(node.kwargs))
     if isinstance(call, str) and row[0].kind == OpKind.NORM:

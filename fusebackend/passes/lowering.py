@@ -309,7 +309,7 @@ def _rotate(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtype) 
     assert isinstance(source, InputRef), source  # the partition rotates inputs only
     params = call.params
     return b.add(Rotate(source, params["shift"], tuple(params["signs"]), dtype,
-                        params.get("interleaved", False)))  # fmt: skip
+                        params["interleaved"], params["width"]))  # fmt: skip
 
 
 def lower(candidate: Candidate) -> LoweredGroup:

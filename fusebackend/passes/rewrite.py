@@ -128,9 +128,7 @@ def reference_graph(candidate: Candidate, lowered: LoweredGroup) -> torch.fx.Gra
             env[member] = env[call.operands[0]]
         elif call is not None and call.op.name == "rotate":  # its parts are not copied
             source, params = env[call.operands[0]], call.params
-            env[member] = graph.call_function(
-                rotate, (source, params["shift"], params["signs"], params.get("interleaved", False))
-            )
+            env[member] = graph.call_function(rotate, (source,), dict(params))
         elif call is not None:
             env[member] = graph.node_copy(member, lambda n: env[n])
     graph.output(tuple(env[h] for h in _output_holders(lowered)))

@@ -24,7 +24,7 @@ import torch.fx
 from fusebackend.passes.concatenation import CAT_FUNCTIONS, cat_arguments
 from fusebackend.passes.fx_util import example_value
 
-__all__ = ["Rotation", "is_split", "match_rotation", "rotate"]
+__all__ = ["Rotation", "is_split", "last_dim_slice", "match_rotation", "rotate"]
 
 _NEG = (operator.neg, torch.neg, torch.negative, torch.Tensor.neg, "neg", "negative")
 _SPLITS = (torch.chunk, torch.split, torch.Tensor.chunk, torch.Tensor.split, "chunk", "split")
@@ -45,6 +45,13 @@ class Rotation:
     signs: tuple[int, int]
     parts: tuple[torch.fx.Node, ...]
     interleaved: bool = False
+    width: int = 0  # > 0: only the first ``width`` columns rotate, the rest are 0
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The ``rotate`` op's params (and ``rotate``'s arguments after the source)."""
+        return {"shift": self.shift, "signs": self.signs, "interleaved": self.interleaved,
+                "width": self.width}  # fmt: skip
 
 
 def _is_call(node: Any, targets: tuple[Any, ...]) -> bool:
@@ -60,7 +67,7 @@ def is_split(node: torch.fx.Node) -> bool:
     return _is_call(node, _SPLITS)
 
 
-def _last_dim_slice(node: torch.fx.Node, ndim: int) -> tuple[torch.fx.Node, int, int] | None:
+def last_dim_slice(node: torch.fx.Node, ndim: int) -> tuple[torch.fx.Node, int, int] | None:
     """(source, start, stop) when ``node`` takes columns [start, stop) of a tensor's last
     dim and nothing else: ``x[..., a:b]`` or a part of ``x.chunk``/``x.split`` along -1."""
     if not _is_call(node, (operator.getitem,)):
@@ -158,8 +165,13 @@ def _own_parts(node: torch.fx.Node, rotation: Rotation) -> Rotation | str:
 
 
 def match_rotation(node: torch.fx.Node) -> Rotation | str | None:
-    """The rotation a concatenation (or an interleaving ``flatten``) computes, why it is not
-    one, or None (neither)."""
+    """The rotation a concatenation (or an interleaving ``flatten``, or a call of ``rotate``
+    itself: passes/partial_rotary.py puts those in) computes, why it is not one, or None."""
+    if _is_call(node, (rotate,)):
+        args = dict(zip(("x", "shift", "signs", "interleaved", "width"), node.args))
+        args.update(node.kwargs)
+        return Rotation(args["x"], args["shift"], tuple(args["signs"]), (),
+                        args.get("interleaved", False), args.get("width", 0))  # fmt: skip
     if _is_call(node, _FLATTENS):
         return _match_interleaved(node)
     if not _is_call(node, CAT_FUNCTIONS):
@@ -177,7 +189,7 @@ def match_rotation(node: torch.fx.Node) -> Rotation | str | None:
         if _is_call(tensor, _NEG):
             parts.append(tensor)
             sign, tensor = -1, tensor.args[0]
-        found = _last_dim_slice(tensor, ndim) if isinstance(tensor, torch.fx.Node) else None
+        found = last_dim_slice(tensor, ndim) if isinstance(tensor, torch.fx.Node) else None
         if found is None:
             return "a cat of parts that are not slices of one tensor's last dim is not fused"
         parts.append(tensor)
@@ -190,9 +202,14 @@ def match_rotation(node: torch.fx.Node) -> Rotation | str | None:
 
 
 def rotate(
-    x: torch.Tensor, shift: int, signs: tuple[int, int], interleaved: bool = False
-) -> torch.Tensor:
-    """The torch reference of a ``Rotation`` (what the matched nodes compute)."""
+    x: torch.Tensor, shift: int, signs: tuple[int, int], interleaved: bool = False,
+    width: int = 0,
+) -> torch.Tensor:  # fmt: skip
+    """The torch reference of a ``Rotation`` (what the matched nodes compute). ``width``:
+    the first ``width`` columns rotated as a row of their own, zeros after them."""
+    if width:
+        rotated = rotate(x[..., :width], shift, signs, interleaved)
+        return torch.cat((rotated, torch.zeros_like(x[..., width:])), dim=-1)
     if interleaved:
         odd, even = x[..., 1::2], x[..., ::2]
         return torch.stack((signs[0] * odd, signs[1] * even), dim=-1).flatten(-2)
