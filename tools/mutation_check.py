@@ -855,6 +855,34 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_row_patterns.py",),
         note="T5's clamp bound (where of a 0-d flag, its negation) left as aten launches",
     ),
+    Mutation(
+        "constants_are_not_parameter_work_sources",
+        "pass: parameter_work",
+        "fusebackend/passes/parameter_work.py",
+        '        if n.op == "get_attr" and str(n.target).startswith(CONSTANT_PREFIX)\n',
+        '        if n.op == "get_attr" and False\n',
+        ("tests/test_parameter_work.py",),
+        note="GPT-J's sine table gathered by constant positions left to run every call",
+    ),
+    Mutation(
+        "partial_rotary_pass_columns_scaled_by_zero",
+        "pass: partial_rotary",
+        "fusebackend/passes/partial_rotary.py",
+        "            cos_w = _padded(graph, pads, cos, width, 1.0)\n",
+        "            cos_w = _padded(graph, pads, cos, width, 0.0)\n",
+        ("tests/test_row_rope_softmax.py",),
+        note="the pass-through columns of a partial rotary embedding multiplied by 0",
+    ),
+    Mutation(
+        "partial_rotation_wraps_at_the_row_end",
+        "kernels: codegen",
+        "fusebackend/kernels/codegen.py",
+        '        width = str(rot.width) if rot.width else "D"  '
+        "# the columns rotated; 0 after them\n",
+        '        width = "D"\n',
+        ("tests/test_row_rope_softmax.py",),
+        note="a rotation of the first r columns wraps at the head's width instead of r",
+    ),
 ]
 
 
