@@ -57,7 +57,7 @@ from fusebackend.passes.pairing import pair_twin_groups
 from fusebackend.passes.parameter_work import fold_parameter_work
 from fusebackend.passes.partial_rotary import widen_partial_rotary
 from fusebackend.passes.partition import Candidate, find_groups
-from fusebackend.passes.reshapes import move_reshapes_up
+from fusebackend.passes.reshapes import move_casts_above_permutes, move_reshapes_up
 from fusebackend.passes.rewrite import in_storage_order, reference_graph, rewrite
 from fusebackend.passes.rotary_epilogue import use_rotary_epilogues
 from fusebackend.passes.spatial_means import use_spatial_means
@@ -282,6 +282,8 @@ FUSE = [
          "indexing by constant aranges read as a reshape (fused graph)", report="arange_indices"),
     Pass("move_reshapes_up", lambda c: move_reshapes_up(c.graph),
          "reshapes moved ahead of elementwise ops (fused graph)", report="reshapes_moved"),
+    Pass("move_casts_above_permutes", lambda c: move_casts_above_permutes(c.graph),
+         "casts of permuted values run before the permute (fused graph)", report="casts_moved"),
     Pass("copy_matmul_operands_once", lambda c: copy_matmul_operands_once(c.graph),
          "batched-matmul operands copied once where they come from (fused graph)",
          report="matmul_operands_copied", needs_rewrites=True),

@@ -24,6 +24,11 @@ the softmax in the 4-d one, and the adds and the softmax become one group.
 
 Left alone: an op read elsewhere too (it would run twice), non-contiguous operands (the copied
 reshape would copy), and broadcasts that change meaning with the shape.
+
+A cast of a permuted value (``move_casts_above_permutes``) runs on the value before the permute
+instead, and the permute views its result: ``x.permute(p).to(dtype)`` is ``x.to(dtype).permute
+(p)``, element for element and stride for stride (a cast keeps its input's dense layout), and
+the cast joins the group computing ``x``.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from fusebackend.passes.fx_util import (
 from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.ops import OpKind, lookup_op
 
-__all__ = ["move_reshapes_up", "nested_cuts"]
+__all__ = ["move_casts_above_permutes", "move_reshapes_up", "nested_cuts"]
 
 _METHODS = {"view", "reshape", "reshape_as", "view_as", "flatten", "unflatten"}
 _FUNCTIONS = {torch.reshape, torch.flatten, torch.unflatten}
@@ -299,4 +304,57 @@ def move_reshapes_up(graph: torch.fx.Graph) -> list[str]:
             if source is not None and _move_up(graph, node, erased):
                 moved.append(source.name)
                 changed = True
+    return moved
+
+
+# --- casts moved ahead of permutes -------------------------------------------------------
+
+_PERMUTES = {"permute", "transpose", "t", torch.permute, torch.transpose, torch.t}
+
+
+def _dtype_cast(node: torch.fx.Node) -> bool:
+    """A cast that only changes the dtype: ``x.to(dtype)``, ``x.float()``, ``x.half()``, ..."""
+    call = lookup_op(node.op, node.target)
+    if call is None or call[0].name != "cast" or node.kwargs:
+        return False
+    if node.target in ("to", torch.Tensor.to):
+        return len(node.args) == 2 and isinstance(node.args[1], torch.dtype)
+    return len(node.args) == 1
+
+
+def _permuted(node: object) -> torch.fx.Node | None:
+    """What ``node`` permutes (a permute, transpose or ``.t()`` of a node), else None."""
+    if not isinstance(node, torch.fx.Node) or node.target not in _PERMUTES:
+        return None
+    if node.op not in ("call_method", "call_function") or node.kwargs:
+        return None
+    source = node.args[0] if node.args else None
+    return source if isinstance(source, torch.fx.Node) else None
+
+
+def move_casts_above_permutes(graph: torch.fx.Graph) -> list[str]:
+    """Rewrite ``graph`` in place: ``permute(x).to(dtype)`` (a transpose, ``.float()``, ...)
+    becomes ``x.to(dtype)`` permuted the same way, so the cast joins the group computing
+    ``x`` (a group stops at a view of its own value). GPT-J casts its rotated q and k to fp32
+    after moving the heads forward, two launches a layer. Returns the casts moved."""
+    moved = []
+    for cast in list(graph.nodes):
+        if not _dtype_cast(cast) or is_mutation(cast):
+            continue
+        permute = cast.args[0]
+        source = _permuted(permute)
+        if source is None or not isinstance(example_value(source), torch.Tensor):
+            continue
+        with graph.inserting_before(cast):
+            early = graph.create_node(cast.op, cast.target, (source, *cast.args[1:]))
+            early.meta["example_value"] = evaluate(early)
+            view = graph.create_node(permute.op, permute.target, (early, *permute.args[1:]))
+            view.meta["example_value"] = evaluate(view)
+        cast.replace_all_uses_with(view)
+        graph.erase_node(cast)
+        if not permute.users:
+            graph.erase_node(permute)
+        moved.append(cast.name)
+    if moved:
+        graph.lint()
     return moved
