@@ -283,6 +283,14 @@ SOURCES = (
     # (one launch config per band of widths for small tile groups)
     "sentence_embeddings_minilm_h200_e7d9a06.json",
     "sentence_embeddings_minilm_h200_4598feb.json",
+    # model zoo on an H200: T5 encoder, GPT-J, GPT-NeoX, OPT and StableLM at d27a495 (a 0-d
+    # clamp bound in its group; four backends); six families at b0b4712 (values computed once,
+    # contiguous attention masks, pairwise rotation; infinifuse and Inductor); 17 families at
+    # bb0716f (parameter work on constants, partial rotary over the head), parsed from the
+    # log of a run cut by its time limit (the file's note)
+    "suite_zoo_h200_d27a495.json",
+    "suite_zoo_h200_b0b4712.json",
+    "suite_zoo_h200_bb0716f_partial.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
