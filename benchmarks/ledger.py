@@ -287,7 +287,7 @@ SOURCES = (
     # clamp bound in its group; four backends); six families at b0b4712 (values computed once,
     # contiguous attention masks, pairwise rotation; infinifuse and Inductor); 17 families at
     # bb0716f (parameter work on constants, partial rotary over the head), parsed from the
-    # log of a run cut by its time limit (the file's note)
+    # log of a run cut by its time limit (the file's note). Folded: in git at 6e9214d
     "suite_zoo_h200_d27a495.json",
     "suite_zoo_h200_b0b4712.json",
     "suite_zoo_h200_bb0716f_partial.json",
