@@ -287,7 +287,9 @@ SOURCES = (
     # clamp bound in its group; four backends); six families at b0b4712 (values computed once,
     # contiguous attention masks, pairwise rotation; infinifuse and Inductor); 17 families at
     # bb0716f (parameter work on constants, partial rotary over the head), parsed from the
-    # log of a run cut by its time limit (the file's note). Folded: in git at 6e9214d
+    # log of a run cut by its time limit (the file's note). Folded: in git at 6e9214d (its
+    # date, 22:38, corrected in the ledger to the call's end by the device's clock, 22:35:40:
+    # the tests' junit start, 22:24:32, plus the two calls' 352 and 315 s)
     "suite_zoo_h200_d27a495.json",
     "suite_zoo_h200_b0b4712.json",
     "suite_zoo_h200_bb0716f_partial.json",
