@@ -6,6 +6,7 @@ pass ran, a refusal that it kept apart what must stay apart.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from helpers import assert_close, eager, run_fused
 
@@ -73,3 +74,28 @@ def test_random_values_are_drawn_twice():
     out, _ = run_fused(fn, x, expect_fused=False)
     assert out.abs().max() > 0  # merged, the two draws would cancel
     assert not any("rand" in name for name in _shared()), _shared()
+
+
+def test_a_collective_issued_twice_is_issued_twice():
+    # Each rank must issue every collective it traced; the op itself is looked up by its
+    # namespace (no process group is needed to build the graph).
+    from fusebackend.passes.common_values import share_equal_values
+
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not built")
+    reduce = torch.ops._c10d_functional.all_reduce.default
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["example_value"] = torch.randn(4)
+    outs = []
+    for _ in range(2):
+        node = graph.call_function(reduce, (x, "sum", "0"))
+        node.meta["example_value"] = torch.randn(4)
+        outs.append(graph.call_function(torch.neg, (node,)))
+        outs[-1].meta["example_value"] = torch.randn(4)
+    total = graph.call_function(torch.add, tuple(outs))
+    total.meta["example_value"] = torch.randn(4)
+    graph.output(total)
+    assert share_equal_values(graph) == []
+    assert sum(n.target is reduce for n in graph.nodes) == 2

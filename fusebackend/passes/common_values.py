@@ -10,7 +10,8 @@ with equal arguments otherwise.
 
 Never merged, so a merge cannot change what a reader sees:
 - ops that write (``passes/mutations.py``) or draw random numbers (``constants.is_random``),
-  and higher-order ops (their body may do either);
+  higher-order ops (their body may do either), and collectives and their waits (each rank
+  must issue every collective it traced: tensor parallelism);
 - values whose storage the graph writes anywhere, or returns (two outputs of eager are two
   tensors; a caller writing one must not see the other change);
 - a later copy whose operands were written in place between the two (its operands hold
@@ -75,7 +76,7 @@ def _key(node: torch.fx.Node, excluded: set[Any]) -> Any:
     must not be merged (module docstring)."""
     if node.op not in ("call_function", "call_method"):
         return None
-    if isinstance(node.target, torch._ops.HigherOrderOperator):
+    if isinstance(node.target, torch._ops.HigherOrderOperator) or _communicates(node):
         return None
     if is_mutation(node) or is_random(node):
         return None
@@ -89,6 +90,20 @@ def _key(node: torch.fx.Node, excluded: set[Any]) -> Any:
         return (node.op, node.target, _freeze(node.args), _freeze(node.kwargs))
     except _Unhashable:
         return None
+
+
+# Namespaces of the ops that communicate between ranks (functional collectives, their waits).
+_COLLECTIVE_NAMESPACES = {"_c10d_functional", "_c10d_functional_autograd", "c10d", "_dtensor"}
+
+
+def _communicates(node: torch.fx.Node) -> bool:
+    """A collective, its wait or a DTensor ``redistribute`` (which runs one)."""
+    if node.op == "call_method":
+        return node.target == "redistribute"
+    namespace = getattr(node.target, "namespace", None)
+    if namespace is None:  # an OpOverloadPacket: "namespace::name"
+        namespace = str(getattr(node.target, "_qualified_op_name", "")).split("::")[0]
+    return namespace in _COLLECTIVE_NAMESPACES
 
 
 class _Unhashable(Exception):
