@@ -277,12 +277,19 @@ def _rotary_with_an_empty_pass(q, k, v, then):
         return F.scaled_dot_product_attention(q_embed, k, v)
     if then == "view":  # a view needs the cat's own (contiguous) strides
         return q_embed.view(q_embed.shape[0], -1) * 3.0
+    if then == "unsqueezed":  # a view of either strides: the reader would see other ones
+        return q_embed.unsqueeze(0) * 3.0
+    if then == "repeated":  # repeat_kv: the reshape copies either way, into one layout
+        b, heads, length, d = q_embed.shape
+        repeated = q_embed[:, :, None].expand(b, heads, 2, length, d)
+        return repeated.reshape(b, heads * 2, length, d) * 3.0
     q_embed[..., 0] = 5.0  # written after the cat: the cat's copy, not q's values
     return q_embed * 3.0 + q
 
 
 @pytest.mark.parametrize(("then", "dropped"), [("attention", True), ("view", False),
-                                                ("written", False)])  # fmt: skip
+                                                ("written", False), ("repeated", True),
+                                                ("unsqueezed", False)])  # fmt: skip
 def test_a_cat_with_empty_parts_reads_its_one_part_where_its_readers_allow(then, dropped):
     torch.manual_seed(0)
     q = torch.randn(2, 5, 3, 8)  # (batch, length, heads, head dim), read transposed

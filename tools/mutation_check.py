@@ -883,6 +883,15 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_row_rope_softmax.py",),
         note="a rotation of the first r columns wraps at the head's width instead of r",
     ),
+    Mutation(
+        "empty_part_cat_read_through_views_of_other_strides",
+        "pass: concatenation",
+        "fusebackend/passes/concatenation.py",
+        "        if not same_layout(values[chain[-1]], example_value(chain[-1])):\n",
+        "        if False:\n",
+        ("tests/test_concatenation.py",),
+        note="a cat's part of other strides read in its place by views that keep those strides",
+    ),
 ]
 
 

@@ -31,7 +31,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from fusebackend.passes.fx_util import example_value, same_layout, static_layout
+from fusebackend.passes.fx_util import evaluate, example_value, same_layout, static_layout
 from fusebackend.passes.mutations import known_written_storages, storage_id, written_args
 from fusebackend.passes.ops import OP_TABLE, OpCall
 
@@ -87,7 +87,9 @@ def drop_identity_slices(graph: torch.fx.Graph) -> list[str]:
     the tensor's own shape (transformers' masks: ``mask.expand(B, -1, L, L)`` of a mask
     already that shape), or of a ``torch.cat`` of the tensor and empty parts (Phi-3's and
     GPT-NeoX's rotary embeddings, ``cat([q_embed, q[..., rotary_dim:]], -1)`` where the
-    rotation takes every column), read the tensor; returns the nodes removed."""
+    rotation takes every column: where its layout is the cat's, or its readers take any
+    layout or copy it into one layout either way), read the tensor; returns the nodes
+    removed."""
     dropped = []
     written = known_written_storages(graph.nodes)
     for node in list(graph.nodes):
@@ -102,7 +104,8 @@ def drop_identity_slices(graph: torch.fx.Graph) -> list[str]:
             storages = {storage_id(example_value(n)) for n in (node, source)}
             free = written is not None and not storages & written
             kept = same_layout(example_value(source), example_value(node))
-            if free and (kept or _reads_any_layout(node)):
+            alike = node.target in CAT_FUNCTIONS and _copied_alike(node, source)
+            if free and (kept or _reads_any_layout(node) or alike):
                 node.replace_all_uses_with(source)
                 graph.erase_node(node)
                 dropped.append(node.name)
@@ -148,6 +151,33 @@ def _reads_any_layout(node: torch.fx.Node) -> bool:
         if user.target in _COPIES_INTO and node not in written_args(user):
             continue
         return False
+    return True
+
+
+# Views a reader may take of a cat before a copy (repeat_kv: x[:, :, None].expand().reshape())
+_VIEWS = {operator.getitem, torch.unsqueeze, torch.reshape, torch.flatten, "unsqueeze",
+          "expand", "view", "reshape", "flatten"}  # fmt: skip
+
+
+def _copied_alike(node: torch.fx.Node, source: torch.fx.Node) -> bool:
+    """Does every reader of ``node`` reach, through views that only it reads, a tensor of
+    the same strides whether those views start at ``node`` or at ``source``? (Phi-3's key
+    heads, rotated in their transposed layout, then expanded and reshaped for grouped-query
+    attention: the reshape copies either way, into the same layout.)"""
+    for user in node.users:
+        chain = [user]
+        while len(chain[-1].users) == 1 and next(iter(chain[-1].users)).target in _VIEWS:
+            chain.append(next(iter(chain[-1].users)))
+        if any(n.target not in _VIEWS or n.op == "output" for n in chain):
+            return False
+        values = {node: example_value(source)}
+        try:
+            for view in chain:
+                values[view] = evaluate(view, lambda a, seen=values: seen.get(a, example_value(a)))
+        except (RuntimeError, ValueError):  # a view the source's strides do not allow
+            return False
+        if not same_layout(values[chain[-1]], example_value(chain[-1])):
+            return False
     return True
 
 
