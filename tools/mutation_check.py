@@ -892,6 +892,15 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_concatenation.py",),
         note="a cat's part of other strides read in its place by views that keep those strides",
     ),
+    Mutation(
+        "shared_collectives",
+        "pass: common_values",
+        "fusebackend/passes/common_values.py",
+        "    if isinstance(node.target, torch._ops.HigherOrderOperator) or _communicates(node):\n",
+        "    if isinstance(node.target, torch._ops.HigherOrderOperator):\n",
+        ("tests/test_common_values.py",),
+        note="two all-reduces of one value merged: a rank issues fewer collectives than traced",
+    ),
 ]
 
 
