@@ -446,7 +446,13 @@ def test_tiny_llama_under_dynamic_true_fuses_as_the_static_graph_does():
         assert len(from_ints) == (2 if dynamic else 1), from_ints
         kept = [grp for grp in report.groups if not set(grp.nodes) <= alone]
         groups[dynamic] = [grp.nodes for grp in kept if not _reads_ints_or_bools(grp)]
-    assert [len(n) for n in groups[True]] == [len(n) for n in groups[False]], groups
+        if not dynamic:  # the rotary tables of constant positions, derived once
+            folded = {n for g in report.graphs for n in g.rewrites.get("parameter_work", [])}
+    # the dynamic graph computes those tables in a group of its own each call
+    tables = [n for n in groups[True] if set(n) & folded]
+    assert len(tables) == 1, (folded, groups[True])
+    rest = [len(n) for n in groups[True] if n not in tables]
+    assert rest == [len(n) for n in groups[False]], groups
     assert not any("symbolic scalar" in r.reason for r in fusebackend.last_report().rejections)
 
 

@@ -443,10 +443,10 @@ PATTERNS = [
         1,
     ),
     (
-        "same-lookup-twice",
+        "same-lookup-twice",  # one gather: the second is the first's value (common_values)
         lambda ids, tok, pos: F.embedding(ids, tok) * F.embedding(ids, tok) - 0.5,
-        4,
-        2,
+        3,
+        1,
         1,
     ),
     (

@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.mutations import storage_id, written_args, written_storages
 
-__all__ = ["CONSTANT_PREFIX", "fold_constants", "fold_list_indices", "is_random"]
+__all__ = ["CONSTANT_PREFIX", "RngStates", "fold_constants", "fold_list_indices", "is_random"]
 
 # The buffer names of folded constants start with this (the graph's get_attrs).
 CONSTANT_PREFIX = "_infinifuse_constant"
@@ -175,7 +175,7 @@ def _evaluate(node: torch.fx.Node, values: dict[torch.fx.Node, torch.Tensor]) ->
         args, kwargs = (values[node.args[0]],), {}
     else:
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
-    rng = _RngStates()
+    rng = RngStates()
     try:
         with unset_fake_temporarily(), torch.no_grad():
             if cast:
@@ -201,7 +201,7 @@ def _evaluate(node: torch.fx.Node, values: dict[torch.fx.Node, torch.Tensor]) ->
     return value
 
 
-class _RngStates:
+class RngStates:
     """The CPU generator's state, and each initialised CUDA device's, before a node runs."""
 
     def __init__(self) -> None:

@@ -32,7 +32,7 @@ import torch
 import torch.fx
 from torch import Tensor
 
-from fusebackend.passes.constants import CONSTANT_PREFIX, is_random
+from fusebackend.passes.constants import CONSTANT_PREFIX, RngStates, is_random
 from fusebackend.passes.embedding_fusion import is_embedding
 from fusebackend.passes.fx_util import (
     example_value,
@@ -109,9 +109,12 @@ def _flat(value: Any) -> list[Any]:
 
 
 def _launches(node: torch.fx.Node) -> bool:
-    """Does ``node`` run a kernel that no row group would take in? (Views run none; the op
-    table's ops and embedding lookups fuse into the group of what reads them.)"""
-    return not _is_view(node) and lookup_op(node.op, node.target) is None and not is_embedding(node)
+    """Does ``node`` run a kernel that no row group would take in? (Views and a constant's
+    ``get_attr`` run none; the op table's ops and embedding lookups fuse into the group of
+    what reads them: a position embedding's lookup by constant positions stays there.)"""
+    if node.op not in ("call_function", "call_method") or _is_view(node):
+        return False
+    return lookup_op(node.op, node.target) is None and not is_embedding(node)
 
 
 def fold_parameter_work(
@@ -202,10 +205,14 @@ def _fold(
     value = example_value(node)
     work = ParameterWork(node.name, tuple(index[p] for p in reads),
                          torch.fx.GraphModule(owner, standalone), torch.empty(0))  # fmt: skip
+    rng = RngStates()
     try:
         with torch.no_grad():
             result = work.chain(*[inputs[index[p]] for p in reads])
     except Exception:  # noqa: BLE001 - a chain the real tensors do not run: left as traced
+        rng.restore_if_moved()
+        return None
+    if rng.restore_if_moved():  # it drew random numbers (an op not named so): left as traced
         return None
     if not isinstance(result, Tensor) or result.shape != value.shape or result.dtype != value.dtype:
         return None
