@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from helpers import FLOAT_DTYPES, assert_close, eager, repeat_kv, tiny_llama_config
 
 import fusebackend
-import fusebackend.fusion as fusion_module
 from fusebackend.passes.fx_util import example_value
 
 transformers = pytest.importorskip("transformers")
@@ -464,7 +463,7 @@ def _position_biased(q, k, v, buckets, keep):
     return F.scaled_dot_product_attention(first, k, v, attn_mask=bias, scale=1.0)
 
 
-def test_a_permuted_mask_reaches_attention_contiguous():
+def test_a_permuted_mask_reaches_attention_contiguous(fused_graphs):
     # Every fused GPU kernel of SDPA refuses a mask whose last dim is not at stride 1 (T5's
     # attention ran the math path); the mask's group writes it contiguous, once for both.
     g = torch.Generator().manual_seed(3)
@@ -473,19 +472,9 @@ def test_a_permuted_mask_reaches_attention_contiguous():
     keep = torch.ones(2, 1, 1, 7, dtype=torch.bool)
     keep[1, ..., 5:] = False
     args = (q, k, v, buckets, keep)
-    fused = []
-    real = fusion_module.fuse
-
-    def keep(*a, **kw):
-        made = real(*a, **kw)
-        fused.append(made.graph)
-        return made
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fusion_module, "fuse", keep)
-        actual, graph = _compiled(_position_biased, *args)
+    actual, graph = _compiled(_position_biased, *args)
     assert_close(actual, eager(_position_biased, *args))
     assert graph.rewrites.get("contiguous_masks") == ["bias"], graph.rewrites
-    masks = [example_value(n.kwargs["attn_mask"]) for n in fused[-1].graph.nodes
+    masks = [example_value(n.kwargs["attn_mask"]) for n in fused_graphs[-1].graph.nodes
              if n.target is F.scaled_dot_product_attention]  # fmt: skip
     assert len(masks) == 2 and all(m.is_contiguous() for m in masks), [m.stride() for m in masks]

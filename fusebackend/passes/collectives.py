@@ -41,6 +41,7 @@ from fusebackend.passes.mutations import storage_id
 
 __all__ = [
     "collective_nodes",
+    "op_namespace",
     "drop_reduce_copies",
     "reduce_in_place",
     "use_vocab_parallel_lookup",
@@ -63,15 +64,21 @@ def _is_op(node: torch.fx.Node, name: str) -> bool:
     return node.target is packet or node.target is packet.default
 
 
+def op_namespace(target: Any) -> str:
+    """An op's namespace (``_c10d_functional``): an OpOverload's own, or the part before
+    ``::`` of an OpOverloadPacket's qualified name; "" for anything else."""
+    namespace = getattr(target, "namespace", None)
+    if isinstance(namespace, str):
+        return namespace
+    return str(getattr(target, "_qualified_op_name", "")).split("::")[0]
+
+
 def collective_nodes(graph: torch.fx.Graph) -> list[str]:
     """Names of the nodes that communicate: functional collectives (their waits aside) and
     DTensor ``redistribute`` calls (which run one inside)."""
     names = []
     for node in graph.nodes:
-        # An OpOverload's namespace, or an OpOverloadPacket's "namespace::name".
-        target = node.target
-        namespace = getattr(target, "namespace", None) or getattr(target, "_qualified_op_name", "")
-        if node.op == "call_function" and namespace.split("::")[0] == "_c10d_functional":
+        if node.op == "call_function" and op_namespace(node.target) == "_c10d_functional":
             if not _is_op(node, "wait_tensor"):
                 names.append(node.name)
         elif node.op == "call_method" and node.target == "redistribute":

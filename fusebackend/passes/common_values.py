@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from fusebackend.passes.collectives import op_namespace
 from fusebackend.passes.constants import is_random
 from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.graph import is_mutation
@@ -100,10 +101,7 @@ def _communicates(node: torch.fx.Node) -> bool:
     """A collective, its wait or a DTensor ``redistribute`` (which runs one)."""
     if node.op == "call_method":
         return node.target == "redistribute"
-    namespace = getattr(node.target, "namespace", None)
-    if namespace is None:  # an OpOverloadPacket: "namespace::name"
-        namespace = str(getattr(node.target, "_qualified_op_name", "")).split("::")[0]
-    return namespace in _COLLECTIVE_NAMESPACES
+    return op_namespace(node.target) in _COLLECTIVE_NAMESPACES
 
 
 class _Unhashable(Exception):

@@ -28,6 +28,7 @@ __all__ = [
     "is_negation",
     "match",
     "op_call",
+    "operand_orders",
     "rotation_of",
 ]
 
@@ -103,6 +104,15 @@ def op_call(node: Any, *names: str) -> OpCall | None:
         return None
     call = match(node)
     return call if isinstance(call, OpCall) and call.op.name in names else None
+
+
+def operand_orders(call: OpCall | None) -> list[tuple[Any, Any]]:
+    """A two-operand call's operands in both orders (a product or sum read either way);
+    none for another call or None."""
+    if call is None or len(call.operands) != 2:
+        return []
+    a, b = call.operands
+    return [(a, b), (b, a)]
 
 
 def _bind_graph_eps(op: Any, signature: Any, node: torch.fx.Node, reason: str) -> OpCall | str:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from fusebackend.passes.concatenation import CAT_FUNCTIONS, cat_arguments
 from fusebackend.passes.fx_util import call_evaluated, example_value
-from fusebackend.passes.groups import op_call
+from fusebackend.passes.groups import op_call, operand_orders
 from fusebackend.passes.rotation import Rotation, last_dim_slice, match_rotation, rotate
 
 __all__ = ["widen_partial_rotary"]
@@ -113,7 +113,7 @@ def _match(cat: torch.fx.Node) -> tuple[Any, ...] | None:
     source, r, stop = kept
     if stop != example_value(source).shape[-1] or not 0 < r < stop:
         return None
-    for product, other in _orders(add.operands):
+    for product, other in operand_orders(add):
         terms = _rotary_terms(product, other, source, r)
         if terms is not None:
             rotation, cos, sin, nodes = terms
@@ -128,12 +128,11 @@ def _rotary_terms(
 ) -> tuple[Rotation, torch.fx.Node, torch.fx.Node, list[torch.fx.Node]] | None:
     """(rotation, cos, sin, nodes) where ``product`` is ``x_rot * cos`` and ``other`` is
     ``rotate(x_rot) * sin``, ``x_rot`` the first ``r`` columns of ``source``."""
-    for x_rot, cos in _orders(op_call(product, "mul").operands if op_call(product, "mul") else ()):
+    for x_rot, cos in operand_orders(op_call(product, "mul")):
         sliced = last_dim_slice(x_rot, example_value(source).dim())
         if sliced is None or sliced[:3] != (source, 0, r):
             continue
-        multiply = op_call(other, "mul")
-        for rotated, sin in _orders(multiply.operands if multiply else ()):
+        for rotated, sin in operand_orders(op_call(other, "mul")):
             rotation = match_rotation(rotated) if isinstance(rotated, torch.fx.Node) else None
             if not isinstance(rotation, Rotation) or rotation.source is not x_rot:
                 continue
@@ -147,10 +146,3 @@ def _fits(table: Any, r: int) -> bool:
     """A tensor whose last dim is the ``r`` rotated columns (it broadcasts over the rest)."""
     value = example_value(table) if isinstance(table, torch.fx.Node) else None
     return isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[-1] == r
-
-
-def _orders(operands: Any) -> list[tuple[Any, Any]]:
-    if len(operands) != 2:
-        return []
-    a, b = operands
-    return [(a, b), (b, a)]

@@ -51,7 +51,7 @@ from fusebackend.kernels.ir import MatmulGroup
 from fusebackend.passes.cache_writes import cache_write_of, can_write_pair
 from fusebackend.passes.fx_util import example_value, nodes_between, single_user, static_tensor
 from fusebackend.passes.graph import is_mutation, resort_stably
-from fusebackend.passes.groups import op_call
+from fusebackend.passes.groups import op_call, operand_orders
 from fusebackend.passes.mutations import storage_id, written_storages
 from fusebackend.passes.norms import offset_rms_norm_of, rms_norm_of
 from fusebackend.passes.rotation import Rotation, is_split, match_rotation
@@ -253,7 +253,7 @@ def _rotary(heads: torch.fx.Node) -> _Rotary | None:
             continue
         if single_user(other) is not embed:
             continue
-        for rotated, sin in _operand_orders(op_call(other, "mul")):
+        for rotated, sin in operand_orders(op_call(other, "mul")):
             rotation = match_rotation(rotated) if isinstance(rotated, torch.fx.Node) else None
             if not _is_rotate_half(rotation, heads, width) or single_user(rotated) is not other:
                 continue
@@ -276,17 +276,10 @@ def _only_feeds(split: torch.fx.Node, own: set[torch.fx.Node]) -> bool:
 
 def _product_with(product: torch.fx.Node, heads: torch.fx.Node) -> torch.fx.Node | None:
     """The other factor of ``heads * factor`` (a graph tensor), else None."""
-    for a, b in _operand_orders(op_call(product, "mul")):
+    for a, b in operand_orders(op_call(product, "mul")):
         if a is heads and isinstance(b, torch.fx.Node) and b is not heads:
             return b
     return None
-
-
-def _operand_orders(call: Any) -> list[tuple[Any, Any]]:
-    if call is None or len(call.operands) != 2:
-        return []
-    a, b = call.operands
-    return [(a, b), (b, a)]
 
 
 def _is_rotate_half(rotation: Any, heads: torch.fx.Node, width: int) -> bool:
