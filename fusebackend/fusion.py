@@ -46,6 +46,7 @@ from fusebackend.passes.concatenation import drop_identity_slices
 from fusebackend.passes.conv_bias import move_conv_biases
 from fusebackend.passes.decode_attention import use_decode_attention
 from fusebackend.passes.empty_pads import drop_empty_pads
+from fusebackend.passes.full_reductions import split_full_reductions
 from fusebackend.passes.fx_util import example_value
 from fusebackend.passes.groups import LoweredGroup
 from fusebackend.passes.index_views import arange_indices_as_reshapes
@@ -296,6 +297,8 @@ FUSE = [
     Pass("contiguous_attention_masks", lambda c: contiguous_attention_masks(c.graph),
          "attention masks made contiguous for SDPA's fused kernels (fused graph)",
          report="contiguous_masks"),
+    Pass("split_full_reductions", lambda c: split_full_reductions(c.graph),
+         "whole-tensor any/all reduced by rows first (fused graph)", report="full_reductions"),
     Pass("push_into_concatenations", lambda c: push_into_concatenations(c.graph),
          "elementwise ops on a cat run on its parts (fused graph)", report="pushed_into_cats"),
     Pass("find_groups", _find_groups),

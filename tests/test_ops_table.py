@@ -265,6 +265,33 @@ ROWS = [
     ),
     Row("logical_not-operator", "logical_not", lambda x, y: torch.where(~(x > 0), x, y), nodes=4),
     Row("cast-long-round-trip", "cast", lambda x, y: (x * 4).long().to(x.dtype) + y, nodes=5),
+    # infinities and NaNs where x <= 0.5 (x divided by 0.0 there; |x| >= 0.05, so x / 0 is
+    # +-inf and 0 / 0 NaN), finite values elsewhere
+    Row(
+        "isinf-torch",
+        "isinf",
+        lambda x, y: torch.where(torch.isinf(x / (x > 0.5).to(x.dtype)), y, x),
+        nodes=6,
+    ),  # fmt: skip
+    Row(
+        "isnan-method",
+        "isnan",
+        lambda x, y: torch.where(((x - x) / (x > 0.5).to(x.dtype)).isnan(), y, x),
+        nodes=7,
+    ),  # fmt: skip
+    Row(
+        "isfinite-torch",
+        "isfinite",
+        lambda x, y: torch.where(torch.isfinite(x / (x > 0.5).to(x.dtype)), y, x),
+        nodes=6,
+    ),  # fmt: skip
+    # any/all of each row of a boolean value (keepdim): one bool per row, broadcast back
+    Row(
+        "any-rows", "any", lambda x, y: torch.where((x > 1.0).any(-1, keepdim=True), y, x), nodes=4
+    ),  # fmt: skip
+    Row(
+        "all-rows", "all", lambda x, y: torch.where((x > 0.06).all(-1, keepdim=True), y, x), nodes=4
+    ),  # fmt: skip
     # rotate_half of an operand (the rotation of a lookup's value is not fused): the slices
     # and the negation join with the concatenation; D = 19 is odd, the rotation by D // 2
     Row("rotate-rotate-half", "rotate", lambda x, y: x + _rotate_half(y), nodes=6),

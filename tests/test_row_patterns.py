@@ -268,8 +268,8 @@ def t5_clamp_then_rms(h, w):
 @pytest.mark.parametrize("with_inf", [False, True])
 def test_a_bound_computed_from_a_flag_joins_the_group_that_reads_it(with_inf):
     # The 0-d bound (where of the 0-d flag, and its negation) is computed in the kernel that
-    # clamps: two launches fewer per clamp; the flag itself (a reduction over the whole
-    # tensor) stays outside. With an inf the bound is max - 1000 and large values clamp.
+    # clamps: two launches fewer per clamp; the flag's last step (a bool per row reduced to
+    # one) stays outside. With an inf the bound is max - 1000 and large values clamp.
     torch.manual_seed(5)
     h = (torch.randn(2, 5, 33) * 2e4).half()
     if with_inf:
@@ -278,6 +278,37 @@ def test_a_bound_computed_from_a_flag_joins_the_group_that_reads_it(with_inf):
     expected = eager(t5_clamp_then_rms, h, w)
     actual, report = run_fused(t5_clamp_then_rms, h, w)
     assert_close(actual, expected)
-    nodes = single_group(report).nodes
+    (nodes,) = [g.nodes for g in report.groups if "clamp_value" in g.nodes]
     assert {"clamp_value", "neg", "h"} <= set(nodes), str(report)  # h: the clamp
+    # the flag: isinf and each row's any in one kernel (passes/full_reductions.py)
+    assert any("isinf" in g.nodes and len(g.nodes) == 2 for g in report.groups), str(report)
     assert (expected[0].abs() == 64504).any() == with_inf  # the data reached each bound
+
+
+def _flags(x):
+    """Whole-tensor checks as models write them, each picking a value."""
+    has_inf = torch.isinf(x).any()
+    has_nan = torch.isnan(x).any()
+    finite = torch.isfinite(x).all()
+    return (
+        torch.where(has_inf, 1.0, 0.0)
+        + torch.where(has_nan, 2.0, 0.0)
+        + torch.where(finite, 4.0, 0.0)
+    )
+
+
+@pytest.mark.parametrize("planted", ["none", "inf", "nan", "both"])
+def test_whole_tensor_checks_reduce_rows_in_the_group_of_their_test(planted):
+    # x.any() -> x.any(-1, keepdim=True).any() (passes/full_reductions.py): isinf/isnan/
+    # isfinite and each row's any/all are one kernel, the last reduction a bool per row.
+    torch.manual_seed(6)
+    x = torch.randn(3, 4, 37)
+    if planted in ("inf", "both"):
+        x[2, 1, 36] = float("-inf")
+    if planted in ("nan", "both"):
+        x[0, 3, 0] = float("nan")
+    actual, report = run_fused(_flags, x)
+    assert actual.item() == eager(_flags, x).item()
+    assert len(report.graphs[-1].rewrites.get("full_reductions", [])) == 3, str(report)
+    tests = {n for g in report.groups for n in g.nodes if n.startswith("is")}
+    assert tests == {"isinf", "isnan", "isfinite"}, str(report)

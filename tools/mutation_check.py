@@ -901,6 +901,24 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_common_values.py",),
         note="two all-reduces of one value merged: a rank issues fewer collectives than traced",
     ),
+    Mutation(
+        "isinf_never_true",
+        "kernels: expressions",
+        "fusebackend/kernels/expressions.py",
+        """    "isinf": _unary('(tl.abs({}) == float("inf"))'),\n""",
+        """    "isinf": _unary('(tl.abs({}) > float("inf"))'),\n""",
+        ("tests/test_row_patterns.py",),
+        note="T5's overflow check never sees an infinity",
+    ),
+    Mutation(
+        "any_of_one_true_is_false",
+        "pass: lowering",
+        "fusebackend/passes/lowering.py",
+        '    found = b.add(Instr("gt", (count, Const.of(0.0)), torch.bool))\n',
+        '    found = b.add(Instr("gt", (count, Const.of(1.0)), torch.bool))\n',
+        ("tests/test_row_patterns.py",),
+        note="a row's any needs two true values",
+    ),
 ]
 
 

@@ -67,8 +67,8 @@ def operand_dtype_reason(call: OpCall, name: str, dtype: torch.dtype) -> str | N
     whole_values = (OpKind.ELEMENTWISE, OpKind.SCAN)
     if dtype in INTEGERS and call.op.kind not in whole_values:
         return f"{call.op.name} of an integer tensor ({dtype}) is not fused"
-    if dtype == torch.bool and call.op.kind not in whole_values:
-        return f"{call.op.name} of a bool tensor"
+    if dtype == torch.bool and call.op.kind not in whole_values and not wants_bool:
+        return f"{call.op.name} of a bool tensor"  # (any/all ask for one: lowering.py)
     return None
 
 

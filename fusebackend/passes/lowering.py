@@ -221,6 +221,18 @@ def _reduction(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtyp
     return b.add(Reduce(_REDUCE_KIND[call.op.name], args[0], dtype))
 
 
+@_lowers("any", "all")
+def _any_or_all(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtype) -> ValueRef:
+    """any(x) = sum(x) > 0 and all(x) = sum(not x) == 0 over a row, the bools summed as fp32
+    (exact to 2**24 columns; a row of no columns: any False, all True, as eager's)."""
+    x = args[0]
+    if call.op.name == "all":
+        x = b.add(Instr("logical_not", (x,), torch.bool))
+    count = b.add(Reduce("sum", b.add(Instr("cast", (x,), torch.float32)), torch.float32))
+    found = b.add(Instr("gt", (count, Const.of(0.0)), torch.bool))
+    return found if call.op.name == "any" else b.add(Instr("logical_not", (found,), torch.bool))
+
+
 @_lowers("cumsum")
 def _scan(b: _Builder, call: OpCall, args: list[Operand], dtype: torch.dtype) -> ValueRef:
     return b.add(Scan(args[0], dtype))

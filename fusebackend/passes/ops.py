@@ -302,6 +302,9 @@ _op(
     [*_both("logical_not"), *_both("bitwise_not"), operator.invert, "__invert__"],
 )
 _op(OpDef("less", _B, "bool"), _sig_binary, _both("less"))
+# Non-finite checks (T5's fp16 clamp tests isinf(h).any() after each sublayer).
+for _name in ("isinf", "isnan", "isfinite"):
+    _op(OpDef(_name, _U, "bool"), _sig_unary, _both(_name))
 # Casts: the target dtype comes from the node's example_value; the kernel rounds to it like
 # every other value, so the op itself only converts bool <-> float.
 _CAST_SPELLINGS = [
@@ -340,6 +343,10 @@ _op(OpDef("mean", _U, "float", _check_reduction, kind=_R), _sig_sum, _both("mean
 _op(OpDef("amax", _U, "float", _check_reduction, kind=_R), _sig_amax, _both("amax"))
 _op(OpDef("amin", _U, "float", _check_reduction, kind=_R), _sig_amax, _both("amin"))
 _op(OpDef("var", _U, "float", _check_reduction, kind=_R), _sig_var, _both("var"))
+# any/all of boolean rows (passes/full_reductions.py splits a whole-tensor one into these)
+for _name in ("any", "all"):
+    _op(OpDef(_name, _U, "bool", _check_reduction, kind=_R, bool_operands=_U), _sig_amax,
+        _both(_name))  # fmt: skip
 _op(OpDef("std", _U, "float", _check_reduction, kind=_R), _sig_var, _both("std"))
 
 # Norms over the last dim. Eager computes both in fp32 for half inputs and rounds once.
