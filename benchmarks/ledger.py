@@ -294,7 +294,8 @@ SOURCES = (
     "suite_zoo_h200_b0b4712.json",
     "suite_zoo_h200_bb0716f_partial.json",
     # the 21 families in one run at 3218872 (casts ahead of permutes, Phi-3's repeat_kv cat;
-    # two device calls of 11 and 10 families joined with run.py --combine; four backends)
+    # two device calls of 11 and 10 families joined with run.py --combine; four backends).
+    # Folded: in git at fb15e37
     "suite_zoo_h200_3218872.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
