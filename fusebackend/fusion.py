@@ -24,6 +24,7 @@ from fusebackend.config import FusionConfig
 from fusebackend.copies import fold_copies, run_lone_copies
 from fusebackend.kernels import KernelOptions, kernel_source, triton_usable
 from fusebackend.kernels.cache_write import write_cache_pair
+from fusebackend.kernels.conv import conv2d_relu
 from fusebackend.kernels.decode_attention import decode_attention
 from fusebackend.kernels.family import family_of, launch_path
 from fusebackend.kernels.launch import launch_rank, layout_for, precompile_all
@@ -43,6 +44,7 @@ from fusebackend.passes.collectives import use_vocab_parallel_lookup
 from fusebackend.passes.common_values import share_equal_values
 from fusebackend.passes.concat_writes import push_into_concatenations, write_concatenations
 from fusebackend.passes.concatenation import drop_identity_slices
+from fusebackend.passes.conv_activation import fuse_conv_activations
 from fusebackend.passes.conv_bias import move_conv_biases
 from fusebackend.passes.decode_attention import use_decode_attention
 from fusebackend.passes.empty_pads import drop_empty_pads
@@ -255,6 +257,9 @@ FUSE = [
     Pass("fold_batch_norms", _fold_batch_norms,
          "eval BatchNorms folded into their convolutions or made a scale and shift (fused graph)",
          report="batch_norms_folded"),
+    Pass("fuse_conv_activations", lambda c: fuse_conv_activations(c.graph, conv2d_relu),
+         "convolutions + bias (+ residual) + ReLU as one cuDNN call (fused graph)",
+         report="conv_activations"),
     Pass("move_conv_biases", lambda c: move_conv_biases(c.graph),
          "convolution biases added in the elementwise group after them (fused graph)",
          report="conv_biases_moved"),

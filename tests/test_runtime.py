@@ -58,10 +58,12 @@ STATS_KEYS = {
     "eviction_reasons",
     "validations",
     "validations_within_noise",
+    "validations_nearer_float32",
     "captured_bytes",
 }
 COUNTER_KEYS = {
     "validations_within_noise",
+    "validations_nearer_float32",
     "cache_hits",
     "cache_misses",
     "recordings",
@@ -446,6 +448,29 @@ def test_an_output_noisier_than_the_cap_keeps_the_fixed_bounds():
     cache(x)
     assert cache.mode_for(x) != FUSION
     assert stats()["validations_within_noise"] == 0
+
+
+def _cancelling(x):
+    # fp16 rounds x + 100 to a step of 1/16: x's low bits are lost, where float32 keeps them
+    return ((x + 100) - 100,)
+
+
+@pytest.mark.parametrize(("fused", "keeps_fusion"), [
+    (lambda x: (x.clone(),), True),  # x itself: what float32 computes
+    (lambda x: ((x.float() * 1.1).half(),), False),  # 10% off: farther from it than eager
+])  # fmt: skip
+def test_a_half_graph_nearer_float32_than_the_unfused_graph_keeps_fusion(fused, keeps_fusion):
+    # The unfused graph's rounding is 3% of the output's norm (past the 1% bound), and one
+    # ulp on x rarely moves it (no noise to widen the bounds): only the float32 rerun of the
+    # unfused graph tells the exact fused result from a wrong one.
+    x = torch.rand(64, 127, generator=torch.Generator().manual_seed(0)).half()
+    cache = make(unfused=_cancelling, fused=fused)
+    (out,) = cache(x)
+    assert (cache.mode_for(x) == FUSION) is keeps_fusion
+    assert stats()["validations_nearer_float32"] == int(keeps_fusion)
+    assert stats()["validations_within_noise"] == 0
+    if not keeps_fusion:
+        torch.testing.assert_close(out, _cancelling(x)[0])  # the unfused graph's result
 
 
 def test_a_graph_that_cannot_run_on_moved_inputs_gets_no_noise():

@@ -110,10 +110,16 @@ def _convolutions(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     """The batched 2-d convolutions of ``graph``."""
     found = []
     for node in graph.nodes:
-        if node.op == "call_function" and node.target in _CONV2D and is_batched(node):
+        if node.op == "call_function" and _is_conv2d(node.target) and is_batched(node):
             if example_value(node.args[1]).dim() == 4:
                 found.append(node)
     return found
+
+
+def _is_conv2d(target: Any) -> bool:
+    """``F.conv2d``, or a call that takes its arguments first and computes a 2-d convolution
+    then elementwise work (``kernels.conv.conv2d_relu``, marked ``conv2d_arguments``)."""
+    return target in _CONV2D or getattr(target, "conv2d_arguments", False) is True
 
 
 def _groups(conv: torch.fx.Node) -> int:
@@ -188,7 +194,9 @@ def _hint(size: Any) -> int:
 
 def _any_layout(node: torch.fx.Node) -> bool:
     if node.op == "call_function":
-        return node.target in _ANY_LAYOUT_FUNCTIONS or isinstance(match(node), OpCall)
+        if node.target in _ANY_LAYOUT_FUNCTIONS or _is_conv2d(node.target):
+            return True
+        return isinstance(match(node), OpCall)
     if node.op == "call_method":
         return node.target in _ANY_LAYOUT_METHODS or isinstance(match(node), OpCall)
     return False

@@ -36,6 +36,7 @@ class Counters:
     fusion_fallbacks: int = 0
     validations: int = 0
     validations_within_noise: int = 0
+    validations_nearer_float32: int = 0
     evictions: int = 0
     rerecords: int = 0
     capture_failures: int = 0

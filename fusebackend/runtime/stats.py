@@ -80,6 +80,9 @@ def stats() -> dict[str, Any]:
         validations_within_noise: Validations that matched only within the model's own
             noise: outside the fixed tolerances, but within half of how far one ulp of noise
             on the floating inputs moves the unfused graph's outputs (``runtime/validation``).
+        validations_nearer_float32: Half-precision validations that matched neither way, but
+            whose fused outputs are as near the unfused graph's float32 result as the unfused
+            outputs are (BatchNorms folded into fp16 weights; ``runtime/validation``).
         fusion_fallbacks: Signatures that left "fusion" for another mode (fused callable
             raised, mismatched, or could not be captured).
         cached_shapes: For each live entry, the shapes of its non-static tensor inputs as a

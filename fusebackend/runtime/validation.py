@@ -63,6 +63,19 @@ ELEMENT_FRACTION = 0.05
 NOISE_SHARE = 0.5
 NOISE_CAP = 0.25
 _NOISE_INPUT_BYTES = 1 << 28  # the inputs moved: copies, so only where they are this small
+# A fused graph may round differently from the unfused one and be the more accurate of the
+# two: BatchNorms folded into half-precision weights (``passes/conv_activation.py``) skip
+# eager's cancellation of the rounded convolution output against the running mean. timm
+# ResNet-50 in fp16 with calibrated BatchNorms (CPU, 2026-11-30): folded 3.4% of the logits'
+# norm from eager fp16, past the noise bound (one ulp of the image moves eager 3.1%), and 2.2%
+# from fp32 where eager fp16 is 2.9%. Where both bounds above fail, a half-precision graph
+# runs once more unfused on float32 copies of its half-precision inputs (parameters too, up
+# to _WIDE_INPUT_BYTES): the fused graph passes where each half-precision output is no
+# farther from that result than the unfused graph's is, times WIDE_SLACK, and every other
+# output matches as before. A wrong kernel lands as far from float32 as from eager.
+WIDE_SLACK = 1.25
+_WIDE_INPUT_BYTES = 1 << 30
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def mismatch(
@@ -190,6 +203,53 @@ def _input_noise(
     return noise
 
 
+def nearer_wide_result(
+    unfused: Callable[..., Sequence[Any]], args: Sequence[Any],
+    actual: Sequence[Any], expected: Sequence[Any],
+) -> bool:  # fmt: skip
+    """Is each half-precision output of the fused run (``actual``) no farther from the
+    unfused graph's float32 result than the unfused outputs (``expected``) are, times
+    WIDE_SLACK, with every other output matching? False where no input is half precision, the
+    float32 copies would pass ``_WIDE_INPUT_BYTES`` or the graph cannot run on them."""
+    try:
+        return _nearer_wide_result(unfused, args, actual, expected)
+    except Exception:  # noqa: BLE001  (a graph that refuses float32 inputs: no verdict)
+        return False
+
+
+def _nearer_wide_result(
+    unfused: Callable[..., Sequence[Any]], args: Sequence[Any],
+    actual: Sequence[Any], expected: Sequence[Any],
+) -> bool:  # fmt: skip
+    wide_args, size = list(args), 0
+    for i, x in enumerate(args):
+        if type(x) in (Tensor, torch.nn.Parameter) and x.dtype in _HALF:
+            size += x.numel() * 4
+            if size > _WIDE_INPUT_BYTES:
+                return False
+            wide_args[i] = x.detach().float()
+    if size == 0:
+        return False
+    others = [(a, e) for a, e in zip(actual, expected, strict=True)
+              if not (isinstance(e, Tensor) and e.dtype in _HALF)]  # fmt: skip
+    if mismatch([a for a, _ in others], [e for _, e in others], "output") is not None:
+        return False
+    for a, e, w in zip(actual, expected, unfused(*wide_args), strict=True):
+        if not (isinstance(e, Tensor) and e.dtype in _HALF and e.numel()):
+            continue
+        if not (isinstance(a, Tensor) and isinstance(w, Tensor)):
+            return False
+        if (a.dtype, a.shape, a.device) != (e.dtype, e.shape, e.device) or w.shape != e.shape:
+            return False
+        wide = w.detach().float()
+        fused_far = (a.detach().float() - wide).nan_to_num(0.0).norm().item()
+        eager_far = (e.detach().float() - wide).nan_to_num(0.0).norm().item()
+        atol = TOLERANCES[e.dtype][1] * e.numel() ** 0.5
+        if fused_far > WIDE_SLACK * eager_far + atol:
+            return False
+    return True
+
+
 def _ratio(num: float, den: float) -> float:
     return num / den if den else float("inf")
 
@@ -257,6 +317,11 @@ def fused_run(
                 failure = widened and (
                     f"{widened} (one ulp of input noise moves the output {max(noise):.3g})"
                 )
+            if failure is not None:
+                rng.restore()
+                if nearer_wide_result(unfused, ref_args, outputs, expected):
+                    COUNTERS.validations_nearer_float32 += 1
+                    failure = None
         for i in effects.indices:
             failure = failure or mismatch(
                 [fused_args[i]], [ref_args[i]], f"mutated input {i} after"
