@@ -14,7 +14,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from helpers import assert_close_to_scale
 from test_batch_norm_folding import Bottleneck, _randomize_statistics
 
 import fusebackend
@@ -150,16 +149,25 @@ def _calibrated(model: nn.Module, size: int) -> nn.Module:
     return model.eval()
 
 
+def _distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["resnet18", "resnet50"])
 def test_timm_resnets_run_their_relu_convolutions_fused_and_match_eager(name):
+    # Folded into fp16 weights, the logits move from eager fp16's by about as much as eager
+    # fp16's are from fp32 (ResNet-50: a few percent of their norm), towards fp32: the fused
+    # graph must be at least as near fp32's result as eager fp16 is (as validation asks).
     timm = pytest.importorskip("timm")
     torch.manual_seed(0)
-    model = _calibrated(timm.create_model(name, pretrained=False), 96)
-    model = model.to("cuda", torch.float16)
+    model = _calibrated(timm.create_model(name, pretrained=False), 96).cuda()
+    x = torch.randn(2, 3, 96, 96, device="cuda")
+    with torch.no_grad():
+        reference = model(x)  # fp32
+    model, x = model.half(), x.half()
     convs = [n for n, m in model.named_modules() if isinstance(m, nn.Conv2d)]
-    x = torch.randn(2, 3, 96, 96, device="cuda", dtype=torch.float16)
     torch._dynamo.reset()
     fusebackend.clear_cache()
     before = fusebackend.reports()
@@ -175,5 +183,7 @@ def test_timm_resnets_run_their_relu_convolutions_fused_and_match_eager(name):
     with_relu = [n for n in convs if "downsample" not in n]
     assert len(graph.rewrites["conv_activations"]) == len(with_relu), graph.rewrites
     assert set(fusebackend.stats()["fusion_modes"].values()) == {"fusion"}, fusebackend.stats()
-    assert_close_to_scale(out, expected)
-    assert_close_to_scale(edited, expected_edited)
+    assert _distance(out, reference) <= 1.25 * _distance(expected, reference) + 1e-3
+    # the edit moved eager's logits far more than folding does, and the fold followed it
+    assert _distance(expected_edited, expected) > 5 * _distance(out, expected)
+    assert _distance(edited, expected_edited) <= 2 * _distance(out, expected) + 1e-3
