@@ -74,23 +74,26 @@ def test_cpu_graphs_are_left_alone_by_default():
 
 
 class NotTaken(nn.Module):
-    """A grouped convolution + ReLU, a convolution whose output is read twice, and one
-    whose add scales the residual (alpha): none is one fused call."""
+    """A grouped convolution + ReLU, a convolution whose output is read twice, one whose add
+    scales the residual (alpha), and one whose ReLU is a part of a concatenation (GhostNet's
+    primary part, which its group writes into the result): none is one fused call."""
 
     def __init__(self) -> None:
         super().__init__()
         self.grouped = nn.Conv2d(4, 4, 3, padding=1, groups=2)
         self.shared = nn.Conv2d(4, 4, 1)
         self.scaled = nn.Conv2d(4, 4, 1)
+        self.part = nn.Conv2d(4, 4, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = torch.relu(self.grouped(x))
         b = self.shared(a)
         c = torch.relu(b) + b
-        return torch.relu(torch.add(self.scaled(c), c, alpha=2.0))
+        d = torch.relu(torch.add(self.scaled(c), c, alpha=2.0))
+        return torch.cat([torch.relu(self.part(d)), d], dim=1)
 
 
-def test_grouped_convolutions_shared_outputs_and_scaled_residuals_are_not_taken(cpu_gates):
+def test_grouped_shared_scaled_or_concatenated_convolutions_are_not_taken(cpu_gates):
     expected, out, graph = _run(NotTaken().eval(), torch.randn(2, 4, 5, 6))
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert not graph.rewrites.get("conv_activations"), graph.rewrites

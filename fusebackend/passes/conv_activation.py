@@ -13,7 +13,8 @@ exact fp32 scale and shift after the convolution, see there).
 Taken where cuDNN's fused kernels were measured: a batched 2-d convolution on CUDA in fp16 or
 bf16, one group (grouped and depthwise convolutions keep their elementwise group), numeric
 stride, padding and dilation (not ``padding="same"``), its output read only by the ReLU or
-by an add of one other tensor of its shape and dtype (``alpha`` 1) read only by the ReLU.
+by an add of one other tensor of its shape and dtype (``alpha`` 1) read only by the ReLU,
+and the ReLU's output no part of a concatenation (a group writes such a part in place).
 """
 
 from __future__ import annotations
@@ -120,10 +121,22 @@ def _relu_after(value: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node | No
     return relu, others[0]
 
 
+_CONCATENATIONS = {torch.cat, torch.concat, torch.concatenate}
+
+
+def _concatenated(node: torch.fx.Node) -> bool:
+    """Is ``node`` a part of a concatenation? Its group then writes it into the result
+    (``concat_writes.py``: GhostNet's 32 a call), where cuDNN's call would leave a copy."""
+    return any(user.op == "call_function" and user.target in _CONCATENATIONS for user in node.users)
+
+
 def fuses_after(conv: torch.fx.Node, value: torch.fx.Node) -> bool:
     """Would ``conv`` run as one fused call with what reads ``value`` (``conv`` itself, or
     the BatchNorm after it that folds into its weights)?"""
-    return _cudnn_takes(conv) and _relu_after(value) is not None
+    if not _cudnn_takes(conv):
+        return False
+    site = _relu_after(value)
+    return site is not None and not _concatenated(site[0])
 
 
 def fuse_conv_activations(graph: torch.fx.Graph, conv2d_relu: Callable[..., Tensor]) -> list[str]:
