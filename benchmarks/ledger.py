@@ -297,6 +297,12 @@ SOURCES = (
     # two device calls of 11 and 10 families joined with run.py --combine; four backends).
     # Folded: in git at fb15e37
     "suite_zoo_h200_3218872.json",
+    # convolutions ending in ReLU as one cuDNN call: the convolutions of ResNet-50 timed each
+    # way (diag_cudnn_fused_conv.py at 1dd1509), then ResNet-50 and -18 against
+    # reduce-overhead (ae67d72) and four more convnets, infinifuse alone (4a2edfe)
+    "diag_cudnn_fused_conv_h200_1dd1509.json",
+    "vision_h200_ae67d72.json",
+    "vision_h200_4a2edfe.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
@@ -365,6 +371,11 @@ GEMV_FRACTIONS = {"infinifuse-tensor-cores": "production_fraction_of_copy",
 # it replaces ("before"), the plain q/k/v launch alone and eager, each row's time
 ROTARY_TIMES = {"infinifuse": "fused_us", "before": "before_us", "qkv-only": "qkv_only_us",
                 "eager": "eager_us"}  # fmt: skip
+# diag_cudnn_fused_conv.py, a model's convolutions summed: backend -> the record's time
+CUDNN_CONV_TIMES = {"conv-alone": "conv_us", "conv-then-bias-relu": "conv_then_bias_relu_us",
+                    "cudnn-relu": "cudnn_relu_us",
+                    "conv-then-add-bias-relu": "conv_then_add_bias_relu_us",
+                    "cudnn-add-relu": "cudnn_add_relu_us"}  # fmt: skip
 # diag_swin_rows.py: one Swin block's kernel time, kernels and the time of its copies
 SWIN_BLOCK_METRICS = {"total_us": "us", "kernel_count": "count", "aten_copy_us": "us",
                       "row_copy_us": "us", "inductor_copy_us": "us"}  # fmt: skip
@@ -493,6 +504,11 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
             for backend, key in GEMV_FRACTIONS.items():
                 add(workload, backend, {"fraction_of_copy": "fraction"},
                     {"fraction_of_copy": _field(record, key)})  # fmt: skip
+    elif data.get("benchmark") == "diag_cudnn_fused_conv":  # a model's convolutions, summed
+        for record in data.get("summed", []):
+            workload = f"cudnn-conv-{record['model']}-b{record['batch']}"
+            for backend, key in CUDNN_CONV_TIMES.items():
+                add(workload, backend, {"device_us": "us"}, {"device_us": record.get(key)})
     elif data.get("benchmark") == "diag_swin_rows":  # one Swin block per stage and shift
         for record in data.get("rows", []):
             workload = f"swin-block-d{record['dim']}-shift{record['shift']}-b{record['batch']}"

@@ -15,17 +15,25 @@ image), fp16 channels-last, batch 1 and 8, device time per call in CUDA-graph re
 Also each fused call's first-call time (cuDNN builds its plan per shape: a fused plan may
 compile a kernel at run time) and its largest difference from the unfused result.
 
-    python benchmarks/diag/diag_cudnn_fused_conv.py [--models resnet50,regnety_016] [--out F]
+    python benchmarks/diag/diag_cudnn_fused_conv.py [--models resnet50,resnet18] [--out F]
+
+The answer on an H200 (2026-11-30, ``diag_cudnn_fused_conv_h200_1dd1509.json``): yes, at every
+one of ResNet-50's convolution shapes, batch 1 and 8; ``kernels/conv.py`` has the sums.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import ledger  # noqa: E402  (benchmarks/ledger.py: the environment a result records)
 
 
 def device_us(fn, calls: int = 20) -> float:
@@ -109,6 +117,7 @@ def main() -> None:
     parser.add_argument("--models", default="resnet50")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--out", help="JSON file to write")
+    parser.add_argument("--commit", help="the commit measured, where the checkout has no git")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = False
     torch._dynamo.config.recompile_limit = 1000  # one compile per shape, never eager
@@ -129,8 +138,10 @@ def main() -> None:
     for line in summary:
         print("summed over the model's convolutions:", json.dumps(line), flush=True)
     if args.out:
+        environment = {**ledger.environment(), "commit": args.commit}
         with open(args.out, "w") as f:
-            json.dump({"rows": rows, "summed": summary}, f, indent=1)
+            json.dump({"benchmark": "diag_cudnn_fused_conv", "environment": environment,
+                       "rows": rows, "summed": summary}, f, indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":
