@@ -299,7 +299,8 @@ SOURCES = (
     "suite_zoo_h200_3218872.json",
     # convolutions ending in ReLU as one cuDNN call: the convolutions of ResNet-50 timed each
     # way (diag_cudnn_fused_conv.py at 1dd1509), then ResNet-50 and -18 against
-    # reduce-overhead (ae67d72) and four more convnets, infinifuse alone (4a2edfe)
+    # reduce-overhead (ae67d72) and four more convnets, infinifuse alone (4a2edfe). Folded:
+    # in git at aec1910
     "diag_cudnn_fused_conv_h200_1dd1509.json",
     "vision_h200_ae67d72.json",
     "vision_h200_4a2edfe.json",
