@@ -919,6 +919,33 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_row_patterns.py",),
         note="a row's any needs two true values",
     ),
+    Mutation(
+        "conv_relu_drops_the_residual",
+        "kernels: conv",
+        "fusebackend/kernels/conv.py",
+        "    return torch.relu(out if residual is None else out + residual)\n",
+        "    return torch.relu(out)\n",
+        ("tests/test_conv_activation.py",),
+        note="a bottleneck's last convolution + ReLU without its shortcut",
+    ),
+    Mutation(
+        "conv_activation_takes_the_later_shortcut_conv_too",
+        "pass: conv_activation",
+        "fusebackend/passes/conv_activation.py",
+        "    if mine is not None and theirs is not None and _comes_before(theirs, mine):\n",
+        "    if False:\n",
+        ("tests/test_conv_activation.py",),
+        note="a projected shortcut's BatchNorm folded into fp16 weights that gain no fused call",
+    ),
+    Mutation(
+        "nearer_float32_by_any_margin",
+        "runtime: validation",
+        "fusebackend/runtime/validation.py",
+        "        if fused_far > WIDE_SLACK * eager_far + atol:\n",
+        "        if fused_far > 10 * WIDE_SLACK * eager_far + atol:\n",
+        ("tests/test_runtime.py",),
+        note="a half graph 10% off passes as nearer float32 than eager",
+    ),
 ]
 
 
