@@ -63,6 +63,28 @@ def test_generate_cpu_tokens_equal_eager_fused(family, how):
         assert fusebackend.stats()["cache_hits"] >= 1, "no decode step was served by the cache"
 
 
+@pytest.mark.parametrize("family", model_zoo.GENERATE_FAMILIES)
+def test_generate_a_left_padded_batch_of_two_cpu_tokens_equal_eager(family):
+    # generate() passes position ids of the batch's size: a rotary embedding's inv_freq
+    # expanded to it (stride 0) was once folded as parameter work into a buffer with those
+    # strides, and the compile raised at batch 2 in every rotary family (found by a sweep of
+    # architectures, 2026-11-30). The second row is padded on the left.
+    model = perturb_uniform_parameters(model_zoo.build_causal_lm(family))
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, model_zoo.VOCAB, (2, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    ids[1, :3] = 0
+    kwargs = {"attention_mask": mask, "max_new_tokens": NEW_TOKENS, "do_sample": False,
+              "pad_token_id": 0, "cache_implementation": "static"}  # fmt: skip
+    expected = model.generate(ids, disable_compile=True, **kwargs)
+    previous = fusebackend.reports()
+    model.forward = torch.compile(model.forward, backend="infinifuse")
+    actual = model.generate(ids, **kwargs)
+    assert actual.tolist() == expected.tolist()
+    assert_model_fused(graphs_since(previous))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("how", ["compile_config", "compiled_forward"])

@@ -168,3 +168,55 @@ def test_a_buffer_the_graph_writes_and_the_size_cap(monkeypatch):
     with torch.no_grad():
         assert_close(compiled(x), twin(x))
     assert _folded() == [], str(fusebackend.last_report())
+
+
+class WrittenAfterMade(nn.Module):
+    """BEiT's relative position index, built in forward: a tensor of constants written in
+    place through views after it is made, then summed and used to gather a table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.arange(3)
+        rel = (a[:, None, None] - a[None, :, None]).expand(3, 3, 2).contiguous()
+        rel[:, :, 0] += 3
+        rel[:, :, 0] *= 2
+        bias = self.table[rel.sum(-1).view(-1)].view(9, 8)
+        return F.layer_norm(x + bias, (8,))
+
+
+class ExpandedFrequencies(nn.Module):
+    """transformers' rotary embedding: inv_freq[None, :, None] expanded to the batch of the
+    position ids (stride 0 along the batch), multiplied by them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (100.0 ** (torch.arange(0, 8, 2).float() / 8)))
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        inv = self.inv_freq[None, :, None].float().expand(positions.shape[0], -1, 1).to(x.device)
+        freqs = (inv @ positions[:, None, :].float()).transpose(1, 2)
+        return x * torch.cat((freqs, freqs), dim=-1).cos()
+
+
+def test_a_value_the_graph_writes_after_making_it_is_not_folded():
+    # Folded, the sum would read the index as made, before the writes (found on BEiT by a
+    # sweep of architectures, 2026-11-30: validation refused every signature)
+    torch.manual_seed(3)
+    model = WrittenAfterMade().eval()
+    x = torch.randn(2, 9, 8)
+    with torch.no_grad():
+        assert_close(compile_fused(model)(x), model(x))
+
+
+def test_an_expanded_value_is_left_as_traced():
+    # Its buffer would have a stride 0, which no copy can write: the compile raised at a
+    # batch of 2 (transformers' generate() at batch 2 in every rotary family, 2026-11-30)
+    model = ExpandedFrequencies().eval()
+    x = torch.randn(2, 5, 8)
+    positions = torch.arange(5).expand(2, 5)
+    with torch.no_grad():
+        assert_close(compile_fused(model)(x, positions), model(x, positions))
+    assert _folded() == [], str(fusebackend.last_report())

@@ -946,6 +946,24 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_runtime.py",),
         note="a half graph 10% off passes as nearer float32 than eager",
     ),
+    Mutation(
+        "parameter_work_before_a_write",
+        "pass: parameter_work",
+        "fusebackend/passes/parameter_work.py",
+        "        if _written(node, written):\n",
+        "        if False:\n",
+        ("tests/test_parameter_work.py",),
+        note="BEiT's index summed as made, before the graph writes into it",
+    ),
+    Mutation(
+        "parameter_work_into_an_expanded_buffer",
+        "pass: parameter_work",
+        "fusebackend/passes/parameter_work.py",
+        "        if size > budget or _overlaps_itself(value):\n",
+        "        if size > budget:\n",
+        ("tests/test_parameter_work.py",),
+        note="a rotary embedding's expanded inv_freq folded into a buffer no copy can write",
+    ),
 ]
 
 

@@ -18,7 +18,8 @@ holds an op that no row group takes in (a gather, a copy, a matmul), or it feeds
 ops. Views after it stay in the graph and
 read the derived tensor; chains of views alone (a transposed weight) and elementwise chains
 that a row group takes in (Gemma's ``1 + weight``) are left as they are. Random ops, in-place
-ops and symbolic shapes are never folded; a derived tensor over ``MAX_BYTES`` is not made.
+ops, values the graph writes into later and symbolic shapes are never folded; a derived tensor
+over ``MAX_BYTES`` or whose elements share memory (an expand) is not made.
 """
 
 from __future__ import annotations
@@ -143,6 +144,8 @@ def fold_parameter_work(
             continue
         if is_random(node) or is_mutation(node) or not _static_values(example_value(node)):
             continue
+        if _written(node, written):
+            continue  # written later in the call (BEiT's relative_coords[:, :, 0] += ...)
         if all(arg in fixed for arg in node.all_input_nodes):
             fixed.add(node)
     candidates = [
@@ -162,8 +165,8 @@ def fold_parameter_work(
             continue  # elementwise work that the row group of its reader takes in
         value = example_value(node)
         size = value.numel() * value.element_size()
-        if size > budget:
-            continue
+        if size > budget or _overlaps_itself(value):
+            continue  # (an expanded value: transformers' inv_freq[None, :, None].expand(B, ...))
         work = _fold(graph, owner, node, chain, index, inputs)
         if work is None:
             continue
@@ -174,6 +177,20 @@ def fold_parameter_work(
                 graph.erase_node(dead)
                 erased.add(dead)
     return folded[::-1]
+
+
+def _written(node: torch.fx.Node, written: set[int]) -> bool:
+    """Does the graph write into ``node``'s value (or a part of a tuple of them)? Folded, it
+    would be read as it was before the write: the chain copied for ``derive`` holds no write."""
+    values = example_value(node)
+    values = values if isinstance(values, (tuple, list)) else (values,)
+    return any(isinstance(v, Tensor) and storage_id(v) in written for v in values)
+
+
+def _overlaps_itself(value: Tensor) -> bool:
+    """Do elements of ``value`` share memory (an expand's stride 0)? A buffer with its
+    strides cannot be written."""
+    return any(stride == 0 and size > 1 for size, stride in zip(value.shape, value.stride()))
 
 
 def _ancestors(node: torch.fx.Node, fixed: set[torch.fx.Node]) -> list[torch.fx.Node]:
