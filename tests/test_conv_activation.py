@@ -190,3 +190,18 @@ def test_timm_resnets_run_their_relu_convolutions_fused_and_match_eager(name):
     # the edit moved eager's logits far more than folding does, and the fold followed it
     assert _distance(expected_edited, expected) > 5 * _distance(out, expected)
     assert _distance(edited, expected_edited) <= 2 * _distance(out, expected) + 1e-3
+
+
+def test_a_symbolic_batch_runs_the_fused_calls_at_every_size(cpu_gates):
+    model = _randomize_statistics(Bottleneck()).half()
+    torch._dynamo.reset()
+    fusebackend.clear_cache()
+    before = fusebackend.reports()
+    compiled = torch.compile(model, backend="infinifuse", dynamic=True)
+    with torch.no_grad():
+        for batch in (2, 3, 5):
+            x = torch.randn(batch, 6, 7, 9, dtype=torch.float16)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-2, atol=1e-2)
+    graphs = fusebackend.reports().graphs[len(before.graphs) :]
+    assert [len(g.rewrites["conv_activations"]) for g in graphs] == [3], graphs
+    assert set(fusebackend.stats()["fusion_modes"].values()) == {"fusion"}, fusebackend.stats()
