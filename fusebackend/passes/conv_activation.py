@@ -12,10 +12,11 @@ exact fp32 scale and shift after the convolution, see there).
 
 Taken where cuDNN's fused kernels were measured: a batched 2-d convolution on CUDA in fp16
 (bf16 too: its results are GPU-tested, its speed was not timed; fp32, whose convolutions run
-TF32, was neither), one group (grouped and depthwise convolutions keep their elementwise group), numeric
-stride, padding and dilation (not ``padding="same"``), its output read only by the ReLU or
-by an add of one other tensor of its shape and dtype (``alpha`` 1) read only by the ReLU,
-and the ReLU's output no part of a concatenation (a group writes such a part in place).
+TF32, was neither), one group (grouped and depthwise convolutions keep their elementwise
+group), numeric stride, padding and dilation (not ``padding="same"``), its output read only
+by the ReLU or by an add of one other tensor of its shape and dtype (``alpha`` 1) read only
+by the ReLU, and the ReLU's output no part of a concatenation (a group writes such a part in
+place).
 """
 
 from __future__ import annotations
