@@ -63,7 +63,7 @@ def test_generate_cpu_tokens_equal_eager_fused(family, how):
         assert fusebackend.stats()["cache_hits"] >= 1, "no decode step was served by the cache"
 
 
-@pytest.mark.parametrize("family", model_zoo.GENERATE_FAMILIES)
+@pytest.mark.parametrize("family", ["llama", "gemma2", "phi3"])  # rotary, as the bug needs
 def test_generate_a_left_padded_batch_of_two_cpu_tokens_equal_eager(family):
     # generate() passes position ids of the batch's size: a rotary embedding's inv_freq
     # expanded to it (stride 0) was once folded as parameter work into a buffer with those
