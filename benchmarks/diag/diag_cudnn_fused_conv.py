@@ -34,20 +34,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import ledger  # noqa: E402  (benchmarks/ledger.py: the environment a result records)
-
-
-def device_us(fn, calls: int = 20) -> float:
-    import triton
-
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(graph.replay, warmup=25, rep=60) * 1e3 / calls
+from diag_spatial_mean import device_us  # noqa: E402  (benchmarks/diag/ is sys.path[0])
 
 
 def conv_shapes(name: str) -> list[dict]:
@@ -102,7 +89,7 @@ def measure(shape: dict, batch: int, bias_relu, add_bias_relu) -> dict:
         "cudnn_add_relu_us": lambda: aten.cudnn_convolution_add_relu(x, w, z, 1.0, b, *conv_args),
     }
     return {
-        **{key: round(device_us(fn), 2) for key, fn in timed.items()},
+        **{key: round(device_us(fn, rep_ms=60), 2) for key, fn in timed.items()},
         "cudnn_relu_first_ms": round(first_ms, 2),
         "cudnn_add_relu_first_ms": round(first_add_ms, 2),
         "max_abs_err": (fused.float() - ref).abs().max().item(),
