@@ -1,0 +1,105 @@
+"""Does a CUDA graph's launch latency grow with its kernel count, and does launching it as
+several smaller graphs start the work sooner?
+
+In the vision suite (H200, c4a113d) a call timed alone (synchronize, call, synchronize) cost
+more over its kernel time the more kernels its graph had, under both CUDA-graph backends:
+about 90 us for ResNet-18's 27 kernels, 120 for ResNet-50's 61, 310 for EfficientNet-B0's
+186 and RegNetY-016's 321. ``diag_replay_gaps.py`` (f2910a5) found GhostNet-100's replayed
+graph starting its first kernel 183-200 us after the input copy before it, while
+``CUDAGraph.replay`` returned in about 25 us of host time.
+
+This captures a chain of N small elementwise kernels (each reads the previous one's output, a
+vector of ``--numel`` fp16 elements), as one graph or cut into P graphs replayed one after
+another, and times per N and P, as medians over ``--calls``:
+
+- ``alone_us``: synchronize, replay, synchronize (a call timed alone);
+- ``loop_us``: replays back to back, per replay;
+- ``host_us``: the replay calls' own host time.
+
+    python benchmarks/diag/diag_graph_launch.py [--kernels 25,50,100,200,400] [--parts 1,2,4,8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+
+def capture_chain(x: torch.Tensor, kernels: int, parts: int) -> tuple[list, torch.Tensor]:
+    """``parts`` graphs that together apply ``kernels`` elementwise ops to ``x``."""
+    sizes = [kernels // parts + (i < kernels % parts) for i in range(parts)]
+    graphs, y = [], x
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm-up outside capture (the caching allocator, lazy init)
+            z = x
+            for _ in range(kernels):
+                z = torch.add(z, 0.0001)
+    torch.cuda.current_stream().wait_stream(stream)
+    pool = torch.cuda.graph_pool_handle()
+    for size in sizes:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            for _ in range(size):
+                y = torch.add(y, 0.0001)
+        graphs.append(graph)
+    return graphs, y
+
+
+def time_graphs(graphs: list, calls: int) -> dict[str, float]:
+    alone, host = [], []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for g in graphs:
+            g.replay()
+        host.append(time.perf_counter() - start)
+        torch.cuda.synchronize()
+        alone.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        for g in graphs:
+            g.replay()
+    torch.cuda.synchronize()
+    loop = (time.perf_counter() - start) / calls
+    return {
+        "alone_us": round(statistics.median(alone) * 1e6, 1),
+        "host_us": round(statistics.median(host) * 1e6, 1),
+        "loop_us": round(loop * 1e6, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernels", default="25,50,100,200,400")
+    parser.add_argument("--parts", default="1,2,4,8")
+    parser.add_argument("--numel", type=int, default=1 * 56 * 56 * 64)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--commit", default=None)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    x = torch.randn(args.numel, device="cuda", dtype=torch.float16)
+    rows = []
+    for kernels in (int(k) for k in args.kernels.split(",")):
+        for parts in (int(p) for p in args.parts.split(",")):
+            if parts > kernels:
+                continue
+            graphs, _ = capture_chain(x, kernels, parts)
+            row = {"kernels": kernels, "parts": parts, "numel": args.numel,
+                   "commit": args.commit, **time_graphs(graphs, args.calls)}  # fmt: skip
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            del graphs
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
