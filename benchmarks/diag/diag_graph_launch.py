@@ -9,8 +9,8 @@ graph starting its first kernel 183-200 us after the input copy before it, while
 ``CUDAGraph.replay`` returned in about 25 us of host time.
 
 This captures a chain of N small kernels of one kind (``--ops``: elementwise adds, cuBLAS
-matmuls, cuDNN convolutions; each reads the previous one's output), as one graph or cut into P graphs replayed one after
-another, and times per N and P, as medians over ``--calls``:
+matmuls, cuDNN convolutions; each reads the previous one's output), as one graph or cut into
+P graphs replayed one after another, and times per N and P, as medians over ``--calls``:
 
 - ``alone_us``: synchronize, replay, synchronize (a call timed alone);
 - ``loop_us``: replays back to back, per replay;
