@@ -304,6 +304,18 @@ SOURCES = (
     "diag_cudnn_fused_conv_h200_1dd1509.json",
     "vision_h200_ae67d72.json",
     "vision_h200_4a2edfe.json",
+    # the vision suite at c4a113d (12 models, infinifuse and reduce-overhead, two device calls
+    # of an H200 x2 host: 4 models beside the GPU tests, then 8 with --parallel 2); where a
+    # call timed alone spends its time (diag_replay_gaps.py: GhostNet-100 at f2910a5,
+    # ConvNeXt-tiny at 436a774; diag_vision_host.py: GhostNet-100 at f2910a5) and whether a
+    # graph's launch grows with its kernels (diag_graph_launch.py at 53971a9 and 436a774)
+    "vision_h200_c4a113d_a.json",
+    "vision_h200_c4a113d_b.json",
+    "diag_replay_gaps_h200_f2910a5.json",
+    "diag_replay_gaps_h200_436a774.json",
+    "diag_vision_host_h200_f2910a5.json",
+    "diag_graph_launch_h200_53971a9.json",
+    "diag_graph_launch_h200_436a774.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
