@@ -308,7 +308,8 @@ SOURCES = (
     # of an H200 x2 host: 4 models beside the GPU tests, then 8 with --parallel 2); where a
     # call timed alone spends its time (diag_replay_gaps.py: GhostNet-100 at f2910a5,
     # ConvNeXt-tiny at 436a774; diag_vision_host.py: GhostNet-100 at f2910a5) and whether a
-    # graph's launch grows with its kernels (diag_graph_launch.py at 53971a9 and 436a774)
+    # graph's launch grows with its kernels (diag_graph_launch.py at 53971a9 and 436a774).
+    # Folded: in git at 5390797
     "vision_h200_c4a113d_a.json",
     "vision_h200_c4a113d_b.json",
     "diag_replay_gaps_h200_f2910a5.json",
