@@ -686,7 +686,9 @@ TABLES: dict[str, Callable[[Rows], list[str]]] = {
     "sentence-call1-dynamic": sentence_call1_dynamic,
     "row-kernels": row_kernels,
     "vision-suite": vision_suite("vision_h200_1b6e300.json"),
-    "vision-suite-c4a113d": vision_suite("vision_h200_c4a113d_a.json", "vision_h200_c4a113d_b.json"),
+    "vision-suite-c4a113d": vision_suite(
+        "vision_h200_c4a113d_a.json", "vision_h200_c4a113d_b.json"
+    ),
     "vision-suite-a865516": vision_suite("vision_h200_a865516.json"),
 }
 
