@@ -275,6 +275,38 @@ def test_the_default_chooses_channels_last_on_cuda_half_precision_only():
     assert why == "not half precision (channels_last=True forces it)"
 
 
+def test_a_graph_with_few_convolutions_for_its_size_stays_nchw_by_default():
+    # ViT's patch embedding: one convolution, then hundreds of nodes of attention and MLPs.
+    # Inductor's rule, fewer than one convolution per 300 nodes: NCHW unless forced.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    def embed_then(ops):
+        def f(x, w):
+            y = torch.conv2d(x, w, None, 1, 1)
+            for _ in range(ops):
+                y = y * 1.5
+            return y
+
+        return f
+
+    def graph(ops):
+        gm = torch.fx.symbolic_trace(embed_then(ops))
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            values = [torch.empty(1, 3, 9, 9, device="cuda", dtype=torch.float16),
+                      torch.empty(8, 3, 3, 3, device="cuda", dtype=torch.float16)]  # fmt: skip
+            FakeTensorProp(gm, mode).propagate(*values)
+        for node in gm.graph.nodes:
+            node.meta["example_value"] = node.meta.get("val")
+        return gm.graph
+
+    long = graph(300)  # 2 placeholders, the convolution, 300 products, the output: 304 nodes
+    why = choose_channels_last(long, None)
+    assert why is not None and why.startswith("1 convolution(s) among 304 nodes"), why
+    assert choose_channels_last(long, True) is None
+    assert choose_channels_last(graph(295), None) is None  # 299 nodes: one per 300 or more
+
+
 @pytest.mark.parametrize("block", [Bottleneck, MBConv])
 def test_dynamic_batch_sizes_run_channels_last_in_one_graph(block, fused_graphs):
     # A second batch size makes Dynamo compile a graph with a symbolic batch (automatic

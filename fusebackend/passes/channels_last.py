@@ -25,10 +25,11 @@ would land in a copy where eager's tensor was a view), the graph is left as trac
 reason.
 
 When (``FusionConfig.channels_last``): ``True`` wherever a graph has a batched 2-d
-convolution; ``None`` (default) where it runs on CUDA in half precision and its
-convolutions' FLOPs, weighted by Inductor's NHWC/NCHW time per kind of convolution (grouped
-with more than one input channel per group 1.358, small channel counts 0.783, ...), are no
-more than unweighted (``_CHANNELS_LAST_TIME``); ``False`` never.
+convolution; ``None`` (default) where it runs on CUDA in half precision, has a convolution
+per 300 nodes or more (``_NODES_PER_CONVOLUTION``), and its convolutions' FLOPs, weighted by
+Inductor's NHWC/NCHW time per kind of convolution (grouped with more than one input channel
+per group 1.358, small channel counts 0.783, ...), are no more than unweighted
+(``_CHANNELS_LAST_TIME``); ``False`` never.
 """
 
 from __future__ import annotations
@@ -142,6 +143,11 @@ def choose_channels_last(graph: torch.fx.Graph, setting: bool | None) -> str | N
         return "not on CUDA (channels_last=True forces it)"
     if any(w.dtype not in _HALF for w in weights):
         return "not half precision (channels_last=True forces it)"
+    nodes = len(graph.nodes)
+    if nodes >= _NODES_PER_CONVOLUTION * len(convs):
+        return (f"{len(convs)} convolution(s) among {nodes} nodes, fewer than one per "
+                f"{_NODES_PER_CONVOLUTION}: the image's conversion would cost more than the "
+                "layout saves (Inductor's rule; channels_last=True forces it)")  # fmt: skip
     flops: dict[str, float] = {}
     for conv, weight in zip(convs, weights):
         kind = _conv_kind(conv, weight)
@@ -155,6 +161,16 @@ def choose_channels_last(graph: torch.fx.Graph, setting: bool | None) -> str | N
                 "channels_last=True forces it)")  # fmt: skip
     return None
 
+
+# Inductor's first rule (decide_layout_opt): a graph with fewer than one convolution per 300
+# nodes stays NCHW. Its convolutions do little of its work, and channels-last costs kernels of
+# its own: timm ViT-S/16's patch embedding (one convolution over the 3-channel image) ran the
+# image's conversion, two of cuDNN's channel-padding kernels and a copy back at batch 8, 103
+# kernels a call against Inductor's 102 (H200, c4a113d, vision_h200_c4a113d_b.json). Counted
+# on Dynamo's graph (fewer nodes than Inductor's aten graph): ViT-S/16 and DeiT have 417
+# nodes for their one convolution, Swin-T 828; LeViT-128S 182 a convolution, ConvNeXt-T 19,
+# ResNet-50 8, EfficientNet-B0 7.
+_NODES_PER_CONVOLUTION = 300
 
 # Time in NHWC over time in NCHW per kind of convolution, Inductor's inference weights
 # (torch/_inductor/graph.py, decide_layout_opt, averaged over TorchBench's convolutions): a
