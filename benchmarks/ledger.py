@@ -317,6 +317,9 @@ SOURCES = (
     "diag_vision_host_h200_f2910a5.json",
     "diag_graph_launch_h200_53971a9.json",
     "diag_graph_launch_h200_436a774.json",
+    # channels-last only with a convolution per 300 nodes (1ca0d7f): ViT-S/16 against
+    # reduce-overhead and Swin-T, infinifuse alone
+    "vision_h200_1ca0d7f.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
