@@ -318,7 +318,7 @@ SOURCES = (
     "diag_graph_launch_h200_53971a9.json",
     "diag_graph_launch_h200_436a774.json",
     # channels-last only with a convolution per 300 nodes (1ca0d7f): ViT-S/16 against
-    # reduce-overhead and Swin-T, infinifuse alone
+    # reduce-overhead and Swin-T, infinifuse alone. Folded: in git at 9afbe98
     "vision_h200_1ca0d7f.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
