@@ -964,6 +964,16 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_parameter_work.py",),
         note="a rotary embedding's expanded inv_freq folded into a buffer no copy can write",
     ),
+    Mutation(
+        "channels_last_for_any_number_of_convolutions",
+        "pass: channels-last graphs",
+        "fusebackend/passes/channels_last.py",
+        "    if nodes >= _NODES_PER_CONVOLUTION * len(convs):\n",
+        "    if nodes >= _NODES_PER_CONVOLUTION * len(convs) * 1000:\n",
+        ("tests/test_channels_last.py",),
+        note="a ViT's one patch embedding made channels-last: the image's conversion and "
+        "cuDNN's channel padding cost kernels the layout does not save",
+    ),
 ]
 
 
