@@ -16,8 +16,8 @@ P graphs replayed one after another, and times per N and P, as medians over ``--
 - ``loop_us``: replays back to back, per replay;
 - ``host_us``: the replay calls' own host time.
 
-What it found (53971a9 and 436a774, H200): no. A graph timed alone took 9-16 us longer than
-back to back at every length from 25 to 400 kernels, for adds, cuBLAS matmuls and cuDNN
+What it found (53971a9 and 436a774, H200): no. A graph timed alone took longer than
+back to back (8-16 us) at every length from 25 to 400 kernels, for adds, cuBLAS matmuls and cuDNN
 convolutions alike, and cutting it into 2-8 graphs added about 5 us of host time a part
 without starting anything sooner.
 
