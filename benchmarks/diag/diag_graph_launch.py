@@ -16,10 +16,10 @@ P graphs replayed one after another, and times per N and P, as medians over ``--
 - ``loop_us``: replays back to back, per replay;
 - ``host_us``: the replay calls' own host time.
 
-What it found (53971a9 and 436a774, H200): no. A graph timed alone took longer than
-back to back (8-16 us) at every length from 25 to 400 kernels, for adds, cuBLAS matmuls and cuDNN
-convolutions alike, and cutting it into 2-8 graphs added about 5 us of host time a part
-without starting anything sooner.
+What it found (53971a9 and 436a774, H200): no. A graph timed alone took longer than back to
+back (8-16 us) at every length from 25 to 400 kernels, for adds, cuBLAS matmuls and cuDNN
+convolutions alike, and cutting it into 2-8 graphs added about 5 us of host time a part without
+starting anything sooner.
 
     python benchmarks/diag/diag_graph_launch.py [--kernels 25,50,100,200,400] [--parts 1,2,4,8]
 """
