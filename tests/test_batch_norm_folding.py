@@ -183,6 +183,27 @@ def test_load_state_dict_after_compiling_gives_eagers_new_result():
     assert not torch.allclose(before, after)
 
 
+@pytest.mark.parametrize("through", ["eager", "compiled"])
+def test_running_statistics_a_training_step_updated_are_seen(through):
+    # A train-mode forward updates the running statistics inside aten's batch norm without
+    # moving their version counters (the schema does not mark them written); the module's
+    # num_batches_tracked counts the step. BatchNorm calibration, or a training loop whose
+    # evaluation calls the same compiled model.
+    model = _randomize_statistics(Bottleneck(), seed=3)
+    compiled = _compiled(model)
+    x = torch.randn(2, 6, 5, 7)
+    with torch.no_grad():
+        before = compiled(x)
+        versions = model.bn2.running_var._version
+        model.train()
+        (model if through == "eager" else compiled)(x * 3 + 1)
+        model.eval()
+        assert model.bn2.running_var._version == versions  # (why the counter is watched)
+        after = compiled(x)
+        torch.testing.assert_close(after, model(x), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(before, after)
+
+
 def test_refresh_derives_only_the_folds_whose_sources_changed():
     from fusebackend.passes.batch_norm_folding import Fold, Refresh
 

@@ -30,7 +30,9 @@ depends on the weight's dtype:
 float64 weights; ``W'`` and the into-the-weights shift cast to the weight's dtype); the
 user's parameters are never changed.
 Each call runs ``Refresh`` over the graph's inputs: where a source tensor is another
-object or its version counter moved (an in-place edit, ``load_state_dict``), the fold is
+object or its version counter moved (an in-place edit, ``load_state_dict``), or the
+BatchNorm module's ``num_batches_tracked`` moved (a train-mode forward, eager or compiled,
+updates the running statistics without moving their version counters), the fold is
 derived again into the same buffers, so captured CUDA graphs, which read the buffers'
 addresses, stay valid and never return stale values. The check runs before the call, or, for
 a replay of a graph that writes no input, after its launch: a replay that read old values is
@@ -53,6 +55,7 @@ where also the convolution's output has no other reader; the reason is reported 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -96,6 +99,10 @@ class Fold:
             far from 0: 50x eager's error on a BatchNorm1d of features near 1e4).
         alone: Why the BatchNorm did not fold into a convolution, where it is a scale and
             shift of its own input; None where it folded.
+        counter: The BatchNorm module's ``num_batches_tracked``, or None (statistics of no
+            module). A train-mode forward updates the running statistics inside aten's
+            batch norm, whose schema does not mark them written, so their version counters
+            stay put; the module's ``num_batches_tracked.add_(1)`` beside it moves this one's.
     """
 
     name: str
@@ -107,6 +114,7 @@ class Fold:
     eps_source: int | None = None
     alone: str | None = None
     center: Tensor | None = None
+    counter: Tensor | None = None
 
     def derive(self, inputs: Sequence[Any]) -> None:
         """Compute the derived tensors from ``inputs`` into this fold's buffers, in place."""
@@ -141,12 +149,14 @@ class Refresh:
     under the same object, ``param.data = t``: the data pointer), so the folded constants
     always follow the parameters.
 
-    A call with nothing changed compares each distinct source's identity, version and data
-    pointer once, each kind in one pass over the sources (``stale``: the check alone). With a
-    Python function per source, the check took 116 us a call for ResNet-50's 282 sources and
-    125 us for MobileNetV3-large's on an H200 (``diag_vision_host.py``, 2026-11-28), a third
-    to a half of the backend's host time per replay, all of it before the replay's launch;
-    the graph cache now runs it after the launch (module docstring).
+    A BatchNorm module's ``num_batches_tracked`` is watched beside its sources
+    (``Fold.counter``): the running statistics a train-mode forward updates move no version
+    counter. A call with nothing changed compares each distinct source's identity, version
+    and data pointer once, each kind in one pass over the sources (``stale``: the check
+    alone). With a Python function per source, the check took 116 us a call for ResNet-50's
+    282 sources and 125 us for MobileNetV3-large's on an H200 (``diag_vision_host.py``,
+    2026-11-28), a third to a half of the backend's host time per replay, all of it before
+    the replay's launch; the graph cache now runs it after the launch (module docstring).
     Edits through ``param.data`` (``p.data.mul_(2)``) move no version counter and are not
     seen: ``.data`` is a separate tensor to autograd's bookkeeping.
 
@@ -162,12 +172,17 @@ class Refresh:
         self._position = {index: k for k, index in enumerate(indices)}
         self._gather = _gatherer(indices)
         self._every = list(range(len(indices)))  # the C++ pointer check's indices
+        # the BatchNorms' batch counters (``Fold.counter``), each once: not graph inputs
+        counters = {id(c): c for fold in self.folds if (c := getattr(fold, "counter", None))
+                    is not None}  # fmt: skip
+        self._counters = list(counters.values())
         self._remember(inputs)
 
     def _remember(self, inputs: Sequence[Any]) -> None:
         self._tensors = self._gather(inputs)
         self._versions = list(map(_VERSION, self._tensors))
         self._pointers = list(map(Tensor.data_ptr, self._tensors))
+        self._counted = list(map(_VERSION, self._counters))
 
     def stale(self, inputs: Sequence[Any]) -> bool:
         """Would a call with ``inputs`` derive anything again? (Changes nothing: the graph
@@ -182,6 +197,7 @@ class Refresh:
             all(map(operator.is_, current, self._tensors))
             and list(map(_VERSION, current)) == self._versions
             and _pointers_equal(current, self._pointers, self._every)
+            and list(map(_VERSION, self._counters)) == self._counted
         )
 
     def __call__(self, inputs: Sequence[Any]) -> None:
@@ -197,8 +213,11 @@ class Refresh:
             for k, (now, then) in enumerate(zip(current, self._tensors, strict=True))
             if now is not then or _stamp(now) != (self._versions[k], self._pointers[k])
         }
+        counted = {id(c) for c, then in zip(self._counters, self._counted, strict=True)
+                   if c._version != then}  # fmt: skip
         for fold in self.folds:
-            if any(self._position[i] in changed for i in fold.sources if i is not None):
+            trained = id(getattr(fold, "counter", None)) in counted
+            if trained or any(self._position[i] in changed for i in fold.sources if i is not None):
                 fold.derive(inputs)
                 self.derivations += 1
         self._remember(inputs)
@@ -386,7 +405,27 @@ def fold_batch_norms(
             bn.replace_all_uses_with(_scale_and_shift(graph, x, center, scale, shift, after=shift))
         graph.erase_node(bn)
         result.folds.append(fold)
+    counters = _batch_counters([inputs[fold.sources[2]] for fold in result.folds])
+    for fold in result.folds:
+        fold.counter = counters.get(id(inputs[fold.sources[2]]))
     return result
+
+
+def _batch_counters(means: list[Tensor]) -> dict[int, Tensor]:
+    """``num_batches_tracked`` of the BatchNorm module holding each running mean, by the
+    mean's id (``Fold.counter``). Found through the modules' buffer dicts that refer to the
+    means: one pass of the garbage collector over every tracked object, for all of them at
+    once (0.3 s with timm and transformers imported, 363k objects, on a loaded 2-core CPU,
+    2026-11-30), at compile time only."""
+    if not means:
+        return {}
+    found = {}
+    for holder in gc.get_referrers(*means):
+        if isinstance(holder, dict) and isinstance(holder.get("num_batches_tracked"), Tensor):
+            mean = holder.get("running_mean")
+            if mean is not None:
+                found[id(mean)] = holder["num_batches_tracked"]
+    return found
 
 
 def _constants(
