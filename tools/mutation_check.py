@@ -974,6 +974,16 @@ MUTATIONS: list[Mutation] = [
         note="a ViT's one patch embedding made channels-last: the image's conversion and "
         "cuDNN's channel padding cost kernels the layout does not save",
     ),
+    Mutation(
+        "batch_norm_fold_ignores_training_steps",
+        "pass: BatchNorm folding",
+        "fusebackend/passes/batch_norm_folding.py",
+        "        fold.counter = counters.get(id(inputs[fold.sources[2]]))\n",
+        "        fold.counter = None\n",
+        ("tests/test_batch_norm_folding.py",),
+        note="running statistics a train-mode forward updated (no version counter moves) "
+        "leave the folds stale",
+    ),
 ]
 
 
