@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+import os
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from diag_vision_host import per_call  # noqa: E402  (a sibling diag: one timing rule)
 
 
 def make_op(kind: str, numel: int):
@@ -78,27 +81,14 @@ def capture_chain(x: torch.Tensor, step, kernels: int, parts: int) -> tuple[list
 
 
 def time_graphs(graphs: list, calls: int) -> dict[str, float]:
-    alone, host = [], []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
+    """``alone_us``, ``host_us`` and ``loop_us`` of replaying ``graphs`` in order, timed as
+    ``diag_vision_host.per_call`` times a model's call."""
+
+    def replay(_: object) -> None:
         for g in graphs:
             g.replay()
-        host.append(time.perf_counter() - start)
-        torch.cuda.synchronize()
-        alone.append(time.perf_counter() - start)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        for g in graphs:
-            g.replay()
-    torch.cuda.synchronize()
-    loop = (time.perf_counter() - start) / calls
-    return {
-        "alone_us": round(statistics.median(alone) * 1e6, 1),
-        "host_us": round(statistics.median(host) * 1e6, 1),
-        "loop_us": round(loop * 1e6, 1),
-    }
+
+    return per_call(replay, None, calls)
 
 
 def main() -> None:
