@@ -456,6 +456,40 @@ def test_an_activation_written_out_runs_in_the_matmul_launch(name, dtype):
     assert group.source.count("@triton.jit") == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_distilled_head_sum_and_halving_run_in_the_second_heads_launch(dtype):
+    """timm LeViT's eval head, ``(head(x) + head_dist(x)) / 2``: the second head's launch
+    adds the first head's output and halves the sum (its residual tail), rounded as eager."""
+    torch.manual_seed(22)
+    w, w_dist = (torch.randn(37, 40) / 6).to(dtype), (torch.randn(37, 40) / 6).to(dtype)
+    b, b_dist = torch.randn(37).to(dtype), torch.randn(37).to(dtype)
+    scale, scale_dist = torch.rand(40).to(dtype) + 0.5, torch.rand(40).to(dtype) + 0.5
+
+    def fn(x):
+        x = x.mean(1)  # each head has its own BatchNorm: two inputs, not siblings
+        return (F.linear(x * scale, w, b) + F.linear(x * scale_dist, w_dist, b_dist)) / 2
+
+    _fused_graph(fn, torch.randn(3, 5, 40).to(dtype), **_TOLERANCE[dtype])
+    groups = _matmul_groups(fusebackend.last_report())
+    assert sorted(groups) == ["linear + bias", "linear + bias + residual + (div)"], groups
+    graph = fusebackend.last_report().graphs[-1]
+    (tailed,) = [g for g in graph.groups if g.kernel_name == "matmul_1_residual_tail"]
+    assert tailed.nodes[-1] == "truediv" and tailed.outputs == ("truediv",)
+    assert "truediv" not in {n for g in graph.groups if g.family == "row" for n in g.nodes}
+
+
+def test_a_residual_tail_with_an_activation_and_constants():
+    """``relu(y + r) * 0.5 + 1``: every op after the residual add in the launch."""
+    w = torch.randn(24, 32) / 6
+
+    def fn(x, r):
+        return torch.relu(F.linear(x, w) + r) * 0.5 + 1.0
+
+    x, r = torch.randn(4, 32), torch.randn(4, 24)
+    _fused_graph(fn, x, r, rtol=1e-5, atol=1e-5)
+    assert _matmul_groups(fusebackend.last_report()) == ["linear + residual + (relu, mul, add)"]
+
+
 def test_a_tail_stops_at_a_write_and_the_group_still_forms():
     w = torch.randn(48, 32) / 6
 

@@ -66,6 +66,7 @@ from helpers import assert_close, tol
 from torch import nn
 
 import fusebackend.kernels.matmul as matmul
+from fusebackend.kernels.epilogue import activation_program
 from fusebackend.kernels.ir import GATES, NORMS
 from fusebackend.kernels.matmul import LaunchConfig, MatmulGroup, matmul_group
 
@@ -106,8 +107,9 @@ def rand(*shape, dtype=torch.float32, scale=1.0, g=None):
 class Case:
     """One eager block: ``prologue`` ("", "rms", "layer", "layer_nobias"), linears of
     ``widths``, ``bias``, ``gate`` (a kernel gate name), ``activation`` (one linear's) or
-    ``residual``; the fused launch is given the weights stored [N, K] (``layout`` "nk", as
-    ``nn.Linear`` holds them) or [K, N] ("kn", as GPT-2's Conv1D)."""
+    ``residual`` and an activation of the sum (``residual_tail``); the fused launch is
+    given the weights stored [N, K] (``layout`` "nk", as ``nn.Linear`` holds them) or
+    [K, N] ("kn", as GPT-2's Conv1D)."""
 
     widths: tuple[int, ...]
     prologue: str = ""
@@ -116,13 +118,20 @@ class Case:
     residual: bool = False
     activation: str = ""
     layout: str = "nk"
+    residual_tail: str = ""
 
     def group(self, eps: float) -> MatmulGroup:
         norm = "layer" if self.prologue.startswith("layer") else self.prologue
         return MatmulGroup(siblings=len(self.widths), norm=norm, eps=eps if norm else 0.0,
                            norm_bias=self.prologue == "layer", gate=self.gate, bias=self.bias,
                            residual=self.residual, activation=self.activation,
-                           weight_layout=self.layout)  # fmt: skip
+                           weight_layout=self.layout, residual_tail=self._tail())  # fmt: skip
+
+    def _tail(self):
+        if not self.residual_tail:
+            return None
+        # one op in fp32, rounded once to the output's dtype by the kernel, as eager's op
+        return activation_program(self.residual_tail, torch.float32)
 
 
 class Eager(nn.Module):
@@ -141,6 +150,7 @@ class Eager(nn.Module):
         self.linears = nn.ModuleList(nn.Linear(k, n, bias=case.bias) for n in case.widths)
         self.act = ACT2FN[ACTS[case.gate]] if case.gate else None
         self.single = ACT2FN[ACTS[case.activation]] if case.activation else None
+        self.tail = ACT2FN[ACTS[case.residual_tail]] if case.residual_tail else None
         for lin in self.linears:  # weights ~ 1/sqrt(K): outputs of order 1
             lin.weight.data = rand(*lin.weight.shape, scale=k**-0.5, g=g).cpu()
             if lin.bias is not None:
@@ -158,6 +168,8 @@ class Eager(nn.Module):
             ys = [self.single(ys[0])]
         if residual is not None:
             ys = [ys[0] + residual]
+        if self.tail is not None:
+            ys = [self.tail(ys[0])]
         return tuple(ys)
 
     def fused(self, x, residual=None):
@@ -211,6 +223,8 @@ EPILOGUES = {
     "gelu_new_bias": Case((64,), bias=True, activation="gelu_new"),
     "relu_bias": Case((127,), bias=True, activation="relu"),  # OPT's fc1
     "gelu": Case((33,), bias=True, activation="gelu"),  # GPT-NeoX's dense_h_to_4h
+    "residual_relu": Case((127,), residual=True, residual_tail="relu"),
+    "residual_bias_gelu": Case((64,), bias=True, residual=True, residual_tail="gelu"),
 }
 
 
@@ -730,4 +744,17 @@ def test_gpu_gpt2_projections_stored_kn(rows, dtype):
         weights = (rand(k, case.widths[0], dtype=dtype).t(),)
         _, _, meta, _ = matmul._launch(case.group(1e-5), x, None, None, None, weights, ())
         assert meta["W_KN"] == (rows == 1), meta  # one row: the GEMV along N
+        check_case(case, rows, k, dtype, seed=k)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows", [1, 5])
+def test_gpu_residual_tails(rows, dtype):
+    """An activation of the residual sum in the launch, as GEMV (one row) and on tensor
+    cores, under the default configs."""
+    cases = [(Case((384,), bias=True, residual=True, residual_tail="gelu"), 384),
+             (Case((1000,), "layer", residual=True, residual_tail="relu"), 768)]  # fmt: skip
+    for case, k in cases:
         check_case(case, rows, k, dtype, seed=k)

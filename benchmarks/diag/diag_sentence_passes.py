@@ -189,6 +189,8 @@ def child(shape: str, variant: str, sentences: int, profiled: str) -> dict[str, 
             stats.print_stats("fusebackend", 40)
             stats.print_stats(r"triton/(compiler|runtime/jit)", 10)
             result["profile"] = f"{name} pass:\n" + text.getvalue()[-30000:]
+            # Dynamo's own split of its compile time (tracing, the backend call, guards)
+            result["profile"] += "\n" + torch._dynamo.utils.compile_times(repr="str")
         after = fusebackend.stats()
         result[f"{name}_capture_s"] = spent["seconds"] - before["seconds"]
         result[f"{name}_captures"] = spent["captures"] - before["captures"]

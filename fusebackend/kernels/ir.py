@@ -508,6 +508,9 @@ class MatmulGroup:
     # or any elementwise ops of that output alone, as a program of one input and one output
     # of the output's dtype (passes/activations.elementwise_tail; kernels/epilogue.py)
     epilogue: RowProgram | None = None
+    # elementwise ops of the residual sum alone (LeViT's head: ``(head(x) + dist(x)) / 2``),
+    # a program of one input and one output of the output's dtype, applied after the add
+    residual_tail: RowProgram | None = None
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS or self.gate not in GATES:
@@ -536,6 +539,11 @@ class MatmulGroup:
                                                    or self.residual):  # fmt: skip
             raise ValueError("MatmulGroup: an activation follows one linear, without a gate "
                              "or residual")  # fmt: skip
+        tail = self.residual_tail
+        if tail is not None and (not self.residual or len(tail.outputs) != 1
+                                 or len(tail.input_dtypes) != 1):  # fmt: skip
+            raise ValueError("MatmulGroup: a residual tail (one input, one output) follows "
+                             "a residual")  # fmt: skip
         if self.head_norm not in ("", "rms", "rms_offset"):
             raise ValueError(f"MatmulGroup: unknown head norm {self.head_norm!r}")
         if self.head_norm and (not self.rotary or (self.rotary // 2) & (self.rotary // 2 - 1)):
@@ -568,6 +576,8 @@ class MatmulGroup:
         if self.epilogue is not None:
             parts.append("(" + ", ".join(i.name for i in self.epilogue.instrs) + ")")
         parts += ["residual"] if self.residual else []
+        if self.residual_tail is not None:
+            parts.append("(" + ", ".join(i.name for i in self.residual_tail.instrs) + ")")
         parts += [f"{self.head_norm}_norm(q, k heads)"] if self.head_norm else []
         parts += ["rotary(q, k)"] if self.rotary else []
         parts += ["cache write(k, v)"] if self.cache_write else []

@@ -185,7 +185,8 @@ class MatmulGroupOp:
         # passes read a trailing underscore as an in-place op)
         parts = ["matmul", group.norm, str(group.siblings), group.gate, "residual" * group.residual]
         parts += ["rotary"] * bool(group.rotary) + ["cache"] * group.cache_write
-        parts.append(group.activation or "tail" * (group.epilogue is not None))
+        tailed = group.epilogue is not None or group.residual_tail is not None
+        parts.append(group.activation or "tail" * tailed)
         self.__name__ = self.__qualname__ = "_".join(p for p in parts if p)
         # the caches a cache-writing group writes (passes/mutations.py reads this)
         self.writes_arguments = tuple(argument_slots(group).values())
@@ -453,6 +454,7 @@ def _launch(
         "CACHE": group.cache_write,
         "HEAD_NORM": NORMS.index(group.head_norm),
         "HAS_ACT": bool(group.activation) or group.epilogue is not None,
+        "HAS_TAIL": group.residual_tail is not None,  # ACT after the residual instead
         "ACT": epilogue_function(_epilogue(group, x.dtype)),
         "SPLIT_K": splits,
         "K_SPAN": span if splits > 1 else width,
@@ -482,13 +484,16 @@ def _epilogue(group: MatmulGroup, dtype: torch.dtype) -> RowProgram:
     of the rows' dtype."""
     if group.epilogue is not None:
         return group.epilogue
+    if group.residual_tail is not None:
+        return group.residual_tail
     return activation_program(group.gate or group.activation, dtype)
 
 
 def epilogue_source(group: MatmulGroup, dtype: torch.dtype) -> str:
     """The generated source of the function the group's kernel applies to its outputs (its
     gate's or activation or elementwise tail: kernels/epilogue.py), "" when none."""
-    if not (group.gate or group.activation or group.epilogue is not None):
+    if not (group.gate or group.activation or group.epilogue is not None
+            or group.residual_tail is not None):  # fmt: skip
         return ""
     return generate_epilogue_source(_epilogue(group, dtype), EPILOGUE_OPTIONS)[1]
 

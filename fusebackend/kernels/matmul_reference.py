@@ -58,6 +58,8 @@ def reference(
         ys = [evaluate(group.epilogue, ys[0])]
     if group.residual:
         ys = [ys[0] + residual]
+    if group.residual_tail is not None:
+        ys = [evaluate(group.residual_tail, ys[0])]
     if heads is not None:
         return _rotary_reference(group, ys, heads)
     return tuple(ys)

@@ -262,14 +262,18 @@ def _add_bias(acc, bias, cols, N):
 
 
 @triton.jit
-def _store(y, out, res, res_row, res_col, rows, cols, M, N, HAS_RESIDUAL: tl.constexpr):
+def _store(y, out, res, res_row, res_col, rows, cols, M, N, HAS_RESIDUAL: tl.constexpr,
+           HAS_TAIL: tl.constexpr, TAIL: tl.constexpr):  # fmt: skip
     """Store a tile of the output ``[M, N]`` (contiguous), with the residual added in fp32
-    and rounded once when there is one."""
+    and rounded once when there is one, then the residual sum's tail ``TAIL`` (a
+    kernels/epilogue.py function) where ``HAS_TAIL``."""
     keep = (rows[:, None] < M) & (cols[None, :] < N)
     if HAS_RESIDUAL:
         r = tl.load(res + rows[:, None] * res_row + cols[None, :] * res_col, mask=keep,
                     other=0.0)  # fmt: skip
         y = (y.to(tl.float32) + r.to(tl.float32)).to(y.dtype)
+    if HAS_TAIL:
+        y = TAIL(y.to(tl.float32)).to(y.dtype)
     tl.store(out + rows[:, None] * N + cols[None, :], y, mask=keep)
 
 
@@ -278,13 +282,13 @@ def _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, bias, out, r
                  res_row, res_col,
                  tile, M, K: tl.constexpr, N, NORM: tl.constexpr, NORM_BIAS: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_ACT: tl.constexpr,
-                 ACT: tl.constexpr,
+                 ACT: tl.constexpr, HAS_TAIL: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  PRECISION: tl.constexpr, work, counters, SPLIT_K: tl.constexpr,
                  K_SPAN: tl.constexpr, PDL: tl.constexpr,
                  PREFETCH: tl.constexpr, W_KN: tl.constexpr):  # fmt: skip
-    """One tile of one sibling's output: products, bias, cast, activation, residual,
-    store."""
+    """One tile of one sibling's output: products, bias, cast, activation, residual, the
+    residual sum's tail (``ACT`` again: a group has one or the other), store."""
     rows = tl.arange(0, BLOCK_M)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     acc, _, last = _tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, w, w_n,
@@ -296,7 +300,7 @@ def _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, bias, out, r
         y = acc.to(out.dtype.element_ty)
         if HAS_ACT:
             y = ACT(y.to(tl.float32)).to(out.dtype.element_ty)
-        _store(y, out, res, res_row, res_col, rows, cols, M, N, HAS_RESIDUAL)
+        _store(y, out, res, res_row, res_col, rows, cols, M, N, HAS_RESIDUAL, HAS_TAIL, ACT)
 
 
 @triton.jit
@@ -427,6 +431,7 @@ def _matmul_group(
     HEAD_DIM: tl.constexpr, CACHE: tl.constexpr, HEAD_NORM: tl.constexpr,
     HAS_ACT: tl.constexpr,      # a single linear's output goes through ACT
     ACT: tl.constexpr,          # the gate's or that activation: a kernels/epilogue.py function
+    HAS_TAIL: tl.constexpr,     # ACT runs on the residual sum instead (MatmulGroup.residual_tail)
     SPLIT_K: tl.constexpr, K_SPAN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -482,28 +487,29 @@ def _matmul_group(
             dtype = out0.dtype.element_ty
             act = ACT(gate.to(dtype).to(tl.float32)).to(dtype)
             y = (act.to(tl.float32) * up.to(dtype).to(tl.float32)).to(dtype)
-            _store(y, out0, res, res_row, res_col, rows, cols, M, N0, HAS_RESIDUAL)
+            _store(y, out0, res, res_row, res_col, rows, cols, M, N0, HAS_RESIDUAL, False, ACT)
     else:
         if pid < TILES0:
             _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w0, w0_n, w0_k, b0,
                          out0, res, res_row, res_col, pid, M, K, N0, NORM, NORM_BIAS,
-                         HAS_BIAS, HAS_RESIDUAL, HAS_ACT, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
-                         PRECISION, work, counters, SPLIT_K, K_SPAN, PDL, PREFETCH,
+                         HAS_BIAS, HAS_RESIDUAL, HAS_ACT, ACT, HAS_TAIL, BLOCK_M, BLOCK_N,
+                         BLOCK_K, PRECISION, work, counters, SPLIT_K, K_SPAN, PDL, PREFETCH,
                          W_KN)  # fmt: skip
         else:
             if SIBLINGS >= 2:
                 if pid < TILES0 + TILES1:
                     _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w1, w1_n,
                                  w1_k, b1, out1, res, res_row, res_col, pid - TILES0, M,
-                                 K, N1, NORM, NORM_BIAS, HAS_BIAS, False, False, ACT, BLOCK_M,
-                                 BLOCK_N, BLOCK_K, PRECISION, work, counters, SPLIT_K,
+                                 K, N1, NORM, NORM_BIAS, HAS_BIAS, False, False, ACT, False,
+                                 BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, work, counters, SPLIT_K,
                                  K_SPAN, PDL, PREFETCH, W_KN)  # fmt: skip
                 else:
                     if SIBLINGS == 3:
                         _linear_tile(x, x_row, x_col, norm_w, norm_b, eps, w2, w2_n,
                                      w2_k, b2, out2, res, res_row, res_col,
                                      pid - TILES0 - TILES1, M, K, N2, NORM, NORM_BIAS,
-                                     HAS_BIAS, False, False, ACT, BLOCK_M, BLOCK_N, BLOCK_K,
+                                     HAS_BIAS, False, False, ACT, False, BLOCK_M, BLOCK_N,
+                                     BLOCK_K,
                                      PRECISION, work, counters, SPLIT_K, K_SPAN, PDL,
                                      PREFETCH, W_KN)  # fmt: skip
 

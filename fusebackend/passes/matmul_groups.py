@@ -24,7 +24,8 @@ on the fused graph before the row partition:
   order) become one gated output; one linear whose only use is an activation
   (passes/activations.py: silu, gelu, relu, GPT-2's NewGELU written out) gets it applied,
   or else whose only use is ``y + r`` (either order, ``r`` a tensor of y's shape and dtype)
-  gets the residual added.
+  gets the residual added, and the elementwise ops of that sum alone after it (LeViT's
+  distilled head, ``(head(x) + head_dist(x)) / 2``: one launch fewer).
 
 The kernel reads the user's weights where they are (no concatenated copy): a weight changed
 after compile is read as it is at each call. Each group becomes one call of the launcher the
@@ -117,6 +118,7 @@ class _Plan:
     residual: torch.fx.Node | None = None
     activation: str = ""  # a single linear's (passes/activations.py)
     epilogue: RowProgram | None = None  # or its elementwise tail (activations.elementwise_tail)
+    residual_tail: RowProgram | None = None  # the residual sum's elementwise tail
     replaced: list[torch.fx.Node] = dataclasses.field(default_factory=list)  # per output
     members: list[torch.fx.Node] = dataclasses.field(default_factory=list)
 
@@ -333,6 +335,12 @@ def _plan(siblings: list[_Anchor], whole: bool) -> _Plan:
             plan.residual, add, aliases = added
             plan.replaced = [add]
             plan.members += aliases + [add]
+            tail = elementwise_tail(add)
+            program = lower_tail(add, tail[1]) if tail else None
+            if program is not None:
+                plan.residual_tail = program
+                plan.replaced = [tail[0]]
+                plan.members += tail[1]
     if not plan.replaced:
         plan.replaced = [a.output for a in plan.anchors]
     plan.members += [n for a in plan.anchors for n in a.nodes]
@@ -520,6 +528,7 @@ def _rewrite(
         gate_half=plan.gate_half or 0,
         activation=plan.activation,
         epilogue=plan.epilogue,
+        residual_tail=plan.residual_tail,
     )
 
     rows = norm.rows if norm else anchors[0].rows
