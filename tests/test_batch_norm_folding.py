@@ -204,6 +204,31 @@ def test_running_statistics_a_training_step_updated_are_seen(through):
     assert not torch.allclose(before, after)
 
 
+def test_a_recompile_finds_the_batch_counters_without_scanning_again(monkeypatch):
+    # The garbage-collector scan for num_batches_tracked (0.3 s with big libraries loaded)
+    # runs once per running mean; a recompile at a new batch size watches the counters all
+    # the same.
+    import fusebackend.passes.batch_norm_folding as folding
+
+    scans = []
+    real = folding.gc.get_referrers
+    monkeypatch.setattr(folding.gc, "get_referrers", lambda *a: scans.append(a) or real(*a))
+    model = _randomize_statistics(Bottleneck(), seed=4)
+    compiled = _compiled(model)
+    with torch.no_grad():
+        compiled(torch.randn(1, 6, 5, 7))
+        assert len(scans) == 1
+        x = torch.randn(3, 6, 5, 7)  # a new batch size: Dynamo traces again
+        before = compiled(x)
+        assert len(scans) == 1, "the recompile scanned again"
+        model.train()
+        model(x * 3 + 1)  # a training step moves the statistics and the counters only
+        model.eval()
+        after = compiled(x)
+        torch.testing.assert_close(after, model(x), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(before, after)
+
+
 def test_refresh_derives_only_the_folds_whose_sources_changed():
     from fusebackend.passes.batch_norm_folding import Fold, Refresh
 

@@ -63,6 +63,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 from fusebackend.passes.conv_activation import fuses_after
 from fusebackend.passes.conv_bias import CONVOLUTIONS, is_batched, per_channel
@@ -411,21 +412,26 @@ def fold_batch_norms(
     return result
 
 
+# running mean -> its module's num_batches_tracked, as found (by identity, kept only while
+# the mean lives)
+_COUNTER_OF = WeakIdKeyDictionary()
+
+
 def _batch_counters(means: list[Tensor]) -> dict[int, Tensor]:
     """``num_batches_tracked`` of the BatchNorm module holding each running mean, by the
     mean's id (``Fold.counter``). Found through the modules' buffer dicts that refer to the
     means: one pass of the garbage collector over every tracked object, for all of them at
     once (0.3 s with timm and transformers imported, 363k objects, on a loaded 2-core CPU,
-    2026-11-30), at compile time only."""
-    if not means:
-        return {}
-    found = {}
-    for holder in gc.get_referrers(*means):
-        if isinstance(holder, dict) and isinstance(holder.get("num_batches_tracked"), Tensor):
-            mean = holder.get("running_mean")
-            if mean is not None:
-                found[id(mean)] = holder["num_batches_tracked"]
-    return found
+    2026-11-30), at compile time only, and remembered per mean: a recompile (a new batch
+    size, Dynamo's dynamic-shape retrace) scans only for means not seen before."""
+    missing = [mean for mean in means if mean not in _COUNTER_OF]
+    if missing:
+        for holder in gc.get_referrers(*missing):
+            if isinstance(holder, dict) and isinstance(holder.get("num_batches_tracked"), Tensor):
+                mean = holder.get("running_mean")
+                if isinstance(mean, Tensor):
+                    _COUNTER_OF[mean] = holder["num_batches_tracked"]
+    return {id(mean): _COUNTER_OF[mean] for mean in means if mean in _COUNTER_OF}
 
 
 def _constants(
