@@ -320,6 +320,11 @@ SOURCES = (
     # channels-last only with a convolution per 300 nodes (1ca0d7f): ViT-S/16 against
     # reduce-overhead and Swin-T, infinifuse alone. Folded: in git at 9afbe98
     "vision_h200_1ca0d7f.json",
+    # the residual tail of matmul groups (b66c8cc) and the remembered BatchNorm counters
+    # (40bc83e): LeViT-128S, EfficientNet-B0, GhostNet-100 against reduce-overhead, once beside
+    # the GPU-marked tests on the other GPU of an H200 x2 host, once alone on an H200
+    "vision_h200_40bc83e_beside_tests.json",
+    "vision_h200_40bc83e.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
