@@ -37,6 +37,7 @@ from fusebackend.passes.attention import (
     expand_shared_kv_heads,
     scale_in_attention,
 )
+from fusebackend.passes.axis_reductions import reduce_along_rows
 from fusebackend.passes.batch_norm_folding import Refresh, fold_batch_norms
 from fusebackend.passes.cache_writes import pair_cache_writes
 from fusebackend.passes.channels_last import choose_channels_last, use_channels_last
@@ -306,6 +307,9 @@ FUSE = [
          "whole-tensor any/all reduced by rows first (fused graph)", report="full_reductions"),
     Pass("push_into_concatenations", lambda c: push_into_concatenations(c.graph),
          "elementwise ops on a cat run on its parts (fused graph)", report="pushed_into_cats"),
+    Pass("reduce_along_rows", lambda c: reduce_along_rows(c.graph),
+         "reductions over another dim than the last read along rows, with the ops after them "
+         "(fused graph)", report="axis_reductions"),
     Pass("find_groups", _find_groups),
     Pass("rewrite_groups", _rewrite_groups),
     Pass("pair_twin_groups", _pair_twin_groups),

@@ -1,0 +1,168 @@
+"""A reduction over a dim other than the last, read along the rows of a permuted view, so
+that it joins the group of the elementwise ops after it (fused graph only).
+
+A row group reduces along its last dim only: ``x.mean(1)`` of LeViT's ``[B, tokens, C]``
+before its heads' BatchNorms (or a pooling ``sum(dim=1)`` then a division) ran as aten's
+reduction, then a group for the ops after it. The same value is
+
+    x.permute(..., d).mean(-1, keepdim=True)        [..., 1]: the kept dims, then 1
+
+and every elementwise op that reads it (and ops reading those, in the reduced shape) computes
+on ``[..., 1]`` values: their other tensor operands get a trailing dim of 1 (``unsqueeze``,
+a view), and each value read outside that region is given back as ``squeeze(-1)`` (a view).
+The row group then holds the reduction and those ops: one kernel where there were two. Sums
+accumulate in fp32 and round once, as aten's do (the order of the additions differs).
+
+The kernel reads the permuted view through its strides: a row is one kept position's
+reduced elements, which lie ``stride(d)`` apart, so a row's loads do not coalesce. Done
+only where the reduced tensor is small (``MAX_ELEMENTS``) and the ops after the reduction
+fuse with it (at least one elementwise op reads it), on static shapes of floating dtypes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+
+from fusebackend.passes.fx_util import evaluate, example_value, static_tensor
+from fusebackend.passes.graph import is_mutation
+from fusebackend.passes.groups import match
+from fusebackend.passes.ops import OpKind, lookup_op
+
+__all__ = ["MAX_ELEMENTS", "reduce_along_rows"]
+
+_KINDS = ("sum", "mean", "amax", "amin")
+# Elements of the reduced tensor at most: its strided reads then cost less than the launch
+# they save (LeViT-128S's head reads 16 x 384 per image).
+MAX_ELEMENTS = 1 << 18
+
+
+def reduce_along_rows(graph: torch.fx.Graph) -> list[str]:
+    """Rewrite each reduction the module docstring describes; returns their names."""
+    made = []
+    for node in list(graph.nodes):
+        dim = _reduced_dim(node)
+        if dim is None:
+            continue
+        region = _region(node)
+        if not region:
+            continue
+        _rewrite(graph, node, dim, region)
+        made.append(node.name)
+    if made:
+        graph.lint()
+    return made
+
+
+def _reduced_dim(node: torch.fx.Node) -> int | None:
+    """The one dim ``node`` reduces, where it is a reduction this pass takes, else None."""
+    found = _reduction(node)
+    if found is None:
+        return None
+    kind, x, params = found
+    if params.get("dtype") is not None or params.get("keepdim") or params.get("out") is not None:
+        return None
+    if not isinstance(x, torch.fx.Node):
+        return None
+    value, out = example_value(x), example_value(node)
+    if not (static_tensor(value) and static_tensor(out)) or not value.is_floating_point():
+        return None
+    if value.dim() < 2 or value.numel() > MAX_ELEMENTS or out.dtype != value.dtype:
+        return None
+    dim = params.get("dim")
+    if isinstance(dim, (tuple, list)) and len(dim) == 1:
+        dim = dim[0]
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        return None
+    dim %= value.dim()
+    return dim if dim != value.dim() - 1 else None
+
+
+def _reduction(node: torch.fx.Node) -> tuple[str, Any, dict[str, Any]] | None:
+    """(kind, input, the other arguments by name) of a sum, mean, amax or amin call, else
+    None. (The op table's own match refuses these: a row group takes keepdim ones only.)"""
+    row = lookup_op(node.op, node.target)
+    if row is None or row[0].name not in _KINDS:
+        return None
+    op, signature = row
+    try:
+        bound = signature.bind(*node.args, **node.kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    params = dict(bound.arguments)
+    return op.name, params.pop("input"), params
+
+
+def _region(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The elementwise ops that read ``node``'s value or each other's, in its shape (their
+    other tensor operands broadcast to it), in graph order."""
+    shape = example_value(node).shape
+    inside = {node}
+    found = []
+    for user in list(node.graph.nodes):
+        if user is node or not any(a in inside for a in user.all_input_nodes):
+            continue
+        if _joins(user, shape):
+            inside.add(user)
+            found.append(user)
+    return found
+
+
+def _joins(node: torch.fx.Node, shape: torch.Size) -> bool:
+    call = match(node)
+    if call is None or isinstance(call, str) or call.op.kind != OpKind.ELEMENTWISE:
+        return False
+    if is_mutation(node):
+        return False
+    value = example_value(node)
+    if not static_tensor(value) or value.shape != shape:
+        return False
+    for operand in node.all_input_nodes:
+        v = example_value(operand)
+        if not isinstance(v, torch.Tensor) or not static_tensor(v):
+            return False
+        if v.dim() > len(shape) or torch.broadcast_shapes(v.shape, shape) != shape:
+            return False
+    return True
+
+
+def _rewrite(
+    graph: torch.fx.Graph, node: torch.fx.Node, dim: int, region: list[torch.fx.Node]
+) -> None:
+    kind, x, _ = _reduction(node)  # type: ignore[misc]
+    rank = example_value(x).dim()
+    order = [d for d in range(rank) if d != dim] + [dim]
+    with graph.inserting_before(node):
+        permuted = _node(graph, "permute", (x, order))
+        reduced = _node(graph, kind, (permuted, -1), {"keepdim": True})
+    node.replace_all_uses_with(reduced)
+    graph.erase_node(node)
+    inside = {reduced, *region}
+    widened: dict[torch.fx.Node, torch.fx.Node] = {}
+    for member in region:  # graph order: each one's operands are final when it is evaluated
+        for operand in member.all_input_nodes:
+            if operand not in inside:
+                if operand not in widened:
+                    with graph.inserting_before(member):
+                        widened[operand] = _node(graph, "unsqueeze", (operand, -1))
+                member.replace_input_with(operand, widened[operand])
+        member.meta["example_value"] = evaluate(member)
+    for value in [reduced, *region]:
+        outside = [u for u in value.users if u not in inside and u not in widened.values()]
+        if not outside:
+            continue
+        with graph.inserting_after(value):
+            squeezed = _node(graph, "squeeze", (value, -1))
+        for user in outside:
+            user.replace_input_with(value, squeezed)
+
+
+def _node(
+    graph: torch.fx.Graph, method: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+) -> torch.fx.Node:
+    node = graph.call_method(method, args, kwargs or {})
+    node.meta["example_value"] = evaluate(node)
+    return node

@@ -1,0 +1,95 @@
+"""Reductions over a dim other than the last join the group of the elementwise ops after them
+(passes/axis_reductions.py): one kernel, equal to eager, at odd shapes and in three dtypes;
+left to aten where the tensor is large, nothing elementwise follows, or keepdim is asked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import check, row_groups, single_group
+
+import fusebackend
+from fusebackend.passes.axis_reductions import MAX_ELEMENTS
+
+
+def _rewritten() -> list[str]:
+    return fusebackend.last_report().graphs[-1].rewrites.get("axis_reductions", [])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_levit_head_mean_and_both_batch_norms_are_one_kernel(dtype):
+    """timm LeViT's eval head: the mean over tokens, then each head's BatchNorm1d (as a
+    folded scale and shift in fp32) and an eval dropout; two outputs."""
+    torch.manual_seed(0)
+    c = 37
+    stats = [(torch.randn(c), torch.rand(c) + 0.5, torch.randn(c)) for _ in range(2)]
+
+    def fn(x):
+        m = x.mean(1)
+        outs = []
+        for center, scale, shift in stats:
+            y = ((m.float() - center) * scale + shift).to(x.dtype)
+            outs.append(F.dropout(y, 0.1, False))
+        return outs
+
+    report = check(fn, (torch.randn(3, 7, c) * 2).to(dtype))
+    assert _rewritten() == ["m"]
+    group = single_group(report)
+    assert group.nodes[0] == "mean" and len(group.outputs) == 2, str(report)
+
+
+@pytest.mark.parametrize(
+    "shape,dim,kind",
+    [((2, 5, 3, 11), 1, "sum"), ((6, 9, 13), 0, "amax"), ((4, 3, 10), -2, "amin"),
+     ((2, 9, 5), (1,), "mean")],  # fmt: skip
+)
+def test_reductions_over_other_dims_then_elementwise(shape, dim, kind):
+    torch.manual_seed(1)
+    bias = torch.randn(shape[-1])
+
+    def fn(x, s):
+        r = getattr(torch, kind)(x, dim)
+        return torch.tanh(r * s + bias), r  # the reduction itself is an output too
+
+    report = check(fn, torch.randn(shape), torch.tensor(0.7))
+    assert len(_rewritten()) == 1
+    group = single_group(report)
+    assert group.nodes[0].startswith(kind), str(report)  # the reduction leads its group
+    out, r = torch.compile(fn, backend="infinifuse")(torch.randn(shape), torch.tensor(0.7))
+    assert r.shape == getattr(torch, kind)(torch.randn(shape), dim).shape  # squeezed back
+
+
+def test_pooling_sum_divided_by_counts():
+    """A masked mean pooling's last step, ``sum(h * mask, 1) / counts``: the sum and the
+    division in one kernel."""
+    torch.manual_seed(2)
+
+    def fn(h, mask):
+        summed = (h * mask[..., None]).sum(1)
+        counts = torch.clamp(mask.sum(1, keepdim=True), min=1e-9)
+        return summed / counts
+
+    mask = (torch.rand(3, 8) > 0.3).float()
+    check(fn, torch.randn(3, 8, 20), mask)
+    assert _rewritten() == ["summed"]
+
+
+def test_left_to_aten_without_elementwise_users_large_tensors_or_keepdim():
+    def alone(x):
+        return x.mean(1)  # nothing to fuse with: aten's reduction reads coalesced
+
+    def kept(x):
+        return torch.relu(x.mean(1, keepdim=True))
+
+    def large(x):
+        return torch.relu(x.sum(1))
+
+    check(lambda x: (alone(x), torch.relu(x) * 2), torch.randn(2, 4, 8))  # (a group beside)
+    assert _rewritten() == []
+    check(lambda x: torch.relu(x) + kept(x), torch.randn(2, 4, 8))
+    assert _rewritten() == []
+    rows = MAX_ELEMENTS // 64 + 1
+    report = check(lambda x: large(x) * 2, torch.randn(2, rows, 32))
+    assert _rewritten() == []
+    assert all(not g.nodes[0].startswith("sum") for g in row_groups(report))
