@@ -41,8 +41,12 @@ def test_levit_head_mean_and_both_batch_norms_are_one_kernel(dtype):
 
 @pytest.mark.parametrize(
     "shape,dim,kind",
-    [((2, 5, 3, 11), 1, "sum"), ((6, 9, 13), 0, "amax"), ((4, 3, 10), -2, "amin"),
-     ((2, 9, 5), (1,), "mean")],  # fmt: skip
+    [
+        ((2, 5, 3, 11), 1, "sum"),
+        ((6, 9, 13), 0, "amax"),
+        ((4, 3, 10), -2, "amin"),
+        ((2, 9, 5), (1,), "mean"),
+    ],  # fmt: skip
 )
 def test_reductions_over_other_dims_then_elementwise(shape, dim, kind):
     torch.manual_seed(1)
