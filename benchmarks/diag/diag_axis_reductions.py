@@ -1,0 +1,91 @@
+"""Is a reduction over a dim other than the last cheaper in the group after it, or as aten's
+own kernel before that group? (GPU diag)
+
+``passes/axis_reductions.py`` reads ``x.mean(d)`` along the rows of a permuted view, so that
+the reduction joins the elementwise ops after it: one kernel where aten's reduction and a
+group were two, but the kernel's loads of a row (the reduced elements, ``stride(d)`` apart)
+do not coalesce. Per shape and dtype this compiles ``m = x.mean(1)`` followed by a
+per-channel scale and shift in fp32 (a BatchNorm1d made a scale and shift, as LeViT's head
+has it) twice, with the rewrite and without it (``MAX_ELEMENTS`` 0), and reports the device
+time of the kernels of one call (``torch.profiler``, mean over ``--calls`` replays) and the
+kernels per call. The pass takes tensors up to ``MAX_ELEMENTS`` (2**18) elements.
+
+    python benchmarks/diag/diag_axis_reductions.py [--calls 50] [--out F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SHAPES = [(1, 16, 384), (8, 16, 384), (8, 49, 768), (4, 256, 256), (32, 128, 384)]
+
+
+def _kernel_time(fn, x, calls: int) -> tuple[float, float]:
+    """(device microseconds of the kernels of one call, kernels per call)."""
+    for _ in range(3):  # the 2nd call captures, the 3rd replays
+        fn(x)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(x)
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+              and not e.name.startswith("Memcpy")]  # fmt: skip
+    return sum(e.device_time for e in events) / calls, len(events) / calls
+
+
+def measure(shape: tuple[int, ...], dtype: torch.dtype, calls: int) -> dict[str, object]:
+    import fusebackend.passes.axis_reductions as pass_module
+
+    scale = torch.rand(shape[-1], device="cuda") + 0.5
+    shift = torch.randn(shape[-1], device="cuda")
+
+    def fn(x):
+        return ((x.mean(1).float() - 0.25) * scale + shift).to(x.dtype)
+
+    x = torch.randn(shape, device="cuda").to(dtype)
+    row: dict[str, object] = {"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
+    default = pass_module.MAX_ELEMENTS
+    for name, limit in (("in_group", 1 << 30), ("aten_then_group", 0)):
+        pass_module.MAX_ELEMENTS = limit
+        torch._dynamo.reset()
+        try:
+            compiled = torch.compile(fn, backend="infinifuse")
+            with torch.no_grad():
+                us, kernels = _kernel_time(compiled, x, calls)
+                error = (compiled(x).float() - fn(x).float()).abs().max().item()
+        finally:
+            pass_module.MAX_ELEMENTS = default
+        row[f"{name}_us"], row[f"{name}_kernels"] = round(us, 2), kernels
+        row[f"{name}_max_abs_err"] = error
+    row["taken_by_default"] = torch.Size(shape).numel() <= default
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    rows = [measure(shape, dtype, args.calls) for shape in SHAPES
+            for dtype in (torch.float16, torch.float32)]  # fmt: skip
+    for row in rows:
+        print(json.dumps(row))
+    if args.out:
+        from ledger import environment
+
+        with open(args.out, "w") as f:
+            json.dump({"benchmark": "diag_axis_reductions", "environment": environment(),
+                       "rows": rows}, f, indent=1)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
