@@ -326,6 +326,10 @@ SOURCES = (
     # Folded: in git at 9c7a86c
     "vision_h200_40bc83e_beside_tests.json",
     "vision_h200_40bc83e.json",
+    # reductions over another dim than the last in the group after them (aa6313a):
+    # diag_axis_reductions.py, and LeViT-128S's kernels, infinifuse alone (H200)
+    "diag_axis_reductions_h200_aa6313a.json",
+    "vision_h200_aa6313a.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
