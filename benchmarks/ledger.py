@@ -327,7 +327,8 @@ SOURCES = (
     "vision_h200_40bc83e_beside_tests.json",
     "vision_h200_40bc83e.json",
     # reductions over another dim than the last in the group after them (aa6313a):
-    # diag_axis_reductions.py, and LeViT-128S's kernels, infinifuse alone (H200)
+    # diag_axis_reductions.py, and LeViT-128S's kernels, infinifuse alone (H200). Folded: in
+    # git at 821ea12
     "diag_axis_reductions_h200_aa6313a.json",
     "vision_h200_aa6313a.json",
 )
