@@ -8,7 +8,12 @@ do not coalesce. Per shape and dtype this compiles ``m = x.mean(1)`` followed by
 per-channel scale and shift in fp32 (a BatchNorm1d made a scale and shift, as LeViT's head
 has it) twice, with the rewrite and without it (``MAX_ELEMENTS`` 0), and reports the device
 time of the kernels of one call (``torch.profiler``, mean over ``--calls`` replays) and the
-kernels per call. The pass takes tensors up to ``MAX_ELEMENTS`` (2**18) elements.
+kernels per call.
+
+What it found (aa6313a, H200, fp16): the one group was faster at every shape, 1.18-4.33 us
+against 3.24-6.91 for aten's mean then the group, up to 32 x 128 x 384 (1.6M elements);
+fp32 alike (2.86-12.51 against 4.86-14.09). The pass then took tensors up to 2**18 elements;
+it takes them up to ``MAX_ELEMENTS`` (2**21) since.
 
     python benchmarks/diag/diag_axis_reductions.py [--calls 50] [--out F.json]
 """

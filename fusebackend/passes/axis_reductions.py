@@ -15,8 +15,9 @@ accumulate in fp32 and round once, as aten's do (the order of the additions diff
 
 The kernel reads the permuted view through its strides: a row is one kept position's
 reduced elements, which lie ``stride(d)`` apart, so a row's loads do not coalesce. Done
-only where the reduced tensor is small (``MAX_ELEMENTS``) and the ops after the reduction
-fuse with it (at least one elementwise op reads it), on static shapes of floating dtypes.
+only where the reduced tensor is no larger than measured (``MAX_ELEMENTS``: there the one
+kernel was faster than two at every shape) and the ops after the reduction fuse with it
+(at least one elementwise op reads it), on static shapes of floating dtypes.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ from fusebackend.passes.ops import OpKind, lookup_op
 __all__ = ["MAX_ELEMENTS", "reduce_along_rows"]
 
 _KINDS = ("sum", "mean", "amax", "amin")
-# Elements of the reduced tensor at most: its strided reads then cost less than the launch
-# they save (LeViT-128S's head reads 16 x 384 per image).
-MAX_ELEMENTS = 1 << 18
+# Elements of the reduced tensor at most. A mean over dim 1 and a scale and shift took
+# 1.2-4.3 us as one group against 3.2-6.9 for aten's mean then the group, from LeViT's
+# 1 x 16 x 384 to 32 x 128 x 384 (1.6M elements; fp16, H200, 2026-11-30,
+# benchmarks/diag/diag_axis_reductions.py); larger tensors were not measured.
+MAX_ELEMENTS = 1 << 21
 
 
 def reduce_along_rows(graph: torch.fx.Graph) -> list[str]:
