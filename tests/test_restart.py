@@ -80,7 +80,12 @@ def test_a_restart_with_the_profile_compiles_one_graph_with_equal_outputs(tmp_pa
     assert data["sources"] == {"L['args'][1]": "all", "L['args'][2]": "all"}, data  # [0]: self
     again = _child(tmp_path, profile)
     assert again["graphs"] == 1  # dynamic in both from the first call
-    assert again["outputs"] == cold["outputs"]
+    # Both processes ran the later shapes through one dynamic graph: equal to the bit. The
+    # cold one ran the first through its static graph, whose pooling sum reduces in its
+    # group (passes/axis_reductions.py, static shapes only) in another order than aten's.
+    assert again["outputs"][1:] == cold["outputs"][1:]
+    torch.testing.assert_close(torch.tensor(again["outputs"][0]),
+                               torch.tensor(cold["outputs"][0]), rtol=1e-6, atol=1e-6)  # fmt: skip
     # No profile: a restart pays the three compiles again (torch's own profile needs a job id,
     # and would not match this closure frame).
     assert _child(tmp_path, None)["graphs"] == 3

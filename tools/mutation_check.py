@@ -984,6 +984,24 @@ MUTATIONS: list[Mutation] = [
         note="running statistics a train-mode forward updated (no version counter moves) "
         "leave the folds stale",
     ),
+    Mutation(
+        "matmul_residual_tail_skipped",
+        "kernel: matmul group",
+        "fusebackend/kernels/matmul_triton.py",
+        "        y = TAIL(y.to(tl.float32)).to(y.dtype)\n",
+        "        y = y\n",
+        ("tests/test_matmul_groups.py", "-k", "residual_tail or distilled"),
+        note="the elementwise ops after a residual add (LeViT's head halving) never run",
+    ),
+    Mutation(
+        "axis_reduction_kept_dims_reversed",
+        "pass: reductions along rows",
+        "fusebackend/passes/axis_reductions.py",
+        "    order = [d for d in range(rank) if d != dim] + [dim]\n",
+        "    order = [d for d in range(rank) if d != dim][::-1] + [dim]\n",
+        ("tests/test_axis_reductions.py",),
+        note="the permuted view lays the kept dims out in the wrong order",
+    ),
 ]
 
 
