@@ -91,6 +91,9 @@ def test_left_to_aten_without_elementwise_users_large_tensors_or_keepdim():
 
     check(lambda x: (alone(x), torch.relu(x) * 2), torch.randn(2, 4, 8))  # (a group beside)
     assert _rewritten() == []
+    # only an eval dropout after it (a classifier head's pool, dropout, linear): nothing saved
+    check(lambda x: (F.dropout(alone(x), 0.1, False), torch.relu(x) * 2), torch.randn(2, 4, 8))
+    assert _rewritten() == []
     check(lambda x: torch.relu(x) + kept(x), torch.randn(2, 4, 8))
     assert _rewritten() == []
     rows = MAX_ELEMENTS // 64 + 1

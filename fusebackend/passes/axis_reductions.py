@@ -17,7 +17,8 @@ The kernel reads the permuted view through its strides: a row is one kept positi
 reduced elements, which lie ``stride(d)`` apart, so a row's loads do not coalesce. Done
 only where the reduced tensor is no larger than measured (``MAX_ELEMENTS``: there the one
 kernel was faster than two at every shape) and the ops after the reduction fuse with it
-(at least one elementwise op reads it), on static shapes of floating dtypes.
+(at least one elementwise op reads it, other than an eval dropout or a cast to its own
+dtype), on static shapes of floating dtypes.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch.fx
 
 from fusebackend.passes.fx_util import evaluate, example_value, static_tensor
 from fusebackend.passes.graph import is_mutation
-from fusebackend.passes.groups import match
+from fusebackend.passes.groups import is_alias, match
 from fusebackend.passes.ops import OpKind, lookup_op
 
 __all__ = ["MAX_ELEMENTS", "reduce_along_rows"]
@@ -50,8 +51,8 @@ def reduce_along_rows(graph: torch.fx.Graph) -> list[str]:
         if dim is None:
             continue
         region = _region(node)
-        if not region:
-            continue
+        if all(is_alias(match(n), n) for n in region):  # type: ignore[arg-type]
+            continue  # nothing computed after it (none, or eval dropouts): no launch saved
         _rewrite(graph, node, dim, region)
         made.append(node.name)
     if made:
