@@ -13,6 +13,9 @@ The target asks the TinyLlama decode step's first call to take <= 1.5x Dynamo al
 
 With ``--profile`` it prints, for the backend alone, the functions by own time and the
 callers of the costliest ones, which a profile of the whole call (Dynamo included) buries.
+With ``--timm NAME`` the model is timm's (``pretrained=False``, fp16, one 224 x 224 image,
+``--batch`` images), whose first call the vision suite measures; the backend's kernel
+precompile is its own phase.
 
     python benchmarks/diag/diag_first_call_phases.py [--model llama-decode] [--rounds 2]
 """
@@ -79,7 +82,21 @@ def _runtime_phases() -> contextlib.ExitStack:
     stack.enter_context(_patched(validation, "mismatch", "runtime: validation"))
     stack.enter_context(_patched(capture, "capture_graph", "runtime: capture"))
     stack.enter_context(_patched(graph_cache.GraphCache, "__call__", "runtime: whole call"))
+    import fusebackend.fusion
+
+    stack.enter_context(_patched(fusebackend.fusion, "precompile_all", "backend: precompile"))
     return stack
+
+
+def _timm_case(name: str, batch: int, device: torch.device) -> Any:
+    """A suite-like case (``model``, ``kwargs``, ``sweep``, ``prepare``) of a timm model."""
+    import types
+
+    import timm
+
+    model = timm.create_model(name, pretrained=False).eval().to(device, torch.float16)
+    x = torch.randn(batch, 3, 224, 224, device=device, dtype=torch.float16)
+    return types.SimpleNamespace(model=model, kwargs={"x": x}, sweep=None, prepare=lambda: None)
 
 
 def main() -> None:
@@ -90,6 +107,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="Dynamo / infinifuse pairs")
     parser.add_argument("--profile", action="store_true", help="cProfile the backend")
     parser.add_argument("--quick", action="store_true", help="the suite's small configs")
+    parser.add_argument("--timm", metavar="NAME", help="a timm model instead of --model")
+    parser.add_argument("--batch", type=int, default=1, help="--timm's images per call")
     parser.add_argument(
         "--without-loading",
         action="store_true",
@@ -111,13 +130,17 @@ def main() -> None:
         f"{transformers.__version__}"
     )
     print(
-        f"{args.model}: loading in the precompile {'off' if args.without_loading else 'on'}, "
+        f"{args.timm or args.model}: loading in the precompile "
+        f"{'off' if args.without_loading else 'on'}, "
         f"TRITON_CACHE_DIR="
         f"{os.environ.get('TRITON_CACHE_DIR', '(default)')}"
     )
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    (workload,) = workloads.select(workloads.workloads(args.quick, device), args.model)
-    case = workload.build(device, 20)
+    if args.timm:
+        case = _timm_case(args.timm, args.batch, device)
+    else:
+        (workload,) = workloads.select(workloads.workloads(args.quick, device), args.model)
+        case = workload.build(device, 20)
     profile = cProfile.Profile() if args.profile else None
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
