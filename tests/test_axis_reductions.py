@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import check, row_groups, single_group
+from helpers import assert_close, check, compile_fused, eager, row_groups, single_group
 
 import fusebackend
 from fusebackend.passes.axis_reductions import MAX_ELEMENTS
@@ -77,6 +77,45 @@ def test_pooling_sum_divided_by_counts():
     mask = (torch.rand(3, 8) > 0.3).float()
     check(fn, torch.randn(3, 8, 20), mask)
     assert _rewritten() == ["summed"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_sentence_transformers_mean_pooling_is_one_kernel(dtype):
+    """sentence-transformers' ``Pooling`` (mean) as it is written: the masked product, both
+    sums over the tokens, the clamp and the division in one group."""
+    torch.manual_seed(3)
+
+    def pool(h, mask):
+        expanded = mask.unsqueeze(-1).expand(h.size()).to(h.dtype)
+        return torch.sum(h * expanded, 1) / torch.clamp(expanded.sum(1), min=1e-9)
+
+    mask = (torch.rand(4, 11) > 0.4).to(torch.int64)
+    mask[:, 0] = 1
+    report = check(pool, torch.randn(4, 11, 24).to(dtype), mask)
+    assert len(_rewritten()) == 2
+    group = single_group(report)
+    ops = {name.rstrip("_0123456789") for name in group.nodes}
+    assert {"mul", "sum", "clamp", "truediv"} <= ops, str(report)
+
+
+def test_a_product_with_a_write_before_the_reduction_stays_where_it_is():
+    """The product is not computed again after an in-place write it could read."""
+
+    def fn(h, scale):
+        p = h * scale
+        scale.mul_(2.0)  # written between the product and the sum
+        return torch.relu(p.sum(1)) + scale.sum()
+
+    h = torch.randn(2, 5, 7)
+    expected = eager(fn, h, torch.tensor(1.5))
+    scale = torch.tensor(1.5)
+    with torch.no_grad():
+        actual = compile_fused(fn)(h, scale)
+    assert_close(actual, expected)
+    assert scale.item() == 3.0
+    assert _rewritten() == ["sum_1"]
+    (group,) = [g for g in row_groups(fusebackend.last_report().graphs[-1]) if "relu" in g.nodes]
+    assert not any(name.startswith("mul") for name in group.nodes), group.nodes
 
 
 def test_left_to_aten_without_elementwise_users_large_tensors_or_keepdim():

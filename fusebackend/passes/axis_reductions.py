@@ -12,6 +12,11 @@ on ``[..., 1]`` values: their other tensor operands get a trailing dim of 1 (``u
 a view), and each value read outside that region is given back as ``squeeze(-1)`` (a view).
 The row group then holds the reduction and those ops: one kernel where there were two. Sums
 accumulate in fp32 and round once, as aten's do (the order of the additions differs).
+Elementwise ops that compute the reduced tensor for the reduction alone are computed again
+on permuted operands, in the same group (no write between them and the reduction), and a
+second reduction's region reads the first's ``[..., 1]`` values directly: sentence-
+transformers' mean pooling as written (``sum(h * mask, 1) / clamp(mask.sum(1))``, the
+mask expanded) is one kernel.
 
 The kernel reads the permuted view through its strides: a row is one kept position's
 reduced elements, which lie ``stride(d)`` apart, so a row's loads do not coalesce. Done
@@ -28,7 +33,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from fusebackend.passes.fx_util import evaluate, example_value, static_tensor
+from fusebackend.passes.fx_util import evaluate, example_value, nodes_between, static_tensor
 from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.groups import is_alias, match
 from fusebackend.passes.ops import OpKind, lookup_op
@@ -140,10 +145,12 @@ def _rewrite(
     rank = example_value(x).dim()
     order = [d for d in range(rank) if d != dim] + [dim]
     with graph.inserting_before(node):
-        permuted = _node(graph, "permute", (x, order))
+        permuted, sunk = _permuted(graph, x, order, node)
         reduced = _node(graph, kind, (permuted, -1), {"keepdim": True})
     node.replace_all_uses_with(reduced)
     graph.erase_node(node)
+    for old in reversed(sunk):  # computed again on permuted operands: nothing reads them now
+        graph.erase_node(old)
     inside = {reduced, *region}
     widened: dict[torch.fx.Node, torch.fx.Node] = {}
     for member in region:  # graph order: each one's operands are final when it is evaluated
@@ -156,12 +163,72 @@ def _rewrite(
         member.meta["example_value"] = evaluate(member)
     for value in [reduced, *region]:
         outside = [u for u in value.users if u not in inside and u not in widened.values()]
+        for user in [u for u in outside if _widens(u, value)]:
+            # an earlier rewrite's view of this value for its own region (pooling: the
+            # counts dividing the sum): read the [..., 1] value itself, in one group
+            user.replace_all_uses_with(value)
+            graph.erase_node(user)
+            outside.remove(user)
         if not outside:
             continue
         with graph.inserting_after(value):
             squeezed = _node(graph, "squeeze", (value, -1))
         for user in outside:
             user.replace_input_with(value, squeezed)
+
+
+def _permuted(
+    graph: torch.fx.Graph, x: torch.fx.Node, order: list[int], at: torch.fx.Node
+) -> tuple[torch.fx.Node, list[torch.fx.Node]]:
+    """(``x`` laid out in ``order``, made where the graph inserts now, the nodes it replaces).
+
+    Elementwise ops that compute ``x`` for the reduction ``at`` alone (read by nothing else,
+    nothing written between them and ``at``) are computed again on permuted operands, so
+    they join the reduction's group: a pooling's ``h * mask`` before its sum. Anything else
+    is a permuted view (operands of fewer dims reshaped to ``x``'s rank first). The replaced
+    nodes, in graph order, are left for the caller to erase."""
+    made: dict[torch.fx.Node, torch.fx.Node] = {}
+    sunk: list[torch.fx.Node] = []
+
+    def visit(value: Any, reader: torch.fx.Node) -> Any:
+        if not isinstance(value, torch.fx.Node):
+            return value
+        if value not in made:
+            made[value] = lay_out(value, reader)
+        return made[value]
+
+    def lay_out(value: torch.fx.Node, reader: torch.fx.Node) -> torch.fx.Node:
+        v = example_value(value)
+        if v.dim() < len(order):
+            shape = (1,) * (len(order) - v.dim()) + tuple(v.shape)
+            return _node(graph, "permute", (_node(graph, "reshape", (value, shape)), order))
+        if (
+            set(value.users) == {reader}
+            and _joins(value, v.shape)
+            and not _writes_between(value, at)
+        ):
+            args = torch.fx.node.map_arg(value.args, lambda a: visit(a, value))
+            kwargs = torch.fx.node.map_arg(value.kwargs, lambda a: visit(a, value))
+            again = graph.create_node(value.op, value.target, args, kwargs)
+            again.meta["example_value"] = evaluate(again)
+            sunk.append(value)
+            return again
+        return _node(graph, "permute", (value, order))
+
+    permuted = visit(x, at)
+    order_of = {n: k for k, n in enumerate(graph.nodes)}
+    return permuted, sorted(sunk, key=order_of.__getitem__)
+
+
+def _writes_between(start: torch.fx.Node, end: torch.fx.Node) -> bool:
+    """Does a node after ``start`` and before ``end`` write anything (the value computed
+    again just before ``end`` could then read other data)?"""
+    return any(is_mutation(n) for n in nodes_between(start, end))
+
+
+def _widens(node: torch.fx.Node, value: torch.fx.Node) -> bool:
+    """Is ``node`` ``value.unsqueeze(-1)``?"""
+    return node.op == "call_method" and node.target == "unsqueeze" and node.args == (value, -1)
 
 
 def _node(
