@@ -36,6 +36,26 @@ def test_a_mean_and_its_affine_equal_eager(shape, dim, dtype):
     assert fusebackend.last_report().graphs[-1].rewrites.get("axis_reductions") == ["m"]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_sentence_transformers_mean_pooling_is_one_kernel_and_equals_eager(dtype):
+    torch.manual_seed(1)
+
+    def pool(h, mask):
+        expanded = mask.unsqueeze(-1).expand(h.size()).to(h.dtype)
+        return torch.sum(h * expanded, 1) / torch.clamp(expanded.sum(1), min=1e-9)
+
+    mask = (torch.rand(32, 57, device="cuda") > 0.3).to(torch.int64)
+    mask[:, 0] = 1
+    h = torch.randn(32, 57, 384, device="cuda").to(dtype)
+    expected = eager(pool, h, mask)
+    with torch.no_grad():
+        actual = compile_fused(pool)(h, mask)
+    assert_close(actual, expected, **tol(dtype))
+    graph = fusebackend.last_report().graphs[-1]
+    assert len(graph.rewrites.get("axis_reductions", [])) == 2
+    assert len(graph.groups) == 1, str(fusebackend.last_report())
+
+
 def test_levit_head_mean_joins_its_batch_norms_and_replays_equal_eager():
     pytest.importorskip("timm")
     from test_batch_norm_folding_gpu import _eval_model, replayed
