@@ -331,6 +331,9 @@ SOURCES = (
     # git at 821ea12
     "diag_axis_reductions_h200_aa6313a.json",
     "vision_h200_aa6313a.json",
+    # the same diag with sentence-transformers' mean pooling, and EfficientNet-B0's first call
+    # by phase (diag_first_call_phases.py --timm, its rows kept here), at d628af3 (H200)
+    "diag_axis_reductions_h200_d628af3.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.

@@ -11,10 +11,11 @@ time of the kernels of one call (``torch.profiler``, mean over ``--calls`` repla
 kernels per call; then sentence-transformers' mean pooling as written (the masked product,
 both sums, the clamp and the division) in fp16, one query's and two corpus batches' shapes.
 
-What it found (aa6313a, H200, fp16): the one group was faster at every shape, 1.18-4.33 us
-against 3.24-6.91 for aten's mean then the group, up to 32 x 128 x 384 (1.6M elements);
-fp32 alike (2.86-12.51 against 4.86-14.09). The pass then took tensors up to 2**18 elements;
-it takes them up to ``MAX_ELEMENTS`` (2**21) since.
+What it found (H200, fp16): at aa6313a the one group was faster at every shape, 1.18-4.33
+us against 3.24-6.91 for aten's mean then the group, up to 32 x 128 x 384 (1.6M elements);
+fp32 alike (2.86-12.51 against 4.86-14.09). At d628af3 the pooling took 3.71 and 6.70 us
+against 6.59 and 15.07 at 1 x 12 x 384 and 32 x 57 x 384, and 23.09 against 15.45 at 32 x
+128 x 768 (3.1M elements), so the pass takes tensors up to 32 x 128 x 384 (``MAX_ELEMENTS``).
 
     python benchmarks/diag/diag_axis_reductions.py [--calls 50] [--out F.json]
 """

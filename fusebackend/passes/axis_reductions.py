@@ -41,11 +41,14 @@ from fusebackend.passes.ops import OpKind, lookup_op
 __all__ = ["MAX_ELEMENTS", "reduce_along_rows"]
 
 _KINDS = ("sum", "mean", "amax", "amin")
-# Elements of the reduced tensor at most. A mean over dim 1 and a scale and shift took
-# 1.2-4.3 us as one group against 3.2-6.9 for aten's mean then the group, from LeViT's
-# 1 x 16 x 384 to 32 x 128 x 384 (1.6M elements; fp16, H200, 2026-11-30,
-# benchmarks/diag/diag_axis_reductions.py); larger tensors were not measured.
-MAX_ELEMENTS = 1 << 21
+# Elements of the reduced tensor at most: the largest shape measured faster as one group.
+# A mean over dim 1 and a scale and shift took 1.2-4.3 us as one group against 3.2-6.9 for
+# aten's mean then the group, from LeViT's 1 x 16 x 384 to 32 x 128 x 384 (fp16);
+# sentence-transformers' mean pooling 3.7 and 6.7 us against 6.6 and 15.1 at 1 x 12 x 384
+# and 32 x 57 x 384, but 23.1 against 15.5 at 32 x 128 x 768 (3.1M elements: the strided
+# loads cost more than the launches saved). H200, 2026-11-30,
+# benchmarks/diag/diag_axis_reductions.py.
+MAX_ELEMENTS = 32 * 128 * 384
 
 
 def reduce_along_rows(graph: torch.fx.Graph) -> list[str]:
