@@ -332,7 +332,8 @@ SOURCES = (
     "diag_axis_reductions_h200_aa6313a.json",
     "vision_h200_aa6313a.json",
     # the same diag with sentence-transformers' mean pooling, and EfficientNet-B0's first call
-    # by phase (diag_first_call_phases.py --timm, its rows kept here), at d628af3 (H200)
+    # by phase (diag_first_call_phases.py --timm, its rows kept here), at d628af3 (H200).
+    # Folded: in git at fee8859
     "diag_axis_reductions_h200_d628af3.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
