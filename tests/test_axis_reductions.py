@@ -98,6 +98,14 @@ def test_sentence_transformers_mean_pooling_is_one_kernel(dtype):
     assert {"mul", "sum", "clamp", "truediv"} <= ops, str(report)
 
 
+def test_two_reductions_divided_are_one_kernel():
+    """``a.sum(1) / b.sum(1)``: the second reduction's only reader is the first's region."""
+    torch.manual_seed(4)
+    report = check(lambda a, b: a.sum(1) / b.sum(1), torch.randn(3, 6, 10), torch.rand(3, 6, 10))
+    assert len(_rewritten()) == 2
+    assert len(single_group(report).nodes) == 3, str(report)
+
+
 def test_a_product_with_a_write_before_the_reduction_stays_where_it_is():
     """The product is not computed again after an in-place write it could read."""
 

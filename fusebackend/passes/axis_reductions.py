@@ -14,9 +14,10 @@ The row group then holds the reduction and those ops: one kernel where there wer
 accumulate in fp32 and round once, as aten's do (the order of the additions differs).
 Elementwise ops that compute the reduced tensor for the reduction alone are computed again
 on permuted operands, in the same group (no write between them and the reduction), and a
-second reduction's region reads the first's ``[..., 1]`` values directly: sentence-
-transformers' mean pooling as written (``sum(h * mask, 1) / clamp(mask.sum(1))``, the
-mask expanded) is one kernel.
+second reduction read by a first one's region joins it, that region reading its ``[..., 1]``
+values directly (``a.sum(1) / b.sum(1)``: one kernel). So sentence-transformers' mean
+pooling as written (``sum(h * mask, 1) / clamp(mask.sum(1))``, the mask expanded) is one
+kernel.
 
 The kernel reads the permuted view through its strides: a row is one kept position's
 reduced elements, which lie ``stride(d)`` apart, so a row's loads do not coalesce. Done
@@ -59,7 +60,8 @@ def reduce_along_rows(graph: torch.fx.Graph) -> list[str]:
         if dim is None:
             continue
         region = _region(node)
-        if all(is_alias(match(n), n) for n in region):  # type: ignore[arg-type]
+        joined = any(_widens(user, node) for user in node.users)  # an earlier region reads it
+        if not joined and all(is_alias(match(n), n) for n in region):  # type: ignore[arg-type]
             continue  # nothing computed after it (none, or eval dropouts): no launch saved
         _rewrite(graph, node, dim, region)
         made.append(node.name)
