@@ -34,7 +34,13 @@ from typing import Any
 import torch
 import torch.fx
 
-from fusebackend.passes.fx_util import evaluate, example_value, nodes_between, static_tensor
+from fusebackend.passes.fx_util import (
+    evaluate,
+    example_value,
+    method_evaluated,
+    nodes_between,
+    static_tensor,
+)
 from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.groups import is_alias, match
 from fusebackend.passes.ops import OpKind, lookup_op
@@ -56,22 +62,23 @@ def reduce_along_rows(graph: torch.fx.Graph) -> list[str]:
     """Rewrite each reduction the module docstring describes; returns their names."""
     made = []
     for node in list(graph.nodes):
-        dim = _reduced_dim(node)
-        if dim is None:
+        found = _taken(node)
+        if found is None:
             continue
         region = _region(node)
         joined = any(_widens(user, node) for user in node.users)  # an earlier region reads it
         if not joined and all(is_alias(match(n), n) for n in region):  # type: ignore[arg-type]
             continue  # nothing computed after it (none, or eval dropouts): no launch saved
-        _rewrite(graph, node, dim, region)
+        _rewrite(graph, node, *found, region)
         made.append(node.name)
     if made:
         graph.lint()
     return made
 
 
-def _reduced_dim(node: torch.fx.Node) -> int | None:
-    """The one dim ``node`` reduces, where it is a reduction this pass takes, else None."""
+def _taken(node: torch.fx.Node) -> tuple[str, torch.fx.Node, int] | None:
+    """(kind, input, the one dim reduced) where ``node`` is a reduction this pass takes,
+    else None."""
     found = _reduction(node)
     if found is None:
         return None
@@ -91,7 +98,7 @@ def _reduced_dim(node: torch.fx.Node) -> int | None:
     if not isinstance(dim, int) or isinstance(dim, bool):
         return None
     dim %= value.dim()
-    return dim if dim != value.dim() - 1 else None
+    return (kind, x, dim) if dim != value.dim() - 1 else None
 
 
 def _reduction(node: torch.fx.Node) -> tuple[str, Any, dict[str, Any]] | None:
@@ -116,12 +123,12 @@ def _region(node: torch.fx.Node) -> list[torch.fx.Node]:
     shape = example_value(node).shape
     inside = {node}
     found = []
-    for user in list(node.graph.nodes):
-        if user is node or not any(a in inside for a in user.all_input_nodes):
-            continue
-        if _joins(user, shape):
+    user = node.next
+    while user.op != "output":  # (readers come after it)
+        if any(a in inside for a in user.all_input_nodes) and _joins(user, shape):
             inside.add(user)
             found.append(user)
+        user = user.next
     return found
 
 
@@ -144,14 +151,14 @@ def _joins(node: torch.fx.Node, shape: torch.Size) -> bool:
 
 
 def _rewrite(
-    graph: torch.fx.Graph, node: torch.fx.Node, dim: int, region: list[torch.fx.Node]
-) -> None:
-    kind, x, _ = _reduction(node)  # type: ignore[misc]
+    graph: torch.fx.Graph, node: torch.fx.Node, kind: str, x: torch.fx.Node, dim: int,
+    region: list[torch.fx.Node],
+) -> None:  # fmt: skip
     rank = example_value(x).dim()
     order = [d for d in range(rank) if d != dim] + [dim]
     with graph.inserting_before(node):
         permuted, sunk = _permuted(graph, x, order, node)
-        reduced = _node(graph, kind, (permuted, -1), {"keepdim": True})
+        reduced = method_evaluated(graph, kind, (permuted, -1), {"keepdim": True})
     node.replace_all_uses_with(reduced)
     graph.erase_node(node)
     for old in reversed(sunk):  # computed again on permuted operands: nothing reads them now
@@ -163,7 +170,7 @@ def _rewrite(
             if operand not in inside:
                 if operand not in widened:
                     with graph.inserting_before(member):
-                        widened[operand] = _node(graph, "unsqueeze", (operand, -1))
+                        widened[operand] = method_evaluated(graph, "unsqueeze", (operand, -1))
                 member.replace_input_with(operand, widened[operand])
         member.meta["example_value"] = evaluate(member)
     for value in [reduced, *region]:
@@ -177,7 +184,7 @@ def _rewrite(
         if not outside:
             continue
         with graph.inserting_after(value):
-            squeezed = _node(graph, "squeeze", (value, -1))
+            squeezed = method_evaluated(graph, "squeeze", (value, -1))
         for user in outside:
             user.replace_input_with(value, squeezed)
 
@@ -206,7 +213,9 @@ def _permuted(
         v = example_value(value)
         if v.dim() < len(order):
             shape = (1,) * (len(order) - v.dim()) + tuple(v.shape)
-            return _node(graph, "permute", (_node(graph, "reshape", (value, shape)), order))
+            return method_evaluated(
+                graph, "permute", (method_evaluated(graph, "reshape", (value, shape)), order)
+            )
         if (
             set(value.users) == {reader}
             and _joins(value, v.shape)
@@ -218,7 +227,7 @@ def _permuted(
             again.meta["example_value"] = evaluate(again)
             sunk.append(value)
             return again
-        return _node(graph, "permute", (value, order))
+        return method_evaluated(graph, "permute", (value, order))
 
     permuted = visit(x, at)
     order_of = {n: k for k, n in enumerate(graph.nodes)}
@@ -234,11 +243,3 @@ def _writes_between(start: torch.fx.Node, end: torch.fx.Node) -> bool:
 def _widens(node: torch.fx.Node, value: torch.fx.Node) -> bool:
     """Is ``node`` ``value.unsqueeze(-1)``?"""
     return node.op == "call_method" and node.target == "unsqueeze" and node.args == (value, -1)
-
-
-def _node(
-    graph: torch.fx.Graph, method: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
-) -> torch.fx.Node:
-    node = graph.call_method(method, args, kwargs or {})
-    node.meta["example_value"] = evaluate(node)
-    return node

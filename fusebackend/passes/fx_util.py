@@ -122,6 +122,16 @@ def call_evaluated(
     return node
 
 
+def method_evaluated(
+    graph: torch.fx.Graph, method: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+) -> torch.fx.Node:
+    """A new node calling the tensor method ``method`` on ``args`` (where the graph inserts
+    now), its example value computed from its arguments' (``evaluate``)."""
+    node = graph.call_method(method, args, kwargs or {})
+    node.meta["example_value"] = evaluate(node)
+    return node
+
+
 def same_layout(a: object, b: object) -> bool:
     """Are ``a`` and ``b`` tensors of one static shape, strides and dtype?"""
     if not (static_layout(a) and static_layout(b)):

@@ -323,24 +323,22 @@ def _plan(siblings: list[_Anchor], whole: bool) -> _Plan:
             plan.replaced = [product]
             plan.members += extra
     if len(siblings) == 1 and not plan.replaced:
-        tail = elementwise_tail(siblings[0].output)
-        program = lower_tail(siblings[0].output, tail[1]) if tail else None
-        if program is not None:
-            plan.epilogue = program
-            plan.replaced = [tail[0]]
-            plan.members += tail[1]
+        tail = _lowered_tail(siblings[0].output)
+        if tail is not None:
+            plan.epilogue, last, nodes = tail
+            plan.replaced = [last]
+            plan.members += nodes
     if len(siblings) == 1 and not plan.replaced:
         added = _residual(siblings[0].output)
         if added is not None:
             plan.residual, add, aliases = added
             plan.replaced = [add]
             plan.members += aliases + [add]
-            tail = elementwise_tail(add)
-            program = lower_tail(add, tail[1]) if tail else None
-            if program is not None:
-                plan.residual_tail = program
-                plan.replaced = [tail[0]]
-                plan.members += tail[1]
+            tail = _lowered_tail(add)
+            if tail is not None:
+                plan.residual_tail, last, nodes = tail
+                plan.replaced = [last]
+                plan.members += nodes
     if not plan.replaced:
         plan.replaced = [a.output for a in plan.anchors]
     plan.members += [n for a in plan.anchors for n in a.nodes]
@@ -352,6 +350,16 @@ def _plan(siblings: list[_Anchor], whole: bool) -> _Plan:
         if plan.norm is not None:
             plan.members += plan.norm.nodes + passed[:-1]
     return plan
+
+
+def _lowered_tail(
+    y: torch.fx.Node,
+) -> tuple[RowProgram, torch.fx.Node, list[torch.fx.Node]] | None:
+    """(the program, its last node, its nodes) of the elementwise ops of ``y`` alone after
+    it (``activations.elementwise_tail``, lowered as a row group's members), or None."""
+    tail = elementwise_tail(y)
+    program = lower_tail(y, tail[1]) if tail else None
+    return None if program is None else (program, *tail)
 
 
 def _pass_through(node: torch.fx.Node) -> list[torch.fx.Node]:
