@@ -26,6 +26,7 @@ from fusebackend.kernels import KernelOptions, kernel_source, triton_usable
 from fusebackend.kernels.cache_write import write_cache_pair
 from fusebackend.kernels.conv import conv2d_relu
 from fusebackend.kernels.decode_attention import decode_attention
+from fusebackend.kernels.depthwise_conv import depthwise_conv2d
 from fusebackend.kernels.family import family_of, launch_path
 from fusebackend.kernels.launch import launch_rank, layout_for, precompile_all
 from fusebackend.kernels.matmul import epilogue_source, matmul_op
@@ -48,6 +49,7 @@ from fusebackend.passes.concatenation import drop_identity_slices
 from fusebackend.passes.conv_activation import fuse_conv_activations
 from fusebackend.passes.conv_bias import move_conv_biases
 from fusebackend.passes.decode_attention import use_decode_attention
+from fusebackend.passes.depthwise import use_depthwise_convs
 from fusebackend.passes.empty_pads import drop_empty_pads
 from fusebackend.passes.full_reductions import split_full_reductions
 from fusebackend.passes.fx_util import example_value
@@ -163,8 +165,9 @@ def _use_rotary_epilogues(c: Compilation) -> list[str]:
 def _find_groups(c: Compilation) -> None:
     assert c.graph is not None
     c.candidates, c.rejections = find_groups(c.graph)
-    rewritten = (c.refresh is not None or c.rewrites.get("channels_last")
-                 or c.rewrites.get("spatial_means"))  # fmt: skip
+    rewritten = c.refresh is not None or any(
+        c.rewrites.get(key) for key in ("channels_last", "spatial_means", "depthwise_convs")
+    )
     c.stopped = not c.candidates and not c.matmul_groups and not rewritten
 
 
@@ -266,6 +269,10 @@ FUSE = [
          report="conv_biases_moved"),
     Pass("use_channels_last", _use_channels_last, "convolutions run channels-last (fused graph)",
          report="channels_last"),
+    Pass("use_depthwise_convs", lambda c: use_depthwise_convs(c.graph, depthwise_conv2d),
+         "depthwise convolutions with their BatchNorm and activation as one kernel "
+         "(fused graph)", report="depthwise_convs", needs_rewrites=True,
+         when=lambda c: triton_usable(c.device or torch.device("cpu"))),
     Pass("use_spatial_means", lambda c: use_spatial_means(c.graph, spatial_mean),
          "means over H x W of channels-last tensors as one kernel (fused graph)",
          report="spatial_means", needs_rewrites=True,

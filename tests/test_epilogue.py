@@ -45,6 +45,9 @@ EAGER = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": torch.relu,
     "gelu_new": ACT2FN["gelu_new"],
+    "relu6": F.relu6,
+    "hardswish": F.hardswish,
+    "hardsigmoid": F.hardsigmoid,
 }
 
 

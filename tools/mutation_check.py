@@ -1002,6 +1002,24 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_axis_reductions.py",),
         note="the permuted view lays the kept dims out in the wrong order",
     ),
+    Mutation(
+        "depthwise_window_row_off_by_one",
+        "kernel: depthwise convolution",
+        "fusebackend/kernels/depthwise_conv.py",
+        "            ih = oh * STRIDE_H - pad_h + kh * dilation_h\n",
+        "            ih = oh * STRIDE_H - pad_h + kh * dilation_h + (kh == KH - 1)\n",
+        ("tests/test_depthwise.py",),
+        note="the window's last row is read one row too low",
+    ),
+    Mutation(
+        "depthwise_concatenated_part_taken",
+        "pass: depthwise convolutions",
+        "fusebackend/passes/depthwise.py",
+        "        if concatenated(last):\n",
+        "        if False:\n",
+        ("tests/test_depthwise.py",),
+        note="a concatenation's part is taken from the group that writes it in place",
+    ),
 ]
 
 

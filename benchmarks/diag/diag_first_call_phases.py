@@ -44,6 +44,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PHASES: dict[str, float] = collections.defaultdict(float)
+RUNS_PROFILE: cProfile.Profile | None = None  # --profile-runs: the runtime's first runs
 
 
 def _sync() -> None:
@@ -82,6 +83,22 @@ def _runtime_phases() -> contextlib.ExitStack:
 
     stack = contextlib.ExitStack()
     stack.enter_context(_patched(graph_cache.GraphCache, "_fused_run", "runtime: runs"))
+    original_run = graph_cache.fused_run  # (imported by name there)
+
+    def split_run(fused: Any, unfused: Any, *args: Any, **kwargs: Any) -> Any:
+        # The fused graph's first run and the unfused reference run, each on its own.
+        fused = _timed("runtime: runs: fused", fused)
+        unfused = _timed("runtime: runs: unfused", unfused)
+        if RUNS_PROFILE is not None:
+            RUNS_PROFILE.enable()
+        try:
+            return original_run(fused, unfused, *args, **kwargs)
+        finally:
+            if RUNS_PROFILE is not None:
+                RUNS_PROFILE.disable()
+
+    graph_cache.fused_run = split_run
+    stack.callback(setattr, graph_cache, "fused_run", original_run)
     stack.enter_context(_patched(validation, "mismatch", "runtime: validation"))
     stack.enter_context(_patched(capture, "capture_graph", "runtime: capture"))
     stack.enter_context(_patched(graph_cache.GraphCache, "__call__", "runtime: whole call"))
@@ -109,6 +126,9 @@ def main() -> None:
     parser.add_argument("--model", default="llama-decode", help="a suite workload name")
     parser.add_argument("--rounds", type=int, default=2, help="Dynamo / infinifuse pairs")
     parser.add_argument("--profile", action="store_true", help="cProfile the backend")
+    parser.add_argument(
+        "--profile-runs", action="store_true", help="cProfile the runtime's first runs"
+    )
     parser.add_argument("--quick", action="store_true", help="the suite's small configs")
     parser.add_argument("--timm", metavar="NAME", help="a timm model instead of --model")
     parser.add_argument("--batch", type=int, default=1, help="--timm's images per call")
@@ -145,6 +165,8 @@ def main() -> None:
         (workload,) = workloads.select(workloads.workloads(args.quick, device), args.model)
         case = workload.build(device, 20)
     profile = cProfile.Profile() if args.profile else None
+    global RUNS_PROFILE
+    RUNS_PROFILE = cProfile.Profile() if args.profile_runs else None
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         start = time.perf_counter()
@@ -180,6 +202,12 @@ def main() -> None:
             )
             for name, seconds in sorted(PHASES.items()):
                 print(f"    {name:24s} {seconds:6.3f} s")
+    if RUNS_PROFILE is not None:
+        text = io.StringIO()
+        stats = pstats.Stats(RUNS_PROFILE, stream=text)
+        stats.sort_stats("tottime").print_stats(30)
+        stats.sort_stats("cumulative").print_stats(40)
+        print("the runtime's first runs, profiled:\n" + text.getvalue())
     if profile is not None:
         text = io.StringIO()
         stats = pstats.Stats(profile, stream=text)

@@ -470,8 +470,9 @@ def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
 NORMS = ("", "rms", "layer", "rms_offset")
 GATES = ("", "silu", "gelu", "gelu_tanh")
 # A single linear's activation: a gate's, relu, or NewGELU written out op by op (rounded to
-# the dtype after each of its 8 ops, as eager rounds them: passes/activations.py)
-ACTIVATIONS = (*GATES, "relu", "gelu_new")
+# the dtype after each of its 8 ops, as eager rounds them: passes/activations.py); a depthwise
+# convolution's (kernels/depthwise_conv.py) also relu6, hardswish, hardsigmoid
+ACTIVATIONS = (*GATES, "relu", "gelu_new", "relu6", "hardswish", "hardsigmoid")
 MAX_SIBLINGS = 3
 MAX_ROWS = 16  # rows up to which a matmul is grouped (decode and small-batch steps)
 

@@ -32,7 +32,8 @@ from fusebackend.passes.conv_bias import CONVOLUTIONS, is_batched
 from fusebackend.passes.fx_util import evaluate, example_value
 from fusebackend.passes.groups import op_call
 
-__all__ = ["DEVICE_TYPES", "DTYPES", "fuse_conv_activations", "fuses_after"]
+__all__ = ["DEVICE_TYPES", "DTYPES", "concatenated", "conv2d_arguments", "fuse_conv_activations",
+           "fuses_after"]  # fmt: skip
 
 # Where cuDNN's fused call was measured faster (tests add the CPU and fp32, where the call
 # computes the same value with aten's ops).
@@ -41,7 +42,7 @@ DTYPES = {torch.float16, torch.bfloat16}
 _DEFAULTS = (1, 0, 1, 1)  # stride, padding, dilation, groups
 
 
-def _conv_args(conv: torch.fx.Node) -> tuple | None:
+def conv2d_arguments(conv: torch.fx.Node) -> tuple | None:
     """``(x, weight, bias, stride, padding, dilation, groups)`` of a positional 2-d
     convolution, pairs for the three sizes; None where any is not a plain number."""
     if conv.kwargs or len(conv.args) < 2:
@@ -66,7 +67,7 @@ def _cudnn_takes(conv: torch.fx.Node) -> bool:
     """Is ``conv`` a convolution cuDNN's fused call was measured on (the module docstring)?"""
     if conv.op != "call_function" or conv.target not in CONVOLUTIONS or not is_batched(conv):
         return False
-    args = _conv_args(conv)
+    args = conv2d_arguments(conv)
     out, weight = example_value(conv), example_value(conv.args[1])
     if args is None or args[-1] != 1 or not isinstance(out, Tensor) or weight.dim() != 4:
         return False
@@ -126,7 +127,7 @@ def _relu_after(value: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node | No
 _CONCATENATIONS = {torch.cat, torch.concat, torch.concatenate}
 
 
-def _concatenated(node: torch.fx.Node) -> bool:
+def concatenated(node: torch.fx.Node) -> bool:
     """Is ``node`` a part of a concatenation? Its group then writes it into the result
     (``concat_writes.py``: GhostNet's 32 a call), where cuDNN's call would leave a copy."""
     return any(user.op == "call_function" and user.target in _CONCATENATIONS for user in node.users)
@@ -138,7 +139,7 @@ def fuses_after(conv: torch.fx.Node, value: torch.fx.Node) -> bool:
     if not _cudnn_takes(conv):
         return False
     site = _relu_after(value)
-    return site is not None and not _concatenated(site[0])
+    return site is not None and not concatenated(site[0])
 
 
 def fuse_conv_activations(graph: torch.fx.Graph, conv2d_relu: Callable[..., Tensor]) -> list[str]:
@@ -152,7 +153,7 @@ def fuse_conv_activations(graph: torch.fx.Graph, conv2d_relu: Callable[..., Tens
         relu, residual = _relu_after(conv)  # type: ignore[misc]
         add = None if residual is None else next(iter(conv.users))
         with graph.inserting_before(relu):
-            node = graph.call_function(conv2d_relu, (*_conv_args(conv), residual))  # type: ignore[misc]
+            node = graph.call_function(conv2d_relu, (*conv2d_arguments(conv), residual))  # type: ignore[misc]
         node.meta["example_value"] = evaluate(node)
         relu.replace_all_uses_with(node)
         for dead in (relu, add, conv):

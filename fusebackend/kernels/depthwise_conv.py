@@ -1,0 +1,236 @@
+"""A depthwise 2-d convolution on channels-last tensors, with its per-channel affine and
+activation, as one Triton kernel.
+
+A depthwise convolution (``groups`` = input channels = output channels: MobileNet's,
+EfficientNet's and GhostNet's inverted residuals) reads each output's ``KH x KW`` window of
+one channel. On an NHWC tensor the channels are contiguous, so a program computes a
+``[positions, channels]`` tile: for each of the ``KH x KW`` taps it loads one
+``[positions, channels]`` block of the input (coalesced along the channels, zero outside the
+image) and one weight per channel, accumulating in fp32. Then, still in registers,
+``acc * scale + shift`` (a BatchNorm's per-channel scale and shift, or the bias) and the
+activation (``kernels/epilogue.py``'s function of ``kernels.ir.ACTIVATIONS``' name, the row
+kernels' own math), rounded once to the output's dtype.
+
+Why not cuDNN: its channels-last half-precision depthwise convolutions build their plan at the
+first call of each shape, which dominated a convnet's first call (see ``passes/depthwise.py``
+for the measurements), and the BatchNorm and activation after them took a launch and a pass
+over the output of their own.
+
+On a device Triton cannot use (the CPU without the interpreter, fake tensors while passes
+work out shapes) the same value is computed with aten's ops, in fp32.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
+
+from fusebackend.kernels.epilogue import _TORCH, activation_program, epilogue_function
+from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
+from fusebackend.kernels.launch import triton_usable
+from fusebackend.kernels.triton_api import warmup_launch
+
+__all__ = ["depthwise_conv2d"]
+
+
+def depthwise_conv2d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+    center: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    activation: str,
+) -> torch.Tensor:
+    """``act((F.conv2d(x, weight, None, stride, padding, dilation, C) - center) * scale +
+    shift)`` for ``x`` of shape ``[N, C, H, W]`` and ``weight`` ``[C, 1, KH, KW]``, computed
+    in fp32 and rounded once to ``x``'s dtype; ``center``, ``scale`` and ``shift`` hold C
+    contiguous elements each (any floating dtype) or are None (0, 1, 0); ``activation`` one
+    of ``kernels.ir.ACTIVATIONS`` ("" for none). The output has ``x``'s layout
+    (channels-last for a channels-last ``x``)."""
+    if isinstance(x, FakeTensor) or not triton_usable(x.device) or not _channels_last(x):
+        return _reference(x, weight, stride, padding, dilation, center, scale, shift, activation)
+    out = _empty_output(x, weight, stride, padding, dilation)
+    if out.numel():
+        args, grid, meta = _launch(x, weight, stride, padding, dilation, center, scale, shift,
+                                   activation, out)  # fmt: skip
+        _kernel()[grid](*args, **meta)
+    return out
+
+
+def _reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+    center: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    activation: str,
+) -> torch.Tensor:
+    """The value in aten's ops, in fp32, rounded once (fp64 stays fp64)."""
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    y = F.conv2d(x.to(compute), weight.to(compute), None, stride, padding, dilation, x.shape[1])
+    if center is not None:
+        y = y - center.to(compute).reshape(-1, 1, 1)
+    if scale is not None:
+        y = y * scale.to(compute).reshape(-1, 1, 1)
+    if shift is not None:
+        y = y + shift.to(compute).reshape(-1, 1, 1)
+    if activation:
+        name = {"gelu_tanh": "gelu", "gelu_new": "gelu"}.get(activation, activation)
+        kwargs = {"approximate": "tanh"} if activation in ("gelu_tanh", "gelu_new") else {}
+        y = (_TORCH.get(name) or getattr(torch, name))(y, **kwargs)
+    layout = _layout(x)
+    return y.to(x.dtype).contiguous(memory_format=layout)
+
+
+def _layout(x: torch.Tensor) -> torch.memory_format:
+    channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+    if channels_last and not x.is_contiguous():
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _empty_output(x, weight, stride, padding, dilation) -> torch.Tensor:
+    batch, channels, height, width = x.shape
+    kh, kw = weight.shape[2], weight.shape[3]
+    oh = output_size(height, kh, stride[0], padding[0], dilation[0])
+    ow = output_size(width, kw, stride[1], padding[1], dilation[1])
+    return torch.empty((batch, channels, oh, ow), dtype=x.dtype, device=x.device,
+                       memory_format=_layout(x))  # fmt: skip
+
+
+def _launch(x, weight, stride, padding, dilation, center, scale, shift, activation, out,
+            config=None):  # fmt: skip
+    """The kernel's arguments, grid and meta-parameters for a launch writing ``out``
+    (``config``: ``(BLOCK_P, BLOCK_C, num_warps)`` instead of ``_config``'s, for a sweep)."""
+    batch, channels, height, width = x.shape
+    _, _, oh, ow = out.shape
+    positions = batch * oh * ow
+    block_p, block_c, warps = config or _config(positions, channels)
+    grid = (-(-positions // block_p), -(-channels // block_c))
+    act = epilogue_function(activation_program(activation, out.dtype))
+    # Every position's first channel is a multiple of ALIGN elements from the base: saying
+    # so lets Triton load 16-byte vectors along the channels.
+    align = 1
+    while align < 8 and all(s % (2 * align) == 0 for s in (*x.stride()[::2], x.stride(3))):
+        align *= 2
+    args = [
+        x, weight, out, *(x if v is None else v for v in (center, scale, shift)),
+        channels, height, width, oh, ow, positions,
+        x.stride(0), x.stride(2), x.stride(3), *weight.stride(), *out.stride(),
+        padding[0], padding[1], dilation[0], dilation[1],
+    ]  # fmt: skip
+    wide = max(x.numel(), out.numel()) >= 2**31
+    meta = {
+        "KH": weight.shape[2], "KW": weight.shape[3], "STRIDE_H": stride[0],
+        "STRIDE_W": stride[1], "HAS_CENTER": center is not None,
+        "HAS_SCALE": scale is not None, "HAS_SHIFT": shift is not None,
+        "HAS_ACT": bool(activation), "ACT": act, "ALIGN": align, "WIDE": wide,
+        "BLOCK_P": block_p, "BLOCK_C": block_c, "num_warps": warps,
+    }  # fmt: skip
+    return args, grid, meta
+
+
+def _config(positions: int, channels: int) -> tuple[int, int, int]:
+    """(BLOCK_P, BLOCK_C, num_warps) for a launch over ``positions`` x ``channels``: 16
+    channels a program, and more positions as the [16 x 16] tiles grow in number. In a sweep
+    of 24 configurations over the 42 depthwise shapes of EfficientNet-B0, GhostNet-100 and
+    MobileNetV3-large (H200, fp16, batch 1 and 8, 2026-11-30,
+    ``benchmarks/diag/diag_depthwise_conv.py --sweep``) the fastest took 16 channels in 56
+    of 84 shapes, and 16 positions up to about a thousand tiles, 64-128 at ten thousand."""
+    tiles = -(-positions // 16) * -(-channels // 16)
+    block_p = 16 if tiles < 1000 else 32 if tiles < 4000 else 64
+    return block_p, 16, 4
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    """Whether ``t``'s channels are contiguous (stride 1), as the kernel reads them."""
+    return t.stride(1) == 1 or t.shape[1] == 1
+
+
+def _precompile_job(args: Any) -> Any:
+    """The kernel family's precompile job (kernels/family.py) for a launch on ``args``
+    (``depthwise_conv2d``'s, the tensors as example values)."""
+    x, weight, stride, padding, dilation, center, scale, shift, activation = args
+    tensors = [t for t in (x, weight, center, scale, shift) if t is not None]
+    if not all(concrete_cuda_tensor(t) for t in tensors):
+        return None
+    key = ("depthwise", stride, padding, dilation, activation,
+           *(v is None for v in (center, scale, shift)), *map(launch_key, tensors))  # fmt: skip
+
+    def job() -> None:
+        out = _empty_output(x, weight, stride, padding, dilation)
+        launch = _launch(*args, out)
+        warmup_launch(_kernel(), launch[1], launch[0], launch[2], x.device)
+
+    return key, job
+
+
+family("depthwise_conv2d", _precompile_job)(depthwise_conv2d)
+
+
+@functools.cache
+def _kernel() -> Any:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _depthwise_conv2d(
+        x, weight, out, center, scale, shift,
+        channels, height, width, out_height, out_width, positions,
+        sx_n, sx_h, sx_w, sw_c, sw_1, sw_h, sw_w, so_n, so_c, so_h, so_w,
+        pad_h, pad_w, dilation_h, dilation_w,
+        KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+        HAS_CENTER: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
+        HAS_ACT: tl.constexpr, ACT: tl.constexpr, ALIGN: tl.constexpr, WIDE: tl.constexpr,
+        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):  # fmt: skip
+        # x: channels contiguous (stride 1); out: any strides. WIDE: offsets past 2**31.
+        p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        p_in = p < positions
+        c_in = c < channels
+        ow = p % out_width
+        oh = (p // out_width) % out_height
+        n = p // (out_width * out_height)
+        if WIDE:
+            n = n.to(tl.int64)
+        acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+        for kh in tl.static_range(KH):
+            ih = oh * STRIDE_H - pad_h + kh * dilation_h
+            h_in = p_in & (ih >= 0) & (ih < height)
+            for kw in tl.static_range(KW):
+                iw = ow * STRIDE_W - pad_w + kw * dilation_w
+                inside = h_in & (iw >= 0) & (iw < width)
+                row = tl.multiple_of(n * sx_n + ih * sx_h + iw * sx_w, ALIGN)
+                mask = inside[:, None] & c_in[None, :]
+                values = tl.load(x + row[:, None] + c[None, :], mask=mask, other=0.0)
+                w = tl.load(weight + c * sw_c + kh * sw_h + kw * sw_w, mask=c_in, other=0.0)
+                acc += values.to(tl.float32) * w.to(tl.float32)[None, :]
+        if HAS_CENTER:
+            acc = acc - tl.load(center + c, mask=c_in, other=0.0).to(tl.float32)[None, :]
+        if HAS_SCALE:
+            acc = acc * tl.load(scale + c, mask=c_in, other=0.0).to(tl.float32)[None, :]
+        if HAS_SHIFT:
+            acc = acc + tl.load(shift + c, mask=c_in, other=0.0).to(tl.float32)[None, :]
+        if HAS_ACT:
+            acc = ACT(acc)
+        target = n * so_n + oh * so_h + ow * so_w
+        mask = p_in[:, None] & c_in[None, :]
+        tl.store(out + target[:, None] + c[None, :] * so_c, acc.to(out.dtype.element_ty),
+                 mask=mask)  # fmt: skip
+
+    return _depthwise_conv2d

@@ -1,0 +1,249 @@
+"""Depthwise convolutions with their BatchNorm and activation as one Triton kernel
+(passes/depthwise.py, kernels/depthwise_conv.py).
+
+The kernel (Triton's interpreter) against aten's convolution and ops in fp32, at odd shapes,
+strides, paddings and dilations, every activation, with and without the per-channel
+center, scale and shift; the pass through the backend on blocks written as timm writes them
+(MBConv, MobileNetV3's inverted residual with hardswish, a ghost module): which
+convolutions it takes, with which ops, outputs equal to eager's, an in-place weight edit
+and ``load_state_dict`` after compiling; what it leaves to cuDNN (NCHW graphs, 7 x 7
+windows, a part of a concatenation, a bias-free BatchNorm whose value another node reads).
+The pass takes CUDA graphs only; these tests add the CPU (``DEVICE_TYPES``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from helpers import graphs_since
+from test_batch_norm_folding import _randomize_statistics as _randomize
+from test_channels_last import ConvNeXtBlock, MBConv
+
+import fusebackend
+from fusebackend.kernels.depthwise_conv import depthwise_conv2d
+from fusebackend.passes import depthwise
+
+TOLERANCES = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+_TORCH_ACTIVATIONS = {
+    "": lambda y: y,
+    "relu": F.relu,
+    "relu6": F.relu6,
+    "silu": F.silu,
+    "hardswish": F.hardswish,
+    "hardsigmoid": F.hardsigmoid,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+}
+
+
+def _expected(x, weight, stride, padding, dilation, center, scale, shift, activation):
+    """The kernel's value in aten's fp32 ops, rounded once."""
+    y = F.conv2d(x.float(), weight.float(), None, stride, padding, dilation, x.shape[1])
+    for vector, op in ((center, torch.sub), (scale, torch.mul), (shift, torch.add)):
+        if vector is not None:
+            y = op(y, vector.float().view(-1, 1, 1))
+    return _TORCH_ACTIVATIONS[activation](y).to(x.dtype)
+
+
+@pytest.mark.parametrize(
+    ("shape", "kernel", "stride", "padding", "dilation"),
+    [
+        ((2, 5, 9, 7), 3, 1, 1, 1),  # a part of a channel block
+        ((1, 19, 11, 10), 5, 2, 2, 1),  # 5 x 5, stride 2, odd sizes
+        ((3, 33, 6, 8), 3, 2, 0, 1),  # no padding: the window never leaves the image
+        ((1, 8, 7, 9), 3, 1, 2, 2),  # dilation
+        ((2, 4, 5, 5), (1, 3), (1, 2), (0, 1), 1),  # a rectangular window
+    ],
+)
+@pytest.mark.parametrize("affine", [True, False])
+def test_the_kernel_equals_atens_convolution(shape, kernel, stride, padding, dilation, affine):
+    torch.manual_seed(0)
+    pair = lambda v: (v, v) if isinstance(v, int) else v  # noqa: E731
+    kh, kw = pair(kernel)
+    x = torch.randn(shape).contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(shape[1], 1, kh, kw)
+    vectors = [torch.randn(shape[1]), torch.rand(shape[1]) + 0.5, torch.randn(shape[1])]
+    center, scale, shift = vectors if affine else (None, None, None)
+    args = (x, weight, pair(stride), pair(padding), pair(dilation), center, scale, shift, "silu")
+    out = depthwise_conv2d(*args)
+    expected = _expected(*args)
+    assert out.shape == expected.shape
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", sorted(_TORCH_ACTIVATIONS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_every_activation_and_dtype(activation, dtype):
+    torch.manual_seed(1)
+    x = (torch.randn(2, 21, 7, 6) * 2).to(dtype).contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(21, 1, 3, 3).to(dtype)
+    scale = torch.rand(21) + 0.5  # fp32 vectors, as a half-precision BatchNorm's are
+    shift = torch.randn(21)
+    args = (x, weight, (1, 1), (1, 1), (1, 1), None, scale, shift, activation)
+    out = depthwise_conv2d(*args)
+    assert out.dtype == dtype
+    rtol, atol = TOLERANCES[dtype]
+    torch.testing.assert_close(out.float(), _expected(*args).float(), rtol=rtol, atol=atol)
+
+
+def test_an_nchw_input_gets_atens_value():
+    x = torch.randn(2, 6, 5, 5)  # channels not contiguous: the kernel is not launched
+    weight = torch.randn(6, 1, 3, 3)
+    out = depthwise_conv2d(x, weight, (1, 1), (1, 1), (1, 1), None, None, None, "relu")
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, F.relu(F.conv2d(x, weight, None, 1, 1, 1, 6)))
+
+
+@pytest.fixture
+def cpu_gates(monkeypatch):
+    monkeypatch.setattr(depthwise, "DEVICE_TYPES", {"cuda", "cpu"})
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV3's block: 1x1 expand + BN + hardswish, depthwise 5x5 stride 2 + BN +
+    hardswish, 1x1 project + BN."""
+
+    def __init__(self, channels: int = 5, expanded: int = 14) -> None:
+        super().__init__()
+        self.expand = nn.Conv2d(channels, expanded, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(expanded)
+        self.dw = nn.Conv2d(expanded, expanded, 5, 2, 2, groups=expanded, bias=False)
+        self.bn2 = nn.BatchNorm2d(expanded)
+        self.project = nn.Conv2d(expanded, channels, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.hardswish(self.bn1(self.expand(x)))
+        y = F.hardswish(self.bn2(self.dw(y)))
+        return self.bn3(self.project(y))
+
+
+class GhostModule(nn.Module):
+    """GhostNet's: a 1x1 conv + BN + ReLU, a depthwise 3x3 + BN + ReLU on it, concatenated."""
+
+    def __init__(self, channels: int = 6, out: int = 8) -> None:
+        super().__init__()
+        self.primary = nn.Sequential(nn.Conv2d(channels, out // 2, 1, bias=False),
+                                     nn.BatchNorm2d(out // 2), nn.ReLU())  # fmt: skip
+        half = out // 2
+        self.cheap = nn.Sequential(nn.Conv2d(half, half, 3, 1, 1, groups=half, bias=False),
+                                   nn.BatchNorm2d(half), nn.ReLU())  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1 = self.primary(x)
+        return torch.cat([x1, self.cheap(x1)], dim=1)
+
+
+class SharedNorm(nn.Module):
+    """A depthwise conv whose BatchNorm's value is read twice: the activation is not taken."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(6, 6, 3, padding=1, groups=6, bias=False)
+        self.bn = nn.BatchNorm2d(6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn(self.dw(x))
+        return F.silu(y) + y.mean((2, 3), keepdim=True)
+
+
+def _run(model: nn.Module, x: torch.Tensor, dtype: torch.dtype = torch.float32, **options):
+    torch._dynamo.reset()
+    fusebackend.clear_cache()
+    model, x = model.to(dtype), x.to(dtype)
+    before = fusebackend.reports()
+    compiled = torch.compile(model, backend="infinifuse", options={"channels_last": True,
+                                                                    **options})  # fmt: skip
+    with torch.no_grad():
+        for _ in range(2):
+            out = compiled(x)
+        expected = model(x)
+    (graph,) = graphs_since(before)
+    assert {e["mode"] for e in graph.runtime_modes()} == {"fusion"}
+    return out, expected, graph, compiled
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("block", [MBConv, InvertedResidual])
+def test_blocks_run_the_kernel_with_norm_and_activation(block, dtype, cpu_gates, fused_graphs):
+    model = _randomize(block()).eval()
+    x = torch.randn(2, 6 if block is MBConv else 5, 11, 13)
+    out, expected, graph, _ = _run(model, x, dtype)
+    rtol, atol = {torch.float32: (1e-4, 1e-4), torch.float16: (1e-2, 1e-2),
+                  torch.bfloat16: (5e-2, 5e-2)}[dtype]  # fmt: skip
+    torch.testing.assert_close(out.float(), expected.float(), rtol=rtol, atol=atol)
+    (made,) = graph.rewrites["depthwise_convs"]
+    (call,) = [n for n in fused_graphs[-1].graph.nodes if n.target is depthwise_conv2d]
+    *_, center, scale, shift, activation = call.args
+    assert activation == ("silu" if block is MBConv else "hardswish")
+    # fp32 folds the norm into the weights (its shift moved after the conv: + bias); half
+    # precision keeps its fp32 center, scale and shift after the conv, then the cast back
+    if dtype == torch.float32:
+        assert center is None and scale is None and shift is not None
+        assert made.count(", ") == 1, made  # the add and the activation
+    else:
+        assert None not in (center, scale, shift)
+        assert made.count(", ") == 4, made  # sub, mul, add, the cast, the activation
+
+
+def test_weights_edited_after_compiling_give_eagers_new_result(cpu_gates):
+    torch.manual_seed(2)
+    model = _randomize(MBConv()).eval()
+    x = torch.randn(2, 6, 9, 10)
+    _, _, graph, compiled = _run(model, x)
+    assert graph.rewrites["depthwise_convs"]
+    with torch.no_grad():
+        model.dw.weight.mul_(-1.5)
+        model.bn2.running_var.add_(0.7)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+        state = {k: v + 0.25 if v.is_floating_point() else v for k, v in model.state_dict().items()}
+        model.load_state_dict(state)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_value_read_twice_ends_the_kernel_before_the_activation(dtype, cpu_gates, fused_graphs):
+    model = _randomize(SharedNorm()).eval()
+    out, expected, graph, _ = _run(model, torch.randn(2, 6, 7, 8), dtype)
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out, expected, rtol=tol, atol=tol)
+    (made,) = graph.rewrites["depthwise_convs"]
+    (call,) = [n for n in fused_graphs[-1].graph.nodes if n.target is depthwise_conv2d]
+    *_, center, scale, shift, activation = call.args
+    assert activation == "" and shift is not None
+    # fp32: the norm folded into the weights, its shift the convolution's bias (which stays:
+    # the mean reads the convolution); half precision: sub, mul, add and the cast taken
+    if dtype == torch.float32:
+        assert "(+" not in made, made
+    else:
+        assert made.count(", ") == 3, made
+
+
+@pytest.mark.parametrize(
+    ("block", "options"),
+    [
+        (MBConv, {"channels_last": False}),  # NCHW: the kernel reads channels contiguous
+        (ConvNeXtBlock, {}),  # a 7 x 7 window: not measured against cuDNN
+        (GhostModule, {}),  # the value is a concatenation's part, written in place there
+    ],
+)
+def test_left_to_cudnn(block, options, cpu_gates):
+    model = _randomize(block()).eval()
+    channels = {MBConv: 6, ConvNeXtBlock: 8, GhostModule: 6}[block]
+    out, expected, graph, _ = _run(model, torch.randn(2, channels, 9, 9), **options)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    assert not graph.rewrites.get("depthwise_convs"), graph.rewrites
+
+
+def test_the_pass_takes_cuda_graphs_only_by_default():
+    model = _randomize(MBConv()).eval()
+    out, expected, graph, _ = _run(model, torch.randn(2, 6, 9, 9))
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    assert not graph.rewrites.get("depthwise_convs"), graph.rewrites
