@@ -335,6 +335,14 @@ SOURCES = (
     # by phase (diag_first_call_phases.py --timm, its rows kept here), at d628af3 (H200).
     # Folded: in git at fee8859
     "diag_axis_reductions_h200_d628af3.json",
+    # depthwise convolutions as one Triton kernel with their norm and activation (43e5ff0):
+    # cuDNN's first calls by kind of convolution and the kernel's launch sweep
+    # (diag_depthwise_conv.py, on the working tree that became 43e5ff0), EfficientNet-B0's
+    # first call by phase before and after it (diag_first_call_phases.py --timm), and
+    # EfficientNet-B0, MobileNetV3-large, GhostNet-100 against reduce-overhead, beside the
+    # GPU tests on the other GPU of an H200 x2 host
+    "diag_depthwise_conv_h200_43e5ff0.json",
+    "vision_h200_43e5ff0.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
@@ -371,6 +379,9 @@ RETIRED = (
     "suite_decode_h100_columns_first_llama.txt",
 )
 # metric name in a result row -> unit
+# diag_depthwise_conv.py's depthwise shapes, summed: cuDNN's convolution alone, and the Triton
+# kernel with its scale, shift and SiLU at its fastest configuration per shape
+DEPTHWISE_TIMES = {"cudnn": "cudnn_us", "infinifuse-swept-best": "best_us"}
 SUITE_METRICS = {"per_call_ms": "ms", "first_call_s": "s", "kernels_per_call": "count",
                  "kernel_us_per_call": "us",
                  "floor_fraction": "fraction"}  # fmt: skip
@@ -541,6 +552,25 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
             workload = f"cudnn-conv-{record['model']}-b{record['batch']}"
             for backend, key in CUDNN_CONV_TIMES.items():
                 add(workload, backend, {"device_us": "us"}, {"device_us": record.get(key)})
+    elif data.get("benchmark") == "diag_depthwise_conv":
+        for record in data.get("first_calls", []):  # cuDNN's first calls, by kind
+            workload = f"depthwise-first-calls-{record['model']}-b{record['batch']}"
+            for state in ("cold", "warm"):
+                times = {f"{state}_s_{kind}": v for kind, v in record[f"{state}_s"].items()}
+                add(workload, "cudnn", dict.fromkeys(times, "s"), times)
+        for batch in sorted({r["batch"] for r in data.get("per_call", [])}):  # summed per batch
+            shapes = [r for r in data["per_call"] if r["batch"] == batch]
+            workload = f"depthwise-convs-b{batch}"
+            for backend, key in DEPTHWISE_TIMES.items():
+                add(workload, backend, {"device_us": "us"},
+                    {"device_us": round(sum(r[key] for r in shapes), 2)})  # fmt: skip
+        for record in data.get("first_call_phases", []):  # each at its own commit
+            workload = f"first-call-phases-{record['model']}-b{record['batch']}-{record['commit']}"
+            start = len(out)
+            add(workload, f"infinifuse-triton-cache-{record['triton_cache']}",
+                dict.fromkeys(record["phases_s"], "s"), record["phases_s"])  # fmt: skip
+            for row in out[start:]:
+                row["commit"] = record["commit"]
     elif data.get("benchmark") == "diag_swin_rows":  # one Swin block per stage and shift
         for record in data.get("rows", []):
             workload = f"swin-block-d{record['dim']}-shift{record['shift']}-b{record['batch']}"

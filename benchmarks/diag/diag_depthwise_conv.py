@@ -11,7 +11,7 @@ depthwise convolution (``kernels/depthwise_conv.py``) beat cuDNN's per call?
    elementwise kernel after it); device time per launch from CUDA-graph replays of 20 launches.
 
     python benchmarks/diag/diag_depthwise_conv.py [--models efficientnet_b0,ghostnet_100]
-        [--batch 1] [--out result.json]
+        [--batch 1] [--sweep] [--commit C] [--out result.json]
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+_BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(_BENCHMARKS), _BENCHMARKS]
 
 
 def conv_shapes(name: str, batch: int) -> list[dict[str, Any]]:
@@ -203,13 +204,19 @@ def main() -> None:
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--sweep", action="store_true", help="the kernel's launch sweep too")
     parser.add_argument("--no-first-calls", action="store_true", help="part 2 alone")
+    parser.add_argument("--commit", help="the commit measured, where the checkout has no git")
     args = parser.parse_args()
     if args.first_calls_of:
         print(json.dumps(first_calls(args.first_calls_of, args.batch)))
         return
     names = args.models.split(",")
-    result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "batch": args.batch,
+    from ledger import environment  # (benchmarks/ledger.py: its rows_of reads this file)
+
+    result: dict[str, Any] = {"benchmark": "diag_depthwise_conv",
+                              "environment": environment(),
                               "first_calls": [], "per_call": []}  # fmt: skip
+    if args.commit:
+        result["environment"]["commit"] = args.commit
     for name in [] if args.no_first_calls else names:
         child = subprocess.run(
             [sys.executable, __file__, "--first-calls-of", name, "--batch", str(args.batch)],
