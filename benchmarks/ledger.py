@@ -340,7 +340,7 @@ SOURCES = (
     # (diag_depthwise_conv.py, on the working tree that became 43e5ff0), EfficientNet-B0's
     # first call by phase before and after it (diag_first_call_phases.py --timm), and
     # EfficientNet-B0, MobileNetV3-large, GhostNet-100 against reduce-overhead, beside the
-    # GPU tests on the other GPU of an H200 x2 host
+    # GPU tests on the other GPU of an H200 x2 host. Folded: in git at 1dc7630
     "diag_depthwise_conv_h200_43e5ff0.json",
     "vision_h200_43e5ff0.json",
 )
