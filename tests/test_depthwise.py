@@ -247,3 +247,26 @@ def test_the_pass_takes_cuda_graphs_only_by_default():
     out, expected, graph, _ = _run(model, torch.randn(2, 6, 9, 9))
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
     assert not graph.rewrites.get("depthwise_convs"), graph.rewrites
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_precompile_warms_the_kernel_the_launch_runs(monkeypatch, affine):
+    # The warm-up must specialise as the launch does (grid, meta-parameters, ints, each tensor
+    # as its dtype and alignment), or the first call compiles the kernel again.
+    from helpers import LaunchRecorder, as_triton_sees
+
+    from fusebackend.kernels import depthwise_conv
+
+    launches, warmups = [], []
+    monkeypatch.setattr(depthwise_conv, "_kernel", lambda: LaunchRecorder(launches, warmups))
+    x = torch.randn(2, 24, 9, 11, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    vectors = [torch.randn(24) for _ in range(3)] if affine else [None] * 3
+    args = (x, torch.randn(24, 1, 5, 5, dtype=torch.float16), (2, 2), (2, 2), (1, 1), *vectors,
+            "hardswish")  # fmt: skip
+    depthwise_conv2d(*args)
+    depthwise_conv.precompile_depthwise_conv2d(*args)
+    ((run_args, run_grid, run_meta),) = launches
+    ((warm_args, warm_grid, warm_meta),) = warmups
+    assert [as_triton_sees(a) for a in warm_args] == [as_triton_sees(a) for a in run_args]
+    assert (warm_grid, warm_meta) == (run_grid, run_meta)
+    assert depthwise_conv._precompile_job(args) is None  # CPU tensors: nothing ahead

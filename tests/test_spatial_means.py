@@ -121,3 +121,27 @@ def test_keyword_spellings_are_rewritten_too():
     out, expected, graph = _run(model, torch.randn(2, 3, 9, 10), channels_last=True)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert len(graph.rewrites.get("spatial_means", [])) == 2, graph.rewrites
+
+
+@pytest.mark.parametrize("shape", [(2, 37, 5, 7), (2, 16, 40, 40)])  # one launch; partial sums
+def test_precompile_warms_the_kernels_the_launch_runs(monkeypatch, shape):
+    # The warm-ups must specialise as the launches do, or the first call compiles them again
+    # (each cost a compile at the first launch before the family had a precompile job).
+    from helpers import LaunchRecorder, as_triton_sees
+
+    from fusebackend.kernels import spatial_mean as module
+
+    launches, warmups = [], []
+    recorder = LaunchRecorder(launches, warmups)
+    monkeypatch.setattr(module, "_sum_kernel", lambda: recorder)
+    monkeypatch.setattr(module, "_finish_kernel", lambda: recorder)
+    x = torch.randn(shape, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    spatial_mean(x, True, channels_last=True)
+    module.precompile_spatial_mean(x, True)
+    assert len(launches) == len(warmups) == (1 if shape[2] == 5 else 2)
+    for (run_args, run_grid, run_meta), (warm_args, warm_grid, warm_meta) in zip(
+        launches, warmups, strict=True
+    ):
+        assert [as_triton_sees(a) for a in warm_args] == [as_triton_sees(a) for a in run_args]
+        assert (warm_grid, warm_meta) == (run_grid, run_meta)
+    assert module._precompile_job((x, True, True)) is None  # CPU tensors: nothing ahead

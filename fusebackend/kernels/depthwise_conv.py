@@ -34,7 +34,7 @@ from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
 from fusebackend.kernels.launch import triton_usable
 from fusebackend.kernels.triton_api import warmup_launch
 
-__all__ = ["depthwise_conv2d"]
+__all__ = ["depthwise_conv2d", "precompile_depthwise_conv2d"]
 
 
 def depthwise_conv2d(
@@ -104,12 +104,14 @@ def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int
 
 
 def _empty_output(x, weight, stride, padding, dilation) -> torch.Tensor:
+    """The output, in ``x``'s layout, made like ``x`` (a fake tensor for a fake ``x``)."""
     batch, channels, height, width = x.shape
     kh, kw = weight.shape[2], weight.shape[3]
     oh = output_size(height, kh, stride[0], padding[0], dilation[0])
     ow = output_size(width, kw, stride[1], padding[1], dilation[1])
-    return torch.empty((batch, channels, oh, ow), dtype=x.dtype, device=x.device,
-                       memory_format=_layout(x))  # fmt: skip
+    shape = (batch, channels, oh, ow)
+    strides = torch.empty(shape, device="meta", memory_format=_layout(x)).stride()
+    return x.new_empty_strided(shape, strides)
 
 
 def _launch(x, weight, stride, padding, dilation, center, scale, shift, activation, out,
@@ -161,22 +163,25 @@ def _channels_last(t: torch.Tensor) -> bool:
     return t.stride(1) == 1 or t.shape[1] == 1
 
 
+def precompile_depthwise_conv2d(*args: Any) -> None:
+    """Compile the kernel ``depthwise_conv2d(*args)`` launches (its tensors may be fake),
+    without running it."""
+    x, weight, stride, padding, dilation = args[:5]
+    out = _empty_output(x, weight, stride, padding, dilation)
+    launch_args, grid, meta = _launch(*args, out)
+    warmup_launch(_kernel(), grid, launch_args, meta, x.device)
+
+
 def _precompile_job(args: Any) -> Any:
     """The kernel family's precompile job (kernels/family.py) for a launch on ``args``
     (``depthwise_conv2d``'s, the tensors as example values)."""
     x, weight, stride, padding, dilation, center, scale, shift, activation = args
     tensors = [t for t in (x, weight, center, scale, shift) if t is not None]
-    if not all(concrete_cuda_tensor(t) for t in tensors):
+    if not all(concrete_cuda_tensor(t) for t in tensors) or x.numel() == 0:
         return None
     key = ("depthwise", stride, padding, dilation, activation,
            *(v is None for v in (center, scale, shift)), *map(launch_key, tensors))  # fmt: skip
-
-    def job() -> None:
-        out = _empty_output(x, weight, stride, padding, dilation)
-        launch = _launch(*args, out)
-        warmup_launch(_kernel(), launch[1], launch[0], launch[2], x.device)
-
-    return key, job
+    return key, functools.partial(precompile_depthwise_conv2d, *args)
 
 
 family("depthwise_conv2d", _precompile_job)(depthwise_conv2d)

@@ -25,10 +25,11 @@ from typing import Any
 import torch
 
 from fusebackend.kernels.configs import triton_next_power_of_2
-from fusebackend.kernels.family import family
+from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
 from fusebackend.kernels.launch import triton_usable
+from fusebackend.kernels.triton_api import warmup_launch
 
-__all__ = ["spatial_mean"]
+__all__ = ["precompile_spatial_mean", "spatial_mean"]
 
 _TILE = 4096  # elements of one program's tile: [positions, channels]
 _PROGRAMS = 264  # programs to aim for (two per SM of an H100/H200)
@@ -40,12 +41,26 @@ def spatial_mean(x: torch.Tensor, keepdim: bool, channels_last: bool = False) ->
     ``channels_last`` the ``[B, C, 1, 1]`` result has channels-last strides, as
     ``adaptive_avg_pool2d(x, 1)`` of a channels-last ``x`` gives (``mean`` gives contiguous
     ones: both hold the same elements in the same order)."""
-    batch, channels, height, width = x.shape
     if not triton_usable(x.device) or x.numel() == 0:
         return x.mean((2, 3), keepdim=keepdim)
-    layout = torch.channels_last if channels_last else torch.contiguous_format
-    out = torch.empty((batch, channels, 1, 1), dtype=x.dtype, device=x.device,
-                      memory_format=layout)  # fmt: skip
+    out = _output(x, channels_last)
+    for kernel, grid, args, meta in _launches(x, out):
+        kernel[grid](*args, **meta)
+    return out if keepdim else out.view(x.shape[0], x.shape[1])
+
+
+def _output(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """The ``[B, C, 1, 1]`` result, as ``torch.empty`` lays it out in either format (made
+    like ``x``: a fake tensor for a fake ``x``)."""
+    channels = x.shape[1]
+    strides = (channels, 1, channels, channels) if channels_last else (channels, 1, 1, 1)
+    return x.new_empty_strided((x.shape[0], channels, 1, 1), strides)
+
+
+def _launches(x: torch.Tensor, out: torch.Tensor) -> list[tuple[Any, tuple, list, dict]]:
+    """The launches computing the mean of ``x`` into ``out``: ``(kernel, grid, args, meta)``
+    each (one, or the partial sums and the launch finishing them)."""
+    batch, channels, height, width = x.shape
     positions = height * width
     block_c = min(64, triton_next_power_of_2(channels))
     block_p = max(16, min(256, _TILE // block_c))
@@ -62,25 +77,39 @@ def spatial_mean(x: torch.Tensor, keepdim: bool, channels_last: bool = False) ->
         align *= 2
     meta = {"BLOCK_C": block_c, "BLOCK_P": block_p, "ALIGN": align, "num_warps": 4}
     if parts == 1:
-        _sum_kernel()[(batch, channel_blocks, 1)](
-            x, out, channels, positions, width, *strides, per_part, 1.0 / positions,
-            out.stride(0), out.stride(1), PARTIAL=False, **meta,
-        )  # fmt: skip
-    else:
-        partial = torch.empty((parts, batch, channels), dtype=torch.float32, device=x.device)
-        _sum_kernel()[(batch, channel_blocks, parts)](
-            x, partial, channels, positions, width, *strides, per_part, 1.0,
-            batch * channels, channels, PARTIAL=True, **meta,
-        )  # fmt: skip
-        block = 256
-        _finish_kernel()[(_ceil_div(batch * channels, block),)](
-            partial, out, batch * channels, channels, parts, 1.0 / positions,
-            out.stride(0), out.stride(1), BLOCK=block, num_warps=2,
-        )  # fmt: skip
-    return out if keepdim else out.view(batch, channels)
+        args = [x, out, channels, positions, width, *strides, per_part, 1.0 / positions,
+                out.stride(0), out.stride(1)]  # fmt: skip
+        return [(_sum_kernel(), (batch, channel_blocks, 1), args, {**meta, "PARTIAL": False})]
+    partial = x.new_empty((parts, batch, channels), dtype=torch.float32)
+    block = 256
+    return [
+        (_sum_kernel(), (batch, channel_blocks, parts),
+         [x, partial, channels, positions, width, *strides, per_part, 1.0, batch * channels,
+          channels], {**meta, "PARTIAL": True}),
+        (_finish_kernel(), (_ceil_div(batch * channels, block),),
+         [partial, out, batch * channels, channels, parts, 1.0 / positions, out.stride(0),
+          out.stride(1)], {"BLOCK": block, "num_warps": 2}),
+    ]  # fmt: skip
 
 
-family("spatial_mean", lambda args: None)(spatial_mean)  # compiled at its first launch
+def precompile_spatial_mean(x: torch.Tensor, channels_last: bool) -> None:
+    """Compile the kernels ``spatial_mean(x, _, channels_last)`` launches (``x`` may be
+    fake), without running them."""
+    for kernel, grid, args, meta in _launches(x, _output(x, channels_last)):
+        warmup_launch(kernel, grid, args, meta, x.device)
+
+
+def _precompile_job(args: Any) -> Any:
+    """The kernel family's precompile job (kernels/family.py) for a launch on ``args``
+    (``spatial_mean``'s, ``x`` as its example value)."""
+    x, _, channels_last = args
+    if not concrete_cuda_tensor(x) or x.numel() == 0:
+        return None
+    job = functools.partial(precompile_spatial_mean, x, channels_last)
+    return ("spatial_mean", channels_last, launch_key(x)), job
+
+
+family("spatial_mean", _precompile_job)(spatial_mean)
 
 
 def _ceil_div(a: int, b: int) -> int:
