@@ -343,6 +343,9 @@ SOURCES = (
     # GPU tests on the other GPU of an H200 x2 host. Folded: in git at 1dc7630
     "diag_depthwise_conv_h200_43e5ff0.json",
     "vision_h200_43e5ff0.json",
+    # EfficientNet-B0's first call by phase after the spatial means joined the precompile
+    # (d7372f8), Triton's cache cold, on a one-GPU H200 host
+    "diag_first_call_phases_h200_d7372f8.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
@@ -564,13 +567,6 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
             for backend, key in DEPTHWISE_TIMES.items():
                 add(workload, backend, {"device_us": "us"},
                     {"device_us": round(sum(r[key] for r in shapes), 2)})  # fmt: skip
-        for record in data.get("first_call_phases", []):  # each at its own commit
-            workload = f"first-call-phases-{record['model']}-b{record['batch']}-{record['commit']}"
-            start = len(out)
-            add(workload, f"infinifuse-triton-cache-{record['triton_cache']}",
-                dict.fromkeys(record["phases_s"], "s"), record["phases_s"])  # fmt: skip
-            for row in out[start:]:
-                row["commit"] = record["commit"]
     elif data.get("benchmark") == "diag_swin_rows":  # one Swin block per stage and shift
         for record in data.get("rows", []):
             workload = f"swin-block-d{record['dim']}-shift{record['shift']}-b{record['batch']}"
@@ -636,6 +632,15 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
                     if _number(record.get(metric)):
                         out.append(_row(row_env, source, record["workload"], record["backend"],
                                         metric, record[metric], unit))  # fmt: skip
+    if data.get("benchmark") in ("diag_depthwise_conv", "diag_first_call_phases"):
+        # diag_first_call_phases.py --timm's phases, transcribed, each at its own commit
+        for record in data.get("first_call_phases", []):
+            workload = f"first-call-phases-{record['model']}-b{record['batch']}-{record['commit']}"
+            start = len(out)
+            add(workload, f"infinifuse-triton-cache-{record['triton_cache']}",
+                dict.fromkeys(record["phases_s"], "s"), record["phases_s"])  # fmt: skip
+            for row in out[start:]:
+                row["commit"] = record["commit"]
     return out
 
 
