@@ -344,7 +344,7 @@ SOURCES = (
     "diag_depthwise_conv_h200_43e5ff0.json",
     "vision_h200_43e5ff0.json",
     # EfficientNet-B0's first call by phase after the spatial means joined the precompile
-    # (d7372f8), Triton's cache cold, on a one-GPU H200 host
+    # (d7372f8), Triton's cache cold, on a one-GPU H200 host. Folded: in git at 6ceb07c
     "diag_first_call_phases_h200_d7372f8.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
