@@ -270,3 +270,97 @@ def test_precompile_warms_the_kernel_the_launch_runs(monkeypatch, affine):
     assert [as_triton_sees(a) for a in warm_args] == [as_triton_sees(a) for a in run_args]
     assert (warm_grid, warm_meta) == (run_grid, run_meta)
     assert depthwise_conv._precompile_job(args) is None  # CPU tensors: nothing ahead
+
+
+def test_wide_offsets_take_the_int64_index_math(monkeypatch):
+    # An image whose offsets pass int32 launches WIDE (decided on fake tensors: nothing that
+    # large is allocated); the int64 branch itself, made to run on a small input, equals aten
+    # (an overflow needs 2**31 elements, which no CPU test allocates).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusebackend.kernels import depthwise_conv
+
+    with FakeTensorMode():
+        big = torch.empty(1, 64, 6000, 6000, memory_format=torch.channels_last)
+        weight = torch.empty(64, 1, 3, 3)
+        out = depthwise_conv._empty_output(big, weight, (1, 1), (1, 1), (1, 1))
+        launch = depthwise_conv._launch(big, weight, (1, 1), (1, 1), (1, 1), None, None, None,
+                                        "", out)  # fmt: skip
+    assert launch[2]["WIDE"]
+    monkeypatch.setattr(depthwise_conv, "_INT32_OFFSETS", 0)
+    torch.manual_seed(3)
+    x = torch.randn(2, 12, 7, 9).contiguous(memory_format=torch.channels_last)
+    args = (x, torch.randn(12, 1, 3, 3), (2, 1), (1, 2), (1, 2), None, torch.rand(12),
+            torch.randn(12), "relu6")  # fmt: skip
+    out = depthwise_conv2d(*args)
+    assert depthwise_conv._launch(*args, out)[2]["WIDE"]
+    torch.testing.assert_close(out, _expected(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_a_channel_slice_with_a_storage_offset_is_read_and_written_through_its_strides():
+    torch.manual_seed(4)
+    base = torch.randn(2, 11, 8, 6).contiguous(memory_format=torch.channels_last)
+    x = base[:, 1:8]  # channels still contiguous; one element in; not channels-last itself
+    assert x.storage_offset() == 1 and not x.is_contiguous(memory_format=torch.channels_last)
+    args = (x, torch.randn(7, 1, 3, 3), (1, 2), (2, 1), (2, 1), torch.randn(7), None, None, "")
+    out = depthwise_conv2d(*args)
+    torch.testing.assert_close(out, _expected(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_arguments_the_kernel_would_read_wrongly_are_refused():
+    x = torch.randn(1, 4, 5, 5).contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match=r"is not \[C, 1, KH, KW\]"):
+        depthwise_conv2d(x, torch.randn(8, 1, 3, 3), (1, 1), (1, 1), (1, 1), None, None, None, "")
+    with pytest.raises(ValueError, match="4 contiguous elements"):
+        depthwise_conv2d(x, torch.randn(4, 1, 3, 3), (1, 1), (1, 1), (1, 1), None,
+                         torch.randn(8)[::2], None, "")  # fmt: skip
+
+
+def _fake_graph(fn, channels: int = 8, weight=None):
+    """``fn(x, w, v)``'s graph over a fake channels-last fp16 image, a depthwise 3 x 3 weight
+    (or ``weight``'s shape) and a [C, 1, 1] vector, with example values (on the CPU: fake
+    CUDA convolutions without CUDA give contiguous strides)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    gm = torch.fx.symbolic_trace(fn)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        half = {"device": "cpu", "dtype": torch.float16}
+        x = torch.empty(2, channels, 9, 9, **half, memory_format=torch.channels_last)
+        values = [x, torch.empty(weight or (channels, 1, 3, 3), **half),
+                  torch.empty(channels, 1, 1, **half)]  # fmt: skip
+        FakeTensorProp(gm, mode).propagate(*values)
+    for node in gm.graph.nodes:
+        node.meta["example_value"] = node.meta.get("val")
+    return gm.graph
+
+
+def _dw(x, w, groups=8):
+    return torch.conv2d(x, w, None, 1, 1, 1, groups)
+
+
+@pytest.mark.parametrize(
+    ("fn", "taken", "activation"),
+    [
+        (lambda x, w, v: F.gelu(_dw(x, w) - v, approximate="tanh"), 2, "gelu_tanh"),
+        (lambda x, w, v: F.hardtanh(_dw(x, w) * v, 0.0, 6.0), 2, "relu6"),  # nn.ReLU6
+        (lambda x, w, v: F.hardtanh(_dw(x, w) * v, -1.0, 1.0), 1, ""),  # not relu6
+        (lambda x, w, v: F.silu(v - _dw(x, w)), 0, ""),  # reversed: not a center
+        (lambda x, w, v: torch.relu(torch.add(_dw(x, w), v, alpha=2)), 0, ""),
+        (lambda x, w, v: torch.relu((_dw(x, w) + v).to("meta")), 1, ""),  # moved: not taken
+    ],
+)
+def test_what_the_pass_takes_after_the_convolution(fn, taken, activation, cpu_gates):
+    graph = _fake_graph(fn)
+    made = depthwise.use_depthwise_convs(graph, depthwise_conv2d)
+    (call,) = [n for n in graph.nodes if n.target is depthwise_conv2d]
+    assert call.args[-1] == activation
+    (made,) = made
+    ops = made.partition(" (+ ")[2].rstrip(")")
+    assert (len(ops.split(", ")) if ops else 0) == taken, made
+    graph.lint()
+
+
+def test_a_channel_multiplier_is_left_to_cudnn(cpu_gates):
+    graph = _fake_graph(lambda x, w, v: torch.conv2d(x, w, None, 1, 1, 1, 8), weight=(16, 1, 3, 3))
+    assert depthwise.use_depthwise_convs(graph, depthwise_conv2d) == []

@@ -7,7 +7,7 @@ one channel. On an NHWC tensor the channels are contiguous, so a program compute
 ``[positions, channels]`` tile: for each of the ``KH x KW`` taps it loads one
 ``[positions, channels]`` block of the input (coalesced along the channels, zero outside the
 image) and one weight per channel, accumulating in fp32. Then, still in registers,
-``acc * scale + shift`` (a BatchNorm's per-channel scale and shift, or the bias) and the
+``(acc - center) * scale + shift`` (a BatchNorm's per-channel constants, or the bias) and the
 activation (``kernels/epilogue.py``'s function of ``kernels.ir.ACTIVATIONS``' name, the row
 kernels' own math), rounded once to the output's dtype.
 
@@ -16,8 +16,9 @@ first call of each shape, which dominated a convnet's first call (see ``passes/d
 for the measurements), and the BatchNorm and activation after them took a launch and a pass
 over the output of their own.
 
-On a device Triton cannot use (the CPU without the interpreter, fake tensors while passes
-work out shapes) the same value is computed with aten's ops, in fp32.
+On a device Triton cannot use (the CPU without the interpreter) the same value is computed
+with aten's ops, in fp32; on fake tensors (passes working out shapes and layouts) the call
+gives an empty output of the kernel's shape, dtype and layout.
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from fusebackend.kernels.epilogue import _TORCH, activation_program, epilogue_function
 from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
-from fusebackend.kernels.launch import triton_usable
+from fusebackend.kernels.launch import run_on_device, triton_usable
 from fusebackend.kernels.triton_api import warmup_launch
 
 __all__ = ["depthwise_conv2d", "precompile_depthwise_conv2d"]
+
+# Offsets up to this many elements fit the kernel's int32 index math; past it, WIDE (int64).
+_INT32_OFFSETS = 2**31 - 1
 
 
 def depthwise_conv2d(
@@ -54,14 +58,30 @@ def depthwise_conv2d(
     contiguous elements each (any floating dtype) or are None (0, 1, 0); ``activation`` one
     of ``kernels.ir.ACTIVATIONS`` ("" for none). The output has ``x``'s layout
     (channels-last for a channels-last ``x``)."""
-    if isinstance(x, FakeTensor) or not triton_usable(x.device) or not _channels_last(x):
+    _check(x, weight, center, scale, shift)
+    if isinstance(x, FakeTensor):  # (passes work out shapes and layouts: no values needed)
+        return _empty_output(x, weight, stride, padding, dilation)
+    if not triton_usable(x.device) or not _channels_contiguous(x) or x.dtype == torch.float64:
         return _reference(x, weight, stride, padding, dilation, center, scale, shift, activation)
     out = _empty_output(x, weight, stride, padding, dilation)
     if out.numel():
         args, grid, meta = _launch(x, weight, stride, padding, dilation, center, scale, shift,
                                    activation, out)  # fmt: skip
-        _kernel()[grid](*args, **meta)
+        run_on_device(_kernel(), grid, args, meta, x.device)
     return out
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, *vectors: torch.Tensor | None) -> None:
+    """A clear error for arguments the kernel would read wrongly (the pass never makes them:
+    a channel multiplier, a per-channel vector that is strided or of another length)."""
+    channels = x.shape[1] if x.dim() == 4 else None
+    if channels is None or weight.dim() != 4 or tuple(weight.shape[:2]) != (channels, 1):
+        raise ValueError(f"depthwise_conv2d: weight {tuple(weight.shape)} is not [C, 1, KH, KW] "
+                         f"for an input [N, C, H, W] of shape {tuple(x.shape)}")  # fmt: skip
+    for vector in vectors:
+        if vector is not None and (vector.numel() != channels or not vector.is_contiguous()):
+            raise ValueError(f"depthwise_conv2d: a per-channel vector must hold {channels} "
+                             f"contiguous elements, got {tuple(vector.shape)}")  # fmt: skip
 
 
 def _reference(
@@ -75,7 +95,8 @@ def _reference(
     shift: torch.Tensor | None,
     activation: str,
 ) -> torch.Tensor:
-    """The value in aten's ops, in fp32, rounded once (fp64 stays fp64)."""
+    """The value in aten's ops, in fp32, rounded once (fp64 stays fp64, which the kernel
+    would compute in fp32)."""
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     y = F.conv2d(x.to(compute), weight.to(compute), None, stride, padding, dilation, x.shape[1])
     if center is not None:
@@ -88,8 +109,7 @@ def _reference(
         name = {"gelu_tanh": "gelu", "gelu_new": "gelu"}.get(activation, activation)
         kwargs = {"approximate": "tanh"} if activation in ("gelu_tanh", "gelu_new") else {}
         y = (_TORCH.get(name) or getattr(torch, name))(y, **kwargs)
-    layout = _layout(x)
-    return y.to(x.dtype).contiguous(memory_format=layout)
+    return y.to(x.dtype).contiguous(memory_format=_layout(x))
 
 
 def _layout(x: torch.Tensor) -> torch.memory_format:
@@ -129,13 +149,15 @@ def _launch(x, weight, stride, padding, dilation, center, scale, shift, activati
     align = 1
     while align < 8 and all(s % (2 * align) == 0 for s in (*x.stride()[::2], x.stride(3))):
         align *= 2
+    # (an absent vector's slot gets x: a pointer the kernel never reads, HAS_* being False)
     args = [
         x, weight, out, *(x if v is None else v for v in (center, scale, shift)),
         channels, height, width, oh, ow, positions,
-        x.stride(0), x.stride(2), x.stride(3), *weight.stride(), *out.stride(),
+        x.stride(0), x.stride(2), x.stride(3), weight.stride(0), weight.stride(2),
+        weight.stride(3), *out.stride(),
         padding[0], padding[1], dilation[0], dilation[1],
     ]  # fmt: skip
-    wide = max(x.numel(), out.numel()) >= 2**31
+    wide = max(_span(x), _span(out)) > _INT32_OFFSETS
     meta = {
         "KH": weight.shape[2], "KW": weight.shape[3], "STRIDE_H": stride[0],
         "STRIDE_W": stride[1], "HAS_CENTER": center is not None,
@@ -144,6 +166,11 @@ def _launch(x, weight, stride, padding, dilation, center, scale, shift, activati
         "BLOCK_P": block_p, "BLOCK_C": block_c, "num_warps": warps,
     }  # fmt: skip
     return args, grid, meta
+
+
+def _span(t: torch.Tensor) -> int:
+    """Elements from ``t``'s first to its last (a strided view spans more than its numel)."""
+    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
 
 
 def _config(positions: int, channels: int) -> tuple[int, int, int]:
@@ -158,7 +185,7 @@ def _config(positions: int, channels: int) -> tuple[int, int, int]:
     return block_p, 16, 4
 
 
-def _channels_last(t: torch.Tensor) -> bool:
+def _channels_contiguous(t: torch.Tensor) -> bool:
     """Whether ``t``'s channels are contiguous (stride 1), as the kernel reads them."""
     return t.stride(1) == 1 or t.shape[1] == 1
 
@@ -196,23 +223,26 @@ def _kernel() -> Any:
     def _depthwise_conv2d(
         x, weight, out, center, scale, shift,
         channels, height, width, out_height, out_width, positions,
-        sx_n, sx_h, sx_w, sw_c, sw_1, sw_h, sw_w, so_n, so_c, so_h, so_w,
+        sx_n, sx_h, sx_w, sw_c, sw_h, sw_w, so_n, so_c, so_h, so_w,
         pad_h, pad_w, dilation_h, dilation_w,
         KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
         HAS_CENTER: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
         HAS_ACT: tl.constexpr, ACT: tl.constexpr, ALIGN: tl.constexpr, WIDE: tl.constexpr,
         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     ):  # fmt: skip
-        # x: channels contiguous (stride 1); out: any strides. WIDE: offsets past 2**31.
-        p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        # x: channels contiguous (stride 1); out: any strides. WIDE: some offset (or the
+        # positions' count) is past int32, so the index math runs in int64.
+        if WIDE:
+            p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+            c = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+        else:
+            p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+            c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         p_in = p < positions
         c_in = c < channels
         ow = p % out_width
         oh = (p // out_width) % out_height
         n = p // (out_width * out_height)
-        if WIDE:
-            n = n.to(tl.int64)
         acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
         for kh in tl.static_range(KH):
             ih = oh * STRIDE_H - pad_h + kh * dilation_h

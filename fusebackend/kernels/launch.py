@@ -56,6 +56,7 @@ __all__ = [
     "precompile_all",
     "row_kernel",
     "row_kernel_pair",
+    "run_on_device",
     "triton_usable",
     "value_shapes",
     "warmup_pointer",
@@ -291,8 +292,10 @@ def _collapse_lead(
     return sizes, [tuple(m) for m in merged]
 
 
-def _run(kernel: Any, grid: tuple[int, int], args: list[Any], meta: dict[str, Any],
-         device: torch.device) -> None:  # fmt: skip
+def run_on_device(kernel: Any, grid: tuple[int, ...], args: list[Any], meta: dict[str, Any],
+                  device: torch.device) -> None:  # fmt: skip
+    """``kernel[grid](*args, **meta)`` on ``device``: Triton launches on the current CUDA
+    device and its stream, so a tensor on another GPU needs that device made current."""
     # Entering torch.cuda.device costs a few us per launch: only where it changes anything.
     if device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
         with torch.cuda.device(device):
@@ -390,7 +393,7 @@ class _Plans:
             args = list(plan.args)
             for place, index in plan.tensors:
                 args[place] = pool[index]
-            _run(plan.kernel, plan.grid, args, plan.meta, plan.device)
+            run_on_device(plan.kernel, plan.grid, args, plan.meta, plan.device)
         return tuple(results)
 
 

@@ -26,7 +26,7 @@ import torch
 
 from fusebackend.kernels.configs import triton_next_power_of_2
 from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
-from fusebackend.kernels.launch import triton_usable
+from fusebackend.kernels.launch import run_on_device, triton_usable
 from fusebackend.kernels.triton_api import warmup_launch
 
 __all__ = ["precompile_spatial_mean", "spatial_mean"]
@@ -45,7 +45,7 @@ def spatial_mean(x: torch.Tensor, keepdim: bool, channels_last: bool = False) ->
         return x.mean((2, 3), keepdim=keepdim)
     out = _output(x, channels_last)
     for kernel, grid, args, meta in _launches(x, out):
-        kernel[grid](*args, **meta)
+        run_on_device(kernel, grid, args, meta, x.device)
     return out if keepdim else out.view(x.shape[0], x.shape[1])
 
 

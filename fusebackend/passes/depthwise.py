@@ -23,9 +23,10 @@ Why (H200, fp16, channels-last, 2026-11-30, ``benchmarks/diag/diag_depthwise_con
 
 Taken where the input is channels-last (``passes/channels_last.py`` made it so: the kernel
 reads the channels contiguous), of static shape, floating, on a device Triton runs on, with
-numeric stride, padding and dilation (a bias left on the convolution is the kernel's shift,
-with no other per-channel op) and a window of at most 5 x 5 (the sizes measured; ConvNeXt's
-7 x 7 stays cuDNN's). Left to cuDNN too: a convolution whose value (after the ops taken) is
+numeric stride, padding and dilation and a window of at most 5 x 5 (the sizes measured;
+ConvNeXt's 7 x 7 stays cuDNN's). A bias left on the convolution is the kernel's shift, with
+no other per-channel op taken. A cast or activation that would move the value to another
+device is not taken. Left to cuDNN too: a convolution whose value (after the ops taken) is
 a part of a concatenation, which the row group computing it writes in place there
 (GhostNet's ghost modules, ``concat_writes.py``).
 """
@@ -39,7 +40,6 @@ import torch
 import torch.fx
 from torch import Tensor
 
-from fusebackend.passes.channels_last import CHANNELS_LAST
 from fusebackend.passes.conv_activation import concatenated, conv2d_arguments
 from fusebackend.passes.conv_bias import CONVOLUTIONS, is_batched
 from fusebackend.passes.fx_util import evaluate, example_value, known_contiguous, static_layout
@@ -50,7 +50,8 @@ __all__ = ["DEVICE_TYPES", "use_depthwise_convs"]
 # Where the kernel runs (tests add the CPU: Triton's interpreter).
 DEVICE_TYPES = {"cuda"}
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# Activations the kernel applies (kernels.ir.ACTIVATIONS' names); gelu by its approximation.
+# Activations the kernel applies (kernels.ir.ACTIVATIONS' names); gelu by its approximation,
+# hardtanh(0, 6) as relu6.
 _ACTIVATIONS = ("relu", "relu6", "silu", "hardswish", "hardsigmoid", "gelu")
 # The largest kernel measured (3 x 3 and 5 x 5): wider windows (ConvNeXt's 7 x 7) read the
 # input once per tap, untimed against cuDNN.
@@ -71,7 +72,9 @@ def _depthwise(conv: torch.fx.Node) -> tuple[Any, ...] | None:
     value, w = example_value(x), example_value(weight)
     if not (isinstance(value, Tensor) and isinstance(w, Tensor)) or value.dim() != 4:
         return None
-    if not static_layout(value) or w.dim() != 4 or value.device.type not in DEVICE_TYPES:
+    if not (static_layout(value) and static_layout(w)) or w.dim() != 4:
+        return None
+    if value.device.type not in DEVICE_TYPES:
         return None
     channels = value.shape[1]
     if groups != channels or tuple(w.shape[:2]) != (channels, 1) or value.dtype not in _DTYPES:
@@ -90,12 +93,16 @@ def _per_channel(node: Any, channels: int, shapes: tuple[tuple[int, ...], ...] =
     along dim 1 of a batched 4-d value (``[C, 1, 1]`` or ``[1, C, 1, 1]``), or has one of
     ``shapes``?"""
     value = example_value(node)
-    if not isinstance(node, torch.fx.Node) or not isinstance(value, Tensor):
+    if not isinstance(node, torch.fx.Node) or not static_layout(value):
         return False
     shape = tuple(value.shape)
     if not value.is_floating_point() or not value.is_contiguous() or value.numel() != channels:
         return False
     return shape in ((channels, 1, 1), (1, channels, 1, 1), *shapes)
+
+
+def _layout(value: Tensor) -> tuple[Any, ...]:
+    return tuple(value.shape), value.stride(), value.dtype, value.device
 
 
 def _only_reader(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -128,23 +135,38 @@ def _epilogue(
         taken.append(reader)
         value = reader
     reader = _only_reader(value)
-    if taken and op_call(reader, "cast") is not None and example_value(reader).dtype == dtype:
+    cast = op_call(reader, "cast")
+    if (
+        taken
+        and cast is not None
+        and _same_place(reader, conv)
+        and example_value(reader).dtype == dtype
+    ):
         taken.append(reader)
         value = reader
     if example_value(value).dtype != dtype:
         return {"activation": ""}, []  # (no bias: the convolution's is never in another dtype)
     reader = _only_reader(value)
-    name = _activation_name(op_call(reader, *_ACTIVATIONS))
-    if name and example_value(reader).dtype == dtype:
+    name = _activation_name(op_call(reader, *_ACTIVATIONS, "hardtanh"))
+    if name and example_value(reader).dtype == dtype and _same_place(reader, conv):
         found["activation"] = name
         taken.append(reader)
     return found, taken
 
 
+def _same_place(node: torch.fx.Node, conv: torch.fx.Node) -> bool:
+    """Does ``node``'s value keep the convolution's device (a cast may move it)?"""
+    return example_value(node).device == example_value(conv).device
+
+
 def _activation_name(call: Any) -> str:
-    """The kernel's name of an activation call (``kernels.ir.ACTIVATIONS``), "" for None."""
+    """The kernel's name of an activation call (``kernels.ir.ACTIVATIONS``), "" for None or
+    one it does not run. ``nn.ReLU6`` reaches the graph as ``hardtanh(x, 0.0, 6.0)``."""
     if call is None:
         return ""
+    if call.op.name == "hardtanh":
+        bounds = (call.params.get("min_val", -1.0), call.params.get("max_val", 1.0))
+        return "relu6" if bounds == (0.0, 6.0) else ""
     if call.op.name != "gelu":
         return call.op.name
     return {"none": "gelu", "tanh": "gelu_tanh"}.get(call.params.get("approximate", "none"), "")
@@ -169,8 +191,8 @@ def use_depthwise_convs(graph: torch.fx.Graph, kernel: Callable[..., Tensor]) ->
         with graph.inserting_after(last):
             node = graph.call_function(kernel, operands)
         node.meta["example_value"] = evaluate(node)
-        if not example_value(node).is_contiguous(memory_format=CHANNELS_LAST):
-            graph.erase_node(node)
+        if _layout(example_value(node)) != _layout(example_value(last)):
+            graph.erase_node(node)  # (the kernel gives the value another shape or place)
             continue
         last.replace_all_uses_with(node)
         for dead in reversed([conv, *taken]):
