@@ -141,6 +141,22 @@ class GhostModule(nn.Module):
         return torch.cat([x1, self.cheap(x1)], dim=1)
 
 
+class GhostResidual(nn.Module):
+    """GhostNet's second ghost module (no activation) and the bottleneck's residual add."""
+
+    def __init__(self, channels: int = 8) -> None:
+        super().__init__()
+        half = channels // 2
+        self.primary = nn.Sequential(nn.Conv2d(channels, half, 1, bias=False), nn.BatchNorm2d(half))
+        self.cheap = nn.Sequential(nn.Conv2d(half, half, 3, 1, 1, groups=half, bias=False),
+                                   nn.BatchNorm2d(half))  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1 = self.primary(x)
+        out = torch.cat([x1, self.cheap(x1)], dim=1)
+        return out[:, :8] + x
+
+
 class SharedNorm(nn.Module):
     """A depthwise conv whose BatchNorm's value is read twice: the activation is not taken."""
 
@@ -209,6 +225,29 @@ def test_weights_edited_after_compiling_give_eagers_new_result(cpu_gates):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_ghost_module_writes_its_depthwise_part_into_the_concatenation(
+    dtype, cpu_gates, fused_graphs
+):
+    model = _randomize(GhostModule()).eval()
+    out, expected, graph, _ = _run(model, torch.randn(2, 6, 9, 10), dtype)
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out, expected, rtol=tol, atol=tol)
+    (made,) = graph.rewrites["depthwise_convs"]
+    assert "(+ " in made, made  # with its norm and ReLU
+    assert len(graph.rewrites["concatenations_written"]) == 1, graph.rewrites
+    (call,) = [n for n in fused_graphs[-1].graph.nodes if n.target is depthwise_conv2d]
+    assert len(call.args) == 10  # written into the concatenation's part (its out)
+    assert not [n for n in fused_graphs[-1].graph.nodes if n.target is torch.cat]
+
+
+def test_an_out_of_another_shape_is_refused():
+    x = torch.randn(1, 4, 5, 5).contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match="out is"):
+        depthwise_conv2d(x, torch.randn(4, 1, 3, 3), (1, 1), (1, 1), (1, 1), None, None,
+                              None, "", torch.empty(1, 4, 4, 5))  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_a_value_read_twice_ends_the_kernel_before_the_activation(dtype, cpu_gates, fused_graphs):
     model = _randomize(SharedNorm()).eval()
     out, expected, graph, _ = _run(model, torch.randn(2, 6, 7, 8), dtype)
@@ -227,19 +266,25 @@ def test_a_value_read_twice_ends_the_kernel_before_the_activation(dtype, cpu_gat
 
 
 @pytest.mark.parametrize(
-    ("block", "options"),
+    ("block", "options", "dtype"),
     [
-        (MBConv, {"channels_last": False}),  # NCHW: the kernel reads channels contiguous
-        (ConvNeXtBlock, {}),  # a 7 x 7 window: not measured against cuDNN
-        (GhostModule, {}),  # the value is a concatenation's part, written in place there
+        (MBConv, {"channels_last": False}, torch.float32),  # NCHW: channels not contiguous
+        (ConvNeXtBlock, {}, torch.float32),  # a 7 x 7 window: not measured against cuDNN
+        # the residual add runs on each part's group instead (in fp16, as GhostNet runs: in
+        # fp32 on the CPU this block fails to compile in fold_copies_into_groups, with the
+        # pass on or off, a bug of its own)
+        (GhostResidual, {}, torch.float16),
     ],
 )
-def test_left_to_cudnn(block, options, cpu_gates):
+def test_left_to_cudnn(block, options, dtype, cpu_gates):
     model = _randomize(block()).eval()
-    channels = {MBConv: 6, ConvNeXtBlock: 8, GhostModule: 6}[block]
-    out, expected, graph, _ = _run(model, torch.randn(2, channels, 9, 9), **options)
-    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    channels = {MBConv: 6, ConvNeXtBlock: 8, GhostResidual: 8}[block]
+    out, expected, graph, _ = _run(model, torch.randn(2, channels, 9, 9), dtype, **options)
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out, expected, rtol=tol, atol=tol)
     assert not graph.rewrites.get("depthwise_convs"), graph.rewrites
+    if block is GhostResidual:
+        assert graph.rewrites["pushed_into_cats"] and graph.rewrites["concatenations_written"]
 
 
 def test_the_pass_takes_cuda_graphs_only_by_default():
@@ -249,8 +294,8 @@ def test_the_pass_takes_cuda_graphs_only_by_default():
     assert not graph.rewrites.get("depthwise_convs"), graph.rewrites
 
 
-@pytest.mark.parametrize("affine", [True, False])
-def test_precompile_warms_the_kernel_the_launch_runs(monkeypatch, affine):
+@pytest.mark.parametrize(("affine", "into"), [(True, False), (False, False), (False, True)])
+def test_precompile_warms_the_kernel_the_launch_runs(monkeypatch, affine, into):
     # The warm-up must specialise as the launch does (grid, meta-parameters, ints, each tensor
     # as its dtype and alignment), or the first call compiles the kernel again.
     from helpers import LaunchRecorder, as_triton_sees
@@ -263,6 +308,9 @@ def test_precompile_warms_the_kernel_the_launch_runs(monkeypatch, affine):
     vectors = [torch.randn(24) for _ in range(3)] if affine else [None] * 3
     args = (x, torch.randn(24, 1, 5, 5, dtype=torch.float16), (2, 2), (2, 2), (1, 1), *vectors,
             "hardswish")  # fmt: skip
+    if into:  # a concatenation's part: written through its strides
+        cat = torch.empty(2, 40, 5, 6, dtype=torch.float16, memory_format=torch.channels_last)
+        args = (*args, cat[:, 16:])
     depthwise_conv2d(*args)
     depthwise_conv.precompile_depthwise_conv2d(*args)
     ((run_args, run_grid, run_meta),) = launches

@@ -1015,10 +1015,11 @@ MUTATIONS: list[Mutation] = [
         "depthwise_concatenated_part_taken",
         "pass: depthwise convolutions",
         "fusebackend/passes/depthwise.py",
-        "        if concatenated(last):\n",
+        "        if _pushed_into(last):\n",
         "        if False:\n",
         ("tests/test_depthwise.py",),
-        note="a concatenation's part is taken from the group that writes it in place",
+        note="a part of a concatenation that an elementwise op reads is taken: the op, no "
+        "longer pushed into the parts, reads the whole concatenation",
     ),
 ]
 

@@ -16,6 +16,10 @@ first call of each shape, which dominated a convnet's first call (see ``passes/d
 for the measurements), and the BatchNorm and activation after them took a launch and a pass
 over the output of their own.
 
+The output may be any tensor of the result's shape (``out``): the kernel
+writes through its strides, so a concatenation's part is written in place
+(``passes/concat_writes.py``).
+
 On a device Triton cannot use (the CPU without the interpreter) the same value is computed
 with aten's ops, in fp32; on fake tensors (passes working out shapes and layouts) the call
 gives an empty output of the kernel's shape, dtype and layout.
@@ -51,23 +55,31 @@ def depthwise_conv2d(
     scale: torch.Tensor | None,
     shift: torch.Tensor | None,
     activation: str,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``act((F.conv2d(x, weight, None, stride, padding, dilation, C) - center) * scale +
     shift)`` for ``x`` of shape ``[N, C, H, W]`` and ``weight`` ``[C, 1, KH, KW]``, computed
     in fp32 and rounded once to ``x``'s dtype; ``center``, ``scale`` and ``shift`` hold C
     contiguous elements each (any floating dtype) or are None (0, 1, 0); ``activation`` one
-    of ``kernels.ir.ACTIVATIONS`` ("" for none). The output has ``x``'s layout
-    (channels-last for a channels-last ``x``)."""
+    of ``kernels.ir.ACTIVATIONS`` ("" for none). Written into ``out`` where given (of the
+    result's shape, dtype and device, any strides: a concatenation's part,
+    ``passes/concat_writes.py``), else into a new tensor of ``x``'s layout (channels-last
+    for a channels-last ``x``); returns it."""
     _check(x, weight, center, scale, shift)
-    if isinstance(x, FakeTensor):  # (passes work out shapes and layouts: no values needed)
-        return _empty_output(x, weight, stride, padding, dilation)
+    expected = _empty_output(x, weight, stride, padding, dilation)
+    if out is None:
+        out = expected
+    got, wanted = ((t.dtype, list(t.shape), t.device) for t in (out, expected))
+    if got != wanted:
+        raise ValueError(f"depthwise_conv2d: out is {got}, the result {wanted}")
+    if isinstance(x, FakeTensor) or not out.numel():  # (fakes: passes work out layouts)
+        return out
     if not triton_usable(x.device) or not _channels_contiguous(x) or x.dtype == torch.float64:
-        return _reference(x, weight, stride, padding, dilation, center, scale, shift, activation)
-    out = _empty_output(x, weight, stride, padding, dilation)
-    if out.numel():
-        args, grid, meta = _launch(x, weight, stride, padding, dilation, center, scale, shift,
-                                   activation, out)  # fmt: skip
-        run_on_device(_kernel(), grid, args, meta, x.device)
+        return out.copy_(_reference(x, weight, stride, padding, dilation, center, scale, shift,
+                                    activation))  # fmt: skip
+    args, grid, meta = _launch(x, weight, stride, padding, dilation, center, scale, shift,
+                               activation, out)  # fmt: skip
+    run_on_device(_kernel(), grid, args, meta, x.device)
     return out
 
 
@@ -194,16 +206,17 @@ def precompile_depthwise_conv2d(*args: Any) -> None:
     """Compile the kernel ``depthwise_conv2d(*args)`` launches (its tensors may be fake),
     without running it."""
     x, weight, stride, padding, dilation = args[:5]
-    out = _empty_output(x, weight, stride, padding, dilation)
-    launch_args, grid, meta = _launch(*args, out)
+    out = args[9] if len(args) > 9 else None
+    out = _empty_output(x, weight, stride, padding, dilation) if out is None else out
+    launch_args, grid, meta = _launch(*args[:9], out)
     warmup_launch(_kernel(), grid, launch_args, meta, x.device)
 
 
 def _precompile_job(args: Any) -> Any:
     """The kernel family's precompile job (kernels/family.py) for a launch on ``args``
-    (``depthwise_conv2d``'s, the tensors as example values)."""
-    x, weight, stride, padding, dilation, center, scale, shift, activation = args
-    tensors = [t for t in (x, weight, center, scale, shift) if t is not None]
+    (``depthwise_conv2d``'s, ``out`` perhaps among them, the tensors as example values)."""
+    x, weight, stride, padding, dilation, center, scale, shift, activation, *out = args
+    tensors = [t for t in (x, weight, center, scale, shift, *out) if t is not None]
     if not all(concrete_cuda_tensor(t) for t in tensors) or x.numel() == 0:
         return None
     key = ("depthwise", stride, padding, dilation, activation,
@@ -212,6 +225,8 @@ def _precompile_job(args: Any) -> Any:
 
 
 family("depthwise_conv2d", _precompile_job)(depthwise_conv2d)
+# Where the launcher takes the tensor to write its value into (passes/concat_writes.py)
+depthwise_conv2d.out_position = 9  # type: ignore[attr-defined]
 
 
 @functools.cache

@@ -18,7 +18,11 @@ b + r_b], 1)``, each operand of the full shape narrowed to its part. Each part's
 takes the op in, and the op's own kernel is gone (GhostNet's second ghost module of every
 bottleneck: BatchNorm, concatenation, residual add, as Inductor fuses them).
 
-Left as traced: a part that is not a group's output (a convolution's, a graph input), parts
+A launcher of one value that takes a tensor to write it into (``out_position``: the
+depthwise convolution's ``out``) writes its part the same way, where the cat is the value's
+only reader (GhostNet's first ghost module of each bottleneck).
+
+Left as traced: a part that is not a group's output (a cuDNN convolution's, a graph input), parts
 of another dtype or device than the result, symbolic sizes, a part written in place anywhere
 in the graph (its value at the ``cat`` would not be the one its kernel wrote), a tensor that
 is two parts of one ``cat``, a group already paired with another (passes/pairing.py).
@@ -124,6 +128,10 @@ def _part(node: Any, cat: torch.fx.Node) -> _Part | None:
     kernel's storage order: passes/rewrite.py), or None."""
     if not isinstance(node, torch.fx.Node):
         return None
+    if node.op == "call_function" and len(node.args) == _out_position(node.target):
+        # a launcher of one value that takes a tensor to write it into (a depthwise
+        # convolution's), not yet given one, taken where the cat is its only reader
+        return _Part(node, node, -1, None, node, True) if set(node.users) == {cat} else None
     item, back = node, None
     if node.op == "call_function" and node.target is torch.permute:
         item, back = node.args[0], tuple(node.args[1])
@@ -137,6 +145,12 @@ def _part(node: Any, cat: torch.fx.Node) -> _Part | None:
     return _Part(node, fused, k, back, item, alone)
 
 
+def _out_position(target: Any) -> int | None:
+    """Where a launcher of one value takes the tensor to write it into (its ``out_position``:
+    ``kernels.depthwise_conv.depthwise_conv2d``), or None."""
+    return getattr(target, "out_position", None)
+
+
 def _rewrite(graph: torch.fx.Graph, cat: torch.fx.Node, parts: list[_Part], dim: int) -> None:
     position = {n: i for i, n in enumerate(graph.nodes)}
     with graph.inserting_before(min((p.fused for p in parts), key=position.__getitem__)):
@@ -146,6 +160,14 @@ def _rewrite(graph: torch.fx.Graph, cat: torch.fx.Node, parts: list[_Part], dim:
         by_group.setdefault(part.fused, []).append(part)
     for fused, own in by_group.items():
         op = fused.target
+        if _out_position(op) is not None:  # (_part: one value, read by the cat alone)
+            (part,) = own
+            length = example_value(part.node).shape[dim]
+            with graph.inserting_before(fused):
+                target = call_evaluated(graph, torch.narrow, (result, dim, part.offset, length))
+            fused.args = (*fused.args, target)
+            fused.meta["example_value"] = example_value(target)
+            continue
         outputs = list(example_value(fused))
         into, repeats, targets = [], [], []
         with graph.inserting_before(fused):
