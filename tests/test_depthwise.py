@@ -270,9 +270,8 @@ def test_a_value_read_twice_ends_the_kernel_before_the_activation(dtype, cpu_gat
     [
         (MBConv, {"channels_last": False}, torch.float32),  # NCHW: channels not contiguous
         (ConvNeXtBlock, {}, torch.float32),  # a 7 x 7 window: not measured against cuDNN
-        # the residual add runs on each part's group instead (in fp16, as GhostNet runs: in
-        # fp32 on the CPU this block fails to compile in fold_copies_into_groups, with the
-        # pass on or off, a bug of its own)
+        # the residual add runs on each part's group instead (fp16, as GhostNet runs: in
+        # fp32 its BatchNorms fold into cuDNN's convolutions and nothing is pushed)
         (GhostResidual, {}, torch.float16),
     ],
 )

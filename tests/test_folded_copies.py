@@ -15,7 +15,14 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import assert_close, compile_fused, row_groups, run_fused, timm_fp16_replayed
+from helpers import (
+    assert_close,
+    compile_fused,
+    row_groups,
+    run_fused,
+    runtime_modes,
+    timm_fp16_replayed,
+)
 
 import fusebackend
 from fusebackend.passes.folded_copies import _atoms, strided_view
@@ -287,3 +294,23 @@ def test_a_row_wise_group_keeps_its_rows_whole():
     out, _ = run_fused(fn, attn, v)
     assert_close(out, fn(attn, v))
     assert _folded() == []
+
+
+def test_a_group_reading_a_concatenation_keeps_its_parts_at_their_own_sizes():
+    """GhostNet's second ghost module in fp32 channels-last: BatchNorms folded into the
+    convolutions, the concatenation of the two (cuDNN's outputs) read by the residual add's
+    group, whose output is written in the traced order. That write folds; the parts, half the
+    group's channels each, are not reshaped to its shape (this compile failed on an assert
+    before: 'a group's operand broadcasts to its shape')."""
+    from test_batch_norm_folding import _randomize_statistics
+    from test_depthwise import GhostResidual
+
+    torch._dynamo.reset()
+    model = _randomize_statistics(GhostResidual()).eval()
+    x = torch.randn(2, 8, 9, 9)
+    compiled = torch.compile(model, backend="infinifuse", options={"channels_last": True})
+    with torch.no_grad():
+        for _ in range(2):
+            out = compiled(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    assert set(runtime_modes()) == {"fusion"}

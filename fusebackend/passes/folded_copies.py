@@ -436,6 +436,8 @@ def _fold(graph: torch.fx.Graph, owner: torch.nn.Module, group: torch.fx.Node) -
         return []
     finer = _finer([c.atoms for c in kept], len(shape))
     assert finer is not None
+    if program.concat_parts and any(len(atoms) != 1 for atoms in finer):
+        return []  # a concatenation's parts are read at their own sizes: none to cut finer
     names = [n.name for c in kept for n in c.chain if _copies(n)]
     _rewrite(graph, group, shape, finer, kept, items)
     return names
@@ -465,7 +467,11 @@ def _rewrite(
                 traced = (tuple(source.stride()), source.storage_offset())
                 view = (read.source, sizes, strides, read.base, traced)
                 args[slot] = call_evaluated(graph, strided_view, view)
-            elif isinstance(value, torch.Tensor) and slot not in program.table_slots:
+            elif (
+                isinstance(value, torch.Tensor)
+                and slot not in program.table_slots
+                and slot not in program.concat_parts
+            ):  # (parts: read at their own sizes)
                 align = shape[:-1] if slot in program.index_slots else shape
                 split = _split_shape(value.shape, align, finer[: len(align)])
                 assert split is not None, "a group's operand broadcasts to its shape"
