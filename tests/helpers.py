@@ -402,7 +402,7 @@ class TritonCompiles:
     def __enter__(self) -> TritonCompiles:
         import fusebackend.kernels.launch as launch
 
-        real_run = launch._run
+        real_run = launch.run_on_device
 
         def run(kernel: Any, grid: Any, args: list[Any], meta: dict[str, Any], device: Any):
             self.keys.append(self.key(kernel, args, meta))
@@ -414,7 +414,7 @@ class TritonCompiles:
             self.warmed.append(self.key(kernel, args, meta))
             return real_warmup(kernel, grid, args, meta)
 
-        self._patches = [mock.patch.object(launch, "_run", run),
+        self._patches = [mock.patch.object(launch, "run_on_device", run),
                          mock.patch.object(launch, "_warmup", warmup)]  # fmt: skip
         for patch in self._patches:
             patch.start()

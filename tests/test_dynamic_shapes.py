@@ -301,7 +301,7 @@ def test_past_the_cap_the_oldest_signature_goes_and_recent_ones_stay(monkeypatch
     made = []
     real = launch._make_plans
     monkeypatch.setattr(launch, "_make_plans", lambda *a: made.append(1) or real(*a))
-    monkeypatch.setattr(launch, "_run", lambda *a: None)  # planning only
+    monkeypatch.setattr(launch, "run_on_device", lambda *a: None)  # planning only
     program, g = _broadcast_program(), torch.Generator().manual_seed(9)
     plans: dict = {}
     lengths = range(2, launch._MAX_PLANS + 12)
@@ -523,13 +523,13 @@ def test_the_report_names_the_kernels_a_dynamic_graph_launches(monkeypatch):
     # explain named the traced rank's kernel where sizes were symbolic or a group read a
     # graph number, so a profile showed a kernel explain did not list.
     launched = set()
-    real = launch._run
+    real = launch.run_on_device
 
     def spy(kernel, *args):
         launched.add(getattr(kernel, "__name__", None) or kernel.fn.__name__)
         return real(kernel, *args)
 
-    monkeypatch.setattr(launch, "_run", spy)
+    monkeypatch.setattr(launch, "run_on_device", spy)
     groups = _compiled_groups(_bert(), True, [7, 13], torch.Generator().manual_seed(16))
     named = {grp.kernel_name for grp in groups}
     assert launched == named, (launched, named)

@@ -319,13 +319,13 @@ def test_the_report_names_the_kernel_that_runs_for_collapsed_rows(monkeypatch):
     # A decode row [1, 1, D] runs the rank-1 kernel (lead dims collapsed): explain's name
     # must be that one, so that it can be found in a profile.
     launched = []
-    real = launch._run
+    real = launch.run_on_device
 
     def spy(kernel, *args):
         launched.append(getattr(kernel, "__name__", None) or kernel.fn.__name__)
         return real(kernel, *args)
 
-    monkeypatch.setattr(launch, "_run", spy)
+    monkeypatch.setattr(launch, "run_on_device", spy)
     x, w = torch.randn(1, 1, 37), torch.randn(37)
     out, report = run_fused(lambda x, w: F.rms_norm(x * 2, (37,), w) + 1, x, w,
                             options={"cudagraphs": False})  # fmt: skip
