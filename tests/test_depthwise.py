@@ -330,7 +330,8 @@ def test_wide_offsets_take_the_int64_index_math(monkeypatch):
     with FakeTensorMode():
         big = torch.empty(1, 64, 6000, 6000, memory_format=torch.channels_last)
         weight = torch.empty(64, 1, 3, 3)
-        out = depthwise_conv._empty_output(big, weight, (1, 1), (1, 1), (1, 1))
+        shape = depthwise_conv._output_shape(big, weight, (1, 1), (1, 1), (1, 1))
+        out = depthwise_conv._empty_output(big, shape)
         launch = depthwise_conv._launch(big, weight, (1, 1), (1, 1), (1, 1), None, None, None,
                                         "", out)  # fmt: skip
     assert launch[2]["WIDE"]

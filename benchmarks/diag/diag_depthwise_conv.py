@@ -136,7 +136,7 @@ def _sweep(shape: dict[str, Any]) -> dict[str, Any]:
     from fusebackend.kernels import depthwise_conv as dw
 
     inputs = _inputs(shape)
-    out = dw._empty_output(*inputs[:5])
+    out = dw._empty_output(inputs[0], dw._output_shape(*inputs[:5]))
     times = {}
     for config in _SWEEP:
         args, grid, meta = dw._launch(*inputs, out, config=config)
@@ -154,7 +154,7 @@ def _precompile_sweep(shapes: list[dict[str, Any]]) -> None:
 
     def job(shape: dict[str, Any], config: tuple[int, int, int]) -> None:
         inputs = _inputs(shape)
-        out = dw._empty_output(*inputs[:5])
+        out = dw._empty_output(inputs[0], dw._output_shape(*inputs[:5]))
         args, grid, meta = dw._launch(*inputs, out, config=config)
         warmup_launch(dw._kernel(), grid, args, meta, out.device)
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
-from fusebackend.kernels.epilogue import _TORCH, activation_program, epilogue_function
+from fusebackend.kernels.epilogue import activation_program, epilogue_function, evaluate
 from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
 from fusebackend.kernels.launch import run_on_device, triton_usable
 from fusebackend.kernels.triton_api import warmup_launch
@@ -66,17 +66,18 @@ def depthwise_conv2d(
     ``passes/concat_writes.py``), else into a new tensor of ``x``'s layout (channels-last
     for a channels-last ``x``); returns it."""
     _check(x, weight, center, scale, shift)
-    expected = _empty_output(x, weight, stride, padding, dilation)
+    shape = _output_shape(x, weight, stride, padding, dilation)
     if out is None:
-        out = expected
-    got, wanted = ((t.dtype, list(t.shape), t.device) for t in (out, expected))
+        out = _empty_output(x, shape)
+    got, wanted = (out.dtype, tuple(out.shape), out.device), (x.dtype, shape, x.device)
     if got != wanted:
         raise ValueError(f"depthwise_conv2d: out is {got}, the result {wanted}")
     if isinstance(x, FakeTensor) or not out.numel():  # (fakes: passes work out layouts)
         return out
     if not triton_usable(x.device) or not _channels_contiguous(x) or x.dtype == torch.float64:
-        return out.copy_(_reference(x, weight, stride, padding, dilation, center, scale, shift,
-                                    activation))  # fmt: skip
+        reference = _reference(x, weight, (stride, padding, dilation), (center, scale, shift),
+                               activation)  # fmt: skip
+        return out.copy_(reference)
     args, grid, meta = _launch(x, weight, stride, padding, dilation, center, scale, shift,
                                activation, out)  # fmt: skip
     run_on_device(_kernel(), grid, args, meta, x.device)
@@ -99,29 +100,21 @@ def _check(x: torch.Tensor, weight: torch.Tensor, *vectors: torch.Tensor | None)
 def _reference(
     x: torch.Tensor,
     weight: torch.Tensor,
-    stride: tuple[int, int],
-    padding: tuple[int, int],
-    dilation: tuple[int, int],
-    center: torch.Tensor | None,
-    scale: torch.Tensor | None,
-    shift: torch.Tensor | None,
+    geometry: tuple[tuple[int, int], ...],
+    vectors: tuple[torch.Tensor | None, ...],
     activation: str,
 ) -> torch.Tensor:
-    """The value in aten's ops, in fp32, rounded once (fp64 stays fp64, which the kernel
-    would compute in fp32)."""
+    """The value in aten's ops, in fp32 (fp64 stays fp64, which the kernel would compute in
+    fp32), rounded once: ``geometry`` is (stride, padding, dilation), ``vectors`` (center,
+    scale, shift); the activation by ``kernels/epilogue.py``'s torch reference."""
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-    y = F.conv2d(x.to(compute), weight.to(compute), None, stride, padding, dilation, x.shape[1])
-    if center is not None:
-        y = y - center.to(compute).reshape(-1, 1, 1)
-    if scale is not None:
-        y = y * scale.to(compute).reshape(-1, 1, 1)
-    if shift is not None:
-        y = y + shift.to(compute).reshape(-1, 1, 1)
+    y = F.conv2d(x.to(compute), weight.to(compute), None, *geometry, x.shape[1])
+    for vector, op in zip(vectors, (torch.sub, torch.mul, torch.add), strict=True):
+        if vector is not None:
+            y = op(y, vector.to(compute).reshape(-1, 1, 1))
     if activation:
-        name = {"gelu_tanh": "gelu", "gelu_new": "gelu"}.get(activation, activation)
-        kwargs = {"approximate": "tanh"} if activation in ("gelu_tanh", "gelu_new") else {}
-        y = (_TORCH.get(name) or getattr(torch, name))(y, **kwargs)
-    return y.to(x.dtype).contiguous(memory_format=_layout(x))
+        y = evaluate(activation_program(activation, compute), y)
+    return y.to(x.dtype)
 
 
 def _layout(x: torch.Tensor) -> torch.memory_format:
@@ -135,13 +128,16 @@ def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
-def _empty_output(x, weight, stride, padding, dilation) -> torch.Tensor:
-    """The output, in ``x``'s layout, made like ``x`` (a fake tensor for a fake ``x``)."""
+def _output_shape(x, weight, stride, padding, dilation) -> tuple[int, int, int, int]:
     batch, channels, height, width = x.shape
     kh, kw = weight.shape[2], weight.shape[3]
     oh = output_size(height, kh, stride[0], padding[0], dilation[0])
     ow = output_size(width, kw, stride[1], padding[1], dilation[1])
-    shape = (batch, channels, oh, ow)
+    return batch, channels, oh, ow
+
+
+def _empty_output(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """An output of ``shape`` in ``x``'s layout, made like ``x`` (fake for a fake ``x``)."""
     strides = torch.empty(shape, device="meta", memory_format=_layout(x)).stride()
     return x.new_empty_strided(shape, strides)
 
@@ -207,7 +203,8 @@ def precompile_depthwise_conv2d(*args: Any) -> None:
     without running it."""
     x, weight, stride, padding, dilation = args[:5]
     out = args[9] if len(args) > 9 else None
-    out = _empty_output(x, weight, stride, padding, dilation) if out is None else out
+    if out is None:
+        out = _empty_output(x, _output_shape(x, weight, stride, padding, dilation))
     launch_args, grid, meta = _launch(*args[:9], out)
     warmup_launch(_kernel(), grid, launch_args, meta, x.device)
 
