@@ -1015,7 +1015,7 @@ MUTATIONS: list[Mutation] = [
         "depthwise_concatenated_part_taken",
         "pass: depthwise convolutions",
         "fusebackend/passes/depthwise.py",
-        "        if _pushed_into(last):\n",
+        "        if any(map(pushed_into, last.users)):\n",
         "        if False:\n",
         ("tests/test_depthwise.py",),
         note="a part of a concatenation that an elementwise op reads is taken: the op, no "

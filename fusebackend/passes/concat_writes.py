@@ -49,7 +49,8 @@ from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.mutations import storage_id, written_storages
 from fusebackend.passes.ops import OpKind, lookup_op
 
-__all__ = ["join_written", "push_into_concatenations", "write_concatenations", "written_parts"]
+__all__ = ["join_written", "push_into_concatenations", "pushed_into", "write_concatenations",
+           "written_parts"]  # fmt: skip
 
 _STACK = torch.stack  # the same, each part one index along a new dim (a select of the result)
 
@@ -247,6 +248,17 @@ def push_into_concatenations(graph: torch.fx.Graph) -> list[str]:
     if pushed:
         graph.lint()
     return pushed
+
+
+def pushed_into(cat: torch.fx.Node) -> bool:
+    """Would ``push_into_concatenations`` look at ``cat``, a concatenation read by an
+    elementwise op (perhaps through a slice)? It runs that op on each part where every part
+    is an elementwise op's value: a part computed otherwise keeps the op on the whole
+    concatenation (``passes/depthwise.py`` leaves such a part to its row group)."""
+    if cat.op != "call_function" or cat.target not in CAT_FUNCTIONS:
+        return False
+    slices = [r for r in cat.users if r.op == "call_function" and r.target is operator.getitem]
+    return any(map(_elementwise, [*cat.users, *(r for s in slices for r in s.users)]))
 
 
 def _elementwise(node: Any) -> bool:

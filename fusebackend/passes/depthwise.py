@@ -35,7 +35,6 @@ kernel's part would stop, so that convolution stays cuDNN's.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -43,12 +42,11 @@ import torch
 import torch.fx
 from torch import Tensor
 
-from fusebackend.passes.concatenation import CAT_FUNCTIONS
+from fusebackend.passes.concat_writes import pushed_into
 from fusebackend.passes.conv_activation import conv2d_arguments
 from fusebackend.passes.conv_bias import CONVOLUTIONS, is_batched
 from fusebackend.passes.fx_util import evaluate, example_value, known_contiguous, static_layout
 from fusebackend.passes.groups import op_call
-from fusebackend.passes.ops import OpKind, lookup_op
 
 __all__ = ["DEVICE_TYPES", "use_depthwise_convs"]
 
@@ -108,26 +106,6 @@ def _per_channel(node: Any, channels: int, shapes: tuple[tuple[int, ...], ...] =
 
 def _layout(value: Tensor) -> tuple[Any, ...]:
     return tuple(value.shape), value.stride(), value.dtype, value.device
-
-
-def _pushed_into(value: torch.fx.Node) -> bool:
-    """Is a concatenation of ``value`` read by an elementwise op (perhaps through a slice)?
-    ``push_into_concatenations`` then runs that op on each part, where each part is an
-    elementwise op's value (GhostNet's second ghost module: BatchNorm, cat, residual add):
-    a part of this kernel's would leave the op reading the whole concatenation."""
-    for cat in value.users:
-        if cat.op != "call_function" or cat.target not in CAT_FUNCTIONS:
-            continue
-        slices = [r for r in cat.users if r.op == "call_function" and r.target is operator.getitem]
-        readers = [*cat.users, *(r for s in slices for r in s.users)]
-        if any(_elementwise(r) for r in readers):
-            return True
-    return False
-
-
-def _elementwise(node: torch.fx.Node) -> bool:
-    row = lookup_op(node.op, node.target)
-    return row is not None and row[0].kind == OpKind.ELEMENTWISE
 
 
 def _only_reader(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -209,7 +187,7 @@ def use_depthwise_convs(graph: torch.fx.Graph, kernel: Callable[..., Tensor]) ->
         x, weight, bias, stride, padding, dilation = args
         found, taken = _epilogue(conv, example_value(x).shape[1], bias)
         last = taken[-1] if taken else conv
-        if _pushed_into(last):
+        if any(map(pushed_into, last.users)):
             continue
         operands = (x, weight, stride, padding, dilation, found.get("center"),
                     found.get("scale"), found.get("shift"), found["activation"])  # fmt: skip
