@@ -239,6 +239,11 @@ def graphs_since(previous: FusionReport) -> list[Any]:
     return [graph for graph in fusebackend.reports().graphs if id(graph) not in seen]
 
 
+def rewrites_of(graphs: Sequence[Any], key: str) -> list[str]:
+    """What one pass reported (``GraphReport.rewrites[key]``) over all ``graphs``, in order."""
+    return [name for graph in graphs for name in graph.rewrites.get(key, [])]
+
+
 def assert_model_fused(
     graphs: Sequence[Any], *, row_groups: int = 0, matmul_launches: int = 0
 ) -> None:

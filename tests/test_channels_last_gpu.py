@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import assert_close_to_scale, assert_model_fused, graphs_since
+from helpers import assert_close_to_scale, assert_model_fused, graphs_since, rewrites_of
 from test_batch_norm_folding_gpu import _eval_model, replayed
 
 import fusebackend
@@ -47,7 +47,7 @@ def test_a_model_of_grouped_convolutions_stays_nchw_with_the_reason():
     with torch.no_grad():
         assert_close_to_scale(torch.compile(model, backend="infinifuse")(x), model(x))
     graphs = graphs_since(before)
-    reasons = [r for g in graphs for r in g.rewrites.get("channels_last_left_alone", [])]
+    reasons = rewrites_of(graphs, "channels_last_left_alone")
     assert reasons and "grouped convolutions" in reasons[0], reasons
 
 

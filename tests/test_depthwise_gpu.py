@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_model_fused
+from helpers import assert_model_fused, rewrites_of
 from test_batch_norm_folding_gpu import _eval_model, replayed
 
 from fusebackend.kernels.depthwise_conv import depthwise_conv2d
@@ -59,7 +59,7 @@ def test_timm_depthwise_convolutions_run_as_the_kernel_and_replays_equal_eager(n
     model = _eval_model(name)
     x = torch.randn(2, 3, 96, 80, device="cuda", dtype=torch.float16)
     _, _, graphs = replayed(model, x)
-    made = [m for g in graphs for m in g.rewrites.get("depthwise_convs", [])]
+    made = rewrites_of(graphs, "depthwise_convs")
     assert len(made) == depthwise, made
     assert all("(+" in m for m in made), made  # each with its norm and activation
     assert_model_fused(graphs, row_groups=1)
@@ -70,7 +70,7 @@ def test_ghostnet_writes_its_first_ghost_modules_depthwise_parts_in_place():
     model = _eval_model("ghostnet_100")
     x = torch.randn(2, 3, 96, 80, device="cuda", dtype=torch.float16)
     _, _, graphs = replayed(model, x)
-    made = [m for g in graphs for m in g.rewrites.get("depthwise_convs", [])]
+    made = rewrites_of(graphs, "depthwise_convs")
     convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     depthwise = [m for m in convs if m.groups == m.in_channels == m.out_channels > 1]
     # the strided ones and the first ghost module's of each bottleneck (written into its

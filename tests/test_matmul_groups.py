@@ -15,6 +15,7 @@ from helpers import (
     eager,
     gpu_llama_decode,
     perturb_uniform_parameters,
+    rewrites_of,
     row_groups,
     runtime_modes,
     tiny_llama_config,
@@ -538,7 +539,7 @@ def test_generate_with_compile_config_matches_eager_tokens():
         actual = model.generate(ids, compile_config=config, **kwargs)
     assert torch.equal(actual, expected)
     graphs = fusebackend.report._reports_since(start)
-    made = [line for g in graphs for line in g.rewrites.get("matmul_groups", [])]
+    made = rewrites_of(graphs, "matmul_groups")
     assert any("rms_norm + 2 linears + silu(gate) * up" in line for line in made), made
 
 

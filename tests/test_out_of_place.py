@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from helpers import assert_model_fused, graphs_since
+from helpers import assert_model_fused, graphs_since, rewrites_of
 
 import fusebackend
 
@@ -58,10 +58,6 @@ def _run(model: nn.Module, *inputs: torch.Tensor, calls: int = 2):
     return out, graphs_since(before)
 
 
-def _rewrites(graphs, key: str) -> list[str]:
-    return [name for g in graphs for name in g.rewrites.get(key, [])]
-
-
 def test_in_place_activations_and_residual_add_fuse_and_equal_eager():
     torch.manual_seed(0)
     model = InPlaceBlock().eval()
@@ -75,10 +71,10 @@ def test_in_place_activations_and_residual_add_fuse_and_equal_eager():
     for got, want in zip(out, expected):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert_model_fused(graphs, row_groups=2)  # validation kept the fused graph
-    made = _rewrites(graphs, "made_out_of_place")
+    made = rewrites_of(graphs, "made_out_of_place")
     assert len(made) == 6, made  # relu, hardswish, +=, silu, mul_, relu_
-    assert not _rewrites(graphs, "in_place_left_alone")
-    assert sorted(_rewrites(graphs, "conv_biases_moved")) == ["conv2d", "conv2d_1"]
+    assert not rewrites_of(graphs, "in_place_left_alone")
+    assert sorted(rewrites_of(graphs, "conv_biases_moved")) == ["conv2d", "conv2d_1"]
     fused = {node for g in graphs for group in g.groups for node in group.nodes}
     assert set(made) <= fused, (made, fused)  # every one of them inside a fused group
 
@@ -95,9 +91,9 @@ def test_a_write_into_a_graph_input_stays_in_place_and_happens_once():
     graphs = graphs_since(before)
     torch.testing.assert_close(x, expected_input)  # the input changed, once
     torch.testing.assert_close(out, expected_input * 2.0 + 1.0)
-    left = _rewrites(graphs, "in_place_left_alone")
+    left = rewrites_of(graphs, "in_place_left_alone")
     assert any("graph input" in reason for reason in left), left
-    assert not _rewrites(graphs, "made_out_of_place")
+    assert not rewrites_of(graphs, "made_out_of_place")
 
 
 def test_a_write_through_a_view_of_a_temporary_stays_in_place():
@@ -112,7 +108,7 @@ def test_a_write_through_a_view_of_a_temporary_stays_in_place():
     out = torch.compile(f, backend="infinifuse")(x)
     graphs = graphs_since(before)
     torch.testing.assert_close(out, f(x.clone()))
-    left = _rewrites(graphs, "in_place_left_alone")
+    left = rewrites_of(graphs, "in_place_left_alone")
     assert any("shares its storage" in r and "read after the write" in r for r in left), left
 
 
@@ -140,9 +136,9 @@ def test_a_write_into_a_view_whose_base_is_not_read_again_is_made_out_of_place()
     out, graphs = _run(model, x)
     with torch.no_grad():
         torch.testing.assert_close(out, model(x))
-    made = _rewrites(graphs, "made_out_of_place")
+    made = rewrites_of(graphs, "made_out_of_place")
     assert len(made) == 2, made
-    assert not _rewrites(graphs, "in_place_left_alone")
+    assert not rewrites_of(graphs, "in_place_left_alone")
     # the add, the sigmoid and the multiply: one group
     assert any(made[0] in g.nodes and len(g.nodes) >= 3 for g in graphs[-1].groups), graphs
     assert {e["mode"] for e in graphs[-1].runtime_modes()} == {"fusion"}
@@ -161,7 +157,7 @@ def test_a_write_through_a_view_of_a_graph_input_stays_in_place_and_happens_once
     graphs = graphs_since(before)
     torch.testing.assert_close(x, expected_input)  # the input changed, once
     torch.testing.assert_close(out, torch.sigmoid(expected_input) + 1.0)
-    left = _rewrites(graphs, "in_place_left_alone")
+    left = rewrites_of(graphs, "in_place_left_alone")
     assert any("view of the graph input" in reason for reason in left), left
 
 
@@ -177,7 +173,7 @@ def test_an_in_place_op_that_casts_its_result_stays_in_place():
     graphs = graphs_since(before)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, f(x, y), rtol=1e-2, atol=1e-2)
-    left = _rewrites(graphs, "in_place_left_alone")
+    left = rewrites_of(graphs, "in_place_left_alone")
     assert any("dtype" in reason for reason in left), left
 
 
@@ -189,7 +185,7 @@ def test_a_conv_whose_reader_is_not_elementwise_keeps_its_bias():
     with torch.no_grad():
         torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
     assert_model_fused(graphs)
-    moved = _rewrites(graphs, "conv_biases_moved")
+    moved = rewrites_of(graphs, "conv_biases_moved")
     assert len(moved) == 1, moved  # the second one only: the first one's reader is a conv
 
 
@@ -215,7 +211,7 @@ def test_a_conv_read_by_a_permute_gets_its_bias_after_the_permute():
     with torch.no_grad():
         torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
     assert_model_fused(graphs)
-    assert len(_rewrites(graphs, "conv_biases_moved")) == 2
+    assert len(rewrites_of(graphs, "conv_biases_moved")) == 2
     norm = [g for g in graphs[-1].groups if "layer_norm" in " ".join(g.nodes)]
     assert norm and any("add" in n for n in norm[0].nodes), graphs[-1].groups
 
@@ -235,7 +231,7 @@ def test_a_reader_of_an_earlier_in_place_result_reads_the_rewritten_op():
     out = torch.compile(g, backend="infinifuse", options={"validate": False})(x, idx)
     graphs = graphs_since(before)
     torch.testing.assert_close(out, g(x.clone(), idx))
-    assert _rewrites(graphs, "made_out_of_place")  # the relu_ was rewritten
+    assert rewrites_of(graphs, "made_out_of_place")  # the relu_ was rewritten
 
 
 def test_an_unbatched_convolution_keeps_its_bias():
@@ -249,7 +245,7 @@ def test_an_unbatched_convolution_keeps_its_bias():
     with torch.no_grad():
         out = compiled(x)
         torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
-    assert not _rewrites(graphs_since(before), "conv_biases_moved")
+    assert not rewrites_of(graphs_since(before), "conv_biases_moved")
 
 
 def test_an_in_place_eval_dropout_is_dropped_and_the_relu_after_it_fuses():
@@ -261,6 +257,6 @@ def test_an_in_place_eval_dropout_is_dropped_and_the_relu_after_it_fuses():
     out, graphs = _run(model, x)
     with torch.no_grad():
         torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
-    assert len(_rewrites(graphs, "made_out_of_place")) == 2
-    assert not _rewrites(graphs, "in_place_left_alone")
+    assert len(rewrites_of(graphs, "made_out_of_place")) == 2
+    assert not rewrites_of(graphs, "in_place_left_alone")
     assert_model_fused(graphs)
