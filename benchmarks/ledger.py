@@ -346,6 +346,10 @@ SOURCES = (
     # EfficientNet-B0's first call by phase after the spatial means joined the precompile
     # (d7372f8), Triton's cache cold, on a one-GPU H200 host. Folded: in git at 6ceb07c
     "diag_first_call_phases_h200_d7372f8.json",
+    # GhostNet-100, EfficientNet-B0 (both backends) and MobileNetV3-large (infinifuse alone:
+    # the run's time budget ended) at 9663a0f, after GhostNet's first ghost modules wrote
+    # their depthwise values in place, beside the GPU tests on the other GPU of an H200 x2 host
+    "vision_h200_9663a0f.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
