@@ -1,0 +1,186 @@
+"""Does infinifuse run vision models that no benchmark names, and give eager's outputs?
+
+The vision suite (``benchmarks/vision.py``) times twelve timm models; users bring others. For
+each model of ``--models`` (timm names, or ``tv:NAME`` for a torchvision model; the default
+list spans convnets, mobile nets, hybrids and transformers outside the suite), in a process of
+its own (a kernel fault ends that process alone), this builds it with random weights
+(``pretrained=False``; BatchNorm statistics calibrated as ``vision.py`` does, so a wrong
+kernel in a residual branch shows), fp16 on the GPU, at the model's own input size, batch
+``--batch``, and records:
+
+- ``first_call_s``: the compiled model's first call (Dynamo, the backend, Triton's compiles);
+- ``err`` and ``eager_err``: the largest ``|out - eager fp32|`` of the third call (a replay)
+  and of eager fp16, and ``ok``: ``err <= 4 * eager_err + 1e-3 * scale`` (fp16's own noise
+  with room for a different summation order);
+- the modes every signature reached, the fallback reasons, the graphs Dynamo made and the
+  fused groups and launches of their reports.
+
+No timing beyond the first call: ``--parallel`` processes share the GPUs and the host's CPUs
+(per call against reduce-overhead is ``vision.py``'s job, one model at a time).
+
+    python benchmarks/diag/diag_model_sweep.py --parallel 8 --out /tmp/sweep.json
+    python benchmarks/diag/diag_model_sweep.py --models tv:shufflenet_v2_x1_0,dla34
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Outside the vision suite: families with ops or layouts the suite lacks (channel shuffles,
+# dense concatenations, grouped and dilated convs, attention hybrids, weight standardization,
+# pooling token mixers, squeeze-excite variants, re-parameterized blocks).
+MODELS = (
+    "mobilenetv2_100,mnasnet_100,mixnet_s,tf_efficientnet_lite0,efficientnetv2_rw_t,"
+    "mobilenetv4_conv_small,lcnet_050,rexnet_100,fbnetc_100,ghostnetv2_100,densenet121,"
+    "dla34,hrnet_w18_small,res2net50_14w_8s,skresnet18,ecaresnet26t,resnest14d,seresnext26d_32x4d,"
+    "cspresnet50,regnetx_002,regnetz_b16,dm_nfnet_f0,vgg11_bn,xception41,selecsls42b,"
+    "convnextv2_atto,inception_next_tiny,poolformer_s12,caformer_s18,efficientformer_l1,"
+    "fastvit_t8,mobileone_s0,repghostnet_050,mobilevit_xs,mobilevitv2_050,edgenext_xx_small,"
+    "efficientvit_b0,coatnet_0_rw_224,maxvit_nano_rw_256,deit_tiny_patch16_224,"
+    "eva02_tiny_patch14_224,pvt_v2_b0,cait_xxs24_224,resmlp_12_224,hgnetv2_b0,starnet_s1,"
+    "tv:mobilenet_v2,tv:mobilenet_v3_small,tv:shufflenet_v2_x1_0,tv:squeezenet1_1,tv:googlenet,"
+    "tv:densenet121,tv:efficientnet_v2_s,tv:regnet_y_400mf,tv:convnext_tiny,tv:swin_t,"
+    "tv:maxvit_t,tv:resnet18"
+)
+
+
+def build(name: str, seed: int) -> tuple[Any, int]:
+    """The model (eval mode, CPU, fp32) and its input size."""
+    import torch
+
+    torch.manual_seed(seed)
+    if name.startswith("tv:"):
+        import torchvision
+
+        model = torchvision.models.get_model(name[3:], weights=None)
+        return model.eval(), 224
+    import timm
+
+    model = timm.create_model(name, pretrained=False)
+    size = model.pretrained_cfg.get("input_size", (3, 224, 224))[-1]
+    return model.eval(), size
+
+
+def run_child(name: str, batch: int, seed: int) -> dict[str, Any]:
+    import torch
+    from vision import calibrate_norms, fusion_fields
+
+    import fusebackend
+    import fusebackend.report as fusebackend_report
+
+    record: dict[str, Any] = {"model": name, "batch": batch}
+    device = torch.device("cuda")
+    model, size = build(name, seed)
+    record["image_size"] = size
+    model.to(device)
+    calibrate_norms(model, size, device, seed)
+    x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with torch.no_grad():
+        ref32 = model(x.to(device)).float()
+        model.half()
+        model.train().eval()  # (LeViT-style caches of attention biases: vision.py says why)
+        x = x.to(device, torch.float16)
+        eager = model(x).float()
+    before = fusebackend_report._recorded
+    compiled = torch.compile(model, backend="infinifuse", dynamic=False)
+    with torch.no_grad():
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        compiled(x)
+        torch.cuda.synchronize()
+        record["first_call_s"] = round(time.perf_counter() - start, 3)
+        for _ in range(2):
+            out = compiled(x)
+        out = out.float() if isinstance(out, torch.Tensor) else out[0].float()
+    scale = ref32.abs().max().item()
+    record["err"] = (out - ref32).abs().max().item()
+    record["eager_err"] = (eager - ref32).abs().max().item()
+    record["scale"] = scale
+    record["ok"] = bool(record["err"] <= 4 * record["eager_err"] + 1e-3 * scale)
+    record.update(fusion_fields(fusebackend_report._reports_since(before)))
+    stats = fusebackend.stats()
+    record["modes"] = sorted(set(stats["fusion_modes"].values()))
+    record["fallback_reasons"] = sorted({str(v)[:300] for v in stats["fallback_reasons"].values()})
+    return record
+
+
+def run_one(name: str, args: argparse.Namespace, gpu: int) -> dict[str, Any]:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+    command = [sys.executable, os.path.abspath(__file__), "--child", name,
+               "--batch", str(args.batch), "--seed", str(args.seed)]  # fmt: skip
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True,
+                              timeout=args.child_timeout)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"model": name, "error": f"timed out after {args.child_timeout} s"}
+    for line in done.stdout.splitlines():
+        if line.startswith("SWEEP "):
+            record = json.loads(line[6:])
+            record["process_s"] = round(time.perf_counter() - start, 1)
+            return record
+    return {"model": name, "error": f"exit {done.returncode}", "stderr_tail": done.stderr[-2000:]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=MODELS)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--parallel", type=int, default=1, help="processes at once, spread "
+                        "over the visible GPUs")  # fmt: skip
+    parser.add_argument("--child-timeout", type=float, default=240)
+    parser.add_argument("--time-budget", type=float, default=1e9,
+                        help="start no model after this many seconds")  # fmt: skip
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        try:
+            record = run_child(args.child, args.batch, args.seed)
+        except Exception as exc:  # noqa: BLE001  (a build or compile failure: the record says)
+            import traceback
+
+            record = {"model": args.child, "error": f"{type(exc).__name__}: {exc}"[:600],
+                      "traceback_tail": traceback.format_exc()[-2500:]}  # fmt: skip
+        print("SWEEP " + json.dumps(record), flush=True)
+        return 0
+    import torch
+
+    gpus = max(1, torch.cuda.device_count())
+    names = [n for n in args.models.split(",") if n]
+    start = time.perf_counter()
+    records: list[dict[str, Any]] = []
+
+    def job(index: int, name: str) -> dict[str, Any]:
+        if time.perf_counter() - start > args.time_budget:
+            return {"model": name, "error": "not started: time budget"}
+        return run_one(name, args, index % gpus)
+
+    with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+        for record in pool.map(job, range(len(names)), names):
+            records.append(record)
+            brief = {k: record.get(k) for k in ("model", "ok", "err", "eager_err", "modes",
+                     "graphs", "fused_groups", "first_call_s", "error")}  # fmt: skip
+            print(json.dumps(brief), flush=True)
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump({"batch": args.batch, "records": records}, f, indent=1)
+    bad = [r["model"] for r in records if not r.get("ok")]
+    print(f"{len(records) - len(bad)} of {len(records)} ok; not ok: {bad}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
