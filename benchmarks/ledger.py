@@ -348,7 +348,8 @@ SOURCES = (
     "diag_first_call_phases_h200_d7372f8.json",
     # GhostNet-100, EfficientNet-B0 (both backends) and MobileNetV3-large (infinifuse alone:
     # the run's time budget ended) at 9663a0f, after GhostNet's first ghost modules wrote
-    # their depthwise values in place, beside the GPU tests on the other GPU of an H200 x2 host. Folded: in git at 3da1d9f
+    # their depthwise values in place, beside the GPU tests on the other GPU of an H200 x2
+    # host. Folded: in git at 3da1d9f
     "vision_h200_9663a0f.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:

@@ -117,6 +117,8 @@ def infinifuse(
     groups = fusion.groups
     if not config.fusion:
         path = "unfused (option fusion=False)"
+    elif fusion.failure:
+        path = f"unfused (fusion failed in {fusion.failure})"
     elif fusion.graph is not None:
         path = "fused"
     elif groups:

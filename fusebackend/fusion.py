@@ -363,6 +363,7 @@ class Fusion:
     launches: dict[str, int] = dataclasses.field(default_factory=dict)
     launch_paths: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     refresh: Callable[[Sequence[Any]], None] | None = None  # run before each call
+    failure: str = ""  # why the passes raised ("": they did not): the graph runs unfused
 
 
 # The rewrites kept in the report when nothing runs fused: what says why something was not.
@@ -384,7 +385,17 @@ def fuse(
         return Fusion()
     c = Compilation(name, gm, list(example_inputs), config, device, graph=torch.fx.Graph())
     c.graph.output(c.graph.graph_copy(gm.graph, {}))  # node meta (example values) is kept
-    run_passes(FUSE, c)
+    try:
+        run_passes(FUSE, c)
+    except Exception as exc:  # noqa: BLE001  (a pass's bug: the graph runs as traced, captured)
+        # Every exception a FUSE pass raises is an internal error (options are checked
+        # before the passes run): the user's model still runs, and the report, explain and
+        # this warning name the pass. timm's EVA-02 failed this way in parameter_work
+        # (2026-11-30, diag_model_sweep.py) and, before this, failed the whole compile.
+        failure = f"{c.running}: {type(exc).__name__}: {exc}"
+        log.warning("%s: a fusion pass failed, the graph runs unfused: %s", name, failure,
+                    exc_info=True)  # fmt: skip
+        return Fusion(failure=failure[:500], seconds=c.seconds)
     if c.stopped:
         # No fused graph: only what says why something was not fused stays reported.
         why = {k: v for k, v in c.rewrites.items() if k in _WHY_NOT_FUSED}

@@ -59,6 +59,7 @@ class Compilation:
     # kernel -> how its launches run -> how many (a family's optional launch_path)
     launch_paths: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     stopped: bool = False  # a pass ended its stage (nothing to fuse: no fused graph)
+    running: str = ""  # the pass run last (or running): what a failure names
     # What the passes report: report key -> node names, report key -> explain's label, and
     # pass name -> seconds.
     rewrites: dict[str, list[str]] = dataclasses.field(default_factory=dict)
@@ -92,6 +93,7 @@ def run_passes(passes: Sequence[Pass], compilation: Compilation) -> None:
         if not step.enabled(compilation):
             continue
         start = time.perf_counter()
+        compilation.running = step.name
         names = step.run(compilation)
         seconds = time.perf_counter() - start
         compilation.seconds[step.name] = compilation.seconds.get(step.name, 0.0) + seconds

@@ -220,3 +220,51 @@ def test_an_expanded_value_is_left_as_traced():
     with torch.no_grad():
         assert_close(compile_fused(model)(x, positions), model(x, positions))
     assert _folded() == [], str(fusebackend.last_report())
+
+
+class SplitRotaryTable(nn.Module):
+    """timm's EVA-02 rotary embedding: sines and cosines of a buffer concatenated once,
+    then ``tensor_split`` in two (a node whose value is a tuple) in every attention."""
+
+    def __init__(self, positions: int = 7, half: int = 4) -> None:
+        super().__init__()
+        angles = torch.arange(positions)[:, None] / 10.0 ** (torch.arange(half) / half)
+        self.register_buffer("angles", angles)
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        emb = torch.cat([self.angles.sin(), self.angles.cos()], -1)
+        sin, cos = emb.tensor_split(2, -1)
+        return q * cos + q.flip(-1) * sin
+
+
+def test_a_split_of_derived_work_reads_the_derived_tensor():
+    # The concatenation is derived; its split (a tuple of views) stays as traced. The compile
+    # raised on the tuple before (found on timm's eva02_tiny_patch14_224 by
+    # benchmarks/diag/diag_model_sweep.py, 2026-11-30)
+    torch.manual_seed(4)
+    model = SplitRotaryTable().eval()
+    q = torch.randn(2, 7, 4)
+    compiled = compile_fused(model)
+    with torch.no_grad():
+        assert_close(compiled(q), model(q))
+        assert len(_folded()) == 1, str(fusebackend.last_report())  # the concatenation
+        model.angles.mul_(-0.5)
+        assert_close(compiled(q), model(q))
+
+
+class BufferMaxima(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.randn(5, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        values, _ = self.table.max(dim=0)  # a tuple-valued op that is no view
+        return x @ values[:, None]
+
+
+def test_a_tuple_valued_op_on_a_buffer_compiles():
+    torch.manual_seed(5)
+    model = BufferMaxima().eval()
+    x = torch.randn(3, 6)
+    with torch.no_grad():
+        assert_close(compile_fused(model)(x), model(x))

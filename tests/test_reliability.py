@@ -17,6 +17,7 @@ buffers, re-record, fallback.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import logging
 import threading
@@ -491,6 +492,29 @@ def _expect_fallback(path: str, text: str, *parts: str) -> str:
     s = fusebackend.stats()
     assert (s["fusion_attempts"], s["fusion_fallbacks"], s["fusion_successes"]) == (1, 1, 0)
     return reason
+
+
+@pytest.mark.fusion_failure_expected
+@pytest.mark.parametrize("path", PATHS)
+def test_a_fusion_pass_that_raises_leaves_the_graph_unfused(path, request, monkeypatch, caplog):
+    # A pass's bug must not fail the user's compile (timm's EVA-02 did, 2026-11-30): the
+    # graph runs as traced (captured on the captured path) and the report names the pass.
+    from fusebackend import fusion
+
+    def broken(c):
+        raise RuntimeError("planted pass failure")
+
+    planted = [dataclasses.replace(p, run=broken) if p.name == "fold_parameter_work" else p
+               for p in fusion.FUSE]  # fmt: skip
+    monkeypatch.setattr(fusion, "FUSE", planted)
+    with caplog.at_level(logging.WARNING, logger="fusebackend"):
+        _, text = _run_with_fault(path, request)
+    expected = "fusion failed in fold_parameter_work: RuntimeError: planted pass failure"
+    assert expected in fusebackend.last_report().graphs[-1].path, text
+    assert "planted pass failure" in caplog.text
+    assert fusebackend.last_report().graphs[-1].groups == [], text
+    if path == "captured":
+        assert fusebackend.stats()["recordings"] == 1
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -56,10 +56,12 @@ MAX_BYTES = 64 << 20
 
 _VIEW_METHODS = {"view", "reshape", "unsqueeze", "squeeze", "permute", "transpose", "t",
                  "expand", "expand_as", "flatten", "unflatten", "view_as", "reshape_as",
-                 "movedim", "swapaxes", "detach"}  # fmt: skip
+                 "movedim", "swapaxes", "detach", "split", "tensor_split", "chunk",
+                 "unbind"}  # fmt: skip
 _VIEW_FUNCTIONS = {torch.reshape, torch.unsqueeze, torch.squeeze, torch.permute,
                    torch.transpose, torch.t, torch.flatten, torch.movedim, torch.swapaxes,
-                   torch.detach}  # fmt: skip
+                   torch.detach, torch.split, torch.tensor_split, torch.chunk,
+                   torch.unbind}  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -151,6 +153,7 @@ def fold_parameter_work(
     candidates = [
         n for n in graph.nodes
         if n in fixed and n.op not in ("placeholder", "get_attr") and not _is_view(n)
+        and isinstance(example_value(n), Tensor)  # (a split's parts are views of a tensor)
         and any(u not in fixed or _is_view(u) for u in n.users)
     ]  # fmt: skip
     folded: list[ParameterWork] = []
