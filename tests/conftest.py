@@ -24,7 +24,7 @@ def _fresh_dynamo_and_runtime(request):
     """Each test compiles from scratch (Dynamo's caches would hide recompiles) and starts
     with an empty runtime: no captured graphs, zeroed stats, fusion switched on.
 
-    A fusion pass that raises makes the graph run unfused (a user's model still runs), which
+    A pass that raises makes the graph run unfused (a user's model still runs), which
     would let a test that only compares outputs pass over the bug: every such graph fails
     the test unless it carries ``@pytest.mark.fusion_failure_expected``."""
     import fusebackend
@@ -39,7 +39,8 @@ def _fresh_dynamo_and_runtime(request):
     reset_runtime()
     before = report._recorded
     yield
-    failed = [g.path for g in report._reports_since(before) if "fusion failed" in g.path]
+    failed = [g.path for g in report._reports_since(before)
+              if "fusion failed" in g.path or "preparation failed" in g.path]  # fmt: skip
     if failed and request.node.get_closest_marker("fusion_failure_expected") is None:
         pytest.fail(f"a fusion pass raised: {failed[0]}")
     if torch.cuda.is_available() and torch.cuda.is_initialized():

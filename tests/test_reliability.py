@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import gc
 import logging
+import operator
 import threading
 import warnings
 import weakref
@@ -515,6 +516,33 @@ def test_a_fusion_pass_that_raises_leaves_the_graph_unfused(path, request, monke
     assert fusebackend.last_report().graphs[-1].groups == [], text
     if path == "captured":
         assert fusebackend.stats()["recordings"] == 1
+
+
+@pytest.mark.fusion_failure_expected
+def test_a_preparation_pass_that_raises_halfway_runs_the_graph_as_traced(monkeypatch, caplog):
+    # The PREPARE passes rewrite Dynamo's graph in place: one that raises after changing it
+    # must leave the traced graph to run, not its half-rewritten state.
+    def broken(c):
+        for node in list(c.gm.graph.nodes):  # a half-done rewrite: every add made a sub
+            if node.target is operator.add or node.target is torch.add:
+                node.target = operator.sub
+        c.gm.recompile()
+        raise RuntimeError("planted preparation failure")
+
+    planted = [dataclasses.replace(p, run=broken) if p.name == "fold_constants" else p
+               for p in fusebackend.backend.PREPARE]  # fmt: skip
+    monkeypatch.setattr(fusebackend.backend, "PREPARE", planted)
+    torch.manual_seed(8)
+    model = TokPos()
+    compiled = torch.compile(model, backend="infinifuse")
+    with caplog.at_level(logging.WARNING, logger="fusebackend"), torch.no_grad():
+        for _ in range(3):
+            ids = rand_ids(V, (3, 4))
+            assert_close(compiled(ids), eager(model, ids))
+    path = fusebackend.last_report().graphs[-1].path
+    assert path.startswith("eager (preparation failed in fold_constants: RuntimeError: "
+                           "planted preparation failure"), path  # fmt: skip
+    assert "planted preparation failure" in caplog.text
 
 
 @pytest.mark.parametrize("path", PATHS)
