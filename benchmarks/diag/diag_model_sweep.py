@@ -6,7 +6,8 @@ list spans convnets, mobile nets, hybrids and transformers outside the suite), i
 its own (a kernel fault ends that process alone), this builds it with random weights
 (``pretrained=False``; BatchNorm statistics calibrated as ``vision.py`` does, so a wrong
 kernel in a residual branch shows), fp16 on the GPU, at the model's own input size, batch
-``--batch``, and records:
+``--batch``; ``hf:ConfigClass`` is a transformers base model outside the model zoo, 2 small
+layers, fed 11 ids a row with the last row padded. It records:
 
 - ``first_call_s``: the compiled model's first call (Dynamo, the backend, Triton's compiles);
 - ``err`` and ``eager_err``: the largest ``|out - eager fp32|`` of the third call (a replay)
@@ -51,13 +52,37 @@ MODELS = (
     "tv:densenet121,tv:efficientnet_v2_s,tv:regnet_y_400mf,tv:convnext_tiny,tv:swin_t,"
     "tv:maxvit_t,tv:resnet18"
 )
+# transformers architectures outside the model zoo (tests/model_zoo.py): ``hf:ConfigClass``,
+# built from the config's defaults shrunk to 2 layers of width 128 (the names a config has
+# of these), random weights, fed ids with a padded last row.
+HF_MODELS = (
+    "hf:MixtralConfig,hf:Qwen2MoeConfig,hf:Qwen3Config,hf:Qwen3MoeConfig,hf:Gemma3TextConfig,"
+    "hf:OlmoConfig,hf:Olmo2Config,hf:CohereConfig,hf:Starcoder2Config,hf:GPTBigCodeConfig,"
+    "hf:PhiConfig,hf:GraniteConfig,hf:MambaConfig,hf:ModernBertConfig,"
+    "hf:DebertaV2Config,hf:RoFormerConfig,hf:MobileBertConfig,hf:ConvBertConfig,"
+    "hf:CLIPTextConfig,hf:NomicBertConfig"
+)
+_HF_SIZES = {"hidden_size": 128, "n_embd": 128, "num_hidden_layers": 2, "n_layer": 2,
+             "num_attention_heads": 4, "n_head": 4, "num_key_value_heads": 2,
+             "intermediate_size": 256, "moe_intermediate_size": 64, "vocab_size": 1000,
+             "num_local_experts": 4, "num_experts": 4,
+             "embedding_size": 128, "state_size": 8, "num_experts_per_tok": 2,
+             "global_attn_every_n_layers": 2, "pad_token_id": 0}  # fmt: skip
 
 
 def build(name: str, seed: int) -> tuple[Any, int]:
-    """The model (eval mode, CPU, fp32) and its input size."""
+    """The model (eval mode, CPU, fp32) and its input size (0: a text model)."""
     import torch
 
     torch.manual_seed(seed)
+    if name.startswith("hf:"):
+        import transformers
+
+        make = getattr(transformers, name[3:])
+        defaults = make()  # (built again from the sizes: configs derive fields at init)
+        sizes = {k: v for k, v in _HF_SIZES.items() if hasattr(defaults, k)}
+        config = make(**sizes, use_cache=False)
+        return transformers.AutoModel.from_config(config).eval(), 0
     if name.startswith("tv:"):
         import torchvision
 
@@ -82,27 +107,39 @@ def run_child(name: str, batch: int, seed: int) -> dict[str, Any]:
     model, size = build(name, seed)
     record["image_size"] = size
     model.to(device)
-    calibrate_norms(model, size, device, seed)
-    x = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
+    gen = torch.Generator().manual_seed(seed)
+    if size:
+        calibrate_norms(model, size, device, seed)
+        inputs = {"x": torch.randn(batch, 3, size, size, generator=gen)}
+    else:  # ids with a padded last row (the zoo's inputs)
+        mask = torch.ones(max(batch, 2), 11, dtype=torch.long)
+        mask[-1, -3:] = 0
+        inputs = {"input_ids": torch.randint(2, 1000, mask.shape, generator=gen),
+                  "attention_mask": mask}  # fmt: skip
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
+
+    def first(out: Any) -> Any:  # logits, a last hidden state
+        out = out if isinstance(out, torch.Tensor) else out[0]
+        return out.float()
+
     with torch.no_grad():
-        ref32 = model(x.to(device)).float()
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        ref32 = first(model(**inputs))
         model.half()
         model.train().eval()  # (LeViT-style caches of attention biases: vision.py says why)
-        x = x.to(device, torch.float16)
-        eager = model(x).float()
+        inputs = {k: v.half() if v.is_floating_point() else v for k, v in inputs.items()}
+        eager = first(model(**inputs))
     before = fusebackend_report._recorded
     compiled = torch.compile(model, backend="infinifuse", dynamic=False)
     with torch.no_grad():
         torch.cuda.synchronize()
         start = time.perf_counter()
-        compiled(x)
+        compiled(**inputs)
         torch.cuda.synchronize()
         record["first_call_s"] = round(time.perf_counter() - start, 3)
         for _ in range(2):
-            out = compiled(x)
-        out = out.float() if isinstance(out, torch.Tensor) else out[0].float()
+            out = first(compiled(**inputs))
     scale = ref32.abs().max().item()
     record["err"] = (out - ref32).abs().max().item()
     record["eager_err"] = (eager - ref32).abs().max().item()
@@ -135,7 +172,7 @@ def run_one(name: str, args: argparse.Namespace, gpu: int) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default=MODELS)
+    parser.add_argument("--models", default=MODELS + "," + HF_MODELS)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--parallel", type=int, default=1, help="processes at once, spread "
