@@ -351,6 +351,15 @@ SOURCES = (
     # their depthwise values in place, beside the GPU tests on the other GPU of an H200 x2
     # host. Folded: in git at 3da1d9f
     "vision_h200_9663a0f.json",
+    # Models outside the suites (diag_model_sweep.py, one process each, fp16, batch 1, H200
+    # x2): 58 timm and torchvision vision models at aea0e54, then EVA-02 again after the
+    # parameter_work fix and 21 transformers architectures outside the zoo at e0927bf; and
+    # per call against reduce-overhead (vision.py) for MobileNetV2 (8f5d8b6), DenseNet-121
+    # and EfficientNetV2-RW-T (infinifuse alone: the time budget ended) at e0927bf
+    "diag_model_sweep_h200_aea0e54.json",
+    "diag_model_sweep_h200_e0927bf.json",
+    "vision_h200_8f5d8b6.json",
+    "vision_h200_e0927bf.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
@@ -390,6 +399,8 @@ RETIRED = (
 # diag_depthwise_conv.py's depthwise shapes, summed: cuDNN's convolution alone, and the Triton
 # kernel with its scale, shift and SiLU at its fastest configuration per shape
 DEPTHWISE_TIMES = {"cudnn": "cudnn_us", "infinifuse-swept-best": "best_us"}
+SWEEP_METRICS = {"outputs_ok": "flag", "captured": "flag", "first_call_s": "s",
+                 "max_abs_err": "abs", "eager_max_abs_err": "abs"}  # fmt: skip
 SUITE_METRICS = {"per_call_ms": "ms", "first_call_s": "s", "kernels_per_call": "count",
                  "kernel_us_per_call": "us",
                  "floor_fraction": "fraction"}  # fmt: skip
@@ -560,6 +571,15 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
             workload = f"cudnn-conv-{record['model']}-b{record['batch']}"
             for backend, key in CUDNN_CONV_TIMES.items():
                 add(workload, backend, {"device_us": "us"}, {"device_us": record.get(key)})
+    elif data.get("benchmark") == "diag_model_sweep":  # models outside the suites
+        for record in data.get("records", []):
+            modes = record.get("modes") or ["none"]
+            flags = {"outputs_ok": float(bool(record.get("ok"))),
+                     "captured": float(all(m in ("fusion", "graph_replay") for m in modes)),
+                     "max_abs_err": record.get("err"),
+                     "eager_max_abs_err": record.get("eager_err")}  # fmt: skip
+            add(f"sweep-{record['model'].replace(':', '-')}-b{data.get('batch', 1)}",
+                "infinifuse", SWEEP_METRICS, {**record, **flags})  # fmt: skip
     elif data.get("benchmark") == "diag_depthwise_conv":
         for record in data.get("first_calls", []):  # cuDNN's first calls, by kind
             workload = f"depthwise-first-calls-{record['model']}-b{record['batch']}"

@@ -16,10 +16,13 @@ layers, fed 11 ids a row with the last row padded. It records:
 - the modes every signature reached, the fallback reasons, the graphs Dynamo made and the
   fused groups and launches of their reports.
 
+``benchmarks/ledger.py`` keeps per model ``outputs_ok`` and ``captured`` (1 or 0: every
+signature replays a CUDA graph), ``first_call_s`` and the two errors.
+
 No timing beyond the first call: ``--parallel`` processes share the GPUs and the host's CPUs
 (per call against reduce-overhead is ``vision.py``'s job, one model at a time).
 
-    python benchmarks/diag/diag_model_sweep.py --parallel 8 --out /tmp/sweep.json
+    python benchmarks/diag/diag_model_sweep.py --parallel 8 --out /tmp/sweep.json [--commit C]
     python benchmarks/diag/diag_model_sweep.py --models tv:shufflenet_v2_x1_0,dla34
 """
 
@@ -180,6 +183,7 @@ def main() -> int:
     parser.add_argument("--child-timeout", type=float, default=240)
     parser.add_argument("--time-budget", type=float, default=1e9,
                         help="start no model after this many seconds")  # fmt: skip
+    parser.add_argument("--commit", help="the commit measured, where the checkout has no git")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -194,11 +198,16 @@ def main() -> int:
         print("SWEEP " + json.dumps(record), flush=True)
         return 0
     import torch
+    from ledger import environment  # (benchmarks/ledger.py: its rows_of reads this file)
 
+    result: dict[str, Any] = {"benchmark": "diag_model_sweep", "environment": environment(),
+                              "batch": args.batch, "records": []}  # fmt: skip
+    if args.commit:
+        result["environment"]["commit"] = args.commit
     gpus = max(1, torch.cuda.device_count())
     names = [n for n in args.models.split(",") if n]
     start = time.perf_counter()
-    records: list[dict[str, Any]] = []
+    records = result["records"]
 
     def job(index: int, name: str) -> dict[str, Any]:
         if time.perf_counter() - start > args.time_budget:
@@ -213,7 +222,7 @@ def main() -> int:
             print(json.dumps(brief), flush=True)
             if args.out:
                 with open(args.out, "w") as f:
-                    json.dump({"batch": args.batch, "records": records}, f, indent=1)
+                    json.dump(result, f, indent=1)
     bad = [r["model"] for r in records if not r.get("ok")]
     print(f"{len(records) - len(bad)} of {len(records)} ok; not ok: {bad}")
     return 0
