@@ -355,7 +355,8 @@ SOURCES = (
     # x2): 58 timm and torchvision vision models at aea0e54, then EVA-02 again after the
     # parameter_work fix and 21 transformers architectures outside the zoo at e0927bf; and
     # per call against reduce-overhead (vision.py) for MobileNetV2 (8f5d8b6), DenseNet-121
-    # and EfficientNetV2-RW-T (infinifuse alone: the time budget ended) at e0927bf
+    # and EfficientNetV2-RW-T (infinifuse alone: the time budget ended) at e0927bf. Folded:
+    # in git at 42c4d93
     "diag_model_sweep_h200_aea0e54.json",
     "diag_model_sweep_h200_e0927bf.json",
     "vision_h200_8f5d8b6.json",
