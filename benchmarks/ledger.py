@@ -579,7 +579,8 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
                      "captured": float(all(m in ("fusion", "graph_replay") for m in modes)),
                      "max_abs_err": record.get("err"),
                      "eager_max_abs_err": record.get("eager_err")}  # fmt: skip
-            add(f"sweep-{record['model'].replace(':', '-')}-b{data.get('batch', 1)}",
+            dtype = "" if data.get("dtype", "float16") == "float16" else f"-{data['dtype']}"
+            add(f"sweep-{record['model'].replace(':', '-')}-b{data.get('batch', 1)}{dtype}",
                 "infinifuse", SWEEP_METRICS, {**record, **flags})  # fmt: skip
     elif data.get("benchmark") == "diag_depthwise_conv":
         for record in data.get("first_calls", []):  # cuDNN's first calls, by kind

@@ -1,13 +1,13 @@
-"""Does infinifuse run vision models that no benchmark names, and give eager's outputs?
+"""Does infinifuse run models that no benchmark names, and give eager's outputs?
 
 The vision suite (``benchmarks/vision.py``) times twelve timm models; users bring others. For
 each model of ``--models`` (timm names, or ``tv:NAME`` for a torchvision model; the default
 list spans convnets, mobile nets, hybrids and transformers outside the suite), in a process of
 its own (a kernel fault ends that process alone), this builds it with random weights
 (``pretrained=False``; BatchNorm statistics calibrated as ``vision.py`` does, so a wrong
-kernel in a residual branch shows), fp16 on the GPU, at the model's own input size, batch
-``--batch``; ``hf:ConfigClass`` is a transformers base model outside the model zoo, 2 small
-layers, fed 11 ids a row with the last row padded. It records:
+kernel in a residual branch shows), fp16 (``--dtype``) on the GPU, at the model's own input
+size, batch ``--batch``; ``hf:ConfigClass`` is a transformers base model outside the model
+zoo, 2 small layers, fed 11 ids a row with the last row padded. It records:
 
 - ``first_call_s``: the compiled model's first call (Dynamo, the backend, Triton's compiles);
 - ``err`` and ``eager_err``: the largest ``|out - eager fp32|`` of the third call (a replay)
@@ -98,7 +98,7 @@ def build(name: str, seed: int) -> tuple[Any, int]:
     return model.eval(), size
 
 
-def run_child(name: str, batch: int, seed: int) -> dict[str, Any]:
+def run_child(name: str, batch: int, seed: int, dtype_name: str = "float16") -> dict[str, Any]:
     import torch
     from vision import calibrate_norms, fusion_fields
 
@@ -129,9 +129,10 @@ def run_child(name: str, batch: int, seed: int) -> dict[str, Any]:
     with torch.no_grad():
         inputs = {k: v.to(device) for k, v in inputs.items()}
         ref32 = first(model(**inputs))
-        model.half()
+        dtype = getattr(torch, dtype_name)
+        model.to(dtype)
         model.train().eval()  # (LeViT-style caches of attention biases: vision.py says why)
-        inputs = {k: v.half() if v.is_floating_point() else v for k, v in inputs.items()}
+        inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
         eager = first(model(**inputs))
     before = fusebackend_report._recorded
     compiled = torch.compile(model, backend="infinifuse", dynamic=False)
@@ -157,8 +158,8 @@ def run_child(name: str, batch: int, seed: int) -> dict[str, Any]:
 
 def run_one(name: str, args: argparse.Namespace, gpu: int) -> dict[str, Any]:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
-    command = [sys.executable, os.path.abspath(__file__), "--child", name,
-               "--batch", str(args.batch), "--seed", str(args.seed)]  # fmt: skip
+    command = [sys.executable, os.path.abspath(__file__), "--child", name, "--batch",
+               str(args.batch), "--seed", str(args.seed), "--dtype", args.dtype]  # fmt: skip
     start = time.perf_counter()
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True,
@@ -177,6 +178,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=MODELS + "," + HF_MODELS)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--parallel", type=int, default=1, help="processes at once, spread "
                         "over the visible GPUs")  # fmt: skip
@@ -189,7 +191,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.child:
         try:
-            record = run_child(args.child, args.batch, args.seed)
+            record = run_child(args.child, args.batch, args.seed, args.dtype)
         except Exception as exc:  # noqa: BLE001  (a build or compile failure: the record says)
             import traceback
 
@@ -201,7 +203,7 @@ def main() -> int:
     from ledger import environment  # (benchmarks/ledger.py: its rows_of reads this file)
 
     result: dict[str, Any] = {"benchmark": "diag_model_sweep", "environment": environment(),
-                              "batch": args.batch, "records": []}  # fmt: skip
+                              "batch": args.batch, "dtype": args.dtype, "records": []}  # fmt: skip
     if args.commit:
         result["environment"]["commit"] = args.commit
     gpus = max(1, torch.cuda.device_count())
