@@ -363,7 +363,8 @@ SOURCES = (
     "vision_h200_e0927bf.json",
     # the three MoE architectures of that sweep in bf16 (diag_model_sweep.py --dtype), and
     # ConvNeXt-tiny's host time a call at batch 8 under both backends in one process
-    # (diag_vision_host.py, its rows written by hand: the file is a bare list), aa2c8e9, H200
+    # (diag_vision_host.py, its rows written by hand: the file is a bare list), aa2c8e9, H200.
+    # Folded: in git at fc0f096
     "diag_model_sweep_h200_aa2c8e9_bf16.json",
     "diag_vision_host_h200_aa2c8e9.json",
 )
