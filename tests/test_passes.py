@@ -71,6 +71,27 @@ def test_reduction_consumer_is_rejected_with_the_reason():
     assert_close(out, eager(fn, ids, table))
 
 
+def test_ops_inside_vmap_stay_out_of_groups():
+    # Dynamo inlines torch.vmap: the ops between _add_batch_dim and _remove_batch_dim read
+    # functorch batched tensors, which no kernel can read (transformers' Mamba scan on the
+    # CPU: every fused run raised "Cannot access storage of BatchedTensorImpl", 2026-11-30)
+    torch.manual_seed(2)
+    a, b = torch.randn(5, 7), torch.randn(5, 7)
+
+    def fn(a, b):
+        combined = torch.vmap(lambda x, y: x * y + torch.sin(x) * 2.0)(a, b)
+        return torch.relu(combined * 3.0 + 1.0) - 0.5
+
+    compiled = compile_fused(fn)
+    with torch.no_grad():
+        assert_close(compiled(a, b), fn(a, b))
+    report = fusebackend.last_report()
+    assert report.graphs[-1].path == "fused", str(report)
+    outside = [("mul_2", "add_1", "relu", "sub")]  # after the vmap: its ops are in no group
+    assert [tuple(g.nodes) for g in report.groups] == outside, str(report)
+    assert fusebackend.stats()["fallback_reasons"] == {}  # the fused run raised before
+
+
 def test_operand_computed_from_the_group_is_rejected():
     torch.manual_seed(2)
     (table,) = _tables()

@@ -28,6 +28,21 @@ def example_value(node: torch.fx.Node) -> object:
     return node.meta.get("example_value", node.meta.get("val"))
 
 
+def vmapped_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes computed on functorch's batched tensors: ``torch.vmap`` (or a higher-order
+    op built on it, as ``associative_scan`` on the CPU) inlined by Dynamo, from each
+    ``_add_batch_dim`` to its ``_remove_batch_dim``. A batched tensor has no storage, so no
+    kernel can read one (transformers' Mamba scan failed every fused run on the CPU)."""
+    batched: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        name = getattr(node.target, "__name__", "")
+        if name == "_add_batch_dim" or (
+            name != "_remove_batch_dim" and any(a in batched for a in node.all_input_nodes)
+        ):
+            batched.add(node)
+    return batched
+
+
 def placeholders(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     """The graph's inputs, in order."""
     return [n for n in graph.nodes if n.op == "placeholder"]

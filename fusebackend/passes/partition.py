@@ -40,7 +40,7 @@ import torch.fx
 from fusebackend.passes.dtensor import is_dtensor
 from fusebackend.passes.embedding_fusion import check_lookup, embedding_args, is_embedding
 from fusebackend.passes.folded_copies import copy_folds_into
-from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.fx_util import example_value, vmapped_nodes
 from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.groups import (
     Candidate,
@@ -227,8 +227,8 @@ class _Grower:
         reads, which may be a 0-d number (T5's clamp bound ``where(flag, a, b)``), computed
         where the kernel reads it."""
         reason = self._check_result(node, call, upstream)
-        if reason:
-            return reason
+        if reason or node in self.p.batched:
+            return reason or "inside torch.vmap (a batched tensor)"
         if call.op.kind == OpKind.MOVE:
             source = call.operands[0]
             if source in self.members:
@@ -482,6 +482,7 @@ class _FusionPass:
         self.graph = graph
         self.position = {node: i for i, node in enumerate(graph.nodes)}
         self.mutations = [n for n in graph.nodes if is_mutation(n)]
+        self.batched = vmapped_nodes(graph)  # (never in a group: no storage to read)
         self.assigned: set[torch.fx.Node] = set()
         self.group_of: dict[torch.fx.Node, frozenset[torch.fx.Node]] = {}  # accepted groups
         self.group_span: dict[frozenset[torch.fx.Node], tuple[int, int]] = {}
