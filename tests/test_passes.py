@@ -92,6 +92,21 @@ def test_ops_inside_vmap_stay_out_of_groups():
     assert fusebackend.stats()["fallback_reasons"] == {}  # the fused run raised before
 
 
+def test_a_linear_inside_vmap_is_no_matmul_group():
+    # torch.func-style model ensembles: one linear per member, vmapped over the members
+    torch.manual_seed(3)
+    weights, x = torch.randn(3, 16, 8), torch.randn(1, 8)
+
+    def fn(weights, x):
+        return torch.vmap(lambda w: F.linear(x, w))(weights) + 1.0
+
+    compiled = compile_fused(fn)
+    with torch.no_grad():
+        assert_close(compiled(weights, x), fn(weights, x))
+    assert fusebackend.last_report().graphs[-1].rewrites.get("matmul_groups", []) == []
+    assert fusebackend.stats()["fallback_reasons"] == {}
+
+
 def test_operand_computed_from_the_group_is_rejected():
     torch.manual_seed(2)
     (table,) = _tables()

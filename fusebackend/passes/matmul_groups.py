@@ -53,7 +53,13 @@ import torch.fx
 
 from fusebackend.kernels.ir import MAX_ROWS, MAX_SIBLINGS, MatmulGroup, RowProgram
 from fusebackend.passes.activations import activation_of, elementwise_tail
-from fusebackend.passes.fx_util import example_value, nodes_between, single_user, static_tensor
+from fusebackend.passes.fx_util import (
+    example_value,
+    nodes_between,
+    single_user,
+    static_tensor,
+    vmapped_nodes,
+)
 from fusebackend.passes.graph import is_mutation, resort_stably
 from fusebackend.passes.groups import op_call
 from fusebackend.passes.lowering import lower_tail
@@ -134,9 +140,10 @@ def use_matmul_groups(
     result = MatmulGroups()
     order = {node: k for k, node in enumerate(graph.nodes)}
     by_input: dict[tuple[Any, ...], list[_Anchor]] = {}
+    batched = vmapped_nodes(graph)  # (inside torch.vmap: no storage for a kernel to read)
     for node in graph.nodes:
         anchor = _anchor(node)
-        if anchor is None:
+        if anchor is None or node in batched:
             continue
         reason = _anchor_reason(anchor, usable)
         if reason:
