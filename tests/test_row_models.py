@@ -1,5 +1,5 @@
 """Real model code: tiny transformers Llama and BERT (random weights, no download, a padded
-attention mask) fused equal eager, and their norms run inside fused groups."""
+attention mask) fused equal eager, and their norms run inside fused groups; Mamba's scan."""
 
 from __future__ import annotations
 
@@ -82,3 +82,24 @@ def test_more_layers_compile_no_more_distinct_kernels():
     groups4, kernels4 = distinct_kernels(4)
     assert groups4 > groups2  # more groups ...
     assert kernels4 == kernels2  # ... the same kernels
+
+
+def test_tiny_mamba_runs_fused_equal_eager():
+    # transformers' Mamba scan (5.24 on the CPU: associative_scan, whose generic mode Dynamo
+    # inlines as a torch.vmap) once put batched tensors into a group, and every fused run
+    # raised and fell back: the scan's ops now stay out of groups (fx_util.vmapped_nodes)
+    import fusebackend
+
+    torch.manual_seed(4)
+    config = transformers.MambaConfig(hidden_size=32, num_hidden_layers=2, state_size=4,
+                                      vocab_size=97, intermediate_size=64)  # fmt: skip
+    model = transformers.MambaModel(config).eval()
+    ids = torch.randint(0, 97, (2, 7))
+
+    def fn(ids):
+        return model(input_ids=ids).last_hidden_state
+
+    out, report = run_fused(fn, ids)
+    assert_close(out, eager(fn, ids))
+    assert fusebackend.stats()["fallback_reasons"] == {}, str(report)
+    assert [e["mode"] for e in report.graphs[-1].runtime_modes()] == ["fusion"], str(report)
