@@ -1021,6 +1021,37 @@ MUTATIONS: list[Mutation] = [
         note="a part of a concatenation that an elementwise op reads is taken: the op, no "
         "longer pushed into the parts, reads the whole concatenation",
     ),
+    Mutation(
+        "vmapped_ops_grouped",
+        "pass: fusion partition",
+        "fusebackend/passes/fx_util.py",
+        '        if name == "_add_batch_dim" or (\n',
+        '        if name == "_no_such_op" or (\n',
+        ("tests/test_passes.py", "tests/test_row_models.py"),
+        note="ops inside an inlined torch.vmap join groups: their kernels cannot read "
+        "batched tensors and every fused run falls back",
+    ),
+    Mutation(
+        "pass_error_fails_the_compile",
+        "backend: pass failures",
+        "fusebackend/fusion.py",
+        "    except Exception as exc:  # noqa: BLE001  (a pass's bug: the graph runs as traced, "
+        "captured)\n",
+        "    except ZeroDivisionError as exc:\n",
+        ("tests/test_reliability.py",),
+        note="a fusion pass that raises fails the user's compile instead of leaving the "
+        "graph unfused",
+    ),
+    Mutation(
+        "split_of_parameter_work_as_a_tensor",
+        "pass: parameter work",
+        "fusebackend/passes/parameter_work.py",
+        '                 "movedim", "swapaxes", "detach", "split", "tensor_split", "chunk",\n',
+        '                 "movedim", "swapaxes", "detach", "split", "chunk",\n',
+        ("tests/test_parameter_work.py",),
+        note="a tensor_split of derived work is not read as a view: nothing is derived, or "
+        "(without the tensor check) the compile asks a tuple its size",
+    ),
 ]
 
 
