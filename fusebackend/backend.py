@@ -26,7 +26,7 @@ from fusebackend.config import FusionConfig
 from fusebackend.passes.batch_norm_folding import Refresh
 from fusebackend.passes.collectives import collective_nodes
 from fusebackend.passes.fx_util import example_value, placeholders
-from fusebackend.pipeline import Compilation, Pass, collector_paused, run_passes
+from fusebackend.pipeline import Compilation, Pass, collector_paused, pass_failure, run_passes
 from fusebackend.prepare import (
     PREPARE,
     batch_size_inputs,
@@ -90,7 +90,7 @@ def infinifuse(
         # A PREPARE pass rewrites ``gm`` in place and may have stopped halfway: Dynamo's
         # graph as traced runs eagerly (no capture: what made the graph's inputs static
         # or host-side is unknown now), and the report and a warning name the pass.
-        failure = f"{c.running}: {type(exc).__name__}: {exc}"[:500]
+        failure = pass_failure(c, exc)
         log.warning("%s: a preparation pass failed, the graph runs eagerly as traced: %s",
                     name, failure, exc_info=True)  # fmt: skip
         record(GraphReport(name, str(device or "cpu"), f"eager (preparation failed in {failure})",

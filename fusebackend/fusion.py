@@ -67,7 +67,7 @@ from fusebackend.passes.reshapes import move_casts_above_permutes, move_reshapes
 from fusebackend.passes.rewrite import in_storage_order, reference_graph, rewrite
 from fusebackend.passes.rotary_epilogue import use_rotary_epilogues
 from fusebackend.passes.spatial_means import use_spatial_means
-from fusebackend.pipeline import Compilation, Pass, drop_rejections, run_passes
+from fusebackend.pipeline import Compilation, Pass, drop_rejections, pass_failure, run_passes
 from fusebackend.prepare import is_parameter_or_buffer
 from fusebackend.report import GroupReport, row_groups
 from fusebackend.row_ops import FusedGroupOp, FusedPairOp
@@ -392,10 +392,10 @@ def fuse(
         # before the passes run): the user's model still runs, and the report, explain and
         # this warning name the pass. timm's EVA-02 failed this way in parameter_work
         # (2026-11-30, diag_model_sweep.py) and, before this, failed the whole compile.
-        failure = f"{c.running}: {type(exc).__name__}: {exc}"
+        failure = pass_failure(c, exc)
         log.warning("%s: a fusion pass failed, the graph runs unfused: %s", name, failure,
                     exc_info=True)  # fmt: skip
-        return Fusion(failure=failure[:500], seconds=c.seconds)
+        return Fusion(failure=failure, seconds=c.seconds)
     if c.stopped:
         # No fused graph: only what says why something was not fused stays reported.
         why = {k: v for k, v in c.rewrites.items() if k in _WHY_NOT_FUSED}

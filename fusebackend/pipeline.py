@@ -26,7 +26,7 @@ import torch.fx
 
 from fusebackend.config import FusionConfig
 
-__all__ = ["Compilation", "Pass", "collector_paused", "run_passes"]
+__all__ = ["Compilation", "Pass", "collector_paused", "pass_failure", "run_passes"]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,12 @@ def run_passes(passes: Sequence[Pass], compilation: Compilation) -> None:
             if step.label:
                 compilation.labels[key] = step.label
         log.debug("%s: pass %s in %.4f s", compilation.name, step.name, seconds)
+
+
+def pass_failure(compilation: Compilation, error: Exception) -> str:
+    """What a report says of a pass that raised (an internal error): the pass, the error's
+    type and its message, cut at 500 characters."""
+    return f"{compilation.running}: {type(error).__name__}: {error}"[:500]
 
 
 def drop_rejections(c: Compilation, gone: Callable[[torch.fx.Graph], list[str]]) -> list[str]:
