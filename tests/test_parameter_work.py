@@ -60,6 +60,18 @@ def _folded() -> list[str]:
     return fusebackend.last_report().graphs[-1].rewrites.get("parameter_work", [])
 
 
+def _derived_then_edited(model: nn.Module, x: torch.Tensor, edit) -> list[str]:
+    """Compile ``model``, compare a call with eager's, ``edit(model)`` in place and compare
+    again (the derived tensors must follow); the nodes whose work was folded."""
+    compiled = compile_fused(model)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+        folded = _folded()
+        edit(model)
+        assert_close(compiled(x), model(x))
+    return folded
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_relative_position_bias_is_derived_once_and_follows_edits(dtype):
     torch.manual_seed(0)
@@ -79,14 +91,9 @@ def test_relative_position_bias_is_derived_once_and_follows_edits(dtype):
 
 def test_weight_normed_linear_is_derived_once_and_follows_edits():
     torch.manual_seed(1)
-    model = WeightNormed().eval()
-    x = torch.randn(4, 5, 12)
-    compiled = compile_fused(model)
-    with torch.no_grad():
-        assert_close(compiled(x), model(x))
-        assert len(_folded()) == 1, str(fusebackend.last_report())
-        model.g.mul_(3.0)
-        assert_close(compiled(x), model(x))
+    folded = _derived_then_edited(WeightNormed().eval(), torch.randn(4, 5, 12),
+                                  lambda model: model.g.mul_(3.0))  # fmt: skip
+    assert len(folded) == 1, str(fusebackend.last_report())
 
 
 class SinusoidalRotary(nn.Module):
@@ -109,15 +116,9 @@ class SinusoidalRotary(nn.Module):
 def test_work_on_a_buffer_and_constants_is_derived_once_and_follows_edits():
     # The gather reads a constant (the position ids) beside the buffer: the whole chain, to
     # the two repeats, is derived; an in-place edit of the buffer derives it again.
-    model = SinusoidalRotary().eval()
-    q = torch.randn(2, 7, 3, 8)
-    compiled = compile_fused(model)
-    with torch.no_grad():
-        assert_close(compiled(q), model(q))
-        folded = _folded()
-        assert folded == ["sin_1", "cos_1"], folded  # the repeats
-        model.table.mul_(-0.5)
-        assert_close(compiled(q), model(q))
+    folded = _derived_then_edited(SinusoidalRotary().eval(), torch.randn(2, 7, 3, 8),
+                                  lambda model: model.table.mul_(-0.5))  # fmt: skip
+    assert folded == ["sin_1", "cos_1"], folded  # the repeats
 
 
 def test_what_is_left_as_traced():
@@ -242,14 +243,9 @@ def test_a_split_of_derived_work_reads_the_derived_tensor():
     # raised on the tuple before (found on timm's eva02_tiny_patch14_224 by
     # benchmarks/diag/diag_model_sweep.py, 2026-11-30)
     torch.manual_seed(4)
-    model = SplitRotaryTable().eval()
-    q = torch.randn(2, 7, 4)
-    compiled = compile_fused(model)
-    with torch.no_grad():
-        assert_close(compiled(q), model(q))
-        assert len(_folded()) == 1, str(fusebackend.last_report())  # the concatenation
-        model.angles.mul_(-0.5)
-        assert_close(compiled(q), model(q))
+    folded = _derived_then_edited(SplitRotaryTable().eval(), torch.randn(2, 7, 4),
+                                  lambda model: model.angles.mul_(-0.5))  # fmt: skip
+    assert len(folded) == 1, str(fusebackend.last_report())  # the concatenation
 
 
 class BufferMaxima(nn.Module):
