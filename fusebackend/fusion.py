@@ -28,7 +28,7 @@ from fusebackend.kernels.conv import conv2d_relu
 from fusebackend.kernels.decode_attention import decode_attention
 from fusebackend.kernels.depthwise_conv import depthwise_conv2d
 from fusebackend.kernels.family import family_of, launch_path
-from fusebackend.kernels.launch import launch_rank, layout_for, precompile_all
+from fusebackend.kernels.launch import launch_rank, layout_for, precompile_all, start_cache_key
 from fusebackend.kernels.matmul import epilogue_source, matmul_op
 from fusebackend.kernels.spatial_mean import spatial_mean
 from fusebackend.kernels.vocab_lookup import vocab_parallel_lookup
@@ -72,7 +72,7 @@ from fusebackend.prepare import is_parameter_or_buffer
 from fusebackend.report import GroupReport, row_groups
 from fusebackend.row_ops import FusedGroupOp, FusedPairOp
 
-__all__ = ["FUSE", "Fusion", "fuse", "precompile"]
+__all__ = ["FUSE", "Fusion", "fuse", "precompile", "warm_compiler"]
 
 log = logging.getLogger(__name__)
 
@@ -405,6 +405,13 @@ def fuse(
     groups = sorted(c.groups, key=lambda g: g.family != "row")
     return Fusion(fused, groups, c.rejections, c.rewrites, c.labels, c.seconds, c.launches,
                   c.launch_paths, c.refresh)  # fmt: skip
+
+
+def warm_compiler(device: torch.device | None) -> None:
+    """For a graph on the GPU, start what its compiles will need (Triton's cache key) on a
+    background thread, to overlap the passes."""
+    if device is not None and device.type == "cuda" and triton_usable(device):
+        start_cache_key()
 
 
 def precompile(graph: torch.fx.Graph) -> tuple[dict[str, int], dict[str, dict[str, int]]]:

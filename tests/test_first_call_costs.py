@@ -53,21 +53,28 @@ def _pretend_cuda(monkeypatch, current: int):
     monkeypatch.setattr(_CURRENT, "index", current, raising=False)
 
 
+def _queued(compile_fn, device: int):
+    """``compile_fn`` submitted under ``device``, then run on the queue's threads alone."""
+    queue = triton_api._CompileQueue()
+    with _device(device):
+        future = queue.submit(compile_fn)
+    queue.run(threads=2, processes=0)
+    return future
+
+
 def test_a_compiled_kernel_is_loaded_in_the_worker_on_the_compiling_device(monkeypatch):
-    _pretend_cuda(monkeypatch, current=3)
+    _pretend_cuda(monkeypatch, current=0)
     kernel = _FakeCompiled()
-    with triton_api._LoadingExecutor(max_workers=2, thread_name_prefix="compile") as pool:
-        assert pool.submit(lambda: kernel).result() is kernel
+    assert _queued(lambda: kernel, device=3).result() is kernel
     ((thread, device),) = kernel.loaded_on
-    assert thread.startswith("compile") and device == 3
+    assert thread.startswith("fusebackend-load") and device == 3
 
 
 def test_a_kernel_that_fails_to_load_is_returned_for_its_launch_to_raise(monkeypatch, caplog):
     _pretend_cuda(monkeypatch, current=0)
     kernel = _FakeCompiled(fail=True)
     with caplog.at_level("INFO", logger="fusebackend.kernels.triton_api"):
-        with triton_api._LoadingExecutor(max_workers=1) as pool:
-            assert pool.submit(lambda: kernel).result() is kernel
+        assert _queued(lambda: kernel, device=0).result() is kernel
     assert len(kernel.loaded_on) == 1
     assert "the binary does not load" in caplog.text
     # Its launcher is unset, so that the launch loads again and raises the load's error
@@ -78,8 +85,7 @@ def test_a_kernel_that_fails_to_load_is_returned_for_its_launch_to_raise(monkeyp
 def test_nothing_is_loaded_before_cuda_is_initialised(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     kernel = _FakeCompiled()
-    with triton_api._LoadingExecutor(max_workers=1) as pool:
-        assert pool.submit(lambda: kernel).result() is kernel
+    assert _queued(lambda: kernel, device=0).result() is kernel
     assert kernel.loaded_on == []
 
 
@@ -201,3 +207,16 @@ def test_a_new_kernel_family_is_precompiled_with_no_change_to_the_backend(monkey
     for job in jobs:
         job()
     assert built == [(2, 3), (4, 3)]
+
+
+def test_tritons_cache_key_is_computed_once_on_a_background_thread(monkeypatch):
+    pytest.importorskip("triton")
+    from triton.runtime import cache
+
+    names: list[str] = []
+    monkeypatch.setattr(cache, "triton_key", lambda: names.append(threading.current_thread().name))
+    monkeypatch.setattr(triton_api, "_cache_key_thread", None)
+    triton_api.start_cache_key()
+    triton_api.start_cache_key()  # once per process
+    triton_api._cache_key_thread.join()
+    assert names == ["fusebackend-triton-key"]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import concurrent.futures
 import contextlib
 import cProfile
 import functools
@@ -105,7 +104,61 @@ def _runtime_phases() -> contextlib.ExitStack:
     import fusebackend.fusion
 
     stack.enter_context(_patched(fusebackend.fusion, "precompile_all", "backend: precompile"))
+    from fusebackend.kernels import forked_compiles
+
+    stack.enter_context(
+        _patched(forked_compiles, "compile_in_children", "backend: precompile: processes")
+    )
     return stack
+
+
+COMPILES: list[tuple[str, int, float, float]] = []  # (kernel, thread, start, end)
+
+
+def _record_compiles() -> None:
+    """Record each of the precompile's compiles on its threads (with its load; after the
+    compile processes, a cache hit): its kernel, thread and times, to tell compiles that
+    overlap from compiles that wait on one another."""
+    import threading
+
+    from fusebackend.kernels import triton_api
+
+    original = triton_api._compile_and_load
+
+    def recorded(compile_fn: Any, *args: Any, **kwargs: Any) -> Any:
+        start, kernel = time.perf_counter(), None
+        try:
+            kernel = original(compile_fn, *args, **kwargs)
+            return kernel
+        finally:
+            name = str(getattr(kernel, "name", "(failed)"))
+            COMPILES.append((name, threading.get_ident(), start, time.perf_counter()))
+
+    triton_api._compile_and_load = recorded
+
+
+def _print_compiles() -> None:
+    """The compiles since the last print: count, their summed time against the span they
+    took (the mean number running at once), and the costliest kernels."""
+    if not COMPILES:
+        print("    (no precompile compiles recorded)")
+        return
+    span = max(e for *_, e in COMPILES) - min(s for *_, s, _ in COMPILES)
+    total = sum(e - s for *_, s, e in COMPILES)
+    threads = len({t for _, t, _, _ in COMPILES})
+    print(
+        f"    compiles: {len(COMPILES)} on {threads} threads, {total:.2f} s summed over a "
+        f"{span:.2f} s span ({total / max(span, 1e-9):.1f} at once on average)"
+    )
+    by_name: dict[str, list[float]] = collections.defaultdict(list)
+    for name, _, s, e in COMPILES:
+        by_name[name].append(e - s)
+    for name, times in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:8]:
+        print(
+            f"      {name:40s} x{len(times):<3d} {sum(times):6.2f} s "
+            f"(each {min(times):.2f}-{max(times):.2f})"
+        )
+    COMPILES.clear()
 
 
 def _timm_case(name: str, batch: int, device: torch.device) -> Any:
@@ -133,15 +186,21 @@ def main() -> None:
     parser.add_argument("--timm", metavar="NAME", help="a timm model instead of --model")
     parser.add_argument("--batch", type=int, default=1, help="--timm's images per call")
     parser.add_argument(
-        "--without-loading",
-        action="store_true",
-        help="load precompiled kernels at their first launches (launch._LoadingExecutor off)",
+        "--threads", type=int, default=None, help="the precompile's threads (default: its own)"
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="the precompile's compile processes (0: threads alone; default: its own)",
     )
     args = parser.parse_args()
-    if args.without_loading:
-        from fusebackend.kernels import launch
+    import fusebackend.fusion
 
-        launch._LoadingExecutor = concurrent.futures.ThreadPoolExecutor
+    fusebackend.fusion.precompile_all = functools.partial(
+        fusebackend.fusion.precompile_all, threads=args.threads, processes=args.processes
+    )
+    _record_compiles()
     import transformers
     import triton
 
@@ -153,8 +212,8 @@ def main() -> None:
         f"{transformers.__version__}"
     )
     print(
-        f"{args.timm or args.model}: loading in the precompile "
-        f"{'off' if args.without_loading else 'on'}, "
+        f"{args.timm or args.model}: precompile threads {args.threads or '(default)'}, "
+        f"processes {'(default)' if args.processes is None else args.processes}, "
         f"TRITON_CACHE_DIR="
         f"{os.environ.get('TRITON_CACHE_DIR', '(default)')}"
     )
@@ -202,6 +261,7 @@ def main() -> None:
             )
             for name, seconds in sorted(PHASES.items()):
                 print(f"    {name:24s} {seconds:6.3f} s")
+            _print_compiles()
     if RUNS_PROFILE is not None:
         text = io.StringIO()
         stats = pstats.Stats(RUNS_PROFILE, stream=text)

@@ -19,6 +19,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "import_source",
     "interpreter_enabled",
     "precompile_all",
+    "start_cache_key",
     "triton_importable",
     "triton_usable",
     "warmup",
@@ -98,19 +100,52 @@ def warmup_launch(
         warmup(kernel, grid, args, meta)
 
 
-def precompile_all(jobs: Sequence[Callable[[], None]], threads: int | None = None) -> int:
-    """Run every job (``functools.partial(launch.precompile, ...)`` or another kernel's warm-up),
-    compiling the distinct kernels concurrently (Triton's ``AsyncCompileMode`` over a thread
-    pool: the compiler's passes and ptxas run outside the GIL), and loading each compiled
-    kernel in the same worker (``_LoadingExecutor``). Returns the number of jobs that failed
-    to warm up or to compile; their kernels compile at their first launch, where an error is
-    raised and handled as before.
+_cache_key_thread: threading.Thread | None = None
 
-    ``threads``: by default one per CPU core, up to 32. With 8 threads on the H100 machine's
-    16 cores, generate()'s 113 launches of a 22-layer Llama took 2.0-2.1 s (2026-11-23).
+
+def start_cache_key() -> None:
+    """Start computing Triton's own cache key, once per process, on a background thread.
+
+    Triton's first compile in a process hashes its compiler's files and its ~0.5 GB library
+    (``triton_key``): 0.33 s of EfficientNet-B0's first call on the H200 machine
+    (2026-11-30). Started when a graph for the GPU arrives, it overlaps the passes (file
+    reads and hashing release the GIL); ``precompile_all`` waits for it before compiling.
     """
-    if threads is None:
-        threads = max(1, min(32, os.cpu_count() or 8))
+    global _cache_key_thread
+    if _cache_key_thread is not None or not triton_importable():
+        return
+
+    def compute() -> None:
+        try:
+            from triton.runtime.cache import triton_key
+
+            triton_key()
+        except Exception as exc:  # noqa: BLE001  (the first compile computes it, and raises)
+            log.info("Triton's cache key failed in the background (%s)", exc)
+
+    _cache_key_thread = threading.Thread(target=compute, name="fusebackend-triton-key",
+                                         daemon=True)  # fmt: skip
+    _cache_key_thread.start()
+
+
+def precompile_all(
+    jobs: Sequence[Callable[[], None]], threads: int | None = None, processes: int | None = None
+) -> int:
+    """Run every job (``functools.partial(launch.precompile, ...)`` or another kernel's warm-up),
+    compiling the distinct kernels they ask for (Triton's ``AsyncCompileMode``) ahead of their
+    launches: first in ``processes`` forked processes, which fill Triton's cache
+    (``forked_compiles``: a compile holds the GIL for much of its work), then each once more
+    on a pool of ``threads``, now a cache hit, which also loads the kernel (``_CompileQueue``).
+    Returns the number of jobs that failed to warm up or to compile; their kernels compile
+    at their first launch, where an error is raised and handled as before.
+
+    ``threads`` and ``processes``: by default one per CPU core, up to 32; ``processes=0``
+    compiles on the threads alone. With 8 threads on the H100 machine's 16 cores,
+    generate()'s 113 launches of a 22-layer Llama took 2.0-2.1 s (2026-11-23).
+    """
+    cores = max(1, min(32, os.cpu_count() or 8))
+    threads = cores if threads is None else threads
+    processes = cores if processes is None else processes
     try:
         from triton.runtime import _async_compile
     except ImportError:  # an older Triton: compile at first launch, one by one
@@ -118,42 +153,99 @@ def precompile_all(jobs: Sequence[Callable[[], None]], threads: int | None = Non
     if _async_compile.active_mode.get() is not None:
         log.info("another AsyncCompileMode is active; kernels compile at their launches")
         return len(jobs)
-    failed, mode = 0, None
+    if _cache_key_thread is not None:
+        _cache_key_thread.join()  # computed twice otherwise: the first compile needs it
+    failed, mode, queue = 0, None, _CompileQueue()
     try:
-        with _LoadingExecutor(max_workers=threads) as pool:
-            mode = _async_compile.AsyncCompileMode(pool, ignore_errors=True)
-            with mode:
+        mode = _async_compile.AsyncCompileMode(queue, ignore_errors=True)
+        with mode:
+            try:
                 for job in jobs:
                     try:
                         job()
                     except Exception as exc:  # the launch compiles it and raises there
                         failed += 1
                         log.info("precompile failed (%s); it compiles at its launch", exc)
+                queue.run(threads, processes)
+            finally:
+                queue.cancel_pending()  # else the mode's exit would wait on them forever
     finally:
         # The mode switches itself off only after waiting on every compile: an interrupt
         # during that wait would leave it on for this thread, and every later Triton
-        # compile here (anyone's) would go to the shut-down pool.
+        # compile here (anyone's) would go to a pool that is gone.
         if mode is not None and _async_compile.active_mode.get() is mode:
             _async_compile.active_mode.set(None)
     return failed + sum(1 for f in mode.raw_futures if f.exception() is not None)
 
 
-class _LoadingExecutor(concurrent.futures.ThreadPoolExecutor):
-    """A thread pool whose jobs, Triton's compiles, also load the kernel they compiled.
+class _CompileQueue(concurrent.futures.Executor):
+    """The executor Triton's ``AsyncCompileMode`` submits the precompile's compiles to. It
+    holds them until ``run``, which compiles them all in forked processes first (to fill
+    Triton's cache), then each again on a thread pool, where it is a cache hit, and loads
+    the compiled kernel there (``_compile_and_load``).
 
     A warm-up (``JITFunction.warmup``) compiles a kernel but leaves its loading to the first
     launch: building its C launcher (with gcc where Triton's cache lacks it, ~0.3 s each)
     and loading the binary onto the device, one kernel after another on the caller's
-    thread. Done here, they run concurrently with the other compiles: on an H100 with an
-    empty Triton cache, the first runs of a TinyLlama decode step's first call took
-    0.29-0.42 s against 3.05-3.52 s with the loads at the launches (2026-11-25,
+    thread. Done on the pool, they run concurrently: on an H100 with an empty Triton cache,
+    the first runs of a TinyLlama decode step's first call took 0.29-0.42 s against
+    3.05-3.52 s with the loads at the launches (2026-11-25,
     ``benchmarks/results/first_call_ab_h100.txt``).
     """
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Callable[[], Any], int | None, concurrent.futures.Future]] = []
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         # Triton loads a kernel onto the current device: the one the warm-up runs under.
         device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
-        return super().submit(_compile_and_load, fn, device, *args, **kwargs)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.pending.append((functools.partial(fn, *args, **kwargs), device, future))
+        return future
+
+    def run(self, threads: int, processes: int) -> None:
+        """Compile and load everything submitted; each future gets its kernel or error."""
+        from fusebackend.kernels import forked_compiles
+
+        compiles = [compile_fn for compile_fn, _, _ in self.pending]
+        if processes > 1 and len(compiles) > 1:
+            start = time.perf_counter()
+            in_children = [functools.partial(_compile_for_the_cache, c) for c in compiles]
+            queued = forked_compiles.compile_in_children(in_children, processes)
+            seconds = time.perf_counter() - start
+            log.info("%d of %d compile(s) ran in %d process(es) in %.2f s", queued,
+                     len(compiles), min(processes, queued), seconds)  # fmt: skip
+        with concurrent.futures.ThreadPoolExecutor(max(1, threads), "fusebackend-load") as pool:
+            for compile_fn, device, future in self.pending:
+                pool.submit(_settle, future, compile_fn, device)
+        self.pending.clear()
+
+    def cancel_pending(self) -> None:
+        for _, _, future in self.pending:
+            future.cancel()
+        self.pending.clear()
+
+
+def _compile_for_the_cache(compile_fn: Callable[[], Any]) -> None:
+    """A compile process's job: the kernel into Triton's cache, and its C launcher too
+    (built with gcc where the cache lacks it, ~0.3 s each, as loading would do here). The
+    binary's loading onto the device, a CUDA call, is left to this process."""
+    kernel = compile_fn()
+    source, metadata = getattr(kernel, "src", None), getattr(kernel, "metadata", None)
+    if source is not None and metadata is not None:
+        from triton.runtime.driver import driver
+
+        driver.active.launcher_cls(source, metadata)
+
+
+def _settle(future: concurrent.futures.Future, compile_fn: Callable[[], Any],
+            device: int | None) -> None:  # fmt: skip
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(_compile_and_load(compile_fn, device))
+    except BaseException as exc:  # noqa: BLE001  (handed to the future, raised where read)
+        future.set_exception(exc)
 
 
 def _compile_and_load(compile_fn: Callable[..., Any], device: int | None, *args: Any,

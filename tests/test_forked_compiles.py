@@ -1,0 +1,172 @@
+"""The precompile's compile processes (kernels/forked_compiles.py): forked children take the
+compiles one at a time, each exactly once; a compile that raises or a child that dies or
+hangs loses nothing (the parent compiles afterwards); and with Triton, a kernel compiled in
+a child is a cache hit in the parent, which then has nothing left to compile."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import pytest
+
+from fusebackend.kernels import forked_compiles, triton_api
+
+pytestmark = pytest.mark.skipif(not forked_compiles.fork_available(), reason="needs fork")
+
+
+def _marking(directory, index: int, seconds: float = 0.0):
+    """A compile that leaves a file named by its index and the process that ran it."""
+
+    def compile_fn():
+        time.sleep(seconds)
+        (directory / f"{index}.{os.getpid()}").touch()
+
+    return compile_fn
+
+
+def _ran(directory) -> dict[int, list[int]]:
+    runs: dict[int, list[int]] = {}
+    for path in directory.iterdir():
+        index, pid = path.name.split(".")
+        runs.setdefault(int(index), []).append(int(pid))
+    return runs
+
+
+def test_children_run_every_compile_once_between_them(tmp_path):
+    compiles = [_marking(tmp_path, i, seconds=0.05) for i in range(12)]
+    assert forked_compiles.compile_in_children(compiles, processes=4) == 12
+    runs = _ran(tmp_path)
+    assert sorted(runs) == list(range(12))
+    assert all(len(pids) == 1 for pids in runs.values())  # each index taken once
+    pids = {pid for (pid,) in runs.values()}
+    assert os.getpid() not in pids and len(pids) > 1  # in children, several of them
+
+
+def test_a_raising_compile_or_a_dying_child_leaves_the_rest_to_others(tmp_path):
+    def raising():
+        raise RuntimeError("a compile error")
+
+    def dying():
+        os._exit(7)
+
+    compiles = [raising, dying, *(_marking(tmp_path, i, 0.05) for i in range(2, 8))]
+    assert forked_compiles.compile_in_children(compiles, processes=3) == 8
+    assert sorted(_ran(tmp_path)) == list(range(2, 8))
+
+
+def test_a_child_past_the_deadline_is_killed_and_the_call_returns(tmp_path, caplog):
+    compiles = [lambda: time.sleep(60), _marking(tmp_path, 1)]
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="fusebackend.kernels.forked_compiles"):
+        forked_compiles.compile_in_children(compiles, processes=2, deadline_s=1.0)
+    assert time.monotonic() - start < 30
+    assert "killed" in caplog.text
+    assert sorted(_ran(tmp_path)) == [1]
+
+
+def test_a_full_queue_hands_the_children_what_fits(tmp_path, monkeypatch):
+    real_write = os.write
+    written = []
+
+    def full_after_three(fd, data):
+        if len(written) == 3:
+            raise BlockingIOError
+        written.append(data)
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_after_three)
+    compiles = [_marking(tmp_path, i) for i in range(6)]
+    assert forked_compiles.compile_in_children(compiles, processes=2) == 3
+    assert sorted(_ran(tmp_path)) == [0, 1, 2]
+
+
+# --- with Triton: compiles for a CUDA target (no GPU needed: LLVM and ptxas only) --------
+
+
+_KERNEL_SOURCE = """
+import triton.language as tl
+
+
+def scaled_copy(x, out, n, SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    v = tl.load(x + i, mask=i < n, other=0.0).to(tl.float32)
+    tl.store(out + i, v * SCALE, mask=i < n)
+"""
+
+
+def _cuda_compiles(count: int):
+    """``count`` compiles of distinct specialisations, as Triton's JIT would submit them.
+    (No reduction: under ``TRITON_INTERPRET=1`` Triton's interpreter patches them.)"""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    module = triton_api.import_source("forked_compiles_test", _KERNEL_SOURCE)
+    fn = JITFunction(module.scaled_copy)
+    signature = {"x": "*fp16", "out": "*fp32", "n": "i32", "SCALE": "constexpr",
+                 "BLOCK": "constexpr"}  # fmt: skip
+
+    def compile_fn(k: int):
+        source = ASTSource(fn, signature, {"SCALE": 1.0 + k, "BLOCK": 32})
+        return lambda: triton.compile(source, target=GPUTarget("cuda", 90, 32))
+
+    return [compile_fn(k) for k in range(count)]
+
+
+@pytest.mark.parametrize("processes", [0, 3])
+def test_a_kernel_compiled_in_a_child_is_a_cache_hit_here(tmp_path, monkeypatch, processes):
+    pytest.importorskip("triton")
+    import triton
+    from triton.runtime import _async_compile
+
+    try:
+        compiles = _cuda_compiles(3)
+    except Exception as exc:  # noqa: BLE001  (a Triton build without the CUDA backend)
+        pytest.skip(f"no CUDA compile target here: {exc}")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    hits: list[bool] = []
+    monkeypatch.setattr(
+        triton.knobs.compilation, "listener", lambda cache_hit, **_: hits.append(cache_hit)
+    )
+    kernels = []
+
+    def job(k: int):
+        def submit():
+            mode = _async_compile.active_mode.get()
+            mode.submit(("test", k), compiles[k], kernels.append)
+
+        return submit
+
+    assert triton_api.precompile_all([job(k) for k in range(3)], 2, processes) == 0
+    assert sorted(k.name for k in kernels) == ["scaled_copy"] * 3
+    assert len({k.hash for k in kernels}) == 3
+    # Here, in this process: hits only when children compiled first.
+    assert hits == [processes > 0] * 3
+
+
+def test_a_fork_that_fails_leaves_fewer_children_and_no_error(tmp_path, monkeypatch):
+    real_fork, forks = os.fork, []
+
+    def fork_once():
+        if forks:
+            raise OSError(12, "Cannot allocate memory")
+        forks.append(1)
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", fork_once)
+    compiles = [_marking(tmp_path, i) for i in range(5)]
+    assert forked_compiles.compile_in_children(compiles, processes=4) == 5
+    runs = _ran(tmp_path)
+    assert sorted(runs) == list(range(5)) and len({pid for (pid,) in runs.values()}) == 1
+
+
+def test_when_no_child_starts_nothing_is_compiled_and_nothing_raises(tmp_path, monkeypatch):
+    def no_fork():
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    forked_compiles.compile_in_children([_marking(tmp_path, 0)], processes=2)
+    assert _ran(tmp_path) == {}  # the caller compiles it all itself
