@@ -367,6 +367,9 @@ SOURCES = (
     # Folded: in git at fc0f096
     "diag_model_sweep_h200_aa2c8e9_bf16.json",
     "diag_vision_host_h200_aa2c8e9.json",
+    # EfficientNet-B0 and GhostNet-100 (both backends) at 63d9d5d, after the precompile's
+    # compiles moved to forked processes, on an H200 x2 host (32 cores) after its GPU tests.
+    "vision_h200_63d9d5d.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
