@@ -369,6 +369,7 @@ SOURCES = (
     "diag_vision_host_h200_aa2c8e9.json",
     # EfficientNet-B0 and GhostNet-100 (both backends) at 63d9d5d, after the precompile's
     # compiles moved to forked processes, on an H200 x2 host (32 cores) after its GPU tests.
+    # Folded: in git at c9cb989
     "vision_h200_63d9d5d.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
