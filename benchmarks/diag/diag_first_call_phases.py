@@ -104,10 +104,10 @@ def _runtime_phases() -> contextlib.ExitStack:
     import fusebackend.fusion
 
     stack.enter_context(_patched(fusebackend.fusion, "precompile_all", "backend: precompile"))
-    from fusebackend.kernels import forked_compiles
+    from fusebackend.kernels import triton_api
 
     stack.enter_context(
-        _patched(forked_compiles, "compile_in_children", "backend: precompile: processes")
+        _patched(triton_api, "compile_in_children", "backend: precompile: processes")
     )
     return stack
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from fusebackend.kernels.forked_compiles import compile_in_children
+
 __all__ = [
     "import_source",
     "interpreter_enabled",
@@ -205,13 +207,11 @@ class _CompileQueue(concurrent.futures.Executor):
 
     def run(self, threads: int, processes: int) -> None:
         """Compile and load everything submitted; each future gets its kernel or error."""
-        from fusebackend.kernels import forked_compiles
-
         compiles = [compile_fn for compile_fn, _, _ in self.pending]
         if processes > 1 and len(compiles) > 1:
             start = time.perf_counter()
             in_children = [functools.partial(_compile_for_the_cache, c) for c in compiles]
-            queued = forked_compiles.compile_in_children(in_children, processes)
+            queued = compile_in_children(in_children, processes)
             seconds = time.perf_counter() - start
             log.info("%d of %d compile(s) ran in %d process(es) in %.2f s", queued,
                      len(compiles), min(processes, queued), seconds)  # fmt: skip
