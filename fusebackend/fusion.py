@@ -49,7 +49,7 @@ from fusebackend.passes.concatenation import drop_identity_slices
 from fusebackend.passes.conv_activation import fuse_conv_activations
 from fusebackend.passes.conv_bias import move_conv_biases
 from fusebackend.passes.decode_attention import use_decode_attention
-from fusebackend.passes.depthwise import use_depthwise_convs
+from fusebackend.passes.depthwise import take_residual_adds, use_depthwise_convs
 from fusebackend.passes.empty_pads import drop_empty_pads
 from fusebackend.passes.full_reductions import split_full_reductions
 from fusebackend.passes.fx_util import example_value
@@ -314,6 +314,9 @@ FUSE = [
          "whole-tensor any/all reduced by rows first (fused graph)", report="full_reductions"),
     Pass("push_into_concatenations", lambda c: push_into_concatenations(c.graph),
          "elementwise ops on a cat run on its parts (fused graph)", report="pushed_into_cats"),
+    Pass("take_residual_adds", lambda c: take_residual_adds(c.graph, depthwise_conv2d),
+         "adds after depthwise convolutions in their kernel (fused graph)",
+         report="depthwise_residuals"),
     Pass("reduce_along_rows", lambda c: reduce_along_rows(c.graph),
          "reductions over another dim than the last read along rows, with the ops after them "
          "(fused graph)", report="axis_reductions"),

@@ -197,7 +197,7 @@ def test_blocks_run_the_kernel_with_norm_and_activation(block, dtype, cpu_gates,
     torch.testing.assert_close(out.float(), expected.float(), rtol=rtol, atol=atol)
     (made,) = graph.rewrites["depthwise_convs"]
     (call,) = [n for n in fused_graphs[-1].graph.nodes if n.target is depthwise_conv2d]
-    *_, center, scale, shift, activation = call.args
+    center, scale, shift, activation = call.args[5:9]
     assert activation == ("silu" if block is MBConv else "hardswish")
     # fp32 folds the norm into the weights (its shift moved after the conv: + bias); half
     # precision keeps its fp32 center, scale and shift after the conv, then the cast back
@@ -236,7 +236,7 @@ def test_a_ghost_module_writes_its_depthwise_part_into_the_concatenation(
     assert "(+ " in made, made  # with its norm and ReLU
     assert len(graph.rewrites["concatenations_written"]) == 1, graph.rewrites
     (call,) = [n for n in fused_graphs[-1].graph.nodes if n.target is depthwise_conv2d]
-    assert len(call.args) == 10  # written into the concatenation's part (its out)
+    assert len(call.args) == 11 and call.args[9] is None  # written into the part (its out)
     assert not [n for n in fused_graphs[-1].graph.nodes if n.target is torch.cat]
 
 
@@ -244,7 +244,7 @@ def test_an_out_of_another_shape_is_refused():
     x = torch.randn(1, 4, 5, 5).contiguous(memory_format=torch.channels_last)
     with pytest.raises(ValueError, match="out is"):
         depthwise_conv2d(x, torch.randn(4, 1, 3, 3), (1, 1), (1, 1), (1, 1), None, None,
-                              None, "", torch.empty(1, 4, 4, 5))  # fmt: skip
+                              None, "", out=torch.empty(1, 4, 4, 5))  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -255,7 +255,7 @@ def test_a_value_read_twice_ends_the_kernel_before_the_activation(dtype, cpu_gat
     torch.testing.assert_close(out, expected, rtol=tol, atol=tol)
     (made,) = graph.rewrites["depthwise_convs"]
     (call,) = [n for n in fused_graphs[-1].graph.nodes if n.target is depthwise_conv2d]
-    *_, center, scale, shift, activation = call.args
+    center, scale, shift, activation = call.args[5:9]
     assert activation == "" and shift is not None
     # fp32: the norm folded into the weights, its shift the convolution's bias (which stays:
     # the mean reads the convolution); half precision: sub, mul, add and the cast taken
@@ -270,20 +270,34 @@ def test_a_value_read_twice_ends_the_kernel_before_the_activation(dtype, cpu_gat
     [
         (MBConv, {"channels_last": False}, torch.float32),  # NCHW: channels not contiguous
         (ConvNeXtBlock, {}, torch.float32),  # a 7 x 7 window: not measured against cuDNN
-        # the residual add runs on each part's group instead (fp16, as GhostNet runs: in
-        # fp32 its BatchNorms fold into cuDNN's convolutions and nothing is pushed)
-        (GhostResidual, {}, torch.float16),
     ],
 )
 def test_left_to_cudnn(block, options, dtype, cpu_gates):
     model = _randomize(block()).eval()
-    channels = {MBConv: 6, ConvNeXtBlock: 8, GhostResidual: 8}[block]
+    channels = {MBConv: 6, ConvNeXtBlock: 8}[block]
     out, expected, graph, _ = _run(model, torch.randn(2, channels, 9, 9), dtype, **options)
     tol = 1e-4 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(out, expected, rtol=tol, atol=tol)
     assert not graph.rewrites.get("depthwise_convs"), graph.rewrites
-    if block is GhostResidual:
-        assert graph.rewrites["pushed_into_cats"] and graph.rewrites["concatenations_written"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_second_ghost_module_adds_its_shortcut_in_the_depthwise_kernel(dtype, cpu_gates,
+                                                                         fused_graphs):  # fmt: skip
+    # The add reading the concatenation runs on each part (pushed); on the depthwise part it
+    # becomes the kernel's residual, and the kernel writes into the concatenation: a row
+    # kernel (the 1 x 1's norm, its add, its part) and the depthwise kernel, nothing else.
+    # (Half precision, as GhostNet runs: in fp32 the norms fold into cuDNN's convolutions.)
+    model = _randomize(GhostResidual()).eval()
+    out, expected, graph, _ = _run(model, torch.randn(2, 8, 9, 7), dtype)
+    tol = {torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
+    torch.testing.assert_close(out.float(), expected.float(), rtol=tol, atol=tol)
+    assert graph.rewrites["pushed_into_cats"] and graph.rewrites["concatenations_written"]
+    assert len(graph.rewrites["depthwise_convs"]) == len(graph.rewrites["depthwise_residuals"]) == 1
+    (call,) = [n for n in fused_graphs[-1].graph.nodes if n.target is depthwise_conv2d]
+    residual, into = call.args[9:]
+    assert residual is not None and into is not None  # the shortcut's half; the cat's part
+    assert graph.launches["depthwise_conv2d"] == 1 and sum(graph.launches.values()) == 2
 
 
 def test_the_pass_takes_cuda_graphs_only_by_default():
@@ -293,8 +307,11 @@ def test_the_pass_takes_cuda_graphs_only_by_default():
     assert not graph.rewrites.get("depthwise_convs"), graph.rewrites
 
 
-@pytest.mark.parametrize(("affine", "into"), [(True, False), (False, False), (False, True)])
-def test_precompile_warms_the_kernel_the_launch_runs(monkeypatch, affine, into):
+@pytest.mark.parametrize(
+    ("affine", "into", "residual"),
+    [(True, False, False), (False, False, False), (False, True, False), (True, True, True)],
+)
+def test_precompile_warms_the_kernel_the_launch_runs(monkeypatch, affine, into, residual):
     # The warm-up must specialise as the launch does (grid, meta-parameters, ints, each tensor
     # as its dtype and alignment), or the first call compiles the kernel again.
     from helpers import LaunchRecorder, as_triton_sees
@@ -309,7 +326,8 @@ def test_precompile_warms_the_kernel_the_launch_runs(monkeypatch, affine, into):
             "hardswish")  # fmt: skip
     if into:  # a concatenation's part: written through its strides
         cat = torch.empty(2, 40, 5, 6, dtype=torch.float16, memory_format=torch.channels_last)
-        args = (*args, cat[:, 16:])
+        added = torch.randn(2, 5, 6, 25, dtype=torch.float16).permute(0, 3, 1, 2)[:, 1:]
+        args = (*args, added if residual else None, cat[:, 16:])
     depthwise_conv2d(*args)
     depthwise_conv.precompile_depthwise_conv2d(*args)
     ((run_args, run_grid, run_meta),) = launches
@@ -333,7 +351,7 @@ def test_wide_offsets_take_the_int64_index_math(monkeypatch):
         shape = depthwise_conv._output_shape(big, weight, (1, 1), (1, 1), (1, 1))
         out = depthwise_conv._empty_output(big, shape)
         launch = depthwise_conv._launch(big, weight, (1, 1), (1, 1), (1, 1), None, None, None,
-                                        "", out)  # fmt: skip
+                                        "", None, out)  # fmt: skip
     assert launch[2]["WIDE"]
     monkeypatch.setattr(depthwise_conv, "_INT32_OFFSETS", 0)
     torch.manual_seed(3)
@@ -341,7 +359,7 @@ def test_wide_offsets_take_the_int64_index_math(monkeypatch):
     args = (x, torch.randn(12, 1, 3, 3), (2, 1), (1, 2), (1, 2), None, torch.rand(12),
             torch.randn(12), "relu6")  # fmt: skip
     out = depthwise_conv2d(*args)
-    assert depthwise_conv._launch(*args, out)[2]["WIDE"]
+    assert depthwise_conv._launch(*args, None, out)[2]["WIDE"]
     torch.testing.assert_close(out, _expected(*args), rtol=1e-5, atol=1e-5)
 
 
@@ -353,6 +371,35 @@ def test_a_channel_slice_with_a_storage_offset_is_read_and_written_through_its_s
     args = (x, torch.randn(7, 1, 3, 3), (1, 2), (2, 1), (2, 1), torch.randn(7), None, None, "")
     out = depthwise_conv2d(*args)
     torch.testing.assert_close(out, _expected(*args), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_a_residual_is_added_as_eagers_add_through_its_strides(dtype):
+    # The residual is a channel slice (strided, offset) of a channels-last tensor, and the
+    # value goes into a concatenation's part: the sum as eager rounds it (the kernel's value
+    # rounded, then added and rounded again).
+    torch.manual_seed(6)
+    x = torch.randn(2, 10, 9, 7).to(dtype).contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(10, 1, 3, 3).to(dtype)
+    shortcut = torch.randn(2, 16, 9, 7).to(dtype).contiguous(memory_format=torch.channels_last)
+    residual = shortcut[:, 5:15]
+    cat = torch.zeros(2, 13, 9, 7, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    args = (x, weight, (1, 1), (1, 1), (1, 1), None, torch.rand(10) + 0.5, torch.randn(10),
+            "relu")  # fmt: skip
+    out = depthwise_conv2d(*args, residual, cat[:, 3:])
+    assert out.data_ptr() == cat[:, 3:].data_ptr() and not cat[:, :3].any()
+    expected = _expected(*args).to(dtype) + residual
+    rtol, atol = TOLERANCES[dtype]
+    torch.testing.assert_close(out.float(), expected.float(), rtol=rtol, atol=atol)
+
+
+def test_a_residual_of_another_shape_or_dtype_is_refused():
+    x = torch.randn(1, 4, 5, 5).contiguous(memory_format=torch.channels_last)
+    args = (x, torch.randn(4, 1, 3, 3), (1, 1), (1, 1), (1, 1), None, None, None, "")
+    with pytest.raises(ValueError, match="residual is"):
+        depthwise_conv2d(*args, torch.randn(1, 4, 5, 4))
+    with pytest.raises(ValueError, match="residual is"):
+        depthwise_conv2d(*args, torch.randn(1, 4, 5, 5, dtype=torch.float64))
 
 
 def test_arguments_the_kernel_would_read_wrongly_are_refused():
@@ -402,11 +449,34 @@ def test_what_the_pass_takes_after_the_convolution(fn, taken, activation, cpu_ga
     graph = _fake_graph(fn)
     made = depthwise.use_depthwise_convs(graph, depthwise_conv2d)
     (call,) = [n for n in graph.nodes if n.target is depthwise_conv2d]
-    assert call.args[-1] == activation
+    assert call.args[8] == activation
     (made,) = made
     ops = made.partition(" (+ ")[2].rstrip(")")
     assert (len(ops.split(", ")) if ops else 0) == taken, made
     graph.lint()
+
+
+@pytest.mark.parametrize(
+    ("fn", "taken"),
+    [
+        (lambda x, w, v: _dw(x, w) + x, True),
+        (lambda x, w, v: x + _dw(x, w) * v, True),  # the mul is the kernel's, then the add
+        (lambda x, w, v: torch.add(_dw(x, w), x, alpha=2), False),
+        (lambda x, w, v: _dw(x, w) + x.float(), False),  # promoted to fp32: another dtype
+        (lambda x, w, v: _dw(x, w) + v, False),  # broadcast: not of the value's shape
+        (lambda x, w, v: _dw(x, w) + x.add_(1), False),  # a write between
+        (lambda x, w, v: (lambda y: (y + x, y.mean()))(_dw(x, w)), False),  # read twice
+    ],
+)
+def test_which_adds_become_the_residual(fn, taken, cpu_gates):
+    graph = _fake_graph(fn)
+    depthwise.use_depthwise_convs(graph, depthwise_conv2d)
+    made = depthwise.take_residual_adds(graph, depthwise_conv2d)
+    graph.lint()
+    (call,) = [n for n in graph.nodes if n.target is depthwise_conv2d]
+    assert (call.args[9] is not None) == taken and len(made) == taken, made
+    if taken:
+        assert call.args[9].name == "x" and not [n for n in graph.nodes if "add" in n.name]
 
 
 def test_a_channel_multiplier_is_left_to_cudnn(cpu_gates):

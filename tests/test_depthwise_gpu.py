@@ -65,7 +65,7 @@ def test_timm_depthwise_convolutions_run_as_the_kernel_and_replays_equal_eager(n
     assert_model_fused(graphs, row_groups=1)
 
 
-def test_ghostnet_writes_its_first_ghost_modules_depthwise_parts_in_place():
+def test_ghostnet_runs_every_depthwise_convolution_as_the_kernel():
     pytest.importorskip("timm")
     model = _eval_model("ghostnet_100")
     x = torch.randn(2, 3, 96, 80, device="cuda", dtype=torch.float16)
@@ -73,8 +73,10 @@ def test_ghostnet_writes_its_first_ghost_modules_depthwise_parts_in_place():
     made = rewrites_of(graphs, "depthwise_convs")
     convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     depthwise = [m for m in convs if m.groups == m.in_channels == m.out_channels > 1]
-    # the strided ones and the first ghost module's of each bottleneck (written into its
-    # concatenation), not the second's (its residual add is pushed into the parts' groups)
-    assert 0 < len(made) < len(depthwise), made
+    # all of them: the strided ones, the first ghost module's of each bottleneck (written
+    # into its concatenation), the second's (its shortcut added in the kernel, written too)
+    assert len(made) == len(depthwise), made
+    residuals = rewrites_of(graphs, "depthwise_residuals")
+    assert len(residuals) == 16, residuals  # one a bottleneck
     assert sum(len(g.rewrites.get("concatenations_written", [])) for g in graphs) > 0
     assert_model_fused(graphs, row_groups=1)

@@ -139,7 +139,7 @@ def _sweep(shape: dict[str, Any]) -> dict[str, Any]:
     out = dw._empty_output(inputs[0], dw._output_shape(*inputs[:5]))
     times = {}
     for config in _SWEEP:
-        args, grid, meta = dw._launch(*inputs, out, config=config)
+        args, grid, meta = dw._launch(*inputs, None, out, config=config)
         times[config] = _graph_us(lambda: dw._kernel()[grid](*args, **meta))  # noqa: B023
     best = min(times, key=times.get)
     return {"best_config": list(best), "best_us": round(times[best], 2)}
@@ -155,7 +155,7 @@ def _precompile_sweep(shapes: list[dict[str, Any]]) -> None:
     def job(shape: dict[str, Any], config: tuple[int, int, int]) -> None:
         inputs = _inputs(shape)
         out = dw._empty_output(inputs[0], dw._output_shape(*inputs[:5]))
-        args, grid, meta = dw._launch(*inputs, out, config=config)
+        args, grid, meta = dw._launch(*inputs, None, out, config=config)
         warmup_launch(dw._kernel(), grid, args, meta, out.device)
 
     precompile_all([functools.partial(job, s, c) for s in shapes for c in _SWEEP])

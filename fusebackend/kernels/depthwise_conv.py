@@ -9,7 +9,9 @@ one channel. On an NHWC tensor the channels are contiguous, so a program compute
 image) and one weight per channel, accumulating in fp32. Then, still in registers,
 ``(acc - center) * scale + shift`` (a BatchNorm's per-channel constants, or the bias) and the
 activation (``kernels/epilogue.py``'s function of ``kernels.ir.ACTIVATIONS``' name, the row
-kernels' own math), rounded once to the output's dtype.
+kernels' own math), rounded once to the output's dtype; then a residual tensor may be added,
+rounded again as eager's add of the two would be (GhostNet's second ghost module adds its
+block's shortcut to the depthwise half of its output: ``passes/depthwise.py``).
 
 Why not cuDNN: its channels-last half-precision depthwise convolutions build their plan at the
 first call of each shape, which dominated a convnet's first call (see ``passes/depthwise.py``
@@ -55,13 +57,16 @@ def depthwise_conv2d(
     scale: torch.Tensor | None,
     shift: torch.Tensor | None,
     activation: str,
+    residual: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``act((F.conv2d(x, weight, None, stride, padding, dilation, C) - center) * scale +
     shift)`` for ``x`` of shape ``[N, C, H, W]`` and ``weight`` ``[C, 1, KH, KW]``, computed
     in fp32 and rounded once to ``x``'s dtype; ``center``, ``scale`` and ``shift`` hold C
     contiguous elements each (any floating dtype) or are None (0, 1, 0); ``activation`` one
-    of ``kernels.ir.ACTIVATIONS`` ("" for none). Written into ``out`` where given (of the
+    of ``kernels.ir.ACTIVATIONS`` ("" for none); plus ``residual`` where given (of the
+    result's shape, dtype and device, any strides), added in the result's dtype as eager's
+    ``+`` would. Written into ``out`` where given (of the
     result's shape, dtype and device, any strides: a concatenation's part,
     ``passes/concat_writes.py``), else into a new tensor of ``x``'s layout (channels-last
     for a channels-last ``x``); returns it."""
@@ -72,14 +77,18 @@ def depthwise_conv2d(
     got, wanted = (out.dtype, tuple(out.shape), out.device), (x.dtype, shape, x.device)
     if got != wanted:
         raise ValueError(f"depthwise_conv2d: out is {got}, the result {wanted}")
+    if residual is not None:
+        got = (residual.dtype, tuple(residual.shape), residual.device)
+        if got != wanted:
+            raise ValueError(f"depthwise_conv2d: residual is {got}, the result {wanted}")
     if isinstance(x, FakeTensor) or not out.numel():  # (fakes: passes work out layouts)
         return out
     if not triton_usable(x.device) or not _channels_contiguous(x) or x.dtype == torch.float64:
         reference = _reference(x, weight, (stride, padding, dilation), (center, scale, shift),
                                activation)  # fmt: skip
-        return out.copy_(reference)
+        return out.copy_(reference if residual is None else reference + residual)
     args, grid, meta = _launch(x, weight, stride, padding, dilation, center, scale, shift,
-                               activation, out)  # fmt: skip
+                               activation, residual, out)  # fmt: skip
     run_on_device(_kernel(), grid, args, meta, x.device)
     return out
 
@@ -142,8 +151,8 @@ def _empty_output(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return x.new_empty_strided(shape, strides)
 
 
-def _launch(x, weight, stride, padding, dilation, center, scale, shift, activation, out,
-            config=None):  # fmt: skip
+def _launch(x, weight, stride, padding, dilation, center, scale, shift, activation, residual,
+            out, config=None):  # fmt: skip
     """The kernel's arguments, grid and meta-parameters for a launch writing ``out``
     (``config``: ``(BLOCK_P, BLOCK_C, num_warps)`` instead of ``_config``'s, for a sweep)."""
     batch, channels, height, width = x.shape
@@ -157,20 +166,23 @@ def _launch(x, weight, stride, padding, dilation, center, scale, shift, activati
     align = 1
     while align < 8 and all(s % (2 * align) == 0 for s in (*x.stride()[::2], x.stride(3))):
         align *= 2
-    # (an absent vector's slot gets x: a pointer the kernel never reads, HAS_* being False)
+    # (an absent tensor's slot gets x: a pointer the kernel never reads, HAS_* being False;
+    # an absent residual's strides are out's)
     args = [
-        x, weight, out, *(x if v is None else v for v in (center, scale, shift)),
+        x, weight, out, *(x if v is None else v for v in (center, scale, shift, residual)),
         channels, height, width, oh, ow, positions,
         x.stride(0), x.stride(2), x.stride(3), weight.stride(0), weight.stride(2),
-        weight.stride(3), *out.stride(),
+        weight.stride(3), *out.stride(), *(out if residual is None else residual).stride(),
         padding[0], padding[1], dilation[0], dilation[1],
     ]  # fmt: skip
-    wide = max(_span(x), _span(out)) > _INT32_OFFSETS
+    spans = (_span(x), _span(out), 0 if residual is None else _span(residual))
+    wide = max(spans) > _INT32_OFFSETS
     meta = {
         "KH": weight.shape[2], "KW": weight.shape[3], "STRIDE_H": stride[0],
         "STRIDE_W": stride[1], "HAS_CENTER": center is not None,
         "HAS_SCALE": scale is not None, "HAS_SHIFT": shift is not None,
-        "HAS_ACT": bool(activation), "ACT": act, "ALIGN": align, "WIDE": wide,
+        "HAS_ACT": bool(activation), "ACT": act, "HAS_RESIDUAL": residual is not None,
+        "ALIGN": align, "WIDE": wide,
         "BLOCK_P": block_p, "BLOCK_C": block_c, "num_warps": warps,
     }  # fmt: skip
     return args, grid, meta
@@ -202,28 +214,33 @@ def precompile_depthwise_conv2d(*args: Any) -> None:
     """Compile the kernel ``depthwise_conv2d(*args)`` launches (its tensors may be fake),
     without running it."""
     x, weight, stride, padding, dilation = args[:5]
-    out = args[9] if len(args) > 9 else None
+    residual = args[9] if len(args) > 9 else None
+    out = args[10] if len(args) > 10 else None
     if out is None:
         out = _empty_output(x, _output_shape(x, weight, stride, padding, dilation))
-    launch_args, grid, meta = _launch(*args[:9], out)
+    launch_args, grid, meta = _launch(*args[:9], residual, out)
     warmup_launch(_kernel(), grid, launch_args, meta, x.device)
 
 
 def _precompile_job(args: Any) -> Any:
     """The kernel family's precompile job (kernels/family.py) for a launch on ``args``
-    (``depthwise_conv2d``'s, ``out`` perhaps among them, the tensors as example values)."""
-    x, weight, stride, padding, dilation, center, scale, shift, activation, *out = args
-    tensors = [t for t in (x, weight, center, scale, shift, *out) if t is not None]
+    (``depthwise_conv2d``'s, ``residual`` and ``out`` perhaps among them, the tensors as
+    example values)."""
+    x, weight, stride, padding, dilation, center, scale, shift, activation, *rest = args
+    optional = (center, scale, shift, *rest)
+    tensors = [t for t in (x, weight, *optional) if t is not None]
     if not all(concrete_cuda_tensor(t) for t in tensors) or x.numel() == 0:
         return None
-    key = ("depthwise", stride, padding, dilation, activation,
-           *(v is None for v in (center, scale, shift)), *map(launch_key, tensors))  # fmt: skip
+    key = ("depthwise", stride, padding, dilation, activation, len(rest),
+           *(v is None for v in optional), *map(launch_key, tensors))  # fmt: skip
     return key, functools.partial(precompile_depthwise_conv2d, *args)
 
 
 family("depthwise_conv2d", _precompile_job)(depthwise_conv2d)
-# Where the launcher takes the tensor to write its value into (passes/concat_writes.py)
-depthwise_conv2d.out_position = 9  # type: ignore[attr-defined]
+# Where the launcher takes a tensor to add to its value (passes/depthwise.py), and the tensor
+# to write its value into (passes/concat_writes.py)
+depthwise_conv2d.residual_position = 9  # type: ignore[attr-defined]
+depthwise_conv2d.out_position = 10  # type: ignore[attr-defined]
 
 
 @functools.cache
@@ -233,13 +250,14 @@ def _kernel() -> Any:
 
     @triton.jit
     def _depthwise_conv2d(
-        x, weight, out, center, scale, shift,
+        x, weight, out, center, scale, shift, residual,
         channels, height, width, out_height, out_width, positions,
-        sx_n, sx_h, sx_w, sw_c, sw_h, sw_w, so_n, so_c, so_h, so_w,
+        sx_n, sx_h, sx_w, sw_c, sw_h, sw_w, so_n, so_c, so_h, so_w, sr_n, sr_c, sr_h, sr_w,
         pad_h, pad_w, dilation_h, dilation_w,
         KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
         HAS_CENTER: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
-        HAS_ACT: tl.constexpr, ACT: tl.constexpr, ALIGN: tl.constexpr, WIDE: tl.constexpr,
+        HAS_ACT: tl.constexpr, ACT: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+        ALIGN: tl.constexpr, WIDE: tl.constexpr,
         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     ):  # fmt: skip
         # x: channels contiguous (stride 1); out: any strides. WIDE: some offset (or the
@@ -275,9 +293,13 @@ def _kernel() -> Any:
             acc = acc + tl.load(shift + c, mask=c_in, other=0.0).to(tl.float32)[None, :]
         if HAS_ACT:
             acc = ACT(acc)
-        target = n * so_n + oh * so_h + ow * so_w
+        value = acc.to(out.dtype.element_ty)
         mask = p_in[:, None] & c_in[None, :]
-        tl.store(out + target[:, None] + c[None, :] * so_c, acc.to(out.dtype.element_ty),
-                 mask=mask)  # fmt: skip
+        if HAS_RESIDUAL:  # eager's add: of the rounded value, rounded again
+            at = (n * sr_n + oh * sr_h + ow * sr_w)[:, None] + c[None, :] * sr_c
+            added = tl.load(residual + at, mask=mask, other=0.0).to(tl.float32)
+            value = (value.to(tl.float32) + added).to(out.dtype.element_ty)
+        target = n * so_n + oh * so_h + ow * so_w
+        tl.store(out + target[:, None] + c[None, :] * so_c, value, mask=mask)
 
     return _depthwise_conv2d

@@ -13,10 +13,12 @@ group writing both halves into the result.
 
 Before the groups are formed, ``push_into_concatenations`` runs an elementwise op that reads
 a concatenation (perhaps sliced along its dim) on each part instead, where every part is
-itself an elementwise op's result: ``cat([a, b], 1)[:, :k] + r`` becomes ``cat([a + r_a,
-b + r_b], 1)``, each operand of the full shape narrowed to its part. Each part's group then
-takes the op in, and the op's own kernel is gone (GhostNet's second ghost module of every
-bottleneck: BatchNorm, concatenation, residual add, as Inductor fuses them).
+itself an elementwise op's result or a depthwise convolution's launch:
+``cat([a, b], 1)[:, :k] + r`` becomes ``cat([a + r_a, b + r_b], 1)``, each operand of the
+full shape narrowed to its part. Each part's group then takes the op in, a depthwise launch
+takes an add as its residual (``passes/depthwise.take_residual_adds``), and the op's own
+kernel is gone (GhostNet's second ghost module of every bottleneck: BatchNorm, concatenation,
+residual add).
 
 A launcher of one value that takes a tensor to write it into (``out_position``: the
 depthwise convolution's ``out``) writes its part the same way, where the cat is the value's
@@ -49,8 +51,7 @@ from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.mutations import storage_id, written_storages
 from fusebackend.passes.ops import OpKind, lookup_op
 
-__all__ = ["join_written", "push_into_concatenations", "pushed_into", "write_concatenations",
-           "written_parts"]  # fmt: skip
+__all__ = ["join_written", "push_into_concatenations", "write_concatenations", "written_parts"]
 
 _STACK = torch.stack  # the same, each part one index along a new dim (a select of the result)
 
@@ -250,22 +251,20 @@ def push_into_concatenations(graph: torch.fx.Graph) -> list[str]:
     return pushed
 
 
-def pushed_into(cat: torch.fx.Node) -> bool:
-    """Would ``push_into_concatenations`` look at ``cat``, a concatenation read by an
-    elementwise op (perhaps through a slice)? It runs that op on each part where every part
-    is an elementwise op's value: a part computed otherwise keeps the op on the whole
-    concatenation (``passes/depthwise.py`` leaves such a part to its row group)."""
-    if cat.op != "call_function" or cat.target not in CAT_FUNCTIONS:
-        return False
-    slices = [r for r in cat.users if r.op == "call_function" and r.target is operator.getitem]
-    return any(map(_elementwise, [*cat.users, *(r for s in slices for r in s.users)]))
-
-
 def _elementwise(node: Any) -> bool:
     if not isinstance(node, torch.fx.Node) or node.op not in ("call_function", "call_method"):
         return False
     row = lookup_op(node.op, node.target)
     return row is not None and row[0].kind == OpKind.ELEMENTWISE and not is_mutation(node)
+
+
+def _takes_a_residual(node: Any) -> bool:
+    """Is ``node`` a launcher of one value that can still add a tensor to it (an empty
+    ``residual_position``: the depthwise convolution's)? An add pushed onto it becomes its
+    residual (``passes/depthwise.take_residual_adds``); any other op runs on its own."""
+    position = getattr(getattr(node, "target", None), "residual_position", None)
+    return (position is not None and node.op == "call_function" and len(node.args) > position
+            and node.args[position] is None)  # fmt: skip
 
 
 def _slice_along(node: torch.fx.Node, dim: int, size: int) -> tuple[int, int] | None:
@@ -285,7 +284,8 @@ def _slice_along(node: torch.fx.Node, dim: int, size: int) -> tuple[int, int] | 
 def _push(graph: torch.fx.Graph, cat: torch.fx.Node) -> str | None:
     """Push the one elementwise op reading ``cat`` onto its parts; its name, or None."""
     found = _cat_args(cat)
-    if found is None or len(cat.users) != 1 or not all(map(_elementwise, found[0])):
+    pushable = lambda part: _elementwise(part) or _takes_a_residual(part)  # noqa: E731
+    if found is None or len(cat.users) != 1 or not all(map(pushable, found[0])):
         return None
     parts, dim, result = found
     read, (op,) = cat, cat.users

@@ -27,10 +27,14 @@ numeric stride, padding and dilation and a window of at most 5 x 5 (the sizes me
 ConvNeXt's 7 x 7 stays cuDNN's). A bias left on the convolution is the kernel's shift, with
 no other per-channel op taken. A cast or activation that would move the value to another
 device is not taken. A value that is a part of a concatenation is written into it in place
-(``concat_writes.py``: GhostNet's first ghost module of each bottleneck), unless an
-elementwise op reads the concatenation: ``push_into_concatenations`` runs that op on the
-parts' groups instead (GhostNet's second ghost module and its residual add), which a
-kernel's part would stop, so that convolution stays cuDNN's.
+(``concat_writes.py``: GhostNet's first ghost module of each bottleneck). Where an add reads
+the concatenation, ``push_into_concatenations`` runs it on each part, and
+``take_residual_adds`` (after it) makes the add on the convolution's part the kernel's
+residual: GhostNet's second ghost module adds its block's shortcut that way, so that its
+depthwise half, BatchNorm, add and concatenation are one launch. (Until 2026-11-30 these
+convolutions stayed cuDNN's, for the row groups to take the add: cuDNN built runtime-compiled
+channels-last kernels for them, 1.8 s of GhostNet-100's first call on an H200,
+``benchmarks/diag/diag_first_call_phases.py``.)
 """
 
 from __future__ import annotations
@@ -42,13 +46,13 @@ import torch
 import torch.fx
 from torch import Tensor
 
-from fusebackend.passes.concat_writes import pushed_into
 from fusebackend.passes.conv_activation import conv2d_arguments
 from fusebackend.passes.conv_bias import CONVOLUTIONS, is_batched
 from fusebackend.passes.fx_util import evaluate, example_value, known_contiguous, static_layout
+from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.groups import op_call
 
-__all__ = ["DEVICE_TYPES", "use_depthwise_convs"]
+__all__ = ["DEVICE_TYPES", "take_residual_adds", "use_depthwise_convs"]
 
 # Where the kernel runs (tests add the CPU: Triton's interpreter).
 DEVICE_TYPES = {"cuda"}
@@ -187,10 +191,8 @@ def use_depthwise_convs(graph: torch.fx.Graph, kernel: Callable[..., Tensor]) ->
         x, weight, bias, stride, padding, dilation = args
         found, taken = _epilogue(conv, example_value(x).shape[1], bias)
         last = taken[-1] if taken else conv
-        if any(map(pushed_into, last.users)):
-            continue
         operands = (x, weight, stride, padding, dilation, found.get("center"),
-                    found.get("scale"), found.get("shift"), found["activation"])  # fmt: skip
+                    found.get("scale"), found.get("shift"), found["activation"], None)  # fmt: skip
         with graph.inserting_after(last):
             node = graph.call_function(kernel, operands)
         node.meta["example_value"] = evaluate(node)
@@ -202,3 +204,55 @@ def use_depthwise_convs(graph: torch.fx.Graph, kernel: Callable[..., Tensor]) ->
             graph.erase_node(dead)
         made.append(conv.name + (f" (+ {', '.join(n.name for n in taken)})" if taken else ""))
     return made
+
+
+def take_residual_adds(graph: torch.fx.Graph, kernel: Callable[..., Tensor]) -> list[str]:
+    """Make each add that is the only reader of a ``kernel`` call (``use_depthwise_convs``'),
+    adding a tensor of the value's shape, dtype and device, that call's residual (its
+    ``residual_position``), where the sum keeps the value's layout; the call moves to the
+    add's place, where nothing between writes in place. Returns each as ``"call (+ add)"``."""
+    position = kernel.residual_position  # type: ignore[attr-defined]
+    made = []
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not kernel:
+            continue
+        if len(node.args) != position + 1 or node.args[position] is not None:
+            continue  # (given an ``out`` already, or a residual)
+        add = _only_reader(node)
+        call = op_call(add, "add")
+        if call is None or len(call.operands) != 2 or call.params.get("alpha", 1) != 1:
+            continue
+        first, second = call.operands
+        other = second if first is node else first if second is node else None
+        if not isinstance(other, torch.fx.Node) or other is node:
+            continue
+        value, residual = example_value(node), example_value(other)
+        if not (isinstance(residual, Tensor) and static_layout(residual)):
+            continue
+        if _layout(example_value(add)) != _layout(value) or _another_tensor(residual, value):
+            continue
+        if _writes_between(node, add):
+            continue
+        add.prepend(node)  # (the residual is defined before the add, perhaps after the call)
+        node.args = (*node.args[:position], other)
+        add.replace_all_uses_with(node)
+        graph.erase_node(add)
+        made.append(f"{node.name} (+ {add.name})")
+    return made
+
+
+def _another_tensor(residual: Tensor, value: Tensor) -> bool:
+    """Is ``residual`` of another shape, dtype or device than ``value``? (Its strides may
+    differ: the kernel reads through them.)"""
+    return (tuple(residual.shape), residual.dtype, residual.device) != (
+        tuple(value.shape), value.dtype, value.device)  # fmt: skip
+
+
+def _writes_between(start: torch.fx.Node, end: torch.fx.Node) -> bool:
+    """Does a node after ``start`` and before ``end`` write a tensor in place?"""
+    node = start.next
+    while node is not end:
+        if is_mutation(node):
+            return True
+        node = node.next
+    return False
