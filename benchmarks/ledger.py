@@ -371,6 +371,10 @@ SOURCES = (
     # compiles moved to forked processes, on an H200 x2 host (32 cores) after its GPU tests.
     # Folded: in git at c9cb989
     "vision_h200_63d9d5d.json",
+    # GhostNet-100 (both backends) at a47a608, after its second ghost modules' depthwise
+    # convolutions took their shortcut add as the kernel's residual, on a one-GPU H200 host
+    # after the depthwise GPU tests.
+    "vision_h200_a47a608.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
