@@ -373,7 +373,7 @@ SOURCES = (
     "vision_h200_63d9d5d.json",
     # GhostNet-100 (both backends) at a47a608, after its second ghost modules' depthwise
     # convolutions took their shortcut add as the kernel's residual, on a one-GPU H200 host
-    # after the depthwise GPU tests.
+    # after the depthwise GPU tests. Folded: in git at 63636af
     "vision_h200_a47a608.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
