@@ -463,7 +463,8 @@ def test_what_the_pass_takes_after_the_convolution(fn, taken, activation, cpu_ga
         (lambda x, w, v: x + _dw(x, w) * v, True),  # the mul is the kernel's, then the add
         (lambda x, w, v: torch.add(_dw(x, w), x, alpha=2), False),
         (lambda x, w, v: _dw(x, w) + x.float(), False),  # promoted to fp32: another dtype
-        (lambda x, w, v: _dw(x, w) + v, False),  # broadcast: not of the value's shape
+        (lambda x, w, v: _dw(x, w) + v, False),  # per channel: the kernel's shift instead
+        (lambda x, w, v: _dw(x, w) + x[:, :, :1], False),  # broadcast along H: another shape
         (lambda x, w, v: _dw(x, w) + x.add_(1), False),  # a write between
         (lambda x, w, v: (lambda y: (y + x, y.mean()))(_dw(x, w)), False),  # read twice
     ],

@@ -1012,14 +1012,43 @@ MUTATIONS: list[Mutation] = [
         note="the window's last row is read one row too low",
     ),
     Mutation(
-        "depthwise_concatenated_part_taken",
+        "depthwise_residual_dropped",
+        "kernel: depthwise convolution",
+        "fusebackend/kernels/depthwise_conv.py",
+        "            value = (value.to(tl.float32) + added).to(out.dtype.element_ty)\n",
+        "            value = value\n",
+        ("tests/test_depthwise.py",),
+        note="the residual (GhostNet's shortcut) is loaded but never added",
+    ),
+    Mutation(
+        "depthwise_broadcast_residual_taken",
         "pass: depthwise convolutions",
         "fusebackend/passes/depthwise.py",
-        "        if any(map(pushed_into, last.users)):\n",
-        "        if False:\n",
+        "        if _layout(example_value(add)) != _layout(value) or _another_tensor(residual, "
+        "value):\n",
+        "        if _layout(example_value(add)) != _layout(value):\n",
         ("tests/test_depthwise.py",),
-        note="a part of a concatenation that an elementwise op reads is taken: the op, no "
-        "longer pushed into the parts, reads the whole concatenation",
+        note="an add of a per-channel vector (broadcast) becomes the residual, which the "
+        "kernel reads as a tensor of the value's shape",
+    ),
+    Mutation(
+        "compile_processes_skipped",
+        "runtime: precompile",
+        "fusebackend/kernels/triton_api.py",
+        "        if processes > 1 and len(compiles) > 1:\n",
+        "        if False:\n",
+        ("tests/test_forked_compiles.py",),
+        note="the precompile's compiles never go to forked processes: they hold the GIL on "
+        "its threads again",
+    ),
+    Mutation(
+        "compile_queue_not_shared",
+        "runtime: precompile",
+        "fusebackend/kernels/forked_compiles.py",
+        "                compiles[_RECORD.unpack(record)[0]]()\n",
+        "                [c() for c in compiles]\n",
+        ("tests/test_forked_compiles.py",),
+        note="every child runs every compile instead of the next one no other has taken",
     ),
     Mutation(
         "vmapped_ops_grouped",
