@@ -375,6 +375,9 @@ SOURCES = (
     # convolutions took their shortcut add as the kernel's residual, on a one-GPU H200 host
     # after the depthwise GPU tests. Folded: in git at 63636af
     "vision_h200_a47a608.json",
+    # MobileNetV3-large (both backends) at c4f116f, the compile processes' first run on it,
+    # on a one-GPU H200 host.
+    "vision_h200_c4f116f.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
