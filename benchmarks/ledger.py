@@ -376,7 +376,7 @@ SOURCES = (
     # after the depthwise GPU tests. Folded: in git at 63636af
     "vision_h200_a47a608.json",
     # MobileNetV3-large (both backends) at c4f116f, the compile processes' first run on it,
-    # on a one-GPU H200 host.
+    # on a one-GPU H200 host. Folded: in git at 27d21dd
     "vision_h200_c4f116f.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
