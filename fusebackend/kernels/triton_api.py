@@ -141,9 +141,11 @@ def precompile_all(
     Returns the number of jobs that failed to warm up or to compile; their kernels compile
     at their first launch, where an error is raised and handled as before.
 
-    ``threads`` and ``processes``: by default one per CPU core, up to 32; ``processes=0``
-    compiles on the threads alone. With 8 threads on the H100 machine's 16 cores,
-    generate()'s 113 launches of a 22-layer Llama took 2.0-2.1 s (2026-11-23).
+    ``threads`` and ``processes``: by default one per CPU core, up to 32; ``processes`` below
+    2 compiles on the threads alone (as does a single compile). On the threads alone (8 of
+    the H100 machine's 16 cores), generate()'s 113 launches of a 22-layer Llama took
+    2.0-2.1 s (2026-11-23); a TinyLlama decode step's 9 compiles took 2.57 s on threads and
+    2.32 s with the processes (H200, 2026-11-30).
     """
     cores = max(1, min(32, os.cpu_count() or 8))
     threads = cores if threads is None else threads
