@@ -157,6 +157,14 @@ class GhostResidual(nn.Module):
         return out[:, :8] + x
 
 
+class GhostScaled(GhostResidual):
+    """GhostResidual with a product in place of its add: not a residual the kernel takes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x1 = self.primary(x)
+        return torch.cat([x1, self.cheap(x1)], dim=1)[:, :8] * x
+
+
 class SharedNorm(nn.Module):
     """A depthwise conv whose BatchNorm's value is read twice: the activation is not taken."""
 
@@ -298,6 +306,16 @@ def test_a_second_ghost_module_adds_its_shortcut_in_the_depthwise_kernel(dtype, 
     residual, into = call.args[9:]
     assert residual is not None and into is not None  # the shortcut's half; the cat's part
     assert graph.launches["depthwise_conv2d"] == 1 and sum(graph.launches.values()) == 2
+
+
+def test_an_op_other_than_an_add_is_not_pushed_onto_a_depthwise_part(cpu_gates):
+    # On the depthwise part it would be a launch of its own: it stays one op on the whole
+    # concatenation, which both parts are written into.
+    model = _randomize(GhostScaled()).eval()
+    out, expected, graph, _ = _run(model, torch.randn(2, 8, 9, 7), torch.float16)
+    torch.testing.assert_close(out.float(), expected.float(), rtol=1e-2, atol=1e-2)
+    assert graph.rewrites["depthwise_convs"] and not graph.rewrites.get("pushed_into_cats")
+    assert not graph.rewrites.get("depthwise_residuals")
 
 
 def test_the_pass_takes_cuda_graphs_only_by_default():

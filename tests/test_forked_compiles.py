@@ -11,11 +11,12 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
-from fusebackend.kernels import forked_compiles
+from fusebackend.kernels import forked_compiles, triton_api
 
 pytestmark = pytest.mark.skipif(not forked_compiles.fork_available(), reason="needs fork")
 
@@ -41,7 +42,7 @@ def _ran(directory) -> dict[int, list[int]]:
 def test_children_run_every_compile_once_between_them(tmp_path):
     # (0.25 s each: one child alone would need 2 s, far longer than the others take to start)
     compiles = [_marking(tmp_path, i, seconds=0.25) for i in range(8)]
-    assert forked_compiles.compile_in_children(compiles, processes=4) == 8
+    assert forked_compiles.compile_in_children(compiles, processes=4) == (8, 4)
     runs = _ran(tmp_path)
     assert sorted(runs) == list(range(8))
     assert all(len(pids) == 1 for pids in runs.values())  # each index taken once
@@ -57,7 +58,7 @@ def test_a_raising_compile_or_a_dying_child_leaves_the_rest_to_others(tmp_path):
         os._exit(7)
 
     compiles = [raising, dying, *(_marking(tmp_path, i, 0.05) for i in range(2, 8))]
-    assert forked_compiles.compile_in_children(compiles, processes=3) == 8
+    assert forked_compiles.compile_in_children(compiles, processes=3) == (8, 3)
     assert sorted(_ran(tmp_path)) == list(range(2, 8))
 
 
@@ -83,7 +84,7 @@ def test_a_full_queue_hands_the_children_what_fits(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "write", full_after_three)
     compiles = [_marking(tmp_path, i) for i in range(6)]
-    assert forked_compiles.compile_in_children(compiles, processes=2) == 3
+    assert forked_compiles.compile_in_children(compiles, processes=2) == (3, 2)
     assert sorted(_ran(tmp_path)) == [0, 1, 2]
 
 
@@ -157,7 +158,7 @@ def test_a_fork_that_fails_leaves_fewer_children_and_no_error(tmp_path, monkeypa
 
     monkeypatch.setattr(os, "fork", fork_once)
     compiles = [_marking(tmp_path, i) for i in range(5)]
-    assert forked_compiles.compile_in_children(compiles, processes=4) == 5
+    assert forked_compiles.compile_in_children(compiles, processes=4) == (5, 1)
     runs = _ran(tmp_path)
     assert sorted(runs) == list(range(5)) and len({pid for (pid,) in runs.values()}) == 1
 
@@ -167,5 +168,96 @@ def test_when_no_child_starts_nothing_is_compiled_and_nothing_raises(tmp_path, m
         raise OSError(11, "Resource temporarily unavailable")
 
     monkeypatch.setattr(os, "fork", no_fork)
-    forked_compiles.compile_in_children([_marking(tmp_path, 0)], processes=2)
+    assert forked_compiles.compile_in_children([_marking(tmp_path, 0)], processes=2) == (0, 0)
     assert _ran(tmp_path) == {}  # the caller compiles it all itself
+
+
+def test_no_child_is_forked_where_sigchld_is_ignored(tmp_path, monkeypatch):
+    # The system would reap such children itself, and their pids could be reused by the
+    # time they were killed at the deadline.
+    import signal
+
+    monkeypatch.setattr(signal, "getsignal", lambda number: signal.SIG_IGN)
+    assert forked_compiles.compile_in_children([_marking(tmp_path, 0)], processes=2) == (0, 0)
+    assert _ran(tmp_path) == {}
+
+
+def test_children_reaped_elsewhere_end_the_wait(tmp_path, monkeypatch):
+    # Another thread's os.wait() may reap them first: waitpid raises ChildProcessError.
+    def reaped_elsewhere(pid, options):
+        raise ChildProcessError(10, "No child processes")
+
+    real_waitpid = os.waitpid
+    monkeypatch.setattr(os, "waitpid", reaped_elsewhere)
+    start = time.monotonic()
+    done = forked_compiles.compile_in_children([_marking(tmp_path, 0, 0.2)], processes=1)
+    assert done == (1, 1) and time.monotonic() - start < 30
+    monkeypatch.setattr(os, "waitpid", real_waitpid)
+    os.wait()  # (this test's own child, not left a zombie)
+
+
+class _Kernel:
+    """Stands in for a compiled kernel: what ``triton_api._compile_for_the_cache`` reads."""
+
+    src, metadata = "a source", "its metadata"
+
+
+def test_a_child_builds_the_compiled_kernels_launcher_too(monkeypatch):
+    from triton.runtime.driver import driver
+
+    built = []
+    fake = type("Driver", (), {"launcher_cls": lambda self, *a: built.append(a)})()
+    monkeypatch.setattr(driver, "_active", fake)
+    triton_api._compile_for_the_cache(_Kernel)
+    assert built == [("a source", "its metadata")]
+
+
+def _submitting(compile_fn, then=None):
+    """A precompile job that submits ``compile_fn`` as Triton's warm-up would, then calls
+    ``then`` (which may raise)."""
+    from triton.runtime import _async_compile
+
+    def job():
+        _async_compile.active_mode.get().submit(id(compile_fn), compile_fn, lambda k: None)
+        if then is not None:
+            then()
+
+    return job
+
+
+def test_an_interrupted_job_raises_at_once_and_leaves_no_mode_behind():
+    from triton.runtime import _async_compile
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    outcome = []
+
+    def precompile():
+        try:
+            triton_api.precompile_all([_submitting(_Kernel), _submitting(_Kernel, interrupt)], 2, 2)
+        except KeyboardInterrupt:
+            outcome.append("interrupted")
+        outcome.append(_async_compile.active_mode.get())
+
+    worker = threading.Thread(target=precompile, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "the precompile waited forever on compiles never run"
+    assert outcome == ["interrupted", None]
+
+
+def test_compile_processes_that_fail_leave_the_compiles_to_the_threads(monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(triton_api, "compile_in_children", broken)
+    compiled = []
+
+    def compile_fn(name):
+        return lambda: compiled.append(name) or _Kernel
+
+    jobs = [_submitting(compile_fn("a")), _submitting(compile_fn("b"))]
+    with caplog.at_level(logging.WARNING, logger="fusebackend.kernels.triton_api"):
+        assert triton_api.precompile_all(jobs, 2, 4) == 0
+    assert sorted(compiled) == ["a", "b"] and "Too many open files" in caplog.text

@@ -172,7 +172,7 @@ def precompile_all(
                         log.info("precompile failed (%s); it compiles at its launch", exc)
                 queue.run(threads, processes)
             finally:
-                queue.cancel_pending()  # else the mode's exit would wait on them forever
+                queue.cancel_pending()
     finally:
         # The mode switches itself off only after waiting on every compile: an interrupt
         # during that wait would leave it on for this thread, and every later Triton
@@ -213,18 +213,26 @@ class _CompileQueue(concurrent.futures.Executor):
         if processes > 1 and len(compiles) > 1:
             start = time.perf_counter()
             in_children = [functools.partial(_compile_for_the_cache, c) for c in compiles]
-            queued = compile_in_children(in_children, processes)
-            seconds = time.perf_counter() - start
-            log.info("%d of %d compile(s) ran in %d process(es) in %.2f s", queued,
-                     len(compiles), min(processes, queued), seconds)  # fmt: skip
+            try:
+                queued, children = compile_in_children(in_children, processes)
+            except Exception as exc:  # noqa: BLE001  (they only warm the cache: compiled below)
+                log.warning("the compile processes failed (%s); compiling on threads", exc)
+            else:
+                log.info("%d of %d compile(s) ran in %d process(es) in %.2f s", queued,
+                         len(compiles), children, time.perf_counter() - start)  # fmt: skip
         with concurrent.futures.ThreadPoolExecutor(max(1, threads), "fusebackend-load") as pool:
             for compile_fn, device, future in self.pending:
                 pool.submit(_settle, future, compile_fn, device)
         self.pending.clear()
 
     def cancel_pending(self) -> None:
+        """Cancel what ``run`` did not settle (a job or the processes raised first), telling
+        the futures' waiters: ``as_completed``, in the mode's exit, sees a cancelled future
+        only once notified, and would wait forever."""
         for _, _, future in self.pending:
-            future.cancel()
+            if future.cancel():  # (False: settled or being settled on the pool)
+                with contextlib.suppress(RuntimeError):  # (notified already)
+                    future.set_running_or_notify_cancel()
         self.pending.clear()
 
 

@@ -13,7 +13,8 @@ group writing both halves into the result.
 
 Before the groups are formed, ``push_into_concatenations`` runs an elementwise op that reads
 a concatenation (perhaps sliced along its dim) on each part instead, where every part is
-itself an elementwise op's result or a depthwise convolution's launch:
+itself an elementwise op's result or, for an add of a tensor of the result's shape and
+dtype, a depthwise convolution's launch:
 ``cat([a, b], 1)[:, :k] + r`` becomes ``cat([a + r_a, b + r_b], 1)``, each operand of the
 full shape narrowed to its part. Each part's group then takes the op in, a depthwise launch
 takes an add as its residual (``passes/depthwise.take_residual_adds``), and the op's own
@@ -260,11 +261,23 @@ def _elementwise(node: Any) -> bool:
 
 def _takes_a_residual(node: Any) -> bool:
     """Is ``node`` a launcher of one value that can still add a tensor to it (an empty
-    ``residual_position``: the depthwise convolution's)? An add pushed onto it becomes its
-    residual (``passes/depthwise.take_residual_adds``); any other op runs on its own."""
+    ``residual_position``: the depthwise convolution's)? Only an add is pushed onto it
+    (``_residual_add``), which becomes its residual (``passes/depthwise.take_residual_adds``):
+    any other op would be a launch of its own there."""
     position = getattr(getattr(node, "target", None), "residual_position", None)
     return (position is not None and node.op == "call_function" and len(node.args) > position
             and node.args[position] is None)  # fmt: skip
+
+
+def _residual_add(op: torch.fx.Node, read: torch.fx.Node, full: list[Any], value: Any) -> bool:
+    """Is ``op`` ``read + t`` (alpha 1) with ``t`` of ``read``'s shape and dtype: the add
+    that ``passes/depthwise.take_residual_adds`` makes a depthwise launch's residual?"""
+    row = lookup_op(op.op, op.target)
+    if row is None or row[0].name != "add" or op.kwargs.get("alpha", 1) != 1:
+        return False
+    others = [n for n in op.all_input_nodes if n is not read]
+    return (len(op.args) == 2 and len(others) == 1 and others[0] in full
+            and example_value(others[0]).dtype == value.dtype)  # fmt: skip
 
 
 def _slice_along(node: torch.fx.Node, dim: int, size: int) -> tuple[int, int] | None:
@@ -309,6 +322,8 @@ def _push(graph: torch.fx.Graph, cat: torch.fx.Node) -> str | None:
     full = [n for n in operands if _shape_of(n) == tuple(value.shape)]
     if not all(n in full or _broadcast_along(_shape_of(n), value.dim(), dim) for n in operands):
         return None
+    if not all(map(_elementwise, parts)) and not _residual_add(op, read, full, value):
+        return None  # (on a depthwise part any other op would be a launch of its own)
     pieces = []
     with graph.inserting_before(op):
         for part, start, stop in zip(parts, bounds, bounds[1:]):
