@@ -1042,6 +1042,16 @@ MUTATIONS: list[Mutation] = [
         "its threads again",
     ),
     Mutation(
+        "cancelled_compiles_not_notified",
+        "runtime: precompile",
+        "fusebackend/kernels/triton_api.py",
+        "                    future.set_running_or_notify_cancel()\n",
+        "                    pass\n",
+        ("tests/test_forked_compiles.py",),
+        note="an interrupted precompile cancels its compiles without telling as_completed: "
+        "the call waits forever instead of raising",
+    ),
+    Mutation(
         "compile_queue_not_shared",
         "runtime: precompile",
         "fusebackend/kernels/forked_compiles.py",
