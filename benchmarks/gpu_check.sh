@@ -2,7 +2,7 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|suite|tp|sentence|vision|swin|diag]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|suite|tp|sentence|vision|firstcall|swin|diag]...
 #
 # Knobs (environment): COMMIT (the commit measured, for run.py's --commit: the device's
 # copy of the checkout has no git), GPU_TESTS (test paths for "tests", default tests), FASTGEN_ARGS (the
@@ -32,7 +32,8 @@
 # GPU of the machine: its GPU tests, diag_tp_chain.py and benchmarks/tensor_parallel.py, the
 # device loop's generate among its rows), vision (timm models, benchmarks/vision.py:
 # VISION_ARGS passed on, VISION_NAME the result's name, default vision; stops starting models
-# after 300 s), swin (one Swin block per stage against Inductor's, profiled, and the kernel
+# after 300 s), firstcall (convnets' first calls by phase with Triton's cache cold, and
+# MobileNetV3's host time a call, ~3 min), swin (one Swin block per stage against Inductor's, profiled, and the kernel
 # variants of its short-row softmax, ~2 min), diag (why BERT's SDPA runs its
 # math path under Dynamo; which SDPA kernel a decode step's attention should get; the decode
 # attention kernel against repeat_kv + SDPA and its launch sweep; the host time of a replay
@@ -209,6 +210,19 @@ for step in $steps; do
         name=${VISION_NAME:-vision}
         run_step "bench_$name" python3 benchmarks/vision.py --time-budget 300 --child-timeout 240 \
             ${VISION_ARGS:-} --out "$OUT/$name.json" --ledger "$OUT/${name}_ledger.jsonl"
+        ;;
+    firstcall)
+        # Where a convnet's first call goes, phase by phase, each model with Triton's cache
+        # cold (FIRSTCALL_MODELS, default three depthwise convnets; ~40 s each), then
+        # MobileNetV3-large's host and GPU time a call at batch 8 under both backends in one
+        # process (diag_vision_host.py), the replay that read 0.772 ms against 0.518 at
+        # 9663a0f (docs/PERFORMANCE.md, c4f116f).
+        for model in ${FIRSTCALL_MODELS:-efficientnet_b0 ghostnet_100 mobilenetv3_large_100}; do
+            run_step "first_call_$model" env TRITON_CACHE_DIR="$(mktemp -d)" \
+                python3 benchmarks/diag/diag_first_call_phases.py --timm "$model" --rounds 1
+        done
+        run_step vision_host_mobilenetv3_b8 python3 benchmarks/diag/diag_vision_host.py \
+            --models mobilenetv3_large_100 --batch 8 --out "$OUT/vision_host_mobilenetv3_b8.json"
         ;;
     swin)
         # Swin's blocks against Inductor's (one block per stage, profiled) and its short-row
