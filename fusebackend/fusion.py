@@ -28,9 +28,10 @@ from fusebackend.kernels.conv import conv2d_relu
 from fusebackend.kernels.decode_attention import decode_attention
 from fusebackend.kernels.depthwise_conv import depthwise_conv2d
 from fusebackend.kernels.family import family_of, launch_path
-from fusebackend.kernels.launch import launch_rank, layout_for, precompile_all, start_cache_key
+from fusebackend.kernels.launch import launch_rank, layout_for, precompile_all
 from fusebackend.kernels.matmul import epilogue_source, matmul_op
 from fusebackend.kernels.spatial_mean import spatial_mean
+from fusebackend.kernels.triton_api import start_cache_key
 from fusebackend.kernels.vocab_lookup import vocab_parallel_lookup
 from fusebackend.passes.attention import (
     avoid_cudnn_plans,

@@ -74,13 +74,11 @@ def depthwise_conv2d(
     shape = _output_shape(x, weight, stride, padding, dilation)
     if out is None:
         out = _empty_output(x, shape)
-    got, wanted = (out.dtype, tuple(out.shape), out.device), (x.dtype, shape, x.device)
-    if got != wanted:
-        raise ValueError(f"depthwise_conv2d: out is {got}, the result {wanted}")
-    if residual is not None:
-        got = (residual.dtype, tuple(residual.shape), residual.device)
-        if got != wanted:
-            raise ValueError(f"depthwise_conv2d: residual is {got}, the result {wanted}")
+    wanted = (x.dtype, shape, x.device)
+    for name, tensor in (("out", out), ("residual", residual)):
+        got = None if tensor is None else (tensor.dtype, tuple(tensor.shape), tensor.device)
+        if got not in (None, wanted):
+            raise ValueError(f"depthwise_conv2d: {name} is {got}, the result {wanted}")
     if isinstance(x, FakeTensor) or not out.numel():  # (fakes: passes work out layouts)
         return out
     if not triton_usable(x.device) or not _channels_contiguous(x) or x.dtype == torch.float64:

@@ -258,9 +258,8 @@ def _settle(future: concurrent.futures.Future, compile_fn: Callable[[], Any],
         future.set_exception(exc)
 
 
-def _compile_and_load(compile_fn: Callable[..., Any], device: int | None, *args: Any,
-                      **kwargs: Any) -> Any:  # fmt: skip
-    kernel = compile_fn(*args, **kwargs)
+def _compile_and_load(compile_fn: Callable[[], Any], device: int | None) -> Any:
+    kernel = compile_fn()
     load = getattr(kernel, "_init_handles", None)  # Triton's CompiledKernel (3.6, 3.7)
     if load is not None and device is not None:
         try:
