@@ -33,7 +33,8 @@
 # device loop's generate among its rows), vision (timm models, benchmarks/vision.py:
 # VISION_ARGS passed on, VISION_NAME the result's name, default vision; stops starting models
 # after 300 s), firstcall (convnets' first calls by phase with Triton's cache cold, and
-# MobileNetV3's host time a call, ~3 min), swin (one Swin block per stage against Inductor's, profiled, and the kernel
+# MobileNetV3's host time a call, and its cold first call with the launchers built at -O0 and
+# at -O3, ~4 min), swin (one Swin block per stage against Inductor's, profiled, and the kernel
 # variants of its short-row softmax, ~2 min), diag (why BERT's SDPA runs its
 # math path under Dynamo; which SDPA kernel a decode step's attention should get; the decode
 # attention kernel against repeat_kv + SDPA and its launch sweep; the host time of a replay
@@ -223,6 +224,13 @@ for step in $steps; do
         done
         run_step vision_host_mobilenetv3_b8 python3 benchmarks/diag/diag_vision_host.py \
             --models mobilenetv3_large_100 --batch 8 --out "$OUT/vision_host_mobilenetv3_b8.json"
+        # a cold process's first call (the vision suite's), its compile processes split into
+        # compiles and launcher builds: the launchers at -O0 (the default) and at Triton's -O3
+        for variant in "" --optimised-launchers; do
+            run_step "first_call_cold_mobilenetv3${variant:+_o3}" env TRITON_CACHE_DIR="$(mktemp -d)" \
+                python3 benchmarks/diag/diag_first_call_phases.py --timm mobilenetv3_large_100 \
+                --rounds 1 --cold --children $variant
+        done
         ;;
     swin)
         # Swin's blocks against Inductor's (one block per stage, profiled) and its short-row

@@ -202,14 +202,61 @@ class _Kernel:
     src, metadata = "a source", "its metadata"
 
 
-def test_a_child_builds_the_compiled_kernels_launcher_too(monkeypatch):
+def test_a_child_builds_the_compiled_kernels_launcher_too_unoptimised(monkeypatch):
+    from triton import knobs
     from triton.runtime.driver import driver
 
     built = []
-    fake = type("Driver", (), {"launcher_cls": lambda self, *a: built.append(a)})()
-    monkeypatch.setattr(driver, "_active", fake)
+
+    def launcher_cls(self, *args):
+        built.append((args, knobs.build.impl))
+
+    monkeypatch.setattr(driver, "_active", type("Driver", (), {"launcher_cls": launcher_cls})())
     triton_api._compile_for_the_cache(_Kernel)
-    assert built == [("a source", "its metadata")]
+    assert built == [(("a source", "its metadata"), triton_api._unoptimised_build)]
+    assert knobs.build.impl is None  # put back: only the child's launcher builds change
+
+    def users_build(*args):
+        raise AssertionError("not called by the fake driver")
+
+    monkeypatch.setattr(knobs.build, "impl", users_build)
+    triton_api._compile_for_the_cache(_Kernel)
+    assert built[-1][1] is users_build  # a build the user set is kept
+
+
+_EXTENSION_SOURCE = """
+#include <Python.h>
+static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(42); }
+static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "%s", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_%s(void) { return PyModule_Create(&module); }
+"""
+
+
+def test_the_unoptimised_launcher_build_makes_a_loadable_module_at_O0(tmp_path, monkeypatch):
+    import importlib.util
+    import shutil
+
+    if not (os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")):
+        pytest.skip("no C compiler")
+    name = "fusebackend_launcher_test"
+    source = tmp_path / f"{name}.c"
+    source.write_text(_EXTENSION_SOURCE % (name, name))
+    commands = []
+    real_check_call = subprocess.check_call
+
+    def recording(command, **kwargs):
+        commands.append(command)
+        return real_check_call(command, **kwargs)
+
+    monkeypatch.setattr(subprocess, "check_call", recording)
+    library = triton_api._unoptimised_build(name, str(source), str(tmp_path), [], [], [])
+    (command,) = commands
+    assert "-O0" in command and "-O3" not in command
+    spec = importlib.util.spec_from_file_location(name, library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.answer() == 42
 
 
 def _submitting(compile_fn, then=None):

@@ -15,7 +15,12 @@ With ``--profile`` it prints, for the backend alone, the functions by own time a
 callers of the costliest ones, which a profile of the whole call (Dynamo included) buries.
 With ``--timm NAME`` the model is timm's (``pretrained=False``, fp16, one 224 x 224 image,
 ``--batch`` images), whose first call the vision suite measures; the backend's kernel
-precompile is its own phase. EfficientNet-B0 (H200, d628af3): 9.69 s against Dynamo
+precompile is its own phase. ``--cold`` makes the first round a cold process's first call
+(eager's forward alone before it, no throwaway trace, Dynamo alone after it), as the vision
+suite's batch-1 call is; ``--children`` splits each compile process's time into Triton's
+compiles and the launchers' gcc builds; ``--optimised-launchers`` has the processes build
+the launchers at Triton's -O3 instead of -O0 (an A/B in one session).
+EfficientNet-B0 (H200, d628af3): 9.69 s against Dynamo
 alone's 1.61; the backend 2.98 s (its precompile 1.92), the runtime's first runs of the
 fused and unfused graphs 5.19 s, validation 0.17 s: the runs are where a first call of a
 convnet goes (not yet split: cuDNN's plans per convolution shape, first launches).
@@ -161,6 +166,117 @@ def _print_compiles() -> None:
     COMPILES.clear()
 
 
+def _record_children(folder: str) -> None:
+    """Record, in each compile process, every compile's two parts (Triton's compile into its
+    cache, and the C launcher's build) as a line in ``folder`` (one file a child), and in
+    this process each fork's time: what a child's share of the precompile is spent on."""
+    from fusebackend.kernels import forked_compiles, triton_api
+
+    def timed_compile(compile_fn: Any) -> None:
+        start = time.perf_counter()
+        kernel = compile_fn()
+        compiled = time.perf_counter()
+        source, metadata = getattr(kernel, "src", None), getattr(kernel, "metadata", None)
+        if source is not None and metadata is not None:
+            from triton.runtime.driver import driver
+
+            driver.active.launcher_cls(source, metadata)
+        with open(os.path.join(folder, str(os.getpid())), "a") as log_file:
+            name = getattr(kernel, "name", "?")
+            log_file.write(f"{name} {start} {compiled - start} {time.perf_counter() - compiled}\n")
+
+    triton_api._compile_for_the_cache = timed_compile
+    original_fork = forked_compiles._fork
+
+    def timed_fork(*args: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original_fork(*args)
+        finally:
+            CHILDREN["forks"].append(time.perf_counter() - start)
+            CHILDREN.setdefault("first_fork", [start])
+
+    forked_compiles._fork = timed_fork
+
+
+CHILDREN: dict[str, list[float]] = collections.defaultdict(list)
+KEY_TIMES: dict[str, float] = {}  # Triton's cache key: when its thread started and ended
+
+
+def _record_cache_key() -> None:
+    """Record when Triton's cache key thread (``triton_api.start_cache_key``) starts and
+    ends, and when the precompile starts (where it joins that thread)."""
+    import threading
+
+    from fusebackend.kernels import triton_api
+
+    original = triton_api.start_cache_key
+
+    def recorded() -> None:
+        fresh = triton_api._cache_key_thread is None
+        original()
+        thread = triton_api._cache_key_thread
+        if fresh and thread is not None:
+            KEY_TIMES["start"] = time.perf_counter()
+
+            def watch() -> None:
+                thread.join()
+                KEY_TIMES["end"] = time.perf_counter()
+
+            threading.Thread(target=watch, daemon=True).start()
+
+    import fusebackend.fusion
+
+    fusebackend.fusion.start_cache_key = recorded  # (imported there by name)
+
+    original_precompile = fusebackend.fusion.precompile_all
+
+    def precompile_all(*args: Any, **kwargs: Any) -> Any:
+        KEY_TIMES.setdefault("precompile", time.perf_counter())
+        return original_precompile(*args, **kwargs)
+
+    fusebackend.fusion.precompile_all = precompile_all
+
+
+def _print_backend_detail() -> None:
+    """Triton's cache key (how long, and how long the precompile waited on it) and the
+    backend's costliest passes (its report's ``pass_seconds``)."""
+    import fusebackend
+
+    if {"start", "end"} <= KEY_TIMES.keys():
+        waited = max(0.0, KEY_TIMES["end"] - KEY_TIMES.get("precompile", KEY_TIMES["end"]))
+        print(
+            f"    Triton's cache key: {KEY_TIMES['end'] - KEY_TIMES['start']:.3f} s on its "
+            f"thread; the precompile waited {waited:.3f} s for it"
+        )
+    KEY_TIMES.clear()
+    graphs = fusebackend.reports().graphs
+    if graphs:
+        seconds = graphs[-1].pass_seconds
+        top = sorted(seconds.items(), key=lambda kv: -kv[1])[:10]
+        print(f"    passes: {sum(seconds.values()):.3f} s; " + ", ".join(
+            f"{name} {value:.3f}" for name, value in top))  # fmt: skip
+
+
+def _print_children(folder: str) -> None:
+    """The forks' times, and per child its compiles and launcher builds (``_record_children``)."""
+    forks = CHILDREN.pop("forks", [])
+    first = CHILDREN.pop("first_fork", [0.0])[0]
+    if forks:
+        print(f"    forks: {len(forks)}, {sum(forks):.3f} s in all (max {max(forks):.3f})")
+    for entry in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, entry)) as log_file:
+            lines = [line.split() for line in log_file]
+        os.remove(os.path.join(folder, entry))
+        starts = [float(s) for _, s, _, _ in lines]
+        compile_s = sum(float(c) for *_, c, _ in lines)
+        launcher_s = sum(float(x) for *_, x in lines)
+        print(
+            f"    child {entry}: {len(lines)} compiles, first starts {min(starts) - first:.3f} s "
+            f"after the first fork; compile {compile_s:.3f} s, launchers {launcher_s:.3f} s"
+        )
+
+
 def _timm_case(name: str, batch: int, device: torch.device) -> Any:
     """A suite-like case (``model``, ``kwargs``, ``sweep``, ``prepare``) of a timm model."""
     import types
@@ -189,6 +305,27 @@ def main() -> None:
         "--threads", type=int, default=None, help="the precompile's threads (default: its own)"
     )
     parser.add_argument(
+        "--optimised-launchers",
+        action="store_true",
+        help="the compile processes build Triton's launchers at -O3, as Triton does (by "
+        "default they build them at -O0), for an A/B in one session",
+    )
+    parser.add_argument(
+        "--no-key-thread",
+        action="store_true",
+        help="no background thread for Triton's cache key (the precompile computes it)",
+    )
+    parser.add_argument(
+        "--children", action="store_true", help="each compile process's compiles and launchers"
+    )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="eager's forward alone before the first round's infinifuse call (no throwaway "
+        "trace, no Dynamo-alone call): a cold process's first call, as the vision suite's, its "
+        "one-time costs included",
+    )
+    parser.add_argument(
         "--processes",
         type=int,
         default=None,
@@ -200,7 +337,21 @@ def main() -> None:
     fusebackend.fusion.precompile_all = functools.partial(
         fusebackend.fusion.precompile_all, threads=args.threads, processes=args.processes
     )
+    _record_cache_key()
+    if args.no_key_thread:
+        fusebackend.fusion.warm_compiler = lambda device: None
+    if args.optimised_launchers:
+        import triton
+        import triton.runtime.build
+
+        triton.knobs.build.impl = lambda *build: triton.runtime.build._build(*build, [])
     _record_compiles()
+    children_folder = None
+    if args.children:
+        import tempfile
+
+        children_folder = tempfile.mkdtemp(prefix="first_call_children_")
+        _record_children(children_folder)
     import transformers
     import triton
 
@@ -248,12 +399,20 @@ def main() -> None:
         return time.perf_counter() - start
 
     with torch.no_grad():
-        measure.prewarm(case, device)
+        if args.cold:  # eager's outputs first, as the vision suite computes its references
+            case.model(**case.kwargs)
+            _sync()
+        else:
+            measure.prewarm(case, device)
         for r in range(args.rounds):
-            dynamo = first_call("eager")
+            cold = args.cold and r == 0
+            if not cold:
+                dynamo = first_call("eager")
             PHASES.clear()
             with _runtime_phases():
                 fused = first_call(backend)
+            if cold:  # Dynamo alone afterwards, warm: the rest of Dynamo's share is one-time
+                dynamo = first_call("eager")
             rest = PHASES["backend"] + PHASES["runtime: whole call"]
             print(
                 f"round {r}: Dynamo alone {dynamo:.2f} s; infinifuse {fused:.2f} s "
@@ -261,7 +420,10 @@ def main() -> None:
             )
             for name, seconds in sorted(PHASES.items()):
                 print(f"    {name:24s} {seconds:6.3f} s")
+            _print_backend_detail()
             _print_compiles()
+            if children_folder is not None:
+                _print_children(children_folder)
     if RUNS_PROFILE is not None:
         text = io.StringIO()
         stats = pstats.Stats(RUNS_PROFILE, stream=text)
