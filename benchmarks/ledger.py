@@ -378,6 +378,12 @@ SOURCES = (
     # MobileNetV3-large (both backends) at c4f116f, the compile processes' first run on it,
     # on a one-GPU H200 host. Folded: in git at 27d21dd
     "vision_h200_c4f116f.json",
+    # At 35c5b5f on a one-GPU H200 host: MobileNetV3-large's host time a call at batch 8
+    # under both backends in one process (diag_vision_host.py, a bare list), and cold first
+    # calls phase by phase (diag_first_call_phases.py --cold --children; its printed output,
+    # the rows written by hand from it).
+    "diag_vision_host_h200_35c5b5f.json",
+    "first_call_cold_h200_35c5b5f.txt",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
