@@ -381,7 +381,7 @@ SOURCES = (
     # At 35c5b5f on a one-GPU H200 host: MobileNetV3-large's host time a call at batch 8
     # under both backends in one process (diag_vision_host.py, a bare list), and cold first
     # calls phase by phase (diag_first_call_phases.py --cold --children; its printed output,
-    # the rows written by hand from it).
+    # the rows written by hand from it). Folded: in git at ec9fec4
     "diag_vision_host_h200_35c5b5f.json",
     "first_call_cold_h200_35c5b5f.txt",
 )
