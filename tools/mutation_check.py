@@ -1061,6 +1061,25 @@ MUTATIONS: list[Mutation] = [
         note="every child runs every compile instead of the next one no other has taken",
     ),
     Mutation(
+        "launchers_built_optimised",
+        "runtime: precompile",
+        "fusebackend/kernels/triton_api.py",
+        "        knobs.build.impl = before or _unoptimised_build\n",
+        "        knobs.build.impl = before\n",
+        ("tests/test_forked_compiles.py",),
+        note="the compile processes build each launcher at Triton's -O3, about twice the "
+        "build time, on the first call's path",
+    ),
+    Mutation(
+        "launcher_build_keeps_o3",
+        "runtime: precompile",
+        "fusebackend/kernels/triton_api.py",
+        'source, "-O0", "-shared"',
+        'source, "-O3", "-shared"',
+        ("tests/test_forked_compiles.py",),
+        note="the unoptimised build is Triton's optimised one: no time saved",
+    ),
+    Mutation(
         "vmapped_ops_grouped",
         "pass: fusion partition",
         "fusebackend/passes/fx_util.py",
