@@ -33,9 +33,10 @@ def fold_copies(c: Compilation) -> list[str]:
     before = {n: (n.target, n.args) for n in c.graph.nodes if hasattr(n.target, "writing_into")}
     names = drop_rejections(c, lambda g: fold_copies_into_groups(g, c.gm))
     reports = {r.name: k for k, r in enumerate(c.groups)}
+    live = set(c.graph.nodes)  # (the pass's dead-code elimination erases a group nobody read)
     for node, traced in before.items():
         op = node.target
-        if node.graph is not c.graph or (op, node.args) == traced or op.group not in reports:
+        if node not in live or (op, node.args) == traced or op.group not in reports:
             continue
         inputs = [example_value(a) if isinstance(a, torch.fx.Node) else a
                   for a in node.args[: len(op.program.input_dtypes)]]  # fmt: skip

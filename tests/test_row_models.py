@@ -103,3 +103,29 @@ def test_tiny_mamba_runs_fused_equal_eager():
     assert_close(out, eager(fn, ids))
     assert fusebackend.stats()["fallback_reasons"] == {}, str(report)
     assert [e["mode"] for e in report.graphs[-1].runtime_modes()] == ["fusion"], str(report)
+
+
+def test_tiny_bamba_runs_fused_equal_eager():
+    # Bamba (Mamba-2 layers, a padded mask): with no attention layer nobody reads the causal
+    # mask's group (a cast and an and); the copy-folding pass's dead-code elimination erased
+    # it, and the pass then read the erased node's arguments (None): the graph ran unfused
+    import fusebackend
+
+    torch.manual_seed(5)
+    config = transformers.BambaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=96, vocab_size=97, mamba_n_heads=4, mamba_d_head=32,
+        mamba_d_state=16, mamba_chunk_size=16, use_cache=False,
+    )  # fmt: skip
+    model = transformers.BambaModel(config).eval()
+    ids = torch.randint(2, 97, (2, 11))
+    mask = torch.ones(2, 11, dtype=torch.long)
+    mask[1, -3:] = 0
+
+    def fn(ids, mask):
+        return model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    out, report = run_fused(fn, ids, mask)
+    assert_close(out, eager(fn, ids, mask))
+    assert all(g.path == "fused" for g in report.graphs), str(report)
+    assert fusebackend.stats()["fallback_reasons"] == {}, str(report)
