@@ -1080,6 +1080,16 @@ MUTATIONS: list[Mutation] = [
         note="the unoptimised build is Triton's optimised one: no time saved",
     ),
     Mutation(
+        "erased_group_renamed",
+        "pass: copies folded",
+        "fusebackend/copies.py",
+        "        if node not in live or (op, node.args) == traced",
+        "        if node.graph is not c.graph or (op, node.args) == traced",
+        ("tests/test_row_models.py::test_tiny_bamba_runs_fused_equal_eager",),
+        note="a group the copy folding's dead-code elimination erased is read again (its "
+        "arguments are None): the pass raises and the graph runs unfused",
+    ),
+    Mutation(
         "vmapped_ops_grouped",
         "pass: fusion partition",
         "fusebackend/passes/fx_util.py",
