@@ -19,11 +19,16 @@ zoo, 2 small layers, fed 11 ids a row with the last row padded. It records:
 ``benchmarks/ledger.py`` keeps per model ``outputs_ok`` and ``captured`` (1 or 0: every
 signature replays a CUDA graph), ``first_call_s`` and the two errors.
 
+``--cpu`` runs the transformers architectures (``HF_MODELS`` and ``HF_MORE``: timm cannot be
+imported on the CPU machine) on the CPU under Triton's interpreter in fp32, for correctness
+alone: eager fp32 is then the reference, so ``ok`` asks ``err <= 1e-3 * scale``.
+
 No timing beyond the first call: ``--parallel`` processes share the GPUs and the host's CPUs
 (per call against reduce-overhead is ``vision.py``'s job, one model at a time).
 
     python benchmarks/diag/diag_model_sweep.py --parallel 8 --out /tmp/sweep.json [--commit C]
     python benchmarks/diag/diag_model_sweep.py --models tv:shufflenet_v2_x1_0,dla34
+    python benchmarks/diag/diag_model_sweep.py --cpu --parallel 2 --child-timeout 900
 """
 
 from __future__ import annotations
@@ -65,12 +70,32 @@ HF_MODELS = (
     "hf:DebertaV2Config,hf:RoFormerConfig,hf:MobileBertConfig,hf:ConvBertConfig,"
     "hf:CLIPTextConfig,hf:NomicBertConfig"
 )
+# More transformers architectures, run by ``--cpu`` (with HF_MODELS): recent decoders, MoE,
+# hybrids of attention with Mamba / linear attention / convolutions, encoder-decoders, vision
+# and audio encoders. On the CPU (transformers 5.24, 2026-11-30) all gave eager's outputs, and
+# Bamba and Qwen3-Next found a bug of the copy folding (879954e).
+HF_MORE = (
+    "hf:GptOssConfig,hf:Glm4Config,hf:Glm4MoeConfig,hf:Cohere2Config,hf:OlmoeConfig,"
+    "hf:SmolLM3Config,hf:Ernie4_5Config,hf:Exaone4Config,hf:HunYuanDenseV1Config,"
+    "hf:SeedOssConfig,hf:MiniMaxConfig,hf:GraniteMoeConfig,hf:NemotronConfig,hf:ArceeConfig,"
+    "hf:HeliumConfig,hf:BitNetConfig,hf:MptConfig,hf:PersimmonConfig,hf:Qwen3NextConfig,"
+    "hf:JambaConfig,hf:FalconH1Config,hf:BambaConfig,hf:Lfm2Config,hf:RecurrentGemmaConfig,"
+    "hf:FalconMambaConfig,hf:T5Config,hf:MT5Config,hf:BartConfig,hf:PegasusConfig,"
+    "hf:MarianConfig,hf:EsmConfig,hf:DebertaConfig,hf:SqueezeBertConfig,hf:BigBirdConfig,"
+    "hf:ErnieConfig,hf:ViTConfig,hf:DeiTConfig,hf:BeitConfig,hf:Dinov2Config,"
+    "hf:SiglipVisionConfig,hf:CLIPVisionConfig,hf:Wav2Vec2Config,hf:HubertConfig"
+)
 _HF_SIZES = {"hidden_size": 128, "n_embd": 128, "num_hidden_layers": 2, "n_layer": 2,
              "num_attention_heads": 4, "n_head": 4, "num_key_value_heads": 2,
              "intermediate_size": 256, "moe_intermediate_size": 64, "vocab_size": 1000,
              "num_local_experts": 4, "num_experts": 4,
              "embedding_size": 128, "state_size": 8, "num_experts_per_tok": 2,
-             "global_attn_every_n_layers": 2, "pad_token_id": 0}  # fmt: skip
+             "global_attn_every_n_layers": 2, "pad_token_id": 0,
+             # encoder-decoders (T5, BART), vision encoders (32 x 32 images, 8 x 8 patches)
+             "d_model": 128, "d_ff": 256, "d_kv": 32, "num_layers": 2, "num_heads": 4,
+             "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+             "decoder_attention_heads": 4, "encoder_ffn_dim": 256, "decoder_ffn_dim": 256,
+             "image_size": 32, "patch_size": 8}  # fmt: skip
 
 
 def build(name: str, seed: int) -> tuple[Any, int]:
@@ -98,6 +123,29 @@ def build(name: str, seed: int) -> tuple[Any, int]:
     return model.eval(), size
 
 
+def _hf_inputs(model: Any, batch: int, gen: Any) -> dict[str, Any]:
+    """A transformers model's inputs, by what its forward takes: images (the config's size),
+    audio samples, or ids with a padded last row (the zoo's inputs), with decoder ids for an
+    encoder-decoder."""
+    import inspect
+
+    import torch
+
+    takes = inspect.signature(model.forward).parameters
+    if "pixel_values" in takes and "input_ids" not in takes:
+        size = model.config.image_size
+        return {"pixel_values": torch.randn(batch, 3, size, size, generator=gen)}
+    if "input_values" in takes:
+        return {"input_values": torch.randn(batch, 4000, generator=gen)}
+    mask = torch.ones(max(batch, 2), 11, dtype=torch.long)
+    mask[-1, -3:] = 0
+    inputs = {"input_ids": torch.randint(2, 1000, mask.shape, generator=gen),
+              "attention_mask": mask}  # fmt: skip
+    if getattr(model.config, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = torch.randint(2, 1000, (mask.shape[0], 5), generator=gen)
+    return inputs
+
+
 def run_child(name: str, batch: int, seed: int, dtype_name: str = "float16") -> dict[str, Any]:
     import torch
     from vision import calibrate_norms, fusion_fields
@@ -106,7 +154,8 @@ def run_child(name: str, batch: int, seed: int, dtype_name: str = "float16") -> 
     import fusebackend.report as fusebackend_report
 
     record: dict[str, Any] = {"model": name, "batch": batch}
-    device = torch.device("cuda")
+    on_cpu = dtype_name == "float32"  # (--cpu: Triton's interpreter, fp32)
+    device = torch.device("cpu" if on_cpu else "cuda")
     model, size = build(name, seed)
     record["image_size"] = size
     model.to(device)
@@ -114,17 +163,18 @@ def run_child(name: str, batch: int, seed: int, dtype_name: str = "float16") -> 
     if size:
         calibrate_norms(model, size, device, seed)
         inputs = {"x": torch.randn(batch, 3, size, size, generator=gen)}
-    else:  # ids with a padded last row (the zoo's inputs)
-        mask = torch.ones(max(batch, 2), 11, dtype=torch.long)
-        mask[-1, -3:] = 0
-        inputs = {"input_ids": torch.randint(2, 1000, mask.shape, generator=gen),
-                  "attention_mask": mask}  # fmt: skip
+    else:
+        inputs = _hf_inputs(model, batch, gen)
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
 
     def first(out: Any) -> Any:  # logits, a last hidden state
         out = out if isinstance(out, torch.Tensor) else out[0]
         return out.float()
+
+    def sync() -> None:
+        if not on_cpu:
+            torch.cuda.synchronize()
 
     with torch.no_grad():
         inputs = {k: v.to(device) for k, v in inputs.items()}
@@ -137,10 +187,10 @@ def run_child(name: str, batch: int, seed: int, dtype_name: str = "float16") -> 
     before = fusebackend_report._recorded
     compiled = torch.compile(model, backend="infinifuse", dynamic=False)
     with torch.no_grad():
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         compiled(**inputs)
-        torch.cuda.synchronize()
+        sync()
         record["first_call_s"] = round(time.perf_counter() - start, 3)
         for _ in range(2):
             out = first(compiled(**inputs))
@@ -158,6 +208,8 @@ def run_child(name: str, batch: int, seed: int, dtype_name: str = "float16") -> 
 
 def run_one(name: str, args: argparse.Namespace, gpu: int) -> dict[str, Any]:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+    if args.cpu:  # (set before the child imports torch and Triton)
+        env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     command = [sys.executable, os.path.abspath(__file__), "--child", name, "--batch",
                str(args.batch), "--seed", str(args.seed), "--dtype", args.dtype]  # fmt: skip
     start = time.perf_counter()
@@ -176,9 +228,18 @@ def run_one(name: str, args: argparse.Namespace, gpu: int) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default=MODELS + "," + HF_MODELS)
+    parser.add_argument(
+        "--models",
+        default=None,
+        help="default: MODELS and HF_MODELS; with --cpu HF_MODELS and HF_MORE",
+    )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="on the CPU under Triton's interpreter, fp32 (correctness only)",
+    )
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--parallel", type=int, default=1, help="processes at once, spread "
                         "over the visible GPUs")  # fmt: skip
@@ -189,6 +250,10 @@ def main() -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.cpu:
+        args.dtype = "float32"
+    if args.models is None:
+        args.models = HF_MODELS + "," + HF_MORE if args.cpu else MODELS + "," + HF_MODELS
     if args.child:
         try:
             record = run_child(args.child, args.batch, args.seed, args.dtype)
