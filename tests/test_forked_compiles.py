@@ -236,9 +236,12 @@ PyMODINIT_FUNC PyInit_%s(void) { return PyModule_Create(&module); }
 def test_the_unoptimised_launcher_build_makes_a_loadable_module_at_O0(tmp_path, monkeypatch):
     import importlib.util
     import shutil
+    import sysconfig
 
     if not (os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")):
         pytest.skip("no C compiler")
+    if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+        pytest.skip("no Python headers")
     name = "fusebackend_launcher_test"
     source = tmp_path / f"{name}.c"
     source.write_text(_EXTENSION_SOURCE % (name, name))
