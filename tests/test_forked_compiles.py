@@ -253,9 +253,10 @@ def test_the_unoptimised_launcher_build_makes_a_loadable_module_at_O0(tmp_path, 
         return real_check_call(command, **kwargs)
 
     monkeypatch.setattr(subprocess, "check_call", recording)
-    library = triton_api._unoptimised_build(name, str(source), str(tmp_path), [], [], [])
+    library = triton_api._unoptimised_build(name, str(source), str(tmp_path), [], [], ["m"])
     (command,) = commands
     assert "-O0" in command and "-O3" not in command
+    assert "-lm" in command  # (a bare name; a file name would be linked as -l:libm.so.6)
     spec = importlib.util.spec_from_file_location(name, library)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

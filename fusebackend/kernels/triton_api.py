@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sysconfig
@@ -265,6 +266,8 @@ def _unoptimised_build(name: str, source: str, folder: str, library_dirs: list[s
     unpacks a launch's arguments for the driver; at ``-O0`` its build took 0.082 s against
     0.145 s (gcc, this repository's CPU machine, 2026-11-30), and each compile process builds
     one per kernel. It is cached by its source, like Triton's own."""
+    from triton import knobs
+
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
     if compiler is None:
         raise RuntimeError("no C compiler found for a Triton launcher: set CC")
@@ -273,13 +276,12 @@ def _unoptimised_build(name: str, source: str, folder: str, library_dirs: list[s
     python_include = sysconfig.get_paths(scheme=scheme)["include"]
     library = os.path.join(folder, name + sysconfig.get_config_var("EXT_SUFFIX"))
     command = [compiler, source, "-O0", "-shared", "-fPIC", "-Wno-psabi", "-o", library]
-    command += [f"-l:{lib}" if ".so" in lib or lib.endswith(".a") else f"-l{lib}"
-                for lib in libraries]  # fmt: skip
+    # (a file name, libcuda.so.1, is linked by name; a bare name, cuda, as -lcuda)
+    command += [f"-l:{lib}" if re.search(r"\.so(\.\d+)*$", lib) or lib.endswith(".a")
+                else f"-l{lib}" for lib in libraries]  # fmt: skip
     command += [f"-L{d}" for d in library_dirs]
-    from triton import knobs
-
-    extra = knobs.build.backend_dirs
-    command += [f"-I{d}" for d in (*include_dirs, folder, python_include, *extra) if d]
+    headers = (*include_dirs, folder, python_include, *knobs.build.backend_dirs)
+    command += [f"-I{d}" for d in headers if d]
     subprocess.check_call(command, stdout=subprocess.DEVNULL)
     return library
 
