@@ -172,18 +172,22 @@ def _record_children(folder: str) -> None:
     this process each fork's time: what a child's share of the precompile is spent on."""
     from fusebackend.kernels import forked_compiles, triton_api
 
-    def timed_compile(compile_fn: Any) -> None:
-        start = time.perf_counter()
-        kernel = compile_fn()
-        compiled = time.perf_counter()
-        source, metadata = getattr(kernel, "src", None), getattr(kernel, "metadata", None)
-        if source is not None and metadata is not None:
-            from triton.runtime.driver import driver
+    real = triton_api._compile_for_the_cache  # (the launcher built as the processes build it)
 
-            driver.active.launcher_cls(source, metadata)
+    def timed_compile(compile_fn: Any) -> None:
+        seen: dict[str, Any] = {}
+
+        def compile_timed() -> Any:
+            seen["start"] = time.perf_counter()
+            kernel = compile_fn()
+            seen["compiled"], seen["name"] = time.perf_counter(), getattr(kernel, "name", "?")
+            return kernel
+
+        real(compile_timed)
+        launcher = time.perf_counter() - seen["compiled"]
         with open(os.path.join(folder, str(os.getpid())), "a") as log_file:
-            name = getattr(kernel, "name", "?")
-            log_file.write(f"{name} {start} {compiled - start} {time.perf_counter() - compiled}\n")
+            log_file.write(f"{seen['name']} {seen['start']} "
+                           f"{seen['compiled'] - seen['start']} {launcher}\n")  # fmt: skip
 
     triton_api._compile_for_the_cache = timed_compile
     original_fork = forked_compiles._fork

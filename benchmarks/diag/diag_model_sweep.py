@@ -149,7 +149,9 @@ def _hf_inputs(model: Any, batch: int, gen: Any) -> dict[str, Any]:
     return inputs
 
 
-def run_child(name: str, batch: int, seed: int, dtype_name: str = "float16") -> dict[str, Any]:
+def run_child(
+    name: str, batch: int, seed: int, dtype_name: str = "float16", on_cpu: bool = False
+) -> dict[str, Any]:
     import torch
     from vision import calibrate_norms, fusion_fields
 
@@ -157,7 +159,6 @@ def run_child(name: str, batch: int, seed: int, dtype_name: str = "float16") -> 
     import fusebackend.report as fusebackend_report
 
     record: dict[str, Any] = {"model": name, "batch": batch}
-    on_cpu = dtype_name == "float32"  # (--cpu: Triton's interpreter, fp32)
     device = torch.device("cpu" if on_cpu else "cuda")
     model, size = build(name, seed)
     record["image_size"] = size
@@ -214,7 +215,8 @@ def run_one(name: str, args: argparse.Namespace, gpu: int) -> dict[str, Any]:
     if args.cpu:  # (set before the child imports torch and Triton)
         env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     command = [sys.executable, os.path.abspath(__file__), "--child", name, "--batch",
-               str(args.batch), "--seed", str(args.seed), "--dtype", args.dtype]  # fmt: skip
+               str(args.batch), "--seed", str(args.seed),
+               *(["--cpu"] if args.cpu else ["--dtype", args.dtype])]  # fmt: skip
     start = time.perf_counter()
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True,
@@ -242,7 +244,7 @@ def main() -> int:
         help="on the CPU under Triton's interpreter, fp32 (correctness only)",
     )
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--parallel", type=int, default=1, help="processes at once, spread "
                         "over the visible GPUs")  # fmt: skip
@@ -259,7 +261,7 @@ def main() -> int:
         args.models = HF_MODELS + "," + HF_MORE if args.cpu else MODELS + "," + HF_MODELS
     if args.child:
         try:
-            record = run_child(args.child, args.batch, args.seed, args.dtype)
+            record = run_child(args.child, args.batch, args.seed, args.dtype, args.cpu)
         except Exception as exc:  # noqa: BLE001  (a build or compile failure: the record says)
             import traceback
 
