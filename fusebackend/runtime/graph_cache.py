@@ -393,6 +393,7 @@ class GraphCache:
                 outputs = self._direct(self._unfused, call)
             except Exception:
                 raise exc from None
+            log.debug("the fused graph's error, in full", exc_info=exc)
             with self._lock:
                 why = f"fused graph raised {type(exc).__name__}: {one_line(exc)}"
                 # An entry the large-output trial left uncaptured runs directly from now on.

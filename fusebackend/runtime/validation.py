@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -11,6 +12,8 @@ from torch import Tensor
 
 from fusebackend.runtime.counters import COUNTERS
 from fusebackend.runtime.effects import Effects, RngState
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ELEMENT_FRACTION",
@@ -297,6 +300,7 @@ def fused_run(
             expected = unfused(*ref_args)
         except Exception:
             raise exc from None  # the fused error names the bad value (kernels' checks)
+        log.debug("the fused graph's error, in full", exc_info=exc)
         return expected, ref_args, f"fused graph raised {type(exc).__name__}: {one_line(exc)}"
     winner, failure = fused_args, None
     if validate:
