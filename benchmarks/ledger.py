@@ -384,6 +384,12 @@ SOURCES = (
     # the rows written by hand from it). Folded: in git at ec9fec4
     "diag_vision_host_h200_35c5b5f.json",
     "first_call_cold_h200_35c5b5f.txt",
+    # The vision suite at 9d8bf8e (launchers built at -O0 in the compile processes), reduce-
+    # overhead and infinifuse only, each (model, backend) in a cold process, on a one-GPU
+    # H200 host after its GPU tests: 11 models in two device calls (Swin-T's infinifuse,
+    # RepVGG-A2's infinifuse, LeViT and DenseNet not reached in them).
+    "vision_h200_9d8bf8e.json",
+    "vision_h200_9d8bf8e_more.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
