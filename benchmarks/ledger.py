@@ -387,7 +387,7 @@ SOURCES = (
     # The vision suite at 9d8bf8e (launchers built at -O0 in the compile processes), reduce-
     # overhead and infinifuse only, each (model, backend) in a cold process, on a one-GPU
     # H200 host after its GPU tests: 11 models in two device calls (Swin-T's infinifuse,
-    # RepVGG-A2's infinifuse, LeViT and DenseNet not reached in them).
+    # RepVGG-A2's infinifuse, LeViT and DenseNet not reached in them). Folded: in git at 58b837c
     "vision_h200_9d8bf8e.json",
     "vision_h200_9d8bf8e_more.json",
 )
