@@ -292,6 +292,25 @@ def _timm_case(name: str, batch: int, device: torch.device) -> Any:
     return types.SimpleNamespace(model=model, kwargs={"x": x}, sweep=None, prepare=lambda: None)
 
 
+def _build_launchers_optimised() -> None:
+    """The compile processes build launchers as Triton does (-O3). Triton's ``_build`` calls
+    ``knobs.build.impl`` when one is set, and the processes set theirs around the build: it is
+    unset for the call (a lambda calling ``_build`` recursed, 2026-11-30)."""
+    import triton
+    import triton.runtime.build
+
+    from fusebackend.kernels import triton_api
+
+    def optimised(*build: Any) -> str:
+        impl, triton.knobs.build.impl = triton.knobs.build.impl, None
+        try:
+            return triton.runtime.build._build(*build, [])
+        finally:
+            triton.knobs.build.impl = impl
+
+    triton_api._unoptimised_build = optimised
+
+
 def main() -> None:
     from suite import measure, workloads
 
@@ -345,10 +364,7 @@ def main() -> None:
     if args.no_key_thread:
         fusebackend.fusion.warm_compiler = lambda device: None
     if args.optimised_launchers:
-        import triton
-        import triton.runtime.build
-
-        triton.knobs.build.impl = lambda *build: triton.runtime.build._build(*build, [])
+        _build_launchers_optimised()
     _record_compiles()
     children_folder = None
     if args.children:
