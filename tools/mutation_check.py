@@ -1080,6 +1080,26 @@ MUTATIONS: list[Mutation] = [
         note="the unoptimised build is Triton's optimised one: no time saved",
     ),
     Mutation(
+        "shortcut_drops_dtype",
+        "pass: example values",
+        "fusebackend/passes/fx_util.py",
+        "    return torch.empty_like(first, dtype=traced.dtype)",
+        "    return torch.empty_like(first)",
+        ("tests/test_evaluate_shortcut.py",),
+        note="an elementwise op's shortcut value takes its first operand's dtype, not type "
+        "promotion's (a half times a float is half)",
+    ),
+    Mutation(
+        "shortcut_mixes_layouts",
+        "pass: example values",
+        "fusebackend/passes/fx_util.py",
+        "    if not all(_same_sizes(t.stride(), first.stride()) for t in full):",
+        "    if not full:",
+        ("tests/test_evaluate_shortcut.py",),
+        note="operands of two layouts get the first one's: eager's TensorIterator may pick "
+        "the other",
+    ),
+    Mutation(
         "erased_group_renamed",
         "pass: copies folded",
         "fusebackend/copies.py",
