@@ -81,7 +81,10 @@ def rewrite(
 def in_storage_order(x: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
     """``x`` broadcast to ``len(order)`` dims (leading 1s) with its dims in ``order``: a
     view (an elementwise group's operand as its kernel walks it, ``LoweredGroup.order``)."""
-    return x[(None,) * (len(order) - x.dim())].permute(order)
+    missing = len(order) - x.dim()
+    if missing:  # (``x[()]`` is a view too: one more op for fake tensors to run, 2026-11-30)
+        x = x[(None,) * missing]
+    return x.permute(order)
 
 
 def _kernel_output(holder: torch.fx.Node, order: tuple[int, ...] | None) -> Any:
