@@ -110,3 +110,19 @@ def test_static_sizes_run_the_op(mode):
         node, traced = _node(F.hardswish, (x,))
         assert fx_util._elementwise_on_one_layout(node, (x,), {}) is None
         assert _same(fx_util.evaluate(node), traced)
+
+
+def test_an_in_place_ops_value_takes_its_operands_dtype_or_none(mode):
+    """out_of_place.py asks for an in-place op's out-of-place value in the written tensor's
+    dtype: the shortcut answers only where no operand promotes it and the op is arithmetic."""
+    x = _symbolic(mode, torch.randn(3, 5, 7, 9).to(memory_format=CL).half(), (True,) * 4)
+    y = _symbolic(mode, torch.randn(3, 5, 7, 9).to(memory_format=CL), (True,) * 4)
+    with mode:
+        x * y  # (as Dynamo's trace does: the two tensors' sizes become the same symbols)
+        relu = fx_util.elementwise_on_one_layout("call_function", F.relu, (x,), {}, x,
+                                                 operands_dtype=True)  # fmt: skip
+        assert relu is not None and _same(relu, F.relu(x))
+        for target, args in ((operator.mul, (x, y)), (operator.gt, (x, x))):
+            quick = fx_util.elementwise_on_one_layout("call_function", target, args, {}, x,
+                                                      operands_dtype=True)  # fmt: skip
+            assert quick is None, target

@@ -114,28 +114,45 @@ def evaluate(node: torch.fx.Node, value_of: Callable[[Any], Any] = example_value
 
 
 def _elementwise_on_one_layout(node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
-    """``evaluate``'s shortcut for an elementwise op of the op table with symbolic sizes,
-    none of them 1: where its operands of its traced shape share one dense layout and every
-    other operand has at most one dim above 1 (a per-channel scale, a scalar), its value is
-    an empty tensor of that layout in its traced dtype; else None. Eager's TensorIterator
-    orders the output's dims by its operands' strides, and a broadcast operand's stride 0
-    leaves each order to the next operand. Fake tensors with symbolic sizes run an op's meta
-    function through sympy: MobileNetV3-large's passes spent 1.5 s in 21 hardswishes after
-    a batch-size change (CPU, 2026-11-30)."""
+    """``evaluate``'s shortcut: ``elementwise_on_one_layout`` with the node's traced value."""
+    return elementwise_on_one_layout(node.op, node.target, args, kwargs,
+                                     node.meta.get("example_value"))  # fmt: skip
+
+
+def elementwise_on_one_layout(
+    op: str, target: Any, args: Any, kwargs: Any, traced: Any, *, operands_dtype: bool = False
+) -> Any:
+    """The value of an elementwise op of the op table (FX ``op`` and ``target``) on fake
+    ``args`` with symbolic sizes, none of them 1, without running it: where its operands of
+    the ``traced`` value's shape share one dense layout and every other operand has at most
+    one dim above 1 (a per-channel scale, a scalar), an empty tensor of that layout in the
+    traced dtype; else None. Eager's TensorIterator orders the output's dims by its
+    operands' strides, and a broadcast operand's stride 0 leaves each order to the next
+    operand. ``operands_dtype``: ``traced`` gives the shape only, and the dtype is its
+    tensor operands' one floating dtype (an arithmetic op: no promotion), else None.
+
+    Fake tensors with symbolic sizes run an op's meta function through sympy:
+    MobileNetV3-large's passes spent 1.5 s in 21 hardswishes after a batch-size change
+    (CPU, 2026-11-30)."""
     from fusebackend.passes.ops import OpKind, bind_op, lookup_op
 
-    traced = node.meta.get("example_value")
     if not isinstance(traced, torch.Tensor) or static_tensor(traced):
         return None  # (static sizes: the op itself is as fast)
     if any(isinstance(size, int) and size == 1 for size in traced.shape):
         return None  # (a dim of 1 takes any stride: eager's choice is not followed here)
-    row = lookup_op(node.op, node.target)
+    row = lookup_op(op, target)
     if row is None or row[0].kind != OpKind.ELEMENTWISE or row[0].name in ("cast", "dropout"):
         return None  # (a cast may name a layout; dropout outside training returns its input)
     call = bind_op(*row, args, kwargs)
     if isinstance(call, str):
         return None
     tensors = [v for v in call.operands if isinstance(v, torch.Tensor)]
+    if operands_dtype and not (
+        row[0].result == "float"
+        and traced.dtype.is_floating_point
+        and all(t.dtype == traced.dtype for t in tensors)
+    ):
+        return None
     full = [t for t in tensors if _same_sizes(t.shape, traced.shape)]
     if not full or full[0].device != traced.device:
         return None

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.fx_util import elementwise_on_one_layout, example_value
 from fusebackend.passes.groups import match
 from fusebackend.passes.mutations import storage_id, written_args
 from fusebackend.passes.ops import OpCall, OpKind
@@ -92,6 +92,11 @@ def _fresh_value(form: tuple[str, Any, tuple, dict], old: Any) -> Any:
     fake_kwargs = torch.fx.node.map_arg(kwargs, example_value)
     try:
         with mode:
+            # (symbolic sizes: its value without running it, in the in-place op's dtype)
+            quick = elementwise_on_one_layout(op, target, fake_args, fake_kwargs, old,
+                                              operands_dtype=True)  # fmt: skip
+            if quick is not None:
+                return quick
             if op == "call_method":
                 return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
             return target(*fake_args, **fake_kwargs)
