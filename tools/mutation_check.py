@@ -1100,6 +1100,16 @@ MUTATIONS: list[Mutation] = [
         "the other",
     ),
     Mutation(
+        "in_place_shortcut_promotes",
+        "pass: example values",
+        "fusebackend/passes/fx_util.py",
+        "        and all(t.dtype == traced.dtype for t in tensors)",
+        "        and True",
+        ("tests/test_evaluate_shortcut.py",),
+        note="an in-place op's out-of-place value keeps the written tensor's dtype where an "
+        "operand of another dtype promotes it: make_out_of_place would rewrite a casting write",
+    ),
+    Mutation(
         "erased_group_renamed",
         "pass: copies folded",
         "fusebackend/copies.py",
