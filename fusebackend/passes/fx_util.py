@@ -138,7 +138,7 @@ def elementwise_on_one_layout(
 
     if not isinstance(traced, torch.Tensor) or static_tensor(traced):
         return None  # (static sizes: the op itself is as fast)
-    if any(isinstance(size, int) and size == 1 for size in traced.shape):
+    if not all(map(_above_one, traced.shape)):
         return None  # (a dim of 1 takes any stride: eager's choice is not followed here)
     row = lookup_op(op, target)
     if row is None or row[0].kind != OpKind.ELEMENTWISE or row[0].name in ("cast", "dropout"):
@@ -173,7 +173,9 @@ def _above_one(size: Any) -> bool:
 
 
 def _same_sizes(a: Sequence[Any], b: Sequence[Any]) -> bool:
-    """The same sizes (or strides), symbolic ones as the same expression (no guard)."""
+    """The same sizes (or strides), symbolic ones as the same expression (no guard).
+    Structural, where ``known_equal`` asks sympy: a node's operands in Dynamo's graph carry
+    the same symbols, and the shortcut exists to keep sympy out of the pass."""
     return len(a) == len(b) and all(
         x == y if isinstance(x, int) and isinstance(y, int) else _expression(x) == _expression(y)
         for x, y in zip(a, b, strict=True)
