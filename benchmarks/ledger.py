@@ -390,6 +390,11 @@ SOURCES = (
     # RepVGG-A2's infinifuse, LeViT and DenseNet not reached in them). Folded: in git at 58b837c
     "vision_h200_9d8bf8e.json",
     "vision_h200_9d8bf8e_more.json",
+    # Kernels per call without graphs at 0ecf8ad's library code (diag_kernel_census.py), on a
+    # one-GPU H200 host: infinifuse on 14 timm models at batch 1 and 8, Inductor's default
+    # mode on six of them at batch 1 (the library's commit written into the files by hand)
+    "kernel_census_h200_0ecf8ad.json",
+    "kernel_census_h200_0ecf8ad_inductor.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
@@ -656,6 +661,11 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
             }
             for backend, value in times.items():
                 add(workload, backend, {"device_us": "us"}, {"device_us": value})
+    elif data.get("benchmark") == "kernel_census":  # diag_kernel_census.py, as vision.py names
+        for record in data["records"]:
+            if "error" not in record:
+                add(f"vision-{record['model']}-b{record['batch']}", record["backend"],
+                    {"kernels_per_call": "count", "kernel_us_per_call": "us"}, record)  # fmt: skip
     elif data.get("benchmark") == "embedding_chain":
         shape = data.get("shape", {})
         workload = f"embedding-chain-B{shape.get('B')}xT{shape.get('T')}"

@@ -1,0 +1,152 @@
+"""Which kernels does one call launch, by kind, under infinifuse and Inductor?
+
+Issue 38 asks for no more kernels per call than Inductor's on every vision model. The vision
+suite counts them (``vision.py``'s ``kernels_per_call``) but costs a cold process per model
+and backend with timed calls; this counts only, in one process: per model (timm,
+``pretrained=False``, norms calibrated as ``vision.py`` does, fp16) and batch, one call
+without CUDA graphs after two (infinifuse with ``cudagraphs=False``; Inductor's default mode
+with ``--inductor``: the code reduce-overhead replays), through ``vision.count_kernels``.
+
+Each kernel name falls in a kind (``KINDS``: infinifuse's Triton kernels, Inductor's, cuDNN
+convolutions, GEMMs, aten's own kernels, layout transforms, other), and the table prints the
+count per kind; ``--names`` prints, per model, the names whose counts differ most between the
+two backends (or infinifuse's most frequent ones without ``--inductor``). The JSON keeps every
+name's count.
+
+    python benchmarks/diag/diag_kernel_census.py [--models ghostnet_100,regnety_016]
+        [--batches 1,8] [--inductor] [--names] [--out F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import vision  # noqa: E402  (benchmarks/vision.py: the suite's model set-up and counting)
+
+MODELS = [
+    "resnet50", "convnext_tiny", "efficientnet_b0", "mobilenetv3_large_100", "regnety_016",
+    "vit_small_patch16_224", "swin_tiny_patch4_window7_224", "ghostnet_100", "resnet18",
+    "resnext50_32x4d", "levit_128s", "inception_v3", "densenet121", "repvgg_a2",
+]  # fmt: skip
+
+# A kernel name's kind: the first kind one of whose markers the lower-cased name contains.
+KINDS: list[tuple[str, tuple[str, ...]]] = [
+    ("inductor triton", ("triton_poi", "triton_per", "triton_red", "triton_tem")),
+    ("layout transform", ("nchwtonhwc", "nhwctonchw", "transpose", "permute", "copy_kernel")),
+    ("conv (cudnn)", ("conv", "cudnn", "xmma", "implicit", "fprop", "dgrad", "winograd")),
+    ("gemm", ("gemm", "gemv", "cutlass", "nvjet", "cublas", "matmul")),
+    ("aten", ("at::native", "elementwise", "reduce_kernel", "softmax", "layer_norm",
+              "batch_norm", "pool", "cat", "index")),
+]  # fmt: skip
+
+
+def kind_of(name: str) -> str:
+    # infinifuse's generated and hand-written kernels are all named "_..." (codegen.py,
+    # epilogue.py, the kernels' modules); library kernels carry a namespace or a signature.
+    if name.startswith("_") and "::" not in name and " " not in name:
+        return "infinifuse triton"
+    lowered = name.lower()
+    for kind, markers in KINDS:
+        if any(m in lowered for m in markers):
+            return kind
+    return "other"
+
+
+def census(model_name: str, batches: list[int], backend: str) -> list[dict[str, Any]]:
+    """One record per batch: kernels per call, by kind and by name."""
+    model = vision.build_model(model_name, seed=0).to("cuda")
+    vision.calibrate_norms(model, 224, torch.device("cuda"), seed=0)
+    model.to(torch.float16).train().eval()
+    torch._dynamo.reset()
+    if backend == "infinifuse":
+        import fusebackend
+
+        fusebackend.clear_cache()
+        fn = torch.compile(model, backend="infinifuse", options={"cudagraphs": False},
+                           dynamic=False)  # fmt: skip
+    else:
+        fn = torch.compile(model, dynamic=False)
+    records = []
+    for batch in batches:
+        x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.float16)
+        start = time.perf_counter()
+        with torch.no_grad():
+            counted = vision.count_kernels(fn, x, True, lambda: None)
+        by_kind: collections.Counter[str] = collections.Counter()
+        for name, count in counted["kernel_counts"].items():
+            if not name.startswith(("Memcpy", "Memset")):
+                by_kind[kind_of(name)] += count
+        records.append({
+            "model": model_name, "backend": backend, "batch": batch,
+            "kernels_per_call": counted["kernels_per_call"],
+            "kernel_us_per_call": counted["kernel_us_per_call"],
+            "by_kind": dict(by_kind), "kernel_counts": counted["kernel_counts"],
+            "seconds": round(time.perf_counter() - start, 1),
+        })  # fmt: skip
+    return records
+
+
+def print_names(records: list[dict[str, Any]], top: int = 12) -> None:
+    """Per model and batch, the names whose counts differ most between the backends."""
+    pairs: dict[tuple[str, int], dict[str, dict[str, int]]] = collections.defaultdict(dict)
+    for r in records:
+        pairs[(r["model"], r["batch"])][r["backend"]] = r["kernel_counts"]
+    for (model, batch), counts in pairs.items():
+        ours, theirs = counts.get("infinifuse", {}), counts.get("inductor", {})
+        names = set(ours) | set(theirs)
+        ranked = sorted(names, key=lambda n: -abs(ours.get(n, 0) - theirs.get(n, 0)))[:top]
+        print(f"{model} b{batch}: name, infinifuse, inductor")
+        for name in ranked:
+            print(f"    {ours.get(name, 0):4d} {theirs.get(name, 0):4d}  {name[:88]}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--inductor", action="store_true", help="Inductor's counts too")
+    parser.add_argument("--names", action="store_true", help="the names behind the counts")
+    parser.add_argument("--out", help="the JSON of every record")
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    backends = ["infinifuse"] + (["inductor"] if args.inductor else [])
+    records: list[dict[str, Any]] = []
+    environment = vision.child_environment(True)
+    for model_name in args.models.split(","):
+        for backend in backends:
+            try:
+                records += census(model_name, batches, backend)
+            except Exception as exc:  # noqa: BLE001  (one model's failure: recorded)
+                records.append({"model": model_name, "backend": backend,
+                                "error": f"{type(exc).__name__}: {exc}"[:500]})  # fmt: skip
+            if args.out:
+                with open(args.out, "w") as out:
+                    json.dump({"benchmark": "kernel_census", "environment": environment,
+                               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                               "records": records}, out, indent=1)  # fmt: skip
+    kinds = sorted({k for r in records for k in r.get("by_kind", {})})
+    print("model, backend, batch, kernels | " + ", ".join(kinds))
+    for r in records:
+        if "error" in r:
+            print(f"{r['model']} {r['backend']}: {r['error'][:200]}")
+            continue
+        print(f"{r['model']:30s} {r['backend']:10s} b{r['batch']} {r['kernels_per_call']:4d} | "
+              + " ".join(f"{r['by_kind'].get(k, 0):4d}" for k in kinds))  # fmt: skip
+    if args.names:
+        print_names([r for r in records if "error" not in r])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
