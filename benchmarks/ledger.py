@@ -392,7 +392,8 @@ SOURCES = (
     "vision_h200_9d8bf8e_more.json",
     # Kernels per call without graphs at 0ecf8ad's library code (diag_kernel_census.py), on a
     # one-GPU H200 host: infinifuse on 14 timm models at batch 1 and 8, Inductor's default
-    # mode on six of them at batch 1 (the library's commit written into the files by hand)
+    # mode on six of them at batch 1 (the library's commit written into the files by hand).
+    # Folded: in git at e901501
     "kernel_census_h200_0ecf8ad.json",
     "kernel_census_h200_0ecf8ad_inductor.json",
 )
