@@ -665,7 +665,8 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
     elif data.get("benchmark") == "kernel_census":  # diag_kernel_census.py, as vision.py names
         for record in data["records"]:
             if "error" not in record:
-                add(f"vision-{record['model']}-b{record['batch']}", record["backend"],
+                workload = record.get("workload") or f"vision-{record['model']}-b{record['batch']}"
+                add(workload, record["backend"],
                     {"kernels_per_call": "count", "kernel_us_per_call": "us"}, record)  # fmt: skip
     elif data.get("benchmark") == "embedding_chain":
         shape = data.get("shape", {})

@@ -6,6 +6,8 @@ and backend with timed calls; this counts only, in one process: per model (timm,
 ``pretrained=False``, norms calibrated as ``vision.py`` does, fp16) and batch, one call
 without CUDA graphs after two (infinifuse with ``cudagraphs=False``; Inductor's default mode
 with ``--inductor``: the code reduce-overhead replays), through ``vision.count_kernels``.
+``--zoo FAMILIES`` counts the model zoo's families instead (``tests/model_zoo.py``: 2 layers,
+hidden 64, batch 2 x 7 with a padded mask, fp16, as ``run.py``'s zoo workloads).
 
 Each kernel name falls in a kind (``KINDS``: infinifuse's Triton kernels, Inductor's, cuDNN
 convolutions, GEMMs, aten's own kernels, layout transforms, other), and the table prints the
@@ -15,6 +17,7 @@ name's count.
 
     python benchmarks/diag/diag_kernel_census.py [--models ghostnet_100,regnety_016]
         [--batches 1,8] [--inductor] [--names] [--out F.json]
+    python benchmarks/diag/diag_kernel_census.py --zoo bert,t5_encoder --inductor --names
 """
 
 from __future__ import annotations
@@ -63,12 +66,33 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def census(model_name: str, batches: list[int], backend: str) -> list[dict[str, Any]]:
-    """One record per batch: kernels per call, by kind and by name."""
+def _vision_case(model_name: str) -> tuple[Any, Any]:
+    """A timm model set up as ``vision.py`` sets it up, and a maker of its call per batch."""
     model = vision.build_model(model_name, seed=0).to("cuda")
     vision.calibrate_norms(model, 224, torch.device("cuda"), seed=0)
     model.to(torch.float16).train().eval()
+
+    def call_at(batch: int) -> Any:
+        x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.float16)
+        return lambda fn: fn(x)
+
+    return model, call_at
+
+
+def _zoo_case(family: str) -> tuple[Any, Any]:
+    """A model zoo family in fp16, and its call on the zoo's padded 2 x 7 batch (any batch)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
+    import model_zoo
+
+    model = model_zoo.build(family, dtype=torch.float16, device="cuda")
+    kwargs = model_zoo.inputs(family, device="cuda")
+    return model, lambda batch: lambda fn: model_zoo.main_output(fn(**kwargs))
+
+
+def census(name: str, batches: list[int], backend: str, zoo: bool) -> list[dict[str, Any]]:
+    """One record per batch: kernels per call, by kind and by name."""
     torch._dynamo.reset()
+    model, call_at = (_zoo_case if zoo else _vision_case)(name)
     if backend == "infinifuse":
         import fusebackend
 
@@ -79,16 +103,18 @@ def census(model_name: str, batches: list[int], backend: str) -> list[dict[str, 
         fn = torch.compile(model, dynamic=False)
     records = []
     for batch in batches:
-        x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.float16)
+        call = call_at(batch)
         start = time.perf_counter()
         with torch.no_grad():
-            counted = vision.count_kernels(fn, x, True, lambda: None)
+            # (count_kernels calls its first argument on its second: here call(fn))
+            counted = vision.count_kernels(call, fn, True, lambda: None)
         by_kind: collections.Counter[str] = collections.Counter()
-        for name, count in counted["kernel_counts"].items():
-            if not name.startswith(("Memcpy", "Memset")):
-                by_kind[kind_of(name)] += count
+        for kernel, count in counted["kernel_counts"].items():
+            if not kernel.startswith(("Memcpy", "Memset")):
+                by_kind[kind_of(kernel)] += count
+        workload = f"zoo-{name}" if zoo else f"vision-{name}-b{batch}"
         records.append({
-            "model": model_name, "backend": backend, "batch": batch,
+            "model": name, "workload": workload, "backend": backend, "batch": batch,
             "kernels_per_call": counted["kernels_per_call"],
             "kernel_us_per_call": counted["kernel_us_per_call"],
             "by_kind": dict(by_kind), "kernel_counts": counted["kernel_counts"],
@@ -114,19 +140,21 @@ def print_names(records: list[dict[str, Any]], top: int = 12) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--zoo", metavar="FAMILIES", help="model zoo families, not --models")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--inductor", action="store_true", help="Inductor's counts too")
     parser.add_argument("--names", action="store_true", help="the names behind the counts")
     parser.add_argument("--out", help="the JSON of every record")
+    parser.add_argument("--commit", help="the commit measured (the device's copy has no git)")
     args = parser.parse_args()
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = [1] if args.zoo else [int(b) for b in args.batches.split(",")]
     backends = ["infinifuse"] + (["inductor"] if args.inductor else [])
     records: list[dict[str, Any]] = []
-    environment = vision.child_environment(True)
-    for model_name in args.models.split(","):
+    environment = {**vision.child_environment(True), "commit": args.commit}
+    for model_name in (args.zoo or args.models).split(","):
         for backend in backends:
             try:
-                records += census(model_name, batches, backend)
+                records += census(model_name, batches, backend, bool(args.zoo))
             except Exception as exc:  # noqa: BLE001  (one model's failure: recorded)
                 records.append({"model": model_name, "backend": backend,
                                 "error": f"{type(exc).__name__}: {exc}"[:500]})  # fmt: skip
