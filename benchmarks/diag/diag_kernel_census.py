@@ -9,11 +9,11 @@ with ``--inductor``: the code reduce-overhead replays), through ``vision.count_k
 ``--zoo FAMILIES`` counts the model zoo's families instead (``tests/model_zoo.py``: 2 layers,
 hidden 64, batch 2 x 7 with a padded mask, fp16, as ``run.py``'s zoo workloads).
 
-Each kernel name falls in a kind (``KINDS``: infinifuse's Triton kernels, Inductor's, cuDNN
-convolutions, GEMMs, aten's own kernels, layout transforms, other), and the table prints the
-count per kind; ``--names`` prints, per model, the names whose counts differ most between the
-two backends (or infinifuse's most frequent ones without ``--inductor``). The JSON keeps every
-name's count.
+Each kernel name falls in a kind (``KINDS``: infinifuse's Triton kernels, Inductor's, fused
+attention, cuDNN convolutions, GEMMs, aten's own kernels, layout transforms, other), and the
+table prints the count per kind; ``--names`` prints, per model, the names whose counts differ
+most between the two backends (or infinifuse's most frequent ones without ``--inductor``). The
+JSON keeps every name's count.
 
     python benchmarks/diag/diag_kernel_census.py [--models ghostnet_100,regnety_016]
         [--batches 1,8] [--inductor] [--names] [--out F.json]
@@ -46,6 +46,7 @@ MODELS = [
 # A kernel name's kind: the first kind one of whose markers the lower-cased name contains.
 KINDS: list[tuple[str, tuple[str, ...]]] = [
     ("inductor triton", ("triton_poi", "triton_per", "triton_red", "triton_tem")),
+    ("attention", ("sdpa", "flash", "fmha", "attention")),
     ("layout transform", ("nchwtonhwc", "nhwctonchw", "transpose", "permute", "copy_kernel")),
     ("conv (cudnn)", ("conv", "cudnn", "xmma", "implicit", "fprop", "dgrad", "winograd")),
     ("gemm", ("gemm", "gemv", "cutlass", "nvjet", "cublas", "matmul")),
