@@ -398,12 +398,13 @@ SOURCES = (
     "kernel_census_h200_0ecf8ad_inductor.json",
     # The model zoo's 21 families, kernels per call without graphs under infinifuse and
     # Inductor's default mode (diag_kernel_census.py --zoo), one-GPU H200 host, at ae5733f
-    # (14 families) and e7060ea (the other 7; the same library code)
+    # (14 families) and e7060ea (the other 7; the same library code). Folded: in git at d8b8c3f
     "kernel_census_zoo_h200_ae5733f.json",
     "kernel_census_zoo_h200_e7060ea.json",
     # MobileNetV3-large and ResNet-18 at e7060ea, reduce-overhead and infinifuse, batch 1 then
     # 8 in one process each (vision.py --no-kernel-counts, its --ledger rows): the second
-    # size's first call after make_out_of_place's and evaluate's shortcuts (13326e2, cac2ba3)
+    # size's first call after make_out_of_place's and evaluate's shortcuts (13326e2, cac2ba3).
+    # Folded: in git at d8b8c3f
     "vision_h200_e7060ea.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
