@@ -406,6 +406,11 @@ SOURCES = (
     # size's first call after make_out_of_place's and evaluate's shortcuts (13326e2, cac2ba3).
     # Folded: in git at d8b8c3f
     "vision_h200_e7060ea.json",
+    # MobileNetV3-large's cold first call at 0ecf8ad, one-GPU H200 host, after the GPU tests:
+    # the compile processes' launchers at -O0 (the default) and at Triton's -O3, alternating,
+    # two rounds (diag_first_call_phases.py --cold --children [--optimised-launchers]; its
+    # printed output, the rows written by hand from it)
+    "first_call_launchers_ab_h200_0ecf8ad.txt",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
