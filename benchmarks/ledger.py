@@ -409,7 +409,7 @@ SOURCES = (
     # MobileNetV3-large's cold first call at 0ecf8ad, one-GPU H200 host, after the GPU tests:
     # the compile processes' launchers at -O0 (the default) and at Triton's -O3, alternating,
     # two rounds (diag_first_call_phases.py --cold --children [--optimised-launchers]; its
-    # printed output, the rows written by hand from it)
+    # printed output, the rows written by hand from it). Folded: in git at 7eb4dbe
     "first_call_launchers_ab_h200_0ecf8ad.txt",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
