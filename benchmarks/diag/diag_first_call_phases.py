@@ -268,10 +268,12 @@ def _print_children(folder: str) -> None:
     first = CHILDREN.pop("first_fork", [0.0])[0]
     if forks:
         print(f"    forks: {len(forks)}, {sum(forks):.3f} s in all (max {max(forks):.3f})")
+    every: list[tuple[float, str]] = []  # (compile seconds, kernel) over all children
     for entry in sorted(os.listdir(folder)):
         with open(os.path.join(folder, entry)) as log_file:
             lines = [line.split() for line in log_file]
         os.remove(os.path.join(folder, entry))
+        every += [(float(c), name) for name, _, c, _ in lines]
         starts = [float(s) for _, s, _, _ in lines]
         compile_s = sum(float(c) for *_, c, _ in lines)
         launcher_s = sum(float(x) for *_, x in lines)
@@ -279,6 +281,9 @@ def _print_children(folder: str) -> None:
             f"    child {entry}: {len(lines)} compiles, first starts {min(starts) - first:.3f} s "
             f"after the first fork; compile {compile_s:.3f} s, launchers {launcher_s:.3f} s"
         )
+    if every:  # what sets the processes' end: the longest single compiles
+        longest = sorted(every, reverse=True)[:6]
+        print("    longest compiles: " + ", ".join(f"{n} {sec:.2f} s" for sec, n in longest))
 
 
 def _timm_case(name: str, batch: int, device: torch.device) -> Any:
