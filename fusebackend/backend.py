@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._dynamo.callback import callback_handler
 
 import fusebackend.fusion as fuse_module
 from fusebackend.config import FusionConfig
@@ -79,6 +80,7 @@ def infinifuse(
         return compiled
 
     fuse_module.warm_compiler(device)
+    register_warm_up()
     traced = operations(gm)  # before the passes fold anything (frames.route)
     c = Compilation(name, gm, list(example_inputs), config, device)
     # What runs if a pass raises: a copy of the nodes (11 ms for 1200 on this project's CI
@@ -223,3 +225,19 @@ def _graph_device(example_inputs: Sequence[Any]) -> torch.device | None:
         if isinstance(t, torch.Tensor) and t.device.type == "cuda":
             return t.device
     return None
+
+
+def _warm_compiler_at_trace(*_callback_args: Any) -> None:
+    fuse_module.warm_compiler_early()
+
+
+def register_warm_up() -> None:
+    """Have Dynamo call ``fusion.warm_compiler_early`` as each compile starts, before its
+    trace, once the model is on its device (what starts there, and why: its docstring).
+    Registered at import and again by each graph, as ``torch._dynamo.reset()`` drops
+    Dynamo's callbacks."""
+    if _warm_compiler_at_trace not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(_warm_compiler_at_trace)
+
+
+register_warm_up()

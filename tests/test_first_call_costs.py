@@ -220,3 +220,27 @@ def test_tritons_cache_key_is_computed_once_on_a_background_thread(monkeypatch):
     triton_api.start_cache_key()  # once per process
     triton_api._cache_key_thread.join()
     assert names == ["fusebackend-triton-key"]
+
+
+def test_tritons_cache_key_starts_as_dynamo_starts_compiling_in_a_cuda_process(monkeypatch):
+    """The key starts as a Dynamo compile starts (before its trace, whichever backend), where
+    the process already uses CUDA; where it does not, nothing starts (asking for a GPU would
+    initialise CUDA before a fork)."""
+    from fusebackend import backend, fusion
+
+    started: list[str] = []
+    monkeypatch.setattr(fusion, "start_cache_key", lambda: started.append("key"))
+    monkeypatch.setattr(fusion, "triton_usable", lambda device: device.type == "cuda")
+    initialised = [False]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialised[0])
+
+    torch._dynamo.reset()  # (drops Dynamo's callbacks: a graph of infinifuse's registers again)
+    torch.compile(lambda x: x * 2 + 1, backend="infinifuse")(torch.ones(3))
+    torch.compile(lambda x: x * 3 + 1, backend="eager")(torch.ones(3))
+    assert started == []
+    initialised[0] = True
+    torch.compile(lambda x: x * 4 + 1, backend="eager")(torch.ones(3))
+    assert started == ["key"]
+    backend.register_warm_up()  # registered once only
+    torch.compile(lambda x: x * 5 + 1, backend="eager")(torch.ones(3))
+    assert started == ["key", "key"]  # (start_cache_key itself runs only its first call)
