@@ -360,6 +360,7 @@ def main() -> None:
         help="the precompile's compile processes (0: threads alone; default: its own)",
     )
     args = parser.parse_args()
+    import fusebackend.backend
     import fusebackend.fusion
 
     fusebackend.fusion.precompile_all = functools.partial(
@@ -368,6 +369,7 @@ def main() -> None:
     _record_cache_key()
     if args.no_key_thread:
         fusebackend.fusion.warm_compiler = lambda device: None
+        fusebackend.fusion.warm_compiler_early = lambda: None
     if args.optimised_launchers:
         _build_launchers_optimised()
     _record_compiles()
@@ -416,6 +418,9 @@ def main() -> None:
 
     def first_call(compile_backend: Any) -> float:
         measure.fresh_state(device)
+        # fresh_state's torch._dynamo.reset() dropped the start callback that a user's
+        # process has from its import (Triton's cache key, started as Dynamo starts)
+        fusebackend.backend.register_warm_up()
         case.prepare()
         _sync()
         start = time.perf_counter()
