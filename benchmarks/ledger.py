@@ -411,6 +411,10 @@ SOURCES = (
     # two rounds (diag_first_call_phases.py --cold --children [--optimised-launchers]; its
     # printed output, the rows written by hand from it). Folded: in git at 7eb4dbe
     "first_call_launchers_ab_h200_0ecf8ad.txt",
+    # Cold first calls with Triton's cache key started at the graph's arrival (c8492f4:
+    # ResNet-50) and as Dynamo starts (5f75501: ResNet-50, MobileNetV3-large), one-GPU H200
+    # hosts, one round each (diag_first_call_phases.py --cold; printed output, rows by hand)
+    "first_call_key_start_h200_5f75501.txt",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
