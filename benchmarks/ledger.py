@@ -413,7 +413,8 @@ SOURCES = (
     "first_call_launchers_ab_h200_0ecf8ad.txt",
     # Cold first calls with Triton's cache key started at the graph's arrival (c8492f4:
     # ResNet-50) and as Dynamo starts (5f75501: ResNet-50, MobileNetV3-large), one-GPU H200
-    # hosts, one round each (diag_first_call_phases.py --cold; printed output, rows by hand)
+    # hosts, one round each (diag_first_call_phases.py --cold; printed output, rows by hand).
+    # Folded: in git at 461a26e
     "first_call_key_start_h200_5f75501.txt",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
