@@ -1150,6 +1150,26 @@ MUTATIONS: list[Mutation] = [
         note="a tensor_split of derived work is not read as a view: nothing is derived, or "
         "(without the tensor check) the compile asks a tuple its size",
     ),
+    Mutation(
+        "cache_key_early_asks_for_a_gpu",
+        "runtime: first call (Triton's cache key)",
+        "fusebackend/fusion.py",
+        '    if torch.cuda.is_initialized() and triton_usable(torch.device("cuda")):',
+        '    if triton_usable(torch.device("cuda")):',
+        ("tests/test_first_call_costs.py", "-k", "cache_key"),
+        note="the key's early start asks for a GPU in a process that has not initialised "
+        "CUDA (initialising it: a fork afterwards could not use CUDA in its children)",
+    ),
+    Mutation(
+        "cache_key_early_lost_after_reset",
+        "runtime: first call (Triton's cache key)",
+        "fusebackend/backend.py",
+        "    fuse_module.warm_compiler(device)\n    register_warm_up()\n",
+        "    fuse_module.warm_compiler(device)\n",
+        ("tests/test_first_call_costs.py", "-k", "cache_key"),
+        note="torch._dynamo.reset() drops Dynamo's callbacks and no graph registers the "
+        "early start again: the next first trace in this process runs without the key",
+    ),
 ]
 
 
