@@ -80,7 +80,7 @@ def infinifuse(
         return compiled
 
     fuse_module.warm_compiler(device)
-    register_warm_up()
+    register_cache_key_start()
     traced = operations(gm)  # before the passes fold anything (frames.route)
     c = Compilation(name, gm, list(example_inputs), config, device)
     # What runs if a pass raises: a copy of the nodes (11 ms for 1200 on this project's CI
@@ -227,17 +227,24 @@ def _graph_device(example_inputs: Sequence[Any]) -> torch.device | None:
     return None
 
 
-def _warm_compiler_at_trace(*_callback_args: Any) -> None:
-    fuse_module.warm_compiler_early()
+def _start_cache_key_at_compile(*_callback_args: Any) -> None:
+    """Dynamo's start callback (``register_cache_key_start``). It runs inside every Dynamo
+    compile of the process, whichever backend: an error here would fail that compile, so
+    none leaves (the key then starts with a graph for the GPU, or at the first compile)."""
+    try:
+        fuse_module.warm_compiler_early()
+    except Exception:  # noqa: BLE001  (a thread that could not start: no early key, no harm)
+        log.debug("Triton's cache key did not start early", exc_info=True)
 
 
-def register_warm_up() -> None:
+def register_cache_key_start() -> None:
     """Have Dynamo call ``fusion.warm_compiler_early`` as each compile starts, before its
-    trace, once the model is on its device (what starts there, and why: its docstring).
-    Registered at import and again by each graph, as ``torch._dynamo.reset()`` drops
-    Dynamo's callbacks."""
-    if _warm_compiler_at_trace not in callback_handler.start_callbacks:
-        callback_handler.register_start_callback(_warm_compiler_at_trace)
+    trace (what it starts, where, and why: its docstring). Dynamo runs the callback in every
+    compile of the process, whichever backend; past the first it costs two checks, as the
+    key is computed once per process. Registered at import, and again by each graph, as
+    ``torch._dynamo.reset()`` drops Dynamo's callbacks."""
+    if _start_cache_key_at_compile not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(_start_cache_key_at_compile)
 
 
-register_warm_up()
+register_cache_key_start()

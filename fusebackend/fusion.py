@@ -424,10 +424,10 @@ def warm_compiler_early() -> None:
     key's hashing (about 1 s on the H200 machine) overlaps Dynamo's first trace (its share of
     a cold first call: 1.6-3.4 s for three timm convnets there). Started at the graph's
     arrival, it overlapped only the passes, and ResNet-50's precompile waited 0.56 s for it
-    (2026-11-30, c8492f4). A process that has not initialised CUDA is left alone: asking
-    whether a GPU is there would initialise it, and a process that forks afterwards could no
-    longer use CUDA in its children; ``warm_compiler`` starts the key there when a graph for
-    the GPU arrives."""
+    (2026-11-30, c8492f4). A process that has not initialised CUDA is left alone, and is not
+    asked for a GPU first: that would initialise the CUDA driver, and a process that forks
+    afterwards could no longer use CUDA in its children; ``warm_compiler`` starts the key
+    there when a graph for the GPU arrives."""
     if torch.cuda.is_initialized() and triton_usable(torch.device("cuda")):
         start_cache_key()
 

@@ -223,24 +223,56 @@ def test_tritons_cache_key_is_computed_once_on_a_background_thread(monkeypatch):
 
 
 def test_tritons_cache_key_starts_as_dynamo_starts_compiling_in_a_cuda_process(monkeypatch):
-    """The key starts as a Dynamo compile starts (before its trace, whichever backend), where
-    the process already uses CUDA; where it does not, nothing starts (asking for a GPU would
-    initialise CUDA before a fork)."""
+    """The key starts as a Dynamo compile starts, before its trace reaches the backend
+    (whichever backend), where the process already uses CUDA; where it does not, nothing
+    starts and no GPU is asked for (that would initialise CUDA before a fork)."""
     from fusebackend import backend, fusion
 
-    started: list[str] = []
-    monkeypatch.setattr(fusion, "start_cache_key", lambda: started.append("key"))
-    monkeypatch.setattr(fusion, "triton_usable", lambda device: device.type == "cuda")
+    events: list[str] = []
+    monkeypatch.setattr(fusion, "start_cache_key", lambda: events.append("key"))
+    monkeypatch.setattr(fusion, "triton_usable",
+                        lambda device: events.append("asked") or device.type == "cuda")  # fmt: skip
     initialised = [False]
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialised[0])
 
+    def spy(gm, example_inputs):
+        events.append("graph")
+        return gm.forward
+
     torch._dynamo.reset()  # (drops Dynamo's callbacks: a graph of infinifuse's registers again)
     torch.compile(lambda x: x * 2 + 1, backend="infinifuse")(torch.ones(3))
-    torch.compile(lambda x: x * 3 + 1, backend="eager")(torch.ones(3))
-    assert started == []
+    events.clear()
+    torch.compile(lambda x: x * 3 + 1, backend=spy)(torch.ones(3))
+    assert events == ["graph"]
     initialised[0] = True
-    torch.compile(lambda x: x * 4 + 1, backend="eager")(torch.ones(3))
-    assert started == ["key"]
-    backend.register_warm_up()  # registered once only
-    torch.compile(lambda x: x * 5 + 1, backend="eager")(torch.ones(3))
-    assert started == ["key", "key"]  # (start_cache_key itself runs only its first call)
+    torch.compile(lambda x: x * 4 + 1, backend=spy)(torch.ones(3))
+    assert events == ["graph", "asked", "key", "graph"]
+    backend.register_cache_key_start()  # registered once only
+    events.clear()
+    torch.compile(lambda x: x * 5 + 1, backend=spy)(torch.ones(3))
+    assert events == ["asked", "key", "graph"]  # (start_cache_key acts on its first call only)
+
+    def fail() -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(fusion, "warm_compiler_early", fail)  # never fails a user's compile
+    assert torch.compile(lambda x: x * 6 + 1, backend=spy)(torch.ones(3)).tolist() == [7.0] * 3
+
+
+def test_the_cache_key_start_is_registered_with_dynamo_at_import():
+    """Dynamo imports the backend at ``torch.compile(backend="infinifuse")``: the callback is
+    there before the first trace (a fresh process: this one reset Dynamo long ago)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch._dynamo\n"
+        "from torch._dynamo.callback import callback_handler\n"
+        "torch._dynamo.lookup_backend('infinifuse')\n"
+        "import fusebackend.backend as backend\n"
+        "print(backend._start_cache_key_at_compile in callback_handler.start_callbacks)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "True"

@@ -1161,14 +1161,45 @@ MUTATIONS: list[Mutation] = [
         "CUDA (initialising it: a fork afterwards could not use CUDA in its children)",
     ),
     Mutation(
+        "cache_key_early_asks_before_checking_cuda",
+        "runtime: first call (Triton's cache key)",
+        "fusebackend/fusion.py",
+        '    if torch.cuda.is_initialized() and triton_usable(torch.device("cuda")):',
+        '    if triton_usable(torch.device("cuda")) and torch.cuda.is_initialized():',
+        ("tests/test_first_call_costs.py", "-k", "cache_key"),
+        note="the early start asks for a GPU (initialising the CUDA driver) before it checks "
+        "that the process already uses CUDA",
+    ),
+    Mutation(
+        "cache_key_not_registered_at_import",
+        "runtime: first call (Triton's cache key)",
+        "fusebackend/backend.py",
+        "\n\nregister_cache_key_start()\n",
+        "\n",
+        ("tests/test_first_call_costs.py", "-k", "cache_key or registered"),
+        note="the callback is registered only by a graph: a process's first trace, the one "
+        "the early start is for, runs without it",
+    ),
+    Mutation(
+        "cache_key_started_after_the_trace",
+        "runtime: first call (Triton's cache key)",
+        "fusebackend/backend.py",
+        "        callback_handler.register_start_callback(_start_cache_key_at_compile)",
+        "        callback_handler.register_end_callback(_start_cache_key_at_compile)",
+        ("tests/test_first_call_costs.py", "-k", "cache_key"),
+        note="the key starts as the compile ends (an end callback), after the trace and the "
+        "backend it was to overlap",
+    ),
+    Mutation(
         "cache_key_early_lost_after_reset",
         "runtime: first call (Triton's cache key)",
         "fusebackend/backend.py",
-        "    fuse_module.warm_compiler(device)\n    register_warm_up()\n",
+        "    fuse_module.warm_compiler(device)\n    register_cache_key_start()\n",
         "    fuse_module.warm_compiler(device)\n",
         ("tests/test_first_call_costs.py", "-k", "cache_key"),
         note="torch._dynamo.reset() drops Dynamo's callbacks and no graph registers the "
-        "early start again: the next first trace in this process runs without the key",
+        "early start again: where the reset came before the process's first CUDA graph, "
+        "later compiles start the key only at their graph",
     ),
 ]
 

@@ -360,7 +360,6 @@ def main() -> None:
         help="the precompile's compile processes (0: threads alone; default: its own)",
     )
     args = parser.parse_args()
-    import fusebackend.backend
     import fusebackend.fusion
 
     fusebackend.fusion.precompile_all = functools.partial(
@@ -418,9 +417,6 @@ def main() -> None:
 
     def first_call(compile_backend: Any) -> float:
         measure.fresh_state(device)
-        # fresh_state's torch._dynamo.reset() dropped the start callback that a user's
-        # process has from its import (Triton's cache key, started as Dynamo starts)
-        fusebackend.backend.register_warm_up()
         case.prepare()
         _sync()
         start = time.perf_counter()

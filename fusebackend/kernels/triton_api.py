@@ -129,9 +129,9 @@ def start_cache_key() -> None:
         except Exception as exc:  # noqa: BLE001  (the first compile computes it, and raises)
             log.info("Triton's cache key failed in the background (%s)", exc)
 
-    _cache_key_thread = threading.Thread(target=compute, name="fusebackend-triton-key",
-                                         daemon=True)  # fmt: skip
-    _cache_key_thread.start()
+    thread = threading.Thread(target=compute, name="fusebackend-triton-key", daemon=True)
+    thread.start()  # (kept only once started: precompile_all joins it)
+    _cache_key_thread = thread
 
 
 def precompile_all(
