@@ -204,29 +204,61 @@ def test_running_statistics_a_training_step_updated_are_seen(through):
     assert not torch.allclose(before, after)
 
 
-def test_a_recompile_finds_the_batch_counters_without_scanning_again(monkeypatch):
-    # The garbage-collector scan for num_batches_tracked (0.3 s with big libraries loaded)
-    # runs once per running mean; a recompile at a new batch size watches the counters all
-    # the same.
+@pytest.mark.parametrize("found_by", ["Dynamo's sources", "the garbage collector"])
+def test_the_batch_counters_are_found_once_and_watched_after_a_recompile(monkeypatch, found_by):
+    # num_batches_tracked is found where Dynamo read each running mean from (the module's
+    # buffer dict, in the traced frame); where that cannot be told, one garbage-collector
+    # scan (0.3 s with big libraries loaded) finds it. Either way once per running mean: a
+    # recompile at a new batch size watches the counters all the same.
     import fusebackend.passes.batch_norm_folding as folding
 
     scans = []
     real = folding.gc.get_referrers
     monkeypatch.setattr(folding.gc, "get_referrers", lambda *a: scans.append(a) or real(*a))
+    looked_up = []
+    holder_of = folding.holder_of
+    monkeypatch.setattr(folding, "holder_of", lambda node: looked_up.append(node) or (
+        holder_of(node) if found_by == "Dynamo's sources" else None))  # fmt: skip
     model = _randomize_statistics(Bottleneck(), seed=4)
     compiled = _compiled(model)
     with torch.no_grad():
         compiled(torch.randn(1, 6, 5, 7))
-        assert len(scans) == 1
+        assert len(looked_up) == 4  # (the bottleneck's four BatchNorms)
+        assert len(scans) == (0 if found_by == "Dynamo's sources" else 1)
         x = torch.randn(3, 6, 5, 7)  # a new batch size: Dynamo traces again
         before = compiled(x)
-        assert len(scans) == 1, "the recompile scanned again"
+        assert len(looked_up) == 4 and len(scans) <= 1, "the recompile looked again"
         model.train()
         model(x * 3 + 1)  # a training step moves the statistics and the counters only
         model.eval()
         after = compiled(x)
         torch.testing.assert_close(after, model(x), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(before, after)
+
+
+def test_a_traced_inputs_holder_is_found_in_the_traced_frame():
+    from fusebackend.passes.traced_sources import holder_of
+
+    model = _randomize_statistics(Bottleneck(), seed=5).eval()
+    found = {}
+
+    def backend(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                found[node.name] = holder_of(node)
+        return gm.forward
+
+    outside = torch.fx.symbolic_trace(model)  # no Dynamo frame: nothing to be told
+    assert all(holder_of(n) is None for n in outside.graph.nodes if n.op == "placeholder")
+    with torch.no_grad():
+        torch.compile(model, backend=backend)(torch.randn(1, 6, 5, 7))
+    means = {name: holder for name, holder in found.items() if "running_mean" in name}
+    norms = (model.bn1, model.bn2, model.bn3, model.down[1])
+    assert sorted(map(id, means.values())) == sorted(id(bn._buffers) for bn in norms)
+    weights = [h for name, h in found.items() if name.endswith("conv1_parameters_weight_")]
+    assert weights == [model.conv1._parameters]
+    image = [h for name, h in found.items() if "buffers" not in name and "parameters" not in name]
+    assert image == [None]  # (the image is a local: no holder to walk to)
 
 
 def test_refresh_derives_only_the_folds_whose_sources_changed():

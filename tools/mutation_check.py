@@ -1151,6 +1151,26 @@ MUTATIONS: list[Mutation] = [
         "(without the tensor check) the compile asks a tuple its size",
     ),
     Mutation(
+        "traced_holder_never_found",
+        "pass: BatchNorm folding (batch counters)",
+        "fusebackend/passes/traced_sources.py",
+        "    if base is None or frame is None:\n",
+        "    if True:\n",
+        ("tests/test_batch_norm_folding.py", "-k", "batch_counters or traced"),
+        note="every running mean's counter comes from the garbage collector's scan of every "
+        "object (0.3 s with big libraries loaded), as before traced_sources",
+    ),
+    Mutation(
+        "traced_holder_items_skipped",
+        "pass: BatchNorm folding (batch counters)",
+        "fusebackend/passes/traced_sources.py",
+        "                value = value[index]\n",
+        "                value = value\n",
+        ("tests/test_batch_norm_folding.py", "-k", "batch_counters or traced"),
+        note="a source's item is not taken: the holder found is the dict's owner (a module), "
+        "not the buffer dict",
+    ),
+    Mutation(
         "cache_key_early_asks_for_a_gpu",
         "runtime: first call (Triton's cache key)",
         "fusebackend/fusion.py",

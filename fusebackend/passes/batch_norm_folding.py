@@ -69,6 +69,7 @@ from fusebackend.passes.conv_activation import fuses_after
 from fusebackend.passes.conv_bias import CONVOLUTIONS, is_batched, per_channel
 from fusebackend.passes.fx_util import evaluate, example_value, placeholders, static_fake
 from fusebackend.passes.mutations import storage_id, written_storages
+from fusebackend.passes.traced_sources import holder_of
 
 __all__ = ["FOLDED_PREFIX", "Fold", "FoldResult", "Refresh", "fold_batch_norms"]
 
@@ -406,7 +407,9 @@ def fold_batch_norms(
             bn.replace_all_uses_with(_scale_and_shift(graph, x, center, scale, shift, after=shift))
         graph.erase_node(bn)
         result.folds.append(fold)
-    counters = _batch_counters([inputs[fold.sources[2]] for fold in result.folds])
+    nodes = list(index)  # (the placeholders, in input order)
+    counters = _batch_counters([(inputs[fold.sources[2]], nodes[fold.sources[2]])
+                                for fold in result.folds])  # fmt: skip
     for fold in result.folds:
         fold.counter = counters.get(id(inputs[fold.sources[2]]))
     return result
@@ -417,21 +420,36 @@ def fold_batch_norms(
 _COUNTER_OF = WeakIdKeyDictionary()
 
 
-def _batch_counters(means: list[Tensor]) -> dict[int, Tensor]:
-    """``num_batches_tracked`` of the BatchNorm module holding each running mean, by the
-    mean's id (``Fold.counter``). Found through the modules' buffer dicts that refer to the
-    means: one pass of the garbage collector over every tracked object, for all of them at
-    once (0.3 s with timm and transformers imported, 363k objects, on a loaded 2-core CPU,
-    2026-11-30), at compile time only, and remembered per mean: a recompile (a new batch
-    size, Dynamo's dynamic-shape retrace) scans only for means not seen before."""
-    missing = [mean for mean in means if mean not in _COUNTER_OF]
+def _batch_counters(means: list[tuple[Tensor, torch.fx.Node]]) -> dict[int, Tensor]:
+    """``num_batches_tracked`` of the BatchNorm module holding each running mean (given with
+    its placeholder), by the mean's id (``Fold.counter``). Found in the module's buffer dict:
+    where Dynamo read the mean from (``traced_sources.holder_of``), else through one pass
+    of the garbage collector over every tracked object, for all the means left at once (0.3
+    s with timm and transformers imported, 363k objects, on a loaded 2-core CPU,
+    2026-11-30). At compile time only, and remembered per mean: a recompile (a new batch
+    size, Dynamo's dynamic-shape retrace) looks only for means not seen before."""
+    missing = []
+    for mean, node in means:
+        if mean not in _COUNTER_OF and not _remember_counter(holder_of(node), mean):
+            missing.append(mean)
     if missing:
         for holder in gc.get_referrers(*missing):
-            if isinstance(holder, dict) and isinstance(holder.get("num_batches_tracked"), Tensor):
-                mean = holder.get("running_mean")
-                if isinstance(mean, Tensor):
-                    _COUNTER_OF[mean] = holder["num_batches_tracked"]
-    return {id(mean): _COUNTER_OF[mean] for mean in means if mean in _COUNTER_OF}
+            _remember_counter(holder, holder.get("running_mean") if isinstance(holder, dict)
+                              else None)  # fmt: skip
+    return {id(mean): _COUNTER_OF[mean] for mean, _ in means if mean in _COUNTER_OF}
+
+
+def _remember_counter(holder: Any, mean: Any) -> bool:
+    """Where ``holder`` is a buffer dict holding ``mean`` (the very tensor) as its running mean
+    beside a batch counter, remember that counter for the mean; say whether it did."""
+    if not (isinstance(holder, dict) and isinstance(mean, Tensor)
+            and holder.get("running_mean") is mean):  # fmt: skip
+        return False
+    counter = holder.get("num_batches_tracked")
+    if not isinstance(counter, Tensor):
+        return False
+    _COUNTER_OF[mean] = counter
+    return True
 
 
 def _constants(
