@@ -33,7 +33,10 @@ def holder_of(node: torch.fx.Node) -> Any | None:
     frame = _traced_frame()
     if base is None or frame is None:
         return None
-    value = _value(base, *frame)
+    try:
+        value = _value(base, *frame)
+    except Exception:  # noqa: BLE001  (a property that raised, other internals: not told)
+        return None
     return None if value is _MISSING else value
 
 
@@ -56,7 +59,9 @@ def _value(source: Any, f_locals: dict[str, Any], f_globals: dict[str, Any]) -> 
     while isinstance(source, sources.ChainedSource):
         chain.append(source)
         source = source.base
-    if isinstance(source, sources.LocalSource) and not source.is_derefed_cell_contents:
+    if isinstance(source, sources.LocalSource) and not getattr(
+        source, "is_derefed_cell_contents", False
+    ):
         value = f_locals.get(source.local_name, _MISSING)
     elif isinstance(source, sources.GlobalSource):
         value = f_globals.get(source.global_name, _MISSING)
