@@ -2,7 +2,7 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|suite|tp|sentence|vision|firstcall|swin|diag]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|census|suite|tp|sentence|vision|firstcall|swin|diag]...
 #
 # Knobs (environment): COMMIT (the commit measured, for run.py's --commit: the device's
 # copy of the checkout has no git), GPU_TESTS (test paths for "tests", default tests), FASTGEN_ARGS (the
@@ -28,7 +28,9 @@
 # diag: the q/k/v group with its rotary + KV-cache-write epilogue against the three launches
 # it replaces and eager, with its launch sweep capped at 150 s; not yet run), zoo
 # (21 architectures: kernels per call, captured or not,
-# error vs eager), suite (the whole benchmarks/run.py suite), tp (tensor parallelism on every
+# error vs eager), census (kernels per call by kind without graphs, diag_kernel_census.py:
+# infinifuse on the vision models at batch 1 and 8, then the zoo's 21 families under
+# infinifuse and Inductor, 14 of which took 88 s on an H200, 2026-11-30), suite (the whole benchmarks/run.py suite), tp (tensor parallelism on every
 # GPU of the machine: its GPU tests, diag_tp_chain.py and benchmarks/tensor_parallel.py, the
 # device loop's generate among its rows), vision (timm models, benchmarks/vision.py:
 # VISION_ARGS passed on, VISION_NAME the result's name, default vision; stops starting models
@@ -231,6 +233,13 @@ for step in $steps; do
                 python3 benchmarks/diag/diag_first_call_phases.py --timm mobilenetv3_large_100 \
                 --rounds 1 --cold --children $variant
         done
+        ;;
+    census)
+        run_step census_vision python3 benchmarks/diag/diag_kernel_census.py \
+            ${COMMIT:+--commit "$COMMIT"} --out "$OUT/kernel_census.json"
+        run_step census_zoo python3 benchmarks/diag/diag_kernel_census.py --inductor \
+            --zoo "$(python3 -c 'import sys; sys.path.insert(0, "tests"); import model_zoo; print(",".join(sorted(model_zoo.ZOO)))')" \
+            ${COMMIT:+--commit "$COMMIT"} --out "$OUT/kernel_census_zoo.json"
         ;;
     swin)
         # Swin's blocks against Inductor's (one block per stage, profiled) and its short-row
