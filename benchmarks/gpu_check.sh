@@ -30,7 +30,8 @@
 # (21 architectures: kernels per call, captured or not,
 # error vs eager), census (kernels per call by kind without graphs, diag_kernel_census.py:
 # infinifuse on the vision models at batch 1 and 8, then the zoo's 21 families under
-# infinifuse and Inductor, 14 of which took 88 s on an H200, 2026-11-30), suite (the whole benchmarks/run.py suite), tp (tensor parallelism on every
+# infinifuse and Inductor, 14 of which took 88 s on an H200, 2026-11-30), suite (the
+# whole benchmarks/run.py suite), tp (tensor parallelism on every
 # GPU of the machine: its GPU tests, diag_tp_chain.py and benchmarks/tensor_parallel.py, the
 # device loop's generate among its rows), vision (timm models, benchmarks/vision.py:
 # VISION_ARGS passed on, VISION_NAME the result's name, default vision; stops starting models
