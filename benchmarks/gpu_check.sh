@@ -238,8 +238,7 @@ for step in $steps; do
     census)
         run_step census_vision python3 benchmarks/diag/diag_kernel_census.py \
             ${COMMIT:+--commit "$COMMIT"} --out "$OUT/kernel_census.json"
-        run_step census_zoo python3 benchmarks/diag/diag_kernel_census.py --inductor \
-            --zoo "$(python3 -c 'import sys; sys.path.insert(0, "tests"); import model_zoo; print(",".join(sorted(model_zoo.ZOO)))')" \
+        run_step census_zoo python3 benchmarks/diag/diag_kernel_census.py --inductor --zoo all \
             ${COMMIT:+--commit "$COMMIT"} --out "$OUT/kernel_census_zoo.json"
         ;;
     swin)

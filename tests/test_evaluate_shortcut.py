@@ -94,7 +94,7 @@ def test_the_shortcut_gives_the_ops_own_layout_and_dtype(mode):
     for name, (target, args, kwargs, method) in {**taken, **declined}.items():
         with mode:
             node, traced = _node(target, args, kwargs, method)
-            quick = fx_util._elementwise_on_one_layout(node, args, kwargs)
+            quick = fx_util.elementwise_on_one_layout(node.op, node.target, args, kwargs, traced)
             value = fx_util.evaluate(node)
         assert (quick is not None) == (name in taken), name
         assert _same(value, traced), (name, value.stride(), traced.stride())
@@ -108,7 +108,7 @@ def test_static_sizes_run_the_op(mode):
     x = _symbolic(mode, torch.randn(3, 5, 7, 9).to(memory_format=CL), (False,) * 4)
     with mode:
         node, traced = _node(F.hardswish, (x,))
-        assert fx_util._elementwise_on_one_layout(node, (x,), {}) is None
+        assert fx_util.elementwise_on_one_layout(node.op, node.target, (x,), {}, traced) is None
         assert _same(fx_util.evaluate(node), traced)
 
 

@@ -18,6 +18,7 @@ ones without ``--inductor``). The JSON keeps every name's count.
     python benchmarks/diag/diag_kernel_census.py [--models ghostnet_100,regnety_016]
         [--batches 1,8] [--inductor] [--names] [--out F.json]
     python benchmarks/diag/diag_kernel_census.py --zoo bert,t5_encoder --inductor --names
+    python benchmarks/diag/diag_kernel_census.py --zoo all --inductor
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import vision  # noqa: E402  (benchmarks/vision.py: the suite's model set-up and counting)
+
+# tests/model_zoo.py, read-only; appended, as suite/workloads.py does, so that nothing in
+# tests/ shadows a module of benchmarks/
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+import model_zoo  # noqa: E402
 
 MODELS = [
     "resnet50", "convnext_tiny", "efficientnet_b0", "mobilenetv3_large_100", "regnety_016",
@@ -85,9 +91,6 @@ def _vision_case(model_name: str) -> tuple[Any, Any]:
 
 def _zoo_case(family: str) -> tuple[Any, Any]:
     """A model zoo family in fp16, and its call on the zoo's padded 2 x 7 batch (any batch)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
-    import model_zoo
-
     model = model_zoo.build(family, dtype=torch.float16, device="cuda")
     kwargs = model_zoo.inputs(family, device="cuda")
     return model, lambda batch: lambda fn: model_zoo.main_output(fn(**kwargs))
@@ -145,7 +148,8 @@ def print_names(records: list[dict[str, Any]], top: int = 12) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--zoo", metavar="FAMILIES", help="model zoo families, not --models")
+    parser.add_argument("--zoo", metavar="FAMILIES",
+                        help="model zoo families (all: every one), not --models")  # fmt: skip
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--inductor", action="store_true", help="Inductor's counts too")
     parser.add_argument("--names", action="store_true", help="the names behind the counts")
@@ -156,7 +160,8 @@ def main() -> int:
     backends = ["infinifuse"] + (["inductor"] if args.inductor else [])
     records: list[dict[str, Any]] = []
     environment = {**vision.child_environment(True), "commit": args.commit}
-    for model_name in (args.zoo or args.models).split(","):
+    names = ",".join(sorted(model_zoo.ZOO)) if args.zoo == "all" else args.zoo or args.models
+    for model_name in names.split(","):
         for backend in backends:
             try:
                 records += census(model_name, batches, backend, bool(args.zoo))

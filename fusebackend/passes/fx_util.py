@@ -105,18 +105,13 @@ def evaluate(node: torch.fx.Node, value_of: Callable[[Any], Any] = example_value
     kwargs = torch.fx.node.map_arg(node.kwargs, value_of)
     fake = next((v for v in (*args, *kwargs.values()) if hasattr(v, "fake_mode")), None)
     with fake.fake_mode if fake is not None else contextlib.nullcontext():
-        quick = _elementwise_on_one_layout(node, args, kwargs)
+        quick = elementwise_on_one_layout(node.op, node.target, args, kwargs,
+                                          node.meta.get("example_value"))  # fmt: skip
         if quick is not None:
             return quick
         if node.op == "call_method":
             return getattr(args[0], node.target)(*args[1:], **kwargs)
         return node.target(*args, **kwargs)
-
-
-def _elementwise_on_one_layout(node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
-    """``evaluate``'s shortcut: ``elementwise_on_one_layout`` with the node's traced value."""
-    return elementwise_on_one_layout(node.op, node.target, args, kwargs,
-                                     node.meta.get("example_value"))  # fmt: skip
 
 
 def elementwise_on_one_layout(
