@@ -22,6 +22,7 @@ from test_batch_norm_folding import _randomize_statistics as _randomize
 from test_channels_last import ConvNeXtBlock, MBConv
 
 import fusebackend
+from fusebackend.kernels import depthwise_conv
 from fusebackend.kernels.depthwise_conv import depthwise_conv2d
 from fusebackend.passes import depthwise
 
@@ -59,6 +60,9 @@ def _expected(x, weight, stride, padding, dilation, center, scale, shift, activa
         ((3, 33, 6, 8), 3, 2, 0, 1),  # no padding: the window never leaves the image
         ((1, 8, 7, 9), 3, 1, 2, 2),  # dilation
         ((2, 4, 5, 5), (1, 3), (1, 2), (0, 1), 1),  # a rectangular window
+        # windows over 3 x 3: the rows in a loop (depthwise_conv._row_loop)
+        ((1, 6, 9, 8), (5, 3), 1, (4, 1), (2, 1)),  # tall, rows dilated
+        ((2, 10, 8, 9), 7, 1, 3, 1),
     ],
 )
 @pytest.mark.parametrize("affine", [True, False])
@@ -76,6 +80,18 @@ def test_the_kernel_equals_atens_convolution(shape, kernel, stride, padding, dil
     assert out.shape == expected.shape
     assert out.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_only_windows_over_three_by_three_loop_over_their_rows():
+    # A wide window's taps unrolled made the longest compiles of a convnet's first call
+    x = torch.randn(1, 4, 9, 9).contiguous(memory_format=torch.channels_last)
+    looped = {}
+    for kh, kw in [(3, 3), (1, 3), (3, 5), (5, 5), (7, 7)]:
+        args = (x, torch.randn(4, 1, kh, kw), (1, 1), (kh // 2, kw // 2), (1, 1))
+        out = torch.empty(depthwise_conv._output_shape(*args))
+        launch = depthwise_conv._launch(*args, None, None, None, "", None, out)
+        looped[kh, kw] = launch[2]["ROW_LOOP"]
+    assert looped == {(3, 3): False, (1, 3): False, (3, 5): True, (5, 5): True, (7, 7): True}
 
 
 @pytest.mark.parametrize("activation", sorted(_TORCH_ACTIVATIONS))

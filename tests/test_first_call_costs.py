@@ -209,6 +209,56 @@ def test_a_new_kernel_family_is_precompiled_with_no_change_to_the_backend(monkey
     assert built == [(2, 3), (4, 3)]
 
 
+def test_the_heaviest_compiles_are_handed_out_first(monkeypatch):
+    # The compile processes take the jobs' compiles in line: a family's compile_weight puts
+    # its jobs ahead of lighter ones, equal weights keep the graph's order.
+    from fusebackend import fusion
+    from fusebackend.kernels.family import family, launch_key
+
+    def job_for(name):
+        def job(args):
+            (x,) = args
+            return (name, launch_key(x)), lambda: order.append((name, x.shape[0]))
+
+        return job
+
+    @family("light", job_for("light"))
+    def light(x):
+        return x
+
+    @family("heavy", job_for("heavy"), lambda args: 2.0 + args[0].shape[0])
+    def heavy(x):
+        return x
+
+    order, jobs = [], []
+    monkeypatch.setattr(fusion, "precompile_all", lambda js: jobs.extend(js) or 0)
+    graph = torch.fx.Graph()
+    for kernel, rows in [(light, 1), (heavy, 1), (light, 2), (heavy, 3), (light, 3)]:
+        node = graph.placeholder(f"x{len(graph.nodes)}")
+        node.meta["example_value"] = torch.empty(rows, 4)
+        graph.call_function(kernel, (node,))
+    fusion.precompile(graph)
+    for job in jobs:
+        job()
+    assert order == [("heavy", 3), ("heavy", 1), ("light", 1), ("light", 2), ("light", 3)]
+
+
+def test_a_depthwise_compile_weighs_more_with_a_wider_window():
+    from fusebackend.kernels.depthwise_conv import depthwise_conv2d
+    from fusebackend.kernels.family import compile_weight
+    from fusebackend.kernels.spatial_mean import spatial_mean
+
+    x = torch.empty(1, 8, 9, 9)
+    three, five = (torch.empty(8, 1, k, k) for k in (3, 5))
+    light = compile_weight(spatial_mean, (x, None, False))
+    assert (
+        1.0
+        < light
+        < compile_weight(depthwise_conv2d, (x, three))
+        < compile_weight(depthwise_conv2d, (x, five))
+    )
+
+
 def test_tritons_cache_key_is_computed_once_on_a_background_thread(monkeypatch):
     pytest.importorskip("triton")
     from triton.runtime import cache

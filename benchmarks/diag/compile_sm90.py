@@ -8,8 +8,9 @@ unfused graph on every GPU; the interpreter never saw it. ``triton.compile`` wit
 ``GPUTarget`` runs the whole NVIDIA pipeline, ptxas included (Triton's wheel ships it),
 with no driver: every variant of ``matmul_group_kernel`` (each prologue, epilogue, dtype,
 split-K on and off, the debug build that checks cache indices), decode attention (split,
-folded combine, masks) and the cache-write pair are compiled here, with the arguments
-their launchers build (``matmul._launch``, ``decode_attention._Plan``).
+folded combine, masks), the cache-write pair and the depthwise convolution (its window
+unrolled and in a loop) are compiled here, with the arguments their launchers build
+(``matmul._launch``, ``decode_attention._Plan``, ``depthwise_conv._launch``).
 
 TRITON_INTERPRET must not be set (the interpreter replaces the compiler):
 
@@ -37,7 +38,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from fusebackend.kernels import cache_write, matmul, matmul_triton  # noqa: E402
+from fusebackend.kernels import cache_write, depthwise_conv, matmul, matmul_triton  # noqa: E402
 from fusebackend.kernels import decode_attention as attention  # noqa: E402
 from fusebackend.kernels.ir import MatmulGroup  # noqa: E402
 
@@ -192,6 +193,20 @@ def compile_cache_pair(dtype: torch.dtype, checks: bool) -> Any:
     return compile_launch(cache_write._kernel(checks), args, meta, debug=checks)
 
 
+def compile_depthwise(dtype: torch.dtype, window: int, residual: bool) -> Any:
+    """A channels-last depthwise convolution with a BatchNorm's affine and SiLU (a window
+    over 3 x 3 loops over its rows: ``depthwise_conv._row_loop``)."""
+    x = torch.randn(1, 24, 9, 10).to(dtype).contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(24, 1, window, window).to(dtype)
+    vectors = [torch.randn(24) for _ in range(3)]
+    out = torch.empty_like(x)
+    added = torch.randn_like(x) if residual else None
+    pad = window // 2
+    args, _, meta = depthwise_conv._launch(x, weight, (1, 1), (pad, pad), (1, 1), *vectors,
+                                           "silu", added, out)  # fmt: skip
+    return compile_launch(depthwise_conv._kernel(), args, meta)
+
+
 def cases() -> list[tuple[str, Any]]:
     """(label, a function compiling one variant)."""
     dtypes = (torch.float16, torch.bfloat16, torch.float32)
@@ -221,6 +236,9 @@ def cases() -> list[tuple[str, Any]]:
     for dtype, checks in itertools.product(dtypes, (False, True)):
         name = f"write_cache_pair {str(dtype)[6:]} checks={checks}"
         found.append((name, lambda d=dtype, c=checks: compile_cache_pair(d, c)))
+    for dtype, window, residual in itertools.product(dtypes, (3, 5), (False, True)):
+        name = f"depthwise_conv2d {str(dtype)[6:]} {window}x{window} residual={residual}"
+        found.append((name, functools.partial(compile_depthwise, dtype, window, residual)))
     return found
 
 

@@ -282,7 +282,7 @@ def _print_children(folder: str) -> None:
             f"after the first fork; compile {compile_s:.3f} s, launchers {launcher_s:.3f} s"
         )
     if every:  # what sets the processes' end: the longest single compiles
-        longest = sorted(every, reverse=True)[:6]
+        longest = sorted(every, reverse=True)[:10]
         print("    longest compiles: " + ", ".join(f"{n} {sec:.2f} s" for sec, n in longest))
 
 

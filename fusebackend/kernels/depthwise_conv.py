@@ -180,10 +180,25 @@ def _launch(x, weight, stride, padding, dilation, center, scale, shift, activati
         "STRIDE_W": stride[1], "HAS_CENTER": center is not None,
         "HAS_SCALE": scale is not None, "HAS_SHIFT": shift is not None,
         "HAS_ACT": bool(activation), "ACT": act, "HAS_RESIDUAL": residual is not None,
-        "ALIGN": align, "WIDE": wide,
+        "ALIGN": align, "WIDE": wide, "ROW_LOOP": _row_loop(weight.shape[2], weight.shape[3]),
         "BLOCK_P": block_p, "BLOCK_C": block_c, "num_warps": warps,
     }  # fmt: skip
     return args, grid, meta
+
+
+def _row_loop(kh: int, kw: int) -> bool:
+    """Does the kernel loop over the window's rows at run time (its columns unrolled) rather
+    than unroll all ``kh x kw`` taps? For windows over 3 x 3: each unrolled tap lengthens the
+    compile. Compiled for sm_90 on the CPU machine (2026-12-01), a 5 x 5 window took 0.62 s
+    unrolled and 0.19 s with the loop, a 3 x 3 0.23 and 0.16 s; in cold first calls on an
+    H200, 16 compiles at once, the 5 x 5 kernels were the longest compiles, 0.85-1.26 s
+    (GhostNet-100, MobileNetV3-large). Per call the loop is no faster where the window is
+    small: over the 110 depthwise shapes of EfficientNet-B0, GhostNet-100, MobileNetV3-large
+    and MixNet-S at batch 1 and 8 (H200, fp16, channels-last), 554.2 us against 557.2
+    unrolled, but EfficientNet-B0's 3 x 3 shapes at batch 1 took 17.4 against 16.3 us, and
+    the 5 x 5 ones 22.6 against 20.4 (MixNet-S's 23.1 against 19.5): about 2-4 us of a
+    0.3-0.8 ms call, for 0.6-0.9 s less compile of each 5 x 5 kernel."""
+    return kh * kw > 9
 
 
 def _span(t: torch.Tensor) -> int:
@@ -234,7 +249,16 @@ def _precompile_job(args: Any) -> Any:
     return key, functools.partial(precompile_depthwise_conv2d, *args)
 
 
-family("depthwise_conv2d", _precompile_job)(depthwise_conv2d)
+def _compile_weight(args: Any) -> float:
+    """A compile's time against a row kernel's (kernels/family.py): the window's taps are
+    unrolled, and on an H200 (2026-12-01, cold first calls of GhostNet-100 and
+    MobileNetV3-large) a 3 x 3 window compiled in 0.30-0.45 s, a 5 x 5 in 0.85-1.12 s, a row
+    kernel in 0.08-0.11 s."""
+    weight = args[1]
+    return weight.shape[2] * weight.shape[3] / 2
+
+
+family("depthwise_conv2d", _precompile_job, _compile_weight)(depthwise_conv2d)
 # Where the launcher takes a tensor to add to its value (passes/depthwise.py), and the tensor
 # to write its value into (passes/concat_writes.py)
 depthwise_conv2d.residual_position = 9  # type: ignore[attr-defined]
@@ -243,61 +267,8 @@ depthwise_conv2d.out_position = 10  # type: ignore[attr-defined]
 
 @functools.cache
 def _kernel() -> Any:
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _depthwise_conv2d(
-        x, weight, out, center, scale, shift, residual,
-        channels, height, width, out_height, out_width, positions,
-        sx_n, sx_h, sx_w, sw_c, sw_h, sw_w, so_n, so_c, so_h, so_w, sr_n, sr_c, sr_h, sr_w,
-        pad_h, pad_w, dilation_h, dilation_w,
-        KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
-        HAS_CENTER: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
-        HAS_ACT: tl.constexpr, ACT: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-        ALIGN: tl.constexpr, WIDE: tl.constexpr,
-        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-    ):  # fmt: skip
-        # x: channels contiguous (stride 1); out: any strides. WIDE: some offset (or the
-        # positions' count) is past int32, so the index math runs in int64.
-        if WIDE:
-            p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
-            c = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
-        else:
-            p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-            c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        p_in = p < positions
-        c_in = c < channels
-        ow = p % out_width
-        oh = (p // out_width) % out_height
-        n = p // (out_width * out_height)
-        acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
-        for kh in tl.static_range(KH):
-            ih = oh * STRIDE_H - pad_h + kh * dilation_h
-            h_in = p_in & (ih >= 0) & (ih < height)
-            for kw in tl.static_range(KW):
-                iw = ow * STRIDE_W - pad_w + kw * dilation_w
-                inside = h_in & (iw >= 0) & (iw < width)
-                row = tl.multiple_of(n * sx_n + ih * sx_h + iw * sx_w, ALIGN)
-                mask = inside[:, None] & c_in[None, :]
-                values = tl.load(x + row[:, None] + c[None, :], mask=mask, other=0.0)
-                w = tl.load(weight + c * sw_c + kh * sw_h + kw * sw_w, mask=c_in, other=0.0)
-                acc += values.to(tl.float32) * w.to(tl.float32)[None, :]
-        if HAS_CENTER:
-            acc = acc - tl.load(center + c, mask=c_in, other=0.0).to(tl.float32)[None, :]
-        if HAS_SCALE:
-            acc = acc * tl.load(scale + c, mask=c_in, other=0.0).to(tl.float32)[None, :]
-        if HAS_SHIFT:
-            acc = acc + tl.load(shift + c, mask=c_in, other=0.0).to(tl.float32)[None, :]
-        if HAS_ACT:
-            acc = ACT(acc)
-        value = acc.to(out.dtype.element_ty)
-        mask = p_in[:, None] & c_in[None, :]
-        if HAS_RESIDUAL:  # eager's add: of the rounded value, rounded again
-            at = (n * sr_n + oh * sr_h + ow * sr_w)[:, None] + c[None, :] * sr_c
-            added = tl.load(residual + at, mask=mask, other=0.0).to(tl.float32)
-            value = (value.to(tl.float32) + added).to(out.dtype.element_ty)
-        target = n * so_n + oh * so_h + ow * so_w
-        tl.store(out + target[:, None] + c[None, :] * so_c, value, mask=mask)
+    """The Triton kernel (``kernels/depthwise_triton.py``: it imports Triton, which importing
+    this module must not)."""
+    from fusebackend.kernels.depthwise_triton import _depthwise_conv2d
 
     return _depthwise_conv2d

@@ -17,6 +17,9 @@ never switches on which one it holds:
 A family may also answer ``launch_path(args)`` (same arguments): how a launch on them runs,
 where a family has several ways (a matmul group: one row as GEMV or tensor cores, split-K),
 for ``explain``; ``launch_path`` below asks it of any family and gets None where it has none.
+A family may answer ``compile_weight(args)`` too: how long its kernel takes to compile,
+relative to a row kernel's 1.0 (``compile_weight`` below: 1.0 where it has no answer). The
+precompile hands the heaviest compiles out first (``fusion.precompile``).
 
 A function launcher takes the two as attributes (``family(...)``), as it takes
 ``writes_arguments``: a class with ``__call__`` would add a bound call to every launch.
@@ -39,6 +42,7 @@ __all__ = [
     "family",
     "family_of",
     "hinted_examples",
+    "compile_weight",
     "launch_key",
     "launch_path",
 ]
@@ -58,13 +62,18 @@ class KernelFamily(Protocol):
 
 
 def family(
-    describe: str, precompile_job: Callable[[Sequence[Any]], PrecompileJob | None]
+    describe: str,
+    precompile_job: Callable[[Sequence[Any]], PrecompileJob | None],
+    compile_weight: Callable[[Sequence[Any]], float] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: the function launcher ``fn`` as a ``KernelFamily`` (named ``describe``)."""
+    """Decorator: the function launcher ``fn`` as a ``KernelFamily`` (named ``describe``;
+    ``compile_weight``: its optional answer, see the module docstring)."""
 
     def attach(fn: Callable[..., Any]) -> Callable[..., Any]:
         fn.describe = lambda: describe  # type: ignore[attr-defined]
         fn.precompile_job = precompile_job  # type: ignore[attr-defined]
+        if compile_weight is not None:
+            fn.compile_weight = compile_weight  # type: ignore[attr-defined]
         return fn
 
     return attach
@@ -80,6 +89,13 @@ def launch_path(family: KernelFamily, args: Sequence[Any]) -> str | None:
     (its optional ``launch_path``), else None."""
     answer = getattr(family, "launch_path", None)
     return answer(args) if callable(answer) else None
+
+
+def compile_weight(family: KernelFamily, args: Sequence[Any]) -> float:
+    """How long a compile of ``family``'s kernel for ``args`` takes against a row kernel's
+    (its optional ``compile_weight``), else 1.0."""
+    answer = getattr(family, "compile_weight", None)
+    return float(answer(args)) if callable(answer) else 1.0
 
 
 def launch_key(value: Any) -> Any:
