@@ -416,6 +416,13 @@ SOURCES = (
     # hosts, one round each (diag_first_call_phases.py --cold; printed output, rows by hand).
     # Folded: in git at 461a26e
     "first_call_key_start_h200_5f75501.txt",
+    # Eight timm models at d92c6ad (the heaviest compiles first, depthwise windows over 3 x 3
+    # in a row loop), reduce-overhead and infinifuse, batch 1 then 8 in one cold process each
+    # (vision.py --no-kernel-counts, its --ledger rows), one-GPU H200 host after its GPU
+    # tests, in three device calls: the depthwise convnets, the ResNets, ViT-S and ConvNeXt-T.
+    "vision_h200_d92c6ad.json",
+    "vision_h200_d92c6ad_resnets.json",
+    "vision_h200_d92c6ad_vit.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
