@@ -420,6 +420,7 @@ SOURCES = (
     # in a row loop), reduce-overhead and infinifuse, batch 1 then 8 in one cold process each
     # (vision.py --no-kernel-counts, its --ledger rows), one-GPU H200 host after its GPU
     # tests, in three device calls: the depthwise convnets, the ResNets, ViT-S and ConvNeXt-T.
+    # Folded: in git at 333fec3
     "vision_h200_d92c6ad.json",
     "vision_h200_d92c6ad_resnets.json",
     "vision_h200_d92c6ad_vit.json",
