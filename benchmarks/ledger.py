@@ -424,6 +424,18 @@ SOURCES = (
     "vision_h200_d92c6ad.json",
     "vision_h200_d92c6ad_resnets.json",
     "vision_h200_d92c6ad_vit.json",
+    # Cold first calls, one-GPU H200 host, 2026-12-01: at 6418a1c, with the compile order of
+    # d92c6ad alone, and at d92c6ad (diag_first_call_phases.py --cold --children; printed
+    # output, the rows written from it: first call, precompile, processes, longest compile).
+    # Folded: in git at 333fec3
+    "first_call_compile_order_h200_d92c6ad.txt",
+    # At 6418a1c on a one-GPU H200 host, 2026-12-01: host time a call at batch 1 of ViT-S,
+    # ResNet-18, GhostNet-100 and ConvNeXt-T under both backends (diag_vision_host.py, a bare
+    # list, rows written from it), and the depthwise kernel's window unrolled against its rows
+    # in a loop, per shape (a scratch script's printed output; rows: per model, batch and
+    # window, the summed device time, and the 110 shapes' total). Folded: in git at 3ca08c3
+    "diag_vision_host_h200_6418a1c.json",
+    "depthwise_row_loop_ab_h200.txt",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
