@@ -567,35 +567,41 @@ VISION_MODELS = ["resnet50", "convnext_tiny", "efficientnet_b0", "mobilenetv3_la
                  "levit_128s"]  # fmt: skip
 
 
-def vision_suite(*sources: str) -> Callable[[Rows], list[str]]:
+def vision_suite(
+    *sources: str, models: list[str] = VISION_MODELS, kernels: bool = True
+) -> Callable[[Rows], list[str]]:
     """The table of one whole run of benchmarks/vision.py (``sources``: its result files, one
-    per device call): per call and kernels per call of each model at batch 1 and 8 against
-    reduce-overhead (Inductor's kernels), and the geometric means."""
+    per device call): per call and kernels per call of each of ``models`` at batch 1 and 8
+    against reduce-overhead (Inductor's kernels), and the geometric means; without
+    ``kernels`` (a run with ``--no-kernel-counts``) the first calls take their columns."""
 
     def render(rows: Rows) -> list[str]:
         body, ratios, firsts = [], [], []
-        for model in VISION_MODELS:
+        for model in models:
             line = [model]
             for batch in (1, 8):
                 w = f"vision-{model}-b{batch}"
                 source = _holding(rows, sources, w)
                 inf, ro = (rows.get(source, w, b, "per_call_ms", DEVICES["H200"])
                            for b in ("infinifuse", "reduce-overhead"))  # fmt: skip
-                k_inf, k_ind = (rows.get(source, w, b, "kernels_per_call", DEVICES["H200"])
-                                for b in ("infinifuse", "reduce-overhead"))  # fmt: skip
+                k_inf, k_ind = ((rows.get(source, w, b, "kernels_per_call", DEVICES["H200"])
+                                 for b in ("infinifuse", "reduce-overhead"))
+                                if kernels else (0, 0))  # fmt: skip
                 f_inf, f_ro = (rows.get(source, w, b, "first_call_s", DEVICES["H200"])
                                for b in ("infinifuse", "reduce-overhead"))  # fmt: skip
                 ratios.append(inf / ro)
                 firsts.append(f_inf / f_ro)
                 r = ratio(inf, ro)
-                line += [f"{num(inf, 3)} / {num(ro, 3)} ms", bold(r) if inf > ro else r,
-                         f"{k_inf:.0f} / {k_ind:.0f}"]  # fmt: skip
+                third = (f"{k_inf:.0f} / {k_ind:.0f}" if kernels else
+                         f"{num(f_inf, 2)} / {num(f_ro, 2)} s ({ratio(f_inf, f_ro)})")  # fmt: skip
+                line += [f"{num(inf, 3)} / {num(ro, 3)} ms", bold(r) if inf > ro else r, third]
             body.append(line)
         geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
         body.append(["geometric mean (both batches)", "per call", f"{geo(ratios):.2f}x", "",
                      "first call", f"{geo(firsts):.2f}x", ""])  # fmt: skip
-        return table(["model", "b1 per call: infinifuse / RO", "ratio", "kernels: infinifuse / "
-                      "Inductor", "b8 per call", "ratio", "kernels"], body)  # fmt: skip
+        third = "kernels: infinifuse / Inductor" if kernels else "first call: infinifuse / RO"
+        return table(["model", "b1 per call: infinifuse / RO", "ratio", third, "b8 per call",
+                      "ratio", "kernels" if kernels else "first call"], body)  # fmt: skip
 
     return render
 
@@ -690,6 +696,22 @@ TABLES: dict[str, Callable[[Rows], list[str]]] = {
         "vision_h200_c4a113d_a.json", "vision_h200_c4a113d_b.json"
     ),
     "vision-suite-a865516": vision_suite("vision_h200_a865516.json"),
+    "vision-suite-d92c6ad": vision_suite(
+        "vision_h200_d92c6ad.json",
+        "vision_h200_d92c6ad_resnets.json",
+        "vision_h200_d92c6ad_vit.json",
+        models=[
+            "resnet50",
+            "resnext50_32x4d",
+            "resnet18",
+            "convnext_tiny",
+            "vit_small_patch16_224",
+            "efficientnet_b0",
+            "mobilenetv3_large_100",
+            "ghostnet_100",
+        ],
+        kernels=False,
+    ),  # fmt: skip
 }
 
 
