@@ -1221,6 +1221,35 @@ MUTATIONS: list[Mutation] = [
         "early start again: where the reset came before the process's first CUDA graph, "
         "later compiles start the key only at their graph",
     ),
+    # ---- the heaviest compiles first; a depthwise window's rows in a loop (d92c6ad)
+    Mutation(
+        "compiles_in_graph_order",
+        "runtime: first call (the compile processes' order)",
+        "fusebackend/fusion.py",
+        "key=lambda weighted: -weighted[0]",
+        "key=lambda weighted: 0",
+        ("tests/test_first_call_costs.py", "-k", "heaviest or depthwise_compile"),
+        note="the jobs run in the graph's order: a process that ran short compiles takes a "
+        "long one last",
+    ),
+    Mutation(
+        "depthwise_row_loop_drops_a_row",
+        "kernel: depthwise convolution (row loop)",
+        "fusebackend/kernels/depthwise_triton.py",
+        "for kh in range(KH):",
+        "for kh in range(KH - 1):",
+        ("tests/test_depthwise.py", "-k", "equals_atens"),
+        note="a window over 3 x 3 loses its last row",
+    ),
+    Mutation(
+        "depthwise_row_loop_never_taken",
+        "kernel: depthwise convolution (row loop)",
+        "fusebackend/kernels/depthwise_conv.py",
+        "    return kh * kw > 9",
+        "    return False",
+        ("tests/test_depthwise.py", "-k", "only_windows"),
+        note="every window unrolled again: the 5 x 5 compiles back to the longest",
+    ),
 ]
 
 
