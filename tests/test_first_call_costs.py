@@ -243,20 +243,38 @@ def test_the_heaviest_compiles_are_handed_out_first(monkeypatch):
     assert order == [("heavy", 3), ("heavy", 1), ("light", 1), ("light", 2), ("light", 3)]
 
 
-def test_a_depthwise_compile_weighs_more_with_a_wider_window():
+def test_a_depthwise_compile_weighs_the_taps_it_unrolls():
+    # a window over 3 x 3 unrolls one row of taps (its rows in a loop): it compiles faster
+    # than a 3 x 3, whose nine taps are unrolled, and slower than a row kernel
     from fusebackend.kernels.depthwise_conv import depthwise_conv2d
     from fusebackend.kernels.family import compile_weight
-    from fusebackend.kernels.spatial_mean import spatial_mean
 
     x = torch.empty(1, 8, 9, 9)
-    three, five = (torch.empty(8, 1, k, k) for k in (3, 5))
-    light = compile_weight(spatial_mean, (x, None, False))
-    assert (
-        1.0
-        < light
-        < compile_weight(depthwise_conv2d, (x, three))
-        < compile_weight(depthwise_conv2d, (x, five))
-    )
+    weight = {k: compile_weight(depthwise_conv2d, (x, torch.empty(8, 1, k, k))) for k in (3, 5, 7)}
+    assert weight[3] > weight[7] > weight[5] > 1.0
+
+
+def test_a_compile_weight_that_raises_or_is_symbolic_counts_as_one(monkeypatch):
+    # only an order rests on it: it must not fail a compile, nor add a guard on a size
+    from fusebackend.kernels.family import compile_weight, family
+
+    def raises(args):
+        raise IndexError("no such argument")
+
+    @family("raising", lambda args: None, raises)
+    def raising(x):
+        return x
+
+    shape_env = torch.fx.experimental.symbolic_shapes.ShapeEnv()
+    size = shape_env.create_unbacked_symint()
+
+    @family("symbolic", lambda args: None, lambda args: size / 2)
+    def symbolic(x):
+        return x
+
+    assert compile_weight(raising, ()) == 1.0
+    assert compile_weight(symbolic, ()) == 1.0
+    assert compile_weight(family("plain", lambda args: None)(lambda x: x), ()) == 1.0
 
 
 def test_tritons_cache_key_is_computed_once_on_a_background_thread(monkeypatch):

@@ -150,7 +150,10 @@ def _precompile_job(args: Any) -> Any:
     return key, functools.partial(precompile_decode_attention, *values, *rest)
 
 
-family("decode_attention", _precompile_job)(decode_attention)
+# Its compile against a row kernel's (kernels/family.py): 0.2-0.5 s for sm_90 on the CPU
+# machine (benchmarks/diag/compile_sm90.py, Triton's cache empty, 2026-12-01), a kernel as
+# small as a row kernel (the paired cache write) 0.1 s.
+family("decode_attention", _precompile_job, lambda args: 3.0)(decode_attention)
 
 
 class _Plan:

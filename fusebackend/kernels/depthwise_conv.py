@@ -250,12 +250,14 @@ def _precompile_job(args: Any) -> Any:
 
 
 def _compile_weight(args: Any) -> float:
-    """A compile's time against a row kernel's (kernels/family.py): the window's taps are
-    unrolled, and on an H200 (2026-12-01, cold first calls of GhostNet-100 and
-    MobileNetV3-large) a 3 x 3 window compiled in 0.30-0.45 s, a 5 x 5 in 0.85-1.12 s, a row
-    kernel in 0.08-0.11 s."""
-    weight = args[1]
-    return weight.shape[2] * weight.shape[3] / 2
+    """A compile's time against a row kernel's (kernels/family.py), from the taps it unrolls
+    (a window over 3 x 3 unrolls one row: ``_row_loop``). Compiled for sm_90 on the CPU
+    machine (``benchmarks/diag/compile_sm90.py``, Triton's cache empty, 2026-12-01): a 3 x 3
+    window 0.3 s, a 5 x 5 in its row loop 0.2 s, the paired cache write (a kernel as small
+    as a row kernel) 0.1 s. Before the row loop, in cold first calls on an H200, a 5 x 5
+    window took 0.85-1.26 s and a 3 x 3 0.30-0.59 s."""
+    kh, kw = args[1].shape[2:]
+    return 1 + (kw if _row_loop(kh, kw) else kh * kw) / 3
 
 
 family("depthwise_conv2d", _precompile_job, _compile_weight)(depthwise_conv2d)
@@ -265,10 +267,9 @@ depthwise_conv2d.residual_position = 9  # type: ignore[attr-defined]
 depthwise_conv2d.out_position = 10  # type: ignore[attr-defined]
 
 
-@functools.cache
 def _kernel() -> Any:
-    """The Triton kernel (``kernels/depthwise_triton.py``: it imports Triton, which importing
-    this module must not)."""
+    """The Triton kernel (``kernels/depthwise_triton.py``, imported at the first call: it
+    imports Triton, which importing this module must not)."""
     from fusebackend.kernels.depthwise_triton import _depthwise_conv2d
 
     return _depthwise_conv2d

@@ -1,6 +1,7 @@
 """The Triton kernel of ``kernels/depthwise_conv.py`` (``depthwise_conv2d``): its math is
-described there. Imported at the first launch: this module imports Triton at its top, which
-importing ``fusebackend.kernels`` must not.
+described there. Imported by ``depthwise_conv._kernel`` at its first call (a precompile or a
+launch): this module imports Triton at its top, which importing ``fusebackend.kernels`` must
+not.
 """
 
 import triton
@@ -55,66 +56,17 @@ def _depthwise_conv2d(
     oh = (p // out_width) % out_height
     n = p // (out_width * out_height)
     acc = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
-    if ROW_LOOP:  # (``_row_loop``: a wide window's rows in a loop, its columns unrolled)
+    # (``depthwise_conv._row_loop``: a wide window's rows in a loop, its columns unrolled)
+    if ROW_LOOP:
         for kh in range(KH):
-            acc = _window_row(
-                acc,
-                x,
-                weight,
-                c,
-                c_in,
-                p_in,
-                n,
-                oh,
-                ow,
-                kh,
-                height,
-                width,
-                sx_n,
-                sx_h,
-                sx_w,
-                sw_c,
-                sw_h,
-                sw_w,
-                pad_h,
-                pad_w,
-                dilation_h,
-                dilation_w,
-                KW,
-                STRIDE_H,
-                STRIDE_W,
-                ALIGN,
-            )
+            acc = _window_row(acc, x, weight, c, c_in, p_in, n, oh, ow, kh, height, width,
+                              sx_n, sx_h, sx_w, sw_c, sw_h, sw_w, pad_h, pad_w, dilation_h,
+                              dilation_w, KW, STRIDE_H, STRIDE_W, ALIGN)  # fmt: skip
     else:
         for kh in tl.static_range(KH):
-            acc = _window_row(
-                acc,
-                x,
-                weight,
-                c,
-                c_in,
-                p_in,
-                n,
-                oh,
-                ow,
-                kh,
-                height,
-                width,
-                sx_n,
-                sx_h,
-                sx_w,
-                sw_c,
-                sw_h,
-                sw_w,
-                pad_h,
-                pad_w,
-                dilation_h,
-                dilation_w,
-                KW,
-                STRIDE_H,
-                STRIDE_W,
-                ALIGN,
-            )
+            acc = _window_row(acc, x, weight, c, c_in, p_in, n, oh, ow, kh, height, width,
+                              sx_n, sx_h, sx_w, sw_c, sw_h, sw_w, pad_h, pad_w, dilation_h,
+                              dilation_w, KW, STRIDE_H, STRIDE_W, ALIGN)  # fmt: skip
     if HAS_CENTER:
         acc = acc - tl.load(center + c, mask=c_in, other=0.0).to(tl.float32)[None, :]
     if HAS_SCALE:

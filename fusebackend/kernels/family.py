@@ -21,7 +21,7 @@ A family may answer ``compile_weight(args)`` too: how long its kernel takes to c
 relative to a row kernel's 1.0 (``compile_weight`` below: 1.0 where it has no answer). The
 precompile hands the heaviest compiles out first (``fusion.precompile``).
 
-A function launcher takes the two as attributes (``family(...)``), as it takes
+A function launcher takes its answers as attributes (``family(...)``), as it takes
 ``writes_arguments``: a class with ``__call__`` would add a bound call to every launch.
 ``hinted_examples`` gives a node's example values as a precompile takes them (symbolic sizes
 at their hints). Importing this module imports neither Triton nor FX.
@@ -30,6 +30,7 @@ at their hints). Importing this module imports neither Triton nor FX.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,14 +39,16 @@ import torch
 __all__ = [
     "KernelFamily",
     "TensorExample",
+    "compile_weight",
     "concrete_cuda_tensor",
     "family",
     "family_of",
     "hinted_examples",
-    "compile_weight",
     "launch_key",
     "launch_path",
 ]
+
+log = logging.getLogger(__name__)
 
 PrecompileJob = tuple[Hashable, Callable[[], None]]
 
@@ -64,16 +67,16 @@ class KernelFamily(Protocol):
 def family(
     describe: str,
     precompile_job: Callable[[Sequence[Any]], PrecompileJob | None],
-    compile_weight: Callable[[Sequence[Any]], float] | None = None,
+    weight: Callable[[Sequence[Any]], float] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: the function launcher ``fn`` as a ``KernelFamily`` (named ``describe``;
-    ``compile_weight``: its optional answer, see the module docstring)."""
+    ``weight``: its optional ``compile_weight``, see the module docstring)."""
 
     def attach(fn: Callable[..., Any]) -> Callable[..., Any]:
         fn.describe = lambda: describe  # type: ignore[attr-defined]
         fn.precompile_job = precompile_job  # type: ignore[attr-defined]
-        if compile_weight is not None:
-            fn.compile_weight = compile_weight  # type: ignore[attr-defined]
+        if weight is not None:
+            fn.compile_weight = weight  # type: ignore[attr-defined]
         return fn
 
     return attach
@@ -93,9 +96,18 @@ def launch_path(family: KernelFamily, args: Sequence[Any]) -> str | None:
 
 def compile_weight(family: KernelFamily, args: Sequence[Any]) -> float:
     """How long a compile of ``family``'s kernel for ``args`` takes against a row kernel's
-    (its optional ``compile_weight``), else 1.0."""
+    (its optional ``compile_weight``), else 1.0. Only an order rests on it: an answer that
+    raises, or that is no plain number (read off symbolic sizes, ``float()`` of it would add
+    a guard), counts as 1.0."""
     answer = getattr(family, "compile_weight", None)
-    return float(answer(args)) if callable(answer) else 1.0
+    if not callable(answer):
+        return 1.0
+    try:
+        weight = answer(args)
+    except Exception as exc:  # noqa: BLE001  (an ordering hint never fails a compile)
+        log.debug("compile_weight of %s raised %r: weighed 1.0", family.describe(), exc)
+        return 1.0
+    return float(weight) if isinstance(weight, (int, float)) else 1.0
 
 
 def launch_key(value: Any) -> Any:
