@@ -1250,6 +1250,26 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_depthwise.py", "-k", "only_windows"),
         note="every window unrolled again: the 5 x 5 compiles back to the longest",
     ),
+    Mutation(
+        "compile_weight_raises_through",
+        "runtime: first call (the compile processes' order)",
+        "fusebackend/kernels/family.py",
+        "    try:\n        weight = answer(args)\n    except Exception as exc:  # noqa: BLE001  "
+        '(an ordering hint never fails a compile)\n        log.debug("compile_weight of %s raised '
+        '%r: weighed 1.0", family.describe(), exc)\n        return 1.0\n',
+        "    weight = answer(args)\n",
+        ("tests/test_first_call_costs.py", "-k", "weigh"),
+        note="a family's weight that raises fails the precompile pass: the graph runs unfused",
+    ),
+    Mutation(
+        "compile_weight_guards_a_symbol",
+        "runtime: first call (the compile processes' order)",
+        "fusebackend/kernels/family.py",
+        "    return float(weight) if isinstance(weight, (int, float)) else 1.0",
+        "    return float(weight)",
+        ("tests/test_first_call_costs.py", "-k", "weigh"),
+        note="a weight read off symbolic sizes is turned into a float: a guard on the size",
+    ),
 ]
 
 
