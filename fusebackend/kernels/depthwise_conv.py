@@ -267,6 +267,7 @@ depthwise_conv2d.residual_position = 9  # type: ignore[attr-defined]
 depthwise_conv2d.out_position = 10  # type: ignore[attr-defined]
 
 
+@functools.cache  # (each uncaptured launch asks: one lookup, not an import statement)
 def _kernel() -> Any:
     """The Triton kernel (``kernels/depthwise_triton.py``, imported at the first call: it
     imports Triton, which importing this module must not)."""
