@@ -60,6 +60,11 @@ def compile_launch(fn: Any, args: list[Any], meta: dict[str, Any], debug: bool =
             signature[name] = "*" + _TYPES[value.dtype]
         elif isinstance(value, bool):
             signature[name] = "i1"
+        elif isinstance(value, int) and value == 1 and not params[name].do_not_specialize:
+            # Triton's launcher makes an integer argument equal to 1 a constant (a stride
+            # of 1 above all): a branch on it is then resolved at compile time, as on a GPU
+            # (without this a [K, N] weight's prefetch compiled here and failed on an H200)
+            signature[name], constants[name] = "constexpr", 1
         elif isinstance(value, int):
             signature[name] = "i64" if abs(value) >= 2**31 else "i32"
         elif isinstance(value, float):
