@@ -436,6 +436,28 @@ SOURCES = (
     # window, the summed device time, and the 110 shapes' total). Folded: in git at 3ca08c3
     "diag_vision_host_h200_6418a1c.json",
     "depthwise_row_loop_ab_h200.txt",
+    # The six models of the vision suite not run at d92c6ad (RegNetY-016, Swin-T, RepVGG-A2,
+    # LeViT-128S, Inception-v3, DenseNet-121) at be6fdbb, reduce-overhead and infinifuse in
+    # one cold process each (vision.py --no-kernel-counts, its --ledger rows), one-GPU H200
+    # host; then LeViT-128S and RegNetY-016 at batch 1 under both backends and infinifuse
+    # without matmul groups in one process each, with one call's device kernel time
+    # (diag_vision_host.py --variant --kernels, a bare list, rows written from it).
+    # Folded: in git at 7c02a1c
+    "vision_h200_be6fdbb_six.json",
+    "diag_vision_host_h200_be6fdbb.json",
+    # Cold first calls of RegNetY-016 and RepVGG-A2 at be6fdbb by phase, one-GPU H200 host
+    # (diag_first_call_phases.py --cold --children; printed output, the rows written from
+    # it: first call, Dynamo's share, Dynamo alone, backend, precompile, processes, runs).
+    # Folded: in git at 1f8dc85
+    "first_call_phases_h200_be6fdbb.txt",
+    # sentence-transformers at 37ed38f, MiniLM-L6 and BERT-base shapes, eager and
+    # infinifuse (sentence_embeddings.py --quick: 1000 sentences, 100 queries, each backend
+    # in a cold process), one-GPU H200 host after its GPU tests. Folded: in git at fc0fb66
+    "sentence_embeddings_h200_37ed38f.json",
+    # Cold first calls of GhostNet-100, MobileNetV3-large and EfficientNet-B0 at 37ed38f (the
+    # compile weights of cb06774) by phase, one-GPU H200 host (diag_first_call_phases.py
+    # --cold --children; printed output, the rows written from it). Folded: in git at 164b1f7
+    "first_call_phases_h200_37ed38f.txt",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
@@ -486,9 +508,12 @@ TP_METRICS = {
 }
 TP_ALL_REDUCE = {"all_reduce_ms": "ms", "all_reduces_per_step": "count",
                  "all_reduce_ms_per_step": "ms"}  # fmt: skip
+# (query_repeat_*: each query timed again, every length seen before; second_pass_captures:
+# the captures the second pass made, signatures seen once in the first)
 SENTENCE_METRICS = {"first_pass_s": "s", "second_pass_s": "s", "query_p50_ms": "ms",
                     "query_p90_ms": "ms", "query_p90_ms_new_length": "ms",
-                    "query_p90_ms_seen_length": "ms"}  # fmt: skip
+                    "query_p90_ms_seen_length": "ms", "query_repeat_p50_ms": "ms",
+                    "query_repeat_p90_ms": "ms", "second_pass_captures": "count"}  # fmt: skip
 GENERATE_METRICS = {"first_generate_s": "s", "tokens_per_s": "tokens/s"}
 # diag_tp_step.py, per rank: the step replayed (with the all-reduce's clones put back: _cloned)
 # and run direct, the host's time per replayed step, and each profile's device time

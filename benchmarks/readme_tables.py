@@ -580,15 +580,10 @@ def vision_suite(
         for model in models:
             line = [model]
             for batch in (1, 8):
-                w = f"vision-{model}-b{batch}"
-                source = _holding(rows, sources, w)
-                inf, ro = (rows.get(source, w, b, "per_call_ms", DEVICES["H200"])
-                           for b in ("infinifuse", "reduce-overhead"))  # fmt: skip
-                k_inf, k_ind = ((rows.get(source, w, b, "kernels_per_call", DEVICES["H200"])
-                                 for b in ("infinifuse", "reduce-overhead"))
+                inf, ro = _vision_pair(rows, sources, model, batch, "per_call_ms")
+                k_inf, k_ind = (_vision_pair(rows, sources, model, batch, "kernels_per_call")
                                 if kernels else (0, 0))  # fmt: skip
-                f_inf, f_ro = (rows.get(source, w, b, "first_call_s", DEVICES["H200"])
-                               for b in ("infinifuse", "reduce-overhead"))  # fmt: skip
+                f_inf, f_ro = _vision_pair(rows, sources, model, batch, "first_call_s")
                 ratios.append(inf / ro)
                 firsts.append(f_inf / f_ro)
                 r = ratio(inf, ro)
@@ -596,14 +591,58 @@ def vision_suite(
                          f"{num(f_inf, 2)} / {num(f_ro, 2)} s ({ratio(f_inf, f_ro)})")  # fmt: skip
                 line += [f"{num(inf, 3)} / {num(ro, 3)} ms", bold(r) if inf > ro else r, third]
             body.append(line)
-        geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
-        body.append(["geometric mean (both batches)", "per call", f"{geo(ratios):.2f}x", "",
-                     "first call", f"{geo(firsts):.2f}x", ""])  # fmt: skip
+        body.append(["geometric mean (both batches)", "per call", f"{_geomean(ratios):.2f}x",
+                     "", "first call", f"{_geomean(firsts):.2f}x", ""])  # fmt: skip
         third = "kernels: infinifuse / Inductor" if kernels else "first call: infinifuse / RO"
         return table(["model", "b1 per call: infinifuse / RO", "ratio", third, "b8 per call",
                       "ratio", "kernels" if kernels else "first call"], body)  # fmt: skip
 
     return render
+
+
+def vision_summary(
+    *runs: tuple[str, str, tuple[str, ...], list[str]],
+) -> Callable[[Rows], list[str]]:
+    """One row per run of benchmarks/vision.py (``runs``: its models' label, its commit, its
+    result files, its timm names): infinifuse over reduce-overhead per call and at the first
+    call, the geometric mean of batch 1 and 8 of every model and the highest row."""
+
+    def render(rows: Rows) -> list[str]:
+        body = []
+        for label, commit, sources, models in runs:
+            cells = []
+            for metric in ("per_call_ms", "first_call_s"):
+                ratios = {}
+                for model in models:
+                    for batch in (1, 8):
+                        inf, ro = _vision_pair(rows, sources, model, batch, metric)
+                        ratios[f"{model} b{batch}"] = inf / ro
+                top = max(ratios, key=ratios.get)
+                cells.append(f"{_geomean(ratios.values()):.2f}x "
+                             f"(highest {ratios[top]:.2f}x: {top})")  # fmt: skip
+            body.append([label, commit, *cells])
+        header = ["timm models, fp16, H200, batch 1 and 8", "commit",
+                  "per call / reduce-overhead", "first call / reduce-overhead"]  # fmt: skip
+        return table(header, body)
+
+    return render
+
+
+def _vision_pair(
+    rows: Rows, sources: tuple[str, ...], model: str, batch: int, metric: str
+) -> tuple[float, float]:
+    """(infinifuse's, reduce-overhead's) ``metric`` for ``model`` at ``batch``, from the
+    first of ``sources`` holding the model's infinifuse row (H200)."""
+    w = f"vision-{model}-b{batch}"
+    source = _holding(rows, sources, w)
+    inf, ro = (rows.get(source, w, b, metric, DEVICES["H200"])
+               for b in ("infinifuse", "reduce-overhead"))  # fmt: skip
+    return inf, ro
+
+
+def _geomean(values: Iterable[float]) -> float:
+    values = list(values)
+    return math.exp(sum(map(math.log, values)) / len(values))
 
 
 def _holding(rows: Rows, sources: tuple[str, ...], workload: str) -> str:
@@ -669,6 +708,23 @@ def headline(rows: Rows) -> list[str]:
                  body)  # fmt: skip
 
 
+# Two runs of benchmarks/vision.py --no-kernel-counts, as vision_summary takes them: the
+# models' label, the commit, the result files, the timm names
+VISION_D92C6AD = (
+    "ResNet-50, ResNeXt-50, ResNet-18, ConvNeXt-T, ViT-S/16, EfficientNet-B0, MobileNetV3-L, "
+    "GhostNet-100", "d92c6ad",
+    ("vision_h200_d92c6ad.json", "vision_h200_d92c6ad_resnets.json",
+     "vision_h200_d92c6ad_vit.json"),
+    ["resnet50", "resnext50_32x4d", "resnet18", "convnext_tiny", "vit_small_patch16_224",
+     "efficientnet_b0", "mobilenetv3_large_100", "ghostnet_100"],
+)  # fmt: skip
+VISION_BE6FDBB = (
+    "RegNetY-016, Swin-T, RepVGG-A2, LeViT-128S, Inception-v3, DenseNet-121", "be6fdbb",
+    ("vision_h200_be6fdbb_six.json",),
+    ["regnety_016", "swin_tiny_patch4_window7_224", "repvgg_a2", "levit_128s", "inception_v3",
+     "densenet121"],
+)  # fmt: skip
+
 TABLES: dict[str, Callable[[Rows], list[str]]] = {
     "headline": headline,
     "decode-steps": decode_steps,
@@ -697,21 +753,12 @@ TABLES: dict[str, Callable[[Rows], list[str]]] = {
     ),
     "vision-suite-a865516": vision_suite("vision_h200_a865516.json"),
     "vision-suite-d92c6ad": vision_suite(
-        "vision_h200_d92c6ad.json",
-        "vision_h200_d92c6ad_resnets.json",
-        "vision_h200_d92c6ad_vit.json",
-        models=[
-            "resnet50",
-            "resnext50_32x4d",
-            "resnet18",
-            "convnext_tiny",
-            "vit_small_patch16_224",
-            "efficientnet_b0",
-            "mobilenetv3_large_100",
-            "ghostnet_100",
-        ],
-        kernels=False,
-    ),  # fmt: skip
+        *VISION_D92C6AD[2], models=VISION_D92C6AD[3], kernels=False
+    ),
+    "vision-summary": vision_summary(VISION_D92C6AD, VISION_BE6FDBB),
+    "vision-suite-be6fdbb": vision_suite(
+        *VISION_BE6FDBB[2], models=VISION_BE6FDBB[3], kernels=False
+    ),
 }
 
 

@@ -48,7 +48,8 @@ def test_the_first_snippet_on_a_plain_cpu_lists_the_group_it_would_fuse(monkeypa
 
 def _layout_modules() -> dict[str, set[str]]:
     """The README's Layout section: folder (`fusebackend/`, `fusebackend/passes/`, ...) -> the
-    module names listed under it, one `- `name.py`: ...` line each."""
+    module names listed under it: each `- `name.py`: ...` line, and a related module after a
+    semicolon in it (`...; `other.py`: ...`)."""
     text = README.read_text()
     section = text[text.index("\n## Layout\n") :]
     section = section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section
@@ -58,8 +59,8 @@ def _layout_modules() -> dict[str, set[str]]:
         if head := re.match(r"`(fusebackend/(?:\w+/)?)`", line):
             folder = head.group(1)
             listed.setdefault(folder, set())
-        elif (item := re.match(r"- `(\w+\.py)`", line)) and folder:
-            listed[folder].add(item.group(1))
+        elif line.startswith("- `") and folder:
+            listed[folder].update(re.findall(r"(?:^- |; )`(\w+\.py)`", line))
     return listed
 
 

@@ -15,10 +15,16 @@ and for infinifuse a cProfile of 200 calls (the functions with the most own time
 time spent in the derived-constant hook (``Refresh``: folded BatchNorms and channels-last
 weight copies compared with their sources, before the call or, checked, after the launch).
 
+``--variant NAME=JSON`` adds infinifuse with those options as a backend of its own (as in
+``vision.py``; e.g. ``--variant 'no-matmul-groups={"matmul_groups":false}'``), timed in the same
+process as the others. ``--kernels N`` adds, per backend, the device time of one call's kernels
+(``torch.profiler``, the captured graph's kernels included) and the N kernels with the most.
+
 With ``--check-every-address`` captured graphs check the address of every input before each
 replay, as before edd9415, instead of only those the graph reads: what that check costs.
 
-    python benchmarks/diag/diag_vision_host.py [--models resnet18,resnet50] [--batch 1]
+    python benchmarks/diag/diag_vision_host.py [--models resnet18,resnet50] [--batch 1] \
+        [--variant NAME=JSON] [--kernels 12]
 """
 
 from __future__ import annotations
@@ -36,6 +42,12 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _variant(text: str) -> tuple[str, dict]:
+    from vision import parse_variant
+
+    return parse_variant(text)
 
 
 def per_call(fn, x, calls: int) -> dict[str, float]:
@@ -106,6 +118,25 @@ def hook_time(fn, x, calls: int) -> float | None:
     return round(spent[0] / calls * 1e6, 1) if spent[1] else None
 
 
+def device_kernels(fn, x, top: int) -> dict:
+    """The device time of one call's kernels (memcpy and memset apart), and the ``top`` kernel
+    names with the most of it."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn(x)
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    events = [e for e in events if not e.name.startswith(("Memcpy", "Memset"))]
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        by_name.setdefault(e.name[:80], []).append(e.device_time)
+    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {
+        "kernels": len(events),
+        "kernel_us": round(sum(e.device_time for e in events), 1),
+        "top": [{"name": n, "count": len(t), "us": round(sum(t), 1)} for n, t in ranked],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="resnet18,resnet50,mobilenetv3_large_100,"
@@ -115,6 +146,19 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--top", type=int, default=18)
     parser.add_argument("--out", default=None, help="JSON results")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        type=_variant,
+        help="NAME=JSON: infinifuse with these options, as one more backend",
+    )
+    parser.add_argument(
+        "--kernels",
+        type=int,
+        default=0,
+        help="the device time of a call's kernels and its N largest",
+    )
     parser.add_argument(
         "--check-every-address",
         action="store_true",
@@ -128,13 +172,19 @@ def main() -> None:
         recording.unread_inputs = lambda fn: frozenset()
     from vision import build_model, make_fn
 
+    variants = dict(args.variant)
+    backends = args.backends.split(",") + [v for v in variants if v not in args.backends]
+
     results = []
     for name in args.models.split(","):
         model = build_model(name, 0).to("cuda", torch.float16)
         x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=torch.float16)
-        for backend in args.backends.split(","):
+        for backend in backends:
             torch._dynamo.reset()
-            fn = make_fn(model, backend, None)
+            if backend in variants:
+                fn = make_fn(model, "infinifuse", variants[backend])
+            else:
+                fn = make_fn(model, backend, None)
             with torch.inference_mode(False), torch.no_grad():
                 for _ in range(5):
                     fn(x)
@@ -144,6 +194,8 @@ def main() -> None:
                     label = "infinifuse-every-address-checked"
                 row = {"model": name, "batch": args.batch, "backend": label,
                        **per_call(fn, x, args.calls)}  # fmt: skip
+                if args.kernels:
+                    row.update(device_kernels(fn, x, args.kernels))
                 if backend == "infinifuse":
                     row["refresh_us"] = hook_time(fn, x, args.calls)
                     print(profile(fn, x, args.calls, args.top))
