@@ -28,6 +28,7 @@ from fusebackend.kernels.conv import conv2d_relu
 from fusebackend.kernels.decode_attention import decode_attention
 from fusebackend.kernels.depthwise_conv import depthwise_conv2d
 from fusebackend.kernels.family import compile_weight, family_of, launch_path
+from fusebackend.kernels.group_norm import group_norm
 from fusebackend.kernels.launch import launch_rank, layout_for, precompile_all
 from fusebackend.kernels.matmul import epilogue_source, matmul_op
 from fusebackend.kernels.spatial_mean import spatial_mean
@@ -54,6 +55,7 @@ from fusebackend.passes.depthwise import take_residual_adds, use_depthwise_convs
 from fusebackend.passes.empty_pads import drop_empty_pads
 from fusebackend.passes.full_reductions import split_full_reductions
 from fusebackend.passes.fx_util import example_value
+from fusebackend.passes.group_norms import use_group_norms
 from fusebackend.passes.groups import LoweredGroup
 from fusebackend.passes.index_views import arange_indices_as_reshapes
 from fusebackend.passes.lowering import lower
@@ -167,7 +169,8 @@ def _find_groups(c: Compilation) -> None:
     assert c.graph is not None
     c.candidates, c.rejections = find_groups(c.graph)
     rewritten = c.refresh is not None or any(
-        c.rewrites.get(key) for key in ("channels_last", "spatial_means", "depthwise_convs")
+        c.rewrites.get(key)
+        for key in ("channels_last", "spatial_means", "depthwise_convs", "group_norms")
     )
     c.stopped = not c.candidates and not c.matmul_groups and not rewritten
 
@@ -277,6 +280,10 @@ FUSE = [
     Pass("use_spatial_means", lambda c: use_spatial_means(c.graph, spatial_mean),
          "means over H x W of channels-last tensors as one kernel (fused graph)",
          report="spatial_means", needs_rewrites=True,
+         when=lambda c: triton_usable(c.device or torch.device("cpu"))),
+    Pass("use_group_norms", lambda c: use_group_norms(c.graph, group_norm),
+         "GroupNorms with their activation as one kernel (fused graph)",
+         report="group_norms", needs_rewrites=True,
          when=lambda c: triton_usable(c.device or torch.device("cpu"))),
     Pass("use_vocab_parallel_lookup",
          lambda c: use_vocab_parallel_lookup(c.graph, vocab_parallel_lookup, c.config.index_checks),

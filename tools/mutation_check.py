@@ -1270,6 +1270,44 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_first_call_costs.py", "-k", "weigh"),
         note="a weight read off symbolic sizes is turned into a float: a guard on the size",
     ),
+    # ---- GroupNorm with its activation (kernels/group_norm.py, passes/group_norms.py)
+    Mutation(
+        "group_norm_parts_read_past_their_count",
+        "kernel: GroupNorm (rows split into parts)",
+        "fusebackend/kernels/group_norm_triton.py",
+        "tl.load(slots, mask=k < parts, other=0.0)",
+        "tl.load(slots, mask=k < PARTS, other=0.0)",
+        ("tests/test_group_norm.py", "-k", "parts"),
+        note="the sums of the next row's parts (or past the buffer) added to a row's",
+    ),
+    Mutation(
+        "group_norm_pivot_dropped",
+        "kernel: GroupNorm (rows split into parts)",
+        "fusebackend/kernels/group_norm_triton.py",
+        "    mean = pivot + shift\n",
+        "    mean = shift\n",
+        ("tests/test_group_norm.py", "-k", "parts or far_from_zero"),
+        note="the shifted mean taken for the mean: wrong wherever the pivot is not 0",
+    ),
+    Mutation(
+        "group_norm_stores_through_the_inputs_strides",
+        "kernel: GroupNorm (layouts)",
+        "fusebackend/kernels/group_norm_triton.py",
+        "        _, place = _place(e, CG, HW, so_c, so_s, CHANNELS_INNER)\n"
+        "        tl.store(target + place, y, mask=inside)",
+        "        tl.store(target + offset, y, mask=inside)",
+        ("tests/test_group_norm.py", "-k", "another_layout"),
+        note="a row held whole written in the input's layout where the output's differs",
+    ),
+    Mutation(
+        "group_norm_activation_of_a_shared_value_taken",
+        "pass: GroupNorm (the activation it takes)",
+        "fusebackend/passes/group_norms.py",
+        "    reader = single_user(norm)\n",
+        "    reader = next(iter(norm.users), None)\n",
+        ("tests/test_group_norm.py", "-k", "read_twice"),
+        note="the activation taken where another node reads the norm's value too",
+    ),
 ]
 
 

@@ -27,7 +27,7 @@ from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.groups import match, op_call
 from fusebackend.passes.ops import OpCall, OpKind
 
-__all__ = ["activation_of", "elementwise_tail"]
+__all__ = ["activation_of", "elementwise_tail", "kernel_activation_name"]
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 # Graph nodes looked at past the product for its tail (the longest activation written out
@@ -46,13 +46,25 @@ def activation_of(y: torch.fx.Node) -> tuple[str, torch.fx.Node, list[torch.fx.N
     return _new_gelu(y)
 
 
+def kernel_activation_name(call: OpCall | None) -> str:
+    """The kernels' name (``kernels.ir.ACTIVATIONS``) of an activation call of the op table,
+    "" for None or one they do not run: ``gelu`` by its approximation, and ``nn.ReLU6``,
+    which reaches the graph as ``hardtanh(x, 0.0, 6.0)``, as "relu6"."""
+    if call is None:
+        return ""
+    if call.op.name == "hardtanh":
+        bounds = (call.params.get("min_val", -1.0), call.params.get("max_val", 1.0))
+        return "relu6" if bounds == (0.0, 6.0) else ""
+    if call.op.name != "gelu":
+        return call.op.name
+    return {"none": "gelu", "tanh": "gelu_tanh"}.get(call.params.get("approximate", "none"), "")
+
+
 def _one_op(node: torch.fx.Node, y: torch.fx.Node) -> str | None:
     call = op_call(node, "silu", "gelu", "relu")
     if call is None or call.params.get("inplace") or list(call.operands[:1]) != [y]:
         return None
-    if call.op.name == "gelu":
-        return "gelu_tanh" if call.params.get("approximate") == "tanh" else "gelu"
-    return call.op.name
+    return kernel_activation_name(call) or None
 
 
 def _new_gelu(y: torch.fx.Node) -> tuple[str, torch.fx.Node, list[torch.fx.Node]] | None:

@@ -46,20 +46,21 @@ import torch
 import torch.fx
 from torch import Tensor
 
+from fusebackend.passes.activations import kernel_activation_name
 from fusebackend.passes.conv_activation import conv2d_arguments
 from fusebackend.passes.conv_bias import CONVOLUTIONS, is_batched
 from fusebackend.passes.fx_util import evaluate, example_value, known_contiguous, static_layout
 from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.groups import op_call
 
-__all__ = ["DEVICE_TYPES", "take_residual_adds", "use_depthwise_convs"]
+__all__ = ["ACTIVATIONS", "DEVICE_TYPES", "take_residual_adds", "use_depthwise_convs"]
 
 # Where the kernel runs (tests add the CPU: Triton's interpreter).
 DEVICE_TYPES = {"cuda"}
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# Activations the kernel applies (kernels.ir.ACTIVATIONS' names); gelu by its approximation,
-# hardtanh(0, 6) as relu6.
-_ACTIVATIONS = ("relu", "relu6", "silu", "hardswish", "hardsigmoid", "gelu")
+# Activations the kernel applies (kernels.ir.ACTIVATIONS' names, as op-table ops); gelu by its
+# approximation, hardtanh(0, 6) as relu6 (passes/activations.kernel_activation_name).
+ACTIVATIONS = ("relu", "relu6", "silu", "hardswish", "hardsigmoid", "gelu")
 # The largest kernel measured (3 x 3 and 5 x 5): wider windows (ConvNeXt's 7 x 7) read the
 # input once per tap, untimed against cuDNN.
 _MAX_KERNEL = 5
@@ -154,7 +155,7 @@ def _epilogue(
     if example_value(value).dtype != dtype:
         return {"activation": ""}, []  # (no bias: the convolution's is never in another dtype)
     reader = _only_reader(value)
-    name = _activation_name(op_call(reader, *_ACTIVATIONS, "hardtanh"))
+    name = kernel_activation_name(op_call(reader, *ACTIVATIONS, "hardtanh"))
     if name and example_value(reader).dtype == dtype and _same_place(reader, conv):
         found["activation"] = name
         taken.append(reader)
@@ -164,19 +165,6 @@ def _epilogue(
 def _same_place(node: torch.fx.Node, conv: torch.fx.Node) -> bool:
     """Does ``node``'s value keep the convolution's device (a cast may move it)?"""
     return example_value(node).device == example_value(conv).device
-
-
-def _activation_name(call: Any) -> str:
-    """The kernel's name of an activation call (``kernels.ir.ACTIVATIONS``), "" for None or
-    one it does not run. ``nn.ReLU6`` reaches the graph as ``hardtanh(x, 0.0, 6.0)``."""
-    if call is None:
-        return ""
-    if call.op.name == "hardtanh":
-        bounds = (call.params.get("min_val", -1.0), call.params.get("max_val", 1.0))
-        return "relu6" if bounds == (0.0, 6.0) else ""
-    if call.op.name != "gelu":
-        return call.op.name
-    return {"none": "gelu", "tanh": "gelu_tanh"}.get(call.params.get("approximate", "none"), "")
 
 
 def use_depthwise_convs(graph: torch.fx.Graph, kernel: Callable[..., Tensor]) -> list[str]:

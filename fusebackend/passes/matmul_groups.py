@@ -52,7 +52,7 @@ import torch
 import torch.fx
 
 from fusebackend.kernels.ir import MAX_ROWS, MAX_SIBLINGS, MatmulGroup, RowProgram
-from fusebackend.passes.activations import activation_of, elementwise_tail
+from fusebackend.passes.activations import activation_of, elementwise_tail, kernel_activation_name
 from fusebackend.passes.fx_util import (
     example_value,
     nodes_between,
@@ -64,7 +64,6 @@ from fusebackend.passes.graph import is_mutation, resort_stably
 from fusebackend.passes.groups import op_call
 from fusebackend.passes.lowering import lower_tail
 from fusebackend.passes.norms import Norm, layer_norm_of, offset_rms_norm_of, rms_norm_of
-from fusebackend.passes.ops import OpCall
 
 __all__ = ["MadeGroup", "MatmulGroups", "offset_rms_norm_of", "rms_norm_of", "use_matmul_groups"]
 
@@ -447,14 +446,8 @@ def _gated_product(
         return None
     if example_value(product).dtype != example_value(gate).dtype:
         return None
-    return _activation_name(call), act, product
-
-
-def _activation_name(call: OpCall) -> str:
-    """The gate's activation as ``MatmulGroup.gate`` names it."""
-    if call.op.name == "gelu":
-        return "gelu_tanh" if call.params.get("approximate") == "tanh" else "gelu"
-    return call.op.name
+    name = kernel_activation_name(call)
+    return (name, act, product) if name else None
 
 
 def _residual(

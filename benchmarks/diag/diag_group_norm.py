@@ -1,0 +1,67 @@
+"""Does kernels/group_norm.py beat aten's GroupNorm and the activation after it?
+
+Device time per call (``diag_spatial_mean.device_us``: CUDA-graph replays of 20 calls timed
+by ``triton.testing.do_bench``) of ``F.relu(F.group_norm(x, 32, w, b))`` (aten: the norm's
+kernels, then the activation's) and of ``group_norm(x, 32, w, b, eps, "relu")``, fp16, at
+the GroupNorm inputs of ResNet-V2-50 (BiT, 224 x 224 images: one per stage) at batch 1 and
+8 and of a diffusion UNet's first resolution, NCHW and channels-last, and the kernel's launch
+plan for each (rows held whole, or split into how many parts).
+
+    python benchmarks/diag/diag_group_norm.py [--out /tmp/group_norm.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from diag_spatial_mean import device_us
+
+from fusebackend.kernels import group_norm as group_norm_module
+from fusebackend.kernels.group_norm import group_norm
+
+# (batch, channels, side): BiT's norms by stage (the widest of each), a UNet's 64 x 64 latent
+SHAPES = [(b, c, s) for b in (1, 8) for c, s in ((256, 56), (512, 28), (1024, 14), (2048, 7))]
+SHAPES += [(2, 320, 64)]
+
+
+def plan(x: torch.Tensor) -> str:
+    out = torch.empty_like(x)
+    launches = group_norm_module._launches(x, 32, None, None, 1e-5, "relu", out)
+    grid = launches[-1][1]
+    return (
+        "whole rows"
+        if launches[-1][3]["WHOLE_ROW"]
+        else f"{grid[1]} part(s), {len(launches)} launch(es)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", help="write the rows here as JSON")
+    args = parser.parse_args()
+    rows = []
+    for batch, channels, side in SHAPES:
+        for layout in ("nchw", "channels_last"):
+            x = torch.randn(batch, channels, side, side, device="cuda", dtype=torch.float16)
+            if layout == "channels_last":
+                x = x.contiguous(memory_format=torch.channels_last)
+            w = torch.rand(channels, device="cuda", dtype=torch.float16) + 0.5
+            b = torch.randn(channels, device="cuda", dtype=torch.float16)
+            aten = device_us(lambda: F.relu(F.group_norm(x, 32, w, b, 1e-5)))  # noqa: B023
+            kernel = device_us(lambda: group_norm(x, 32, w, b, 1e-5, "relu"))  # noqa: B023
+            row = {"shape": [batch, channels, side, side], "layout": layout,
+                   "aten_us": round(aten, 2), "kernel_us": round(kernel, 2),
+                   "ratio": round(kernel / aten, 3), "plan": plan(x)}  # fmt: skip
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "rows": rows}, f, indent=1)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""A GroupNorm with its activation as one Triton kernel (or two where the groups are few).
+
+``act(F.group_norm(x, groups, weight, bias, eps))`` of a ``[N, C, *spatial]`` tensor: each of
+the ``N x groups`` rows (``C / groups`` channels over every position) is normalised by its
+own mean and biased variance, in fp32, then scaled and shifted per channel, rounded to the
+input's dtype (as eager's ``group_norm`` gives it), and the activation (``kernels/epilogue.py``'s
+function of a ``kernels.ir.ACTIVATIONS`` name, the row kernels' own math) runs on that value
+and rounds again, as eager's separate activation does. ResNet-V2 (BiT), NFNet-free GroupNorm
+nets and the ResNet blocks of diffusion UNets run a GroupNorm + ReLU or SiLU before each
+convolution; aten runs it as three kernels (moments, per-channel constants, the normalise
+pass) and the activation as a fourth, reading and writing the tensor twice.
+
+Launches: where a row has at most ``_WHOLE_ROW`` elements a program holds it in registers,
+reads it once and writes it once. Wider rows are read twice, in ``_BLOCK`` chunks: once for
+the sums of ``x - pivot`` and of its squares (the pivot, one of the row's elements, keeps the
+variance from cancelling), once to normalise. Where the rows alone give fewer programs than
+the GPU has room for (BiT's first stage at batch 1: 32 rows of 25088 elements), each row is
+split into parts: a first launch writes each part's sums (fp32), and the second adds them
+up and normalises its part.
+
+Any layout whose positions form one strided dim is read in place (NCHW, channels-last, a
+contiguous ``[N, C, L]``); channels-last rows are walked position by position, so that
+consecutive elements are adjacent. The output has the input's strides. On a device Triton
+cannot use, or a layout it does not take, the value is computed with aten's ops; on fake
+tensors (passes working out shapes and layouts) the call gives an empty output.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
+
+from fusebackend.kernels.configs import triton_next_power_of_2
+from fusebackend.kernels.epilogue import activation_program, epilogue_function, evaluate
+from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
+from fusebackend.kernels.launch import run_on_device, triton_usable
+from fusebackend.kernels.triton_api import warmup_launch
+
+__all__ = ["group_norm", "precompile_group_norm", "takes"]
+
+_WHOLE_ROW = 4096  # elements of a row held in registers by one program
+_BLOCK = 1024  # elements of a wider row's chunk
+_PROGRAMS = 264  # programs to aim for (two per SM of an H100/H200)
+_MAX_PARTS = 64  # parts a row is split into at most
+_MIN_PART = 2 * _BLOCK  # elements of a part at least
+_INT32_OFFSETS = 2**31 - 1  # an image's elements up to this many: int32 offsets within it
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def group_norm(
+    x: torch.Tensor,
+    groups: int,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    activation: str = "",
+    strides: tuple[int, ...] | None = None,
+) -> torch.Tensor:
+    """``act(F.group_norm(x, groups, weight, bias, eps))``, ``activation`` one of
+    ``kernels.ir.ACTIVATIONS`` or "" for none; ``weight`` and ``bias`` hold C contiguous
+    elements (any floating dtype) or are None. The result has ``x``'s shape and dtype, and
+    ``strides`` where given (the layout eager gives: aten's CUDA GroupNorm makes a
+    channels-last input contiguous first), else ``x``'s."""
+    _check(x, groups, weight, bias)
+    activation_program(activation, x.dtype)  # (a clear error for an unknown name)
+    out = _output(x, strides)
+    if isinstance(x, FakeTensor) or not x.numel():  # (fakes: passes work out layouts)
+        return out
+    if not (triton_usable(x.device) and takes(x) and _spatial_stride(out) is not None):
+        return out.copy_(_reference(x, groups, weight, bias, eps, activation))
+    for kernel, grid, args, meta in _launches(x, groups, weight, bias, eps, activation, out):
+        run_on_device(kernel, grid, args, meta, x.device)
+    return out
+
+
+def _check(x: torch.Tensor, groups: int, *vectors: torch.Tensor | None) -> None:
+    """A clear error for arguments the kernel would read wrongly (the pass never makes them)."""
+    if x.dim() < 2 or groups < 1 or x.shape[1] % groups:
+        raise ValueError(f"group_norm: {groups} groups do not divide the channels of an "
+                         f"input of shape {tuple(x.shape)}")  # fmt: skip
+    for vector in vectors:
+        if vector is not None and (vector.numel() != x.shape[1] or not vector.is_contiguous()):
+            raise ValueError(f"group_norm: a per-channel vector must hold {x.shape[1]} "
+                             f"contiguous elements, got {tuple(vector.shape)}")  # fmt: skip
+
+
+def _reference(x, groups, weight, bias, eps, activation) -> torch.Tensor:
+    """The value in aten's ops, as eager computes it; the activation by
+    ``kernels/epilogue.py``'s torch reference."""
+    y = F.group_norm(x, groups, weight, bias, eps)
+    return evaluate(activation_program(activation, x.dtype), y) if activation else y
+
+
+def _spatial_stride(x: torch.Tensor) -> int | None:
+    """The stride of ``x``'s positions as one dim (dims 2..), or None where they are not one
+    strided dim (a sliced or permuted view)."""
+    stride = None
+    for size, step in reversed(list(zip(x.shape[2:], x.stride()[2:], strict=True))):
+        if size == 1:
+            continue
+        if stride is None:
+            stride, expected = step, step * size
+        elif step != expected:
+            return None
+        else:
+            expected = step * size
+    return 1 if stride is None else stride
+
+
+def _output(x: torch.Tensor, strides: tuple[int, ...] | None) -> torch.Tensor:
+    """The result: ``x``'s shape and dtype, ``strides`` or ``x``'s (made like ``x``: a fake
+    tensor for a fake ``x``)."""
+    if strides is None:
+        return torch.empty_like(x)
+    if len(strides) != x.dim():
+        raise ValueError(f"group_norm: strides {strides} for an input of shape {tuple(x.shape)}")
+    return x.new_empty_strided(x.shape, strides)
+
+
+def takes(x: torch.Tensor) -> bool:
+    """Does the kernel read ``x`` in place (a floating dtype it computes, the positions one
+    strided dim, offsets within an image in int32)?"""
+    if x.dtype not in _DTYPES or _spatial_stride(x) is None:
+        return False
+    span = 1 + sum((size - 1) * step for size, step in zip(x.shape[1:], x.stride()[1:],
+                                                            strict=True))  # fmt: skip
+    return span <= _INT32_OFFSETS
+
+
+def _launches(x, groups, weight, bias, eps, activation, out, parts=None):
+    """The launches computing ``out``: ``(kernel, grid, args, meta)`` each. ``parts``: the
+    number of parts a wide row is split into, instead of the launcher's choice (tests)."""
+    batch, channels = x.shape[:2]
+    positions = math.prod(x.shape[2:])
+    per_group = channels // groups
+    elements = per_group * positions
+    rows = batch * groups
+    channels_inner = x.stride(1) == 1 and per_group > 1 and positions > 1
+    stats_kernel, apply_kernel = _kernels()
+    common = [groups, per_group, positions, elements]
+    strides = [x.stride(0), x.stride(1), _spatial_stride(x)]
+    out_strides = [out.stride(0), out.stride(1), _spatial_stride(out)]
+    meta = {
+        "CHANNELS_INNER": channels_inner, "HAS_WEIGHT": weight is not None,
+        "HAS_BIAS": bias is not None, "HAS_ACT": bool(activation),
+        "ACT": epilogue_function(activation_program(activation, x.dtype)),
+    }  # fmt: skip
+    # (an absent tensor's pointer is x's: never read, HAS_* being False)
+    vectors = [x if weight is None else weight, x if bias is None else bias]
+    if elements <= _WHOLE_ROW and parts is None:
+        block = triton_next_power_of_2(elements)
+        meta = {**meta, "WHOLE_ROW": True, "PARTS": 0, "BLOCK": block, "STEPS": 1,
+                "ROW_STEPS": 1,
+                "num_warps": 8 if block >= 4096 else 4 if block >= 512 else 2}  # fmt: skip
+        args = [x, x, *vectors, out, *common, elements, eps, *strides, *out_strides]
+        return [(apply_kernel, (rows, 1), args, meta)]
+    if parts is None:
+        parts = max(1, min(_MAX_PARTS, _ceil_div(_PROGRAMS, rows), elements // _MIN_PART))
+    chunk = _ceil_div(_ceil_div(elements, parts), _BLOCK) * _BLOCK
+    parts = _ceil_div(elements, chunk)
+    steps = chunk // _BLOCK
+    meta = {**meta, "WHOLE_ROW": False, "BLOCK": _BLOCK, "STEPS": steps, "num_warps": 4,
+            "ROW_STEPS": steps if parts == 1 else 1}  # fmt: skip
+    if parts == 1:
+        args = [x, x, *vectors, out, *common, chunk, eps, *strides, *out_strides]
+        return [(apply_kernel, (rows, 1), args, {**meta, "PARTS": 0})]
+    partial = x.new_empty((rows, parts, 2), dtype=torch.float32)  # (fake for a fake x)
+    stats_meta = {"CHANNELS_INNER": channels_inner, "STEPS": steps, "BLOCK": _BLOCK,
+                  "num_warps": 4}  # fmt: skip
+    return [
+        (stats_kernel, (rows, parts), [x, partial, *common, chunk, *strides], stats_meta),
+        (apply_kernel, (rows, parts),
+         [x, partial, *vectors, out, *common, chunk, eps, *strides, *out_strides],
+         {**meta, "PARTS": triton_next_power_of_2(parts)}),
+    ]  # fmt: skip
+
+
+def precompile_group_norm(x, groups, weight, bias, eps, activation="", strides=None) -> None:
+    """Compile the kernels ``group_norm`` launches on such arguments (their tensors may be
+    fake), without running them."""
+    out = _output(x, strides)
+    for kernel, grid, args, meta in _launches(x, groups, weight, bias, eps, activation, out):
+        warmup_launch(kernel, grid, args, meta, x.device)
+
+
+def _precompile_job(args: Any) -> Any:
+    """The kernel family's precompile job (kernels/family.py) for a launch on ``args``
+    (``group_norm``'s, the tensors as example values)."""
+    x, groups, weight, bias, eps, *rest = args
+    tensors = [t for t in (x, weight, bias) if t is not None]
+    if not all(concrete_cuda_tensor(t) for t in tensors) or not x.numel() or not takes(x):
+        return None
+    if not isinstance(groups, int) or not isinstance(eps, (int, float)):
+        return None
+    key = ("group_norm", groups, eps, *rest, *map(launch_key, tensors))
+    return key, functools.partial(precompile_group_norm, *args)
+
+
+# Two small kernels where the rows are split: about two row kernels' compile
+family("group_norm", _precompile_job, lambda args: 2.0)(group_norm)
+group_norm.takes = takes  # type: ignore[attr-defined]  # (asked by passes/group_norms.py)
+
+
+@functools.cache  # (each uncaptured launch asks: one lookup, not an import statement)
+def _kernels() -> tuple[Any, Any]:
+    """The Triton kernels (``kernels/group_norm_triton.py``, imported at the first call: it
+    imports Triton, which importing this module must not)."""
+    from fusebackend.kernels.group_norm_triton import _group_norm_apply, _group_norm_stats
+
+    return _group_norm_stats, _group_norm_apply
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,119 @@
+"""GroupNorms with the activation after them as one kernel (fused graph only).
+
+``F.group_norm(x, groups, weight, bias, eps)`` (``nn.GroupNorm``, timm's ``GroupNormAct``,
+diffusers' ResNet blocks), and the activation that is its value's only reader (ReLU, ReLU6,
+SiLU, GELU, hardswish, hardsigmoid, in the norm's dtype and on its device), become one
+``kernels.group_norm.group_norm`` launch: aten runs a GroupNorm as three kernels and the
+activation as a fourth (the kernel module's docstring). No row group took them: a GroupNorm
+reduces over a channel group and every position, not along one dim, and its per-channel
+scale is not a broadcast of the ``[N x groups, elements]`` rows.
+
+Taken where the input's example has static sizes and strides, a floating dtype the kernel
+computes (fp16, bf16, fp32), a layout it reads in place (``group_norm.takes``: the positions
+one strided dim, NCHW or channels-last), on a device Triton runs on, with a plain number of
+groups and eps; the weight and bias are None or hold one contiguous element per channel.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import Tensor
+
+from fusebackend.passes.activations import kernel_activation_name
+from fusebackend.passes.depthwise import ACTIVATIONS
+from fusebackend.passes.fx_util import evaluate, example_value, single_user, static_layout
+from fusebackend.passes.groups import op_call
+
+__all__ = ["DEVICE_TYPES", "use_group_norms"]
+
+# Where the kernel runs (tests add the CPU: Triton's interpreter).
+DEVICE_TYPES = {"cuda"}
+_TARGETS = (F.group_norm, torch.group_norm)
+_SIGNATURE = inspect.signature(lambda input, num_groups, weight=None, bias=None, eps=1e-5,
+                               cudnn_enabled=True: None)  # fmt: skip
+
+
+def _arguments(node: torch.fx.Node, takes: Callable[[Tensor], bool]) -> tuple | None:
+    """``(x, groups, weight, bias, eps)`` of a GroupNorm the kernel takes, else None."""
+    if node.op != "call_function" or node.target not in _TARGETS:
+        return None
+    try:
+        bound = _SIGNATURE.bind(*node.args, **node.kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    x, groups, weight, bias, eps = (bound.arguments[k] for k in
+                                    ("input", "num_groups", "weight", "bias", "eps"))  # fmt: skip
+    value = example_value(x)
+    if not isinstance(x, torch.fx.Node) or not static_layout(value) or value.dim() < 2:
+        return None
+    if value.device.type not in DEVICE_TYPES or not takes(value):
+        return None
+    if type(groups) is not int or groups < 1 or value.shape[1] % groups:
+        return None
+    if type(eps) not in (int, float):
+        return None
+    if not all(v is None or _per_channel(v, value.shape[1]) for v in (weight, bias)):
+        return None
+    return x, groups, weight, bias, float(eps)
+
+
+def _per_channel(node: Any, channels: int) -> bool:
+    value = example_value(node)
+    return (
+        isinstance(node, torch.fx.Node)
+        and static_layout(value)
+        and value.is_floating_point()
+        and value.is_contiguous()
+        and value.numel() == channels
+    )
+
+
+def _activation(norm: torch.fx.Node) -> tuple[str, torch.fx.Node | None]:
+    """The activation that is the norm's only reader, in its dtype and on its device:
+    ``(kernels' name, node)``, or ``("", None)``."""
+    reader = single_user(norm)
+    call = op_call(reader, *ACTIVATIONS, "hardtanh")
+    name = kernel_activation_name(call)
+    if not name or call.params.get("inplace") or list(call.operands[:1]) != [norm]:
+        return "", None
+    value, result = example_value(norm), example_value(reader)
+    if _layout(result) != _layout(value):
+        return "", None
+    return name, reader
+
+
+def _layout(value: Tensor) -> tuple[Any, ...]:
+    return tuple(value.shape), value.stride(), value.dtype, value.device
+
+
+def use_group_norms(graph: torch.fx.Graph, kernel: Callable[..., Tensor]) -> list[str]:
+    """Rewrite each GroupNorm the kernel takes, with its activation where it has one, as one
+    call of ``kernel`` (``kernels.group_norm.group_norm``: passes import no kernels, and ask
+    it which layouts it reads and writes, ``kernel.takes``), writing the traced value's
+    layout; returns each as ``"norm (+ activation)"``."""
+    made = []
+    for norm in list(graph.nodes):
+        args = _arguments(norm, kernel.takes)  # type: ignore[attr-defined]
+        if args is None:
+            continue
+        name, activation = _activation(norm)
+        last = activation or norm
+        traced = example_value(last)
+        with graph.inserting_after(last):
+            node = graph.call_function(kernel, (*args, name, traced.stride()))
+        node.meta["example_value"] = evaluate(node)
+        if _layout(example_value(node)) != _layout(traced) or not kernel.takes(traced):
+            graph.erase_node(node)  # (a value of another shape or place; an output layout
+            continue  # the kernel does not write)
+        last.replace_all_uses_with(node)
+        for dead in (last, norm) if activation is not None else (norm,):
+            graph.erase_node(dead)
+        made.append(norm.name + (f" (+ {activation.name})" if activation is not None else ""))
+    return made

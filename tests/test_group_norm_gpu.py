@@ -1,0 +1,60 @@
+"""GroupNorms on the GPU (kernels/group_norm.py, passes/group_norms.py): the kernel against
+``F.group_norm`` and the activation at BiT's and a diffusion UNet's shapes in every float
+dtype, NCHW and channels-last, rows held whole and split into parts; timm's ResNet-V2 (BiT,
+``pretrained=False``, fp16) runs every GroupNorm as the kernel with its ReLU, captured, and
+replays equal eager.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import rewrites_of
+from test_batch_norm_folding_gpu import _eval_model, replayed
+
+from fusebackend.kernels.group_norm import group_norm
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+_ACTIVATIONS = {"relu": F.relu, "silu": F.silu, "": lambda y: y}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    ("shape", "groups"),
+    [
+        ((1, 256, 56, 56), 32),  # BiT's first stage at batch 1: 32 rows split into parts
+        ((8, 2048, 7, 7), 32),  # its last stage at batch 8: rows held whole
+        ((2, 320, 64, 64), 32),  # a UNet's first resolution
+        ((3, 30, 17, 13), 5),  # odd sizes
+    ],
+)
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("activation", sorted(_ACTIVATIONS))
+def test_the_kernel_equals_eager_on_the_gpu(shape, groups, layout, dtype, activation):
+    torch.manual_seed(0)
+    x = (torch.randn(shape, device="cuda") * 2 + 0.5).to(dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    weight = (torch.rand(shape[1], device="cuda") + 0.5).to(dtype)
+    bias = torch.randn(shape[1], device="cuda").to(dtype)
+    out = group_norm(x, groups, weight, bias, 1e-5, activation)
+    expected = _ACTIVATIONS[activation](F.group_norm(x, groups, weight, bias, 1e-5))
+    tol = {torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.float32: 2e-5}[dtype]
+    torch.testing.assert_close(out.float(), expected.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("name", ["resnetv2_50x1_bit"])
+def test_bits_group_norms_run_as_the_kernel_and_replays_equal_eager(name):
+    pytest.importorskip("timm")
+    model = _eval_model(name)
+    x = torch.randn(2, 3, 96, 80, device="cuda", dtype=torch.float16)
+    _, _, graphs = replayed(model, x)
+    norms = sum(isinstance(m, torch.nn.GroupNorm) for m in model.modules())
+    made = rewrites_of(graphs, "group_norms")
+    assert len(made) == norms, made
+    assert sum("(+ " in m for m in made) == norms - 1, made  # the head's norm: ReLU too
