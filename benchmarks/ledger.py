@@ -442,22 +442,32 @@ SOURCES = (
     # host; then LeViT-128S and RegNetY-016 at batch 1 under both backends and infinifuse
     # without matmul groups in one process each, with one call's device kernel time
     # (diag_vision_host.py --variant --kernels, a bare list, rows written from it).
-    # Folded: in git at 7c02a1c
+    # Folded: the file never landed (a session cut off before its hand-in): the rows alone.
     "vision_h200_be6fdbb_six.json",
     "diag_vision_host_h200_be6fdbb.json",
     # Cold first calls of RegNetY-016 and RepVGG-A2 at be6fdbb by phase, one-GPU H200 host
     # (diag_first_call_phases.py --cold --children; printed output, the rows written from
     # it: first call, Dynamo's share, Dynamo alone, backend, precompile, processes, runs).
-    # Folded: in git at 1f8dc85
+    # Folded: the file never landed (a session cut off before its hand-in): the rows alone.
     "first_call_phases_h200_be6fdbb.txt",
     # sentence-transformers at 37ed38f, MiniLM-L6 and BERT-base shapes, eager and
     # infinifuse (sentence_embeddings.py --quick: 1000 sentences, 100 queries, each backend
-    # in a cold process), one-GPU H200 host after its GPU tests. Folded: in git at fc0fb66
+    # in a cold process), one-GPU H200 host after its GPU tests. 37ed38f is a commit that
+    # never landed (a session cut off before its hand-in); its package code is d269019's.
+    # Folded: the file never landed either: the rows alone.
     "sentence_embeddings_h200_37ed38f.json",
     # Cold first calls of GhostNet-100, MobileNetV3-large and EfficientNet-B0 at 37ed38f (the
     # compile weights of cb06774) by phase, one-GPU H200 host (diag_first_call_phases.py
-    # --cold --children; printed output, the rows written from it). Folded: in git at 164b1f7
+    # --cold --children; printed output, the rows written from it). Folded: the file never
+    # landed (a session cut off before its hand-in): the rows alone.
     "first_call_phases_h200_37ed38f.txt",
+    # GroupNorm + ReLU as one kernel at 2d660d0 against aten's GroupNorm then ReLU at
+    # ResNet-V2-50's (BiT) and a UNet's shapes, fp16, NCHW and channels-last
+    # (diag_group_norm.py, a result of rows, written from it); then ResNet-V2-50x1-BiT
+    # against reduce-overhead (vision.py --no-kernel-counts, its --ledger rows), one-GPU H200
+    # host after the GPU tests of the GroupNorm and depthwise kernels.
+    "diag_group_norm_h200_2d660d0.json",
+    "vision_h200_2d660d0_bit.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
