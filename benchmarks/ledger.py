@@ -465,7 +465,7 @@ SOURCES = (
     # ResNet-V2-50's (BiT) and a UNet's shapes, fp16, NCHW and channels-last
     # (diag_group_norm.py, a result of rows, written from it); then ResNet-V2-50x1-BiT
     # against reduce-overhead (vision.py --no-kernel-counts, its --ledger rows), one-GPU H200
-    # host after the GPU tests of the GroupNorm and depthwise kernels.
+    # host after the GPU tests of the GroupNorm and depthwise kernels. Folded: in git at 95be7f7
     "diag_group_norm_h200_2d660d0.json",
     "vision_h200_2d660d0_bit.json",
 )
