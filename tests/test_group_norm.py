@@ -336,3 +336,73 @@ def test_left_to_aten_on_a_device_type_the_pass_does_not_take(fused_graphs):
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert not graph.rewrites.get("group_norms")
     assert not _calls(fused_graphs)
+
+
+class NormThenConvs(nn.Module):
+    """A norm + ReLU read by two convolutions (BiT's first norm of a block feeds the block's
+    convolution and its shortcut's), or by a convolution and a mean (``shared_with_add``)."""
+
+    def __init__(self, shared_with_add: bool = False) -> None:
+        super().__init__()
+        self.norm = nn.GroupNorm(2, 6)
+        self.conv = nn.Conv2d(6, 4, 3, padding=1)
+        self.shortcut = nn.Conv2d(6, 4, 1)
+        self.shared_with_add = shared_with_add
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (functional calls: torch.fx.symbolic_trace keeps modules as calls of their own)
+        norm, conv, shortcut = self.norm, self.conv, self.shortcut
+        y = F.relu(F.group_norm(x, 2, norm.weight, norm.bias, norm.eps))
+        z = F.conv2d(y, conv.weight, conv.bias, 1, 1)
+        if self.shared_with_add:  # (a mean's value has one layout whatever y's is)
+            return z + y.mean((2, 3))[:, :4, None, None]
+        return z + F.conv2d(y, shortcut.weight, shortcut.bias)
+
+
+def _traced_as_on_cuda(model: nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
+    """``model`` traced with fake example values, its GroupNorm's and ReLU's values contiguous
+    as aten's CUDA GroupNorm gives them for a channels-last input (the CPU keeps the input's
+    layout), the convolutions' weights channels-last as passes/channels_last.py makes them,
+    and their values channels-last as cuDNN gives them for such weights."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    gm = torch.fx.symbolic_trace(model)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    params = dict(gm.named_parameters())
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            node.meta["example_value"] = mode.from_tensor(x)
+        elif node.op == "get_attr":
+            value = params[node.target]
+            if value.dim() == 4:
+                value = value.contiguous(memory_format=torch.channels_last)
+            node.meta["example_value"] = mode.from_tensor(value)
+        elif node.op != "output":
+            node.meta["example_value"] = group_norms.evaluate(node)
+            value = node.meta["example_value"]
+            if node.target in (F.group_norm, F.relu):
+                node.meta["example_value"] = value.contiguous()
+            elif node.target is F.conv2d:  # (cuDNN's, for a channels-last weight)
+                node.meta["example_value"] = value.contiguous(memory_format=torch.channels_last)
+    return gm
+
+
+@pytest.mark.parametrize("shared_with_add", [False, True])
+def test_a_norm_read_by_convolutions_alone_stays_channels_last(shared_with_add, cpu_gates):
+    torch.manual_seed(6)
+    model = _randomize(NormThenConvs(shared_with_add))
+    x = torch.randn(2, 6, 9, 7).contiguous(memory_format=torch.channels_last)
+    gm = _traced_as_on_cuda(model, x)
+    (made,) = group_norms.use_group_norms(gm.graph, group_norm)
+    assert "(+ " in made, made
+    (call,) = [n for n in gm.graph.nodes if n.target is group_norm]
+    written = call.meta["example_value"]
+    if shared_with_add:  # a mean reads it too: the traced (contiguous) layout
+        assert call.args[6] == (378, 63, 7, 1) and written.is_contiguous()
+    else:  # only convolutions: the input's channels-last layout, no transpose before them
+        assert call.args[6] == x.stride()
+        assert written.is_contiguous(memory_format=torch.channels_last)
+        assert not written.is_contiguous()
+    gm.recompile()
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x), rtol=1e-5, atol=1e-5)

@@ -1300,6 +1300,25 @@ MUTATIONS: list[Mutation] = [
         note="a row held whole written in the input's layout where the output's differs",
     ),
     Mutation(
+        "group_norm_channels_last_for_any_reader",
+        "pass: GroupNorm (the layout it writes)",
+        "fusebackend/passes/group_norms.py",
+        "        if not conv or not is_batched(reader) or reader.args[0] is not last:\n"
+        "            return None\n",
+        "",
+        ("tests/test_group_norm.py", "-k", "stays_channels_last"),
+        note="the input's layout written where a mean reads the value too (not a convolution)",
+    ),
+    Mutation(
+        "group_norm_never_channels_last",
+        "pass: GroupNorm (the layout it writes)",
+        "fusebackend/passes/group_norms.py",
+        "    return x.stride()\n",
+        "    return None\n",
+        ("tests/test_group_norm.py", "-k", "stays_channels_last"),
+        note="the traced NCHW layout written before convolutions: a transpose before each",
+    ),
+    Mutation(
         "group_norm_activation_of_a_shared_value_taken",
         "pass: GroupNorm (the activation it takes)",
         "fusebackend/passes/group_norms.py",

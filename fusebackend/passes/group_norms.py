@@ -12,6 +12,12 @@ Taken where the input's example has static sizes and strides, a floating dtype t
 computes (fp16, bf16, fp32), a layout it reads in place (``group_norm.takes``: the positions
 one strided dim, NCHW or channels-last), on a device Triton runs on, with a plain number of
 groups and eps; the weight and bias are None or hold one contiguous element per channel.
+
+The value is written in the traced layout, except where the input is channels-last, the
+traced value is not (aten's CUDA GroupNorm makes its input contiguous and gives an NCHW
+value) and only convolutions read it: then it stays channels-last, as the convolutions
+after it want it (``_input_layout_for_convolutions``; ResNet-V2's norm + ReLU before each
+convolution, in a graph ``passes/channels_last.py`` made channels-last).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fusebackend.passes.activations import kernel_activation_name
+from fusebackend.passes.conv_bias import CONVOLUTIONS, is_batched
 from fusebackend.passes.depthwise import ACTIVATIONS
 from fusebackend.passes.fx_util import evaluate, example_value, single_user, static_layout
 from fusebackend.passes.groups import op_call
@@ -89,6 +96,35 @@ def _activation(norm: torch.fx.Node) -> tuple[str, torch.fx.Node | None]:
     return name, reader
 
 
+def _input_layout_for_convolutions(
+    last: torch.fx.Node, x: Tensor, traced: Tensor
+) -> tuple[int, ...] | None:
+    """``x``'s strides, for the kernel to write its value in the input's layout rather than
+    the traced one, where ``x`` is channels-last and the traced value is not (aten's CUDA
+    GroupNorm makes its input contiguous first), and every reader of the value is a batched
+    convolution taking it as its input whose value keeps its layout when it gets the
+    channels-last one (with a channels-last weight, ``passes/channels_last.py``'s, cuDNN
+    gives a channels-last output either way). The kernel then writes channels-last, and the
+    convolution reads it as it is, without a transpose; else None (the traced layout)."""
+    if x.dim() != 4 or x.stride() == traced.stride() or x.stride(1) != 1 or x.is_contiguous():
+        return None
+    if not last.users:
+        return None
+    written = traced.as_strided(traced.shape, x.stride())
+    for reader in last.users:
+        conv = reader.op == "call_function" and (
+            reader.target in CONVOLUTIONS or getattr(reader.target, "conv2d_arguments", False)
+        )
+        if not conv or not is_batched(reader) or reader.args[0] is not last:
+            return None
+        if last in reader.args[1:] or last in reader.kwargs.values():
+            return None
+        value = evaluate(reader, lambda n: written if n is last else example_value(n))
+        if _layout(value) != _layout(example_value(reader)):
+            return None
+    return x.stride()
+
+
 def _layout(value: Tensor) -> tuple[Any, ...]:
     return tuple(value.shape), value.stride(), value.dtype, value.device
 
@@ -106,10 +142,12 @@ def use_group_norms(graph: torch.fx.Graph, kernel: Callable[..., Tensor]) -> lis
         name, activation = _activation(norm)
         last = activation or norm
         traced = example_value(last)
+        strides = _input_layout_for_convolutions(last, example_value(args[0]), traced)
         with graph.inserting_after(last):
-            node = graph.call_function(kernel, (*args, name, traced.stride()))
+            node = graph.call_function(kernel, (*args, name, strides or traced.stride()))
         node.meta["example_value"] = evaluate(node)
-        if _layout(example_value(node)) != _layout(traced) or not kernel.takes(traced):
+        wanted = traced if strides is None else traced.as_strided(traced.shape, strides)
+        if _layout(example_value(node)) != _layout(wanted) or not kernel.takes(wanted):
             graph.erase_node(node)  # (a value of another shape or place; an output layout
             continue  # the kernel does not write)
         last.replace_all_uses_with(node)
