@@ -8,9 +8,10 @@ unfused graph on every GPU; the interpreter never saw it. ``triton.compile`` wit
 ``GPUTarget`` runs the whole NVIDIA pipeline, ptxas included (Triton's wheel ships it),
 with no driver: every variant of ``matmul_group_kernel`` (each prologue, epilogue, dtype,
 split-K on and off, the debug build that checks cache indices), decode attention (split,
-folded combine, masks), the cache-write pair and the depthwise convolution (its window
-unrolled and in a loop) are compiled here, with the arguments their launchers build
-(``matmul._launch``, ``decode_attention._Plan``, ``depthwise_conv._launch``).
+folded combine, masks), the cache-write pair, the GroupNorm (rows whole and split) and the
+depthwise convolution (its window unrolled and in a loop) are compiled here, with the
+arguments their launchers build (``matmul._launch``, ``decode_attention._Plan``,
+``group_norm._launches``, ``depthwise_conv._launch``).
 
 TRITON_INTERPRET must not be set (the interpreter replaces the compiler):
 
@@ -38,7 +39,13 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from fusebackend.kernels import cache_write, depthwise_conv, matmul, matmul_triton  # noqa: E402
+from fusebackend.kernels import (  # noqa: E402
+    cache_write,
+    depthwise_conv,
+    group_norm,
+    matmul,
+    matmul_triton,
+)
 from fusebackend.kernels import decode_attention as attention  # noqa: E402
 from fusebackend.kernels.ir import MatmulGroup  # noqa: E402
 
@@ -212,6 +219,21 @@ def compile_depthwise(dtype: torch.dtype, window: int, residual: bool) -> Any:
     return compile_launch(depthwise_conv._kernel(), args, meta)
 
 
+def compile_group_norm(dtype: torch.dtype, layout: str, parts: int | None) -> Any:
+    """A GroupNorm + SiLU: rows held whole (``parts`` None, a small input), or a wide row
+    split into ``parts`` (1: one launch reading the row twice; more: the partial-sums
+    launch, then the normalising one). Each launch compiles its own kernel."""
+    shape = (1, 16, 9, 10) if parts is None else (1, 16, 40, 60)
+    x = torch.randn(shape).to(dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    vectors = [torch.randn(16).to(dtype) for _ in range(2)]
+    out = torch.empty_like(x)
+    launches = group_norm._launches(x, 4, *vectors, 1e-5, "silu", out, parts=parts)
+    for kernel, _, args, meta in launches:
+        compile_launch(kernel, args, meta)
+
+
 def cases() -> list[tuple[str, Any]]:
     """(label, a function compiling one variant)."""
     dtypes = (torch.float16, torch.bfloat16, torch.float32)
@@ -244,6 +266,10 @@ def cases() -> list[tuple[str, Any]]:
     for dtype, window, residual in itertools.product(dtypes, (3, 5), (False, True)):
         name = f"depthwise_conv2d {str(dtype)[6:]} {window}x{window} residual={residual}"
         found.append((name, functools.partial(compile_depthwise, dtype, window, residual)))
+    for dtype, layout, parts in itertools.product(dtypes, ("nchw", "channels_last"),
+                                                  (None, 1, 3)):  # fmt: skip
+        name = f"group_norm {str(dtype)[6:]} {layout} parts={parts}"
+        found.append((name, functools.partial(compile_group_norm, dtype, layout, parts)))
     return found
 
 

@@ -142,10 +142,11 @@ def _launches(x, groups, weight, bias, eps, activation, out, parts=None):
     rows = batch * groups
     channels_inner = x.stride(1) == 1 and per_group > 1 and positions > 1
     stats_kernel, apply_kernel = _kernels()
-    common = [groups, per_group, positions, elements]
+    common = [groups, elements]
     strides = [x.stride(0), x.stride(1), _spatial_stride(x)]
     out_strides = [out.stride(0), out.stride(1), _spatial_stride(out)]
     meta = {
+        "CG": per_group, "HW": positions,
         "CHANNELS_INNER": channels_inner, "HAS_WEIGHT": weight is not None,
         "HAS_BIAS": bias is not None, "HAS_ACT": bool(activation),
         "ACT": epilogue_function(activation_program(activation, x.dtype)),
@@ -170,8 +171,8 @@ def _launches(x, groups, weight, bias, eps, activation, out, parts=None):
         args = [x, x, *vectors, out, *common, chunk, eps, *strides, *out_strides]
         return [(apply_kernel, (rows, 1), args, {**meta, "PARTS": 0})]
     partial = x.new_empty((rows, parts, 2), dtype=torch.float32)  # (fake for a fake x)
-    stats_meta = {"CHANNELS_INNER": channels_inner, "STEPS": steps, "BLOCK": _BLOCK,
-                  "num_warps": 4}  # fmt: skip
+    stats_meta = {"CG": per_group, "HW": positions, "CHANNELS_INNER": channels_inner,
+                  "STEPS": steps, "BLOCK": _BLOCK, "num_warps": 4}  # fmt: skip
     return [
         (stats_kernel, (rows, parts), [x, partial, *common, chunk, *strides], stats_meta),
         (apply_kernel, (rows, parts),

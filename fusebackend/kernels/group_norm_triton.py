@@ -6,7 +6,10 @@ A group's elements are numbered ``e`` in ``[0, CG * HW)``: channel-major (``c = 
 for NCHW tensors, position-major (``c = e % CG``) where the channels are contiguous
 (``CHANNELS_INNER``), so consecutive elements are adjacent in memory either way. The element
 lies at ``(group's first channel + c) * sx_c + s * sx_s`` from its image's start: the H x W
-positions are one dim of stride ``sx_s`` (the launcher checks that they are).
+positions are one dim of stride ``sx_s`` (the launcher checks that they are). ``CG`` (channels
+a group) and ``HW`` (positions) are constants: the pass takes static shapes only, and each
+shape compiles its own kernel already (its loops' trip counts are constants too), so the
+division of ``e`` by them is a multiply and shift rather than a division routine.
 """
 
 import triton
@@ -69,8 +72,9 @@ def _finish(centred, rstd, c, g, CG, weight, bias, inside, dtype: tl.constexpr,
 
 
 @triton.jit
-def _group_norm_stats(x, partial, groups, CG, HW, elements, chunk, sx_n, sx_c, sx_s,
-                      CHANNELS_INNER: tl.constexpr, STEPS: tl.constexpr,
+def _group_norm_stats(x, partial, groups, elements, chunk, sx_n, sx_c, sx_s,
+                      CG: tl.constexpr, HW: tl.constexpr, CHANNELS_INNER: tl.constexpr,
+                      STEPS: tl.constexpr,
                       BLOCK: tl.constexpr):  # fmt: skip
     """Program (group row, part): the shifted sums over its part of the row's elements, into
     ``partial[row, part, 0:2]`` (fp32); the pivot is the row's first element."""
@@ -92,9 +96,10 @@ def _group_norm_stats(x, partial, groups, CG, HW, elements, chunk, sx_n, sx_c, s
 
 @triton.jit
 def _group_norm_apply(
-    x, partial, weight, bias, out, groups, CG, HW, elements, chunk, eps,
+    x, partial, weight, bias, out, groups, elements, chunk, eps,
     sx_n, sx_c, sx_s, so_n, so_c, so_s,
-    CHANNELS_INNER: tl.constexpr, WHOLE_ROW: tl.constexpr, PARTS: tl.constexpr,
+    CG: tl.constexpr, HW: tl.constexpr, CHANNELS_INNER: tl.constexpr, WHOLE_ROW: tl.constexpr,
+    PARTS: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ACT: tl.constexpr, ACT: tl.constexpr,
     STEPS: tl.constexpr, ROW_STEPS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
