@@ -406,3 +406,15 @@ def test_a_norm_read_by_convolutions_alone_stays_channels_last(shared_with_add, 
     gm.recompile()
     with torch.no_grad():
         torch.testing.assert_close(gm(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_launch_given_the_wrong_arguments_names_its_kernel():
+    # Triton's C launcher names no kernel in its TypeError; a fused graph's fallback reason
+    # is that message (a kernel launched through another's launcher on an H200, 2026-12-01)
+    from fusebackend.kernels.launch import run_on_device
+
+    x = torch.randn(2, 6, 5, 5)
+    ((kernel, grid, args, meta),) = group_norm_module._launches(x, 3, None, None, 1e-5, "",
+                                                               torch.empty_like(x))  # fmt: skip
+    with pytest.raises(TypeError, match=r"launching _group_norm_apply with 14 arguments"):
+        run_on_device(kernel, grid, args[:-1], meta, x.device)

@@ -295,13 +295,22 @@ def _collapse_lead(
 def run_on_device(kernel: Any, grid: tuple[int, ...], args: list[Any], meta: dict[str, Any],
                   device: torch.device) -> None:  # fmt: skip
     """``kernel[grid](*args, **meta)`` on ``device``: Triton launches on the current CUDA
-    device and its stream, so a tensor on another GPU needs that device made current."""
-    # Entering torch.cuda.device costs a few us per launch: only where it changes anything.
-    if device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
-        with torch.cuda.device(device):
+    device and its stream, so a tensor on another GPU needs that device made current. A
+    ``TypeError`` of the launch is raised again naming the kernel and the arguments given:
+    Triton's C launcher says only "function takes exactly 59 arguments (30 given)", which is
+    what a fused graph's fallback reason showed on an H200 (2026-12-01) when a kernel ran
+    through another kernel's launcher."""
+    try:
+        # Entering torch.cuda.device costs a few us per launch: only where it changes anything.
+        if device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
+            with torch.cuda.device(device):
+                kernel[grid](*args, **meta)
+        else:
             kernel[grid](*args, **meta)
-    else:
-        kernel[grid](*args, **meta)
+    except TypeError as exc:
+        name = getattr(getattr(kernel, "fn", None), "__name__", type(kernel).__name__)
+        raise TypeError(f"{exc} (launching {name} with {len(args)} arguments and "
+                        f"{len(meta)} meta-parameters: {', '.join(meta)})") from exc  # fmt: skip
 
 
 def _blocks(layout: str, width: int, block_d: int) -> tuple[int, int]:
