@@ -5,10 +5,12 @@ the ``N x groups`` rows (``C / groups`` channels over every position) is normali
 own mean and biased variance, in fp32, then scaled and shifted per channel, rounded to the
 input's dtype (as eager's ``group_norm`` gives it), and the activation (``kernels/epilogue.py``'s
 function of a ``kernels.ir.ACTIVATIONS`` name, the row kernels' own math) runs on that value
-and rounds again, as eager's separate activation does. ResNet-V2 (BiT), NFNet-free GroupNorm
-nets and the ResNet blocks of diffusion UNets run a GroupNorm + ReLU or SiLU before each
-convolution; aten runs it as three kernels (moments, per-channel constants, the normalise
-pass) and the activation as a fourth, reading and writing the tensor twice.
+and rounds again, as eager's separate activation does. ResNet-V2 (BiT) and the ResNet blocks
+of diffusion UNets run a GroupNorm + ReLU or SiLU before each convolution; aten runs it as
+three kernels (moments, per-channel constants, the normalise pass) and the activation as a
+fourth, reading and writing the tensor twice. With its ReLU the kernel took 0.18-0.90x the
+time of aten's GroupNorm and ReLU at BiT's and a UNet's shapes (H200, fp16, NCHW and
+channels-last, 2026-12-01, ``benchmarks/diag/diag_group_norm.py``; docs/PERFORMANCE.md).
 
 Launches: where a row has at most ``_WHOLE_ROW`` elements a program holds it in registers,
 reads it once and writes it once. Wider rows are read twice, in ``_BLOCK`` chunks: once for
@@ -20,7 +22,8 @@ up and normalises its part.
 
 Any layout whose positions form one strided dim is read in place (NCHW, channels-last, a
 contiguous ``[N, C, L]``); channels-last rows are walked position by position, so that
-consecutive elements are adjacent. The output has the input's strides. On a device Triton
+consecutive elements are adjacent. The output has the strides asked for (the input's by
+default), its positions one strided dim too. On a device Triton
 cannot use, or a layout it does not take, the value is computed with aten's ops; on fake
 tensors (passes working out shapes and layouts) the call gives an empty output.
 """
