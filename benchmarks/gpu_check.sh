@@ -2,7 +2,7 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|census|suite|tp|sentence|vision|firstcall|swin|diag]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|census|suite|tp|sentence|vision|groupnorm|firstcall|swin|diag]...
 #
 # Knobs (environment): COMMIT (the commit measured, for run.py's --commit: the device's
 # copy of the checkout has no git), GPU_TESTS (test paths for "tests", default tests), FASTGEN_ARGS (the
@@ -204,6 +204,34 @@ for step in $steps; do
                 --shape "$shape" --variants default,call1 --profile none \
                 --out "$OUT/diag_sentence_passes_$shape.json"
         done
+        ;;
+    groupnorm)
+        # The GroupNorm kernel (2026-12-01): its GPU tests beside the depthwise and
+        # spatial-mean ones (at 2d660d0, with 8 workers, two models launched a kernel through
+        # another kernel's C launcher); the Triton cache's launchers, for the cause (do two
+        # launcher files share an inode number, as glibc's dlopen would take for one file?);
+        # the kernel against aten's (diag_group_norm.py); ResNet-V2-50x1-BiT against
+        # reduce-overhead (~80 s)
+        run_step gpu_tests_groupnorm python3 -m pytest -q -m gpu -rfEs $parallel \
+            tests/test_group_norm_gpu.py tests/test_depthwise_gpu.py tests/test_spatial_means_gpu.py
+        run_step triton_launchers python3 - <<'LAUNCHERS'
+import collections, os, subprocess
+root = os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache")
+print(root, subprocess.run(["stat", "-f", "-c", "%T", root], capture_output=True, text=True).stdout)
+files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".so")]
+by_inode = collections.defaultdict(list)
+for path in files:
+    st = os.stat(path)
+    by_inode[st.st_dev, st.st_ino].append(path)
+shared = {k: v for k, v in by_inode.items() if len(v) > 1}
+print(len(files), "launcher files,", len(shared), "inode numbers shared:", list(shared.items())[:5])
+LAUNCHERS
+        run_step diag_group_norm python3 benchmarks/diag/diag_group_norm.py \
+            --out "$OUT/diag_group_norm.json"
+        run_step bench_vision_bit python3 benchmarks/vision.py --models resnetv2_50x1_bit \
+            --backends reduce-overhead,infinifuse --no-kernel-counts --calls 30 --warmup 5 \
+            --child-timeout 120 ${COMMIT:+--commit "$COMMIT"} --out "$OUT/vision_bit.json" \
+            --ledger "$OUT/vision_bit_ledger.jsonl"
         ;;
     vision)
         # timm vision models, each (model, backend) in a cold process (issue 38). The defaults
