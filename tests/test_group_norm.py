@@ -6,7 +6,8 @@ shapes, every layout it reads (NCHW, channels-last, ``[N, C, L]``, ``[N, C]``), 
 layout other than the input's, rows held whole and rows split into parts (one launch and
 two), every activation and dtype, a mean far from zero; the pass through the backend on
 blocks written as timm and diffusers write them (BiT's pre-activation bottleneck with
-weight-standardised convolutions, a UNet ResNet block with SiLU): which norms it takes, with
+weight-standardised convolutions, a UNet ResNet block with SiLU; transformers' Wav2Vec2
+feature encoder, a group per channel then GELU): which norms it takes, with
 which activation, outputs equal to eager's, weights edited after compiling; what it leaves
 (a norm read twice keeps its activation apart, another device type, a strided view).
 The pass takes CUDA graphs only; these tests add the CPU (``DEVICE_TYPES``).
@@ -418,3 +419,30 @@ def test_a_launch_given_the_wrong_arguments_names_its_kernel():
                                                                torch.empty_like(x))  # fmt: skip
     with pytest.raises(TypeError, match=r"launching _group_norm_apply with 14 arguments"):
         run_on_device(kernel, grid, args[:-1], meta, x.device)
+
+
+def test_wav2vec2s_feature_encoder_runs_its_norm_and_gelu_as_one_kernel(cpu_gates, fused_graphs):
+    # transformers' Wav2Vec2 (and HuBERT's, WavLM's) first feature convolution: a GroupNorm
+    # with a group per channel over [N, C, L], then GELU
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+        conv_dim=(16, 16), conv_kernel=(10, 3), conv_stride=(5, 2), feat_extract_norm="group",
+        num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2,
+    )  # fmt: skip
+    torch.manual_seed(7)
+    model = transformers.Wav2Vec2Model(config).eval()
+    torch._dynamo.reset()
+    before = fusebackend.reports()
+    compiled = torch.compile(model, backend="infinifuse")
+    x = torch.randn(2, 403)
+    with torch.no_grad():
+        for _ in range(2):
+            out = compiled(x).last_hidden_state
+        expected = model(x).last_hidden_state
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    made = [m for graph in graphs_since(before) for m in graph.rewrites.get("group_norms", [])]
+    assert len(made) == 1 and "(+ " in made[0], made
+    (call,) = [n for g in fused_graphs if g is not None for n in g.graph.nodes
+               if n.target is group_norm]  # fmt: skip
+    assert call.args[1] == 16 and call.args[5] == "gelu"  # a group per channel
