@@ -63,7 +63,9 @@ def _launch_split(x, groups, weight, bias, eps, activation, parts):
     ("shape", "groups", "layout"),
     [
         ((2, 12, 5, 7), 3, "nchw"),  # rows of 140: held whole
-        ((2, 12, 5, 7), 4, "channels_last"),
+        ((2, 12, 5, 7), 4, "channels_last"),  # 3 channels a group: several groups a program
+        ((2, 16, 9, 11), 2, "channels_last"),  # 8 fp32 channels (32 bytes): a group a program
+        ((1, 16, 45, 23), 2, "channels_last"),  # the same, rows of 8280 read in parts
         ((1, 10, 45, 23), 2, "nchw"),  # rows of 5175: read twice, in parts
         ((1, 10, 45, 23), 5, "channels_last"),  # two channels a group, positions outer
         ((3, 9, 11), 3, "nchw"),  # [N, C, L]
@@ -113,6 +115,22 @@ def test_the_launcher_splits_few_wide_rows_and_holds_narrow_ones_whole():
     assert kinds["narrow"] == [((32, 1), True)]
     (stats, _), (apply, whole) = kinds["wide"]
     assert stats == apply and stats[0] == 32 and stats[1] > 1 and whole is False
+
+
+def test_channels_last_groups_of_few_bytes_are_read_several_a_program():
+    kinds = {}
+    for name, shape, dtype in (("bit", (1, 256, 56, 56), torch.float16),  # 16 bytes a group
+                               ("wide", (1, 512, 28, 28), torch.float16),  # 32 bytes
+                               ("unet", (2, 320, 64, 64), torch.float16),  # 20 bytes
+                               ("small", (2, 64, 6, 5), torch.float32)):  # fmt: skip
+        x = torch.empty(shape, dtype=dtype).contiguous(memory_format=torch.channels_last)
+        launches = group_norm_module._launches(x, 32, None, None, 1e-5, "", x)
+        kinds[name] = [(k.fn.__name__ if hasattr(k, "fn") else k.__name__, meta.get("GPP"))
+                       for k, _, _, meta in launches]  # fmt: skip
+    assert kinds["bit"] == [("_grouped_stats", 4), ("_grouped_apply", 4)], kinds
+    assert kinds["wide"] == [("_group_norm_stats", None), ("_group_norm_apply", None)], kinds
+    assert [k for k, _ in kinds["unet"]] == ["_grouped_stats", "_grouped_apply"], kinds
+    assert kinds["small"] == [("_grouped_apply", 8)], kinds  # 2 fp32 channels, held whole
 
 
 @pytest.mark.parametrize("activation", sorted(_TORCH_ACTIVATIONS))

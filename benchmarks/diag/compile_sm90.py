@@ -219,15 +219,16 @@ def compile_depthwise(dtype: torch.dtype, window: int, residual: bool) -> Any:
     return compile_launch(depthwise_conv._kernel(), args, meta)
 
 
-def compile_group_norm(dtype: torch.dtype, layout: str, parts: int | None) -> Any:
-    """A GroupNorm + SiLU: rows held whole (``parts`` None, a small input), or a wide row
-    split into ``parts`` (1: one launch reading the row twice; more: the partial-sums
-    launch, then the normalising one). Each launch compiles its own kernel."""
-    shape = (1, 16, 9, 10) if parts is None else (1, 16, 40, 60)
+def compile_group_norm(dtype: torch.dtype, layout: str, parts: int | None, channels: int) -> Any:
+    """A GroupNorm (4 groups of ``channels``) + SiLU: rows held whole (``parts`` None, a
+    small input), or a wide row split into ``parts`` (1: one launch reading the row twice;
+    more: the partial-sums launch, then the normalising one). Each launch compiles its own
+    kernel; channels-last groups of under 32 bytes run the several-groups kernels."""
+    shape = (1, channels, 9, 10) if parts is None else (1, channels, 40, 60)
     x = torch.randn(shape).to(dtype)
     if layout == "channels_last":
         x = x.contiguous(memory_format=torch.channels_last)
-    vectors = [torch.randn(16).to(dtype) for _ in range(2)]
+    vectors = [torch.randn(channels).to(dtype) for _ in range(2)]
     out = torch.empty_like(x)
     launches = group_norm._launches(x, 4, *vectors, 1e-5, "silu", out, parts=parts)
     for kernel, _, args, meta in launches:
@@ -266,10 +267,13 @@ def cases() -> list[tuple[str, Any]]:
     for dtype, window, residual in itertools.product(dtypes, (3, 5), (False, True)):
         name = f"depthwise_conv2d {str(dtype)[6:]} {window}x{window} residual={residual}"
         found.append((name, functools.partial(compile_depthwise, dtype, window, residual)))
-    for dtype, layout, parts in itertools.product(dtypes, ("nchw", "channels_last"),
-                                                  (None, 1, 3)):  # fmt: skip
-        name = f"group_norm {str(dtype)[6:]} {layout} parts={parts}"
-        found.append((name, functools.partial(compile_group_norm, dtype, layout, parts)))
+    for dtype, layout, parts, channels in itertools.product(dtypes, ("nchw", "channels_last"),
+                                                            (None, 1, 3), (16, 64)):  # fmt: skip
+        if layout == "nchw" and channels == 64:
+            continue  # (the same kernel as 16 channels)
+        name = f"group_norm {str(dtype)[6:]} {layout} parts={parts} channels={channels}"
+        build = functools.partial(compile_group_norm, dtype, layout, parts, channels)
+        found.append((name, build))
     return found
 
 

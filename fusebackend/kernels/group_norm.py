@@ -22,10 +22,13 @@ up and normalises its part.
 
 Any layout whose positions form one strided dim is read in place (NCHW, channels-last, a
 contiguous ``[N, C, L]``); channels-last rows are walked position by position, so that
-consecutive elements are adjacent. The output has the strides asked for (the input's by
-default), its positions one strided dim too. On a device Triton
-cannot use, or a layout it does not take, the value is computed with aten's ops; on fake
-tensors (passes working out shapes and layouts) the call gives an empty output.
+consecutive elements are adjacent, and where a group's channels are under 32 bytes a
+position (BiT's 8 fp16 channels) a program reads several adjacent groups as one
+``[positions, groups, channels]`` tile (``_grouped_launches``), its statistics per group.
+The output has the strides asked for (the input's by default), its positions one strided
+dim too. On a device Triton cannot use, or a layout it does not take, the value is computed
+with aten's ops; on fake tensors (passes working out shapes and layouts) the call gives an
+empty output.
 """
 
 from __future__ import annotations
@@ -53,6 +56,12 @@ _MAX_PARTS = 64  # parts a row is split into at most
 _MIN_PART = 2 * _BLOCK  # elements of a part at least
 _INT32_OFFSETS = 2**31 - 1  # an image's elements up to this many: int32 offsets within it
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# A channels-last group of fewer bytes than this a position is read several groups a program
+# (``_grouped_launches``): BiT's 8 fp16 channels (16 bytes) took 11.45 against 5.27 us NCHW
+# at 1 x 256 x 56 x 56 and 41.63 against 13.76 at batch 8, a UNet's 10 (20 bytes) 26.37
+# against 9.45, where 16 channels (32 bytes) took 5.08 against 4.84 (H200, 2026-12-01,
+# diag_group_norm.py, one group a program).
+_GROUPED_BELOW_BYTES = 32
 
 
 def group_norm(
@@ -144,7 +153,9 @@ def _launches(x, groups, weight, bias, eps, activation, out, parts=None):
     elements = per_group * positions
     rows = batch * groups
     channels_inner = x.stride(1) == 1 and per_group > 1 and positions > 1
-    stats_kernel, apply_kernel = _kernels()
+    if channels_inner and per_group * x.element_size() < _GROUPED_BELOW_BYTES:
+        return _grouped_launches(x, groups, weight, bias, eps, activation, out, parts)
+    stats_kernel, apply_kernel = _kernels()[:2]
     common = [groups, elements]
     strides = [x.stride(0), x.stride(1), _spatial_stride(x)]
     out_strides = [out.stride(0), out.stride(1), _spatial_stride(out)]
@@ -184,6 +195,67 @@ def _launches(x, groups, weight, bias, eps, activation, out, parts=None):
     ]  # fmt: skip
 
 
+def _grouped_launches(x, groups, weight, bias, eps, activation, out, parts=None):
+    """``_launches`` for a channels-last ``x`` whose groups are few channels: several
+    adjacent groups a program, ``[positions, groups, channels]`` tiles
+    (``kernels/group_norm_triton.py``'s second pair). The positions are what is split into
+    parts."""
+    batch, channels = x.shape[:2]
+    positions = math.prod(x.shape[2:])
+    per_group = channels // groups
+    padded = triton_next_power_of_2(per_group)
+    together = 1  # groups a program: a position's loads span this many groups' channels
+    while together * per_group * x.element_size() < 64 and together < min(groups, 16):
+        together *= 2
+    block_groups = _ceil_div(groups, together)
+    programs = batch * block_groups
+    _, _, stats_kernel, apply_kernel = _kernels()
+    vectors = [x if weight is None else weight, x if bias is None else bias]
+    strides = [x.stride(0), x.stride(1), _spatial_stride(x)]
+    out_strides = [out.stride(0), out.stride(1), _spatial_stride(out)]
+    shape = {"CG": per_group, "CGP": padded, "GPP": together, "HW": positions}
+    meta = {
+        **shape, "HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None,
+        "HAS_ACT": bool(activation),
+        "ACT": epilogue_function(activation_program(activation, x.dtype)),
+    }  # fmt: skip
+    whole = triton_next_power_of_2(positions)
+    if whole * together * padded <= _WHOLE_ROW and parts is None:
+        meta = {
+            **meta,
+            "WHOLE_ROW": True,
+            "PARTS": 0,
+            "STEPS": 1,
+            "ROW_STEPS": 1,
+            "BLOCK_P": whole,
+            "num_warps": 8 if whole * together * padded >= 4096 else 4,
+        }
+        args = [x, x, *vectors, out, groups, block_groups, positions, eps, *strides,
+                *out_strides]  # fmt: skip
+        return [(apply_kernel, (programs, 1), args, meta)]
+    block_p = max(1, _BLOCK // (together * padded))
+    if parts is None:
+        most = max(1, positions // (2 * block_p))
+        parts = max(1, min(_MAX_PARTS, _ceil_div(_PROGRAMS, programs), most))
+    chunk = _ceil_div(_ceil_div(positions, parts), block_p) * block_p
+    parts = _ceil_div(positions, chunk)
+    steps = chunk // block_p
+    meta = {**meta, "WHOLE_ROW": False, "STEPS": steps, "ROW_STEPS": steps if parts == 1 else 1,
+            "BLOCK_P": block_p, "num_warps": 4}  # fmt: skip
+    args_tail = [groups, block_groups, chunk, eps, *strides, *out_strides]
+    if parts == 1:
+        return [(apply_kernel, (programs, 1), [x, x, *vectors, out, *args_tail],
+                 {**meta, "PARTS": 0})]  # fmt: skip
+    partial = x.new_empty((batch * groups, parts, 2), dtype=torch.float32)
+    stats_meta = {**shape, "STEPS": steps, "BLOCK_P": block_p, "num_warps": 4}
+    return [
+        (stats_kernel, (programs, parts),
+         [x, partial, groups, block_groups, chunk, *strides], stats_meta),
+        (apply_kernel, (programs, parts), [x, partial, *vectors, out, *args_tail],
+         {**meta, "PARTS": triton_next_power_of_2(parts)}),
+    ]  # fmt: skip
+
+
 def precompile_group_norm(x, groups, weight, bias, eps, activation="", strides=None) -> None:
     """Compile the kernels ``group_norm`` launches on such arguments (their tensors may be
     fake), without running them."""
@@ -211,12 +283,13 @@ group_norm.takes = takes  # type: ignore[attr-defined]  # (asked by passes/group
 
 
 @functools.cache  # (each uncaptured launch asks: one lookup, not an import statement)
-def _kernels() -> tuple[Any, Any]:
+def _kernels() -> tuple[Any, Any, Any, Any]:
     """The Triton kernels (``kernels/group_norm_triton.py``, imported at the first call: it
-    imports Triton, which importing this module must not)."""
-    from fusebackend.kernels.group_norm_triton import _group_norm_apply, _group_norm_stats
+    imports Triton, which importing this module must not): a group a program (stats,
+    apply), then several groups a program (stats, apply)."""
+    from fusebackend.kernels import group_norm_triton as k
 
-    return _group_norm_stats, _group_norm_apply
+    return k._group_norm_stats, k._group_norm_apply, k._grouped_stats, k._grouped_apply
 
 
 def _ceil_div(a: int, b: int) -> int:
