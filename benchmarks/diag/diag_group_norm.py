@@ -5,7 +5,8 @@ by ``triton.testing.do_bench``) of ``F.relu(F.group_norm(x, 32, w, b))`` (aten: 
 kernels, then the activation's) and of ``group_norm(x, 32, w, b, eps, "relu")``, fp16, at
 the GroupNorm inputs of ResNet-V2-50 (BiT, 224 x 224 images: one per stage) at batch 1 and
 8 and of a diffusion UNet's first resolution, NCHW and channels-last, and the kernel's launch
-plan for each (rows held whole, or split into how many parts).
+plan for each (rows held whole, or split into how many parts); where a channels-last input
+is read several groups a program, the one-group-a-program kernels' time too.
 
     python benchmarks/diag/diag_group_norm.py [--out /tmp/group_norm.json]
 """
@@ -55,6 +56,16 @@ def main() -> None:
             row = {"shape": [batch, channels, side, side], "layout": layout,
                    "aten_us": round(aten, 2), "kernel_us": round(kernel, 2),
                    "ratio": round(kernel / aten, 3), "plan": plan(x)}  # fmt: skip
+            if "GPP" in group_norm_module._launches(x, 32, w, b, 1e-5, "relu", x)[-1][3]:
+                # the same launch with a group a program, as before the several-groups
+                # kernels: what their rule (_GROUPED_BELOW_BYTES) rests on
+                threshold = group_norm_module._GROUPED_BELOW_BYTES
+                group_norm_module._GROUPED_BELOW_BYTES = 0
+                try:
+                    one = device_us(lambda: group_norm(x, 32, w, b, 1e-5, "relu"))  # noqa: B023
+                finally:
+                    group_norm_module._GROUPED_BELOW_BYTES = threshold
+                row["one_group_a_program_us"] = round(one, 2)
             print(json.dumps(row), flush=True)
             rows.append(row)
     if args.out:
