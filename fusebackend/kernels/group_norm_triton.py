@@ -1,6 +1,8 @@
 """The Triton kernels of ``kernels/group_norm.py`` (``group_norm``): the math is described
 there. Imported by ``group_norm._kernels`` at its first call (a precompile or a launch): this
-module imports Triton at its top, which importing ``fusebackend.kernels`` must not.
+module imports Triton at its top, which importing ``fusebackend.kernels`` must not. Two
+pairs of kernels (partial sums, normalise): a group a program, and, further down, several
+adjacent groups a program for channels-last groups of few channels.
 
 A group's elements are numbered ``e`` in ``[0, CG * HW)``: channel-major (``c = e // HW``)
 for NCHW tensors, position-major (``c = e % CG``) where the channels are contiguous
