@@ -93,6 +93,7 @@ import torch.fx
 import torch.nn.functional as F
 
 from fusebackend.passes.fx_util import (
+    bound_arguments,
     call_evaluated,
     evaluate,
     example_value,
@@ -340,9 +341,4 @@ def sdpa_arguments(node: torch.fx.Node) -> dict[str, Any] | None:
     """An SDPA call's arguments by name, defaults filled in; None for any other node."""
     if not (node.op == "call_function" and node.target is F.scaled_dot_product_attention):
         return None
-    try:
-        bound = _SDPA.bind(*node.args, **node.kwargs)
-    except TypeError:
-        return None
-    bound.apply_defaults()
-    return bound.arguments
+    return bound_arguments(node, _SDPA)

@@ -35,6 +35,7 @@ import torch
 import torch.fx
 
 from fusebackend.passes.fx_util import (
+    bound_arguments,
     evaluate,
     example_value,
     method_evaluated,
@@ -108,12 +109,9 @@ def _reduction(node: torch.fx.Node) -> tuple[str, Any, dict[str, Any]] | None:
     if row is None or row[0].name not in _KINDS:
         return None
     op, signature = row
-    try:
-        bound = signature.bind(*node.args, **node.kwargs)
-    except TypeError:
+    params = bound_arguments(node, signature)
+    if params is None:
         return None
-    bound.apply_defaults()
-    params = dict(bound.arguments)
     return op.name, params.pop("input"), params
 
 

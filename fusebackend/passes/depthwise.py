@@ -49,7 +49,13 @@ from torch import Tensor
 from fusebackend.passes.activations import kernel_activation_name
 from fusebackend.passes.conv_activation import conv2d_arguments
 from fusebackend.passes.conv_bias import CONVOLUTIONS, is_batched
-from fusebackend.passes.fx_util import evaluate, example_value, known_contiguous, static_layout
+from fusebackend.passes.fx_util import (
+    evaluate,
+    example_value,
+    known_contiguous,
+    static_layout,
+    tensor_layout,
+)
 from fusebackend.passes.graph import is_mutation
 from fusebackend.passes.groups import op_call
 
@@ -107,10 +113,6 @@ def _per_channel(node: Any, channels: int, shapes: tuple[tuple[int, ...], ...] =
     if not value.is_floating_point() or not value.is_contiguous() or value.numel() != channels:
         return False
     return shape in ((channels, 1, 1), (1, channels, 1, 1), *shapes)
-
-
-def _layout(value: Tensor) -> tuple[Any, ...]:
-    return tuple(value.shape), value.stride(), value.dtype, value.device
 
 
 def _only_reader(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -184,7 +186,7 @@ def use_depthwise_convs(graph: torch.fx.Graph, kernel: Callable[..., Tensor]) ->
         with graph.inserting_after(last):
             node = graph.call_function(kernel, operands)
         node.meta["example_value"] = evaluate(node)
-        if _layout(example_value(node)) != _layout(example_value(last)):
+        if tensor_layout(example_value(node)) != tensor_layout(example_value(last)):
             graph.erase_node(node)  # (the kernel gives the value another shape or place)
             continue
         last.replace_all_uses_with(node)
@@ -217,7 +219,9 @@ def take_residual_adds(graph: torch.fx.Graph, kernel: Callable[..., Tensor]) -> 
         value, residual = example_value(node), example_value(other)
         if not (isinstance(residual, Tensor) and static_layout(residual)):
             continue
-        if _layout(example_value(add)) != _layout(value) or _another_tensor(residual, value):
+        if tensor_layout(example_value(add)) != tensor_layout(value):
+            continue
+        if _another_tensor(residual, value):
             continue
         if _writes_between(node, add):
             continue

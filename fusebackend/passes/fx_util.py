@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -10,6 +11,7 @@ import torch
 import torch.fx
 
 __all__ = [
+    "bound_arguments",
     "evaluate",
     "example_value",
     "known_channels_last",
@@ -18,6 +20,7 @@ __all__ = [
     "nodes_between",
     "placeholders",
     "single_user",
+    "tensor_layout",
     "static_fake",
     "static_tensor",
 ]
@@ -59,6 +62,17 @@ def nodes_between(start: torch.fx.Node, end: torch.fx.Node) -> Iterator[torch.fx
     while node is not end:
         yield node
         node = node.next
+
+
+def bound_arguments(node: torch.fx.Node, signature: inspect.Signature) -> dict[str, Any] | None:
+    """``node``'s arguments bound to ``signature`` by name, defaults filled in; None where
+    they do not bind."""
+    try:
+        bound = signature.bind(*node.args, **node.kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    return dict(bound.arguments)
 
 
 def single_user(node: object) -> torch.fx.Node | None:
@@ -225,6 +239,11 @@ def same_layout(a: object, b: object) -> bool:
         return False
     assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
     return (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
+
+
+def tensor_layout(value: torch.Tensor) -> tuple[Any, ...]:
+    """What a rewrite must keep of a value: its shape, strides, dtype and device."""
+    return tuple(value.shape), value.stride(), value.dtype, value.device
 
 
 def static_layout(value: object) -> bool:

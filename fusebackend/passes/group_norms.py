@@ -34,7 +34,14 @@ from torch import Tensor
 from fusebackend.passes.activations import kernel_activation_name
 from fusebackend.passes.conv_bias import CONVOLUTIONS, is_batched
 from fusebackend.passes.depthwise import ACTIVATIONS
-from fusebackend.passes.fx_util import evaluate, example_value, single_user, static_layout
+from fusebackend.passes.fx_util import (
+    bound_arguments,
+    evaluate,
+    example_value,
+    single_user,
+    static_layout,
+    tensor_layout,
+)
 from fusebackend.passes.groups import op_call
 
 __all__ = ["DEVICE_TYPES", "use_group_norms"]
@@ -50,13 +57,11 @@ def _arguments(node: torch.fx.Node, takes: Callable[[Tensor], bool]) -> tuple | 
     """``(x, groups, weight, bias, eps)`` of a GroupNorm the kernel takes, else None."""
     if node.op != "call_function" or node.target not in _TARGETS:
         return None
-    try:
-        bound = _SIGNATURE.bind(*node.args, **node.kwargs)
-    except TypeError:
+    bound = bound_arguments(node, _SIGNATURE)
+    if bound is None:
         return None
-    bound.apply_defaults()
-    x, groups, weight, bias, eps = (bound.arguments[k] for k in
-                                    ("input", "num_groups", "weight", "bias", "eps"))  # fmt: skip
+    x, groups, weight, bias, eps = (bound[k] for k in ("input", "num_groups", "weight", "bias",
+                                                       "eps"))  # fmt: skip
     value = example_value(x)
     if not isinstance(x, torch.fx.Node) or not static_layout(value) or value.dim() < 2:
         return None
@@ -91,7 +96,7 @@ def _activation(norm: torch.fx.Node) -> tuple[str, torch.fx.Node | None]:
     if not name or call.params.get("inplace") or list(call.operands[:1]) != [norm]:
         return "", None
     value, result = example_value(norm), example_value(reader)
-    if _layout(result) != _layout(value):
+    if tensor_layout(result) != tensor_layout(value):
         return "", None
     return name, reader
 
@@ -120,13 +125,9 @@ def _input_layout_for_convolutions(
         if last in reader.args[1:] or last in reader.kwargs.values():
             return None
         value = evaluate(reader, lambda n: written if n is last else example_value(n))
-        if _layout(value) != _layout(example_value(reader)):
+        if tensor_layout(value) != tensor_layout(example_value(reader)):
             return None
     return x.stride()
-
-
-def _layout(value: Tensor) -> tuple[Any, ...]:
-    return tuple(value.shape), value.stride(), value.dtype, value.device
 
 
 def use_group_norms(graph: torch.fx.Graph, kernel: Callable[..., Tensor]) -> list[str]:
@@ -147,7 +148,7 @@ def use_group_norms(graph: torch.fx.Graph, kernel: Callable[..., Tensor]) -> lis
             node = graph.call_function(kernel, (*args, name, strides or traced.stride()))
         node.meta["example_value"] = evaluate(node)
         wanted = traced if strides is None else traced.as_strided(traced.shape, strides)
-        if _layout(example_value(node)) != _layout(wanted) or not kernel.takes(wanted):
+        if tensor_layout(example_value(node)) != tensor_layout(wanted) or not kernel.takes(wanted):
             graph.erase_node(node)  # (a value of another shape or place; an output layout
             continue  # the kernel does not write)
         last.replace_all_uses_with(node)
