@@ -46,6 +46,25 @@ TOLERANCES: dict[torch.dtype, dict[str, float]] = {
 }
 
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Eager's function for each activation name a kernel epilogue takes (kernels.ir.ACTIVATIONS,
+# "" the identity; "gelu_new", transformers' NewGELU, is test_epilogue.py's alone)
+EAGER_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "": lambda y: y,
+    "relu": torch.relu,
+    "relu6": torch.nn.functional.relu6,
+    "silu": torch.nn.functional.silu,
+    "hardswish": torch.nn.functional.hardswish,
+    "hardsigmoid": torch.nn.functional.hardsigmoid,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh"),
+}
+# (rtol, atol) of a hand-written vision kernel (depthwise convolution, GroupNorm) with its
+# activation, against eager's ops in fp32 rounded once
+KERNEL_TOLERANCES = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
 INDEX_DTYPES = [torch.int64, torch.int32]
 
 

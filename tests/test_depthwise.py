@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import graphs_since
+from helpers import EAGER_ACTIVATIONS, KERNEL_TOLERANCES, graphs_since
 from test_batch_norm_folding import _randomize_statistics as _randomize
 from test_channels_last import ConvNeXtBlock, MBConv
 
@@ -26,22 +26,6 @@ from fusebackend.kernels import depthwise_conv
 from fusebackend.kernels.depthwise_conv import depthwise_conv2d
 from fusebackend.passes import depthwise
 
-TOLERANCES = {
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1.6e-2, 1.6e-2),
-}
-_TORCH_ACTIVATIONS = {
-    "": lambda y: y,
-    "relu": F.relu,
-    "relu6": F.relu6,
-    "silu": F.silu,
-    "hardswish": F.hardswish,
-    "hardsigmoid": F.hardsigmoid,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
-}
-
 
 def _expected(x, weight, stride, padding, dilation, center, scale, shift, activation):
     """The kernel's value in aten's fp32 ops, rounded once."""
@@ -49,7 +33,7 @@ def _expected(x, weight, stride, padding, dilation, center, scale, shift, activa
     for vector, op in ((center, torch.sub), (scale, torch.mul), (shift, torch.add)):
         if vector is not None:
             y = op(y, vector.float().view(-1, 1, 1))
-    return _TORCH_ACTIVATIONS[activation](y).to(x.dtype)
+    return EAGER_ACTIVATIONS[activation](y).to(x.dtype)
 
 
 @pytest.mark.parametrize(
@@ -94,7 +78,7 @@ def test_only_windows_over_three_by_three_loop_over_their_rows():
     assert looped == {(3, 3): False, (1, 3): False, (3, 5): True, (5, 5): True, (7, 7): True}
 
 
-@pytest.mark.parametrize("activation", sorted(_TORCH_ACTIVATIONS))
+@pytest.mark.parametrize("activation", sorted(EAGER_ACTIVATIONS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_every_activation_and_dtype(activation, dtype):
     torch.manual_seed(1)
@@ -105,7 +89,7 @@ def test_every_activation_and_dtype(activation, dtype):
     args = (x, weight, (1, 1), (1, 1), (1, 1), None, scale, shift, activation)
     out = depthwise_conv2d(*args)
     assert out.dtype == dtype
-    rtol, atol = TOLERANCES[dtype]
+    rtol, atol = KERNEL_TOLERANCES[dtype]
     torch.testing.assert_close(out.float(), _expected(*args).float(), rtol=rtol, atol=atol)
 
 
@@ -423,7 +407,7 @@ def test_a_residual_is_added_as_eagers_add_through_its_strides(dtype):
     out = depthwise_conv2d(*args, residual, cat[:, 3:])
     assert out.data_ptr() == cat[:, 3:].data_ptr() and not cat[:, :3].any()
     expected = _expected(*args).to(dtype) + residual
-    rtol, atol = TOLERANCES[dtype]
+    rtol, atol = KERNEL_TOLERANCES[dtype]
     torch.testing.assert_close(out.float(), expected.float(), rtol=rtol, atol=atol)
 
 

@@ -13,10 +13,9 @@ import inspect
 
 import pytest
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
-from helpers import assert_close
+from helpers import EAGER_ACTIVATIONS, assert_close
 
 from fusebackend.kernels import matmul_triton
 from fusebackend.kernels.epilogue import (
@@ -38,17 +37,7 @@ from fusebackend.kernels.ir import (
 pytest.importorskip("transformers")
 from transformers.activations import ACT2FN  # noqa: E402
 
-EAGER = {
-    "": lambda x: x,
-    "silu": F.silu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": torch.relu,
-    "gelu_new": ACT2FN["gelu_new"],
-    "relu6": F.relu6,
-    "hardswish": F.hardswish,
-    "hardsigmoid": F.hardsigmoid,
-}
+EAGER = {**EAGER_ACTIVATIONS, "gelu_new": ACT2FN["gelu_new"]}
 
 
 @triton.jit

@@ -19,34 +19,18 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import graphs_since
+from helpers import EAGER_ACTIVATIONS, KERNEL_TOLERANCES, graphs_since
 
 import fusebackend
 from fusebackend.kernels import group_norm as group_norm_module
 from fusebackend.kernels.group_norm import group_norm
 from fusebackend.passes import group_norms
 
-TOLERANCES = {
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1.6e-2, 1.6e-2),
-}
-_TORCH_ACTIVATIONS = {
-    "": lambda y: y,
-    "relu": F.relu,
-    "relu6": F.relu6,
-    "silu": F.silu,
-    "hardswish": F.hardswish,
-    "hardsigmoid": F.hardsigmoid,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
-}
-
 
 def _expected(x, groups, weight, bias, eps, activation):
     """Eager's value: the norm in fp32 rounded to x's dtype, then the activation on it."""
     y = F.group_norm(x.float(), groups, weight, bias, eps).to(x.dtype)
-    return _TORCH_ACTIVATIONS[activation](y.float()).to(x.dtype)
+    return EAGER_ACTIVATIONS[activation](y.float()).to(x.dtype)
 
 
 def _launch_split(x, groups, weight, bias, eps, activation, parts):
@@ -133,7 +117,7 @@ def test_channels_last_groups_of_few_bytes_are_read_several_a_program():
     assert kinds["small"] == [("_grouped_apply", 8)], kinds  # 2 fp32 channels, held whole
 
 
-@pytest.mark.parametrize("activation", sorted(_TORCH_ACTIVATIONS))
+@pytest.mark.parametrize("activation", sorted(EAGER_ACTIVATIONS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_every_activation_and_dtype(activation, dtype):
     torch.manual_seed(2)
@@ -141,7 +125,7 @@ def test_every_activation_and_dtype(activation, dtype):
     weight, bias = (torch.rand(12) + 0.5).to(dtype), torch.randn(12).to(dtype)
     out = group_norm(x, 4, weight, bias, 1e-5, activation)
     assert out.dtype == dtype
-    rtol, atol = TOLERANCES[dtype]
+    rtol, atol = KERNEL_TOLERANCES[dtype]
     expected = _expected(x, 4, weight.float(), bias.float(), 1e-5, activation)
     torch.testing.assert_close(out.float(), expected.float(), rtol=rtol, atol=atol)
 
