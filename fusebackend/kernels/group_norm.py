@@ -52,8 +52,7 @@ __all__ = ["group_norm", "precompile_group_norm", "takes"]
 _WHOLE_ROW = 4096  # elements of a row held in registers by one program
 _BLOCK = 1024  # elements of a wider row's chunk
 _PROGRAMS = 264  # programs to aim for (two per SM of an H100/H200)
-_MAX_PARTS = 64  # parts a row is split into at most
-_MIN_PART = 2 * _BLOCK  # elements of a part at least
+_MAX_PARTS = 64  # parts a row is split into at most (each two steps of a block at least)
 _INT32_OFFSETS = 2**31 - 1  # an image's elements up to this many: int32 offsets within it
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # A channels-last group of fewer bytes than this a position is read several groups a program
@@ -151,48 +150,17 @@ def _launches(x, groups, weight, bias, eps, activation, out, parts=None):
     positions = math.prod(x.shape[2:])
     per_group = channels // groups
     elements = per_group * positions
-    rows = batch * groups
     channels_inner = x.stride(1) == 1 and per_group > 1 and positions > 1
     if channels_inner and per_group * x.element_size() < _GROUPED_BELOW_BYTES:
         return _grouped_launches(x, groups, weight, bias, eps, activation, out, parts)
-    stats_kernel, apply_kernel = _kernels()[:2]
-    common = [groups, elements]
-    strides = [x.stride(0), x.stride(1), _spatial_stride(x)]
-    out_strides = [out.stride(0), out.stride(1), _spatial_stride(out)]
-    meta = {
-        "CG": per_group, "HW": positions,
-        "CHANNELS_INNER": channels_inner, "HAS_WEIGHT": weight is not None,
-        "HAS_BIAS": bias is not None, "HAS_ACT": bool(activation),
-        "ACT": epilogue_function(activation_program(activation, x.dtype)),
-    }  # fmt: skip
-    # (an absent tensor's pointer is x's: never read, HAS_* being False)
-    vectors = [x if weight is None else weight, x if bias is None else bias]
-    if elements <= _WHOLE_ROW and parts is None:
+    shape = {"CG": per_group, "HW": positions, "CHANNELS_INNER": channels_inner}
+    whole = None
+    if elements <= _WHOLE_ROW:
         block = triton_next_power_of_2(elements)
-        meta = {**meta, "WHOLE_ROW": True, "PARTS": 0, "BLOCK": block, "STEPS": 1,
-                "ROW_STEPS": 1,
-                "num_warps": 8 if block >= 4096 else 4 if block >= 512 else 2}  # fmt: skip
-        args = [x, x, *vectors, out, *common, elements, eps, *strides, *out_strides]
-        return [(apply_kernel, (rows, 1), args, meta)]
-    if parts is None:
-        parts = max(1, min(_MAX_PARTS, _ceil_div(_PROGRAMS, rows), elements // _MIN_PART))
-    chunk = _ceil_div(_ceil_div(elements, parts), _BLOCK) * _BLOCK
-    parts = _ceil_div(elements, chunk)
-    steps = chunk // _BLOCK
-    meta = {**meta, "WHOLE_ROW": False, "BLOCK": _BLOCK, "STEPS": steps, "num_warps": 4,
-            "ROW_STEPS": steps if parts == 1 else 1}  # fmt: skip
-    if parts == 1:
-        args = [x, x, *vectors, out, *common, chunk, eps, *strides, *out_strides]
-        return [(apply_kernel, (rows, 1), args, {**meta, "PARTS": 0})]
-    partial = x.new_empty((rows, parts, 2), dtype=torch.float32)  # (fake for a fake x)
-    stats_meta = {"CG": per_group, "HW": positions, "CHANNELS_INNER": channels_inner,
-                  "STEPS": steps, "BLOCK": _BLOCK, "num_warps": 4}  # fmt: skip
-    return [
-        (stats_kernel, (rows, parts), [x, partial, *common, chunk, *strides], stats_meta),
-        (apply_kernel, (rows, parts),
-         [x, partial, *vectors, out, *common, chunk, eps, *strides, *out_strides],
-         {**meta, "PARTS": triton_next_power_of_2(parts)}),
-    ]  # fmt: skip
+        whole = (block, 8 if block >= 4096 else 4 if block >= 512 else 2)
+    return _planned(_kernels()[:2], x, groups, weight, bias, eps, activation, out, parts,
+                    programs=batch * groups, extent=elements, second=elements, shape=shape,
+                    block=("BLOCK", _BLOCK), whole=whole)  # fmt: skip
 
 
 def _grouped_launches(x, groups, weight, bias, eps, activation, out, parts=None):
@@ -208,50 +176,60 @@ def _grouped_launches(x, groups, weight, bias, eps, activation, out, parts=None)
     while together * per_group * x.element_size() < 64 and together < min(groups, 16):
         together *= 2
     block_groups = _ceil_div(groups, together)
-    programs = batch * block_groups
-    _, _, stats_kernel, apply_kernel = _kernels()
+    shape = {"CG": per_group, "CGP": padded, "GPP": together, "HW": positions}
+    tile = triton_next_power_of_2(positions) * together * padded
+    whole = None
+    if tile <= _WHOLE_ROW:
+        whole = (triton_next_power_of_2(positions), 8 if tile >= 4096 else 4)
+    return _planned(_kernels()[2:], x, groups, weight, bias, eps, activation, out, parts,
+                    programs=batch * block_groups, extent=positions, second=block_groups,
+                    shape=shape, block=("BLOCK_P", max(1, _BLOCK // (together * padded))),
+                    whole=whole)  # fmt: skip
+
+
+def _planned(kernels, x, groups, weight, bias, eps, activation, out, parts, *, programs,
+             extent, second, shape, block, whole):  # fmt: skip
+    """The launches of one pair of kernels (partial sums, normalise) over ``programs``
+    programs, each normalising ``extent`` units (a row's elements, or its groups' positions):
+    one launch where the units fit one program's registers (``whole``: the block size and
+    warps, or None), else the units split into ``parts`` of whole steps of ``block``
+    (``(meta name, units a step)``), a part two steps at least; one launch where there is
+    one part (it reads its row twice), else the partial-sums launch and the normalising one.
+    Both kernels take ``groups`` and ``second`` (the row's elements, or the blocks of groups
+    an image) after their tensors, and ``shape``'s constants."""
+    stats_kernel, apply_kernel = kernels
+    block_name, step = block
+    # (an absent tensor's pointer is x's: never read, HAS_* being False)
     vectors = [x if weight is None else weight, x if bias is None else bias]
     strides = [x.stride(0), x.stride(1), _spatial_stride(x)]
     out_strides = [out.stride(0), out.stride(1), _spatial_stride(out)]
-    shape = {"CG": per_group, "CGP": padded, "GPP": together, "HW": positions}
     meta = {
         **shape, "HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None,
         "HAS_ACT": bool(activation),
         "ACT": epilogue_function(activation_program(activation, x.dtype)),
     }  # fmt: skip
-    whole = triton_next_power_of_2(positions)
-    if whole * together * padded <= _WHOLE_ROW and parts is None:
-        meta = {
-            **meta,
-            "WHOLE_ROW": True,
-            "PARTS": 0,
-            "STEPS": 1,
-            "ROW_STEPS": 1,
-            "BLOCK_P": whole,
-            "num_warps": 8 if whole * together * padded >= 4096 else 4,
-        }
-        args = [x, x, *vectors, out, groups, block_groups, positions, eps, *strides,
-                *out_strides]  # fmt: skip
+    if whole is not None and parts is None:
+        size, warps = whole
+        meta = {**meta, "WHOLE_ROW": True, "PARTS": 0, "STEPS": 1, "ROW_STEPS": 1,
+                block_name: size, "num_warps": warps}  # fmt: skip
+        args = [x, x, *vectors, out, groups, second, extent, eps, *strides, *out_strides]
         return [(apply_kernel, (programs, 1), args, meta)]
-    block_p = max(1, _BLOCK // (together * padded))
     if parts is None:
-        most = max(1, positions // (2 * block_p))
-        parts = max(1, min(_MAX_PARTS, _ceil_div(_PROGRAMS, programs), most))
-    chunk = _ceil_div(_ceil_div(positions, parts), block_p) * block_p
-    parts = _ceil_div(positions, chunk)
-    steps = chunk // block_p
-    meta = {**meta, "WHOLE_ROW": False, "STEPS": steps, "ROW_STEPS": steps if parts == 1 else 1,
-            "BLOCK_P": block_p, "num_warps": 4}  # fmt: skip
-    args_tail = [groups, block_groups, chunk, eps, *strides, *out_strides]
+        parts = max(1, min(_MAX_PARTS, _ceil_div(_PROGRAMS, programs), extent // (2 * step)))
+    chunk = _ceil_div(_ceil_div(extent, parts), step) * step
+    parts = _ceil_div(extent, chunk)
+    steps = chunk // step
+    meta = {**meta, "WHOLE_ROW": False, block_name: step, "STEPS": steps, "num_warps": 4,
+            "ROW_STEPS": steps if parts == 1 else 1}  # fmt: skip
+    tail = [groups, second, chunk, eps, *strides, *out_strides]
     if parts == 1:
-        return [(apply_kernel, (programs, 1), [x, x, *vectors, out, *args_tail],
-                 {**meta, "PARTS": 0})]  # fmt: skip
-    partial = x.new_empty((batch * groups, parts, 2), dtype=torch.float32)
-    stats_meta = {**shape, "STEPS": steps, "BLOCK_P": block_p, "num_warps": 4}
+        return [(apply_kernel, (programs, 1), [x, x, *vectors, out, *tail], {**meta, "PARTS": 0})]
+    partial = x.new_empty((x.shape[0] * groups, parts, 2), dtype=torch.float32)  # (fake, too)
+    stats_meta = {**shape, "STEPS": steps, block_name: step, "num_warps": 4}
     return [
-        (stats_kernel, (programs, parts),
-         [x, partial, groups, block_groups, chunk, *strides], stats_meta),
-        (apply_kernel, (programs, parts), [x, partial, *vectors, out, *args_tail],
+        (stats_kernel, (programs, parts), [x, partial, groups, second, chunk, *strides],
+         stats_meta),
+        (apply_kernel, (programs, parts), [x, partial, *vectors, out, *tail],
          {**meta, "PARTS": triton_next_power_of_2(parts)}),
     ]  # fmt: skip
 
