@@ -211,7 +211,7 @@ for step in $steps; do
         # another kernel's C launcher); the Triton cache's launchers, for the cause (do two
         # launcher files share an inode number, as glibc's dlopen would take for one file?);
         # the kernel against aten's (diag_group_norm.py); ResNet-V2-50x1-BiT against
-        # reduce-overhead (~80 s)
+        # reduce-overhead (~80 s); its batch-8 call's host time and kernels
         run_step gpu_tests_groupnorm python3 -m pytest -q -m gpu -rfEs $parallel \
             tests/test_group_norm_gpu.py tests/test_depthwise_gpu.py tests/test_spatial_means_gpu.py
         run_step triton_launchers python3 - <<'LAUNCHERS'
@@ -232,6 +232,10 @@ LAUNCHERS
             --backends reduce-overhead,infinifuse --no-kernel-counts --calls 30 --warmup 5 \
             --child-timeout 120 ${COMMIT:+--commit "$COMMIT"} --out "$OUT/vision_bit.json" \
             --ledger "$OUT/vision_bit_ledger.jsonl"
+        # where BiT's batch-8 call goes under both backends: host time and the kernels with
+        # the most device time (it took 1.60x reduce-overhead's time at 2d660d0)
+        run_step vision_host_bit_b8 python3 benchmarks/diag/diag_vision_host.py \
+            --models resnetv2_50x1_bit --batch 8 --kernels 20 --out "$OUT/vision_host_bit_b8.json"
         ;;
     vision)
         # timm vision models, each (model, backend) in a cold process (issue 38). The defaults
