@@ -206,6 +206,48 @@ def test_an_edited_or_loaded_weight_reaches_the_channels_last_copy(fused_graphs)
     _ran_fused(_graph())
 
 
+class StandardisedConvs(nn.Module):
+    """Two weight-standardised convolutions (timm's StdConv2d, BiT's): each weight is
+    computed from its parameter every call, then convolved."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Conv2d(3, 5, 3), nn.Conv2d(5, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv in (self.first, self.second):
+            flat = conv.weight.reshape(1, conv.out_channels, -1)
+            weight = F.batch_norm(flat, None, None, training=True, momentum=0.0, eps=1e-6)
+            x = F.relu(F.conv2d(x, weight.reshape_as(conv.weight), conv.bias, padding=conv.padding))
+        return x
+
+
+def test_a_weight_computed_from_parameters_is_one_channels_last_constant(fused_graphs):
+    # The standardised weight is folded with its channels-last copy into one derived
+    # constant in that layout: nothing converts a weight during the call, and an edited or
+    # loaded parameter reaches it.
+    torch.manual_seed(7)
+    model = StandardisedConvs().eval()
+    x = torch.randn(2, 3, 8, 7)
+    compiled = _compiled(model, channels_last=True)
+    with torch.no_grad():
+        _assert_like_eager(compiled(x), model(x))
+        fused = fused_graphs[0]
+        convs = [n for n in fused.graph.nodes if n.target is torch.conv2d]
+        assert len(convs) == 2
+        for conv in convs:
+            weight = conv.args[1]
+            assert weight.op == "get_attr", weight.format_node()
+            assert getattr(fused, weight.target).is_contiguous(memory_format=torch.channels_last)
+        assert not _graph().rewrites.get("channels_last_left_alone")
+        model.second.weight.mul_(-1.5)  # in place, after compiling
+        _assert_like_eager(compiled(x), model(x))
+        other = StandardisedConvs().eval()
+        model.load_state_dict(other.state_dict())
+        _assert_like_eager(compiled(x), other(x))
+    _ran_fused(_graph())
+
+
 def test_a_reader_that_needs_the_traced_layout_gets_it_back(fused_graphs):
     # view() of a channels-last tensor would raise: it reads a contiguous copy instead.
     model = _randomize_statistics(Viewed())

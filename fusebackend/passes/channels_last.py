@@ -344,8 +344,9 @@ def _weight_copy(
     written: set[int], result: LayoutResult,
 ) -> torch.fx.Node:  # fmt: skip
     """The node ``conv`` reads its weight through: a channels-last copy (a derived constant)
-    of a parameter, a folded weight made channels-last in place, or the weight itself
-    (already channels-last; otherwise cuDNN converts it each call: reported)."""
+    of a parameter, a folded weight made channels-last in place, a channels-last copy of a
+    weight computed in the graph, or the weight itself (already channels-last; otherwise
+    cuDNN converts it each call: reported)."""
     weight = conv.args[1]
     value = example_value(weight)
     if known_channels_last(value):
@@ -363,6 +364,17 @@ def _weight_copy(
         result.left_alone.append(f"{weight.name}: written by the graph itself (converted each "
                                  "call by cuDNN)")  # fmt: skip
         return weight
+    if weight.op != "placeholder":
+        # computed in the graph (BiT's weight standardisation, a weight norm): copied
+        # channels-last right there, so that fold_parameter_work, which runs later, folds the
+        # copy with the work before it into one derived constant where that work reads
+        # parameters alone. Left to cuDNN, a ResNet-V2-50x1-BiT call converted its 17
+        # standardised 3x3 and 7x7 weights (H200, 2026-12-01)
+        with graph.inserting_before(conv):
+            node = graph.call_method("contiguous", (weight,), {"memory_format": CHANNELS_LAST})
+        with value.fake_mode:
+            node.meta["example_value"] = value.contiguous(memory_format=CHANNELS_LAST)
+        return node
     if source is None or not is_state(source) or source.is_inference():
         result.left_alone.append(f"{weight.name}: not a parameter or buffer (converted each "
                                  "call by cuDNN)")  # fmt: skip
