@@ -390,22 +390,40 @@ def _traced_as_on_cuda(model: nn.Module, x: torch.Tensor) -> torch.fx.GraphModul
     return gm
 
 
-@pytest.mark.parametrize("shared_with_add", [False, True])
-def test_a_norm_read_by_convolutions_alone_stays_channels_last(shared_with_add, cpu_gates):
+def _convolutions_read_a_channels_last_copy(gm: torch.fx.GraphModule) -> None:
+    """The convolutions read the ReLU's value through one channels-last copy, as
+    passes/channels_last.py has them read a value whose traced layout is not channels-last
+    (which runs before the GroupNorm pass)."""
+    (relu,) = [n for n in gm.graph.nodes if n.target is F.relu]
+    convs = [n for n in relu.users if n.target is F.conv2d]
+    with gm.graph.inserting_after(relu):
+        copy = gm.graph.call_method("contiguous", (relu,), {"memory_format": torch.channels_last})
+    value = relu.meta["example_value"]
+    with value.fake_mode:
+        copy.meta["example_value"] = value.contiguous(memory_format=torch.channels_last)
+    for conv in convs:
+        conv.replace_input_with(relu, copy)
+
+
+@pytest.mark.parametrize("readers", ["convolutions", "a channels-last copy", "a mean too"])
+def test_a_norm_read_by_convolutions_alone_stays_channels_last(readers, cpu_gates):
     torch.manual_seed(6)
-    model = _randomize(NormThenConvs(shared_with_add))
+    model = _randomize(NormThenConvs(shared_with_add=readers == "a mean too"))
     x = torch.randn(2, 6, 9, 7).contiguous(memory_format=torch.channels_last)
     gm = _traced_as_on_cuda(model, x)
+    if readers == "a channels-last copy":
+        _convolutions_read_a_channels_last_copy(gm)
     (made,) = group_norms.use_group_norms(gm.graph, group_norm)
     assert "(+ " in made, made
     (call,) = [n for n in gm.graph.nodes if n.target is group_norm]
     written = call.meta["example_value"]
-    if shared_with_add:  # a mean reads it too: the traced (contiguous) layout
+    if readers == "a mean too":  # the traced (contiguous) layout
         assert call.args[6] == (378, 63, 7, 1) and written.is_contiguous()
     else:  # only convolutions: the input's channels-last layout, no transpose before them
         assert call.args[6] == x.stride()
         assert written.is_contiguous(memory_format=torch.channels_last)
         assert not written.is_contiguous()
+        assert all(user.target is F.conv2d for user in call.users), list(call.users)
     gm.recompile()
     with torch.no_grad():
         torch.testing.assert_close(gm(x), model(x), rtol=1e-5, atol=1e-5)
