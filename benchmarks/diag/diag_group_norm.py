@@ -8,7 +8,13 @@ the GroupNorm inputs of ResNet-V2-50 (BiT, 224 x 224 images: one per stage) at b
 plan for each (rows held whole, or split into how many parts); where a channels-last input
 is read several groups a program, the one-group-a-program kernels' time too.
 
-    python benchmarks/diag/diag_group_norm.py [--out /tmp/group_norm.json]
+``--sweep``: instead, at every channels-last GroupNorm input of ResNet-V2-50 (BiT) at batch 8
+(``BIT_SHAPES``), Inductor's kernels for the same norm + ReLU (``torch.compile``, default
+mode) and the kernel under each of ``VARIANTS`` (which channels-last groups are read
+several a program, how many bytes of each position a program reads): what the grouped
+pair's rule and span rest on.
+
+    python benchmarks/diag/diag_group_norm.py [--sweep] [--out /tmp/group_norm.json]
 """
 
 from __future__ import annotations
@@ -26,6 +32,17 @@ from fusebackend.kernels.group_norm import group_norm
 # (batch, channels, side): BiT's norms by stage (the widest of each), a UNet's 64 x 64 latent
 SHAPES = [(b, c, s) for b in (1, 8) for c, s in ((256, 56), (512, 28), (1024, 14), (2048, 7))]
 SHAPES += [(2, 320, 64)]
+# (channels, side) of BiT's channels-last norms, every stage's
+BIT_SHAPES = [(64, 56), (128, 56), (256, 56), (128, 28), (256, 28), (512, 28), (256, 14),
+              (512, 14), (1024, 14), (512, 7), (2048, 7)]  # fmt: skip
+# name -> (_GROUPED_BELOW_BYTES, _GROUPED_SPAN_BYTES)
+VARIANTS = {
+    "one group a program": (0, 64),
+    "grouped below 32 bytes, 64-byte spans": (32, 64),
+    "grouped, 128-byte spans": (1 << 30, 128),
+    "grouped, 256-byte spans": (1 << 30, 256),
+    "grouped, whole positions": (1 << 30, 1 << 30),
+}
 
 
 def plan(x: torch.Tensor) -> str:
@@ -42,7 +59,44 @@ def plan(x: torch.Tensor) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="write the rows here as JSON")
+    parser.add_argument("--sweep", action="store_true", help="BiT's shapes, every variant")
     args = parser.parse_args()
+    rows = sweep() if args.sweep else compare()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "rows": rows}, f, indent=1)  # fmt: skip
+
+
+def sweep() -> list[dict]:
+    rows = []
+    for channels, side in BIT_SHAPES:
+        x = torch.randn(8, channels, side, side, device="cuda", dtype=torch.float16)
+        x = x.contiguous(memory_format=torch.channels_last)
+        w = torch.rand(channels, device="cuda", dtype=torch.float16) + 0.5
+        b = torch.randn(channels, device="cuda", dtype=torch.float16)
+        torch._dynamo.reset()
+        inductor = torch.compile(lambda x, w, b: F.relu(F.group_norm(x, 32, w, b, 1e-5)))
+        row = {
+            "shape": [8, channels, side, side],
+            "layout": "channels_last",
+            "inductor_us": round(device_us(lambda: inductor(x, w, b)), 2),
+        }  # noqa: B023
+        saved = group_norm_module._GROUPED_BELOW_BYTES, group_norm_module._GROUPED_SPAN_BYTES
+        try:
+            for name, (below, span) in VARIANTS.items():
+                group_norm_module._GROUPED_BELOW_BYTES, group_norm_module._GROUPED_SPAN_BYTES = (
+                    below, span)  # fmt: skip
+                us = device_us(lambda: group_norm(x, 32, w, b, 1e-5, "relu"))  # noqa: B023
+                row[name] = round(us, 2)
+        finally:
+            group_norm_module._GROUPED_BELOW_BYTES, group_norm_module._GROUPED_SPAN_BYTES = saved
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def compare() -> list[dict]:
     rows = []
     for batch, channels, side in SHAPES:
         for layout in ("nchw", "channels_last"):
@@ -68,10 +122,7 @@ def main() -> None:
                 row["one_group_a_program_us"] = round(one, 2)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "rows": rows}, f, indent=1)  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":

@@ -61,6 +61,9 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # against 9.45, where 16 channels (32 bytes) took 5.08 against 4.84 (H200, 2026-12-01,
 # diag_group_norm.py, one group a program).
 _GROUPED_BELOW_BYTES = 32
+# A program of that pair reads adjacent groups' channels at each position, this many bytes
+# of them at least (or every group's)
+_GROUPED_SPAN_BYTES = 64
 
 
 def group_norm(
@@ -173,7 +176,7 @@ def _grouped_launches(x, groups, weight, bias, eps, activation, out, parts=None)
     per_group = channels // groups
     padded = triton_next_power_of_2(per_group)
     together = 1  # groups a program: a position's loads span this many groups' channels
-    while together * per_group * x.element_size() < 64 and together < min(groups, 16):
+    while together * per_group * x.element_size() < _GROUPED_SPAN_BYTES and together < groups:
         together *= 2
     block_groups = _ceil_div(groups, together)
     shape = {"CG": per_group, "CGP": padded, "GPP": together, "HW": positions}
