@@ -26,6 +26,16 @@ from fusebackend.kernels import group_norm as group_norm_module
 from fusebackend.kernels.group_norm import group_norm
 from fusebackend.passes import group_norms
 
+# The launcher reads several channels-last groups a program from images of 256 KiB
+# (``_GROUPED_FROM_IMAGE_BYTES``); the tests' small tensors take that pair at any size, so
+# that Triton's interpreter runs both pairs, except where a test says otherwise.
+_GROUPED_FROM_IMAGE_BYTES = group_norm_module._GROUPED_FROM_IMAGE_BYTES
+
+
+@pytest.fixture(autouse=True)
+def grouped_at_any_size(monkeypatch):
+    monkeypatch.setattr(group_norm_module, "_GROUPED_FROM_IMAGE_BYTES", 0)
+
 
 def _expected(x, groups, weight, bias, eps, activation):
     """Eager's value: the norm in fp32 rounded to x's dtype, then the activation on it."""
@@ -101,20 +111,29 @@ def test_the_launcher_splits_few_wide_rows_and_holds_narrow_ones_whole():
     assert stats == apply and stats[0] == 32 and stats[1] > 1 and whole is False
 
 
-def test_channels_last_groups_of_few_bytes_are_read_several_a_program():
+def test_channels_last_groups_of_few_bytes_in_large_images_are_read_several_a_program(
+    monkeypatch,
+):
+    monkeypatch.setattr(group_norm_module, "_GROUPED_FROM_IMAGE_BYTES", _GROUPED_FROM_IMAGE_BYTES)
     kinds = {}
     for name, shape, dtype in (("bit", (1, 256, 56, 56), torch.float16),  # 16 bytes a group
                                ("wide", (1, 512, 28, 28), torch.float16),  # 32 bytes
                                ("unet", (2, 320, 64, 64), torch.float16),  # 20 bytes
-                               ("small", (2, 64, 6, 5), torch.float32)):  # fmt: skip
+                               ("small image", (2, 64, 16, 16), torch.float16),  # 32 KiB
+                               ("few positions", (2, 8192, 4, 4), torch.float16)):  # fmt: skip
         x = torch.empty(shape, dtype=dtype).contiguous(memory_format=torch.channels_last)
-        launches = group_norm_module._launches(x, 32, None, None, 1e-5, "", x)
-        kinds[name] = [(k.fn.__name__ if hasattr(k, "fn") else k.__name__, meta.get("GPP"))
+        launches = group_norm_module._launches(x, 32 if name != "few positions" else 4096,
+                                               None, None, 1e-5, "", x)  # fmt: skip
+        kinds[name] = [(k.fn.__name__ if hasattr(k, "fn") else k.__name__, meta.get("GPP"),
+                        meta.get("WHOLE_ROW"))  # fmt: skip
                        for k, _, _, meta in launches]  # fmt: skip
-    assert kinds["bit"] == [("_grouped_stats", 4), ("_grouped_apply", 4)], kinds
-    assert kinds["wide"] == [("_group_norm_stats", None), ("_group_norm_apply", None)], kinds
-    assert [k for k, _ in kinds["unet"]] == ["_grouped_stats", "_grouped_apply"], kinds
-    assert kinds["small"] == [("_grouped_apply", 8)], kinds  # 2 fp32 channels, held whole
+    # 16 groups of 8 fp16 channels: 256 bytes of each position (_GROUPED_SPAN_BYTES)
+    assert kinds["bit"] == [("_grouped_stats", 16, None), ("_grouped_apply", 16, False)], kinds
+    assert [k for k, _, _ in kinds["wide"]] == ["_group_norm_stats", "_group_norm_apply"]
+    assert [k for k, _, _ in kinds["unet"]] == ["_grouped_stats", "_grouped_apply"], kinds
+    assert kinds["small image"] == [("_group_norm_apply", None, True)], kinds
+    # 64 groups of 2 channels a program, 16 positions: each program's tile held whole
+    assert kinds["few positions"] == [("_grouped_apply", 64, True)], kinds
 
 
 @pytest.mark.parametrize("activation", sorted(EAGER_ACTIVATIONS))

@@ -8,8 +8,8 @@ the GroupNorm inputs of ResNet-V2-50 (BiT, 224 x 224 images: one per stage) at b
 plan for each (rows held whole, or split into how many parts); where a channels-last input
 is read several groups a program, the one-group-a-program kernels' time too.
 
-``--sweep``: instead, at every channels-last GroupNorm input of ResNet-V2-50 (BiT) at batch 8
-(``BIT_SHAPES``), Inductor's kernels for the same norm + ReLU (``torch.compile``, default
+``--sweep``: instead, at every channels-last GroupNorm input of ResNet-V2-50 (BiT) at batch 1
+and 8 (``BIT_SHAPES``), Inductor's kernels for the same norm + ReLU (``torch.compile``, default
 mode) and the kernel under each of ``VARIANTS`` (which channels-last groups are read
 several a program, how many bytes of each position a program reads): what the grouped
 pair's rule and span rest on.
@@ -35,14 +35,15 @@ SHAPES += [(2, 320, 64)]
 # (channels, side) of BiT's channels-last norms, every stage's
 BIT_SHAPES = [(64, 56), (128, 56), (256, 56), (128, 28), (256, 28), (512, 28), (256, 14),
               (512, 14), (1024, 14), (512, 7), (2048, 7)]  # fmt: skip
-# name -> (_GROUPED_BELOW_BYTES, _GROUPED_SPAN_BYTES)
+# name -> (_GROUPED_BELOW_BYTES, _GROUPED_FROM_IMAGE_BYTES, _GROUPED_SPAN_BYTES); None:
+# the launcher's own rule
 VARIANTS = {
-    "one group a program": (0, 64),
-    "grouped below 32 bytes, 64-byte spans": (32, 64),
-    "grouped, 128-byte spans": (1 << 30, 128),
-    "grouped, 256-byte spans": (1 << 30, 256),
-    "grouped, whole positions": (1 << 30, 1 << 30),
+    "the launcher's rule": None,
+    "one group a program": (0, 0, 256),
+    "grouped, 64-byte spans": (1 << 30, 0, 64),
+    "grouped, 256-byte spans": (1 << 30, 0, 256),
 }
+_KNOBS = ("_GROUPED_BELOW_BYTES", "_GROUPED_FROM_IMAGE_BYTES", "_GROUPED_SPAN_BYTES")
 
 
 def plan(x: torch.Tensor) -> str:
@@ -70,30 +71,32 @@ def main() -> None:
 
 def sweep() -> list[dict]:
     rows = []
-    for channels, side in BIT_SHAPES:
-        x = torch.randn(8, channels, side, side, device="cuda", dtype=torch.float16)
-        x = x.contiguous(memory_format=torch.channels_last)
-        w = torch.rand(channels, device="cuda", dtype=torch.float16) + 0.5
-        b = torch.randn(channels, device="cuda", dtype=torch.float16)
-        torch._dynamo.reset()
-        inductor = torch.compile(lambda x, w, b: F.relu(F.group_norm(x, 32, w, b, 1e-5)))
-        row = {
-            "shape": [8, channels, side, side],
-            "layout": "channels_last",
-            "inductor_us": round(device_us(lambda: inductor(x, w, b)), 2),
-        }  # noqa: B023
-        saved = group_norm_module._GROUPED_BELOW_BYTES, group_norm_module._GROUPED_SPAN_BYTES
-        try:
-            for name, (below, span) in VARIANTS.items():
-                group_norm_module._GROUPED_BELOW_BYTES, group_norm_module._GROUPED_SPAN_BYTES = (
-                    below, span)  # fmt: skip
-                us = device_us(lambda: group_norm(x, 32, w, b, 1e-5, "relu"))  # noqa: B023
-                row[name] = round(us, 2)
-        finally:
-            group_norm_module._GROUPED_BELOW_BYTES, group_norm_module._GROUPED_SPAN_BYTES = saved
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+    for batch in (1, 8):
+        for channels, side in BIT_SHAPES:
+            rows.append(_sweep_row(batch, channels, side))
     return rows
+
+
+def _sweep_row(batch: int, channels: int, side: int) -> dict:
+    x = torch.randn(batch, channels, side, side, device="cuda", dtype=torch.float16)
+    x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.rand(channels, device="cuda", dtype=torch.float16) + 0.5
+    b = torch.randn(channels, device="cuda", dtype=torch.float16)
+    torch._dynamo.reset()
+    inductor = torch.compile(lambda x, w, b: F.relu(F.group_norm(x, 32, w, b, 1e-5)))
+    row = {"shape": [batch, channels, side, side], "layout": "channels_last",
+           "inductor_us": round(device_us(lambda: inductor(x, w, b)), 2)}  # fmt: skip
+    saved = [getattr(group_norm_module, knob) for knob in _KNOBS]
+    try:
+        for name, values in VARIANTS.items():
+            for knob, value in zip(_KNOBS, values or saved):
+                setattr(group_norm_module, knob, value)
+            row[name] = round(device_us(lambda: group_norm(x, 32, w, b, 1e-5, "relu")), 2)
+    finally:
+        for knob, value in zip(_KNOBS, saved):
+            setattr(group_norm_module, knob, value)
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def compare() -> list[dict]:

@@ -55,15 +55,18 @@ _PROGRAMS = 264  # programs to aim for (two per SM of an H100/H200)
 _MAX_PARTS = 64  # parts a row is split into at most (each two steps of a block at least)
 _INT32_OFFSETS = 2**31 - 1  # an image's elements up to this many: int32 offsets within it
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# A channels-last group of fewer bytes than this a position is read several groups a program
-# (``_grouped_launches``): BiT's 8 fp16 channels (16 bytes) took 11.45 against 5.27 us NCHW
-# at 1 x 256 x 56 x 56 and 41.63 against 13.76 at batch 8, a UNet's 10 (20 bytes) 26.37
-# against 9.45, where 16 channels (32 bytes) took 5.08 against 4.84 (H200, 2026-12-01,
-# diag_group_norm.py, one group a program).
+# A channels-last group of fewer bytes than this a position, in an image of this many bytes
+# at least, is read several groups a program (``_grouped_launches``), a program reading this
+# many bytes of each position at least (or every group's). One group a program reads a few
+# bytes of each position's row: at BiT's channels-last norms at batch 8 (fp16, 32 groups) it
+# took 25.87 us at 64 x 56 x 56 (4 bytes a group), 23.87 at 128 x 56 x 56 and 22.99 at
+# 256 x 56 x 56, where several groups with 256-byte spans took 12.08, 12.93 and 19.47
+# (Inductor's kernels 10.42, 12.39, 18.23); in images of up to 200 KB it was the faster
+# (128 x 28 x 28: 6.28 against 7.21, 256 x 14 x 14: 3.45 against 5.15), and at 32 bytes a
+# group the same or faster everywhere (H200, 2026-12-01, diag_group_norm.py --sweep).
 _GROUPED_BELOW_BYTES = 32
-# A program of that pair reads adjacent groups' channels at each position, this many bytes
-# of them at least (or every group's)
-_GROUPED_SPAN_BYTES = 64
+_GROUPED_FROM_IMAGE_BYTES = 256 << 10
+_GROUPED_SPAN_BYTES = 256
 
 
 def group_norm(
@@ -154,7 +157,9 @@ def _launches(x, groups, weight, bias, eps, activation, out, parts=None):
     per_group = channels // groups
     elements = per_group * positions
     channels_inner = x.stride(1) == 1 and per_group > 1 and positions > 1
-    if channels_inner and per_group * x.element_size() < _GROUPED_BELOW_BYTES:
+    image_bytes = channels * positions * x.element_size()
+    if (channels_inner and per_group * x.element_size() < _GROUPED_BELOW_BYTES
+            and image_bytes >= _GROUPED_FROM_IMAGE_BYTES):  # fmt: skip
         return _grouped_launches(x, groups, weight, bias, eps, activation, out, parts)
     shape = {"CG": per_group, "HW": positions, "CHANNELS_INNER": channels_inner}
     whole = None
