@@ -468,6 +468,24 @@ SOURCES = (
     # host after the GPU tests of the GroupNorm and depthwise kernels. Folded: in git at 95be7f7
     "diag_group_norm_h200_2d660d0.json",
     "vision_h200_2d660d0_bit.json",
+    # ResNet-V2-50x1-BiT on a one-GPU H200 host, step by step: at ec68823 (standardised
+    # weights folded as channels-last constants) and c699f5f (+ norms read by convolutions
+    # written channels-last), against reduce-overhead (vision.py --no-kernel-counts, its
+    # --ledger rows) and its fused graph's node times at batch 8 summed per target
+    # (diag_node_times.py, rows written from its by_target); at c699f5f its batch-8 call's
+    # host and kernel time under both backends (diag_vision_host.py --kernels, rows written
+    # from it). Then at 35e7ee7 (several channels-last groups a program only in images of
+    # 256 KiB or more, 256-byte spans) BiT again, and BiT's channels-last norms + ReLU at
+    # batch 1 and 8 under Inductor and four variants of the grouped rule
+    # (diag_group_norm.py --sweep, rows written from it: the launcher's rule is backend
+    # "infinifuse"), after the GPU tests of the GroupNorm, channels-last and depthwise files.
+    "vision_h200_ec68823_bit.json",
+    "diag_node_times_h200_ec68823_bit.json",
+    "vision_h200_c699f5f_bit.json",
+    "diag_node_times_h200_c699f5f_bit.json",
+    "diag_vision_host_h200_c699f5f_bit.json",
+    "vision_h200_35e7ee7_bit.json",
+    "diag_group_norm_sweep_h200_35e7ee7.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
