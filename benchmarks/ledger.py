@@ -479,6 +479,7 @@ SOURCES = (
     # batch 1 and 8 under Inductor and four variants of the grouped rule
     # (diag_group_norm.py --sweep, rows written from it: the launcher's rule is backend
     # "infinifuse"), after the GPU tests of the GroupNorm, channels-last and depthwise files.
+    # Folded: in git at 9c44a3c
     "vision_h200_ec68823_bit.json",
     "diag_node_times_h200_ec68823_bit.json",
     "vision_h200_c699f5f_bit.json",
