@@ -23,8 +23,9 @@ up and normalises its part.
 Any layout whose positions form one strided dim is read in place (NCHW, channels-last, a
 contiguous ``[N, C, L]``); channels-last rows are walked position by position, so that
 consecutive elements are adjacent, and where a group's channels are under 32 bytes a
-position (BiT's 8 fp16 channels) a program reads several adjacent groups as one
-``[positions, groups, channels]`` tile (``_grouped_launches``), its statistics per group.
+position (BiT's 8 fp16 channels) in an image of 256 KiB or more, a program reads several
+adjacent groups as one ``[positions, groups, channels]`` tile (``_grouped_launches``), its
+statistics per group.
 The output has the strides asked for (the input's by default), its positions one strided
 dim too. On a device Triton cannot use, or a layout it does not take, the value is computed
 with aten's ops; on fake tensors (passes working out shapes and layouts) the call gives an
@@ -63,7 +64,8 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # 256 x 56 x 56, where several groups with 256-byte spans took 12.08, 12.93 and 19.47
 # (Inductor's kernels 10.42, 12.39, 18.23); in images of up to 200 KB it was the faster
 # (128 x 28 x 28: 6.28 against 7.21, 256 x 14 x 14: 3.45 against 5.15), and at 32 bytes a
-# group the same or faster everywhere (H200, 2026-12-01, diag_group_norm.py --sweep).
+# group the same or faster everywhere (H200, 2026-12-01, diag_group_norm.py --sweep). At
+# batch 1 the rule costs up to 1.45 us (1 x 128 x 56 x 56: 8.81 against 7.36).
 _GROUPED_BELOW_BYTES = 32
 _GROUPED_FROM_IMAGE_BYTES = 256 << 10
 _GROUPED_SPAN_BYTES = 256

@@ -164,7 +164,8 @@ def _group_norm_apply(
 # away. Those took two to three times their NCHW time (H200, 2026-12-01; 32 bytes, 16
 # channels, took about the NCHW time). These read GPP adjacent groups a program as one
 # [BLOCK_P positions, GPP groups, CGP channels] tile (CGP: CG rounded up to a power of two,
-# the channels past CG masked), so each position's loads span GPP x CG channels.
+# the channels past CG masked), so each position's loads span GPP x CG channels (256 bytes
+# or every group's: the launcher's _GROUPED_SPAN_BYTES).
 
 
 @triton.jit
