@@ -48,8 +48,16 @@ def test_the_kernel_equals_eager_on_the_gpu(shape, groups, layout, dtype, activa
     torch.testing.assert_close(out.float(), expected.float(), rtol=tol, atol=tol)
 
 
+def _a_constant(weight: torch.fx.Node) -> bool:
+    """A derived constant the fused graph owns (``get_attr``), or a reshape of one (a 1 x 1
+    weight, channels-last in either layout, keeps the view after it)."""
+    if weight.op == "call_method" and weight.target in ("reshape_as", "reshape", "view"):
+        weight = weight.args[0]
+    return weight.op == "get_attr"
+
+
 @pytest.mark.parametrize("name", ["resnetv2_50x1_bit"])
-def test_bits_group_norms_run_as_the_kernel_and_replays_equal_eager(name):
+def test_bits_group_norms_run_as_the_kernel_and_replays_equal_eager(name, fused_graphs):
     pytest.importorskip("timm")
     model = _eval_model(name)
     x = torch.randn(2, 3, 96, 80, device="cuda", dtype=torch.float16)
@@ -59,3 +67,12 @@ def test_bits_group_norms_run_as_the_kernel_and_replays_equal_eager(name):
     assert len(made) == norms, made
     # every norm with its ReLU: the blocks' three and the head's (timm's GroupNormAct)
     assert sum("(+ " in m for m in made) == norms, made
+    # no layout copy in the call: the image made channels-last once, the norms written
+    # channels-last for their convolutions, the standardised weights channels-last constants
+    (fused,) = [gm for gm in fused_graphs if gm is not None]
+    copies = [n.name for n in fused.graph.nodes if n.target == "contiguous"]
+    assert len(copies) == 1, copies
+    convs = [n for n in fused.graph.nodes if n.target in (torch.conv2d, F.conv2d)]
+    computed = [conv.args[1] for conv in convs if not _a_constant(conv.args[1])]
+    assert convs and not computed, [w.format_node() for w in computed]
+    assert not rewrites_of(graphs, "channels_last_left_alone")
