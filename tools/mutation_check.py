@@ -1345,6 +1345,25 @@ MUTATIONS: list[Mutation] = [
         ("tests/test_group_norm.py", "-k", "read_twice"),
         note="the activation taken where another node reads the norm's value too",
     ),
+    Mutation(
+        "group_norm_channels_last_copy_not_a_convolution",
+        "pass: GroupNorm (the layout it writes)",
+        "fusebackend/passes/group_norms.py",
+        "        if _channels_last_copy(reader):\n            continue",
+        "        if False:\n            continue",
+        ("tests/test_group_norm.py", "-k", "stays_channels_last"),
+        note="the NCHW layout written where channels_last's copy stands before the convolutions: "
+        "each value copied back (BiT's 49 copies)",
+    ),
+    Mutation(
+        "channels_last_computed_weight_left_to_cudnn",
+        "pass: channels-last (weights)",
+        "fusebackend/passes/channels_last.py",
+        '    if weight.op != "placeholder":\n',
+        "    if False:\n",
+        ("tests/test_channels_last.py", "-k", "computed_from_parameters"),
+        note="a weight computed in the graph (BiT's standardised one) converted by cuDNN each call",
+    ),
 ]
 
 
