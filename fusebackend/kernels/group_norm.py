@@ -60,12 +60,12 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # at least, is read several groups a program (``_grouped_launches``), a program reading this
 # many bytes of each position at least (or every group's). One group a program reads a few
 # bytes of each position's row: at BiT's channels-last norms at batch 8 (fp16, 32 groups) it
-# took 25.87 us at 64 x 56 x 56 (4 bytes a group), 23.87 at 128 x 56 x 56 and 22.99 at
-# 256 x 56 x 56, where several groups with 256-byte spans took 12.08, 12.93 and 19.47
-# (Inductor's kernels 10.42, 12.39, 18.23); in images of up to 200 KB it was the faster
-# (128 x 28 x 28: 6.28 against 7.21, 256 x 14 x 14: 3.45 against 5.15), and at 32 bytes a
-# group the same or faster everywhere (H200, 2026-12-01, diag_group_norm.py --sweep). At
-# batch 1 the rule costs up to 1.45 us (1 x 128 x 56 x 56: 8.81 against 7.36).
+# took 25.88 us at 64 x 56 x 56 (4 bytes a group), 23.79 at 128 x 56 x 56 and 23.03 at
+# 256 x 56 x 56, where several groups with 256-byte spans took 12.07, 12.94 and 19.45
+# (Inductor's kernels 10.9, 12.71, 18.49); in images of up to 200 KB it was the faster
+# (128 x 28 x 28: 6.19 against 7.13, 256 x 14 x 14: 3.47 against 5.06), and at 32 bytes a
+# group the same or faster everywhere (H200, 2026-12-01, 35e7ee7, diag_group_norm.py
+# --sweep). At batch 1 the rule costs up to 1.45 us (1 x 128 x 56 x 56: 8.81 against 7.36).
 _GROUPED_BELOW_BYTES = 32
 _GROUPED_FROM_IMAGE_BYTES = 256 << 10
 _GROUPED_SPAN_BYTES = 256
