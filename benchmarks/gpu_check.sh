@@ -206,34 +206,22 @@ for step in $steps; do
         done
         ;;
     groupnorm)
-        # The GroupNorm kernel (2026-12-01): its GPU tests beside the depthwise and
-        # spatial-mean ones (at 2d660d0, with 8 workers, two models launched a kernel through
-        # another kernel's C launcher); the Triton cache's launchers, for the cause (do two
-        # launcher files share an inode number, as glibc's dlopen would take for one file?);
-        # the kernel against aten's (diag_group_norm.py); ResNet-V2-50x1-BiT against
-        # reduce-overhead (~80 s); its batch-8 call's host time and kernels
+        # The GroupNorm kernel (2026-12-01): its GPU tests beside the depthwise, spatial-mean
+        # and channels-last ones; the kernel against aten's at BiT's and a UNet's shapes, then
+        # its grouped rule's sweep against Inductor's kernels at BiT's channels-last norms
+        # (diag_group_norm.py, --sweep); ResNet-V2-50x1-BiT against reduce-overhead, and its
+        # batch-8 call's host time and kernels under both backends (~5 min)
         run_step gpu_tests_groupnorm python3 -m pytest -q -m gpu -rfEs $parallel \
-            tests/test_group_norm_gpu.py tests/test_depthwise_gpu.py tests/test_spatial_means_gpu.py
-        run_step triton_launchers python3 - <<'LAUNCHERS'
-import collections, os, subprocess
-root = os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache")
-print(root, subprocess.run(["stat", "-f", "-c", "%T", root], capture_output=True, text=True).stdout)
-files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".so")]
-by_inode = collections.defaultdict(list)
-for path in files:
-    st = os.stat(path)
-    by_inode[st.st_dev, st.st_ino].append(path)
-shared = {k: v for k, v in by_inode.items() if len(v) > 1}
-print(len(files), "launcher files,", len(shared), "inode numbers shared:", list(shared.items())[:5])
-LAUNCHERS
+            tests/test_group_norm_gpu.py tests/test_depthwise_gpu.py \
+            tests/test_spatial_means_gpu.py tests/test_channels_last_gpu.py
         run_step diag_group_norm python3 benchmarks/diag/diag_group_norm.py \
             --out "$OUT/diag_group_norm.json"
+        run_step diag_group_norm_sweep python3 benchmarks/diag/diag_group_norm.py --sweep \
+            --out "$OUT/diag_group_norm_sweep.json"
         run_step bench_vision_bit python3 benchmarks/vision.py --models resnetv2_50x1_bit \
             --backends reduce-overhead,infinifuse --no-kernel-counts --calls 30 --warmup 5 \
             --child-timeout 120 ${COMMIT:+--commit "$COMMIT"} --out "$OUT/vision_bit.json" \
             --ledger "$OUT/vision_bit_ledger.jsonl"
-        # where BiT's batch-8 call goes under both backends: host time and the kernels with
-        # the most device time (it took 1.60x reduce-overhead's time at 2d660d0)
         run_step vision_host_bit_b8 python3 benchmarks/diag/diag_vision_host.py \
             --models resnetv2_50x1_bit --batch 8 --kernels 20 --out "$OUT/vision_host_bit_b8.json"
         ;;
