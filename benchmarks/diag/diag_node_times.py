@@ -8,13 +8,17 @@ tell apart (a weight's layout copy? an activation's?). This compiles a timm mode
 each fused graph the backend builds and its example inputs, runs the graph node by node on
 real values, and times each node on its own: ``--reps`` back-to-back runs of the node between
 two CUDA events, after a warm-up run, per run (launch overhead included: small nodes read
-high, the large ones are what this is for). In-place nodes (a name ending in ``_``) are run
-once and not timed.
+high, the large ones are what this is for). ``--device-time`` times device work alone
+instead: ``--reps`` runs of the node captured in one CUDA graph, its replays timed
+(``diag_spatial_mean.device_us``); a node that cannot be captured falls back to the events
+and is marked ``host_timed`` (not yet run on a GPU as of 2026-12-01). In-place nodes (a name
+ending in ``_``) are run once and not timed.
 
 Prints the ``--top`` nodes by time (target, the operands' and the value's shapes and strides)
 and the time per target; ``--out`` keeps both as JSON.
 
-    python benchmarks/diag/diag_node_times.py --model resnetv2_50x1_bit --batch 8 [--top 25]
+    python benchmarks/diag/diag_node_times.py --model resnetv2_50x1_bit --batch 8 [--top 25] \
+        [--device-time]
 """
 
 from __future__ import annotations
@@ -63,6 +67,19 @@ def _time(run: Any, reps: int) -> float:
     return start.elapsed_time(end) * 1000 / reps
 
 
+def _device_time(run: Any, reps: int) -> float | None:
+    """Microseconds of device time per run of ``run``, ``reps`` runs captured in one CUDA
+    graph; None where the node cannot be captured (a host sync, an allocation capture
+    refuses)."""
+    from diag_spatial_mean import device_us
+
+    try:
+        return device_us(run, calls=reps, rep_ms=50)
+    except Exception:  # noqa: BLE001  (the caller falls back to timing with events)
+        torch.cuda.synchronize()
+        return None
+
+
 def _caller(gm: torch.fx.GraphModule, node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
     """A function running ``node`` on the values ``args``, ``kwargs``."""
     if node.op == "call_function":
@@ -72,8 +89,11 @@ def _caller(gm: torch.fx.GraphModule, node: torch.fx.Node, args: Any, kwargs: An
     return lambda: getattr(gm, node.target)(*args, **kwargs)
 
 
-def node_times(gm: torch.fx.GraphModule, inputs: list[Any], reps: int) -> list[dict[str, Any]]:
-    """Each computing node of ``gm`` timed on the values its graph gives it."""
+def node_times(
+    gm: torch.fx.GraphModule, inputs: list[Any], reps: int, device_time: bool = False
+) -> list[dict[str, Any]]:
+    """Each computing node of ``gm`` timed on the values its graph gives it (device time
+    alone where ``device_time`` and the node can be captured)."""
     env: dict[torch.fx.Node, Any] = {}
     placeholders = iter(inputs)
     rows = []
@@ -92,9 +112,12 @@ def node_times(gm: torch.fx.GraphModule, inputs: list[Any], reps: int) -> list[d
         name = _target_name(node)
         if name.endswith("_") or name in ("size", "dim"):
             continue
-        us = _time(call, reps)
+        us = _device_time(call, reps) if device_time else None
+        host_timed = us is None
+        if host_timed:
+            us = _time(call, reps)
         rows.append({
-            "node": node.name, "target": name, "us": round(us, 2),
+            "node": node.name, "target": name, "us": round(us, 2), "host_timed": host_timed,
             "reads": [_describe(a) for a in args if isinstance(a, torch.Tensor)],
             "value": _describe(env[node]),
         })  # fmt: skip
@@ -108,6 +131,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default=None)
+    parser.add_argument(
+        "--device-time",
+        action="store_true",
+        help="device time alone: each node's runs captured in a CUDA graph",
+    )
     args = parser.parse_args()
 
     kept: list[tuple[torch.fx.GraphModule, list[Any]]] = []
@@ -128,7 +156,9 @@ def main() -> None:
     x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=torch.float16)
     with torch.no_grad():
         fn(x)
-        rows = [r for gm, inputs in kept for r in node_times(gm, inputs, args.reps)]
+        rows = [
+            r for gm, inputs in kept for r in node_times(gm, inputs, args.reps, args.device_time)
+        ]
     rows.sort(key=lambda r: -r["us"])
     by_target: dict[str, list[float]] = collections.defaultdict(list)
     for r in rows:
