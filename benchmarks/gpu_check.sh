@@ -209,8 +209,9 @@ for step in $steps; do
         # The GroupNorm kernel (2026-12-01): its GPU tests beside the depthwise, spatial-mean
         # and channels-last ones; the kernel against aten's at BiT's and a UNet's shapes, then
         # its grouped rule's sweep against Inductor's kernels at BiT's channels-last norms
-        # (diag_group_norm.py, --sweep); ResNet-V2-50x1-BiT against reduce-overhead, and its
-        # batch-8 call's host time and kernels under both backends (~5 min)
+        # (diag_group_norm.py, --sweep); ResNet-V2-50x1-BiT against reduce-overhead, its
+        # batch-8 call's host time and kernels under both backends, and its fused graph's
+        # nodes by device time (diag_node_times.py --device-time) (~6 min)
         run_step gpu_tests_groupnorm python3 -m pytest -q -m gpu -rfEs $parallel \
             tests/test_group_norm_gpu.py tests/test_depthwise_gpu.py \
             tests/test_spatial_means_gpu.py tests/test_channels_last_gpu.py
@@ -224,6 +225,9 @@ for step in $steps; do
             --ledger "$OUT/vision_bit_ledger.jsonl"
         run_step vision_host_bit_b8 python3 benchmarks/diag/diag_vision_host.py \
             --models resnetv2_50x1_bit --batch 8 --kernels 20 --out "$OUT/vision_host_bit_b8.json"
+        run_step node_times_bit_b8 python3 benchmarks/diag/diag_node_times.py \
+            --model resnetv2_50x1_bit --batch 8 --device-time --top 20 \
+            --out "$OUT/node_times_bit_b8.json"
         ;;
     vision)
         # timm vision models, each (model, backend) in a cold process (issue 38). The defaults
