@@ -1,6 +1,7 @@
-"""The benchmark suite's model-zoo sweep, kernel counts, zoo and generate targets, and their
-suite.md sections. One test runs ``benchmarks/run.py --quick --only zoo-...`` for two families
-in a subprocess (~30 s on two CPU cores: run.py sets process-wide state); the others feed
+"""The benchmark suite's model-zoo sweep, kernel counts, zoo and generate targets, their
+suite.md sections, and its ledger rows. One test runs ``benchmarks/run.py --quick --only
+zoo-... --ledger`` for two families in a subprocess (~60 s on two CPU cores: run.py sets
+process-wide state); the others feed
 hand-made rows to the report code, as a GPU run would produce them. No test asserts a time.
 """
 
@@ -24,6 +25,23 @@ INFINIFUSE_KEYS = ("all_captured", "signatures", "eager_signatures", "fused_grou
                    "kernels_modes", "stats")  # fmt: skip
 
 
+def _assert_ledger_rows(path: Path, cuda: bool) -> None:
+    """run.py's ``--ledger`` rows: one set per backend that ran, each with its source,
+    versions, date and the ``--commit`` given (the device's copy of the checkout has no git)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    ran = (
+        ("eager", "inductor", "reduce-overhead", "infinifuse") if cuda else ("eager", "infinifuse")
+    )
+    assert {(r["workload"], r["backend"]) for r in rows} == {
+        (f"zoo-{family}", backend) for family in ("llama", "bert") for backend in ran
+    }
+    metrics = {r["metric"] for r in rows if r["backend"] == "infinifuse"}
+    assert {"per_call_ms", "first_call_s"} <= metrics
+    for r in rows:
+        assert r["source"] == "suite.json" and r["torch"] and r["device"] and r["date"], r
+        assert r["commit"] == "abc1234", r
+
+
 @pytest.fixture(scope="module")
 def suite_modules():
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -41,11 +59,14 @@ def test_zoo_sweep_quick_writes_rows_with_counts_and_captures(tmp_path):
     cuda = torch.cuda.is_available()
     if not cuda:
         env["TRITON_INTERPRET"] = "1"
+    ledger = tmp_path / "ledger.jsonl"  # (run.py's --ledger flag, checked here too)
     command = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--out-dir", str(tmp_path),
-               "--quick", "--only", "zoo-llama,zoo-bert"]  # fmt: skip
+               "--quick", "--ledger", str(ledger), "--commit", "abc1234",
+               "--only", "zoo-llama,zoo-bert"]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "suite.json").read_text())
+    _assert_ledger_rows(ledger, cuda)
 
     rows = {(r["workload"], r["backend"]): r for r in report["rows"]}
     backends = ("eager", "inductor", "reduce-overhead", "infinifuse")  # the zoo's four
