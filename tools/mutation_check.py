@@ -1349,7 +1349,7 @@ MUTATIONS: list[Mutation] = [
         "group_norm_channels_last_copy_not_a_convolution",
         "pass: GroupNorm (the layout it writes)",
         "fusebackend/passes/group_norms.py",
-        "        if _channels_last_copy(reader):\n            continue",
+        "        if is_channels_last_copy(reader):\n            continue",
         "        if False:\n            continue",
         ("tests/test_group_norm.py", "-k", "stays_channels_last"),
         note="the NCHW layout written where channels_last's copy stands before the convolutions: "

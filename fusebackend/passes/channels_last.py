@@ -59,7 +59,14 @@ from fusebackend.passes.groups import match
 from fusebackend.passes.mutations import storage_id, written_storages
 from fusebackend.passes.ops import OpCall
 
-__all__ = ["LayoutResult", "WeightCopy", "choose_channels_last", "use_channels_last"]
+__all__ = [
+    "LayoutResult",
+    "WeightCopy",
+    "choose_channels_last",
+    "is_channels_last_copy",
+    "is_conv2d",
+    "use_channels_last",
+]
 
 CHANNELS_LAST = torch.channels_last
 _CONV2D = {torch.conv2d, F.conv2d}
@@ -111,16 +118,35 @@ def _convolutions(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     """The batched 2-d convolutions of ``graph``."""
     found = []
     for node in graph.nodes:
-        if node.op == "call_function" and _is_conv2d(node.target) and is_batched(node):
+        if node.op == "call_function" and is_conv2d(node.target) and is_batched(node):
             if example_value(node.args[1]).dim() == 4:
                 found.append(node)
     return found
 
 
-def _is_conv2d(target: Any) -> bool:
+def is_conv2d(target: Any) -> bool:
     """``F.conv2d``, or a call that takes its arguments first and computes a 2-d convolution
     then elementwise work (``kernels.conv.conv2d_relu``, marked ``conv2d_arguments``)."""
     return target in _CONV2D or getattr(target, "conv2d_arguments", False) is True
+
+
+def _insert_channels_last_copy(
+    graph: torch.fx.Graph, source: torch.fx.Node, before: torch.fx.Node, value: Tensor
+) -> torch.fx.Node:
+    """``source.contiguous(memory_format=torch.channels_last)``, inserted before ``before``,
+    its example value ``value``: the copy ``is_channels_last_copy`` recognises."""
+    with graph.inserting_before(before):
+        node = graph.call_method("contiguous", (source,), {"memory_format": CHANNELS_LAST})
+    node.meta["example_value"] = value
+    return node
+
+
+def is_channels_last_copy(node: torch.fx.Node) -> bool:
+    """Is ``node`` a channels-last copy this pass put before convolutions (a convolution's
+    input whose traced layout is not channels-last, a weight computed in the graph)? A later
+    pass whose value it reads may write that layout itself and drop the copy."""
+    return (node.op == "call_method" and node.target == "contiguous" and len(node.args) == 1
+            and node.kwargs == {"memory_format": CHANNELS_LAST})  # fmt: skip
 
 
 def _groups(conv: torch.fx.Node) -> int:
@@ -210,7 +236,7 @@ def _hint(size: Any) -> int:
 
 def _any_layout(node: torch.fx.Node) -> bool:
     if node.op == "call_function":
-        if node.target in _ANY_LAYOUT_FUNCTIONS or _is_conv2d(node.target):
+        if node.target in _ANY_LAYOUT_FUNCTIONS or is_conv2d(node.target):
             return True
         return isinstance(match(node), OpCall)
     if node.op == "call_method":
@@ -319,9 +345,7 @@ def use_channels_last(
         conv.args = (conv.args[0], copies[weight], *conv.args[2:])
     for x, value in plan.converted.items():
         readers = [c for c in convs if c.args[0] is x]
-        with graph.inserting_before(readers[0]):
-            node = graph.call_method("contiguous", (x,), {"memory_format": CHANNELS_LAST})
-        node.meta["example_value"] = value
+        node = _insert_channels_last_copy(graph, x, readers[0], value)
         for conv in readers:
             conv.args = (node, *conv.args[1:])
     for node, value in plan.values.items():
@@ -370,11 +394,9 @@ def _weight_copy(
         # copy with the work before it into one derived constant where that work reads
         # parameters alone. Left to cuDNN, a ResNet-V2-50x1-BiT call converted its 17
         # standardised 3x3 and 7x7 weights (H200, 2026-12-01)
-        with graph.inserting_before(conv):
-            node = graph.call_method("contiguous", (weight,), {"memory_format": CHANNELS_LAST})
         with value.fake_mode:
-            node.meta["example_value"] = value.contiguous(memory_format=CHANNELS_LAST)
-        return node
+            copied = value.contiguous(memory_format=CHANNELS_LAST)
+        return _insert_channels_last_copy(graph, weight, conv, copied)
     if source is None or not is_state(source) or source.is_inference():
         result.left_alone.append(f"{weight.name}: not a parameter or buffer (converted each "
                                  "call by cuDNN)")  # fmt: skip

@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fusebackend.passes.activations import kernel_activation_name
-from fusebackend.passes.conv_bias import CONVOLUTIONS, is_batched
+from fusebackend.passes.channels_last import is_channels_last_copy, is_conv2d
+from fusebackend.passes.conv_bias import is_batched
 from fusebackend.passes.depthwise import ACTIVATIONS
 from fusebackend.passes.fx_util import (
     bound_arguments,
@@ -120,11 +121,9 @@ def _input_layout_for_convolutions(
         return None
     written = traced.as_strided(traced.shape, x.stride())
     for reader in last.users:
-        if _channels_last_copy(reader):
+        if is_channels_last_copy(reader):
             continue  # (the convolutions after it: their input is channels-last either way)
-        conv = reader.op == "call_function" and (
-            reader.target in CONVOLUTIONS or getattr(reader.target, "conv2d_arguments", False)
-        )
+        conv = reader.op == "call_function" and is_conv2d(reader.target)
         if not conv or not is_batched(reader) or reader.args[0] is not last:
             return None
         if last in reader.args[1:] or last in reader.kwargs.values():
@@ -133,14 +132,6 @@ def _input_layout_for_convolutions(
         if tensor_layout(value) != tensor_layout(example_value(reader)):
             return None
     return x.stride()
-
-
-def _channels_last_copy(node: torch.fx.Node) -> bool:
-    """Is ``node`` ``x.contiguous(memory_format=torch.channels_last)``? (What
-    ``passes/channels_last.py`` puts before the convolutions reading a value whose traced
-    layout is not channels-last.)"""
-    return (node.op == "call_method" and node.target == "contiguous" and len(node.args) == 1
-            and node.kwargs == {"memory_format": torch.channels_last})  # fmt: skip
 
 
 def use_group_norms(graph: torch.fx.Graph, kernel: Callable[..., Tensor]) -> list[str]:
@@ -166,7 +157,7 @@ def use_group_norms(graph: torch.fx.Graph, kernel: Callable[..., Tensor]) -> lis
             continue  # the kernel does not write)
         last.replace_all_uses_with(node)
         if strides is not None:  # written channels-last: a channels-last copy would copy
-            for copy in [u for u in node.users if _channels_last_copy(u)]:  # nothing
+            for copy in [u for u in node.users if is_channels_last_copy(u)]:  # nothing
                 copy.replace_all_uses_with(node)
                 graph.erase_node(copy)
         for dead in (last, norm) if activation is not None else (norm,):
