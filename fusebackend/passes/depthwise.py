@@ -53,6 +53,7 @@ from fusebackend.passes.fx_util import (
     evaluate,
     example_value,
     known_contiguous,
+    single_user,
     static_layout,
     tensor_layout,
 )
@@ -115,10 +116,6 @@ def _per_channel(node: Any, channels: int, shapes: tuple[tuple[int, ...], ...] =
     return shape in ((channels, 1, 1), (1, channels, 1, 1), *shapes)
 
 
-def _only_reader(node: torch.fx.Node) -> torch.fx.Node | None:
-    return next(iter(node.users)) if len(node.users) == 1 else None
-
-
 def _epilogue(
     conv: torch.fx.Node, channels: int, bias: Any
 ) -> tuple[dict[str, Any], list[torch.fx.Node]]:
@@ -133,7 +130,7 @@ def _epilogue(
     taken: list[torch.fx.Node] = []
     value = conv
     for part, name in _AFFINE if bias is None else ():
-        reader = _only_reader(value)
+        reader = single_user(value)
         call = op_call(reader, name)
         if call is None or len(call.operands) != 2 or call.params.get("alpha", 1) != 1:
             continue
@@ -144,7 +141,7 @@ def _epilogue(
         found[part] = vector
         taken.append(reader)
         value = reader
-    reader = _only_reader(value)
+    reader = single_user(value)
     cast = op_call(reader, "cast")
     if (
         taken
@@ -156,7 +153,7 @@ def _epilogue(
         value = reader
     if example_value(value).dtype != dtype:
         return {"activation": ""}, []  # (no bias: the convolution's is never in another dtype)
-    reader = _only_reader(value)
+    reader = single_user(value)
     name = kernel_activation_name(op_call(reader, *ACTIVATIONS, "hardtanh"))
     if name and example_value(reader).dtype == dtype and _same_place(reader, conv):
         found["activation"] = name
@@ -208,7 +205,7 @@ def take_residual_adds(graph: torch.fx.Graph, kernel: Callable[..., Tensor]) -> 
             continue
         if len(node.args) != position + 1 or node.args[position] is not None:
             continue  # (given an ``out`` already, or a residual)
-        add = _only_reader(node)
+        add = single_user(node)
         call = op_call(add, "add")
         if call is None or len(call.operands) != 2 or call.params.get("alpha", 1) != 1:
             continue
