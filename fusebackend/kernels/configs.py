@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from fusebackend.kernels.ir import RowProgram
 
-__all__ = ["MAX_GRID_Y", "launch_config", "layout_for", "triton_next_power_of_2"]
+__all__ = [
+    "FILL_PROGRAMS",
+    "MAX_GRID_Y",
+    "ceil_div",
+    "launch_config",
+    "layout_for",
+    "split_into_parts",
+    "triton_next_power_of_2",
+]
 
 # Launch configs, from benchmarks/diag/diag_index_assert.py (fp16 chain, index checks on;
 # device time in a CUDA graph). Programs cover ~1024 elements: at most 1024 columns of a
@@ -107,3 +115,30 @@ def launch_config(
 
 def triton_next_power_of_2(n: int) -> int:
     return 1 << (max(1, n) - 1).bit_length()
+
+
+# Programs a launch that splits its work aims for: two per SM of an H100/H200 (132 SMs)
+FILL_PROGRAMS = 264
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def split_into_parts(
+    units: int,
+    programs: int,
+    step: int,
+    least: int,
+    most: int | None = None,
+    parts: int | None = None,
+) -> tuple[int, int]:
+    """``(parts, units a part)``: each of ``programs`` programs' ``units`` split so that the
+    grid holds about ``FILL_PROGRAMS`` programs, a part ``least`` units at least and whole
+    ``step``s, ``most`` parts at most (``parts``: that many asked for instead); where rounding
+    a part up to whole steps leaves the last parts empty, fewer parts."""
+    if parts is None:
+        wanted = ceil_div(FILL_PROGRAMS, programs)
+        parts = max(1, min(wanted if most is None else min(most, wanted), units // least))
+    chunk = ceil_div(ceil_div(units, parts), step) * step
+    return ceil_div(units, chunk), chunk

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
-from fusebackend.kernels.configs import triton_next_power_of_2
+from fusebackend.kernels.configs import ceil_div, split_into_parts, triton_next_power_of_2
 from fusebackend.kernels.epilogue import activation_program, epilogue_function, evaluate
 from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
 from fusebackend.kernels.launch import run_on_device, triton_usable
@@ -52,7 +52,6 @@ __all__ = ["group_norm", "precompile_group_norm", "takes"]
 
 _WHOLE_ROW = 4096  # elements of a row held in registers by one program
 _BLOCK = 1024  # elements of a wider row's chunk
-_PROGRAMS = 264  # programs to aim for (two per SM of an H100/H200)
 _MAX_PARTS = 64  # parts a row is split into at most (each two steps of a block at least)
 _INT32_OFFSETS = 2**31 - 1  # an image's elements up to this many: int32 offsets within it
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -185,7 +184,7 @@ def _grouped_launches(x, groups, weight, bias, eps, activation, out, parts=None)
     together = 1  # groups a program: a position's loads span this many groups' channels
     while together * per_group * x.element_size() < _GROUPED_SPAN_BYTES and together < groups:
         together *= 2
-    block_groups = _ceil_div(groups, together)
+    block_groups = ceil_div(groups, together)
     shape = {"CG": per_group, "CGP": padded, "GPP": together, "HW": positions}
     tile = triton_next_power_of_2(positions) * together * padded
     whole = None
@@ -224,10 +223,7 @@ def _planned(kernels, x, groups, weight, bias, eps, activation, out, parts, *, p
                 block_name: size, "num_warps": warps}  # fmt: skip
         args = [x, x, *vectors, out, groups, second, extent, eps, *strides, *out_strides]
         return [(apply_kernel, (programs, 1), args, meta)]
-    if parts is None:
-        parts = max(1, min(_MAX_PARTS, _ceil_div(_PROGRAMS, programs), extent // (2 * step)))
-    chunk = _ceil_div(_ceil_div(extent, parts), step) * step
-    parts = _ceil_div(extent, chunk)
+    parts, chunk = split_into_parts(extent, programs, step, 2 * step, _MAX_PARTS, parts)
     steps = chunk // step
     meta = {**meta, "WHOLE_ROW": False, block_name: step, "STEPS": steps, "num_warps": 4,
             "ROW_STEPS": steps if parts == 1 else 1}  # fmt: skip
@@ -278,7 +274,3 @@ def _kernels() -> tuple[Any, Any, Any, Any]:
     from fusebackend.kernels import group_norm_triton as k
 
     return k._group_norm_stats, k._group_norm_apply, k._grouped_stats, k._grouped_apply
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)

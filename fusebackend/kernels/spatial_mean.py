@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from fusebackend.kernels.configs import triton_next_power_of_2
+from fusebackend.kernels.configs import ceil_div, split_into_parts, triton_next_power_of_2
 from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
 from fusebackend.kernels.launch import run_on_device, triton_usable
 from fusebackend.kernels.triton_api import warmup_launch
@@ -32,7 +32,6 @@ from fusebackend.kernels.triton_api import warmup_launch
 __all__ = ["precompile_spatial_mean", "spatial_mean"]
 
 _TILE = 4096  # elements of one program's tile: [positions, channels]
-_PROGRAMS = 264  # programs to aim for (two per SM of an H100/H200)
 _MIN_POSITIONS = 256  # positions a program reads at least when the positions are split
 
 
@@ -64,10 +63,8 @@ def _launches(x: torch.Tensor, out: torch.Tensor) -> list[tuple[Any, tuple, list
     positions = height * width
     block_c = min(64, triton_next_power_of_2(channels))
     block_p = max(16, min(256, _TILE // block_c))
-    channel_blocks = _ceil_div(channels, block_c)
-    parts = max(1, min(_ceil_div(_PROGRAMS, batch * channel_blocks), positions // _MIN_POSITIONS))
-    per_part = _ceil_div(_ceil_div(positions, parts), block_p) * block_p
-    parts = _ceil_div(positions, per_part)
+    channel_blocks = ceil_div(channels, block_c)
+    parts, per_part = split_into_parts(positions, batch * channel_blocks, block_p, _MIN_POSITIONS)
     strides = (x.stride(0), x.stride(1), x.stride(2), x.stride(3))
     # Triton knows an integer's divisibility by 16 only: where every position's offset is a
     # multiple of 8 (72 channels, NHWC) saying so lets its loads along the channels be
@@ -86,7 +83,7 @@ def _launches(x: torch.Tensor, out: torch.Tensor) -> list[tuple[Any, tuple, list
         (_sum_kernel(), (batch, channel_blocks, parts),
          [x, partial, channels, positions, width, *strides, per_part, 1.0, batch * channels,
           channels], {**meta, "PARTIAL": True}),
-        (_finish_kernel(), (_ceil_div(batch * channels, block),),
+        (_finish_kernel(), (ceil_div(batch * channels, block),),
          [partial, out, batch * channels, channels, parts, 1.0 / positions, out.stride(0),
           out.stride(1)], {"BLOCK": block, "num_warps": 2}),
     ]  # fmt: skip
@@ -112,10 +109,6 @@ def _precompile_job(args: Any) -> Any:
 # Two kernels (sum, finish) to compile: 0.16-0.19 s for the sum alone on an H200 against a
 # row kernel's 0.08-0.11 s (ResNet-50's and ResNeXt-50's cold first calls, 2026-12-01).
 family("spatial_mean", _precompile_job, lambda args: 2.0)(spatial_mean)
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @functools.cache
