@@ -20,6 +20,7 @@ pair's rule and span rest on.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 import torch
@@ -77,24 +78,39 @@ def sweep() -> list[dict]:
     return rows
 
 
-def _sweep_row(batch: int, channels: int, side: int) -> dict:
+def _inputs(batch: int, channels: int, side: int, channels_last: bool) -> tuple:
+    """A random fp16 input (NCHW or channels-last), weight and bias."""
     x = torch.randn(batch, channels, side, side, device="cuda", dtype=torch.float16)
-    x = x.contiguous(memory_format=torch.channels_last)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
     w = torch.rand(channels, device="cuda", dtype=torch.float16) + 0.5
     b = torch.randn(channels, device="cuda", dtype=torch.float16)
+    return x, w, b
+
+
+@contextlib.contextmanager
+def _rule(values: tuple[int, int, int] | None):
+    """The launcher's grouped rule set to ``values`` (``_KNOBS``' order; None: its own) for
+    the duration, then restored."""
+    saved = [getattr(group_norm_module, knob) for knob in _KNOBS]
+    try:
+        for knob, value in zip(_KNOBS, values or saved):
+            setattr(group_norm_module, knob, value)
+        yield
+    finally:
+        for knob, value in zip(_KNOBS, saved):
+            setattr(group_norm_module, knob, value)
+
+
+def _sweep_row(batch: int, channels: int, side: int) -> dict:
+    x, w, b = _inputs(batch, channels, side, channels_last=True)
     torch._dynamo.reset()
     inductor = torch.compile(lambda x, w, b: F.relu(F.group_norm(x, 32, w, b, 1e-5)))
     row = {"shape": [batch, channels, side, side], "layout": "channels_last",
            "inductor_us": round(device_us(lambda: inductor(x, w, b)), 2)}  # fmt: skip
-    saved = [getattr(group_norm_module, knob) for knob in _KNOBS]
-    try:
-        for name, values in VARIANTS.items():
-            for knob, value in zip(_KNOBS, values or saved):
-                setattr(group_norm_module, knob, value)
+    for name, values in VARIANTS.items():
+        with _rule(values):
             row[name] = round(device_us(lambda: group_norm(x, 32, w, b, 1e-5, "relu")), 2)
-    finally:
-        for knob, value in zip(_KNOBS, saved):
-            setattr(group_norm_module, knob, value)
     print(json.dumps(row), flush=True)
     return row
 
@@ -103,11 +119,7 @@ def compare() -> list[dict]:
     rows = []
     for batch, channels, side in SHAPES:
         for layout in ("nchw", "channels_last"):
-            x = torch.randn(batch, channels, side, side, device="cuda", dtype=torch.float16)
-            if layout == "channels_last":
-                x = x.contiguous(memory_format=torch.channels_last)
-            w = torch.rand(channels, device="cuda", dtype=torch.float16) + 0.5
-            b = torch.randn(channels, device="cuda", dtype=torch.float16)
+            x, w, b = _inputs(batch, channels, side, layout == "channels_last")
             aten = device_us(lambda: F.relu(F.group_norm(x, 32, w, b, 1e-5)))  # noqa: B023
             kernel = device_us(lambda: group_norm(x, 32, w, b, 1e-5, "relu"))  # noqa: B023
             row = {"shape": [batch, channels, side, side], "layout": layout,
@@ -115,13 +127,9 @@ def compare() -> list[dict]:
                    "ratio": round(kernel / aten, 3), "plan": plan(x)}  # fmt: skip
             if "GPP" in group_norm_module._launches(x, 32, w, b, 1e-5, "relu", x)[-1][3]:
                 # the same launch with a group a program, as before the several-groups
-                # kernels: what their rule (_GROUPED_BELOW_BYTES) rests on
-                threshold = group_norm_module._GROUPED_BELOW_BYTES
-                group_norm_module._GROUPED_BELOW_BYTES = 0
-                try:
+                # kernels: what their rule rests on
+                with _rule(VARIANTS["one group a program"]):
                     one = device_us(lambda: group_norm(x, 32, w, b, 1e-5, "relu"))  # noqa: B023
-                finally:
-                    group_norm_module._GROUPED_BELOW_BYTES = threshold
                 row["one_group_a_program_us"] = round(one, 2)
             print(json.dumps(row), flush=True)
             rows.append(row)
