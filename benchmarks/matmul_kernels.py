@@ -398,7 +398,9 @@ def sweep_gemv(case: Case, deadline: float, checked: dict) -> dict[str, Any]:
     shape, default = case.shape, _default_config(case)
     along_n = shape.layout == "kn"
     block_ns = (8, 16, 32, 64, 128) if along_n else (1, 2, 4, 8, 16)
-    block_ks = (32, 64, 128, 256) if along_n else (128, 256, 512, 1024)
+    # along N up to 1024-wide K steps: GPT-2's K of 768 in one step (one latency of loads a
+    # program, not three), which the first sweep (up to 256) never tried
+    block_ks = (32, 64, 128, 256, 512, 1024) if along_n else (128, 256, 512, 1024)
     tried: list[dict[str, Any]] = []
     best: tuple[float, LaunchConfig] | None = None
     cut = False
@@ -423,7 +425,7 @@ def sweep_gemv(case: Case, deadline: float, checked: dict) -> dict[str, Any]:
         if time.perf_counter() > deadline:
             cut = True
             break
-        if shape.k // split >= tile.block_k:
+        if split == 1 or shape.k // split >= tile.block_k:  # a one-step tile keeps split 1
             run(dataclasses.replace(tile, warps=warps, split_k=split))
     run(default)
     default_us = next(t["us"] for t in tried if t["config"] == dataclasses.asdict(default))

@@ -440,12 +440,13 @@ def test_one_row_launches_as_gemv_along_the_weights_storage():
 
 
 def test_default_gemv_config_of_weights_stored_kn():
-    # the H200 sweep's rule (_gemv_along_n): wide outputs in 32 x 256 tiles, narrow ones in
-    # 16 x 128; K sliced only from 2048 on, up to 256 programs
-    for width, outputs, want in ((768, 2304, (32, 256, 1)), (768, 3072, (32, 256, 1)),
-                                 (3072, 768, (16, 128, 8)), (768, 768, (16, 128, 1)),
-                                 (768, 50257, (32, 256, 1)), (64, 600, (16, 64, 1)),
-                                 (4096, 4096, (32, 256, 2))):  # fmt: skip
+    # the H200 sweep's rule (_gemv_along_n): a program's K slice in one step of up to 1024,
+    # 32-column tiles but 16 for narrow outputs in one slice; K sliced only from 2048 on, up
+    # to 256 programs
+    for width, outputs, want in ((768, 2304, (32, 1024, 1)), (768, 3072, (32, 1024, 1)),
+                                 (3072, 768, (32, 512, 8)), (768, 768, (16, 1024, 1)),
+                                 (768, 50257, (32, 1024, 1)), (64, 600, (16, 64, 1)),
+                                 (4096, 4096, (32, 1024, 2))):  # fmt: skip
         got = matmul.launch_config(1, width, outputs, False, gemv=True, along_n=True)
         block_n, block_k, splits = want
         assert got == LaunchConfig(block_n, block_k, 4, 1, split_k=splits, gemv=True), got
@@ -538,7 +539,7 @@ def test_gemv_along_n_in_k_slices(dtype, launch_config):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_weights_stored_kn_under_the_default_config(dtype):
     # K 600 and N 530, multiples of no tile: one row is the GEMV along N in 34 tiles of 16
-    # columns and 5 K steps, in one slice (K is sliced from 2048 on:
+    # columns and one 1024-wide K step, in one slice (K is sliced from 2048 on:
     # test_default_gemv_config_of_weights_stored_kn; slices along N are run by
     # test_gemv_along_n_for_every_prologue_and_epilogue)
     # (a gate and a residual after an RMSNorm make 6 roundings, which bf16 on the interpreter

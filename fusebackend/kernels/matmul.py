@@ -316,7 +316,7 @@ def launch_config(
     widest_k = widest_k_step(width)
     if gemv and rows == 1 and outputs >= GEMV_MIN_OUTPUTS and ONE_ROW_GEMV:
         if along_n:
-            return _gemv_along_n(width, outputs, widest_k)
+            return _gemv_along_n(width, outputs)
         # LM heads over a short K (one 1024-wide step): 16-column tiles. On an H200
         # (matmul_kernels.py --sweep-gemv, 2026-11-29) GPT-2's (768 -> 50257, behind ln_f)
         # took 23.9 us against 35.6 with 2 columns (cuBLAS' GEMV alone: 29.5), Qwen2-0.5B's
@@ -350,24 +350,27 @@ def launch_config(
     return LaunchConfig(block_n, block_k, warps=warps, stages=4 if block_n == 16 else 3)
 
 
-def _gemv_along_n(width: int, outputs: int, widest_k: int) -> LaunchConfig:
+def _gemv_along_n(width: int, outputs: int) -> LaunchConfig:
     """One row's GEMV on weights stored [K, N] (``along_n``: GPT-2's Conv1D, ``x @ W``), 4
-    warps: wide outputs (2048 columns or more) in 32-column tiles of 256-wide K steps,
-    narrower ones in 16-column tiles of 128-wide steps; K in one slice unless it is long (2048
-    or more: slices until 256 programs, at most 8). From ``matmul_kernels.py --sweep-gemv`` on
-    an H200 (2026-11-29, fp16, 26-35 configs a shape) against the first picks (32 columns,
-    128-wide K steps, 2-8 slices up to 128 programs): GPT-2's c_attn (768 -> 2304) 6.3
-    against 8.4 us, c_fc (768 -> 3072, NewGELU) 7.3 against 9.0, the attention's c_proj (768
-    -> 768) 2.8 against 3.7, the MLP's c_proj (3072 -> 768) 5.3 against 5.4 in 8 slices.
-    Other warps came within 0.5 us (c_attn's and the attention c_proj's best at 8 warps, 5.9
-    and 2.4 us; c_fc's at 2, 6.5 us)."""
-    wide = outputs >= 2048
-    block_n, block_k = (32, 256) if wide else (16, 128)
-    tiles, splits = -(-outputs // block_n), 1
+    warps: each program reads its K slice in one step (K steps up to 1024 wide), so its loads
+    wait on memory once, not once a step. K is sliced only when long (2048 or more: slices
+    until 256 programs, at most 8, each at least 256 wide); 32-column tiles, but 16 for
+    narrow outputs (under 2048 columns) in one slice.
+
+    From ``matmul_kernels.py --sweep-gemv`` on an H200 (2026-12-01, 6eb5265, fp16, 33-36
+    configs a shape, K steps up to 1024) against the rule before it (K steps of 128-256,
+    which the first sweep, 2026-11-29, never passed): GPT-2's c_attn (768 -> 2304) 3.9
+    against 6.2 us (cuBLAS' linear on [N, K] weights: 5.0), c_fc (768 -> 3072, NewGELU) 4.5
+    against 7.5 (5.1), the attention's c_proj (768 -> 768) 2.0 against 2.7 (3.7), the MLP's
+    c_proj (3072 -> 768, 8 slices asked, 6 of 512 launched: ``_k_slices``) 4.8 against 5.4
+    (7.7). The runners-up: 8 warps within 0.2 us, 16 columns 0.3-0.5 us behind 32 on the wide
+    outputs, 32 columns 0.3 us behind 16 on the 768 -> 768."""
+    tiles, splits = -(-outputs // 32), 1
     while width >= 2048 and tiles * splits < 256 and splits < 8 and width // (2 * splits) >= 256:
         splits *= 2
-    return LaunchConfig(block_n, min(block_k, widest_k), warps=4, stages=1, split_k=splits,
-                        gemv=True)  # fmt: skip
+    block_n = 16 if outputs < 2048 and splits == 1 else 32
+    block_k = min(1024, widest_k_step(-(-width // splits)))
+    return LaunchConfig(block_n, block_k, warps=4, stages=1, split_k=splits, gemv=True)
 
 
 # Weight elements per row of a program's tile asked of L2 first, before anything else is
