@@ -1,0 +1,138 @@
+"""Where does a suite workload's call spend its time: on the host, in kernels, or between them?
+
+On an H200 at 1c42a4c the one-row GEMV along N (GPT-2's Conv1D weights) took 3.9 us for
+c_attn where it had taken 6.2, and GPT-2's one-token forward (``run.py --only gpt2-token``)
+went from 386 to 286 us of kernel time a call without graphs, but from only 0.407 to 0.388
+ms a call with graphs. This times one ``benchmarks/suite`` workload per backend, in one
+process, once its graphs are captured:
+
+- ``rel_error``: the steady call's main output against eager's (the suite's measure);
+- ``host_us``: from the call until it returns, after a synchronize (the launch path);
+- ``alone_us``: the call and a synchronize (the suite's ``per_call_ms``);
+- ``loop_us``: calls back to back between two synchronizations, per call;
+- from ``torch.profiler`` over one call (a replay's kernels included): ``span_us`` from the
+  first kernel's start to the last one's end, ``kernel_us`` their summed durations (kernels
+  launched as programmatic dependents overlap, so it can exceed the span), the largest gaps
+  and the kernels with the most time.
+
+Backends: those of ``suite/measure.py`` (its flag variants included: ``infinifuse-nopdl``
+runs without programmatic dependent launch) and ``infinifuse-weights-first``: one-row GEMV
+launches along N whose K slice is one step read their weight tiles before waiting on the
+previous kernel (``matmul.WEIGHTS_BEFORE_WAIT``). A backend named twice is measured twice,
+compiled afresh, to show the spread between two measurements of one build.
+
+    python benchmarks/diag/diag_suite_call.py --workload gpt2-token \
+        [--backends infinifuse,infinifuse-weights-first,reduce-overhead] [--out F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+from diag_replay_gaps import by_name, kernels_of_last_call, summarize  # noqa: E402
+from suite import measure, workloads  # noqa: E402
+
+# Variants of this diag alone, as measure.INFINIFUSE_FLAGS' (module of fusebackend.kernels,
+# name) -> value, set while each call runs
+VARIANT_FLAGS = {"infinifuse-weights-first": {("matmul", "WEIGHTS_BEFORE_WAIT"): True}}
+
+
+def make_call(case: workloads.Case, backend: str) -> tuple[Callable[..., object], Callable]:
+    """The compiled call of ``case`` under ``backend`` and what runs before each call."""
+    if backend in VARIANT_FLAGS:
+        fn = measure._with_flags(measure.make_fn(case.model, "infinifuse"), VARIANT_FLAGS[backend])
+    else:
+        fn = measure.make_fn(case.model, backend)
+    step = torch.compiler.cudagraph_mark_step_begin if backend == "reduce-overhead" else None
+
+    def call(_: object = None) -> object:  # kernels_of_last_call passes an input
+        with torch.no_grad():
+            return fn(**case.kwargs)
+
+    return call, step or (lambda: None)
+
+
+def timings(call: Callable[[], object], step: Callable, reps: int) -> dict[str, float]:
+    host, alone = [], []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        call()
+        returned = time.perf_counter()
+        torch.cuda.synchronize()
+        host.append(returned - start)
+        alone.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        step()
+        call()
+    torch.cuda.synchronize()
+    loop = (time.perf_counter() - start) / reps
+    return {"host_us": round(statistics.median(host) * 1e6, 1),
+            "alone_us": round(statistics.median(alone) * 1e6, 1),
+            "loop_us": round(loop * 1e6, 1)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="gpt2-token")
+    parser.add_argument("--backends", default="infinifuse,infinifuse-weights-first,reduce-overhead")
+    parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--top", type=int, default=8)
+    parser.add_argument("--commit", default=None)
+    parser.add_argument("--out", default=None, help="JSON results")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    (workload,) = workloads.select(workloads.workloads(False, device), args.workload)
+    results = []
+    for backend in args.backends.split(","):
+        measure.fresh_state(device)
+        case = workload.build(device, 10 + 2 * args.reps)
+        with torch.no_grad():
+            eager = measure.references(case, device)[-1]
+        case.prepare()
+        call, step = make_call(case, backend)
+        for _ in range(5):  # compile, capture, steady
+            step()
+            out = measure._grab(case, call())
+        row = {
+            "workload": workload.name,
+            "backend": backend,
+            "commit": args.commit,
+            "rel_error": measure.rel_error(out, eager),
+            **timings(call, step, args.reps),
+        }
+        kernels = kernels_of_last_call(call, None, step)
+        row.update(summarize(kernels, args.top))
+        top = sorted(by_name(kernels).items(), key=lambda kv: -kv[1])[: args.top]
+        row["top_kernels"] = [(round(us, 1), name) for name, us in top]
+        print(json.dumps(row), flush=True)
+        results.append(row)
+        del case, call
+    print(f"{'backend':28} {'host us':>8} {'alone us':>9} {'loop us':>8} {'span us':>8} "
+          f"{'kernel us':>9} {'kernels':>7}")  # fmt: skip
+    for r in results:
+        print(f"{r['backend']:28} {r['host_us']:8.1f} {r['alone_us']:9.1f} "
+              f"{r['loop_us']:8.1f} {r.get('span_us', 0):8.1f} {r.get('kernel_us', 0):9.1f} "
+              f"{r['kernels']:7}")  # fmt: skip
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
