@@ -15,21 +15,31 @@ process, once its graphs are captured:
   launched as programmatic dependents overlap, so it can exceed the span), the largest gaps
   and the kernels with the most time.
 
-Backends: those of ``suite/measure.py`` (its flag variants included: ``infinifuse-nopdl``
-runs without programmatic dependent launch) and ``infinifuse-weights-first``: one-row GEMV
-launches along N whose K slice is one step read their weight tiles before waiting on the
-previous kernel (``matmul.WEIGHTS_BEFORE_WAIT``). A backend named twice is measured twice,
-compiled afresh, to show the spread between two measurements of one build.
+Backends: those of ``suite/measure.py``, its flag variants included (``infinifuse-nopdl``
+runs without programmatic dependent launch). A backend named twice is measured twice,
+compiled afresh, to show the spread between two measurements of one build. ``--profile N``
+adds, for infinifuse's backends, a cProfile of the timed calls' host side (the N functions
+with the most own time).
+
+What it found (H200, 2026-12-01, 8dd2a69, GPT-2's one-token forward, two builds each):
+infinifuse's call returned after 200-249 us of host time (reduce-overhead's: 525), the call
+and a synchronize took 459-482 us (905), back to back 282-298 us (440). In the profiled
+call the replay's first kernel came 84-134 us after the input copy, and its kernels ran
+247-282 us after it. One-step GEMV tiles along N read before the wait on the previous
+kernel (an A/B flag, removed after) spanned 433-487 us against 381-415.
 
     python benchmarks/diag/diag_suite_call.py --workload gpt2-token \
-        [--backends infinifuse,infinifuse-weights-first,reduce-overhead] [--out F.json]
+        [--backends infinifuse,reduce-overhead] [--profile 25] [--out F.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -44,17 +54,10 @@ sys.path.insert(0, HERE)
 from diag_replay_gaps import by_name, kernels_of_last_call, summarize  # noqa: E402
 from suite import measure, workloads  # noqa: E402
 
-# Variants of this diag alone, as measure.INFINIFUSE_FLAGS' (module of fusebackend.kernels,
-# name) -> value, set while each call runs
-VARIANT_FLAGS = {"infinifuse-weights-first": {("matmul", "WEIGHTS_BEFORE_WAIT"): True}}
-
 
 def make_call(case: workloads.Case, backend: str) -> tuple[Callable[..., object], Callable]:
     """The compiled call of ``case`` under ``backend`` and what runs before each call."""
-    if backend in VARIANT_FLAGS:
-        fn = measure._with_flags(measure.make_fn(case.model, "infinifuse"), VARIANT_FLAGS[backend])
-    else:
-        fn = measure.make_fn(case.model, backend)
+    fn = measure.make_fn(case.model, backend)
     step = torch.compiler.cudagraph_mark_step_begin if backend == "reduce-overhead" else None
 
     def call(_: object = None) -> object:  # kernels_of_last_call passes an input
@@ -87,10 +90,26 @@ def timings(call: Callable[[], object], step: Callable, reps: int) -> dict[str, 
             "loop_us": round(loop * 1e6, 1)}  # fmt: skip
 
 
+def host_profile(call: Callable[..., object], step: Callable, calls: int, top: int) -> str:
+    """cProfile's table of ``calls`` calls (launches only), by own time."""
+    profile = cProfile.Profile()
+    torch.cuda.synchronize()
+    profile.enable()
+    for _ in range(calls):
+        step()
+        call()
+    profile.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="gpt2-token")
-    parser.add_argument("--backends", default="infinifuse,infinifuse-weights-first,reduce-overhead")
+    parser.add_argument("--backends", default="infinifuse,reduce-overhead")
+    parser.add_argument("--profile", type=int, default=0, metavar="N")
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--top", type=int, default=8)
     parser.add_argument("--commit", default=None)
@@ -120,7 +139,10 @@ def main() -> None:
         row.update(summarize(kernels, args.top))
         top = sorted(by_name(kernels).items(), key=lambda kv: -kv[1])[: args.top]
         row["top_kernels"] = [(round(us, 1), name) for name, us in top]
-        print(json.dumps(row), flush=True)
+        if args.profile and backend.startswith("infinifuse"):
+            row["host_profile"] = host_profile(call, step, args.reps, args.profile)
+        print(json.dumps({k: v for k, v in row.items() if k != "host_profile"}), flush=True)
+        print(row.get("host_profile", ""), flush=True)
         results.append(row)
         del case, call
     print(f"{'backend':28} {'host us':>8} {'alone us':>9} {'loop us':>8} {'span us':>8} "

@@ -471,7 +471,7 @@ def _launch(
         "PRECISION": _precision(x.dtype),
         "PDL": pdl,
         "PREFETCH": PREFETCH_K if nvidia_gpu(x.device) else 0,  # inline PTX
-        "W_KN": _along_n_mode(config, weights, width),  # tensor cores read any layout
+        "W_KN": config.gemv and _stored_along_n(weights),  # tensor cores read any layout
         "num_warps": config.warps,
         "num_stages": config.stages,
     }
@@ -528,20 +528,6 @@ def _config(group: MatmulGroup, rows: int, width: int, weights: Sequence[torch.T
     if config.gemv and rows != 1:
         raise ValueError(f"a GEMV launch config is for one row, not {rows}: {config}")
     return config
-
-
-# One-row GEMV launches along N in one K step read their weight tiles before waiting on the
-# previous kernel (W_KN 2). Read at each call (an A/B flag while it is measured).
-WEIGHTS_BEFORE_WAIT = False
-
-
-def _along_n_mode(config: LaunchConfig, weights: Sequence[torch.Tensor], width: int) -> int:
-    """The kernel's ``W_KN``: 0 (weights read along K, or tensor cores), 1 (a GEMV along N),
-    2 (a GEMV along N whose K slice is one step, its tiles read ahead of the wait)."""
-    if not (config.gemv and _stored_along_n(weights)):
-        return 0
-    one_step = _k_slices(width, config)[0] <= config.block_k
-    return 2 if one_step and WEIGHTS_BEFORE_WAIT else 1
 
 
 def _stored_along_n(weights: Sequence[torch.Tensor]) -> bool:

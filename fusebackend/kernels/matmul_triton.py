@@ -86,26 +86,13 @@ def _tile(x, x_row, x_col, norm_w, norm_b, eps, w, w_n, w_k, v, v_n, v_k,
         _prefetch_l2(w, w_n, w_k, cols, N, K, k_first, PREFETCH)
         if TWO:
             _prefetch_l2(v, v_n, v_k, cols, N, K, k_first, PREFETCH)
-    if W_KN == 2:  # one K step along N: the weight tiles, as stored, ahead of the wait
-        ks = k_first + tl.arange(0, BLOCK_K)
-        wt = _stored_tile(w, w_n, w_k, cols, ks, N, K, True)
-        if TWO:
-            vt = _stored_tile(v, v_n, v_k, cols, ks, N, K, True)
     if PDL:  # every read below may depend on the previous kernel: wait for its end
         gdc_wait()
     mean = tl.zeros([rows.shape[0]], tl.float32)
     rstd = mean
     if NORM != 0:
         mean, rstd = _row_stats(x, x_row, x_col, rows, M, K, eps, NORM, BLOCK_K)
-    if W_KN == 2:
-        a = _input_block(x, x_row, x_col, norm_w, norm_b, mean, rstd, rows, ks, M, K,
-                         NORM, NORM_BIAS).to(tl.float32)  # fmt: skip
-        a = tl.trans(a)  # [1, K step] -> [K step, 1]
-        acc = tl.sum(wt.to(tl.float32) * a, axis=0)[None, :]
-        acc2 = acc
-        if TWO:
-            acc2 = tl.sum(vt.to(tl.float32) * a, axis=0)[None, :]
-    elif rows.shape[0] == 1:  # one row: a GEMV launch (LaunchConfig.gemv)
+    if rows.shape[0] == 1:  # one row: a GEMV launch (LaunchConfig.gemv)
         acc, acc2 = _row_products(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k,
                                   v, v_n, v_k, rows, cols, M, K, N, NORM, NORM_BIAS, TWO,
                                   BLOCK_K, k_first, K_SPAN, W_KN)  # fmt: skip
@@ -200,23 +187,19 @@ def _row_products(x, x_row, x_col, norm_w, norm_b, mean, rstd, w, w_n, w_k, v, v
 
 @triton.jit
 def _weight_tile(w, w_n, w_k, cols, ks, N, K: tl.constexpr, W_KN: tl.constexpr):
-    """``_stored_tile`` in fp32."""
-    return _stored_tile(w, w_n, w_k, cols, ks, N, K, W_KN).to(tl.float32)
-
-
-@triton.jit
-def _stored_tile(w, w_n, w_k, cols, ks, N, K: tl.constexpr, W_KN: tl.constexpr):
-    """Weight ``w``'s columns ``cols`` x K step ``ks`` (strides ``w_n``, ``w_k``) in its
-    dtype, zero outside [N, K], in the orientation of its storage: [K step, columns] with
-    ``W_KN`` (N contiguous), else [columns, K step] (K contiguous), so consecutive threads
-    read consecutive addresses either way."""
+    """Weight ``w``'s columns ``cols`` x K step ``ks`` (strides ``w_n``, ``w_k``) in fp32,
+    zero outside [N, K], in the orientation of its storage: [K step, columns] with ``W_KN``
+    (N contiguous), else [columns, K step] (K contiguous), so consecutive threads read
+    consecutive addresses either way. Read after the wait on the previous kernel: a one-step
+    tile along N read before it made GPT-2's one-token forward slower (its replay's kernels
+    spanned 433-487 us against 381-415; H200, 2026-12-01, 8dd2a69, diag_suite_call.py)."""
     if W_KN:
         keep = (ks[:, None] < K) & (cols[None, :] < N)
         b = tl.load(w + ks[:, None] * w_k + cols[None, :] * w_n, mask=keep, other=0.0)
     else:
         keep = (cols[:, None] < N) & (ks[None, :] < K)
         b = tl.load(w + cols[:, None] * w_n + ks[None, :] * w_k, mask=keep, other=0.0)
-    return b
+    return b.to(tl.float32)
 
 
 @triton.jit
