@@ -242,6 +242,14 @@ SOURCES = (
     "matmul_gemv_rule_h200_81ea8bc.json",
     "suite_gemv_h200_81ea8bc.json",
     "suite_qwen2_decode_h200_cfb366a.json",
+    # one row's GEMV along N swept again with K steps up to 1024 (6eb5265's kernel; the
+    # sweep's wider K steps landed in 1c42a4c) and GPT-2's one-token forward before the new
+    # rule; the rule's launches and GPT-2's one-token forward and decode step after it
+    # (1c42a4c)
+    "matmul_gemv_sweep_h200_6eb5265.json",
+    "suite_gpt2_token_h200_6eb5265.json",
+    "matmul_gemv_rule_h200_1c42a4c.json",
+    "suite_gemv_h200_1c42a4c.json",
     # Swin's window softmax: its kernel's variants at 17263c0 (the row index's divisions as
     # constants), launch configs swept over rows Triton cannot prove aligned and Swin-T and
     # LeViT-128S against reduce-overhead after the one-warp rule (f351192)
