@@ -245,7 +245,7 @@ SOURCES = (
     # one row's GEMV along N swept again with K steps up to 1024 (6eb5265's kernel; the
     # sweep's wider K steps landed in 1c42a4c) and GPT-2's one-token forward before the new
     # rule; the rule's launches and GPT-2's one-token forward and decode step after it
-    # (1c42a4c)
+    # (1c42a4c). Folded: in git at bf26ac8
     "matmul_gemv_sweep_h200_6eb5265.json",
     "suite_gpt2_token_h200_6eb5265.json",
     "matmul_gemv_rule_h200_1c42a4c.json",
