@@ -71,7 +71,11 @@ run_step() {  # name, command...: log to $OUT/name.txt, print its tail and the o
     echo "== $name: rc=$rc in $((SECONDS - start)) s"
     [ $rc -eq 0 ] || status=1
     if [ -n "${BUNDLE:-}" ]; then
-        tar czf "$BUNDLE.tmp" -C "$(dirname "$OUT")" "$(basename "$OUT")" && mv "$BUNDLE.tmp" "$BUNDLE"
+        # tar exits 1 when a file changed while it read it (seen on an H200, 2026-12-01: the
+        # folder itself, once per step, and no bundle came back): the archive is written
+        # all the same, so only a fatal error (2) keeps the last bundle
+        tar czf "$BUNDLE.tmp" -C "$(dirname "$OUT")" "$(basename "$OUT")"
+        [ $? -le 1 ] && mv "$BUNDLE.tmp" "$BUNDLE"
     fi
 }
 
