@@ -25,7 +25,7 @@ What it found (H200, 2026-12-01, 8dd2a69, GPT-2's one-token forward, two builds 
 infinifuse's call returned after 200-249 us of host time (reduce-overhead's: 525), the call
 and a synchronize took 459-482 us (905), back to back 282-298 us (440). In the profiled
 call the replay's first kernel came 84-134 us after the input copy, and its kernels ran
-247-282 us after it. One-step GEMV tiles along N read before the wait on the previous
+282-297 us after it. One-step GEMV tiles along N read before the wait on the previous
 kernel (an A/B flag, removed after) spanned 433-487 us against 381-415.
 
     python benchmarks/diag/diag_suite_call.py --workload gpt2-token \
