@@ -352,19 +352,16 @@ def launch_config(
 
 def _gemv_along_n(width: int, outputs: int) -> LaunchConfig:
     """One row's GEMV on weights stored [K, N] (``along_n``: GPT-2's Conv1D, ``x @ W``), 4
-    warps: each program reads its K slice in one step (K steps up to 1024 wide), so its loads
-    wait on memory once, not once a step. K is sliced only when long (2048 or more: slices
-    until 256 programs, at most 8, each at least 256 wide); 32-column tiles, but 16 for
-    narrow outputs (under 2048 columns) in one slice.
-
-    From ``matmul_kernels.py --sweep-gemv`` on an H200 (2026-12-01, 6eb5265, fp16, 33-36
-    configs a shape, K steps up to 1024) against the rule before it (K steps of 128-256,
-    which the first sweep, 2026-11-29, never passed): GPT-2's c_attn (768 -> 2304) 3.9
-    against 6.2 us (cuBLAS' linear on [N, K] weights: 5.0), c_fc (768 -> 3072, NewGELU) 4.5
-    against 7.5 (5.1), the attention's c_proj (768 -> 768) 2.0 against 2.7 (3.7), the MLP's
-    c_proj (3072 -> 768, 8 slices asked, 6 of 512 launched: ``_k_slices``) 4.8 against 5.4
-    (7.7). The runners-up: 8 warps within 0.2 us, 16 columns 0.3-0.5 us behind 32 on the wide
-    outputs, 32 columns 0.3 us behind 16 on the 768 -> 768."""
+    warps: each program reads its K slice in one step (up to 1024 wide), so its loads wait
+    on memory once, not once a step; K sliced only when long (2048 or more: slices until 256
+    programs, at most 8, each at least 256 wide); 32-column tiles, 16 for narrow outputs
+    (under 2048 columns) in one slice. From ``matmul_kernels.py --sweep-gemv`` on an H200
+    (2026-12-01, 6eb5265, fp16, 33-36 configs a shape) against the rule before (128-256-wide
+    K steps, the first sweep's widest): GPT-2's c_attn (768 -> 2304) 3.9 against 6.2 us
+    (cuBLAS' linear on [N, K] weights: 5.0), c_fc (768 -> 3072, NewGELU) 4.5 against 7.5
+    (5.1), the attention's c_proj (768 -> 768) 2.0 against 2.7 (3.7), the MLP's c_proj (3072
+    -> 768; 8 slices asked, 6 of 512 launched: ``_k_slices``) 4.8 against 5.4 (7.7). Runners-up:
+    8 warps (within 0.2 us), 16 columns on wide outputs and 32 on 768 -> 768 (0.3-0.5 us)."""
     tiles, splits = -(-outputs // 32), 1
     while width >= 2048 and tiles * splits < 256 and splits < 8 and width // (2 * splits) >= 256:
         splits *= 2
