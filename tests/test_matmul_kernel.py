@@ -440,13 +440,14 @@ def test_one_row_launches_as_gemv_along_the_weights_storage():
 
 
 def test_default_gemv_config_of_weights_stored_kn():
-    # the H200 sweep's rule (_gemv_along_n): a program's K slice in one step of up to 1024,
-    # 32-column tiles but 16 for narrow outputs in one slice; K sliced only from 2048 on, up
-    # to 256 programs
+    # the H200 sweeps' rule (_gemv_along_n): a K slice of up to 1024 in one step, 32-column
+    # tiles but 16 for narrow outputs in one slice; longer slices in 32 x 256 or 16 x 128
+    # tiles; K sliced only from 2048 on, up to 256 programs
     for width, outputs, want in ((768, 2304, (32, 1024, 1)), (768, 3072, (32, 1024, 1)),
                                  (3072, 768, (32, 512, 8)), (768, 768, (16, 1024, 1)),
                                  (768, 50257, (32, 1024, 1)), (64, 600, (16, 64, 1)),
-                                 (4096, 4096, (32, 1024, 2))):  # fmt: skip
+                                 (4096, 4096, (32, 256, 2)), (1600, 4800, (32, 256, 1)),
+                                 (16384, 768, (16, 128, 8))):  # fmt: skip
         got = matmul.launch_config(1, width, outputs, False, gemv=True, along_n=True)
         block_n, block_k, splits = want
         assert got == LaunchConfig(block_n, block_k, 4, 1, split_k=splits, gemv=True), got

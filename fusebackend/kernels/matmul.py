@@ -318,10 +318,9 @@ def launch_config(
         if along_n:
             return _gemv_along_n(width, outputs)
         # LM heads over a short K (one 1024-wide step): 16-column tiles. On an H200
-        # (matmul_kernels.py --sweep-gemv, 2026-11-29) GPT-2's (768 -> 50257, behind ln_f)
-        # took 23.9 us against 35.6 with 2 columns (cuBLAS' GEMV alone: 29.5), Qwen2-0.5B's
-        # (896 -> 151936) 66.5 against 94.6 (cuBLAS: 66.0); TinyLlama's (K 2048) is faster
-        # with 2: 36.7 against 44.4 us.
+        # (matmul_kernels.py --sweep-gemv, 2026-11-29) GPT-2's (768 -> 50257) 23.9 us against
+        # 35.6 with 2 columns (cuBLAS' GEMV: 29.5), Qwen2-0.5B's (896 -> 151936) 66.5 against
+        # 94.6 (66.0); TinyLlama's (K 2048) is faster with 2: 36.7 against 44.4 us.
         block_n = 16 if outputs >= 16384 and width <= 1024 else 2
         return LaunchConfig(block_n, min(1024, widest_k), warps=4, stages=1, gemv=True)
     deep = rows > 4
@@ -352,21 +351,22 @@ def launch_config(
 
 def _gemv_along_n(width: int, outputs: int) -> LaunchConfig:
     """One row's GEMV on weights stored [K, N] (``along_n``: GPT-2's Conv1D, ``x @ W``), 4
-    warps: each program reads its K slice in one step (up to 1024 wide), so its loads wait
-    on memory once, not once a step; K sliced only when long (2048 or more: slices until 256
-    programs, at most 8, each at least 256 wide); 32-column tiles, 16 for narrow outputs
-    (under 2048 columns) in one slice. From ``matmul_kernels.py --sweep-gemv`` on an H200
-    (2026-12-01, 6eb5265, fp16, 33-36 configs a shape) against the rule before (128-256-wide
-    K steps, the first sweep's widest): GPT-2's c_attn (768 -> 2304) 3.9 against 6.2 us
-    (cuBLAS' linear on [N, K] weights: 5.0), c_fc (768 -> 3072, NewGELU) 4.5 against 7.5
-    (5.1), the attention's c_proj (768 -> 768) 2.0 against 2.7 (3.7), the MLP's c_proj (3072
-    -> 768; 8 slices asked, 6 of 512 launched: ``_k_slices``) 4.8 against 5.4 (7.7). Runners-up:
-    8 warps (within 0.2 us), 16 columns on wide outputs and 32 on 768 -> 768 (0.3-0.5 us)."""
+    warps; K sliced only when long (>= 2048: slices until 256 programs, at most 8, each >= 256
+    wide). A slice of <= 1024 is one step (a program's loads wait on memory once) in 32-column
+    tiles, 16 for outputs under 2048 in one slice: on an H200 (``matmul_kernels.py
+    --sweep-gemv``, 2026-12-01, 6eb5265, fp16), against 128-256-wide steps before, GPT-2's
+    c_attn 3.9 against 6.2 us (cuBLAS' linear on [N, K] weights: 5.0), c_fc 4.5 against 7.5
+    (5.1), the attention's c_proj 2.0 against 2.7 (3.7), the MLP's (K 3072, 6 slices of 512)
+    4.8 against 5.4 (7.7); 8 warps within 0.2 us. Longer slices keep the first sweep's tiles
+    (2026-11-29): a one-step tile held across steps is 256 fp32 sums a thread, unmeasured."""
     tiles, splits = -(-outputs // 32), 1
     while width >= 2048 and tiles * splits < 256 and splits < 8 and width // (2 * splits) >= 256:
         splits *= 2
-    block_n = 16 if outputs < 2048 and splits == 1 else 32
-    block_k = min(1024, widest_k_step(-(-width // splits)))
+    span = -(-width // splits)
+    if span > 1024:
+        block_n, block_k = (32, 256) if outputs >= 2048 else (16, 128)
+    else:
+        block_n, block_k = (16 if outputs < 2048 and splits == 1 else 32), widest_k_step(span)
     return LaunchConfig(block_n, block_k, warps=4, stages=1, split_k=splits, gemv=True)
 
 
