@@ -65,26 +65,3 @@ def fused_graphs(monkeypatch):
 
     monkeypatch.setattr(fusion, "fuse", keep)
     return made
-
-
-# The slowest tests start first (50-170 s each on CI's 2 cores, 2026-12-01: the sm_90
-# compile of every kernel variant, the benchmark smoke runs, the fuzzers, the two-rank tensor
-# parallel generates), so pytest-xdist's workers do not finish on one of them alone while
-# the other waits, longest first. The sort is stable: every other test keeps its order.
-SLOW_FIRST = (
-    "tests/test_sm90_compile.py::",
-    "tests/test_benchmarks_smoke.py::test_zoo_sweep",
-    "tests/test_sentence_benchmark_smoke.py::",
-    "tests/test_examples.py::test_suite_quick",
-    "tests/test_fuzz.py::",
-    "tests/test_tensor_parallel.py::test_tp_plan_auto_generate",
-    "tests/test_property.py::",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    def rank(item):  # the order of SLOW_FIRST, then everything else
-        starts = [i for i, prefix in enumerate(SLOW_FIRST) if item.nodeid.startswith(prefix)]
-        return starts[0] if starts else len(SLOW_FIRST)
-
-    items.sort(key=rank)
