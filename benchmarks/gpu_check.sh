@@ -2,7 +2,7 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|census|suite|tp|sentence|vision|groupnorm|firstcall|swin|diag]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|census|suite|tp|sentence|vision|groupnorm|firstcall|swin|call|diag]...
 #
 # Knobs (environment): COMMIT (the commit measured, for run.py's --commit: the device's
 # copy of the checkout has no git), GPU_TESTS (test paths for "tests", default tests), FASTGEN_ARGS (the
@@ -38,7 +38,8 @@
 # after 300 s), firstcall (convnets' first calls by phase with Triton's cache cold, and
 # MobileNetV3's host time a call, and its cold first call with the launchers built at -O0 and
 # at -O3, ~4 min), swin (one Swin block per stage against Inductor's, profiled, and the kernel
-# variants of its short-row softmax, ~2 min), diag (why BERT's SDPA runs its
+# variants of its short-row softmax, ~2 min), call (diag_suite_call.py on CALL_WORKLOAD,
+# default gpt2-token: host time, the replay's span, a host profile; ~1 min), diag (why BERT's SDPA runs its
 # math path under Dynamo; which SDPA kernel a decode step's attention should get; the decode
 # attention kernel against repeat_kv + SDPA and its launch sweep; the host time of a replay
 # and of a generate() step, ~5 min). One device call runs at most 10
@@ -279,6 +280,14 @@ for step in $steps; do
             --cases softmax:75264x49,window_softmax:75264x49 \
             --out "$OUT/diag_row_variants_swin_$commit.json"
         ;;
+    call)
+        # where a suite workload's call goes under infinifuse and reduce-overhead, two builds
+        # of infinifuse in one process (host, alone, loop, the replay's span, a cProfile of
+        # the host side): CALL_WORKLOAD, default gpt2-token, ~1 min
+        run_step diag_suite_call python3 benchmarks/diag/diag_suite_call.py \
+            --workload "${CALL_WORKLOAD:-gpt2-token}" --backends infinifuse,reduce-overhead,infinifuse \
+            --profile 30 ${COMMIT:+--commit "$COMMIT"} --out "$OUT/suite_call.json"
+        ;;
     diag)
         run_step diag_bert_sdpa python3 benchmarks/diag/diag_bert_sdpa.py
         run_step diag_decode_sdpa python3 benchmarks/diag/diag_decode_sdpa.py
@@ -288,7 +297,7 @@ for step in $steps; do
         run_step diag_generate_host python3 benchmarks/diag/diag_generate_host.py
         ;;
     *)
-        echo "unknown step: $step (tests, examples, bench, generate, fastgen, rows, decode, matmul, splitk, rotary, zoo, suite, tp, sentence, vision, swin, diag)"
+        echo "unknown step: $step (tests, examples, bench, generate, fastgen, rows, decode, matmul, splitk, rotary, zoo, census, suite, tp, sentence, vision, groupnorm, firstcall, swin, call, diag)"
         status=1
         ;;
     esac
