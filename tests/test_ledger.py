@@ -1,6 +1,6 @@
-"""benchmarks/ledger.py: the results ledger built from result JSONs (a folded one's rows kept),
-appended to, and written by ``benchmarks/run.py --ledger`` (one quick zoo row in a
-subprocess, ~15 s on two CPU cores)."""
+"""benchmarks/ledger.py: the results ledger built from result JSONs (a folded one's rows kept)
+and appended to. ``benchmarks/run.py --ledger`` is checked by the zoo sweep's run in
+tests/test_benchmarks_smoke.py."""
 
 from __future__ import annotations
 

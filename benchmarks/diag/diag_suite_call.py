@@ -35,14 +35,9 @@ kernel (an A/B flag, removed after) spanned 433-487 us against 381-415.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
 import os
-import pstats
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
@@ -52,57 +47,24 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from diag_replay_gaps import by_name, kernels_of_last_call, summarize  # noqa: E402
+from diag_vision_host import per_call, profile  # noqa: E402
 from suite import measure, workloads  # noqa: E402
 
 
-def make_call(case: workloads.Case, backend: str) -> tuple[Callable[..., object], Callable]:
-    """The compiled call of ``case`` under ``backend`` and what runs before each call."""
+def make_call(case: workloads.Case, backend: str) -> Callable[..., object]:
+    """The compiled call of ``case`` under ``backend`` (reduce-overhead's: after marking a
+    step begun, as its cudagraph trees ask), taking and ignoring one argument: the ``x`` of
+    the (fn, x) helpers it is timed with."""
     fn = measure.make_fn(case.model, backend)
     step = torch.compiler.cudagraph_mark_step_begin if backend == "reduce-overhead" else None
 
-    def call(_: object = None) -> object:  # kernels_of_last_call passes an input
+    def call(_: object = None) -> object:
+        if step is not None:
+            step()
         with torch.no_grad():
             return fn(**case.kwargs)
 
-    return call, step or (lambda: None)
-
-
-def timings(call: Callable[[], object], step: Callable, reps: int) -> dict[str, float]:
-    host, alone = [], []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        call()
-        returned = time.perf_counter()
-        torch.cuda.synchronize()
-        host.append(returned - start)
-        alone.append(time.perf_counter() - start)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(reps):
-        step()
-        call()
-    torch.cuda.synchronize()
-    loop = (time.perf_counter() - start) / reps
-    return {"host_us": round(statistics.median(host) * 1e6, 1),
-            "alone_us": round(statistics.median(alone) * 1e6, 1),
-            "loop_us": round(loop * 1e6, 1)}  # fmt: skip
-
-
-def host_profile(call: Callable[..., object], step: Callable, calls: int, top: int) -> str:
-    """cProfile's table of ``calls`` calls (launches only), by own time."""
-    profile = cProfile.Profile()
-    torch.cuda.synchronize()
-    profile.enable()
-    for _ in range(calls):
-        step()
-        call()
-    profile.disable()
-    torch.cuda.synchronize()
-    text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(top)
-    return text.getvalue()
+    return call
 
 
 def main() -> None:
@@ -124,23 +86,22 @@ def main() -> None:
         with torch.no_grad():
             eager = measure.references(case, device)[-1]
         case.prepare()
-        call, step = make_call(case, backend)
+        call = make_call(case, backend)
         for _ in range(5):  # compile, capture, steady
-            step()
             out = measure._grab(case, call())
         row = {
             "workload": workload.name,
             "backend": backend,
             "commit": args.commit,
             "rel_error": measure.rel_error(out, eager),
-            **timings(call, step, args.reps),
+            **per_call(call, None, args.reps),
         }
-        kernels = kernels_of_last_call(call, None, step)
+        kernels = kernels_of_last_call(call, None, lambda: None)
         row.update(summarize(kernels, args.top))
         top = sorted(by_name(kernels).items(), key=lambda kv: -kv[1])[: args.top]
         row["top_kernels"] = [(round(us, 1), name) for name, us in top]
         if args.profile and backend.startswith("infinifuse"):
-            row["host_profile"] = host_profile(call, step, args.reps, args.profile)
+            row["host_profile"] = profile(call, None, args.reps, args.profile)
         print(json.dumps({k: v for k, v in row.items() if k != "host_profile"}), flush=True)
         print(row.get("host_profile", ""), flush=True)
         results.append(row)
