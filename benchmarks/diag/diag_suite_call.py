@@ -37,7 +37,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
+import time
 from collections.abc import Callable
 
 import torch
@@ -65,6 +67,44 @@ def make_call(case: workloads.Case, backend: str) -> Callable[..., object]:
             return fn(**case.kwargs)
 
     return call
+
+
+def replay_phases(call: Callable[..., object], calls: int) -> dict[str, float]:
+    """Median host microseconds of a call before its first graph replay starts
+    (``pre_replay_us``), inside the replays (``replay_us``: the graph launches) and after the
+    last one returns (``post_replay_us``), with ``torch.cuda.CUDAGraph.replay`` timed (both
+    backends replay through it); ``replays``: graph replays a call."""
+    graph_class = torch.cuda.CUDAGraph
+    original = graph_class.replay
+    marks: list[float] = []
+
+    def timed(self: torch.cuda.CUDAGraph) -> None:
+        marks.append(time.perf_counter())
+        original(self)
+        marks.append(time.perf_counter())
+
+    phases: dict[str, list[float]] = {"pre": [], "in": [], "post": [], "replays": []}
+    graph_class.replay = timed
+    try:
+        for _ in range(calls):
+            torch.cuda.synchronize()
+            marks.clear()
+            start = time.perf_counter()
+            call()
+            end = time.perf_counter()
+            if not marks:
+                continue
+            phases["pre"].append(marks[0] - start)
+            phases["in"].append(sum(b - a for a, b in zip(marks[::2], marks[1::2])))
+            phases["post"].append(end - marks[-1])
+            phases["replays"].append(len(marks) // 2)
+    finally:
+        graph_class.replay = original
+    if not phases["pre"]:
+        return {"replays": 0}
+    us = {f"{k}_replay_us": round(statistics.median(phases[k]) * 1e6, 1) for k in ("pre", "post")}
+    return {**us, "replay_us": round(statistics.median(phases["in"]) * 1e6, 1),
+            "replays": statistics.median(phases["replays"])}  # fmt: skip
 
 
 def main() -> None:
@@ -95,6 +135,7 @@ def main() -> None:
             "commit": args.commit,
             "rel_error": measure.rel_error(out, eager),
             **per_call(call, None, args.reps),
+            **replay_phases(call, args.reps),
         }
         kernels = kernels_of_last_call(call, None, lambda: None)
         row.update(summarize(kernels, args.top))
@@ -107,11 +148,12 @@ def main() -> None:
         results.append(row)
         del case, call
     print(f"{'backend':28} {'host us':>8} {'alone us':>9} {'loop us':>8} {'span us':>8} "
-          f"{'kernel us':>9} {'kernels':>7}")  # fmt: skip
+          f"{'kernel us':>9} {'kernels':>7} {'pre/in/post replay us':>22}")  # fmt: skip
     for r in results:
+        phases = f"{r.get('pre_replay_us')}/{r.get('replay_us')}/{r.get('post_replay_us')}"
         print(f"{r['backend']:28} {r['host_us']:8.1f} {r['alone_us']:9.1f} "
               f"{r['loop_us']:8.1f} {r.get('span_us', 0):8.1f} {r.get('kernel_us', 0):9.1f} "
-              f"{r['kernels']:7}")  # fmt: skip
+              f"{r['kernels']:7} {phases:>22}")  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
