@@ -111,8 +111,9 @@ def _time_capture_phases(torch: Any, count_nodes: bool) -> dict[str, Any]:
 
 
 def child(
-    shape: str, variant: str, sentences: int, profiled: str, count_nodes: bool = False
-) -> dict[str, Any]:
+    shape: str, variant: str, sentences: int, profiled: str, count_nodes: bool = False,
+    trace_pass: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
     import torch
     from sentence_embeddings import _example
 
@@ -124,17 +125,32 @@ def child(
     spent = {"seconds": 0.0, "captures": 0}
     original = capture_module.capture_graph
 
+    # With --trace-captures: the host's own time per operation and CUDA API call inside
+    # the captures, summed over the traced pass (torch.profiler around each capture).
+    traced: dict[str, list[float]] = {}
+    tracing = {"on": False}
+
     def timed_capture(fn, inputs, *, device, warmup_iterations):
         if variant == "nowarm":
             warmup_iterations = 0
         torch.cuda.synchronize()
         start = time.perf_counter()
+        profiler = None
+        if tracing["on"]:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            profiler.__enter__()
         try:
             return original(fn, inputs, device=device, warmup_iterations=warmup_iterations)
         finally:
             torch.cuda.synchronize()
             spent["seconds"] += time.perf_counter() - start
             spent["captures"] += 1
+            if profiler is not None:
+                profiler.__exit__(None, None, None)
+                for event in profiler.key_averages():
+                    row = traced.setdefault(event.key, [0.0, 0])
+                    row[0] += event.self_cpu_time_total / 1e3
+                    row[1] += event.count
 
     capture_module.capture_graph = timed_capture
     if variant == "cudnn":
@@ -181,6 +197,7 @@ def child(
         replays_before = dict(replays)
         phases_before = dict(phases)
         counts = fusebackend.stats()
+        tracing["on"] = trace_pass == name
         profile = cProfile.Profile() if name == profiled else None
         if profile:
             profile.enable()
@@ -207,6 +224,9 @@ def child(
                 result[f"{name}_phase_{k}"] = phases[k] - phases_before.get(k, 0)
         result[f"{name}_misses"] = after["cache_misses"] - counts["cache_misses"]
         result[f"{name}_evictions"] = after["evictions"] - counts["evictions"]
+    tracing["on"] = False
+    top = sorted(traced.items(), key=lambda kv: -kv[1][0])[:25]
+    result["capture_trace_ms"] = [(round(ms, 2), count, key) for key, (ms, count) in top]
     result["node_types_last_graph"] = phases.get("types")
     result["eager_again_s"] = None
     ex.uncompile_inner(model)
@@ -226,11 +246,15 @@ def main() -> int:
         help="the pass cProfile'd (the first one includes Dynamo's compiles)",
     )
     parser.add_argument("--nodes", action="store_true", help="count each graph's nodes by type")
+    parser.add_argument("--trace-captures", choices=("first", "second"), default=None,
+                        help="torch.profiler around each capture of that pass: host time "
+                             "by operation and CUDA call (capture_trace_ms)")  # fmt: skip
     parser.add_argument("--out")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        row = child(args.shape, args.child, args.sentences, args.profile, args.nodes)
+        row = child(args.shape, args.child, args.sentences, args.profile, args.nodes,
+                    args.trace_captures)  # fmt: skip
         print(json.dumps(row))
         return 0
     rows = []
@@ -238,7 +262,8 @@ def main() -> int:
         proc = subprocess.run(
             [sys.executable, __file__, "--shape", args.shape, "--child", variant,
              "--sentences", str(args.sentences), "--profile", args.profile,
-             *(["--nodes"] if args.nodes else [])],
+             *(["--nodes"] if args.nodes else []),
+             *(["--trace-captures", args.trace_captures] if args.trace_captures else [])],
             capture_output=True, text=True, env=os.environ.copy(),
         )  # fmt: skip
         if proc.returncode != 0:
@@ -247,6 +272,8 @@ def main() -> int:
         row = json.loads(proc.stdout.strip().splitlines()[-1])
         rows.append(row)
         print(row.pop("profile", ""))
+        for ms, count, key in row.get("capture_trace_ms", []):
+            print(f"  {ms:9.2f} ms {count:6} {key}")
     keys = ["eager_s", "first_s", "second_s", "third_s", "eager_again_s", "first_captures",
             "first_capture_s", "second_captures", "second_capture_s", "second_misses",
             "second_evictions", "third_captures", "second_replay_first",
