@@ -36,9 +36,12 @@ class FusionConfig:
             (``stats()["eviction_reasons"]["graph_memory"]``); an entry larger than the
             budget by itself runs uncaptured. ``None``: no limit.
         capture_on_call: A signature is captured in a CUDA graph on its N-th call; its
-            earlier calls run the graph directly. 2 (default) captures what recurs, so a
-            shape seen once costs one run and no warm-up or capture, and a decode step is
-            replayed from its third call; 1 captures on the first call.
+            earlier calls run the graph directly. ``None`` (default) decides per signature
+            (``runtime/recurrence.py``): the 2nd call for a graph's first signature (a model
+            called once costs one run) and for a step of a growing sequence (a decode step
+            over a growing cache, which does not come back), the 1st for any other new
+            signature (a corpus's lengths, queries: encoded again, they replay). 1 captures
+            every signature on its first call, 2 on its second.
         batch_buckets: Increasing batch sizes; the batch is the leading dim of the first
             non-parameter tensor input, inputs with that leading dim are padded up to the
             next bucket and the outputs sliced back, so many batch sizes share a few
@@ -108,7 +111,7 @@ class FusionConfig:
     # make ~0.2 GB (BERT-base: ~0.4 GB). Measured per entry, not per pool:
     # stats()["captured_bytes"].
     graph_memory: int | None = 2 << 30
-    capture_on_call: int = 2
+    capture_on_call: int | None = None
     batch_buckets: tuple[int, ...] | None = None
     length_buckets: tuple[int, ...] | None = None
     static_outputs: bool = False
@@ -154,9 +157,10 @@ class FusionConfig:
             self.graph_memory,
         )
         _expect(
-            _is_int(self.capture_on_call) and self.capture_on_call >= 1,
+            self.capture_on_call is None
+            or (_is_int(self.capture_on_call) and self.capture_on_call >= 1),
             "capture_on_call",
-            "an int >= 1",
+            "an int >= 1 or None",
             self.capture_on_call,
         )
         for name in ("batch_buckets", "length_buckets"):

@@ -1,7 +1,10 @@
 """Shapes that keep changing: what a new signature costs, and what the cache keeps.
 
-- A signature is captured on its ``capture_on_call``-th call (2 by default): a shape seen
-  once costs one run, a decode step is captured on its 2nd call and replayed from its 3rd.
+- A signature is captured on its ``capture_on_call``-th call; by default
+  (``runtime/recurrence.py``) a graph's first signature and a step of a growing sequence on
+  their 2nd call, any other new signature on its 1st: a corpus sorted longest first replays
+  every length but the first on its second pass, a decode step over a growing cache costs
+  one run.
 - The fused graph is compared with the unfused one once per compiled graph and validation
   class, not once per shape; verdicts (successes too) outlive evictions.
 - Captured entries are bounded by bytes across every compiled graph (``graph_memory``), not
@@ -29,6 +32,8 @@ from fusebackend.config import FusionConfig
 from fusebackend.runtime import capture as cap
 from fusebackend.runtime import graph_cache
 from fusebackend.runtime.graph_cache import EAGER, FUSION, GRAPH_REPLAY, GraphCache
+from fusebackend.runtime.keys import Signatures
+from fusebackend.runtime.recurrence import extends
 
 FAKE_CUDA = torch.device("cuda", 0)
 V, D = 50, 16
@@ -201,6 +206,107 @@ def test_a_decode_step_is_captured_on_its_second_call_and_advances_state_once(fa
     assert decisions == ["captured on its call 2 (recurs)"] + [None] * 4
     assert counts("cache_misses", "cache_hits") == (1, 4)
     assert [e["captured"] for e in cache.describe()] == [True]
+
+
+def _signature(*args):
+    return Signatures(frozenset(), has_fused=False, bakes_cpu_scalars=False).key(args)
+
+
+def test_extends_reads_one_common_growth_step():
+    """A decode step over a growing cache: every size that changed grew by one common step."""
+    ids = torch.zeros(2, 1, dtype=torch.long)
+
+    def step(length, grown=1, dtype=torch.float16):
+        kv = torch.zeros(2, 4, length, 8, dtype=dtype)
+        return _signature(ids, kv, kv, torch.ones(2, length + grown - 1), length)
+
+    assert extends(step(9), step(10))
+    assert extends(step(9), step(13, grown=1)) and not extends(step(9), step(9))
+    assert extends(step(7, grown=3), step(10, grown=3))  # 3 tokens a step: all grow by 3
+    assert not extends(step(10), step(9))  # shorter: a corpus sorted longest first
+    assert not extends(step(9), step(11, grown=2))  # the mask grew by 3, the cache by 2
+    assert not extends(step(9), step(10, dtype=torch.float32))  # another dtype
+    assert not extends(_signature(ids, 9), _signature(ids, 10.0))  # an int became a float
+    assert not extends(_signature(ids), _signature(ids, ids))  # another arity
+    assert not extends(_signature(ids), _signature(torch.zeros(2, 1, 1, dtype=torch.long)))
+
+
+def test_a_corpus_sorted_longest_first_replays_every_length_on_its_second_pass(fake_capture):
+    """sentence-transformers' order: lengths falling. The graph's first length is captured
+    when it comes back, every other one on its first call; the second pass then captures
+    only that first length, and the third replays. ``capture_on_call=2`` leaves all 60 to
+    the second pass."""
+    table, w, b = weights()
+    for options, expected in [
+        ({}, [(60, 59), (0, 1), (0, 0)]),
+        ({"capture_on_call": 2}, [(60, 0), (0, 60), (0, 0)]),
+    ]:
+        cache = norm_cache(**options)
+        rounds = []
+        for _ in range(3):
+            before = counts("cache_misses", "recordings")
+            for n in reversed(LENGTHS):
+                ids = rand_ids(V, (2, n))
+                assert_close(cache(ids, table, w, b)[0], embed_norm(ids, table, w, b)[0])
+            after = counts("cache_misses", "recordings")
+            rounds.append(tuple(a - c for a, c in zip(after, before, strict=True)))
+        assert rounds == expected, options
+        cache.clear()
+
+
+def test_decode_over_a_growing_cache_is_captured_only_where_a_length_comes_back(fake_capture):
+    """A step over a cache that grows by a token a call (the cache, its mask and the length
+    as an int all grow by one): no signature comes back within a sequence, so none is
+    captured (each costs one run); a second sequence over the same lengths captures each on
+    its second call. Outputs equal the step's own every call."""
+
+    def step(k, mask, length, x):
+        scores = (k @ x.unsqueeze(-1)).squeeze(-1) + (mask - 1) * 1e4
+        return (torch.softmax(scores, -1) * length,)
+
+    cache = GraphCache(
+        unfused=step, fused=step, config=FusionConfig(cudagraphs=True), device=FAKE_CUDA,
+        name="growing",
+    )  # fmt: skip
+    per_sequence = []
+    for _ in range(2):
+        before = counts("recordings")[0]
+        for length in range(5, 13):
+            args = (torch.randn(2, length, 4), torch.ones(2, length), length, torch.randn(2, 4))
+            assert_close(cache(*args)[0], step(*args)[0])
+        per_sequence.append(counts("recordings")[0] - before)
+    assert per_sequence == [0, 8]
+
+
+def test_bert_s_second_pass_captures_only_each_graph_s_first_shape(
+    fake_cuda_backend, reference_groups
+):
+    """A transformers BertModel over four shapes, longest first, as sentence-transformers
+    sends them: Dynamo compiles a static graph (6, 19), one dynamic in the length (6, 13 and
+    6, 9) and one dynamic in the batch too (3, 5). The first pass captures (6, 9), the
+    dynamic graph's second shape; the second pass the three graphs' first shapes; the third
+    nothing. Every output equals eager's."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        vocab_size=120,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval()
+    compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": True})
+    shapes = [(6, 19), (6, 13), (6, 9), (3, 5)]
+    per_pass = []
+    with torch.no_grad():
+        for _ in range(3):
+            before = counts("recordings")[0]
+            for batch, length in shapes:
+                ids = rand_ids(config.vocab_size, (batch, length))
+                mask = torch.ones(batch, length, dtype=torch.long)
+                mask[0, length // 2 :] = 0  # a padded row
+                out = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+                assert_close(out, model(input_ids=ids, attention_mask=mask).last_hidden_state)
+            per_pass.append(counts("recordings")[0] - before)
+    assert per_pass == [1, 3, 0]
 
 
 def test_a_third_call_captures_with_capture_on_call_3(fake_capture):

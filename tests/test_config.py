@@ -36,7 +36,7 @@ def test_defaults():
     assert cfg.warmup_iterations == 1
     assert cfg.max_graphs is None  # no count cap: graph_memory bounds the captured entries
     assert cfg.graph_memory == 2 << 30
-    assert cfg.capture_on_call == 2
+    assert cfg.capture_on_call is None  # decided per signature (runtime/recurrence.py)
     assert cfg.batch_buckets is None
     assert cfg.length_buckets is None
     assert cfg.static_outputs is False
@@ -118,8 +118,9 @@ def test_cudagraphs_rejects_other_values(bad):
 @pytest.mark.parametrize("name", ["warmup_iterations", "max_graphs", "capture_on_call"])
 @pytest.mark.parametrize("bad", [0, -1, 1.0, True, "2", None])
 def test_positive_int_options_reject_bad_values(name, bad):
-    if name == "max_graphs" and bad is None:
-        assert FusionConfig.from_options({name: bad}).max_graphs is None  # no count cap
+    if name in ("max_graphs", "capture_on_call") and bad is None:
+        # max_graphs: no count cap; capture_on_call: decided per signature
+        assert getattr(FusionConfig.from_options({name: bad}), name) is None
         return
     with pytest.raises(ValueError, match=rf"'{name}' must be an int >= 1") as info:
         FusionConfig.from_options({name: bad})

@@ -11,6 +11,8 @@ only) and eager's pass, with the seconds spent inside ``capture.capture_graph`` 
 capture + instantiate) and the capture count.
 
 Variants: ``default``; ``call1`` (``capture_on_call=1``: captures in the first pass);
+``call2`` (``capture_on_call=2``: every signature captured when it recurs, the default
+before 2026-12-01);
 ``nowarm`` (capture_graph's warm-up run left out: the call that captures has just run the
 graph at this shape on the caller's stream); ``cudnn`` (the fused graph's attention keeps
 SDPA's own kernel choice, cuDNN's on an H100: ``passes/attention.avoid_cudnn_plans`` off);
@@ -41,6 +43,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 VARIANTS = {
     "default": {},
     "call1": {"capture_on_call": 1},
+    "call2": {"capture_on_call": 2},
     "nowarm": {},
     "cudnn": {},
     "dynamic": {},

@@ -10,12 +10,11 @@ kept in the entry's reason). A key's ``Verdict`` (success too) is remembered, so
 fell back never retries after an eviction, and a returning key is neither validated nor
 left uncaptured again.
 
-What a new shape costs (shapes that keep changing: a corpus sorted by length, one query at a
-time): a key is captured on its ``capture_on_call``-th call (2 by default), its earlier
-calls run the graph directly, so a shape seen once costs one run, not warm-up + capture; a
-decode step (the same key every call) is captured on its 2nd call. The fused graph is
-compared with the unfused one once per cache and validation class (``keys.plan_class``)
-until one comparison matches (``validation.fused_run``). Captured entries are bounded by
+A key is captured on the call ``recurrence.CaptureCall`` names (by default the 2nd for the
+graph's first key and a step of a growing sequence, the 1st for other new keys: a corpus's
+lengths, queries); its earlier calls run the graph directly. The fused graph is compared with
+the unfused one once per cache and validation class (``keys.plan_class``) until one
+comparison matches (``validation.fused_run``). Captured entries are bounded by
 bytes across every cache (``eviction.enforce_memory``), with ``max_graphs`` an optional
 count cap; a cache drops the entries that older compilations of the same Dynamo frame hold
 for the shapes it is now handed (``frames.supersede``). ``length_buckets`` pads the
@@ -67,6 +66,7 @@ from fusebackend.runtime.logbook import Logbook
 from fusebackend.runtime.modes import Cause, Mode, first_mode
 from fusebackend.runtime.padding import Padding
 from fusebackend.runtime.recapture import Recapture
+from fusebackend.runtime.recurrence import CaptureCall
 from fusebackend.runtime.specialization import GraphForm
 from fusebackend.runtime.table import EntryTable
 from fusebackend.runtime.validation import fused_run, one_line
@@ -223,9 +223,10 @@ class GraphCache:
             static_outputs=self._static_outputs, per_signature_count=self._per_signature_count,
             unfused=unfused, fused=self._fused, table=self._table, logbook=self._logbook,
         )  # fmt: skip
+        self._capture_call = CaptureCall(config.capture_on_call)
         self._inspection = Inspection(
             self._table, self._routes, self._padding.key_for, self._logbook,
-            config.capture_on_call,
+            self._capture_call.recurring,
         )  # fmt: skip
         # The Dynamo frame this cache was compiled for (None outside a compile: frames.py).
         compiled = frames.compiling()
@@ -358,7 +359,7 @@ class GraphCache:
             COUNTERS.cache_hits += 1
             entry.hits += 1
             entry.last_use = self._last_call = _clock()
-            if entry.pending and entry.hits + 1 >= self._config.capture_on_call:
+            if entry.pending and entry.hits + 1 >= self._capture_call.recurring:
                 return self._recapture.promote(
                     key, entry, call, self._new_entry, self._insert, self._replay
                 )
@@ -485,10 +486,8 @@ class GraphCache:
             mode, reason, capture = first_mode(key.fused, self._capture), None, True
         calls = seen + 1
         capture = capture and self._capture and mode.capturable
-        # Capture pays for what recurs: a shape seen once (a corpus of varied lengths, one
-        # query) costs one run instead of warm-up + capture, and what comes back (a decode
-        # step, on its 2nd call; any shape of a second pass) is captured then.
-        defer = capture and calls < self._config.capture_on_call
+        # The call that captures this signature (recurrence.py says which and why).
+        defer = capture and calls < self._capture_call.first_miss(key)
         capture_now = capture and not defer
         if capture_now:
             _capture.join_replay_order(self._replay_device)
@@ -592,6 +591,7 @@ class GraphCache:
             self._padding.clear()
             self._unpadded_seen.clear()
             self._recapture.clear()
+            self._capture_call.clear()
 
     def __repr__(self) -> str:
         return (

@@ -1,9 +1,10 @@
 """Making a signature's entry once its call has run (``settle``: capture it, keep it for a
 later call, or fall back; ``record``), and what a hit of a captured or pending entry may
-run instead of a plain replay: the capture of an uncaptured entry on its
-``capture_on_call``-th call (``promote``), a re-record after a static input moved
-(``rerecord``; an input that keeps moving is copied in from then on), and the timed calls
-that decide whether capture pays for large outputs (``trial_call``, ``payoff.py``).
+run instead of a plain replay: the capture of an uncaptured entry when it recurs
+(``promote``, on the call ``recurrence.CaptureCall.recurring`` names), a re-record after a
+static input moved (``rerecord``; an input that keeps moving is copied in from then on), and
+the timed calls that decide whether capture pays for large outputs (``trial_call``,
+``payoff.py``).
 
 A ``GraphCache`` owns one ``Recapture``. It holds no reference to the cache (a cycle would
 leave a dropped cache's graphs to the next garbage collection): the cache's own steps it
@@ -126,7 +127,7 @@ class Recapture:
         self, key: Key, entry: Entry, call: Call, new_entry: NewEntry, insert: Insert,
         replay: Replay,
     ) -> Sequence[Any]:  # fmt: skip
-        """The ``capture_on_call``-th call of an uncaptured entry: capture it now. Its
+        """The recurring call of an uncaptured entry (``CaptureCall``): capture it now. Its
         earlier runs at this signature were the warm-up: where the capture stream is warm
         it is captured straight away and replayed for this call (``_capture_and_replay``),
         else (or if that capture fails) run, then captured, as a new key is."""
@@ -198,7 +199,7 @@ class Recapture:
         )
         # Retire the old graph before capturing the new one (freed once replays are past it).
         self._table.remove(key)
-        seen = max(entry.hits, self._config.capture_on_call - 1)
+        seen = max(entry.hits, (self._config.capture_on_call or 2) - 1)  # captured at once
         outputs = new_entry(key, Verdict(entry.mode, entry.reason, True, seen), call)
         new = self._table[key]
         new.hits = entry.hits
