@@ -495,6 +495,20 @@ SOURCES = (
     "diag_vision_host_h200_c699f5f_bit.json",
     "vision_h200_35e7ee7_bit.json",
     "diag_group_norm_sweep_h200_35e7ee7.json",
+    # GPT-2's one-token forward at f46059b: the suite's row against reduce-overhead, and its
+    # call split at the graph replay (diag_suite_call.py: host time before, inside and after
+    # the replay, two infinifuse builds, one without programmatic dependent launch)
+    "suite_gpt2_token_h200_f46059b.json",
+    "suite_call_gpt2_token_h200_f46059b.json",
+    # corpus passes by capture policy, MiniLM-L6 and BERT-base shapes, 1000 sentences: at
+    # f46059b (capture on the 2nd call by default, and capture_on_call=1), at 7a84fe4
+    # (capture_on_call None, recurrence.py, and capture_on_call=2); sentence_embeddings.py
+    # --quick for MiniLM-L6 at 7a84fe4 against eager and reduce-overhead
+    "diag_sentence_passes_minilm_h200_f46059b.json",
+    "diag_sentence_passes_bert_h200_f46059b.json",
+    "diag_sentence_passes_minilm_h200_7a84fe4.json",
+    "diag_sentence_passes_bert_h200_7a84fe4.json",
+    "sentence_embeddings_minilm_h200_7a84fe4.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
@@ -586,6 +600,10 @@ GEMV_SWEEP_TIMES = {"infinifuse-default-config": "default_us",
 SENTENCE_PASSES_METRICS = {"eager_s": "s", "first_s": "s", "second_s": "s", "third_s": "s",
                            "eager_again_s": "s", "second_captures": "count",
                            "second_capture_s": "s"}  # fmt: skip
+# diag_suite_call.py: a suite workload's call, host side split at its graph replays
+SUITE_CALL_METRICS = {k: "us" for k in ("host_us", "alone_us", "loop_us", "span_us",
+                                         "kernel_us", "pre_replay_us", "replay_us",
+                                         "post_replay_us")}  # fmt: skip
 # the config diag_rotary_epilogue.py times second at one row: the tensor-core split-K pick
 TENSOR_CORE_SPLITK = {"block_n": 32, "block_k": 128, "warps": 2, "stages": 3, "split_k": 4,
                       "gemv": False}  # fmt: skip
@@ -742,6 +760,13 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
             backend = variant if variant == "inductor" else (
                 "infinifuse" if variant == "base" else f"infinifuse-{variant}")  # fmt: skip
             add(workload, backend, {"device_us": "us"}, {"device_us": record.get("us")})
+    elif data.get("benchmark") == "diag_suite_call":  # one workload's call; a build named
+        seen: dict[str, int] = {}  # twice is "<backend>#2" the second time
+        for record in data.get("rows", []):
+            backend = record["backend"]
+            seen[backend] = seen.get(backend, 0) + 1
+            name = backend if seen[backend] == 1 else f"{backend}#{seen[backend]}"
+            add(f"call-{record['workload']}", name, SUITE_CALL_METRICS, record)
     elif data.get("benchmark") == "diag_sentence_passes":  # a corpus's passes, per variant
         for run in data.get("runs", []):
             variant = run.get("variant")

@@ -155,8 +155,12 @@ def main() -> None:
               f"{r['loop_us']:8.1f} {r.get('span_us', 0):8.1f} {r.get('kernel_us', 0):9.1f} "
               f"{r['kernels']:7} {phases:>22}")  # fmt: skip
     if args.out:
+        from ledger import environment  # benchmarks/ledger.py reads this format
+
+        env = {**environment(), **({"commit": args.commit} if args.commit else {})}
         with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump({"benchmark": "diag_suite_call", "environment": env, "rows": results},
+                      f, indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":
