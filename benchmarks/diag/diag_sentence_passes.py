@@ -289,6 +289,7 @@ def main() -> int:
         print(f"{row['variant']:8} " + " ".join(
             f"{c:16.3f}" if isinstance(c, float) else f"{c!s:>16}" for c in cells))  # fmt: skip
     if args.out:
+        import torch  # noqa: F401  (environment() reads the device through it: the children ran)
         from ledger import environment  # benchmarks/ledger.py reads this format
 
         record = {"benchmark": "diag_sentence_passes", "environment": environment(),
