@@ -504,7 +504,7 @@ SOURCES = (
     # f46059b (capture on the 2nd call by default, and capture_on_call=1), at 7a84fe4
     # (capture_on_call None, recurrence.py, and capture_on_call=2); sentence_embeddings.py
     # --quick for MiniLM-L6 at 7a84fe4 against eager and reduce-overhead. Folded: in git at
-    # b199ed7
+    # b199ed7 (the four diag_sentence_passes files, their device fixed: 37d6730)
     "diag_sentence_passes_minilm_h200_f46059b.json",
     "diag_sentence_passes_bert_h200_f46059b.json",
     "diag_sentence_passes_minilm_h200_7a84fe4.json",
