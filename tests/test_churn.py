@@ -309,6 +309,43 @@ def test_bert_s_second_pass_captures_only_each_graph_s_first_shape(
     assert per_pass == [1, 3, 0]
 
 
+def test_a_llama_decode_over_a_dynamic_cache_captures_no_step_of_its_first_sequence(
+    fake_cuda_backend, reference_groups
+):
+    """transformers' LlamaForCausalLM stepped over a DynamicCache (the cache grows by a token
+    a step: Dynamo's graph for the steps takes its length as a size): in the first sequence
+    only one signature is captured, the steps cost one run each; the same prompt again
+    finds each step's signature recurring and captures it. The tokens equal eager's both
+    times. Before ``GraphForm.outputs`` the second sequence's calls were routed to a graph
+    that returns its outputs from its host part, and raised."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": True})
+    prompt = rand_ids(config.vocab_size, (1, 7))
+
+    def decode(fn, steps=6):
+        out = fn(input_ids=prompt, past_key_values=transformers.DynamicCache(), use_cache=True)
+        tokens = []
+        for _ in range(steps):
+            tokens.append(out.logits[:, -1:].argmax(-1))
+            out = fn(input_ids=tokens[-1], past_key_values=out.past_key_values, use_cache=True)
+        return torch.cat(tokens, 1)
+
+    with torch.no_grad():
+        expected = decode(model)
+        per_sequence = []
+        for _ in range(2):
+            before = counts("recordings")[0]
+            assert torch.equal(decode(compiled), expected)
+            per_sequence.append(counts("recordings")[0] - before)
+    assert per_sequence == [1, 7]
+
+
 def test_a_third_call_captures_with_capture_on_call_3(fake_capture):
     table, w, b = weights()
     cache = norm_cache(capture_on_call=3)

@@ -61,6 +61,12 @@ class GraphForm:
     input_sizes: tuple[Any, ...]
     ops: tuple[Any, ...]
     attrs: Mapping[int, Any]
+    # How many values the graph the cache runs returns: Dynamo's graph less the host part
+    # split off (passes/host_inputs.py). Two compilations of one function can split it
+    # differently (a host chain folded at static sizes, not at symbolic ones); a call routed
+    # between them read outputs the other graph returns from its host part (an IndexError
+    # in a DynamicCache decode on the CPU, 2026-12-01).
+    outputs: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +183,10 @@ def form_of(
             value = example_value(node)
             inputs.append(str(node.target))
             input_sizes.append(_size(value) if _is_scalar_input(value) else None)
-    return GraphForm(tuple(inputs), tuple(input_sizes), traced.ops, traced.attrs)
+    (output,) = [node for node in runs.graph.nodes if node.op == "output"]
+    returned = output.args[0]
+    outputs = len(returned) if isinstance(returned, (tuple, list)) else 1
+    return GraphForm(tuple(inputs), tuple(input_sizes), traced.ops, traced.attrs, outputs)
 
 
 def _attribute(gm: torch.fx.GraphModule, target: str) -> Any:
@@ -190,7 +199,7 @@ def _attribute(gm: torch.fx.GraphModule, target: str) -> Any:
 def specialization(older: GraphForm, newer: GraphForm) -> Specialization | None:
     """How ``older`` serves ``newer``'s calls, or None where it cannot (see the module
     docstring)."""
-    if len(older.ops) != len(newer.ops):
+    if len(older.ops) != len(newer.ops) or older.outputs != newer.outputs:
         return None
     checks: list[tuple[Any, Any]] = []
     by_name = {name: j for j, name in enumerate(newer.inputs)}
