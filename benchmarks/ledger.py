@@ -601,6 +601,10 @@ GEMV_SWEEP_TIMES = {"infinifuse-default-config": "default_us",
 SENTENCE_PASSES_METRICS = {"eager_s": "s", "first_s": "s", "second_s": "s", "third_s": "s",
                            "eager_again_s": "s", "second_captures": "count",
                            "second_capture_s": "s"}  # fmt: skip
+# diag_growing_decode.py: a DynamicCache decode's sequences per capture policy
+GROWING_DECODE_METRICS = {"warm_s": "s", "warm_captures": "count", "new_s": "s",
+                          "new_captures": "count", "again_s": "s",
+                          "again_captures": "count"}  # fmt: skip
 # diag_suite_call.py: a suite workload's call, host side split at its graph replays
 SUITE_CALL_METRICS = {k: "us" for k in ("host_us", "alone_us", "loop_us", "span_us",
                                          "kernel_us", "pre_replay_us", "replay_us",
@@ -768,6 +772,11 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
             seen[backend] = seen.get(backend, 0) + 1
             name = backend if seen[backend] == 1 else f"{backend}#{seen[backend]}"
             add(f"call-{record['workload']}", name, SUITE_CALL_METRICS, record)
+    elif data.get("benchmark") == "diag_growing_decode":  # per capture policy
+        for run in data.get("runs", []):
+            variant = run.get("variant")
+            backend = "infinifuse" if variant == "default" else f"infinifuse-{variant}"
+            add(f"growing-decode-l{run.get('layers')}", backend, GROWING_DECODE_METRICS, run)
     elif data.get("benchmark") == "diag_sentence_passes":  # a corpus's passes, per variant
         for run in data.get("runs", []):
             variant = run.get("variant")

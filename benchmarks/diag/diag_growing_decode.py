@@ -1,0 +1,112 @@
+"""What does a decode over a growing DynamicCache cost under each capture policy? (GPU diag)
+
+``capture_on_call=None`` (``fusebackend/runtime/recurrence.py``) captures a new signature on
+its first call unless it extends the graph's previous new one by a common step, as the steps
+of a decode over a growing cache do: those never come back within the sequence. This
+steps a ``LlamaForCausalLM`` (TinyLlama's widths, ``--layers`` layers, random weights, fp16)
+through ``torch.compile(model, backend="infinifuse")`` with a ``DynamicCache``, greedy,
+for each policy in its own process: a sequence at another prompt length first (Dynamo's
+recompiles, Triton's compiles), then a prompt of a new length twice (``new_s``: every step
+a new signature; ``again_s``: every step seen once before), with the captures in each and
+whether the tokens equal eager's.
+
+    python benchmarks/diag/diag_growing_decode.py [--layers 4] [--steps 64] [--out F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+VARIANTS = {"default": None, "call1": 1, "call2": 2}
+
+
+def child(variant: str, layers: int, steps: int) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    import fusebackend
+
+    config = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
+        num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval().to("cuda", torch.float16)
+    option = VARIANTS[variant]
+    options = {} if option is None else {"capture_on_call": option}
+    compiled = torch.compile(model, backend="infinifuse", options=options)
+
+    def decode(fn: Any, prompt: Any) -> Any:
+        out = fn(input_ids=prompt, past_key_values=transformers.DynamicCache(), use_cache=True)
+        tokens = []
+        for _ in range(steps):
+            tokens.append(out.logits[:, -1:].argmax(-1))
+            out = fn(input_ids=tokens[-1], past_key_values=out.past_key_values, use_cache=True)
+        return torch.cat(tokens, 1)
+
+    def timed(prompt: Any) -> tuple[float, int, Any]:
+        before = fusebackend.stats()["recordings"]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        tokens = decode(compiled, prompt)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start, fusebackend.stats()["recordings"] - before, tokens
+
+    with torch.no_grad():
+        warm = torch.randint(0, config.vocab_size, (1, 24), device="cuda")
+        prompt = torch.randint(0, config.vocab_size, (1, 40), device="cuda")
+        expected = decode(model, prompt)
+        warm_s, warm_captures, _ = timed(warm)
+        new_s, new_captures, first = timed(prompt)
+        again_s, again_captures, second = timed(prompt)
+    return {
+        "variant": variant, "layers": layers, "steps": steps, "warm_s": warm_s,
+        "warm_captures": warm_captures, "new_s": new_s, "new_captures": new_captures,
+        "again_s": again_s, "again_captures": again_captures,
+        "tokens_equal": bool(torch.equal(first, expected) and torch.equal(second, expected)),
+    }  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--out")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.layers, args.steps)))
+        return 0
+    rows = []
+    for variant in args.variants.split(","):
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", variant, "--layers", str(args.layers),
+             "--steps", str(args.steps)],
+            capture_output=True, text=True, env=os.environ.copy(),
+        )  # fmt: skip
+        if proc.returncode != 0:
+            print(variant, "failed:", proc.stderr[-3000:])
+            continue
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    if args.out:
+        import torch  # noqa: F401  (environment() reads the device through it)
+        from ledger import environment  # benchmarks/ledger.py reads this format
+
+        record = {"benchmark": "diag_growing_decode", "environment": environment(),
+                  "runs": rows}  # fmt: skip
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.exit(main())
