@@ -510,7 +510,8 @@ SOURCES = (
     "diag_sentence_passes_minilm_h200_7a84fe4.json",
     "diag_sentence_passes_bert_h200_7a84fe4.json",
     "sentence_embeddings_minilm_h200_7a84fe4.json",
-    # a 4-layer TinyLlama-wide decode over a DynamicCache per capture policy (2cf5d85)
+    # a 4-layer TinyLlama-wide decode over a DynamicCache per capture policy (2cf5d85).
+    # Folded: in git at 8db2d86
     "diag_growing_decode_h200_2cf5d85.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
