@@ -2,7 +2,7 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|census|suite|tp|sentence|vision|groupnorm|firstcall|swin|call|diag]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|census|suite|tp|sentence|vision|groupnorm|firstcall|swin|growing|call|diag]...
 #
 # Knobs (environment): COMMIT (the commit measured, for run.py's --commit: the device's
 # copy of the checkout has no git), GPU_TESTS (test paths for "tests", default tests), FASTGEN_ARGS (the
@@ -39,7 +39,8 @@
 # MobileNetV3's host time a call, and its cold first call with the launchers built at -O0 and
 # at -O3, ~4 min), swin (one Swin block per stage against Inductor's, profiled, and the kernel
 # variants of its short-row softmax, ~2 min), call (diag_suite_call.py on CALL_WORKLOAD,
-# default gpt2-token: host time, the replay's span, a host profile; ~1 min), diag (why BERT's SDPA runs its
+# default gpt2-token: host time, the replay's span, a host profile; ~1 min), growing (a
+# DynamicCache decode per capture policy, ~1.5 min), diag (why BERT's SDPA runs its
 # math path under Dynamo; which SDPA kernel a decode step's attention should get; the decode
 # attention kernel against repeat_kv + SDPA and its launch sweep; the host time of a replay
 # and of a generate() step, ~5 min). One device call runs at most 10
@@ -206,7 +207,7 @@ for step in $steps; do
                 --backends "${SENTENCE_BACKENDS:-eager,infinifuse,infinifuse-call1,reduce-overhead}" \
                 --child-timeout 200 ${SENTENCE_ARGS:-} --out "$OUT/sentence_embeddings_$shape.json"
             run_step "passes_$shape" python3 benchmarks/diag/diag_sentence_passes.py \
-                --shape "$shape" --variants default,call1 --profile none \
+                --shape "$shape" --variants default,call2 --profile none \
                 --out "$OUT/diag_sentence_passes_$shape.json"
         done
         ;;
@@ -280,6 +281,12 @@ for step in $steps; do
             --cases softmax:75264x49,window_softmax:75264x49 \
             --out "$OUT/diag_row_variants_swin_$commit.json"
         ;;
+    growing)
+        # a Llama decode over a DynamicCache (4 layers at TinyLlama's widths, 48 steps) under
+        # each capture policy, each in its own process (recurrence.py's growth rule), ~1.5 min
+        run_step diag_growing_decode python3 benchmarks/diag/diag_growing_decode.py \
+            --out "$OUT/diag_growing_decode.json"
+        ;;
     call)
         # where a suite workload's call goes under infinifuse and reduce-overhead, two builds
         # of infinifuse in one process (host, alone, loop, the replay's span, a cProfile of
@@ -297,7 +304,7 @@ for step in $steps; do
         run_step diag_generate_host python3 benchmarks/diag/diag_generate_host.py
         ;;
     *)
-        echo "unknown step: $step (tests, examples, bench, generate, fastgen, rows, decode, matmul, splitk, rotary, zoo, census, suite, tp, sentence, vision, groupnorm, firstcall, swin, call, diag)"
+        echo "unknown step: $step (tests, examples, bench, generate, fastgen, rows, decode, matmul, splitk, rotary, zoo, census, suite, tp, sentence, vision, groupnorm, firstcall, swin, growing, call, diag)"
         status=1
         ;;
     esac
