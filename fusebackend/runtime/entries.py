@@ -78,7 +78,7 @@ class Entry:
     hits: int = 0
     trial: payoff.CaptureTrial | None = None  # large outputs: does capture pay? (timing)
     decision: str | None = None  # the trial's outcome
-    pending: bool = False  # uncaptured until its capture_on_call-th call
+    pending: bool = False  # uncaptured until it recurs (recurrence.CaptureCall.recurring)
     nbytes: int = 0  # device memory it holds alone (static input and output buffers)
     last_use: int = 0  # the process-wide use clock at its last call
     # Per-signature inputs (GraphCache's ``per_signature``), computed once for this entry:
