@@ -286,27 +286,38 @@ def test_bert_s_second_pass_captures_only_each_graph_s_first_shape(
     6, 9) and one dynamic in the batch too (3, 5). The first pass captures (6, 9), the
     dynamic graph's second shape; the second pass the three graphs' first shapes; the third
     nothing. Every output equals eager's."""
+    model = _tiny_bert()
+    compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": True})
+    per_pass = []
+    for _ in range(3):
+        before = counts("recordings")[0]
+        _bert_pass(compiled, model)
+        per_pass.append(counts("recordings")[0] - before)
+    assert per_pass == [1, 3, 0]
+
+
+BERT_SHAPES = [(6, 19), (6, 13), (6, 9), (3, 5)]  # longest first, then a smaller batch
+
+
+def _tiny_bert():
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(
         num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
         vocab_size=120,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.BertModel(config).eval()
-    compiled = torch.compile(model, backend="infinifuse", options={"cudagraphs": True})
-    shapes = [(6, 19), (6, 13), (6, 9), (3, 5)]
-    per_pass = []
+    return transformers.BertModel(config).eval()
+
+
+def _bert_pass(compiled, model):
+    """One pass over ``BERT_SHAPES`` with a padded row each, every output equal to eager's."""
     with torch.no_grad():
-        for _ in range(3):
-            before = counts("recordings")[0]
-            for batch, length in shapes:
-                ids = rand_ids(config.vocab_size, (batch, length))
-                mask = torch.ones(batch, length, dtype=torch.long)
-                mask[0, length // 2 :] = 0  # a padded row
-                out = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
-                assert_close(out, model(input_ids=ids, attention_mask=mask).last_hidden_state)
-            per_pass.append(counts("recordings")[0] - before)
-    assert per_pass == [1, 3, 0]
+        for batch, length in BERT_SHAPES:
+            ids = rand_ids(model.config.vocab_size, (batch, length))
+            mask = torch.ones(batch, length, dtype=torch.long)
+            mask[0, length // 2 :] = 0  # a padded row
+            out = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+            assert_close(out, model(input_ids=ids, attention_mask=mask).last_hidden_state)
 
 
 def test_a_llama_decode_over_a_dynamic_cache_captures_no_step_of_its_first_sequence(
@@ -550,26 +561,12 @@ def test_bert_recompiles_route_a_second_pass_to_the_graphs_that_hold_its_shapes(
     """A transformers BertModel with padded masks (its static graph folds the position ids
     and mask sizes into constants, its dynamic ones compute them): a second pass over four
     shapes makes no entry, every output equal to eager's."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(
-        num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
-        vocab_size=120,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.BertModel(config).eval()
+    model = _tiny_bert()
     compiled = torch.compile(model, backend="infinifuse")
-    shapes = [(6, 19), (6, 13), (6, 9), (3, 5)]
-    with torch.no_grad():
-        for _ in range(2):
-            before = counts("cache_misses")
-            for batch, length in shapes:
-                ids = rand_ids(config.vocab_size, (batch, length))
-                mask = torch.ones(batch, length, dtype=torch.long)
-                mask[0, length // 2 :] = 0  # a padded row
-                out = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
-                expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
-                assert_close(out, expected)
-            misses = counts("cache_misses")[0] - before[0]
+    for _ in range(2):
+        before = counts("cache_misses")
+        _bert_pass(compiled, model)
+        misses = counts("cache_misses")[0] - before[0]
     s = fusebackend.stats()
     assert misses == 0 and s["older_graph_calls"] == 3
     assert s["cache_size"] == 4 and s["eviction_reasons"] == {}

@@ -29,6 +29,7 @@ from fusebackend.runtime.keys import Key
 from fusebackend.runtime.logbook import Logbook
 from fusebackend.runtime.modes import Cause, Mode
 from fusebackend.runtime.recording import capture_blocker, record
+from fusebackend.runtime.recurrence import recurring_call
 from fusebackend.runtime.table import EntryTable
 from fusebackend.runtime.validation import one_line
 
@@ -199,7 +200,7 @@ class Recapture:
         )
         # Retire the old graph before capturing the new one (freed once replays are past it).
         self._table.remove(key)
-        seen = max(entry.hits, (self._config.capture_on_call or 2) - 1)  # captured at once
+        seen = max(entry.hits, recurring_call(self._config.capture_on_call) - 1)  # at once
         outputs = new_entry(key, Verdict(entry.mode, entry.reason, True, seen), call)
         new = self._table[key]
         new.hits = entry.hits

@@ -26,10 +26,16 @@ from __future__ import annotations
 
 from fusebackend.runtime.keys import Key
 
-__all__ = ["CaptureCall", "extends"]
+__all__ = ["CaptureCall", "extends", "recurring_call"]
 
 # The call a signature that is not captured at once is captured on: its first recurrence.
 _RECURRING = 2
+
+
+def recurring_call(option: int | None) -> int:
+    """The call on which a signature left uncaptured on its first call is captured, for the
+    ``capture_on_call`` option ``option``: the option itself, or the first recurrence."""
+    return option if option is not None else _RECURRING
 
 
 class CaptureCall:
@@ -43,8 +49,7 @@ class CaptureCall:
     def __init__(self, fixed: int | None) -> None:
         self._fixed = fixed
         self._previous: Key | None = None
-        # The call on which a signature left uncaptured on its first call is captured.
-        self.recurring = fixed if fixed is not None else _RECURRING
+        self.recurring = recurring_call(fixed)
 
     def first_miss(self, key: Key) -> int:
         """The call that captures ``key``, a signature this cache has no entry for; each

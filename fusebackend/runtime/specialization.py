@@ -183,8 +183,7 @@ def form_of(
             value = example_value(node)
             inputs.append(str(node.target))
             input_sizes.append(_size(value) if _is_scalar_input(value) else None)
-    (output,) = [node for node in runs.graph.nodes if node.op == "output"]
-    returned = output.args[0]
+    returned = runs.graph.output_node().args[0]
     outputs = len(returned) if isinstance(returned, (tuple, list)) else 1
     return GraphForm(tuple(inputs), tuple(input_sizes), traced.ops, traced.attrs, outputs)
 
