@@ -605,9 +605,12 @@ SENTENCE_PASSES_METRICS = {"eager_s": "s", "first_s": "s", "second_s": "s", "thi
                            "eager_again_s": "s", "second_captures": "count",
                            "second_capture_s": "s"}  # fmt: skip
 # diag_growing_decode.py: a DynamicCache decode's sequences per capture policy
-GROWING_DECODE_METRICS = {"warm_s": "s", "warm_captures": "count", "new_s": "s",
-                          "new_captures": "count", "again_s": "s",
-                          "again_captures": "count"}  # fmt: skip
+GROWING_DECODE_METRICS = {
+    f"{phase}_{metric}": unit
+    for phase in ("warm", "new", "again")
+    for metric, unit in (("s", "s"), ("prefill_s", "s"), ("steps_s", "s"),
+                         ("captures", "count"), ("dynamo_graphs", "count"))
+} | {"eager_prefill_s": "s", "eager_steps_s": "s"}  # fmt: skip
 # diag_suite_call.py: a suite workload's call, host side split at its graph replays
 SUITE_CALL_METRICS = {k: "us" for k in ("host_us", "alone_us", "loop_us", "span_us",
                                          "kernel_us", "pre_replay_us", "replay_us",

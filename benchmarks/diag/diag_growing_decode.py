@@ -35,6 +35,7 @@ VARIANTS = {"call1": 1, "call2": 2, "default": None}
 def child(variant: str, layers: int, steps: int) -> dict[str, Any]:
     import torch
     import transformers
+    from torch._dynamo.utils import counters
 
     import fusebackend
 
@@ -48,35 +49,49 @@ def child(variant: str, layers: int, steps: int) -> dict[str, Any]:
     options = {} if option is None else {"capture_on_call": option}
     compiled = torch.compile(model, backend="infinifuse", options=options)
 
-    def decode(fn: Any, prompt: Any) -> Any:
-        out = fn(input_ids=prompt, past_key_values=transformers.DynamicCache(), use_cache=True)
-        tokens = []
-        for _ in range(steps):
-            tokens.append(out.logits[:, -1:].argmax(-1))
-            out = fn(input_ids=tokens[-1], past_key_values=out.past_key_values, use_cache=True)
-        return torch.cat(tokens, 1)
-
-    def timed(prompt: Any) -> tuple[float, int, Any]:
-        before = fusebackend.stats()["recordings"]
-        torch.cuda.synchronize()
+    def decode(fn: Any, prompt: Any, split: dict[str, float] | None = None) -> Any:
         start = time.perf_counter()
-        tokens = decode(compiled, prompt)
+        out = fn(input_ids=prompt, past_key_values=transformers.DynamicCache(), use_cache=True)
+        tokens = [out.logits[:, -1:].argmax(-1)]
         torch.cuda.synchronize()
-        return time.perf_counter() - start, fusebackend.stats()["recordings"] - before, tokens
+        prefilled = time.perf_counter()
+        for _ in range(steps):
+            out = fn(input_ids=tokens[-1], past_key_values=out.past_key_values, use_cache=True)
+            tokens.append(out.logits[:, -1:].argmax(-1))
+        torch.cuda.synchronize()
+        if split is not None:
+            split["prefill_s"] = prefilled - start
+            split["steps_s"] = time.perf_counter() - prefilled
+        return torch.cat(tokens[:-1], 1)
+
+    def timed(prompt: Any) -> dict[str, Any]:
+        before = fusebackend.stats()["recordings"]
+        traces = counters["stats"]["unique_graphs"]
+        split: dict[str, float] = {}
+        tokens = decode(compiled, prompt, split)
+        return {
+            **split,
+            "captures": fusebackend.stats()["recordings"] - before,
+            "dynamo_graphs": counters["stats"]["unique_graphs"] - traces,
+            "tokens": tokens,
+        }
 
     with torch.no_grad():
         warm = torch.randint(0, config.vocab_size, (1, 24), device="cuda")
         prompt = torch.randint(0, config.vocab_size, (1, 100), device="cuda")  # lengths unseen
-        expected = decode(model, prompt)
-        warm_s, warm_captures, _ = timed(warm)
-        new_s, new_captures, first = timed(prompt)
-        again_s, again_captures, second = timed(prompt)
-    return {
-        "variant": variant, "layers": layers, "steps": steps, "warm_s": warm_s,
-        "warm_captures": warm_captures, "new_s": new_s, "new_captures": new_captures,
-        "again_s": again_s, "again_captures": again_captures,
-        "tokens_equal": bool(torch.equal(first, expected) and torch.equal(second, expected)),
-    }  # fmt: skip
+        decode(model, warm)
+        eager: dict[str, float] = {}
+        expected = decode(model, prompt, eager)
+        phases = {"warm": timed(warm), "new": timed(prompt), "again": timed(prompt)}
+    tokens = {name: phase.pop("tokens") for name, phase in phases.items()}
+    equal = torch.equal(tokens["new"], expected) and torch.equal(tokens["again"], expected)
+    row: dict[str, Any] = {"variant": variant, "layers": layers, "steps": steps,
+                           "eager_prefill_s": eager["prefill_s"],
+                           "eager_steps_s": eager["steps_s"], "tokens_equal": equal}  # fmt: skip
+    for name, phase in phases.items():
+        row[f"{name}_s"] = phase["prefill_s"] + phase["steps_s"]
+        row |= {f"{name}_{key}": value for key, value in phase.items()}
+    return row
 
 
 def main() -> int:
