@@ -513,6 +513,14 @@ SOURCES = (
     # a 4-layer TinyLlama-wide decode over a DynamicCache per capture policy (2cf5d85).
     # Folded: in git at 8db2d86
     "diag_growing_decode_h200_2cf5d85.json",
+    # 2026-12-01, H200, package at 3e2abf5: the same decode with each sequence split into its
+    # prefill and its steps (the diag at 4ae618c); MiniLM-L6's corpus passes, the first one
+    # cProfile'd, static against dynamic=True; one replayed call's host time, static against
+    # dynamic=True (diag_dynamic_host.py's JSON is a list: its rows written by hand, as
+    # e37d61a's, the file never in benchmarks/results/)
+    "diag_growing_decode_h200_4ae618c.json",
+    "diag_sentence_passes_minilm_h200_3e2abf5.json",
+    "diag_dynamic_host_h200_3e2abf5.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
