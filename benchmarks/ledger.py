@@ -517,7 +517,7 @@ SOURCES = (
     # prefill and its steps (the diag at 4ae618c); MiniLM-L6's corpus passes, the first one
     # cProfile'd, static against dynamic=True; one replayed call's host time, static against
     # dynamic=True (diag_dynamic_host.py's JSON is a list: its rows written by hand, as
-    # e37d61a's, the file never in benchmarks/results/)
+    # e37d61a's, the file never in benchmarks/results/). Folded: in git at 18a74c2
     "diag_growing_decode_h200_4ae618c.json",
     "diag_sentence_passes_minilm_h200_3e2abf5.json",
     "diag_dynamic_host_h200_3e2abf5.json",
