@@ -521,6 +521,11 @@ SOURCES = (
     "diag_growing_decode_h200_4ae618c.json",
     "diag_sentence_passes_minilm_h200_3e2abf5.json",
     "diag_dynamic_host_h200_3e2abf5.json",
+    # the same passes run's printed Dynamo compile metrics under cProfile (torch._dynamo.utils
+    # .compile_times()): per variant, the traces of the first pass, the seconds of
+    # _compile.compile_inner summed over them and of OutputGraph.call_user_compiler (the
+    # backend) within that; rows written by hand, the log never in benchmarks/results/
+    "diag_sentence_passes_minilm_h200_3e2abf5.txt",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.

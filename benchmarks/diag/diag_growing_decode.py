@@ -6,15 +6,17 @@ of a decode over a growing cache do: those never come back within the sequence. 
 steps a ``LlamaForCausalLM`` (TinyLlama's widths, ``--layers`` layers, random weights, fp16)
 through ``torch.compile(model, backend="infinifuse")`` with a ``DynamicCache``, greedy,
 for each policy in its own process: a sequence at another prompt length first (Dynamo's
-recompiles, Triton's compiles), then a prompt of a new length twice (``new_s``: every step
-a new signature; ``again_s``: every step seen once before), with the captures in each and
-whether the tokens equal eager's.
+recompiles, Triton's compiles), then a prompt of a new length twice (``new``: every step
+a new signature; ``again``: every step seen once before), each split into its prompt's call
+and its steps, with the captures and Dynamo's new graphs in each, eager's sequence timed the
+same way, and whether the tokens equal eager's.
 
-What it found (H200, 2026-12-01, 2cf5d85, 4 layers, 48 steps): the new prompt's sequence took
-2.48 s under the default and 2.20 s with ``capture_on_call=2``, neither capturing, against
-3.14 s with ``capture_on_call=1``, which captured all 49 signatures; the same prompt again
-took 0.279, 0.294 and 0.057 s. An uncaptured step at a new length took 45-51 ms: what a
-direct run of a new signature spends there is not yet known.
+What it found (H200, 2026-12-01, 4 layers, 48 steps): at 2cf5d85 the new prompt's sequence
+took 2.48 s under the default and 2.20 s with ``capture_on_call=2``, neither capturing,
+against 3.14 s with ``capture_on_call=1``, which captured all 49 signatures. Split (the diag
+at 4ae618c), almost all of it is the prompt's call, which Dynamo traces once more at a new
+length (1.90 s under the default); the 48 steps took 0.354 s (7.4 ms a step run directly),
+against eager's 2.86 s.
 
     python benchmarks/diag/diag_growing_decode.py [--layers 4] [--steps 48] [--out F.json]
 """
