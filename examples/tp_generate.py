@@ -76,6 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also run fusebackend.generate (the device decode loop) and compare its tokens",
     )
     parser.add_argument("--decode-steps", type=int, default=4, help="the loop's k")
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="each compiled path generates once, its first call's time (CPU tests: "
+        "the second, timed call checks nothing more)",
+    )
     parser.add_argument("--json", help="write each rank's results to this path + .rankN.json")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -155,6 +161,20 @@ def timed(device: torch.device, fn: Any) -> tuple[Any, float]:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return out, time.perf_counter() - start
+
+
+def first_and_again(
+    device: torch.device, fn: Any, once: bool, name: str
+) -> tuple[Any, float, float]:
+    """(the last call's output, the first call's seconds, the last call's): ``fn`` run
+    twice, the first paying the compiles (and captures), or only once with ``once``."""
+    _mark(f"first {name}")
+    out, first_s = timed(device, fn)
+    if once:
+        return out, first_s, first_s
+    _mark(f"second {name}")
+    out, warm_s = timed(device, fn)
+    return out, first_s, warm_s
 
 
 def compile_config() -> Any:
@@ -240,10 +260,10 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         _mark("eager TP generate")
         eager, eager_s = timed(device, lambda: generate(model, inputs, n, disable_compile=True))
         cc = compile_config()
-        _mark("first CompileConfig generate")
-        _, first_s = timed(device, lambda: generate(model, inputs, n, compile_config=cc))
-        _mark("second CompileConfig generate")
-        tokens, warm_s = timed(device, lambda: generate(model, inputs, n, compile_config=cc))
+        tokens, first_s, warm_s = first_and_again(
+            device, lambda: generate(model, inputs, n, compile_config=cc), args.once,
+            "CompileConfig generate",
+        )  # fmt: skip
         result["compile_config"] = {
             "first_generate_s": first_s,
             "generate_s": warm_s,
@@ -256,11 +276,10 @@ def _run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         forward = model.forward
         model.forward = torch.compile(forward, backend="infinifuse")
         try:
-            _mark("compiled forward generate")
-            generate(model, inputs, n, disable_compile=True)
-            compiled, compiled_s = timed(
-                device, lambda: generate(model, inputs, n, disable_compile=True)
-            )
+            compiled, _, compiled_s = first_and_again(
+                device, lambda: generate(model, inputs, n, disable_compile=True), args.once,
+                "compiled forward generate",
+            )  # fmt: skip
         finally:
             model.forward = forward
         result["compiled_forward"] = {
@@ -314,10 +333,7 @@ def device_loop(
                                    attention_mask=inputs["attention_mask"], **kwargs)  # fmt: skip
         return out[:, inputs["input_ids"].shape[1] :].cpu()
 
-    _mark("first device-loop generate")
-    _, first_s = timed(device, run)
-    _mark("second device-loop generate")
-    tokens, warm_s = timed(device, run)
+    tokens, first_s, warm_s = first_and_again(device, run, args.once, "device-loop generate")
     report = fusebackend.generation.last_report()
     return {
         "first_generate_s": first_s,

@@ -415,6 +415,7 @@ def test_tp_plan_auto_generate_equals_eager_tp_on_two_gloo_ranks(kind, tmp_path)
         "--device-loop",
         "--decode-steps",
         "4",
+        "--once",
         "--json",
         str(prefix),
         env={"TRITON_INTERPRET": "1"},

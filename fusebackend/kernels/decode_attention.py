@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from fusebackend.kernels.arrivals import arrival_counters
+from fusebackend.kernels.configs import ceil_div
 from fusebackend.kernels.dependent_launch import pdl_launch
 from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
 from fusebackend.kernels.launch import triton_usable, warmup_pointer, warmup_pointer_of
@@ -162,11 +163,11 @@ class _Plan:
     def __init__(self, query, key, value, mask, scale, groups, out) -> None:
         batch, heads, _, width = query.shape
         kv_heads, seq_len = key.shape[1], key.shape[2]
-        wanted = -(-seq_len // _SPLITS)
+        wanted = ceil_div(seq_len, _SPLITS)
         self.block_s = min(_MAX_BLOCK_S, max(_MIN_BLOCK_S, 1 << (wanted - 1).bit_length()))
-        blocks = -(-seq_len // self.block_s)
-        blocks_per_split = max(1, -(-blocks * batch * kv_heads // _MAX_PROGRAMS))
-        self.splits = -(-blocks // blocks_per_split)  # 1: the program writes the output
+        blocks = ceil_div(seq_len, self.block_s)
+        blocks_per_split = max(1, ceil_div(blocks * batch * kv_heads, _MAX_PROGRAMS))
+        self.splits = ceil_div(blocks, blocks_per_split)  # 1: the program writes the output
         self.fold = FOLD_COMBINE and self.splits > 1
         pdl = pdl_launch(query.device)
         self.block_d = max(16, 1 << (width - 1).bit_length())

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
+from fusebackend.kernels.configs import ceil_div
 from fusebackend.kernels.epilogue import activation_program, epilogue_function, evaluate
 from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
 from fusebackend.kernels.launch import run_on_device, triton_usable
@@ -157,7 +158,7 @@ def _launch(x, weight, stride, padding, dilation, center, scale, shift, activati
     _, _, oh, ow = out.shape
     positions = batch * oh * ow
     block_p, block_c, warps = config or _config(positions, channels)
-    grid = (-(-positions // block_p), -(-channels // block_c))
+    grid = (ceil_div(positions, block_p), ceil_div(channels, block_c))
     act = epilogue_function(activation_program(activation, out.dtype))
     # Every position's first channel is a multiple of ALIGN elements from the base: saying
     # so lets Triton load 16-byte vectors along the channels.
@@ -213,7 +214,7 @@ def _config(positions: int, channels: int) -> tuple[int, int, int]:
     MobileNetV3-large (H200, fp16, batch 1 and 8, 2026-11-30,
     ``benchmarks/diag/diag_depthwise_conv.py --sweep``) the fastest took 16 channels in 56
     of 84 shapes, and 16 positions up to about a thousand tiles, 64-128 at ten thousand."""
-    tiles = -(-positions // 16) * -(-channels // 16)
+    tiles = ceil_div(positions, 16) * ceil_div(channels, 16)
     block_p = 16 if tiles < 1000 else 32 if tiles < 4000 else 64
     return block_p, 16, 4
 

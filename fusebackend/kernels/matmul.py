@@ -69,6 +69,7 @@ import torch
 
 from fusebackend.kernels.arrivals import arrival_counters
 from fusebackend.kernels.cache_write import check_cache_index
+from fusebackend.kernels.configs import ceil_div
 from fusebackend.kernels.dependent_launch import nvidia_gpu, pdl_launch
 from fusebackend.kernels.epilogue import (
     EPILOGUE_OPTIONS,
@@ -82,17 +83,9 @@ from fusebackend.kernels.matmul_reference import Heads, reference
 from fusebackend.kernels.triton_api import interpreter_enabled, triton_usable, warmup_launch
 
 __all__ = [
-    "Heads",
-    "LaunchConfig",
-    "MatmulGroupOp",
-    "argument_slots",
-    "launch_config",
-    "matmul_group",
-    "matmul_op",
-    "precompile_matmul",
-    "reference",
-    "widest_k_step",
-]
+    "Heads", "LaunchConfig", "MatmulGroupOp", "argument_slots", "launch_config", "matmul_group",
+    "matmul_op", "precompile_matmul", "reference", "widest_k_step",
+]  # fmt: skip
 
 
 def matmul_group(
@@ -359,10 +352,10 @@ def _gemv_along_n(width: int, outputs: int) -> LaunchConfig:
     (5.1), the attention's c_proj 2.0 against 2.7 (3.7), the MLP's (K 3072, 6 slices of 512)
     4.8 against 5.4 (7.7); 8 warps within 0.2 us. Longer slices keep the first sweep's tiles
     (2026-11-29): a one-step tile held across steps is 256 fp32 sums a thread, unmeasured."""
-    tiles, splits = -(-outputs // 32), 1
+    tiles, splits = ceil_div(outputs, 32), 1
     while width >= 2048 and tiles * splits < 256 and splits < 8 and width // (2 * splits) >= 256:
         splits *= 2
-    span = -(-width // splits)
+    span = ceil_div(width, splits)
     if span > 1024:
         block_n, block_k = (32, 256) if outputs >= 2048 else (16, 128)
     else:
@@ -420,7 +413,7 @@ def _launch(
     columns = _launch_columns(group, widths)
     gated = bool(group.gate or group.rotary)
     config = _config(group, rows, width, weights, columns)
-    tiles = [-(-n // config.block_n) for n in columns]
+    tiles = [ceil_div(n, config.block_n) for n in columns]
     block_m = 1 if config.gemv else max(16, 1 << max(0, (rows - 1).bit_length()))
     span, splits = _k_slices(width, config)
     if splits > 1:
@@ -535,9 +528,9 @@ def _stored_along_n(weights: Sequence[torch.Tensor]) -> bool:
 
 def _k_slices(width: int, config: LaunchConfig) -> tuple[int, int]:
     """(K columns per slice, slices): split-K's slices of whole K steps, none empty."""
-    span = -(-width // config.split_k)
-    span = -(-span // config.block_k) * config.block_k
-    return span, -(-width // span)
+    span = ceil_div(width, config.split_k)
+    span = ceil_div(span, config.block_k) * config.block_k
+    return span, ceil_div(width, span)
 
 
 def launch_path(group: MatmulGroup, x: Any, params: Sequence[Any]) -> str | None:

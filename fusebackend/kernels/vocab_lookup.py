@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from fusebackend.kernels.configs import ceil_div
 from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
 from fusebackend.kernels.launch import triton_usable
 from fusebackend.kernels.triton_api import warmup_launch
@@ -95,7 +96,7 @@ def _launch(ids, table, start, vocab, out) -> tuple[list[Any], tuple[int, int], 
     block = min(1024, 1 << max(0, (width - 1).bit_length()))
     flat_ids = ids.reshape(-1)
     args = [flat_ids, table, out, start, rows, vocab, width, table.stride(0), table.stride(1)]
-    grid = (flat_ids.numel(), -(-width // block))
+    grid = (flat_ids.numel(), ceil_div(width, block))
     return args, grid, {"BLOCK": block, "num_warps": 2 if block >= 512 else 1}
 
 
