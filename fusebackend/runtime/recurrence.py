@@ -12,8 +12,9 @@ captured on that call. With ``None`` (the default) it is decided per signature:
 - a signature one step further along a growing sequence than the graph's previous new one
   (``extends``: a decode step over a cache that grows by a token a step) is captured on its
   2nd call: such a signature does not come back within the sequence. A 4-layer Llama's
-  48-step decode over a DynamicCache at new lengths took 2.48 s so, 3.14 s with each step
-  captured on its first call (``diag_growing_decode.py``, H200, 2cf5d85);
+  48 decode steps over a DynamicCache at new lengths took 0.354 s so, 0.397 s with each
+  step captured on its first call (``diag_growing_decode.py``, H200, 4ae618c; eager's
+  2.86 s);
 - any other new signature (shapes that vary: a corpus's lengths, single queries) is captured
   on its first call, so that a corpus encoded again replays every length. MiniLM-L6 and
   BERT-base shapes, 1000 sentences on an H200 (2026-12-01, 7a84fe4): the second pass took
