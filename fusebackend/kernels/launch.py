@@ -20,11 +20,7 @@ import torch
 from torch._prims_common import make_contiguous_strides_for
 
 from fusebackend.kernels.codegen import generate_source
-from fusebackend.kernels.configs import (
-    MAX_GRID_Y,
-    launch_config,
-    layout_for,
-)
+from fusebackend.kernels.configs import MAX_GRID_Y, ceil_div, launch_config, layout_for
 from fusebackend.kernels.family import TensorExample, hinted_examples
 from fusebackend.kernels.ir import KernelOptions, RowProgram, broadcast_shapes
 from fusebackend.kernels.pair_source import generate_pair_source
@@ -315,8 +311,8 @@ def run_on_device(kernel: Any, grid: tuple[int, ...], args: list[Any], meta: dic
 
 def _blocks(layout: str, width: int, block_d: int) -> tuple[int, int]:
     """(column blocks of the grid, chunks per row) for ``layout``."""
-    col_blocks = (width + block_d - 1) // block_d if layout == "tile" else 1
-    chunks = (width + block_d - 1) // block_d if layout == "chunked" else 1
+    col_blocks = ceil_div(width, block_d) if layout == "tile" else 1
+    chunks = ceil_div(width, block_d) if layout == "chunked" else 1
     return col_blocks, chunks
 
 
@@ -350,12 +346,12 @@ def _plan(
         rows, a.width, layout, bool(program.lookups), aligned=aligned
     )
     col_blocks, chunks = _blocks(layout, a.width, block_d)
-    grid_a = (a.rows + block_r - 1) // block_r
+    grid_a = ceil_div(a.rows, block_r)
     tensors = [(place, index + pool_offsets[0]) for place, index in a.tensors]
     if b is None:
         grid, args = (grid_a, col_blocks), a.args
     else:
-        grid = (grid_a + (b.rows + block_r - 1) // block_r, col_blocks)
+        grid = (grid_a + ceil_div(b.rows, block_r), col_blocks)
         args = [*a.args, *b.args, grid_a]
         tensors += [(place + len(a.args), index + pool_offsets[1]) for place, index in b.tensors]
     # Rows split into several column blocks: neighbouring programs (grid axis 0 steps
