@@ -2,7 +2,7 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|census|suite|tp|sentence|vision|groupnorm|firstcall|swin|growing|call|diag]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|census|suite|tp|sentence|vision|groupnorm|firstcall|swin|growing|call|turns|diag]...
 #
 # Knobs (environment): COMMIT (the commit measured, for run.py's --commit: the device's
 # copy of the checkout has no git), GPU_TESTS (test paths for "tests", default tests), FASTGEN_ARGS (the
@@ -39,7 +39,8 @@
 # MobileNetV3's host time a call, and its cold first call with the launchers built at -O0 and
 # at -O3, ~4 min), swin (one Swin block per stage against Inductor's, profiled, and the kernel
 # variants of its short-row softmax, ~2 min), call (diag_suite_call.py on CALL_WORKLOAD,
-# default gpt2-token: host time, the replay's span, a host profile; ~1 min), growing (a
+# default gpt2-token: host time, the replay's span, a host profile; ~1 min), turns (the zoo
+# and GPT-2's one-token forward, both backends in one process in alternating rounds), growing (a
 # DynamicCache decode per capture policy, ~1.5 min), diag (why BERT's SDPA runs its
 # math path under Dynamo; which SDPA kernel a decode step's attention should get; the decode
 # attention kernel against repeat_kv + SDPA and its launch sweep; the host time of a replay
@@ -294,6 +295,14 @@ for step in $steps; do
         run_step diag_suite_call python3 benchmarks/diag/diag_suite_call.py \
             --workload "${CALL_WORKLOAD:-gpt2-token}" --backends infinifuse,reduce-overhead,infinifuse \
             --profile 30 ${COMMIT:+--commit "$COMMIT"} --out "$OUT/suite_call.json"
+        ;;
+    turns)
+        # the model zoo's 21 families and GPT-2's one-token forward under infinifuse and
+        # reduce-overhead, both builds alive in one process, timed in alternating rounds
+        # (diag_suite_call.py --interleave): TURNS_WORKLOADS, default zoo,gpt2-token
+        run_step diag_suite_turns python3 benchmarks/diag/diag_suite_call.py \
+            --workload "${TURNS_WORKLOADS:-zoo,gpt2-token}" --interleave 7 --loop 100 --reps 50 \
+            ${COMMIT:+--commit "$COMMIT"} --out "$OUT/suite_turns.json"
         ;;
     diag)
         run_step diag_bert_sdpa python3 benchmarks/diag/diag_bert_sdpa.py

@@ -627,7 +627,7 @@ GROWING_DECODE_METRICS = {
 # diag_suite_call.py: a suite workload's call, host side split at its graph replays
 SUITE_CALL_METRICS = {k: "us" for k in ("host_us", "alone_us", "loop_us", "span_us",
                                          "kernel_us", "pre_replay_us", "replay_us",
-                                         "post_replay_us")}  # fmt: skip
+                                         "post_replay_us", "interleaved_us")}  # fmt: skip
 # the config diag_rotary_epilogue.py times second at one row: the tensor-core split-K pick
 TENSOR_CORE_SPLITK = {"block_n": 32, "block_k": 128, "warps": 2, "stages": 3, "split_k": 4,
                       "gemv": False}  # fmt: skip

@@ -21,6 +21,14 @@ compiled afresh, to show the spread between two measurements of one build. ``--p
 adds, for infinifuse's backends, a cProfile of the timed calls' host side (the N functions
 with the most own time).
 
+``--workload`` takes several names or prefixes (``zoo``: the model zoo's 21 families, one
+after another). ``--interleave R`` keeps every backend's build alive and times R rounds of
+``--loop`` calls with the backends taking turns (``interleaved_us``, the median round): the
+zoo's 2-layer calls are host time, and in ``run.py``, which times one backend after another,
+a row's level moved between processes while its rounds agreed (RoBERTa at 2.07x
+reduce-overhead's at 3218872, XLM-R, the same architecture, level with it). Taking turns puts
+a shared machine's load on both backends alike.
+
 What it found (H200, 2026-12-01, 8dd2a69, GPT-2's one-token forward, two builds each):
 infinifuse's call returned after 200-249 us of host time (reduce-overhead's: 525), the call
 and a synchronize took 459-482 us (905), back to back 282-298 us (440). In the profiled
@@ -30,6 +38,7 @@ kernel (an A/B flag, removed after) spanned 433-487 us against 381-415.
 
     python benchmarks/diag/diag_suite_call.py --workload gpt2-token \
         [--backends infinifuse,reduce-overhead] [--profile 25] [--out F.json]
+    python benchmarks/diag/diag_suite_call.py --workload zoo --interleave 7 --reps 50
 """
 
 from __future__ import annotations
@@ -107,21 +116,40 @@ def replay_phases(call: Callable[..., object], calls: int) -> dict[str, float]:
             "replays": statistics.median(phases["replays"])}  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", default="gpt2-token")
-    parser.add_argument("--backends", default="infinifuse,reduce-overhead")
-    parser.add_argument("--profile", type=int, default=0, metavar="N")
-    parser.add_argument("--reps", type=int, default=200)
-    parser.add_argument("--top", type=int, default=8)
-    parser.add_argument("--commit", default=None)
-    parser.add_argument("--out", default=None, help="JSON results")
-    args = parser.parse_args()
+def interleaved(calls: dict[str, Callable[..., object]], rounds: int, loop: int) -> dict:
+    """Per backend, the median microseconds a call over ``rounds`` rounds of ``loop`` calls
+    back to back, each output dropped before the next call (the suite's ``per_call_ms``), the
+    backends taking turns within each round and their order reversed every other round: a
+    shared machine's host load, which moves over seconds, falls on every backend alike."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    order = list(calls)
+    for turn in range(rounds):
+        for name in order if turn % 2 == 0 else order[::-1]:
+            call = calls[name]
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(loop):
+                out = None  # the previous output must not be alive during the next call
+                out = call()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - start) / loop * 1e6)
+            del out
+    return {name: {"interleaved_us": round(statistics.median(t), 1),
+                   "interleaved_rounds_us": [round(v, 1) for v in t]}
+            for name, t in times.items()}  # fmt: skip
+
+
+def measure_workload(
+    workload: workloads.Workload, backends: list[str], args: argparse.Namespace
+) -> list[dict]:
+    """One row per backend: the call's host, device and replay figures; with
+    ``--interleave R`` every backend's build stays alive and R rounds take turns."""
     device = torch.device("cuda")
-    (workload,) = workloads.select(workloads.workloads(False, device), args.workload)
-    results = []
-    for backend in args.backends.split(","):
-        measure.fresh_state(device)
+    rows, calls, cases = [], {}, []
+    measure.fresh_state(device)
+    for backend in backends:
+        if not args.interleave:
+            measure.fresh_state(device)
         case = workload.build(device, 10 + 2 * args.reps)
         with torch.no_grad():
             eager = measure.references(case, device)[-1]
@@ -137,6 +165,7 @@ def main() -> None:
             **per_call(call, None, args.reps),
             **replay_phases(call, args.reps),
         }
+        del out
         kernels = kernels_of_last_call(call, None, lambda: None)
         row.update(summarize(kernels, args.top))
         top = sorted(by_name(kernels).items(), key=lambda kv: -kv[1])[: args.top]
@@ -145,22 +174,62 @@ def main() -> None:
             row["host_profile"] = profile(call, None, args.reps, args.profile)
         print(json.dumps({k: v for k, v in row.items() if k != "host_profile"}), flush=True)
         print(row.get("host_profile", ""), flush=True)
-        results.append(row)
+        rows.append(row)
+        if args.interleave:
+            calls[backend if backend not in calls else f"{backend}#{len(rows)}"] = call
+            cases.append(case)
         del case, call
-    print(f"{'backend':28} {'host us':>8} {'alone us':>9} {'loop us':>8} {'span us':>8} "
-          f"{'kernel us':>9} {'kernels':>7} {'pre/in/post replay us':>22}")  # fmt: skip
+    if args.interleave:
+        for row, timed in zip(rows, interleaved(calls, args.interleave, args.loop).values()):
+            row.update(timed)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--workload",
+        default="gpt2-token",
+        help="comma-separated names or prefixes (zoo: its 21 families)",
+    )
+    parser.add_argument("--backends", default="infinifuse,reduce-overhead")
+    parser.add_argument("--profile", type=int, default=0, metavar="N")
+    parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="keep every backend's build and time ROUNDS rounds in turns",
+    )
+    parser.add_argument("--loop", type=int, default=100, help="calls a round (--interleave)")
+    parser.add_argument("--top", type=int, default=8)
+    parser.add_argument("--commit", default=None)
+    parser.add_argument("--out", default=None, help="JSON results, rewritten per workload")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    results = []
+    for workload in workloads.select(workloads.workloads(False, device), args.workload):
+        results += measure_workload(workload, args.backends.split(","), args)
+        if args.out:
+            write(args.out, args.commit, results)
+    print(f"{'workload':18} {'backend':20} {'host us':>8} {'alone us':>9} {'loop us':>8} "
+          f"{'turns us':>8} {'span us':>8} {'kernel us':>9} {'kernels':>7} "
+          f"{'pre/in/post replay us':>22}")  # fmt: skip
     for r in results:
         phases = f"{r.get('pre_replay_us')}/{r.get('replay_us')}/{r.get('post_replay_us')}"
-        print(f"{r['backend']:28} {r['host_us']:8.1f} {r['alone_us']:9.1f} "
-              f"{r['loop_us']:8.1f} {r.get('span_us', 0):8.1f} {r.get('kernel_us', 0):9.1f} "
-              f"{r['kernels']:7} {phases:>22}")  # fmt: skip
-    if args.out:
-        from ledger import environment  # benchmarks/ledger.py reads this format
+        print(f"{r['workload']:18} {r['backend']:20} {r['host_us']:8.1f} {r['alone_us']:9.1f} "
+              f"{r['loop_us']:8.1f} {r.get('interleaved_us', 0):8.1f} {r.get('span_us', 0):8.1f} "
+              f"{r.get('kernel_us', 0):9.1f} {r['kernels']:7} {phases:>22}")  # fmt: skip
 
-        env = {**environment(), **({"commit": args.commit} if args.commit else {})}
-        with open(args.out, "w") as f:
-            json.dump({"benchmark": "diag_suite_call", "environment": env, "rows": results},
-                      f, indent=1)  # fmt: skip
+
+def write(path: str, commit: str | None, results: list[dict]) -> None:
+    from ledger import environment  # benchmarks/ledger.py reads this format
+
+    env = {**environment(), **({"commit": commit} if commit else {})}
+    with open(path, "w") as f:
+        json.dump({"benchmark": "diag_suite_call", "environment": env, "rows": results}, f,
+                  indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":
