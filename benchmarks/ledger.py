@@ -526,6 +526,17 @@ SOURCES = (
     # _compile.compile_inner summed over them and of OutputGraph.call_user_compiler (the
     # backend) within that; rows written by hand, the log never in benchmarks/results/
     "diag_sentence_passes_minilm_h200_3e2abf5.txt",
+    # 2026-12-01, one-GPU H200 host, package at dabefa5, four device calls on one held
+    # machine: the model zoo's 21 families and GPT-2's one-token forward, infinifuse and
+    # reduce-overhead built in one process and timed in alternating rounds
+    # (diag_suite_call.py --interleave 7); the vision suite's 14 models, reduce-overhead and
+    # infinifuse, each (model, backend) in a cold process (vision.py --no-kernel-counts) in
+    # three calls (_a: ViT-S/16's infinifuse row not reached, its reduce-overhead row kept;
+    # _b has both of its rows)
+    "diag_suite_turns_h200_dabefa5.json",
+    "vision_h200_dabefa5_a.json",
+    "vision_h200_dabefa5_b.json",
+    "vision_h200_dabefa5_c.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
@@ -785,11 +796,11 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
                 "infinifuse" if variant == "base" else f"infinifuse-{variant}")  # fmt: skip
             add(workload, backend, {"device_us": "us"}, {"device_us": record.get("us")})
     elif data.get("benchmark") == "diag_suite_call":  # one workload's call; a build named
-        seen: dict[str, int] = {}  # twice is "<backend>#2" the second time
+        seen: dict[tuple[str, str], int] = {}  # twice is "<backend>#2" the second time
         for record in data.get("rows", []):
-            backend = record["backend"]
-            seen[backend] = seen.get(backend, 0) + 1
-            name = backend if seen[backend] == 1 else f"{backend}#{seen[backend]}"
+            backend, build = record["backend"], (record["workload"], record["backend"])
+            seen[build] = seen.get(build, 0) + 1
+            name = backend if seen[build] == 1 else f"{backend}#{seen[build]}"
             add(f"call-{record['workload']}", name, SUITE_CALL_METRICS, record)
     elif data.get("benchmark") == "diag_growing_decode":  # per capture policy
         for run in data.get("runs", []):

@@ -119,6 +119,22 @@ def test_append_fills_the_environment_fields(ledger, tmp_path):
     assert rows[1]["device"] == "given"
 
 
+def test_a_suite_call_build_is_numbered_within_its_workload(ledger):
+    # diag_suite_call.py: a backend built twice for one workload is "<backend>#2"; the same
+    # backend in the next workload (--workload zoo) is that workload's first build
+    rows = [{"workload": w, "backend": b, "interleaved_us": 100.0}
+            for w, b in (("zoo-a", "infinifuse"), ("zoo-a", "reduce-overhead"),
+                         ("zoo-a", "infinifuse"), ("zoo-b", "infinifuse"),
+                         ("zoo-b", "reduce-overhead"))]  # fmt: skip
+    out = ledger.rows_of({"benchmark": "diag_suite_call", "environment": dict(ENV),
+                          "rows": rows}, "x.json")  # fmt: skip
+    assert [(r["workload"], r["backend"]) for r in out] == [
+        ("call-zoo-a", "infinifuse"), ("call-zoo-a", "reduce-overhead"),
+        ("call-zoo-a", "infinifuse#2"), ("call-zoo-b", "infinifuse"),
+        ("call-zoo-b", "reduce-overhead")]  # fmt: skip
+    assert {r["metric"] for r in out} == {"interleaved_us"}
+
+
 @pytest.fixture(scope="module")
 def tables(ledger):
     sys.path.insert(0, str(ROOT / "benchmarks"))
