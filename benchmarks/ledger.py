@@ -530,9 +530,9 @@ SOURCES = (
     # machine: the model zoo's 21 families and GPT-2's one-token forward, infinifuse and
     # reduce-overhead built in one process and timed in alternating rounds
     # (diag_suite_call.py --interleave 7); the vision suite's 14 models, reduce-overhead and
-    # infinifuse, each (model, backend) in a cold process (vision.py --no-kernel-counts) in
-    # three calls (_a: ViT-S/16's infinifuse row not reached, its reduce-overhead row kept;
-    # _b has both of its rows)
+    # infinifuse, each (model, backend) in a cold process (vision.py --no-kernel-counts, its
+    # --ledger rows) in three calls (_a: ViT-S/16's infinifuse row not reached, its
+    # reduce-overhead row kept; _b has both of its rows). Folded: in git at 0377092
     "diag_suite_turns_h200_dabefa5.json",
     "vision_h200_dabefa5_a.json",
     "vision_h200_dabefa5_b.json",
