@@ -537,6 +537,11 @@ SOURCES = (
     "vision_h200_dabefa5_a.json",
     "vision_h200_dabefa5_b.json",
     "vision_h200_dabefa5_c.json",
+    # the host time of copying a call's outputs, the same session and host: fp16 tensors of
+    # 2 x 7 x 64 and 2 x 64 (a 2-layer BERT's two outputs), 20000 calls between two
+    # synchronizations after 200 (clone, empty_like, empty_like + one _foreach_copy_; a
+    # throwaway probe's printed output, the rows written by hand, never in benchmarks/results/)
+    "probe_output_copies_h200_dabefa5.txt",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.

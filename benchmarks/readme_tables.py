@@ -724,6 +724,37 @@ VISION_BE6FDBB = (
     ["regnety_016", "swin_tiny_patch4_window7_224", "repvgg_a2", "levit_128s", "inception_v3",
      "densenet121"],
 )  # fmt: skip
+VISION_DABEFA5 = (
+    "all 14 of the suite", "dabefa5",
+    ("vision_h200_dabefa5_a.json", "vision_h200_dabefa5_b.json", "vision_h200_dabefa5_c.json"),
+    VISION_MODELS + ["inception_v3", "densenet121"],
+)  # fmt: skip
+
+
+def zoo_turns(rows: Rows) -> list[str]:
+    """The zoo's 21 families and GPT-2's one-token forward timed in alternating rounds
+    (diag_suite_call.py --interleave, both builds in one process): the median round a call,
+    its host time after the graph replay returns, and the ratio."""
+    source, body = "diag_suite_turns_h200_dabefa5.json", []
+    for workload in [f"zoo-{family}" for family in ZOO] + ["gpt2-token"]:
+        w = f"call-{workload}"
+        inf, ro = (rows.get(source, w, b, "interleaved_us", DEVICES["H200"])
+                   for b in ("infinifuse", "reduce-overhead"))  # fmt: skip
+        post_inf, post_ro = (rows.get(source, w, b, "post_replay_us", DEVICES["H200"])
+                             for b in ("infinifuse", "reduce-overhead"))  # fmt: skip
+        r = ratio(inf, ro)
+        body.append(
+            [
+                workload,
+                f"{num(ro, 1)} us",
+                f"{num(inf, 1)} us",
+                bold(r) if inf > ro else r,
+                f"{num(post_ro, 1)} / {num(post_inf, 1)} us",
+            ]
+        )
+    return table(["workload", "per call: reduce-overhead", "infinifuse", "ratio",
+                  "after the replay: RO / infinifuse"], body)  # fmt: skip
+
 
 TABLES: dict[str, Callable[[Rows], list[str]]] = {
     "headline": headline,
@@ -755,7 +786,11 @@ TABLES: dict[str, Callable[[Rows], list[str]]] = {
     "vision-suite-d92c6ad": vision_suite(
         *VISION_D92C6AD[2], models=VISION_D92C6AD[3], kernels=False
     ),
-    "vision-summary": vision_summary(VISION_D92C6AD, VISION_BE6FDBB),
+    "vision-summary": vision_summary(VISION_DABEFA5),
+    "vision-suite-dabefa5": vision_suite(
+        *VISION_DABEFA5[2], models=VISION_DABEFA5[3], kernels=False
+    ),
+    "zoo-turns": zoo_turns,
     "vision-suite-be6fdbb": vision_suite(
         *VISION_BE6FDBB[2], models=VISION_BE6FDBB[3], kernels=False
     ),
