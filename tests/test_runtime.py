@@ -639,6 +639,36 @@ def test_captured_entries_replay_and_outputs_are_never_stale(fake_capture):
     assert cache.describe()[0]["captured"] is True
 
 
+def several_outputs(x, y):
+    """Outputs as graphs return them: mixed dtypes, a transposed (dense) view, a slice with
+    a gap (not dense), a 0-d value, an input returned as it is, and a non-tensor."""
+    z = x * y + 1
+    wide = torch.cat([z, z], dim=1)
+    return (z, z.t(), wide[:, ::2], (z > 0).to(torch.int32), z.sum(), y, 3)
+
+
+def test_several_outputs_are_copied_out_and_never_overwritten(fake_capture):
+    # runtime/outputs.py: two or more outputs are allocated one by one and copied by one
+    # _foreach_copy_; each copy must keep clone's strides and none may be a graph buffer
+    cache = captured(several_outputs)
+    x1, y1, x2, y2 = (torch.randn(3, 5) for _ in range(4))
+    cache(x1, y1)  # the first call runs directly, then captures
+    first = cache(x1, y1)
+    (graph,) = (ref() for ref in fake_capture)
+    assert graph.replays == 1
+    second = cache(x2, y2)
+    assert graph.replays == 2
+    for outs, (x, y) in ((first, (x1, y1)), (second, (x2, y2))):
+        expected = several_outputs(x, y)
+        assert outs[-2] is y and outs[-1] == 3  # the input itself, the constant as it is
+        for got, want, buffer in zip(outs[:-2], expected[:-2], graph.outputs[:-2], strict=True):
+            torch.testing.assert_close(got, want)
+            assert got.dtype == want.dtype and got.stride() == buffer.clone().stride()
+            assert got.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()
+    # the two copied-out calls share no memory either
+    assert first[0].data_ptr() != second[0].data_ptr()
+
+
 def test_captured_inputs_with_odd_strides_and_empty_batches(fake_capture):
     cache = make(device=FAKE_CUDA, cudagraphs=True)
     for _ in range(2):

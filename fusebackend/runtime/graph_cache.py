@@ -64,6 +64,7 @@ from fusebackend.runtime.inspection import Inspection
 from fusebackend.runtime.keys import Key, Signatures, plan_class, static_ptrs_equal
 from fusebackend.runtime.logbook import Logbook
 from fusebackend.runtime.modes import Cause, Mode, first_mode
+from fusebackend.runtime.outputs import copy_out
 from fusebackend.runtime.padding import Padding
 from fusebackend.runtime.recapture import Recapture
 from fusebackend.runtime.recurrence import CaptureCall
@@ -430,8 +431,8 @@ class GraphCache:
             return self._enqueue_replay(entry, call)
 
     def _enqueue_replay(self, entry: Entry, call: Call) -> Sequence[Any]:
-        """Copy the inputs in, replay, write mutations back, clone the outputs: all queued
-        on the caller's current stream."""
+        """Copy the inputs in, replay, write mutations back, copy the outputs out: all
+        queued on the caller's current stream."""
         args, user_args, batch, bucket = call.args, call.user_args, call.batch, call.bucket
         if entry.copy_bufs:
             # One call for all inputs (a single multi-tensor kernel where dtypes agree).
@@ -441,17 +442,15 @@ class GraphCache:
         entry.graph.replay()
         if entry.written:
             write_back(entry.written, entry.buffers_by_index, user_args)
-        clone = not self._static_outputs
-        result = []
+        result, copied = [], []  # copied: where result holds a graph buffer, to copy out
         for out, alias in zip(entry.outputs, entry.aliases, strict=True):
-            if alias is not None:
-                result.append(user_args[alias])
-            elif isinstance(out, Tensor):
+            if alias is None and isinstance(out, Tensor):
                 if bucket is not None and out.dim() and out.shape[0] == bucket:
                     out = out[:batch]
-                result.append(out.clone() if clone else out)
-            else:
-                result.append(out)
+                copied.append(len(result))
+            result.append(out if alias is None else user_args[alias])
+        if copied and not self._static_outputs:
+            copy_out(result, copied)
         return tuple(result) if entry.out_tuple else result
 
     def _direct(self, fn: Callable[..., Sequence[Any]], call: Call) -> Sequence[Any]:
