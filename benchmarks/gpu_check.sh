@@ -2,7 +2,7 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|census|suite|tp|sentence|vision|groupnorm|firstcall|swin|growing|call|turns|diag]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|census|suite|tp|sentence|vision|groupnorm|firstcall|swin|growing|call|turns|vturns|diag]...
 #
 # Knobs (environment): COMMIT (the commit measured, for run.py's --commit: the device's
 # copy of the checkout has no git), GPU_TESTS (test paths for "tests", default tests), FASTGEN_ARGS (the
@@ -40,7 +40,8 @@
 # at -O3, ~4 min), swin (one Swin block per stage against Inductor's, profiled, and the kernel
 # variants of its short-row softmax, ~2 min), call (diag_suite_call.py on CALL_WORKLOAD,
 # default gpt2-token: host time, the replay's span, a host profile; ~1 min), turns (the zoo
-# and GPT-2's one-token forward, both backends in one process in alternating rounds), growing (a
+# and GPT-2's one-token forward, both backends in one process in alternating rounds), vturns
+# (vision models the same way, batch 1 and 8), growing (a
 # DynamicCache decode per capture policy, ~1.5 min), diag (why BERT's SDPA runs its
 # math path under Dynamo; which SDPA kernel a decode step's attention should get; the decode
 # attention kernel against repeat_kv + SDPA and its launch sweep; the host time of a replay
@@ -295,6 +296,17 @@ for step in $steps; do
         run_step diag_suite_call python3 benchmarks/diag/diag_suite_call.py \
             --workload "${CALL_WORKLOAD:-gpt2-token}" --backends infinifuse,reduce-overhead,infinifuse \
             --profile 30 ${COMMIT:+--commit "$COMMIT"} --out "$OUT/suite_call.json"
+        ;;
+    vturns)
+        # vision models at batch 1 and 8 under infinifuse and reduce-overhead, both builds in
+        # one process, timed in alternating rounds (diag_vision_host.py --interleave):
+        # VTURNS_MODELS, default the rows read over 1.0x at dabefa5 and two near it
+        for batch in 1 8; do
+            run_step "vision_turns_b$batch" python3 benchmarks/diag/diag_vision_host.py \
+                --models "${VTURNS_MODELS:-inception_v3,efficientnet_b0,repvgg_a2,vit_small_patch16_224,swin_tiny_patch4_window7_224}" \
+                --batch "$batch" --calls 100 --interleave 7 --loop 100 \
+                ${COMMIT:+--commit "$COMMIT"} --out "$OUT/vision_turns_b$batch.json"
+        done
         ;;
     turns)
         # the model zoo's 21 families and GPT-2's one-token forward under infinifuse and

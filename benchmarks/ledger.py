@@ -644,6 +644,11 @@ GROWING_DECODE_METRICS = {
 SUITE_CALL_METRICS = {k: "us" for k in ("host_us", "alone_us", "loop_us", "span_us",
                                          "kernel_us", "pre_replay_us", "replay_us",
                                          "post_replay_us", "interleaved_us")}  # fmt: skip
+# diag_vision_host.py: a vision model's call per backend in one process (interleaved_us: the
+# backends' rounds taken in turns, --interleave)
+VISION_HOST_METRICS = {"kernels": "count"} | {
+    k: "us" for k in ("host_us", "alone_us", "loop_us", "kernel_us", "refresh_us", "interleaved_us")
+}
 # the config diag_rotary_epilogue.py times second at one row: the tensor-core split-K pick
 TENSOR_CORE_SPLITK = {"block_n": 32, "block_k": 128, "warps": 2, "stages": 3, "split_k": 4,
                       "gemv": False}  # fmt: skip
@@ -807,6 +812,10 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
             seen[build] = seen.get(build, 0) + 1
             name = backend if seen[build] == 1 else f"{backend}#{seen[build]}"
             add(f"call-{record['workload']}", name, SUITE_CALL_METRICS, record)
+    elif data.get("benchmark") == "diag_vision_host":  # as its rows were written by hand
+        for record in data.get("rows", []):
+            workload = f"vision-host-{record['model']}-b{record['batch']}"
+            add(workload, record["backend"], VISION_HOST_METRICS, record)
     elif data.get("benchmark") == "diag_growing_decode":  # per capture policy
         for run in data.get("runs", []):
             variant = run.get("variant")

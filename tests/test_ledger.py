@@ -135,6 +135,20 @@ def test_a_suite_call_build_is_numbered_within_its_workload(ledger):
     assert {r["metric"] for r in out} == {"interleaved_us"}
 
 
+def test_a_vision_host_row_is_named_as_the_hand_written_ones(ledger):
+    # diag_vision_host.py's JSON: the workload, backend and metric names its rows had when
+    # they were written by hand (vision-host-<model>-b<batch>), a missing figure left out
+    record = {"model": "resnet18", "batch": 8, "backend": "infinifuse", "host_us": 1.0,
+              "alone_us": 2.0, "loop_us": 3.0, "refresh_us": None, "kernels": 40,
+              "interleaved_us": 4.0, "interleaved_rounds_us": [4.0, 4.1]}  # fmt: skip
+    out = ledger.rows_of({"benchmark": "diag_vision_host", "environment": dict(ENV),
+                          "rows": [record]}, "x.json")  # fmt: skip
+    assert {r["workload"] for r in out} == {"vision-host-resnet18-b8"}
+    assert {(r["metric"], r["value"], r["unit"]) for r in out} == {
+        ("host_us", 1.0, "us"), ("alone_us", 2.0, "us"), ("loop_us", 3.0, "us"),
+        ("kernels", 40, "count"), ("interleaved_us", 4.0, "us")}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def tables(ledger):
     sys.path.insert(0, str(ROOT / "benchmarks"))

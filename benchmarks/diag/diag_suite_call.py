@@ -58,7 +58,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from diag_replay_gaps import by_name, kernels_of_last_call, summarize  # noqa: E402
-from diag_vision_host import per_call, profile  # noqa: E402
+from diag_vision_host import interleaved, per_call, profile  # noqa: E402
 from suite import measure, workloads  # noqa: E402
 
 
@@ -114,29 +114,6 @@ def replay_phases(call: Callable[..., object], calls: int) -> dict[str, float]:
     us = {f"{k}_replay_us": round(statistics.median(phases[k]) * 1e6, 1) for k in ("pre", "post")}
     return {**us, "replay_us": round(statistics.median(phases["in"]) * 1e6, 1),
             "replays": statistics.median(phases["replays"])}  # fmt: skip
-
-
-def interleaved(calls: dict[str, Callable[..., object]], rounds: int, loop: int) -> dict:
-    """Per backend, the median microseconds a call over ``rounds`` rounds of ``loop`` calls
-    back to back, each output dropped before the next call (the suite's ``per_call_ms``), the
-    backends taking turns within each round and their order reversed every other round: a
-    shared machine's host load, which moves over seconds, falls on every backend alike."""
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    order = list(calls)
-    for turn in range(rounds):
-        for name in order if turn % 2 == 0 else order[::-1]:
-            call = calls[name]
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(loop):
-                out = None  # the previous output must not be alive during the next call
-                out = call()
-            torch.cuda.synchronize()
-            times[name].append((time.perf_counter() - start) / loop * 1e6)
-            del out
-    return {name: {"interleaved_us": round(statistics.median(t), 1),
-                   "interleaved_rounds_us": [round(v, 1) for v in t]}
-            for name, t in times.items()}  # fmt: skip
 
 
 def measure_workload(

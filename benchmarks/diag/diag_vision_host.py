@@ -20,11 +20,18 @@ weight copies compared with their sources, before the call or, checked, after th
 process as the others. ``--kernels N`` adds, per backend, the device time of one call's kernels
 (``torch.profiler``, the captured graph's kernels included) and the N kernels with the most.
 
+``--interleave R`` keeps every backend's build of a model alive and adds ``interleaved_us``:
+the median of R rounds of ``--loop`` calls, the backends taking turns (``vision.py`` times each
+backend in a process of its own, where a shared host's load at that moment decides rows within
+a few percent: at dabefa5 three rows read 1.02-1.04x reduce-overhead's that had read 0.92-0.94x
+in the run before). The JSON (``--out``) is ``benchmarks/ledger.py``'s ``diag_vision_host``
+format.
+
 With ``--check-every-address`` captured graphs check the address of every input before each
 replay, as before edd9415, instead of only those the graph reads: what that check costs.
 
     python benchmarks/diag/diag_vision_host.py [--models resnet18,resnet50] [--batch 1] \
-        [--variant NAME=JSON] [--kernels 12]
+        [--variant NAME=JSON] [--kernels 12] [--interleave 7 --loop 100] [--out F.json]
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import pstats
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -70,6 +78,29 @@ def per_call(fn, x, calls: int) -> dict[str, float]:
         "alone_us": round(statistics.median(alone) * 1e6, 1),
         "loop_us": round(loop * 1e6, 1),
     }
+
+
+def interleaved(calls: dict[str, Callable[..., object]], rounds: int, loop: int) -> dict:
+    """Per backend, the median microseconds a call over ``rounds`` rounds of ``loop`` calls
+    back to back, each output dropped before the next call (the suite's ``per_call_ms``), the
+    backends taking turns within each round and their order reversed every other round: a
+    shared machine's host load, which moves over seconds, falls on every backend alike."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    order = list(calls)
+    for turn in range(rounds):
+        for name in order if turn % 2 == 0 else order[::-1]:
+            call = calls[name]
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(loop):
+                out = None  # the previous output must not be alive during the next call
+                out = call()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - start) / loop * 1e6)
+            del out
+    return {name: {"interleaved_us": round(statistics.median(t), 1),
+                   "interleaved_rounds_us": [round(v, 1) for v in t]}
+            for name, t in times.items()}  # fmt: skip
 
 
 def profile(fn, x, calls: int, top: int) -> str:
@@ -165,6 +196,15 @@ def main() -> None:
         help="captured graphs check the address of every input, read or not (the rule before "
         "edd9415), labelled infinifuse-every-address-checked",
     )
+    parser.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="keep every backend's build and time ROUNDS rounds in turns",
+    )
+    parser.add_argument("--loop", type=int, default=100, help="calls a round (--interleave)")
+    parser.add_argument("--commit", default=None, help="the commit measured (no git there)")
     args = parser.parse_args()
     if args.check_every_address:
         from fusebackend.runtime import recording
@@ -179,8 +219,11 @@ def main() -> None:
     for name in args.models.split(","):
         model = build_model(name, 0).to("cuda", torch.float16)
         x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=torch.float16)
+        torch._dynamo.reset()
+        builds, rows = {}, []
         for backend in backends:
-            torch._dynamo.reset()
+            if not args.interleave:
+                torch._dynamo.reset()
             if backend in variants:
                 fn = make_fn(model, "infinifuse", variants[backend])
             else:
@@ -200,10 +243,23 @@ def main() -> None:
                     row["refresh_us"] = hook_time(fn, x, args.calls)
                     print(profile(fn, x, args.calls, args.top))
             print(json.dumps(row), flush=True)
-            results.append(row)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+            rows.append(row)
+            if args.interleave:
+                builds[label] = lambda fn=fn, x=x: fn(x)
+        if args.interleave:
+            with torch.inference_mode(False), torch.no_grad():
+                timed = interleaved(builds, args.interleave, args.loop)
+            for row in rows:
+                row.update(timed[row["backend"]])
+                print(row["backend"], "in turns:", row["interleaved_us"], "us", flush=True)
+        results += rows
+        if args.out:
+            from ledger import environment  # benchmarks/ledger.py reads this format
+
+            env = {**environment(), **({"commit": args.commit} if args.commit else {})}
+            with open(args.out, "w") as f:
+                json.dump({"benchmark": "diag_vision_host", "environment": env,
+                           "rows": results}, f, indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":
