@@ -645,7 +645,8 @@ SUITE_CALL_METRICS = {k: "us" for k in ("host_us", "alone_us", "loop_us", "span_
                                          "kernel_us", "pre_replay_us", "replay_us",
                                          "post_replay_us", "interleaved_us")}  # fmt: skip
 # diag_vision_host.py: a vision model's call per backend in one process (interleaved_us: the
-# backends' rounds taken in turns, --interleave)
+# backends' rounds taken in turns, --interleave; in such a run every figure was timed with
+# the other backends' builds alive)
 VISION_HOST_METRICS = {"kernels": "count"} | {
     k: "us" for k in ("host_us", "alone_us", "loop_us", "kernel_us", "refresh_us", "interleaved_us")
 }

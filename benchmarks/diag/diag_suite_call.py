@@ -157,7 +157,8 @@ def measure_workload(
             cases.append(case)
         del case, call
     if args.interleave:
-        for row, timed in zip(rows, interleaved(calls, args.interleave, args.loop).values()):
+        timed_rows = interleaved(calls, args.interleave, args.loop).values()
+        for row, timed in zip(rows, timed_rows, strict=True):
             row.update(timed)
     return rows
 

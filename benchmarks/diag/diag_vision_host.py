@@ -244,13 +244,13 @@ def main() -> None:
                     print(profile(fn, x, args.calls, args.top))
             print(json.dumps(row), flush=True)
             rows.append(row)
-            if args.interleave:
-                builds[label] = lambda fn=fn, x=x: fn(x)
+            if args.interleave:  # (keyed by position: a backend may be named twice)
+                builds[f"{label}#{len(rows)}"] = lambda fn=fn, x=x: fn(x)
         if args.interleave:
             with torch.inference_mode(False), torch.no_grad():
                 timed = interleaved(builds, args.interleave, args.loop)
-            for row in rows:
-                row.update(timed[row["backend"]])
+            for row, figures in zip(rows, timed.values(), strict=True):
+                row.update(figures)
                 print(row["backend"], "in turns:", row["interleaved_us"], "us", flush=True)
         results += rows
         if args.out:

@@ -26,10 +26,10 @@ written inputs, and inputs sharing a storage with them) are used in place and th
 addresses checked on each hit: a change re-records, and an input that moves on
 ``recapture._MAX_ADDRESS_CHANGES`` consecutive calls is copied in from then on; others are
 copied into static buffers (host inputs through pinned staging) on each replay. Outputs are
-cloned unless ``static_outputs``. A hit never synchronizes the host, except during a
-large-output trial (``payoff.py``) and when the staging ring is full. Each call executes the
-model's in-place effects exactly once (``effects.py``). Captures and dropped entries are
-ordered against replays on other streams (``capture.py``).
+copied out unless ``static_outputs`` (``outputs.py``). A hit never synchronizes the host,
+except during a large-output trial (``payoff.py``) and when the staging ring is full. Each
+call executes the model's in-place effects exactly once (``effects.py``). Captures and
+dropped entries are ordered against replays on other streams (``capture.py``).
 
 This module holds the lookup, the replay and direct runs and the handling of a miss (run,
 validate, capture or demote, remember). The cache owns its parts, none of which refers back

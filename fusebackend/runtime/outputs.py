@@ -17,11 +17,14 @@ __all__ = ["copy_out"]
 
 def copy_out(result: list[Any], positions: list[int]) -> None:
     """Replace ``result[i]`` for each of ``positions``, a captured graph's output buffer, by a
-    copy of it that the next replay cannot overwrite. Several outputs are allocated one by
-    one and copied by one ``_foreach_copy_``: on an H200 (2026-12-01) a clone of a small
-    fp16 output took 11.06 us of host time and two 21.04, against 12.92 for two allocations
-    and one copy (``probe_output_copies_h200_dabefa5.txt``). ``empty_like`` keeps a dense
-    output's strides and makes any other contiguous, as ``clone`` does."""
+    copy of it that the next replay cannot overwrite, with ``clone``'s strides (``empty_like``
+    applies the same rule: a non-overlapping dense output's strides, else its suggested
+    memory format). Several outputs are allocated one by one and copied by one
+    ``_foreach_copy_``: on an H200 (2026-12-01) a clone of a small fp16 output took 11.06 us
+    of host time and two 21.04, against 12.92 for two allocations and one copy
+    (``probe_output_copies_h200_dabefa5.txt``, two dense outputs of one dtype). That is one
+    kernel where every output is dense and the dtypes agree; otherwise ``_foreach_copy_``
+    copies them one by one, as the clones did, its loop in C++."""
     if len(positions) == 1:
         (i,) = positions
         result[i] = result[i].clone()
