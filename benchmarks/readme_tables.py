@@ -693,16 +693,19 @@ def headline(rows: Rows) -> list[str]:
     line("sentence-transformers MiniLM-L6, single query p90",
          "sentence_embeddings_minilm_h100_call1.json", "sentence-minilm-l6", "reduce-overhead",
          "query_p90_ms", " ms", 1, "reduce-overhead")  # fmt: skip
+    # the zoo: both backends in one process, rounds in turns (diag_suite_call.py --interleave)
+    turns, h200 = "diag_suite_turns_h200_dabefa5.json", DEVICES["H200"]
     ratios = sorted(
-        rows.get("suite.json", f"zoo-{f}", "infinifuse", "per_call_ms")
-        / rows.get("suite.json", f"zoo-{f}", "reduce-overhead", "per_call_ms")
+        rows.get(turns, f"call-zoo-{f}", "infinifuse", "interleaved_us", h200)
+        / rows.get(turns, f"call-zoo-{f}", "reduce-overhead", "interleaved_us", h200)
         for f in ZOO
     )
     slower = sum(r > 1 for r in ratios)
-    body.append([f"model zoo, {len(ZOO)} families (2 layers, hidden 64), per call",
-                 "reduce-overhead", "-", "-",
+    zoo_run = rows.row(turns, "call-zoo-llama", "infinifuse", "interleaved_us", h200)
+    body.append([f"model zoo, {len(ZOO)} families (2 layers, hidden 64), per call, H200, "
+                 "timed in turns", "reduce-overhead", "-", "-",
                  f"{ratios[0]:.2f}-{ratios[-1]:.2f}x ({slower} over 1.00x)",
-                 _run(rows, "suite.json", "zoo-llama", "infinifuse", "per_call_ms")])  # fmt: skip
+                 f"{zoo_run['date'][:10]}, {zoo_run['commit']}, `{turns}`"])  # fmt: skip
     return table(["workload (H100, fp16, batch 1 unless said)", "against", "its figure",
                   bold("infinifuse"), "ratio", "run: date, commit, ledger source"],
                  body)  # fmt: skip
