@@ -106,6 +106,38 @@ def test_kept_output_unchanged_by_later_calls(dev):
     torch.testing.assert_close(kept, expected)
 
 
+def several_outputs(x, w):
+    """A graph's outputs of every kind copy_out meets: fp16 and fp32 and int32, dense and
+    transposed, a slice with a gap, a channels-last image, a 0-d sum, and the input itself."""
+    y = x @ w
+    image = torch.stack([y, -y], dim=-1).unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    wide = torch.cat([y, y], dim=1)
+    return (y, x, y.t(), wide[:, ::2], image, y.float().sum(), (y > 0).to(torch.int32))
+
+
+@pytest.mark.gpu
+def test_several_outputs_copied_out_keep_their_strides_and_values(dev):
+    # runtime/outputs.py on a captured graph: the outputs are allocated one by one and copied
+    # by one _foreach_copy_; a kept call's outputs stay as they were through later replays
+    w = torch.randn(16, 24, device=dev, dtype=torch.float16)
+    cache = GraphCache(unfused=several_outputs, fused=None,
+                       config=FusionConfig(capture_on_call=1), device=dev,
+                       static_input_indices=frozenset({1}), name="several")  # fmt: skip
+    cache(torch.randn(5, 16, device=dev, dtype=torch.float16), w)  # miss: capture
+    x = torch.randn(5, 16, device=dev, dtype=torch.float16)
+    kept = cache(x, w)  # replay
+    assert cache.describe()[0]["captured"] is True
+    for _ in range(3):
+        cache(torch.randn(5, 16, device=dev, dtype=torch.float16), w)
+    torch.cuda.synchronize()
+    expected = several_outputs(x, w)
+    assert kept[1] is x
+    for k, (got, want) in enumerate(zip(kept, expected, strict=True)):
+        torch.testing.assert_close(got, want)
+        assert got.dtype == want.dtype and got.stride() == want.clone().stride(), k
+    assert kept[4].is_contiguous(memory_format=torch.channels_last)
+
+
 @pytest.mark.gpu
 def test_parameter_data_swap_rerecords(dev):
     emb = torch.nn.Embedding(VOCAB, DIM, device=dev).requires_grad_(False)
