@@ -460,12 +460,15 @@ def test_a_gemv_config_for_more_rows_is_refused(launch_config):
         check_case(Case((64,)), 3, 64, torch.float32)
 
 
-# 16-column tiles keep the interpreter's program count low (the GPU's 2-column tile runs the
-# same code; test_gemv_of_two_column_tiles runs it here once per kind of tile)
+# 16- and 32-column tiles keep the interpreter's program count low (the GPU's 2-column tile
+# runs the same code; test_gemv_of_two_column_tiles runs it here once per kind of tile). The
+# split-K config's 32-column tiles halve its programs (each runs every K slice): the tile
+# width is a constexpr of the same code, and 127, 33 and 17 columns still end in a partial
+# tile, 64 in two full ones.
 GEMV_CONFIGS = [
     LaunchConfig(16, 64, 4, 1, gemv=True),  # K 127: two steps, the last one masked
     LaunchConfig(32, 256, 2, 1, gemv=True),  # one step past K; N's last tile partial
-    LaunchConfig(16, 32, 4, 1, split_k=3, gemv=True),  # 3 of four 32-wide steps: 64 + 63
+    LaunchConfig(32, 32, 4, 1, split_k=3, gemv=True),  # 3 of four 32-wide steps: 64 + 63
 ]
 
 
@@ -526,13 +529,15 @@ def test_gemv_along_n_for_every_prologue_and_epilogue(dtype, launch_config):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gemv_along_n_in_k_slices(dtype, launch_config):
     # slices of K along N (a long K's default): 3 of four 32-wide steps, 64 + 63, the last
-    # program to arrive adding them; its counters left at zero
+    # program to arrive adding them; its counters left at zero. 67 columns: 5 tiles of 16,
+    # the last partial (the config is forced here, so the default rule's 512 columns are not
+    # needed: 530 columns ran 34 tiles of the same code, ~7x the interpreter's programs)
     from fusebackend.kernels import arrivals
 
     launch_config(LaunchConfig(16, 32, 4, 1, split_k=3, gemv=True))
-    for seed, case in enumerate([Case((530,), "layer", bias=True, activation="gelu_new"),
-                                 Case((530, 530), "rms", gate="silu"),
-                                 Case((530,), bias=True, residual=True)]):  # fmt: skip
+    for seed, case in enumerate([Case((67,), "layer", bias=True, activation="gelu_new"),
+                                 Case((67, 67), "rms", gate="silu"),
+                                 Case((67,), bias=True, residual=True)]):  # fmt: skip
         check_case(dataclasses.replace(case, layout="kn"), 1, 127, dtype, seed=seed)
     assert arrivals._counters[DEVICE].abs().amax() == 0
 
