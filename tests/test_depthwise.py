@@ -82,7 +82,8 @@ def test_only_windows_over_three_by_three_loop_over_their_rows():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_every_activation_and_dtype(activation, dtype):
     torch.manual_seed(1)
-    x = (torch.randn(2, 21, 7, 6) * 2).to(dtype).contiguous(memory_format=torch.channels_last)
+    # 30 positions x 21 channels: 2 x 2 programs, the last of each partial
+    x = (torch.randn(2, 21, 5, 3) * 2).to(dtype).contiguous(memory_format=torch.channels_last)
     weight = torch.randn(21, 1, 3, 3).to(dtype)
     scale = torch.rand(21) + 0.5  # fp32 vectors, as a half-precision BatchNorm's are
     shift = torch.randn(21)
@@ -198,7 +199,9 @@ def _run(model: nn.Module, x: torch.Tensor, dtype: torch.dtype = torch.float32, 
 @pytest.mark.parametrize("block", [MBConv, InvertedResidual])
 def test_blocks_run_the_kernel_with_norm_and_activation(block, dtype, cpu_gates, fused_graphs):
     model = _randomize(block()).eval()
-    x = torch.randn(2, 6 if block is MBConv else 5, 11, 13)
+    # 2 x 5 x 7 (MBConv: 70 positions, 5 programs of 16; MobileNetV3's stride 2: 2 x 3 x 4, 2
+    # programs), the last partial and blocks that cross from one image into the next
+    x = torch.randn(2, 6 if block is MBConv else 5, 5, 7)
     out, expected, graph, _ = _run(model, x, dtype)
     rtol, atol = {torch.float32: (1e-4, 1e-4), torch.float16: (1e-2, 1e-2),
                   torch.bfloat16: (5e-2, 5e-2)}[dtype]  # fmt: skip
