@@ -58,7 +58,13 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from diag_replay_gaps import by_name, kernels_of_last_call, summarize  # noqa: E402
-from diag_vision_host import interleaved, per_call, profile  # noqa: E402
+from diag_vision_host import (  # noqa: E402
+    add_interleave_arguments,
+    interleaved,
+    per_call,
+    profile,
+    write_rows,
+)
 from suite import measure, workloads  # noqa: E402
 
 
@@ -173,14 +179,7 @@ def main() -> None:
     parser.add_argument("--backends", default="infinifuse,reduce-overhead")
     parser.add_argument("--profile", type=int, default=0, metavar="N")
     parser.add_argument("--reps", type=int, default=200)
-    parser.add_argument(
-        "--interleave",
-        type=int,
-        default=0,
-        metavar="ROUNDS",
-        help="keep every backend's build and time ROUNDS rounds in turns",
-    )
-    parser.add_argument("--loop", type=int, default=100, help="calls a round (--interleave)")
+    add_interleave_arguments(parser)
     parser.add_argument("--top", type=int, default=8)
     parser.add_argument("--commit", default=None)
     parser.add_argument("--out", default=None, help="JSON results, rewritten per workload")
@@ -190,7 +189,7 @@ def main() -> None:
     for workload in workloads.select(workloads.workloads(False, device), args.workload):
         results += measure_workload(workload, args.backends.split(","), args)
         if args.out:
-            write(args.out, args.commit, results)
+            write_rows(args.out, "diag_suite_call", args.commit, results)
     print(f"{'workload':18} {'backend':20} {'host us':>8} {'alone us':>9} {'loop us':>8} "
           f"{'turns us':>8} {'span us':>8} {'kernel us':>9} {'kernels':>7} "
           f"{'pre/in/post replay us':>22}")  # fmt: skip
@@ -199,15 +198,6 @@ def main() -> None:
         print(f"{r['workload']:18} {r['backend']:20} {r['host_us']:8.1f} {r['alone_us']:9.1f} "
               f"{r['loop_us']:8.1f} {r.get('interleaved_us', 0):8.1f} {r.get('span_us', 0):8.1f} "
               f"{r.get('kernel_us', 0):9.1f} {r['kernels']:7} {phases:>22}")  # fmt: skip
-
-
-def write(path: str, commit: str | None, results: list[dict]) -> None:
-    from ledger import environment  # benchmarks/ledger.py reads this format
-
-    env = {**environment(), **({"commit": commit} if commit else {})}
-    with open(path, "w") as f:
-        json.dump({"benchmark": "diag_suite_call", "environment": env, "rows": results}, f,
-                  indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":

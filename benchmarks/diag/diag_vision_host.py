@@ -103,6 +103,28 @@ def interleaved(calls: dict[str, Callable[..., object]], rounds: int, loop: int)
             for name, t in times.items()}  # fmt: skip
 
 
+def add_interleave_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--interleave ROUNDS`` and ``--loop N``, as ``interleaved`` takes them."""
+    parser.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="keep every backend's build and time ROUNDS rounds in turns",
+    )
+    parser.add_argument("--loop", type=int, default=100, help="calls a round (--interleave)")
+
+
+def write_rows(path: str, benchmark: str, commit: str | None, rows: list[dict]) -> None:
+    """``rows`` as ``benchmarks/ledger.py`` reads a diag's JSON: the benchmark's name, this
+    process's environment (``commit`` given where the checkout has no git) and the rows."""
+    from ledger import environment
+
+    env = {**environment(), **({"commit": commit} if commit else {})}
+    with open(path, "w") as f:
+        json.dump({"benchmark": benchmark, "environment": env, "rows": rows}, f, indent=1)
+
+
 def profile(fn, x, calls: int, top: int) -> str:
     prof = cProfile.Profile()
     torch.cuda.synchronize()
@@ -196,14 +218,7 @@ def main() -> None:
         help="captured graphs check the address of every input, read or not (the rule before "
         "edd9415), labelled infinifuse-every-address-checked",
     )
-    parser.add_argument(
-        "--interleave",
-        type=int,
-        default=0,
-        metavar="ROUNDS",
-        help="keep every backend's build and time ROUNDS rounds in turns",
-    )
-    parser.add_argument("--loop", type=int, default=100, help="calls a round (--interleave)")
+    add_interleave_arguments(parser)
     parser.add_argument("--commit", default=None, help="the commit measured (no git there)")
     args = parser.parse_args()
     if args.check_every_address:
@@ -254,12 +269,7 @@ def main() -> None:
                 print(row["backend"], "in turns:", row["interleaved_us"], "us", flush=True)
         results += rows
         if args.out:
-            from ledger import environment  # benchmarks/ledger.py reads this format
-
-            env = {**environment(), **({"commit": args.commit} if args.commit else {})}
-            with open(args.out, "w") as f:
-                json.dump({"benchmark": "diag_vision_host", "environment": env,
-                           "rows": results}, f, indent=1)  # fmt: skip
+            write_rows(args.out, "diag_vision_host", args.commit, results)
 
 
 if __name__ == "__main__":
