@@ -542,6 +542,22 @@ SOURCES = (
     # synchronizations after 200 (clone, empty_like, empty_like + one _foreach_copy_; a
     # throwaway probe's printed output, the rows written by hand, never in benchmarks/results/)
     "probe_output_copies_h200_dabefa5.txt",
+    # 2026-12-01, one-GPU H200 host, package at 2e81c0b (runtime/outputs.py's copy_out in),
+    # four device calls on one held machine: the GPU tests (456 passed, 3 skipped), the zoo
+    # and GPT-2's one-token forward in alternating rounds (diag_suite_call.py --interleave 7),
+    # five vision models at batch 1 and 8 the same way (diag_vision_host.py --interleave 7),
+    # the suite's four decode/encoder rows (run.py, eager, reduce-overhead, infinifuse) and
+    # generate.py (its JSON carries no commit: set to the package's by hand)
+    "diag_suite_turns_h200_2e81c0b.json",
+    "vision_turns_h200_2e81c0b_b1.json",
+    "vision_turns_h200_2e81c0b_b8.json",
+    "suite_decode_h200_2e81c0b.json",
+    "generate_h200_2e81c0b.json",
+    # the same session, a fifth call: qwen2-decode and gpt2-decode under infinifuse with the
+    # packages at 2e81c0b, 1c42a4c and cfb366a, one cold process each (workloads "ab-..."; the
+    # commit field is the package's); rows written by hand from the printed rows and the two
+    # suite.json files that came back
+    "ab_decode_h200_2e81c0b.txt",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
