@@ -547,7 +547,8 @@ SOURCES = (
     # and GPT-2's one-token forward in alternating rounds (diag_suite_call.py --interleave 7),
     # five vision models at batch 1 and 8 the same way (diag_vision_host.py --interleave 7),
     # the suite's four decode/encoder rows (run.py, eager, reduce-overhead, infinifuse) and
-    # generate.py (its JSON carries no commit: set to the package's by hand)
+    # generate.py (its JSON carries no commit: set to the package's by hand). Folded: in git
+    # at c2fa178
     "diag_suite_turns_h200_2e81c0b.json",
     "vision_turns_h200_2e81c0b_b1.json",
     "vision_turns_h200_2e81c0b_b8.json",
@@ -556,7 +557,7 @@ SOURCES = (
     # the same session, a fifth call: qwen2-decode and gpt2-decode under infinifuse with the
     # packages at 2e81c0b, 1c42a4c and cfb366a, one cold process each (workloads "ab-..."; the
     # commit field is the package's); rows written by hand from the printed rows and the two
-    # suite.json files that came back
+    # suite.json files that came back. Folded: in git at c2fa178
     "ab_decode_h200_2e81c0b.txt",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
