@@ -555,9 +555,9 @@ SOURCES = (
     "suite_decode_h200_2e81c0b.json",
     "generate_h200_2e81c0b.json",
     # the same session, a fifth call: qwen2-decode and gpt2-decode under infinifuse with the
-    # packages at 2e81c0b, 1c42a4c and cfb366a, one cold process each (workloads "ab-..."; the
-    # commit field is the package's); rows written by hand from the printed rows and the two
-    # suite.json files that came back. Folded: in git at c2fa178
+    # packages at 2e81c0b, 1c42a4c and cfb366a, one cold process each (workloads
+    # "ab-WORKLOAD-COMMIT", the commit field the package's too); rows written by hand from the
+    # printed rows and the two suite.json files that came back. Folded: in git at c2fa178
     "ab_decode_h200_2e81c0b.txt",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:

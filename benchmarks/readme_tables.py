@@ -694,7 +694,7 @@ def headline(rows: Rows) -> list[str]:
          "sentence_embeddings_minilm_h100_call1.json", "sentence-minilm-l6", "reduce-overhead",
          "query_p90_ms", " ms", 1, "reduce-overhead")  # fmt: skip
     # the zoo: both backends in one process, rounds in turns (diag_suite_call.py --interleave)
-    turns, h200 = "diag_suite_turns_h200_dabefa5.json", DEVICES["H200"]
+    turns, h200 = "diag_suite_turns_h200_2e81c0b.json", DEVICES["H200"]
     ratios = sorted(
         rows.get(turns, f"call-zoo-{f}", "infinifuse", "interleaved_us", h200)
         / rows.get(turns, f"call-zoo-{f}", "reduce-overhead", "interleaved_us", h200)
@@ -734,11 +734,15 @@ VISION_DABEFA5 = (
 )  # fmt: skip
 
 
-def zoo_turns(rows: Rows) -> list[str]:
+def zoo_turns(source: str) -> Callable[[Rows], list[str]]:
     """The zoo's 21 families and GPT-2's one-token forward timed in alternating rounds
-    (diag_suite_call.py --interleave, both builds in one process): the median round a call,
-    its host time after the graph replay returns, and the ratio."""
-    source, body = "diag_suite_turns_h200_dabefa5.json", []
+    (diag_suite_call.py --interleave, both builds in one process) in ``source``: the median
+    round a call, its host time after the graph replay returns, and the ratio."""
+    return lambda rows: _zoo_turns(rows, source)
+
+
+def _zoo_turns(rows: Rows, source: str) -> list[str]:
+    body = []
     for workload in [f"zoo-{family}" for family in ZOO] + ["gpt2-token"]:
         w = f"call-{workload}"
         inf, ro = (rows.get(source, w, b, "interleaved_us", DEVICES["H200"])
@@ -757,6 +761,26 @@ def zoo_turns(rows: Rows) -> list[str]:
         )
     return table(["workload", "per call: reduce-overhead", "infinifuse", "ratio",
                   "after the replay: RO / infinifuse"], body)  # fmt: skip
+
+
+def vision_turns(sources: tuple[str, ...], models: list[str]) -> Callable[[Rows], list[str]]:
+    """Vision models at batch 1 and 8 timed in alternating rounds (diag_vision_host.py
+    --interleave, both builds in one process; one file a batch, in ``sources``): the median
+    round a call and the ratio."""
+
+    def render(rows: Rows) -> list[str]:
+        body = []
+        for batch, source in zip((1, 8), sources, strict=True):
+            for model in models:
+                w = f"vision-host-{model}-b{batch}"
+                inf, ro = (rows.get(source, w, b, "interleaved_us", DEVICES["H200"])
+                           for b in ("infinifuse", "reduce-overhead"))  # fmt: skip
+                r = ratio(inf, ro)
+                body.append([model, str(batch), f"{num(ro, 1)} us", f"{num(inf, 1)} us",
+                             bold(r) if inf > ro else r])  # fmt: skip
+        return table(["model", "batch", "per call: reduce-overhead", "infinifuse", "ratio"], body)
+
+    return render
 
 
 TABLES: dict[str, Callable[[Rows], list[str]]] = {
@@ -793,7 +817,18 @@ TABLES: dict[str, Callable[[Rows], list[str]]] = {
     "vision-suite-dabefa5": vision_suite(
         *VISION_DABEFA5[2], models=VISION_DABEFA5[3], kernels=False
     ),
-    "zoo-turns": zoo_turns,
+    "zoo-turns": zoo_turns("diag_suite_turns_h200_dabefa5.json"),
+    "zoo-turns-2e81c0b": zoo_turns("diag_suite_turns_h200_2e81c0b.json"),
+    "vision-turns-2e81c0b": vision_turns(
+        ("vision_turns_h200_2e81c0b_b1.json", "vision_turns_h200_2e81c0b_b8.json"),
+        [
+            "inception_v3",
+            "efficientnet_b0",
+            "repvgg_a2",
+            "vit_small_patch16_224",
+            "swin_tiny_patch4_window7_224",
+        ],
+    ),  # fmt: skip
     "vision-suite-be6fdbb": vision_suite(
         *VISION_BE6FDBB[2], models=VISION_BE6FDBB[3], kernels=False
     ),
