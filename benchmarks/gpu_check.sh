@@ -311,7 +311,8 @@ for step in $steps; do
     turns)
         # the model zoo's 21 families and GPT-2's one-token forward under infinifuse and
         # reduce-overhead, both builds alive in one process, timed in alternating rounds
-        # (diag_suite_call.py --interleave): TURNS_WORKLOADS, default zoo,gpt2-token
+        # (diag_suite_call.py --interleave): TURNS_WORKLOADS, default zoo,gpt2-token (a
+        # decode workload, e.g. gpt2-decode, has its cache reset before each round)
         run_step diag_suite_turns python3 benchmarks/diag/diag_suite_call.py \
             --workload "${TURNS_WORKLOADS:-zoo,gpt2-token}" --interleave 7 --loop 100 --reps 50 \
             ${COMMIT:+--commit "$COMMIT"} --out "$OUT/suite_turns.json"

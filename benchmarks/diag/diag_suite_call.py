@@ -133,7 +133,9 @@ def measure_workload(
     for backend in backends:
         if not args.interleave:
             measure.fresh_state(device)
-        case = workload.build(device, 10 + 2 * args.reps)
+        # A decode case's cache holds the calls between two resets (``case.prepare``, run
+        # before each phase and each round here): the longest stretch is per_call's.
+        case = workload.build(device, 10 + max(2 * args.reps, args.loop))
         with torch.no_grad():
             eager = measure.references(case, device)[-1]
         case.prepare()
@@ -145,15 +147,19 @@ def measure_workload(
             "backend": backend,
             "commit": args.commit,
             "rel_error": measure.rel_error(out, eager),
-            **per_call(call, None, args.reps),
-            **replay_phases(call, args.reps),
         }
         del out
+        case.prepare()
+        row.update(per_call(call, None, args.reps))
+        case.prepare()
+        row.update(replay_phases(call, args.reps))
+        case.prepare()
         kernels = kernels_of_last_call(call, None, lambda: None)
         row.update(summarize(kernels, args.top))
         top = sorted(by_name(kernels).items(), key=lambda kv: -kv[1])[: args.top]
         row["top_kernels"] = [(round(us, 1), name) for name, us in top]
         if args.profile and backend.startswith("infinifuse"):
+            case.prepare()
             row["host_profile"] = profile(call, None, args.reps, args.profile)
         print(json.dumps({k: v for k, v in row.items() if k != "host_profile"}), flush=True)
         print(row.get("host_profile", ""), flush=True)
@@ -163,7 +169,8 @@ def measure_workload(
             cases.append(case)
         del case, call
     if args.interleave:
-        timed_rows = interleaved(calls, args.interleave, args.loop).values()
+        prepares = dict(zip(calls, (case.prepare for case in cases), strict=True))
+        timed_rows = interleaved(calls, args.interleave, args.loop, prepares).values()
         for row, timed in zip(rows, timed_rows, strict=True):
             row.update(timed)
     return rows

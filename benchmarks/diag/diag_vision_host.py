@@ -80,16 +80,25 @@ def per_call(fn, x, calls: int) -> dict[str, float]:
     }
 
 
-def interleaved(calls: dict[str, Callable[..., object]], rounds: int, loop: int) -> dict:
+def interleaved(
+    calls: dict[str, Callable[..., object]],
+    rounds: int,
+    loop: int,
+    prepares: dict[str, Callable[[], None]] | None = None,
+) -> dict:
     """Per backend, the median microseconds a call over ``rounds`` rounds of ``loop`` calls
     back to back, each output dropped before the next call (the suite's ``per_call_ms``), the
     backends taking turns within each round and their order reversed every other round: a
-    shared machine's host load, which moves over seconds, falls on every backend alike."""
+    shared machine's host load, which moves over seconds, falls on every backend alike.
+    ``prepares``: per backend, what runs untimed before each of its rounds (a decode's cache
+    reset, so that every round steps through the same positions)."""
     times: dict[str, list[float]] = {name: [] for name in calls}
     order = list(calls)
     for turn in range(rounds):
         for name in order if turn % 2 == 0 else order[::-1]:
             call = calls[name]
+            if prepares is not None:
+                prepares[name]()
             torch.cuda.synchronize()
             start = time.perf_counter()
             for _ in range(loop):
