@@ -2,7 +2,7 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|census|suite|tp|sentence|vision|groupnorm|firstcall|swin|growing|call|turns|vturns|diag]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|census|suite|tp|sentence|vision|groupnorm|firstcall|swin|growing|call|turns|vturns|afterreplay|diag]...
 #
 # Knobs (environment): COMMIT (the commit measured, for run.py's --commit: the device's
 # copy of the checkout has no git), GPU_TESTS (test paths for "tests", default tests), FASTGEN_ARGS (the
@@ -41,7 +41,8 @@
 # variants of its short-row softmax, ~2 min), call (diag_suite_call.py on CALL_WORKLOAD,
 # default gpt2-token: host time, the replay's span, a host profile; ~1 min), turns (the zoo
 # and GPT-2's one-token forward, both backends in one process in alternating rounds), vturns
-# (vision models the same way, batch 1 and 8), growing (a
+# (vision models the same way, batch 1 and 8), afterreplay (a launch's host time right after
+# a graph replay against the launch alone, ~1 min), growing (a
 # DynamicCache decode per capture policy, ~1.5 min), diag (why BERT's SDPA runs its
 # math path under Dynamo; which SDPA kernel a decode step's attention should get; the decode
 # attention kernel against repeat_kv + SDPA and its launch sweep; the host time of a replay
@@ -317,6 +318,13 @@ for step in $steps; do
             --workload "${TURNS_WORKLOADS:-zoo,gpt2-token}" --interleave 7 --loop 100 --reps 50 \
             ${COMMIT:+--commit "$COMMIT"} --out "$OUT/suite_turns.json"
         ;;
+    afterreplay)
+        # the host time of a launch right after a graph replay against the same launch alone
+        # (diag_launch_after_replay.py: is the outputs' copy after the replay what costs
+        # infinifuse its host time there?), ~1 min
+        run_step diag_launch_after_replay python3 benchmarks/diag/diag_launch_after_replay.py \
+            --out "$OUT/launch_after_replay.json"
+        ;;
     diag)
         run_step diag_bert_sdpa python3 benchmarks/diag/diag_bert_sdpa.py
         run_step diag_decode_sdpa python3 benchmarks/diag/diag_decode_sdpa.py
@@ -326,7 +334,7 @@ for step in $steps; do
         run_step diag_generate_host python3 benchmarks/diag/diag_generate_host.py
         ;;
     *)
-        echo "unknown step: $step (tests, examples, bench, generate, fastgen, rows, decode, matmul, splitk, rotary, zoo, census, suite, tp, sentence, vision, groupnorm, firstcall, swin, growing, call, diag)"
+        echo "unknown step: $step (tests, examples, bench, generate, fastgen, rows, decode, matmul, splitk, rotary, zoo, census, suite, tp, sentence, vision, groupnorm, firstcall, swin, growing, call, turns, vturns, afterreplay, diag)"
         status=1
         ;;
     esac
