@@ -323,7 +323,7 @@ for step in $steps; do
         # (diag_launch_after_replay.py: is the outputs' copy after the replay what costs
         # infinifuse its host time there?), ~1 min
         run_step diag_launch_after_replay python3 benchmarks/diag/diag_launch_after_replay.py \
-            --out "$OUT/launch_after_replay.json"
+            --zoo bert roberta llama mistral --out "$OUT/launch_after_replay.json"
         ;;
     diag)
         run_step diag_bert_sdpa python3 benchmarks/diag/diag_bert_sdpa.py

@@ -17,20 +17,27 @@ each call:
 
 If ``replay+clone`` exceeds ``replay`` by much more than ``clone`` alone costs, a launch queued
 behind a graph waits for the graph's submission, and copies made after the replay cost the
-host that wait.
+host that wait. ``--zoo FAMILY`` times the same steps on the graph infinifuse captured for a
+model zoo family (its Triton kernels, programmatic dependent launches included), with its own
+outputs and ``runtime/outputs.py``'s ``copy_out``.
 
     python benchmarks/diag/diag_launch_after_replay.py [--kernels 20 60 150] [--calls 2000]
+    python benchmarks/diag/diag_launch_after_replay.py --zoo bert roberta llama
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
 import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def small_graph(kernels: int, device: torch.device) -> tuple[torch.cuda.CUDAGraph, list]:
@@ -65,6 +72,63 @@ def host_us(step: Callable[[], object], calls: int) -> float:
     return round(statistics.median(times) * 1e6, 2)
 
 
+def zoo_graph(family: str, device: torch.device) -> tuple[torch.cuda.CUDAGraph, list]:
+    """The CUDA graph infinifuse captured for ``family``'s model (tests/model_zoo.py, fp16)
+    after five calls, and its output buffers."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import model_zoo
+
+    import fusebackend
+
+    torch._dynamo.reset()
+    model = model_zoo.build(family, dtype=torch.float16, device=str(device))
+    kwargs = model_zoo.inputs(family, device=str(device))
+    compiled = torch.compile(model, backend="infinifuse")
+    with torch.no_grad():
+        for _ in range(5):
+            compiled(**kwargs)
+    torch.cuda.synchronize()
+    for graph_report in reversed(fusebackend.reports().graphs):
+        cache = graph_report.runtime
+        for _, entry in cache.table.captured() if cache is not None else ():
+            # the outputs the runtime copies out: graph buffers, not inputs returned
+            tensors = [t for t, alias in zip(entry.outputs, entry.aliases, strict=True)
+                       if alias is None and isinstance(t, torch.Tensor)]  # fmt: skip
+            return entry.graph, tensors
+    raise SystemExit(f"{family}: no captured graph")
+
+
+def measure_zoo(family: str, calls: int, device: torch.device) -> dict[str, float]:
+    from fusebackend.runtime.outputs import copy_out
+
+    graph, outputs = zoo_graph(family, device)
+    positions = list(range(len(outputs)))
+
+    def replay_copy() -> None:
+        graph.replay()
+        copy_out(list(outputs), positions)
+
+    return timed_steps(
+        {
+            "replay": graph.replay,
+            "replay+copy_out": replay_copy,
+            "copy_out": lambda: copy_out(list(outputs), positions),
+            "replay+clone": lambda: (graph.replay(), outputs[0].clone()),
+            "clone": outputs[0].clone,
+        },
+        calls,
+    ) | {"outputs": len(outputs)}
+
+
+def timed_steps(steps: dict[str, Callable[[], object]], calls: int) -> dict[str, float]:
+    """Each step's median host microseconds over two passes taken in turns (a shared host's
+    drift falls on every step alike)."""
+    for step in steps.values():  # warm the allocator and the launch paths
+        host_us(step, 20)
+    passes = [{name: host_us(step, calls // 2) for name, step in steps.items()} for _ in "ab"]
+    return {name: round((passes[0][name] + passes[1][name]) / 2, 2) for name in steps}
+
+
 def measure(kernels: int, calls: int, device: torch.device) -> dict[str, float]:
     graph, outputs = small_graph(kernels, device)
     first, second = outputs
@@ -85,23 +149,25 @@ def measure(kernels: int, calls: int, device: torch.device) -> dict[str, float]:
         "clone": first.clone,
         "replay+empty": replay_empty,
     }
-    for step in steps.values():  # warm the allocator and the launch paths
-        host_us(step, 20)
-    # two passes in turns, so a shared host's drift falls on every step alike
-    passes = [{name: host_us(step, calls // 2) for name, step in steps.items()} for _ in "ab"]
-    return {name: round((passes[0][name] + passes[1][name]) / 2, 2) for name in steps}
+    return timed_steps(steps, calls)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", type=int, nargs="+", default=[20, 60, 150])
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--zoo", nargs="*", default=[], metavar="FAMILY",
+                        help="also the captured graphs of these model zoo families")  # fmt: skip
     parser.add_argument("--out", default=None, help="JSON of the rows")
     args = parser.parse_args()
     device = torch.device("cuda")
     rows = []
     for kernels in args.kernels:
         row = {"kernels": kernels, **measure(kernels, args.calls, device)}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    for family in args.zoo:
+        row = {"zoo": family, **measure_zoo(family, args.calls, device)}
         print(json.dumps(row), flush=True)
         rows.append(row)
     if args.out:
