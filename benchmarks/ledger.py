@@ -559,6 +559,10 @@ SOURCES = (
     # "ab-WORKLOAD-COMMIT", the commit field the package's too); rows written by hand from the
     # printed rows and the two suite.json files that came back. Folded: in git at c2fa178
     "ab_decode_h200_2e81c0b.txt",
+    # 2026-12-02, this project's CPU machine (2 cores, transformers 5.24), package at 2cea41c:
+    # diag_model_sweep.py --cpu --parallel 2, the 62 transformers architectures of HF_MODELS
+    # and HF_MORE under Triton's interpreter in fp32, for correctness alone
+    "diag_model_sweep_cpu_2cea41c.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
