@@ -561,7 +561,8 @@ SOURCES = (
     "ab_decode_h200_2e81c0b.txt",
     # 2026-12-02, this project's CPU machine (2 cores, transformers 5.24), package at 2cea41c:
     # diag_model_sweep.py --cpu --parallel 2, the 62 transformers architectures of HF_MODELS
-    # and HF_MORE under Triton's interpreter in fp32, for correctness alone
+    # and HF_MORE under Triton's interpreter in fp32, for correctness alone. Folded: in git at
+    # 089443c
     "diag_model_sweep_cpu_2cea41c.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
