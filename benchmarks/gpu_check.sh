@@ -2,7 +2,7 @@
 # Everything a change to kernels or the runtime must pass on a GPU, in one device call:
 # install, the GPU-marked tests, the examples on the GPU, and the chain-kernel benchmark.
 #
-#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|census|suite|tp|sentence|vision|groupnorm|firstcall|swin|growing|call|turns|vturns|afterreplay|diag]...
+#     OUT=/tmp/gpu_out bash benchmarks/gpu_check.sh [tests|examples|bench|generate|fastgen|decode|rows|matmul|splitk|rotary|zoo|census|suite|tp|sentence|vision|groupnorm|firstcall|swin|growing|call|turns|vturns|afterreplay|ab|diag]...
 #
 # Knobs (environment): COMMIT (the commit measured, for run.py's --commit: the device's
 # copy of the checkout has no git), GPU_TESTS (test paths for "tests", default tests), FASTGEN_ARGS (the
@@ -39,10 +39,11 @@
 # MobileNetV3's host time a call, and its cold first call with the launchers built at -O0 and
 # at -O3, ~4 min), swin (one Swin block per stage against Inductor's, profiled, and the kernel
 # variants of its short-row softmax, ~2 min), call (diag_suite_call.py on CALL_WORKLOAD,
-# default gpt2-token: host time, the replay's span, a host profile; ~1 min), turns (the zoo
+# default gpt2-token, CALL_BACKENDS its builds: host time, the replay's span, a host profile; ~1 min), turns (the zoo
 # and GPT-2's one-token forward, both backends in one process in alternating rounds), vturns
 # (vision models the same way, batch 1 and 8), afterreplay (a launch's host time right after
-# a graph replay against the launch alone, ~1 min), growing (a
+# a graph replay against the launch alone, ~1 min), ab (packages in alternating cold
+# processes: benchmarks/diag/ab_packages.sh), growing (a
 # DynamicCache decode per capture policy, ~1.5 min), diag (why BERT's SDPA runs its
 # math path under Dynamo; which SDPA kernel a decode step's attention should get; the decode
 # attention kernel against repeat_kv + SDPA and its launch sweep; the host time of a replay
@@ -295,7 +296,8 @@ for step in $steps; do
         # of infinifuse in one process (host, alone, loop, the replay's span, a cProfile of
         # the host side): CALL_WORKLOAD, default gpt2-token, ~1 min
         run_step diag_suite_call python3 benchmarks/diag/diag_suite_call.py \
-            --workload "${CALL_WORKLOAD:-gpt2-token}" --backends infinifuse,reduce-overhead,infinifuse \
+            --workload "${CALL_WORKLOAD:-gpt2-token}" \
+            --backends "${CALL_BACKENDS:-infinifuse,reduce-overhead,infinifuse}" \
             --profile 30 ${COMMIT:+--commit "$COMMIT"} --out "$OUT/suite_call.json"
         ;;
     vturns)
@@ -325,6 +327,12 @@ for step in $steps; do
         run_step diag_launch_after_replay python3 benchmarks/diag/diag_launch_after_replay.py \
             --zoo bert roberta llama mistral --out "$OUT/launch_after_replay.json"
         ;;
+    ab)
+        # two or more packages (source trees: AB_PACKAGES="head=. old=path"), one cold
+        # benchmarks/run.py process each, alternating for AB_ROUNDS rounds (default 3):
+        # AB_ARGS, default GPT-2's decode under infinifuse and reduce-overhead
+        run_step ab_packages env OUT="$OUT/ab" bash benchmarks/diag/ab_packages.sh
+        ;;
     diag)
         run_step diag_bert_sdpa python3 benchmarks/diag/diag_bert_sdpa.py
         run_step diag_decode_sdpa python3 benchmarks/diag/diag_decode_sdpa.py
@@ -334,7 +342,7 @@ for step in $steps; do
         run_step diag_generate_host python3 benchmarks/diag/diag_generate_host.py
         ;;
     *)
-        echo "unknown step: $step (tests, examples, bench, generate, fastgen, rows, decode, matmul, splitk, rotary, zoo, census, suite, tp, sentence, vision, groupnorm, firstcall, swin, growing, call, turns, vturns, afterreplay, diag)"
+        echo "unknown step: $step (tests, examples, bench, generate, fastgen, rows, decode, matmul, splitk, rotary, zoo, census, suite, tp, sentence, vision, groupnorm, firstcall, swin, growing, call, turns, vturns, afterreplay, ab, diag)"
         status=1
         ;;
     esac
