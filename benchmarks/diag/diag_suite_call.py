@@ -140,7 +140,10 @@ def measure_workload(
             eager = measure.references(case, device)[-1]
         case.prepare()
         call = make_call(case, backend)
-        for _ in range(5):  # compile, capture, steady
+        # compile, capture, steady: as many calls as eager's references, so that a decode
+        # step is compared with eager's at the same cache position (five calls against the
+        # fourth reference read 0.69 for GPT-2's decode under both backends, H200, 2026-12-02)
+        for _ in range(measure.WARMUP + 1):
             out = measure._grab(case, call())
         row = {
             "workload": workload.name,
