@@ -325,7 +325,8 @@ for step in $steps; do
         # (diag_launch_after_replay.py: is the outputs' copy after the replay what costs
         # infinifuse its host time there?), ~1 min
         run_step diag_launch_after_replay python3 benchmarks/diag/diag_launch_after_replay.py \
-            --zoo bert roberta llama mistral --out "$OUT/launch_after_replay.json"
+            --zoo bert roberta llama mistral ${COMMIT:+--commit "$COMMIT"} \
+            --out "$OUT/launch_after_replay.json"
         ;;
     ab)
         # two or more packages (source trees: AB_PACKAGES="head=. old=path"), one cold

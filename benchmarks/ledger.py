@@ -564,6 +564,21 @@ SOURCES = (
     # and HF_MORE under Triton's interpreter in fp32, for correctness alone. Folded: in git at
     # 089443c
     "diag_model_sweep_cpu_2cea41c.json",
+    # 2026-12-02, one-GPU H200 host, fusebackend/ as at 2e81c0b, two device calls on one held
+    # machine: the four decode/encoder rows in alternating rounds (diag_suite_call.py
+    # --interleave 7 at 00a1ac4; its rel_error compared the fifth decode step with eager's
+    # fourth, fixed at 04a67e0, and is not a ledger metric); a launch's host time after a
+    # replay (diag_launch_after_replay.py: the JSON's benchmark and environment written in by
+    # hand, the diag wrote neither then); zoo-bert's call under infinifuse, infinifuse-nopdl
+    # and reduce-overhead, one build after another; GPT-2's decode in alternating rounds again
+    # at 04a67e0; and an A/B of GPT-2's decode, 04a67e0's package against 1c42a4c's in
+    # alternating cold processes (ab_packages.sh; rows written by hand, workloads
+    # "ab-gpt2-decode-PACKAGE-rROUND")
+    "diag_suite_turns_decode_h200_00a1ac4.json",
+    "launch_after_replay_h200_00a1ac4.json",
+    "diag_suite_call_zoo_bert_h200_04a67e0.json",
+    "diag_suite_turns_gpt2_decode_h200_04a67e0.json",
+    "ab_gpt2_decode_h200_04a67e0.txt",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
@@ -835,6 +850,11 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
             seen[build] = seen.get(build, 0) + 1
             name = backend if seen[build] == 1 else f"{backend}#{seen[build]}"
             add(f"call-{record['workload']}", name, SUITE_CALL_METRICS, record)
+    elif data.get("benchmark") == "diag_launch_after_replay":  # a graph's size or zoo family
+        for record in data.get("rows", []):
+            size = f"zoo-{record['zoo']}" if "zoo" in record else f"{record['kernels']}-kernels"
+            steps = {k: "us" for k, v in record.items() if k not in ("zoo", "kernels", "outputs")}
+            add(f"launch-after-replay-{size}", "infinifuse", steps, record)
     elif data.get("benchmark") == "diag_vision_host":  # as its rows were written by hand
         for record in data.get("rows", []):
             workload = f"vision-host-{record['model']}-b{record['batch']}"

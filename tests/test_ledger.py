@@ -149,6 +149,20 @@ def test_a_vision_host_row_is_named_as_the_hand_written_ones(ledger):
         ("kernels", 40, "count"), ("interleaved_us", 4.0, "us")}  # fmt: skip
 
 
+def test_a_launch_after_replay_row_is_named_by_graph_size_or_zoo_family(ledger):
+    # diag_launch_after_replay.py's JSON: one workload per graph size or zoo family, one
+    # metric per timed step, the outputs' count left out
+    rows = [{"kernels": 20, "replay": 3.3, "replay+clone": 13.2},
+            {"zoo": "bert", "replay": 9.4, "copy_out": 19.5, "outputs": 2}]  # fmt: skip
+    out = ledger.rows_of({"benchmark": "diag_launch_after_replay", "environment": dict(ENV),
+                          "rows": rows}, "x.json")  # fmt: skip
+    assert {(r["workload"], r["metric"], r["value"], r["unit"]) for r in out} == {
+        ("launch-after-replay-20-kernels", "replay", 3.3, "us"),
+        ("launch-after-replay-20-kernels", "replay+clone", 13.2, "us"),
+        ("launch-after-replay-zoo-bert", "replay", 9.4, "us"),
+        ("launch-after-replay-zoo-bert", "copy_out", 19.5, "us")}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def tables(ledger):
     sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -158,7 +158,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--zoo", nargs="*", default=[], metavar="FAMILY",
                         help="also the captured graphs of these model zoo families")  # fmt: skip
-    parser.add_argument("--out", default=None, help="JSON of the rows")
+    parser.add_argument("--out", default=None, help="JSON of the rows, as ledger.py reads it")
+    parser.add_argument("--commit", default=None, help="the commit measured, where there is no git")
     args = parser.parse_args()
     device = torch.device("cuda")
     rows = []
@@ -171,8 +172,10 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         rows.append(row)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(device), "rows": rows}, f, indent=1)
+        sys.path.insert(0, os.path.dirname(__file__))
+        from diag_vision_host import write_rows
+
+        write_rows(args.out, "diag_launch_after_replay", args.commit, rows)
 
 
 if __name__ == "__main__":
