@@ -573,7 +573,7 @@ SOURCES = (
     # and reduce-overhead, one build after another; GPT-2's decode in alternating rounds again
     # at 04a67e0; and an A/B of GPT-2's decode, 04a67e0's package against 1c42a4c's in
     # alternating cold processes (ab_packages.sh; rows written by hand, workloads
-    # "ab-gpt2-decode-PACKAGE-rROUND")
+    # "ab-gpt2-decode-PACKAGE-rROUND"). Folded: in git at 36d038b
     "diag_suite_turns_decode_h200_00a1ac4.json",
     "launch_after_replay_h200_00a1ac4.json",
     "diag_suite_call_zoo_bert_h200_04a67e0.json",
