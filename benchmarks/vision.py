@@ -223,6 +223,7 @@ def count_kernels(fn: Any, x: Any, cuda: bool, step: Any) -> dict[str, Any]:
         # every kernel name (cut at 90 characters) with its count: what two backends'
         # counts differ by
         "kernel_counts": {n: len(t) for n, t in sorted(kinds.items())},
+        "kernel_us": {n: round(sum(t), 2) for n, t in sorted(kinds.items())},
     }
 
 

@@ -116,9 +116,11 @@ def census(name: str, batches: list[int], backend: str, zoo: bool) -> list[dict[
             # (count_kernels calls its first argument on its second: here call(fn))
             counted = vision.count_kernels(call, fn, True, lambda: None)
         by_kind: collections.Counter[str] = collections.Counter()
+        us_by_kind: collections.Counter[str] = collections.Counter()
         for kernel, count in counted["kernel_counts"].items():
             if not kernel.startswith(("Memcpy", "Memset")):
                 by_kind[kind_of(kernel)] += count
+                us_by_kind[kind_of(kernel)] += counted["kernel_us"][kernel]
         workload = f"zoo-{name}" if zoo else f"vision-{name}-b{batch}"
         records.append({
             "model": name, "workload": workload, "backend": backend,
@@ -126,16 +128,21 @@ def census(name: str, batches: list[int], backend: str, zoo: bool) -> list[dict[
             "kernels_per_call": counted["kernels_per_call"],
             "kernel_us_per_call": counted["kernel_us_per_call"],
             "by_kind": dict(by_kind), "kernel_counts": counted["kernel_counts"],
+            "us_by_kind": {k: round(us, 1) for k, us in us_by_kind.items()},
+            "kernel_us": counted["kernel_us"],
             "seconds": round(time.perf_counter() - start, 1),
         })  # fmt: skip
     return records
 
 
 def print_names(records: list[dict[str, Any]], top: int = 12) -> None:
-    """Per model and batch, the names whose counts differ most between the backends."""
+    """Per model and batch, the names whose counts differ most between the backends, then
+    those whose summed device times differ most."""
     pairs: dict[tuple[str, int], dict[str, dict[str, int]]] = collections.defaultdict(dict)
+    times: dict[tuple[str, int], dict[str, dict[str, float]]] = collections.defaultdict(dict)
     for r in records:
         pairs[(r["model"], r["batch"])][r["backend"]] = r["kernel_counts"]
+        times[(r["model"], r["batch"])][r["backend"]] = r["kernel_us"]
     for (model, batch), counts in pairs.items():
         ours, theirs = counts.get("infinifuse", {}), counts.get("inductor", {})
         names = set(ours) | set(theirs)
@@ -143,6 +150,14 @@ def print_names(records: list[dict[str, Any]], top: int = 12) -> None:
         print(f"{model} {'zoo' if batch is None else f'b{batch}'}: name, infinifuse, inductor")
         for name in ranked:
             print(f"    {ours.get(name, 0):4d} {theirs.get(name, 0):4d}  {name[:88]}")
+        ours_us, theirs_us = (
+            times[(model, batch)].get("infinifuse", {}),
+            times[(model, batch)].get("inductor", {}),
+        )
+        by_time = sorted(names, key=lambda n: -abs(ours_us.get(n, 0) - theirs_us.get(n, 0)))[:top]
+        print(f"{model} {'zoo' if batch is None else f'b{batch}'}: name, us: infinifuse, inductor")
+        for name in by_time:
+            print(f"    {ours_us.get(name, 0):7.1f} {theirs_us.get(name, 0):7.1f}  {name[:88]}")
 
 
 def main() -> int:
@@ -182,6 +197,8 @@ def main() -> int:
         batch = "zoo" if r["batch"] is None else f"b{r['batch']}"
         print(f"{r['model']:30s} {r['backend']:10s} {batch:3s} {r['kernels_per_call']:4d} | "
               + " ".join(f"{r['by_kind'].get(k, 0):4d}" for k in kinds))  # fmt: skip
+        print(f"{'':30s} {'us':10s} {'':3s} {r['kernel_us_per_call']:6.0f} | "
+              + " ".join(f"{r['us_by_kind'].get(k, 0):6.1f}" for k in kinds))  # fmt: skip
     if args.names:
         print_names([r for r in records if "error" not in r])
     return 0
