@@ -31,6 +31,7 @@ from fusebackend.kernels.family import compile_weight, family_of, launch_path
 from fusebackend.kernels.group_norm import group_norm
 from fusebackend.kernels.launch import launch_rank, layout_for, precompile_all
 from fusebackend.kernels.matmul import epilogue_source, matmul_op
+from fusebackend.kernels.pool2d import pool2d
 from fusebackend.kernels.spatial_mean import spatial_mean
 from fusebackend.kernels.triton_api import start_cache_key
 from fusebackend.kernels.vocab_lookup import vocab_parallel_lookup
@@ -66,6 +67,7 @@ from fusebackend.passes.pairing import pair_twin_groups
 from fusebackend.passes.parameter_work import fold_parameter_work
 from fusebackend.passes.partial_rotary import widen_partial_rotary
 from fusebackend.passes.partition import Candidate, find_groups
+from fusebackend.passes.pooling import use_pool_kernels
 from fusebackend.passes.reshapes import move_casts_above_permutes, move_reshapes_up
 from fusebackend.passes.rewrite import in_storage_order, reference_graph, rewrite
 from fusebackend.passes.rotary_epilogue import use_rotary_epilogues
@@ -170,7 +172,13 @@ def _find_groups(c: Compilation) -> None:
     c.candidates, c.rejections = find_groups(c.graph)
     rewritten = c.refresh is not None or any(
         c.rewrites.get(key)
-        for key in ("channels_last", "spatial_means", "depthwise_convs", "group_norms")
+        for key in (
+            "channels_last",
+            "spatial_means",
+            "pool_kernels",
+            "depthwise_convs",
+            "group_norms",
+        )
     )
     c.stopped = not c.candidates and not c.matmul_groups and not rewritten
 
@@ -280,6 +288,10 @@ FUSE = [
     Pass("use_spatial_means", lambda c: use_spatial_means(c.graph, spatial_mean),
          "means over H x W of channels-last tensors as one kernel (fused graph)",
          report="spatial_means", needs_rewrites=True,
+         when=lambda c: triton_usable(c.device or torch.device("cpu"))),
+    Pass("use_pool_kernels", lambda c: use_pool_kernels(c.graph, pool2d),
+         "max and average pooling of channels-last tensors as one kernel (fused graph)",
+         report="pool_kernels", needs_rewrites=True,
          when=lambda c: triton_usable(c.device or torch.device("cpu"))),
     Pass("use_group_norms", lambda c: use_group_norms(c.graph, group_norm),
          "GroupNorms with their activation as one kernel (fused graph)",
