@@ -10,8 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import graphs_since
 from test_batch_norm_folding_gpu import _eval_model, replayed
 
+import fusebackend
 from fusebackend.kernels.pool2d import pool2d
 
 pytestmark = [
@@ -36,7 +38,7 @@ def test_the_kernel_equals_atens_pooling_on_the_gpu(case, dtype):
     shape, kind, *args = case
     x = (torch.randn(shape, device="cuda") * 2 + 1).to(dtype)
     x = x.contiguous(memory_format=torch.channels_last)
-    x[0, 3, 4, 5] = float("nan")
+    x[0, 3, 1, 1] = float("nan")  # (in some window of every case: row and column 1)
     out = pool2d(x, kind, *args)
     kernel, stride, padding, dilation, ceil_mode, count_include_pad, divisor = args
     if kind == "max":
@@ -50,11 +52,31 @@ def test_the_kernel_equals_atens_pooling_on_the_gpu(case, dtype):
     torch.testing.assert_close(out, expected, rtol=tol, atol=tol, equal_nan=True)
 
 
-@pytest.mark.parametrize(("name", "pools"), [("inception_v3", 13), ("resnet50", 1)])
-def test_timm_pools_run_as_the_kernel_and_replays_equal_eager(name, pools):
+def test_resnet_stem_pool_runs_as_the_kernel_and_replays_equal_eager():
     pytest.importorskip("timm")
-    model = _eval_model(name)
+    model = _eval_model("resnet50")
     x = torch.randn(2, 3, 160, 160, device="cuda", dtype=torch.float16)
     _, _, graphs = replayed(model, x)
-    made = sum(len(g.rewrites.get("pool_kernels", [])) for g in graphs)
-    assert made == pools, [g.rewrites.get("pool_kernels") for g in graphs]
+    assert sum(len(g.rewrites.get("pool_kernels", [])) for g in graphs) == 1
+
+
+def test_inception_pools_run_as_the_kernel_and_equal_eager_in_fp32(monkeypatch):
+    # In fp16 with random weights Inception-v3 amplifies rounding: one ulp of the image moved
+    # its logits by 15% of their norm (docs/PERFORMANCE.md, bae8e61), and a replay's output
+    # was 2e-2 of its scale from eager's on an H200 (2026-12-02, e56272b). In fp32, with the
+    # channels-last layout asked for (the default takes it in half precision only), its 9
+    # average and 4 max pools run as the kernel and the output is eager's.
+    pytest.importorskip("timm")
+    # (cuDNN's TF32 convolutions round differently per algorithm and layout: kept out)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    model = _eval_model("inception_v3").float()
+    x = torch.randn(2, 3, 160, 160, device="cuda")
+    before = fusebackend.reports()
+    compiled = torch.compile(model, backend="infinifuse", options={"channels_last": True})
+    with torch.no_grad():
+        expected = model(x)
+        for _ in range(3):  # the 2nd call captures, the 3rd replays
+            out = compiled(x)
+    torch.testing.assert_close(out, expected, rtol=1e-3, atol=1e-3)
+    graphs = graphs_since(before)
+    assert sum(len(g.rewrites.get("pool_kernels", [])) for g in graphs) == 13
