@@ -579,6 +579,18 @@ SOURCES = (
     "diag_suite_call_zoo_bert_h200_04a67e0.json",
     "diag_suite_turns_gpt2_decode_h200_04a67e0.json",
     "ab_gpt2_decode_h200_04a67e0.txt",
+    # the same host and session, later: the zoo and GPT-2's one-token forward in alternating
+    # rounds again (919f9e2, fusebackend/ still 2e81c0b's), Inception-v3 and ViT-S/16 the
+    # same way; Inception-v3's kernels at batch 8 by kind and name against Inductor's before
+    # (5d417ac) and after (e56272b) its pools became pool2d launches; Inception-v3 and
+    # ResNet-50 in alternating rounds at e56272b
+    "diag_suite_turns_h200_919f9e2.json",
+    "vision_turns_h200_919f9e2_b1.json",
+    "vision_turns_h200_919f9e2_b8.json",
+    "kernel_census_inception_b8_h200_5d417ac.json",
+    "kernel_census_inception_b8_h200_e56272b.json",
+    "vision_turns_h200_e56272b_b1.json",
+    "vision_turns_h200_e56272b_b8.json",
 )
 # The commit whose benchmarks/results/ last held every folded source and retired file:
 # git show FOLDED_AT:benchmarks/results/NAME prints one.
@@ -892,6 +904,11 @@ def rows_of(data: dict[str, Any], source: str) -> list[dict[str, Any]]:
                 workload = record.get("workload") or f"vision-{record['model']}-b{record['batch']}"
                 add(workload, record["backend"],
                     {"kernels_per_call": "count", "kernel_us_per_call": "us"}, record)  # fmt: skip
+                # (device time by kind of kernel, where the census timed it: "aten" ->
+                # kernel_us_aten, "infinifuse triton" -> kernel_us_infinifuse_triton)
+                by_kind = {f"kernel_us_{kind.replace(' ', '_')}": us
+                           for kind, us in (record.get("us_by_kind") or {}).items()}  # fmt: skip
+                add(workload, record["backend"], dict.fromkeys(by_kind, "us"), by_kind)
     elif data.get("benchmark") == "embedding_chain":
         shape = data.get("shape", {})
         workload = f"embedding-chain-B{shape.get('B')}xT{shape.get('T')}"

@@ -3,7 +3,7 @@
 Inception-v3 pools its channels-last activations with ``F.avg_pool2d(x, 3, 1, 1)`` in every
 InceptionA/C/E block and ``F.max_pool2d(x, 3, 2)`` in its stem and reduction blocks. aten's
 NHWC pooling kernels are slow: at batch 8 (fp16, H200, 2026-12-02, 5d417ac,
-``diag_kernel_census_inception_b8_h200_5d417ac.json``) 9 average pools took 189.8 us and 4
+``kernel_census_inception_b8_h200_5d417ac.json``) 9 average pools took 189.8 us and 4
 max pools 109.9 us of infinifuse's 1051 us of kernel time a call, where reading those
 tensors once takes a few microseconds each; Inductor computes them in its own Triton
 kernels, which is most of why its call was 993 us.
