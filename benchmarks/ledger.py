@@ -583,7 +583,7 @@ SOURCES = (
     # rounds again (919f9e2, fusebackend/ still 2e81c0b's), Inception-v3 and ViT-S/16 the
     # same way; Inception-v3's kernels at batch 8 by kind and name against Inductor's before
     # (5d417ac) and after (e56272b) its pools became pool2d launches; Inception-v3 and
-    # ResNet-50 in alternating rounds at e56272b
+    # ResNet-50 in alternating rounds at e56272b. Folded: in git at 1c36c84
     "diag_suite_turns_h200_919f9e2.json",
     "vision_turns_h200_919f9e2_b1.json",
     "vision_turns_h200_919f9e2_b8.json",
