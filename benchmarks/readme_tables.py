@@ -694,7 +694,7 @@ def headline(rows: Rows) -> list[str]:
          "sentence_embeddings_minilm_h100_call1.json", "sentence-minilm-l6", "reduce-overhead",
          "query_p90_ms", " ms", 1, "reduce-overhead")  # fmt: skip
     # the zoo: both backends in one process, rounds in turns (diag_suite_call.py --interleave)
-    turns, h200 = "diag_suite_turns_h200_2e81c0b.json", DEVICES["H200"]
+    turns, h200 = "diag_suite_turns_h200_919f9e2.json", DEVICES["H200"]
     ratios = sorted(
         rows.get(turns, f"call-zoo-{f}", "infinifuse", "interleaved_us", h200)
         / rows.get(turns, f"call-zoo-{f}", "reduce-overhead", "interleaved_us", h200)
@@ -819,6 +819,15 @@ TABLES: dict[str, Callable[[Rows], list[str]]] = {
     ),
     "zoo-turns": zoo_turns("diag_suite_turns_h200_dabefa5.json"),
     "zoo-turns-2e81c0b": zoo_turns("diag_suite_turns_h200_2e81c0b.json"),
+    "zoo-turns-919f9e2": zoo_turns("diag_suite_turns_h200_919f9e2.json"),
+    "vision-turns-919f9e2": vision_turns(
+        ("vision_turns_h200_919f9e2_b1.json", "vision_turns_h200_919f9e2_b8.json"),
+        ["inception_v3", "vit_small_patch16_224"],
+    ),
+    "vision-turns-e56272b": vision_turns(
+        ("vision_turns_h200_e56272b_b1.json", "vision_turns_h200_e56272b_b8.json"),
+        ["inception_v3", "resnet50"],
+    ),
     "vision-turns-2e81c0b": vision_turns(
         ("vision_turns_h200_2e81c0b_b1.json", "vision_turns_h200_2e81c0b_b8.json"),
         [
