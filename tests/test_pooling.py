@@ -35,6 +35,9 @@ CASES = [
     ((2, 70, 9, 11), "max", (3, 3), (2, 2), (0, 0), (1, 1), False, True, None),  # its reductions
     ((2, 70, 10, 9), "max", (3, 3), (2, 2), (1, 1), (1, 1), True, True, None),  # ResNet's stem
     ((1, 130, 11, 13), "max", (3, 2), (2, 3), (1, 1), (2, 1), True, True, None),
+    ((2, 9, 10, 13), "max", (2, 3), (1, 2), (1, 1), (1, 2), True, True, None),  # W dilated
+    # windows running past the padded right edge (ceil mode), clipped there
+    ((3, 70, 7, 8), "avg", (2, 3), (1, 2), (0, 1), (1, 1), True, True, None),
 ]
 
 
@@ -69,6 +72,79 @@ def test_a_strided_input_is_read_through_its_strides_and_nan_wins_the_max():
     out, expected = pool2d(x, *args), _aten(x, *args)
     assert out.isnan().sum() == expected.isnan().sum() > 0
     torch.testing.assert_close(out, expected, equal_nan=True)
+
+
+def test_nan_in_an_average_and_windows_of_padding_alone_are_atens():
+    x = torch.randn(2, 6, 7, 9).contiguous(memory_format=torch.channels_last)
+    x[0, 2, 3, 4] = float("nan")
+    x[1, 1, 0, 0] = float("-inf")
+    args = ("avg", (3, 3), (2, 2), (1, 1), (1, 1), True, False, None)
+    torch.testing.assert_close(pool2d(x, *args), _aten(x, *args), equal_nan=True)
+    # dilation 3 over 2 rows: a window's taps at rows -1 and 2 read padding alone (-inf)
+    x = torch.randn(1, 4, 2, 5).contiguous(memory_format=torch.channels_last)
+    args = ("max", (2, 2), (1, 1), (1, 1), (3, 1), False, True, None)
+    out, expected = pool2d(x, *args), _aten(x, *args)
+    assert expected.isinf().any()
+    torch.testing.assert_close(out, expected)
+
+
+def _recorded(monkeypatch):
+    """pool2d's kernel replaced by a recorder: (launches, warm-ups)."""
+    from helpers import LaunchRecorder
+
+    from fusebackend.kernels import pool2d as module
+
+    launches, warmups = [], []
+    monkeypatch.setattr(module, "_pool_kernel", lambda: LaunchRecorder(launches, warmups))
+    return module, launches, warmups
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("avg", (3, 3), (1, 1), (1, 1), (1, 1), False, True, None),
+     ("max", (3, 2), (2, 2), (1, 1), (2, 1), True, True, None),
+     ("avg", (2, 3), (2, 2), (1, 1), (1, 1), False, True, 5)],
+)  # fmt: skip
+def test_precompile_warms_the_kernel_the_launch_runs(monkeypatch, args):
+    # The warm-up must specialise as the launch does (on a real and on a fake input), or the
+    # first call compiles the kernel again.
+    from helpers import as_triton_sees
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    module, launches, warmups = _recorded(monkeypatch)
+    x = torch.randn(2, 37, 9, 11, dtype=torch.float16)
+    x = x.contiguous(memory_format=torch.channels_last)
+    module.pool2d(x, *args)
+    module.precompile_pool2d(x, *args)
+    with FakeTensorMode() as mode:
+        module.precompile_pool2d(mode.from_tensor(x), *args)
+    ((run_args, run_grid, run_meta),) = launches
+    assert len(warmups) == 2
+    for warm_args, warm_grid, warm_meta in warmups:
+        assert [as_triton_sees(a) for a in warm_args] == [as_triton_sees(a) for a in run_args]
+        assert (warm_grid, warm_meta) == (run_grid, run_meta)
+    assert module._precompile_job((x, *args)) is None  # CPU tensors: nothing ahead
+
+
+def test_what_the_kernel_does_not_take_runs_atens_pooling(monkeypatch):
+    from fusebackend.passes import pooling
+
+    module, launches, _ = _recorded(monkeypatch)
+    assert pooling.MAX_TAPS == module.MAX_TAPS  # (the pass's copy: passes import no kernels)
+    x = torch.randn(2, 5, 9, 9).contiguous(memory_format=torch.channels_last)
+    wide = ("avg", (6, 5), (1, 1), (0, 0), (1, 1), False, True, None)  # 30 taps
+    torch.testing.assert_close(module.pool2d(x, *wide), _aten(x, *wide))
+    small = ("max", (3, 3), (2, 2), (1, 1), (1, 1), False, True, None)
+    doubles = x.double()
+    assert torch.equal(module.pool2d(doubles, *small), _aten(doubles, *small))
+    monkeypatch.setattr(module, "_INT32_POSITIONS", 2 * 5 * 5 - 1)  # one position too many
+    torch.testing.assert_close(module.pool2d(x, *small), _aten(x, *small))
+    with pytest.raises(RuntimeError, match="divisor"):  # aten's own error
+        module.pool2d(x, "avg", (2, 2), (2, 2), (0, 0), (1, 1), False, True, 0)
+    assert launches == []
+    monkeypatch.setattr(module, "_INT32_POSITIONS", 2 * 5 * 5)
+    module.pool2d(x, *small)
+    assert len(launches) == 1
 
 
 @pytest.mark.parametrize("ceil_mode", [False, True])
@@ -158,6 +234,46 @@ def test_nchw_pools_stay_atens():
     out, expected, graph = _run(model, torch.randn(2, 6, 13, 11), channels_last=False)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert not graph.rewrites.get("pool_kernels"), graph.rewrites
+
+
+class Spellings(nn.Module):
+    """Pools spelled every way Dynamo's graphs hold them, with non-square arguments and every
+    flag, after a conv (channels-last activations); the last returns indices."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.modules_ = nn.ModuleList([nn.AvgPool2d(2), nn.MaxPool2d(3, 2, 1, dilation=2)])
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        y = torch.relu(self.conv(x))
+        return [
+            torch.max_pool2d(y, [3], [2], [1], [1], True),
+            F.max_pool2d(y, (3, 2), None, (1, 0)),
+            F.avg_pool2d(
+                y,
+                kernel_size=(3, 2),
+                stride=[],
+                padding=(1, 0),
+                ceil_mode=True,
+                count_include_pad=False,
+                divisor_override=4,
+            ),  # fmt: skip
+            F.avg_pool2d(y, 3, 2, 1, True, True, 7),
+            F.max_pool2d(y, 2, 1, 0, (2, 1), False),
+            self.modules_[0](y),
+            self.modules_[1](y),
+            F.avg_pool2d(y, 6) * 1.0,  # 36 taps: aten's
+            F.max_pool2d(y, 2, 2, 0, 1, False, True)[1],  # indices: aten's
+        ]
+
+
+def test_every_spelling_is_rewritten_with_its_arguments():
+    torch.manual_seed(3)
+    out, expected, graph = _run(Spellings().eval(), torch.randn(2, 3, 15, 14), channels_last=True)
+    for got, want in zip(out, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert len(graph.rewrites.get("pool_kernels", [])) == 7, graph.rewrites
 
 
 class PoolWithIndices(nn.Module):

@@ -17,9 +17,11 @@ padded image with ``count_include_pad``, else to the image itself). Any strides 
 written correctly; ``passes/pooling.py`` sends only channels-last tensors here (aten's NCHW
 kernels read along contiguous rows already).
 
-On a device Triton cannot use (the CPU without the interpreter) aten's own pooling runs; on
-fake tensors (passes working out shapes and layouts) the call gives an empty output of the
-kernel's shape, dtype and layout.
+On a device Triton cannot use (the CPU without the interpreter), and for what the kernel does
+not take (float64, a window of more than ``MAX_TAPS`` taps, more output positions than int32
+indexes, a ``divisor_override`` of 0), aten's own pooling runs; on fake tensors (passes
+working out shapes and layouts) the call gives an empty output of the kernel's shape, dtype
+and layout.
 """
 
 from __future__ import annotations
@@ -36,10 +38,18 @@ from fusebackend.kernels.family import concrete_cuda_tensor, family, launch_key
 from fusebackend.kernels.launch import run_on_device, triton_usable
 from fusebackend.kernels.triton_api import warmup_launch
 
-__all__ = ["POOLS", "pool2d", "pool2d_output_size", "precompile_pool2d"]
+__all__ = ["MAX_TAPS", "POOLS", "pool2d", "pool2d_output_size", "precompile_pool2d"]
 
 POOLS = ("max", "avg")
 _TILE = 2048  # elements of one program's tile: [positions, channels]
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # (computed in fp32: not float64)
+# The window's taps are unrolled, and compiling for sm_90 grew with them (2-core CPU,
+# 2026-12-02, benchmarks/diag/compile_sm90.py's compile_launch): 3 x 3 0.8-2 s, 8 x 8 14 s,
+# 16 x 16 279 s, 32 x 32 not done in 10 minutes. Larger windows (a global pool spelled
+# F.avg_pool2d(x, 8)) are left to aten, as Inductor leaves pools of more than 25 taps.
+MAX_TAPS = 25
+# The kernel's output positions are int32 (B * OH * OW): more are left to aten.
+_INT32_POSITIONS = 2**31 - 1 - 4096
 
 
 def pool2d_output_size(
@@ -75,9 +85,9 @@ def pool2d(
     if x.dim() != 4 or not x.is_floating_point():
         raise ValueError(f"pool2d: x must be a 4-d floating tensor, got {x.dim()}-d {x.dtype}")
     shape = _output_shape(x, kernel_size, stride, padding, dilation, ceil_mode)
-    if isinstance(x, FakeTensor):
+    if isinstance(x, FakeTensor) and _kernel_takes(x, kernel_size, shape, divisor_override):
         return _empty_output(x, shape)
-    if not triton_usable(x.device) or x.numel() == 0:
+    if not triton_usable(x.device) or not _kernel_takes(x, kernel_size, shape, divisor_override):
         return _aten(x, kind, kernel_size, stride, padding, dilation, ceil_mode,
                      count_include_pad, divisor_override)  # fmt: skip
     out = _empty_output(x, shape)
@@ -85,6 +95,16 @@ def pool2d(
                                        count_include_pad, divisor_override)  # fmt: skip
     run_on_device(kernel, grid, args, meta, x.device)
     return out
+
+
+def _kernel_takes(x: torch.Tensor, kernel_size, shape: tuple, divisor_override) -> bool:
+    """Does the kernel compute this pool? Not an empty one, one in float64, one of more than
+    ``MAX_TAPS`` taps, one of more output positions than int32 indexes, or one whose
+    ``divisor_override`` is 0 (aten's error)."""
+    positions = shape[0] * shape[2] * shape[3]
+    if x.numel() == 0 or positions == 0 or x.dtype not in _DTYPES or divisor_override == 0:
+        return False
+    return kernel_size[0] * kernel_size[1] <= MAX_TAPS and positions <= _INT32_POSITIONS
 
 
 def _aten(x: torch.Tensor, kind: str, *args: Any) -> torch.Tensor:

@@ -32,6 +32,9 @@ from fusebackend.passes.fx_util import (
 __all__ = ["use_pool_kernels"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The most taps a window rewritten may have: ``kernels.pool2d.MAX_TAPS`` (passes import no
+# kernels), past which the kernel's unrolled compile takes seconds to minutes.
+MAX_TAPS = 25
 
 
 def _max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
@@ -87,6 +90,8 @@ def _pool_arguments(node: torch.fx.Node) -> tuple[Any, ...] | None:
         return None  # (aten's errors)
     if any(2 * p > k for p, k in zip(padding, kernel_size, strict=True)):
         return None  # (aten's error: padding at most half the window)
+    if kernel_size[0] * kernel_size[1] > MAX_TAPS:
+        return None  # (the kernel's compile grows with its unrolled taps: kernels/pool2d.py)
     return (params["input"], kind, kernel_size, stride, padding, dilation, ceil_mode,
             count_include_pad, divisor)  # fmt: skip
 
