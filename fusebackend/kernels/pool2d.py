@@ -169,9 +169,11 @@ def precompile_pool2d(x: torch.Tensor, *args: Any) -> None:
 def _precompile_job(args: Any) -> Any:
     """The kernel family's precompile job (kernels/family.py) for a launch on ``args``
     (``pool2d``'s, ``x`` as its example value)."""
-    x, *rest = args
-    if not concrete_cuda_tensor(x) or x.numel() == 0:
+    x, _kind, kernel_size, stride, padding, dilation, ceil_mode, _, divisor = args
+    shape = _output_shape(x, kernel_size, stride, padding, dilation, ceil_mode)
+    if not concrete_cuda_tensor(x) or not _kernel_takes(x, kernel_size, shape, divisor):
         return None
+    rest = args[1:]
     key = ("pool2d", *(tuple(a) if isinstance(a, list) else a for a in rest), launch_key(x))
     return key, functools.partial(precompile_pool2d, x, *rest)
 
