@@ -258,6 +258,24 @@ def graphs_since(previous: FusionReport) -> list[Any]:
     return [graph for graph in fusebackend.reports().graphs if id(graph) not in seen]
 
 
+def run_model_twice(
+    model: torch.nn.Module, x: torch.Tensor, **options: Any
+) -> tuple[Any, Any, Any]:
+    """``model`` compiled with infinifuse (``options`` its options) from a fresh Dynamo and
+    cache, called twice on ``x`` under no_grad: (the second call's output, eager's, the one
+    graph report made)."""
+    torch._dynamo.reset()
+    fusebackend.clear_cache()
+    before = fusebackend.reports()
+    compiled = torch.compile(model, backend="infinifuse", options=options)
+    with torch.no_grad():
+        for _ in range(2):
+            out = compiled(x)
+        expected = model(x)
+    (graph,) = graphs_since(before)
+    return out, expected, graph
+
+
 def rewrites_of(graphs: Sequence[Any], key: str) -> list[str]:
     """What one pass reported (``GraphReport.rewrites[key]``) over all ``graphs``, in order."""
     return [name for graph in graphs for name in graph.rewrites.get(key, [])]

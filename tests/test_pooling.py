@@ -14,10 +14,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import graphs_since
+from helpers import run_model_twice
 from test_batch_norm_folding import _randomize_statistics as _randomize
 
-import fusebackend
 from fusebackend.kernels.pool2d import pool2d, pool2d_output_size
 
 TOLERANCES = {
@@ -202,25 +201,12 @@ class Stem(nn.Module):
         return self.pool(torch.relu(self.bn(self.conv(x))))
 
 
-def _run(model: nn.Module, x: torch.Tensor, **options):
-    torch._dynamo.reset()
-    fusebackend.clear_cache()
-    before = fusebackend.reports()
-    compiled = torch.compile(model, backend="infinifuse", options=options)
-    with torch.no_grad():
-        for _ in range(2):
-            out = compiled(x)
-        expected = model(x)
-    (graph,) = graphs_since(before)
-    return out, expected, graph
-
-
 @pytest.mark.parametrize(("block", "pools"), [(InceptionBlock, 2), (Stem, 1)])
 def test_channels_last_pools_run_as_the_kernel_and_equal_eager(block, pools, fused_graphs):
     torch.manual_seed(2)
     model = _randomize(block()).eval()
     x = torch.randn(2, 6 if block is InceptionBlock else 3, 13, 11)
-    out, expected, graph = _run(model, x, channels_last=True)
+    out, expected, graph = run_model_twice(model, x, channels_last=True)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert len(graph.rewrites.get("pool_kernels", [])) == pools, graph.rewrites
     targets = [n.target for n in fused_graphs[-1].graph.nodes if n.op == "call_function"]
@@ -231,7 +217,7 @@ def test_channels_last_pools_run_as_the_kernel_and_equal_eager(block, pools, fus
 
 def test_nchw_pools_stay_atens():
     model = _randomize(InceptionBlock()).eval()
-    out, expected, graph = _run(model, torch.randn(2, 6, 13, 11), channels_last=False)
+    out, expected, graph = run_model_twice(model, torch.randn(2, 6, 13, 11), channels_last=False)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert not graph.rewrites.get("pool_kernels"), graph.rewrites
 
@@ -270,7 +256,9 @@ class Spellings(nn.Module):
 
 def test_every_spelling_is_rewritten_with_its_arguments():
     torch.manual_seed(3)
-    out, expected, graph = _run(Spellings().eval(), torch.randn(2, 3, 15, 14), channels_last=True)
+    out, expected, graph = run_model_twice(
+        Spellings().eval(), torch.randn(2, 3, 15, 14), channels_last=True
+    )
     for got, want in zip(out, expected, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert len(graph.rewrites.get("pool_kernels", [])) == 7, graph.rewrites
@@ -288,6 +276,6 @@ class PoolWithIndices(nn.Module):
 
 def test_a_pool_with_indices_stays_atens():
     model = PoolWithIndices().eval()
-    out, expected, graph = _run(model, torch.randn(2, 3, 9, 10), channels_last=True)
+    out, expected, graph = run_model_twice(model, torch.randn(2, 3, 9, 10), channels_last=True)
     torch.testing.assert_close(out, expected)
     assert not graph.rewrites.get("pool_kernels"), graph.rewrites

@@ -13,11 +13,10 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import graphs_since
+from helpers import run_model_twice
 from test_batch_norm_folding import _randomize_statistics as _randomize
 from test_channels_last import MBConv
 
-import fusebackend
 from fusebackend.kernels.spatial_mean import spatial_mean
 
 TOLERANCES = {
@@ -71,24 +70,11 @@ class Head(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(torch.relu(self.conv(x)), 1), 1))
 
 
-def _run(model: nn.Module, x: torch.Tensor, **options):
-    torch._dynamo.reset()
-    fusebackend.clear_cache()
-    before = fusebackend.reports()
-    compiled = torch.compile(model, backend="infinifuse", options=options)
-    with torch.no_grad():
-        for _ in range(2):
-            out = compiled(x)
-        expected = model(x)
-    (graph,) = graphs_since(before)
-    return out, expected, graph
-
-
 @pytest.mark.parametrize("block", [MBConv, Head])
 def test_channels_last_means_run_as_the_kernel_and_equal_eager(block, fused_graphs):
     model = _randomize(block()).eval()
     x = torch.randn(2, 6 if block is MBConv else 3, 11, 13)
-    out, expected, graph = _run(model, x, channels_last=True)
+    out, expected, graph = run_model_twice(model, x, channels_last=True)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert len(graph.rewrites.get("spatial_means", [])) == 1, graph.rewrites
     targets = [n.target for n in fused_graphs[-1].graph.nodes if n.op == "call_function"]
@@ -98,7 +84,7 @@ def test_channels_last_means_run_as_the_kernel_and_equal_eager(block, fused_grap
 
 def test_nchw_means_stay_atens():
     model = _randomize(MBConv()).eval()
-    out, expected, graph = _run(model, torch.randn(2, 6, 11, 13), channels_last=False)
+    out, expected, graph = run_model_twice(model, torch.randn(2, 6, 11, 13), channels_last=False)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert not graph.rewrites.get("spatial_means"), graph.rewrites
 
@@ -118,7 +104,7 @@ class KeywordPool(nn.Module):
 
 def test_keyword_spellings_are_rewritten_too():
     model = KeywordPool().eval()
-    out, expected, graph = _run(model, torch.randn(2, 3, 9, 10), channels_last=True)
+    out, expected, graph = run_model_twice(model, torch.randn(2, 3, 9, 10), channels_last=True)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert len(graph.rewrites.get("spatial_means", [])) == 2, graph.rewrites
 

@@ -85,9 +85,10 @@ def pool2d(
     if x.dim() != 4 or not x.is_floating_point():
         raise ValueError(f"pool2d: x must be a 4-d floating tensor, got {x.dim()}-d {x.dtype}")
     shape = _output_shape(x, kernel_size, stride, padding, dilation, ceil_mode)
-    if isinstance(x, FakeTensor) and _kernel_takes(x, kernel_size, shape, divisor_override):
+    takes = _kernel_takes(x, kernel_size, shape, divisor_override)
+    if isinstance(x, FakeTensor) and takes:
         return _empty_output(x, shape)
-    if not triton_usable(x.device) or not _kernel_takes(x, kernel_size, shape, divisor_override):
+    if not takes or not triton_usable(x.device):
         return _aten(x, kind, kernel_size, stride, padding, dilation, ceil_mode,
                      count_include_pad, divisor_override)  # fmt: skip
     out = _empty_output(x, shape)
